@@ -1,0 +1,51 @@
+# Strata: every target sets up what it needs on a fresh Debian machine first.
+#   make demo   — the main job: real F3 volume -> hub -> spoke cache -> FUSE mount -> trainer
+#   make test   — protocol freshness, lint, types, import contracts, the whole test suite
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.strata-installed
+TORCH  := torch==2.13.0
+
+.PHONY: demo test check pytest system-deps setup gen clean
+
+demo: $(STAMP)
+	$(BIN)/strata-demo
+
+test: $(STAMP) check pytest
+
+check: $(STAMP)
+	$(BIN)/python -m protocol.gen --check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+pytest: $(STAMP)
+	$(BIN)/pytest
+
+setup: $(STAMP)
+
+# Debian packages the mount needs: fusermount3 at run time, libfuse3-dev and
+# pkg-config to build pyfuse3. Installed only when missing.
+system-deps:
+	@if ! command -v fusermount3 >/dev/null 2>&1 || ! pkg-config --exists fuse3 2>/dev/null; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  echo "installing Debian packages: fuse3 libfuse3-dev pkg-config"; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 libfuse3-dev pkg-config; \
+	fi
+
+$(STAMP): pyproject.toml | system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[train,dev]'
+	touch $(STAMP)
+
+gen: $(STAMP)
+	$(BIN)/python -m protocol.gen
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist *.egg-info
