@@ -5,7 +5,8 @@ Usage::
     python -m protocol.gen           # rewrite protocol/**/*_pb2*.py{,i}
     python -m protocol.gen --check   # exit 1, naming the stale files, if regenerating would change them
 
-The generator is ``grpcio-tools`` (pinned in pyproject.toml, so output is reproducible).
+The generators are ``grpcio-tools`` and ``mypy-protobuf`` (typed stubs), pinned in
+pyproject.toml so that output is reproducible.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = Path(__file__).resolve().parent
-GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 
 
 def proto_files() -> list[Path]:
@@ -38,13 +39,17 @@ def generate(out_dir: Path) -> list[Path]:
     import grpc_tools
 
     include = Path(grpc_tools.__file__).parent / "_proto"
+    bin_dir = Path(sys.executable).parent  # mypy-protobuf's plugins live beside python
     args = [
         "grpc_tools.protoc",
         f"-I{ROOT}",
         f"-I{include}",
         f"--python_out={out_dir}",
-        f"--pyi_out={out_dir}",
         f"--grpc_python_out={out_dir}",
+        f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
+        f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
+        f"--mypy_out={out_dir}",
+        f"--mypy_grpc_out={out_dir}",
         *[str(p) for p in proto_files()],
     ]
     if protoc.main(args) != 0:
@@ -89,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         for rel in fresh:
             (ROOT / rel).write_bytes((out / rel).read_bytes())
-        for rel in extra:
-            (ROOT / rel).unlink()
+        for name in extra:
+            (ROOT / name).unlink()
         print(f"protocol: wrote {len(fresh)} files")
     return 0
 

@@ -1,0 +1,89 @@
+"""Blocking client of the spoke daemon's local gRPC service (SpokeLocal, UNIX socket).
+
+Every call runs in a worker thread of the mount (never on its trio loop). Calls use
+``wait_for_ready``, so while the daemon restarts they wait for it instead of failing,
+up to their deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from protocol.hub.v1 import hub_pb2
+from protocol.spoke.v1 import spoke_pb2, spoke_pb2_grpc
+
+
+class DaemonClient:
+    """The mount's connection to its daemon.
+
+    Args:
+        socket_path: the daemon's UNIX socket.
+        miss_deadline: longest wait for a miss, seconds (then the read fails with EIO).
+        catalog_timeout: longest wait for a catalog answer, seconds.
+    """
+
+    def __init__(
+        self, socket_path: Path, miss_deadline: float = 60.0, catalog_timeout: float = 10.0
+    ) -> None:
+        self.miss_deadline = miss_deadline
+        self.catalog_timeout = catalog_timeout
+        self._channel = grpc.insecure_channel(
+            f"unix:{socket_path}",
+            options=[
+                ("grpc.max_receive_message_length", 8 << 20),
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+            ],
+        )
+        self._stub = spoke_pb2_grpc.SpokeLocalStub(self._channel)
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def list_datasets(self) -> list[str]:
+        """Dataset names. Raises grpc.RpcError."""
+        reply = self._stub.ListDatasets(
+            hub_pb2.ListDatasetsRequest(), timeout=self.catalog_timeout, wait_for_ready=True
+        )
+        return [d.name for d in reply.datasets]
+
+    def list_versions(self, dataset: str) -> hub_pb2.ListVersionsResponse:
+        """A dataset's versions and tags. Raises grpc.RpcError (NOT_FOUND, UNAVAILABLE, …)."""
+        reply: hub_pb2.ListVersionsResponse = self._stub.ListVersions(
+            hub_pb2.ListVersionsRequest(dataset=dataset),
+            timeout=self.catalog_timeout,
+            wait_for_ready=True,
+        )
+        return reply
+
+    def manifest(self, dataset: str, version: str) -> list[hub_pb2.ManifestEntry]:
+        """A snapshot's manifest entries in path order. Raises grpc.RpcError."""
+        stream = self._stub.GetManifest(
+            hub_pb2.GetManifestRequest(dataset=dataset, ref=version),
+            timeout=self.catalog_timeout * 6,
+            wait_for_ready=True,
+        )
+        return list(stream)
+
+    def ensure_blocks(self, blocks: Sequence[tuple[str, int]]) -> None:
+        """Block until the daemon has every ``(digest, size)`` on disk.
+
+        Raises:
+            grpc.RpcError: DEADLINE_EXCEEDED after ``miss_deadline``, UNAVAILABLE when the hub
+                cannot deliver, NOT_FOUND when it lacks a block.
+        """
+        self._stub.EnsureBlocks(
+            spoke_pb2.EnsureBlocksRequest(
+                blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in blocks]
+            ),
+            timeout=self.miss_deadline,
+            wait_for_ready=True,
+        )
+
+    def record_access(self, digests: Sequence[str]) -> None:
+        """Report a batch of hits (best effort: a short deadline, never waits for a restart)."""
+        self._stub.RecordAccess(spoke_pb2.RecordAccessRequest(digests=list(digests)), timeout=2.0)

@@ -1,0 +1,275 @@
+"""pyfuse3 ``Operations`` for Strata's read-only tree.
+
+The class translates kernel requests into lookups in the inode table and reads through
+the block reader; it owns no bytes. Every handler goes through :func:`boundary`.
+
+Kernel caching: snapshot trees are immutable, so their entries and attributes are cached
+for an hour, negative lookups inside them too, and files open with ``keep_cache``. The root,
+dataset directories and tag symlinks can change (new versions, moved tags): one second.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+from collections.abc import Sequence
+
+import pyfuse3
+import trio
+
+from fusemount.boundary import boundary
+from fusemount.client import DaemonClient
+from fusemount.reader import BlockReader
+from fusemount.tree import DIR_MODE, LINK_MODE, InodeTable, Node, Role
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_TIMEOUT = 3600.0  # seconds: immutable snapshot trees
+MUTABLE_TIMEOUT = 1.0  # seconds: root, dataset listings, tag symlinks
+LISTING_TTL = 1.0  # seconds between catalog refreshes of root and dataset listings
+BLKSIZE = 128 * 1024
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
+    """The read-only filesystem ``MOUNT/<dataset>/<version>/…``.
+
+    Args:
+        client: the daemon connection (catalog and misses).
+        reader: serves file bytes.
+    """
+
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, client: DaemonClient, reader: BlockReader) -> None:
+        super().__init__()
+        self.client = client
+        self.reader = reader
+        self.inodes = InodeTable()
+        self._handles: dict[int, Node] = {}
+        self._next_fh = 1
+        self._refreshed: dict[int, float] = {}
+        self._snapshot_locks: dict[int, trio.Lock] = {}
+        self._uid = os.getuid()
+        self._gid = os.getgid()
+
+    # -- attributes ---------------------------------------------------------------
+
+    def _attr(self, node: Node) -> pyfuse3.EntryAttributes:
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = node.inode
+        attr.st_mode = node.mode
+        attr.st_nlink = 2 if node.is_dir else 1
+        attr.st_size = node.size
+        attr.st_uid = self._uid
+        attr.st_gid = self._gid
+        attr.st_blksize = BLKSIZE
+        attr.st_blocks = (node.size + 511) // 512
+        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = node.mtime_ns
+        timeout = SNAPSHOT_TIMEOUT if node.role in (Role.ENTRY, Role.VERSION) else MUTABLE_TIMEOUT
+        attr.entry_timeout = timeout
+        attr.attr_timeout = timeout
+        return attr
+
+    # -- loading the tree -----------------------------------------------------------
+
+    async def _children(self, node: Node) -> dict[bytes, int]:
+        """The node's listing, loaded or refreshed as its role requires."""
+        if node.role is Role.ROOT:
+            await self._refresh(node, self._load_root)
+        elif node.role is Role.DATASET:
+            await self._refresh(node, self._load_dataset)
+        elif node.children is None:
+            await self._load_snapshot(node)
+        if node.children is None:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return node.children
+
+    async def _refresh(self, node: Node, load: object) -> None:
+        now = time.monotonic()
+        if node.children is not None and now - self._refreshed.get(node.inode, 0.0) < LISTING_TTL:
+            return
+        try:
+            await load(node)  # type: ignore[operator]
+            self._refreshed[node.inode] = now
+        except Exception:
+            if node.children is None:
+                raise
+            log.warning(
+                "catalog refresh of inode %d failed; serving the last listing",
+                node.inode,
+                exc_info=True,
+            )
+
+    async def _load_root(self, root: Node) -> None:
+        names = await trio.to_thread.run_sync(self.client.list_datasets)
+        children: dict[bytes, int] = {}
+        for name in names:
+            node = self.inodes.intern(
+                ("dataset", name), Node(0, Role.DATASET, DIR_MODE, dataset=name)
+            )
+            children[name.encode()] = node.inode
+        root.set_children(children)
+
+    async def _load_dataset(self, ds: Node) -> None:
+        reply = await trio.to_thread.run_sync(self.client.list_versions, ds.dataset)
+        children: dict[bytes, int] = {}
+        for snap in reply.versions:
+            node = self.inodes.intern(
+                ("version", ds.dataset, snap.version),
+                Node(
+                    0,
+                    Role.VERSION,
+                    DIR_MODE,
+                    mtime_ns=snap.created_ns,
+                    dataset=ds.dataset,
+                    version=snap.version,
+                    target=snap.snapshot_id.encode(),
+                ),
+            )
+            children[snap.version.encode()] = node.inode
+        for tag in reply.tags:
+            target = tag.version.encode()
+            node = self.inodes.intern(
+                ("tag", ds.dataset, tag.name),
+                Node(
+                    0,
+                    Role.TAG,
+                    LINK_MODE,
+                    size=len(target),
+                    dataset=ds.dataset,
+                    version=tag.version,
+                    target=target,
+                ),
+            )
+            children[tag.name.encode()] = node.inode
+        ds.set_children(children)
+
+    async def _load_snapshot(self, root: Node) -> None:
+        lock = self._snapshot_locks.setdefault(root.inode, trio.Lock())
+        async with lock:
+            if root.children is not None:
+                return
+            entries = await trio.to_thread.run_sync(
+                self.client.manifest, root.dataset, root.version
+            )
+            self.inodes.load_snapshot(root, root.target.decode(), entries)
+
+    def _node(self, inode: int) -> Node:
+        node = self.inodes.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
+    # -- handlers -----------------------------------------------------------------------
+
+    @boundary
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        parent = self._node(parent_inode)
+        if not parent.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        if name == b".":
+            return self._attr(parent)
+        children = await self._children(parent)
+        inode = children.get(name)
+        if inode is None:
+            if parent.role in (Role.VERSION, Role.ENTRY):
+                negative = pyfuse3.EntryAttributes()  # st_ino 0: the kernel caches the ENOENT
+                negative.st_ino = 0
+                negative.entry_timeout = SNAPSHOT_TIMEOUT
+                return negative
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attr(self.inodes[inode])
+
+    @boundary
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._attr(self._node(inode))
+
+    @boundary
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        node = self._node(inode)
+        if not stat.S_ISLNK(node.mode):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return node.target
+
+    @boundary
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        node = self._node(inode)
+        if not node.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        await self._children(node)
+        return inode
+
+    @boundary
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        node = self._node(fh)
+        await self._children(node)
+        names = node.child_names
+        children = node.children or {}
+        for i in range(start_id, len(names)):
+            child = self.inodes[children[names[i]]]
+            if not pyfuse3.readdir_reply(token, names[i], self._attr(child), i + 1):
+                break
+
+    @boundary
+    async def releasedir(self, fh: int) -> None:
+        return None
+
+    @boundary
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        node = self._node(inode)
+        if flags & _WRITE_FLAGS:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if node.is_dir:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = node
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    @boundary
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        node = self._handles.get(fh)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        return await self.reader.read(node, off, size)
+
+    @boundary
+    async def release(self, fh: int) -> None:
+        self._handles.pop(fh, None)
+
+    @boundary
+    async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
+        self._node(inode)
+        return not mode & os.W_OK
+
+    @boundary
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        st = pyfuse3.StatvfsData()
+        st.f_bsize = BLKSIZE
+        st.f_frsize = 4096
+        st.f_blocks = 0
+        st.f_bfree = st.f_bavail = 0
+        st.f_files = len(self.inodes)
+        st.f_ffree = st.f_favail = 0
+        st.f_namemax = 255
+        return st
+
+    @boundary
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        return None  # inodes are kept for the life of the mount (stable numbers)
+
+    # -- every mutation: read-only filesystem ------------------------------------------------
+
+    async def _erofs(self, *args: object, **kwargs: object) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    setattr = mknod = mkdir = unlink = rmdir = symlink = rename = link = _erofs  # type: ignore[assignment]
+    write = create = setxattr = removexattr = _erofs  # type: ignore[assignment]

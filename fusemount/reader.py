@@ -1,0 +1,111 @@
+"""Reads file bytes: hits straight from block files, misses through the daemon.
+
+A FUSE read of ``size`` bytes at ``offset`` covers one or more blocks. Each covered block
+is read from its file in the cache directory (a hit: no daemon round trip); a block that is
+not there is requested from the daemon (``EnsureBlocks``, which fetches it from the hub) and
+then read from its file. Hits are reported to the daemon in batches so its eviction policy
+sees every access. All file and socket I/O runs in worker threads, never on the trio loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import trio
+
+from fusemount.client import DaemonClient
+from fusemount.tree import Node
+from spoke.layout import CacheLayout
+
+log = logging.getLogger(__name__)
+
+
+class MissingBlockError(OSError):
+    """A block was still absent after the daemon reported it resident (evicted at once)."""
+
+
+class BlockReader:
+    """Serve byte ranges of files in snapshots.
+
+    Args:
+        layout: the spoke cache directory (read-only use).
+        client: the daemon connection for misses and access records.
+        max_threads: most concurrent block-file reads.
+    """
+
+    def __init__(self, layout: CacheLayout, client: DaemonClient, max_threads: int = 16) -> None:
+        self.layout = layout
+        self.client = client
+        self._io_limiter = trio.CapacityLimiter(max_threads)
+        self._miss_limiter = trio.CapacityLimiter(64)
+        self._lock = threading.Lock()
+        self._hits: list[str] = []
+        self.hits = 0
+        self.misses = 0
+
+    async def read(self, node: Node, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes of ``node`` from ``offset`` (empty at or past EOF).
+
+        Raises:
+            grpc.RpcError: a miss could not be served (mapped to an errno by the boundary).
+        """
+        if offset >= node.size or size <= 0:
+            return b""
+        end = min(offset + size, node.size)
+        bs = node.block_size
+        parts: list[bytes] = []
+        pos = offset
+        while pos < end:
+            index = pos // bs
+            digest, block_len = node.blocks[index]
+            in_block = pos - index * bs
+            want = min(end - pos, block_len - in_block)
+            data = await self._read_block(digest, block_len, in_block, want)
+            parts.append(data)
+            pos += len(data)
+            if len(data) < want:  # block file shorter than the manifest says: stop
+                break
+        return b"".join(parts)
+
+    async def _read_block(self, digest: str, block_len: int, offset: int, size: int) -> bytes:
+        data = await trio.to_thread.run_sync(
+            self.layout.read_block_range, digest, offset, size, limiter=self._io_limiter
+        )
+        if data is not None:
+            with self._lock:
+                self.hits += 1
+                self._hits.append(digest)
+            return data
+        self.misses += 1
+        await trio.to_thread.run_sync(
+            self.client.ensure_blocks, [(digest, block_len)], limiter=self._miss_limiter
+        )
+        data = await trio.to_thread.run_sync(
+            self.layout.read_block_range, digest, offset, size, limiter=self._io_limiter
+        )
+        if data is None:
+            raise MissingBlockError(f"block {digest} vanished after it was fetched")
+        return data
+
+    def take_hits(self) -> list[str]:
+        """Hits since the last call (the access-record batch)."""
+        with self._lock:
+            hits, self._hits = self._hits, []
+        return hits
+
+    async def flush_hits_forever(self, interval: float = 0.5) -> None:
+        """Report batched hits to the daemon every ``interval`` seconds (best effort)."""
+        while True:
+            await trio.sleep(interval)
+            await self.flush_hits()
+
+    async def flush_hits(self) -> None:
+        """Report the hits gathered so far; a failed report is logged and dropped."""
+        hits = self.take_hits()
+        if not hits:
+            return
+        try:
+            await trio.to_thread.run_sync(self.client.record_access, hits)
+        except Exception as err:  # the daemon may be restarting; recency is advisory
+            log.debug("could not report %d hits: %s", len(hits), err)

@@ -1,0 +1,164 @@
+"""The mount's inode table: which inode is which dataset, version, tag or file.
+
+Inodes are assigned on first sight and never reused for the life of the mount, so
+inode numbers stay stable. Entries of a snapshot are keyed by snapshot id and path, so
+``v1`` and a tag pointing at it show the same inodes. A snapshot's manifest is loaded
+once, when its tree is first entered; it never changes afterwards (snapshots are immutable).
+"""
+
+from __future__ import annotations
+
+import stat
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final
+
+from protocol.hub.v1 import hub_pb2
+
+ROOT_INODE: Final = 1
+
+
+class Role(Enum):
+    """Where in the tree a node sits."""
+
+    ROOT = "root"  # MOUNT/
+    DATASET = "dataset"  # MOUNT/<dataset>/
+    VERSION = "version"  # MOUNT/<dataset>/<version>/ (a snapshot's root)
+    TAG = "tag"  # MOUNT/<dataset>/<tag> -> <version>
+    ENTRY = "entry"  # a file, directory or symlink inside a snapshot
+
+
+@dataclass
+class Node:
+    """One inode.
+
+    Attributes:
+        inode: the inode number.
+        role: where the node sits.
+        mode: full ``st_mode`` (type and permission bits).
+        size: bytes (files), target length (symlinks), 0 (directories).
+        mtime_ns: modification time, ns since the epoch.
+        dataset, version: the snapshot the node belongs to (empty for root).
+        target: symlink target.
+        blocks: a file's ``(digest, size)`` blocks in file order.
+        children: name → inode, in listing order; None until loaded.
+    """
+
+    inode: int
+    role: Role
+    mode: int
+    size: int = 0
+    mtime_ns: int = 0
+    dataset: str = ""
+    version: str = ""
+    target: bytes = b""
+    blocks: tuple[tuple[str, int], ...] = ()
+    children: dict[bytes, int] | None = None
+    child_names: list[bytes] = field(default_factory=list)
+
+    @property
+    def is_dir(self) -> bool:
+        """True for directories."""
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def block_size(self) -> int:
+        """Length of every block but the last, bytes (the file's first block's size)."""
+        return self.blocks[0][1] if self.blocks else 0
+
+    def set_children(self, children: dict[bytes, int]) -> None:
+        """Replace the listing (names kept sorted so readdir offsets are stable)."""
+        self.children = children
+        self.child_names = sorted(children)
+
+
+DIR_MODE: Final = stat.S_IFDIR | 0o555
+LINK_MODE: Final = stat.S_IFLNK | 0o777
+
+_TYPE_BITS: Final = {
+    hub_pb2.ENTRY_TYPE_FILE: stat.S_IFREG,
+    hub_pb2.ENTRY_TYPE_DIRECTORY: stat.S_IFDIR,
+    hub_pb2.ENTRY_TYPE_SYMLINK: stat.S_IFLNK,
+}
+
+
+class InodeTable:
+    """All nodes of the mount, by inode and by identity key."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[int, Node] = {ROOT_INODE: Node(ROOT_INODE, Role.ROOT, DIR_MODE)}
+        self._by_key: dict[tuple[str, ...], int] = {}
+        self._next = ROOT_INODE + 1
+
+    def __getitem__(self, inode: int) -> Node:
+        return self._nodes[inode]
+
+    def get(self, inode: int) -> Node | None:
+        """The node, or None for an unknown inode."""
+        return self._nodes.get(inode)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def intern(self, key: tuple[str, ...], make: Node) -> Node:
+        """The node for ``key``: the existing one (refreshed from ``make``'s fields for
+        mutable nodes such as tags) or ``make`` itself with a fresh inode."""
+        inode = self._by_key.get(key)
+        if inode is not None:
+            node = self._nodes[inode]
+            if node.role is Role.TAG:
+                node.target, node.size = make.target, make.size
+            return node
+        make.inode = self._next
+        self._next += 1
+        self._nodes[make.inode] = make
+        self._by_key[key] = make.inode
+        return make
+
+    def load_snapshot(
+        self, root: Node, snapshot_id: str, entries: list[hub_pb2.ManifestEntry]
+    ) -> None:
+        """Build the nodes of one snapshot under ``root`` (a VERSION node) from its manifest.
+
+        Entries arrive in path order; a parent directory missing from the manifest is made
+        implicitly.
+        """
+        dirs: dict[str, Node] = {"": root}
+        pending: dict[int, dict[bytes, int]] = {root.inode: {}}
+
+        def parent_of(path: str) -> Node:
+            head, _, _ = path.rpartition("/")
+            if head not in dirs:
+                implicit = hub_pb2.ManifestEntry(
+                    path=head, type=hub_pb2.ENTRY_TYPE_DIRECTORY, mode=0o555
+                )
+                add(implicit)
+            return dirs[head]
+
+        def add(entry: hub_pb2.ManifestEntry) -> None:
+            parent = parent_of(entry.path)
+            mode = _TYPE_BITS.get(entry.type, stat.S_IFREG) | (entry.mode & 0o7777)
+            node = self.intern(
+                ("entry", snapshot_id, entry.path),
+                Node(
+                    0,
+                    Role.ENTRY,
+                    mode,
+                    size=entry.size,
+                    mtime_ns=entry.mtime_ns,
+                    dataset=root.dataset,
+                    version=root.version,
+                    target=entry.symlink_target.encode(),
+                    blocks=tuple((b.digest, b.size) for b in entry.blocks),
+                ),
+            )
+            pending[parent.inode][entry.path.rpartition("/")[2].encode()] = node.inode
+            if node.is_dir:
+                dirs[entry.path] = node
+                pending.setdefault(node.inode, {})
+
+        for entry in entries:
+            if entry.path not in dirs:
+                add(entry)
+        for inode, children in pending.items():
+            self._nodes[inode].set_children(children)

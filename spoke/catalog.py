@@ -1,0 +1,141 @@
+"""The spoke's view of the hub's catalog, persisted so snapshots seen before stay usable
+when the hub is down.
+
+Manifests are immutable (a snapshot id names exactly one manifest), so once one is stored it
+is always served from the local index. Tags are the only mutable names: they are resolved at
+the hub when it answers, and from the last answer stored when it does not.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+import lmdb
+from google.protobuf.message import Message
+
+from protocol.hub.v1 import hub_pb2
+from spoke import metrics
+from spoke.errors import HubUnavailable, InvalidRequest, NotFound
+from spoke.hubclient import HubClient
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+R = TypeVar("R")
+
+_OFFLINE_CODES = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+}
+
+
+class SnapshotCatalog:
+    """Datasets, versions, tags and manifests, from the hub or from the local index.
+
+    Args:
+        hub: the hub client.
+        env: the daemon's LMDB environment (databases ``catalog`` and ``manifests``).
+    """
+
+    def __init__(self, hub: HubClient, env: lmdb.Environment) -> None:
+        self._hub = hub
+        self._env = env
+        self._catalog = env.open_db(b"catalog")
+        self._manifests = env.open_db(b"manifests")
+
+    async def list_datasets(self) -> hub_pb2.ListDatasetsResponse:
+        """Datasets known to the hub (or last known). Raises HubUnavailable."""
+        return await self._cached(
+            b"datasets", hub_pb2.ListDatasetsResponse, self._hub.list_datasets
+        )
+
+    async def list_versions(self, dataset: str) -> hub_pb2.ListVersionsResponse:
+        """A dataset's versions and tags. Raises NotFound, InvalidRequest, HubUnavailable."""
+        return await self._cached(
+            b"versions/" + dataset.encode(),
+            hub_pb2.ListVersionsResponse,
+            lambda: self._hub.list_versions(dataset),
+        )
+
+    async def resolve_ref(self, dataset: str, ref: str) -> hub_pb2.Snapshot:
+        """A version or tag's snapshot. Raises NotFound, InvalidRequest, HubUnavailable."""
+        return await self._cached(
+            f"ref/{dataset}@{ref}".encode(),
+            hub_pb2.Snapshot,
+            lambda: self._hub.resolve_ref(dataset, ref),
+        )
+
+    async def manifest(self, dataset: str, ref: str) -> list[hub_pb2.ManifestEntry]:
+        """The snapshot's manifest in path order, from the index when seen before.
+
+        Raises:
+            NotFound, InvalidRequest, HubUnavailable.
+        """
+        snapshot = await self.resolve_ref(dataset, ref)
+        sid = snapshot.snapshot_id.encode()
+        stored = self._load_manifest(sid)
+        if stored is not None:
+            return stored
+        entries = await self._call(lambda: self._hub.get_manifest(dataset, snapshot.version))
+        with self._env.begin(write=True) as txn:
+            for entry in entries:
+                txn.put(
+                    sid + b"\0" + entry.path.encode(), entry.SerializeToString(), db=self._manifests
+                )
+            txn.put(b"manifest-complete/" + sid, str(len(entries)).encode(), db=self._catalog)
+        return entries
+
+    def _load_manifest(self, sid: bytes) -> list[hub_pb2.ManifestEntry] | None:
+        with self._env.begin() as txn:
+            if txn.get(b"manifest-complete/" + sid, db=self._catalog) is None:
+                return None
+            cursor = txn.cursor(db=self._manifests)
+            prefix = sid + b"\0"
+            out: list[hub_pb2.ManifestEntry] = []
+            if cursor.set_range(prefix):
+                for key, value in cursor:
+                    if not key.startswith(prefix):
+                        break
+                    out.append(hub_pb2.ManifestEntry.FromString(value))
+            return out
+
+    async def _cached(self, key: bytes, kind: type[M], fetch: Callable[[], Awaitable[M]]) -> M:
+        try:
+            fresh = await self._call(fetch)
+        except HubUnavailable:
+            with self._env.begin(db=self._catalog) as txn:
+                raw = txn.get(key)
+            if raw is None:
+                raise
+            log.debug("hub unavailable: serving %s from the local index", key.decode())
+            return kind.FromString(raw)
+        with self._env.begin(write=True, db=self._catalog) as txn:
+            txn.put(key, fresh.SerializeToString())
+        return fresh
+
+    async def _call(self, fetch: Callable[[], Awaitable[R]]) -> R:
+        try:
+            result = await fetch()
+        except grpc.aio.AioRpcError as err:
+            code = err.code()
+            if code in _OFFLINE_CODES:
+                metrics.HUB_UP.set(0)
+                raise HubUnavailable(
+                    f"hub {self._hub.target} unavailable: {err.details()}"
+                ) from err
+            metrics.HUB_UP.set(1)
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise NotFound(err.details() or "not found") from err
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidRequest(err.details() or "invalid request") from err
+            raise HubUnavailable(
+                f"hub {self._hub.target} error {code.name}: {err.details()}"
+            ) from err
+        metrics.HUB_UP.set(1)
+        return result

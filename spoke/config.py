@@ -1,0 +1,58 @@
+"""Spoke settings (pydantic-settings): command-line flags, or ``STRATA_SPOKE_*`` variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ByteSize, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def parse_hostport(value: str, what: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (IPv6 hosts in brackets).
+
+    Raises:
+        ValueError: not HOST:PORT, or the port is outside 0..65535.
+    """
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{what} must be HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+class SpokeSettings(BaseSettings):
+    """Everything a spoke daemon and its mount need.
+
+    Sizes accept units (``10GiB``, ``512MB``); times are seconds.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_SPOKE_")
+
+    hub: str = Field(description="the hub's HOST:PORT")
+    cache_dir: Path = Field(description="directory of the block cache")
+    cache_size: ByteSize = Field(description="most bytes of blocks kept on disk")
+    mount: Path | None = Field(default=None, description="mountpoint of the read-only tree")
+    admin: str = Field(default="127.0.0.1:7878", description="admin API HOST:PORT")
+    policy: Literal["lru"] = "lru"
+    miss_deadline: float = Field(default=60.0, gt=0, description="longest wait of a miss")
+
+    @field_validator("hub")
+    @classmethod
+    def _hub(cls, v: str) -> str:
+        parse_hostport(v, "--hub")
+        return v
+
+    @field_validator("admin")
+    @classmethod
+    def _admin(cls, v: str) -> str:
+        parse_hostport(v, "--admin")
+        return v
+
+    @field_validator("cache_size")
+    @classmethod
+    def _size(cls, v: ByteSize) -> ByteSize:
+        if v <= 0:
+            raise ValueError("--cache-size must be positive")
+        return v

@@ -1,0 +1,99 @@
+"""The spoke daemon's composition root: builds every component, serves until a signal,
+and shuts down in the reverse order (an AsyncExitStack).
+
+Serves two endpoints: the local gRPC service for the mount (UNIX socket in the cache
+dir) and the admin API (HTTP on ``--admin``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import grpc
+import grpc.aio
+import uvicorn
+
+from protocol.spoke.v1 import spoke_pb2_grpc
+from spoke import metrics
+from spoke.admin import AdminServer, bind, create_app
+from spoke.cache import BlockCache
+from spoke.catalog import SnapshotCatalog
+from spoke.config import SpokeSettings
+from spoke.errors import HubUnavailable
+from spoke.fetcher import Fetcher
+from spoke.hubclient import HubClient
+from spoke.layout import CacheLayout
+from spoke.localservice import SpokeLocalService
+from spoke.policy import make_policy
+from spoke.store import BlockStore, open_index
+
+log = logging.getLogger(__name__)
+
+
+async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None) -> None:
+    """Run the daemon until SIGINT/SIGTERM (or ``stop`` is set).
+
+    Raises:
+        OSError: the admin address or the socket could not be bound.
+    """
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    layout = CacheLayout(settings.cache_dir)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    async with contextlib.AsyncExitStack() as stack:
+        env = open_index(layout)
+        stack.callback(env.close)
+        cache = BlockCache(
+            BlockStore(layout, env), make_policy(settings.policy), int(settings.cache_size)
+        )
+        hub = HubClient(settings.hub)
+        stack.push_async_callback(hub.close)
+        catalog = SnapshotCatalog(hub, env)
+        fetcher = Fetcher(hub, cache, miss_deadline=settings.miss_deadline)
+        stack.push_async_callback(fetcher.close)
+
+        admin_sock = bind(settings.admin)
+        stack.callback(admin_sock.close)
+
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 8 << 20)])
+        spoke_pb2_grpc.add_SpokeLocalServicer_to_server(  # type: ignore[no-untyped-call]
+            SpokeLocalService(catalog, cache, fetcher), server
+        )
+        layout.socket_path.unlink(missing_ok=True)
+        server.add_insecure_port(f"unix:{layout.socket_path}")
+        await server.start()
+        stack.push_async_callback(server.stop, 2.0)
+
+        admin = AdminServer(
+            uvicorn.Config(create_app(cache, fetcher), log_level="warning", lifespan="off")
+        )
+        admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]))
+
+        async def stop_admin() -> None:
+            admin.should_exit = True
+            await admin_task
+
+        stack.push_async_callback(stop_admin)
+        host, port = admin_sock.getsockname()[:2]
+        url = f"http://{host}:{port}"
+        tmp = layout.admin_url_file.with_suffix(".tmp")
+        tmp.write_text(url + "\n")
+        tmp.replace(layout.admin_url_file)
+        stack.callback(layout.admin_url_file.unlink, missing_ok=True)
+
+        try:
+            found = await catalog.list_datasets()
+            log.info("hub %s reachable: %d datasets", settings.hub, len(found.datasets))
+        except HubUnavailable as err:
+            metrics.HUB_UP.set(0)
+            log.warning("%s; serving cached data and retrying", err)
+        log.info("daemon ready: socket %s, admin %s", layout.socket_path, url)
+        await stop.wait()
+        log.info("daemon stopping")

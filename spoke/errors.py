@@ -1,0 +1,23 @@
+"""Domain errors of the spoke daemon; :mod:`spoke.localservice` maps them to gRPC codes."""
+
+from __future__ import annotations
+
+
+class SpokeError(Exception):
+    """Base class of the spoke's domain errors."""
+
+
+class NotFound(SpokeError):
+    """The hub says the dataset, version, tag or block does not exist."""
+
+
+class InvalidRequest(SpokeError):
+    """A malformed name, ref or digest."""
+
+
+class HubUnavailable(SpokeError):
+    """The hub could not be reached before the deadline and nothing usable is cached."""
+
+
+class CorruptBlock(SpokeError):
+    """Bytes did not match their digest (from the hub, or read back from disk)."""

@@ -1,0 +1,178 @@
+"""The fetcher: makes blocks resident, merging concurrent misses of the same block.
+
+Single-flight: the first miss of a digest starts one fetch; every later miss of that digest
+waits on the same future, so N concurrent readers of one uncached block cost one hub
+request. Fetches run with bounded concurrency, batch up to ``batch_blocks`` blocks into one
+ReadBlocks stream, carry a per-stream deadline, and retry with exponential backoff and
+jitter (tenacity) until the miss deadline. Every block is verified against its digest
+before it is admitted; a mismatch is counted and refetched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+import grpc
+import grpc.aio
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from spoke import metrics
+from spoke.cache import BlockCache
+from spoke.errors import CorruptBlock, HubUnavailable, NotFound
+from spoke.hubclient import HubClient
+from spoke.layout import block_digest
+
+log = logging.getLogger(__name__)
+
+
+class _Retryable(Exception):
+    """A fetch attempt failed in a way another attempt may fix."""
+
+
+class Fetcher:
+    """Fetch missing blocks from the hub into the cache.
+
+    Args:
+        hub: where blocks come from.
+        cache: where they go.
+        miss_deadline: how long a miss may wait for the hub before failing, seconds.
+        max_streams: ReadBlocks streams open at once.
+        batch_blocks: most blocks asked for in one stream.
+        stream_timeout: deadline of one stream, seconds.
+    """
+
+    def __init__(
+        self,
+        hub: HubClient,
+        cache: BlockCache,
+        miss_deadline: float = 60.0,
+        max_streams: int = 8,
+        batch_blocks: int = 16,
+        stream_timeout: float = 60.0,
+    ) -> None:
+        self.hub = hub
+        self.cache = cache
+        self.miss_deadline = miss_deadline
+        self.batch_blocks = batch_blocks
+        self.stream_timeout = stream_timeout
+        self._streams = asyncio.Semaphore(max_streams)
+        self._inflight: dict[str, asyncio.Future[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def ensure(self, blocks: Sequence[tuple[str, int]]) -> list[bool]:
+        """Make every ``(digest, size)`` resident; returns, per block, whether it already was.
+
+        Raises:
+            HubUnavailable: the hub could not deliver before the miss deadline.
+            NotFound: the hub does not have a block.
+        """
+        was_cached: list[bool] = []
+        waits: list[asyncio.Future[None]] = []
+        to_fetch: list[str] = []
+        loop = asyncio.get_running_loop()
+        for digest, _size in blocks:
+            if self.cache.contains(digest):
+                was_cached.append(True)
+                continue
+            was_cached.append(False)
+            metrics.CACHE_MISSES.inc()
+            future = self._inflight.get(digest)
+            if future is None:
+                future = loop.create_future()
+                self._inflight[digest] = future
+                to_fetch.append(digest)
+            waits.append(future)
+        for start in range(0, len(to_fetch), self.batch_blocks):
+            batch = to_fetch[start : start + self.batch_blocks]
+            task = asyncio.create_task(self._fetch(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        for future in waits:
+            # shield: a caller giving up must not cancel a fetch others wait on
+            await asyncio.shield(future)
+        return was_cached
+
+    @property
+    def inflight(self) -> int:
+        """Blocks being fetched now."""
+        return len(self._inflight)
+
+    async def close(self) -> None:
+        """Cancel fetches in flight."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _fetch(self, digests: list[str]) -> None:
+        pending = list(digests)
+        metrics.INFLIGHT_FETCHES.set(len(self._inflight))
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_delay(self.miss_deadline),
+                wait=wait_exponential_jitter(initial=0.1, max=5.0, jitter=0.5),
+                retry=retry_if_exception_type(_Retryable),
+                reraise=True,
+            ):
+                with attempt:
+                    await self._attempt(pending)
+        except _Retryable as err:
+            self._fail(pending, HubUnavailable(f"hub {self.hub.target}: {err}"))
+        except NotFound as err:
+            self._fail(pending, err)
+        except Exception as err:  # never leave a waiter hanging
+            log.exception("fetch of %d blocks failed", len(pending))
+            self._fail(pending, HubUnavailable(f"fetch failed: {err}"))
+        finally:
+            metrics.INFLIGHT_FETCHES.set(len(self._inflight))
+
+    async def _attempt(self, pending: list[str]) -> None:
+        """One ReadBlocks stream for ``pending``; removes each digest once it is admitted."""
+        started = time.monotonic()
+        async with self._streams:
+            try:
+                async for digest, data in self.hub.read_blocks(list(pending), self.stream_timeout):
+                    if block_digest(data) != digest:
+                        metrics.CORRUPT_BLOCKS.inc()
+                        raise _Retryable(str(CorruptBlock(f"block {digest} failed verification")))
+                    metrics.HUB_FETCH_BYTES.inc(len(data))
+                    metrics.HUB_FETCH_BLOCKS.inc()
+                    await self.cache.admit(digest, data)
+                    pending.remove(digest)
+                    self._resolve(digest, None)
+                metrics.HUB_UP.set(1)
+            except grpc.aio.AioRpcError as err:
+                code = err.code()
+                metrics.HUB_FETCH_ERRORS.labels(code.name).inc()
+                if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                    metrics.HUB_UP.set(1)
+                    raise NotFound(f"hub: {err.details()}") from err
+                metrics.HUB_UP.set(0)
+                log.warning("hub fetch failed (%s: %s); retrying", code.name, err.details())
+                raise _Retryable(f"{code.name}: {err.details()}") from err
+            except ValueError as err:
+                raise _Retryable(str(err)) from err
+            finally:
+                metrics.HUB_FETCH_SECONDS.observe(time.monotonic() - started)
+        if pending:
+            raise _Retryable(f"stream ended with {len(pending)} blocks missing")
+
+    def _resolve(self, digest: str, error: BaseException | None) -> None:
+        future = self._inflight.pop(digest, None)
+        if future is None or future.done():
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    def _fail(self, digests: list[str], error: BaseException) -> None:
+        for digest in digests:
+            self._resolve(digest, error)

@@ -1,0 +1,94 @@
+"""Where a spoke's cache lives on disk, and how a block file is read.
+
+This is the read side shared by the daemon and the mount process (the mount reads cache
+hits straight from block files, with no daemon round trip)::
+
+    CACHE_DIR/
+      blocks/<d[0:2]>/<digest>     one file per cached block, named by its xxh3-128 digest
+      blocks/<d[0:2]>/.tmp-*       a block being written (renamed into place when complete)
+      index/                       LMDB index, written only by the daemon
+      daemon.sock                  the daemon's local gRPC socket (SpokeLocal)
+      admin.url                    the admin API's base URL, written once it listens
+
+A block file is only ever visible complete: the daemon writes it under a temporary name
+and renames it into place (rename(2) is atomic within one filesystem).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+DIGEST_RE = re.compile(r"^[0-9a-f]{32}$")
+TMP_PREFIX = ".tmp-"
+
+
+def block_digest(data: bytes) -> str:
+    """The block id of ``data``: xxh3-128 as 32 lowercase hex characters (xxHash spec, XXH3)."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def is_digest(value: str) -> bool:
+    """True when ``value`` is a well-formed block digest (32 lowercase hex characters)."""
+    return bool(DIGEST_RE.match(value))
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Paths inside one spoke cache directory.
+
+    Args:
+        root: the cache directory (``--cache-dir``).
+    """
+
+    root: Path
+
+    @property
+    def blocks_dir(self) -> Path:
+        """Directory of block files."""
+        return self.root / "blocks"
+
+    @property
+    def index_dir(self) -> Path:
+        """LMDB environment directory of the block index and cached catalog."""
+        return self.root / "index"
+
+    @property
+    def socket_path(self) -> Path:
+        """UNIX socket of the daemon's local gRPC service."""
+        return self.root / "daemon.sock"
+
+    @property
+    def admin_url_file(self) -> Path:
+        """File holding the admin API's base URL once it listens."""
+        return self.root / "admin.url"
+
+    def block_path(self, digest: str) -> Path:
+        """Path of the block file for ``digest``.
+
+        Raises:
+            ValueError: ``digest`` is not 32 lowercase hex characters (never a path outside).
+        """
+        if not is_digest(digest):
+            raise ValueError(f"malformed block digest {digest!r}")
+        return self.blocks_dir / digest[:2] / digest
+
+    def read_block_range(self, digest: str, offset: int, size: int) -> bytes | None:
+        """Read ``size`` bytes at ``offset`` of a cached block.
+
+        Returns:
+            The bytes (shorter only at the end of the block), or None when the block is not
+            cached (a miss). A block evicted while open stays readable through its descriptor.
+        """
+        try:
+            fd = os.open(self.block_path(digest), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            return os.pread(fd, size, offset)
+        finally:
+            os.close(fd)

@@ -1,0 +1,116 @@
+"""The daemon's local gRPC service (SpokeLocal) for the mount process, on a UNIX socket.
+
+Domain errors are mapped to gRPC status codes here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from protocol.hub.v1 import hub_pb2
+from protocol.spoke.v1 import spoke_pb2, spoke_pb2_grpc
+from spoke import metrics
+from spoke.cache import BlockCache
+from spoke.catalog import SnapshotCatalog
+from spoke.errors import CorruptBlock, HubUnavailable, InvalidRequest, NotFound, SpokeError
+from spoke.fetcher import Fetcher
+from spoke.layout import is_digest
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_CODES: dict[type[SpokeError], grpc.StatusCode] = {
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    HubUnavailable: grpc.StatusCode.UNAVAILABLE,
+    CorruptBlock: grpc.StatusCode.DATA_LOSS,
+}
+
+
+def _status_for(err: SpokeError) -> grpc.StatusCode:
+    for kind, code in _CODES.items():
+        if isinstance(err, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _unary(
+    fn: Callable[..., Awaitable[T]],
+) -> Callable[..., Awaitable[T]]:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
+        try:
+            return await fn(self, request, context)
+        except SpokeError as err:
+            await context.abort(_status_for(err), str(err))
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc]
+    """Serves the catalog, misses and access records to the mount."""
+
+    def __init__(self, catalog: SnapshotCatalog, cache: BlockCache, fetcher: Fetcher) -> None:
+        self._catalog = catalog
+        self._cache = cache
+        self._fetcher = fetcher
+
+    @_unary
+    async def ListDatasets(
+        self, request: hub_pb2.ListDatasetsRequest, context: grpc.aio.ServicerContext
+    ) -> hub_pb2.ListDatasetsResponse:
+        return await self._catalog.list_datasets()
+
+    @_unary
+    async def ListVersions(
+        self, request: hub_pb2.ListVersionsRequest, context: grpc.aio.ServicerContext
+    ) -> hub_pb2.ListVersionsResponse:
+        return await self._catalog.list_versions(request.dataset)
+
+    @_unary
+    async def ResolveRef(
+        self, request: hub_pb2.ResolveRefRequest, context: grpc.aio.ServicerContext
+    ) -> hub_pb2.Snapshot:
+        return await self._catalog.resolve_ref(request.dataset, request.ref)
+
+    async def GetManifest(
+        self, request: hub_pb2.GetManifestRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[hub_pb2.ManifestEntry]:
+        try:
+            entries = await self._catalog.manifest(request.dataset, request.ref)
+        except SpokeError as err:
+            await context.abort(_status_for(err), str(err))
+            return
+        for entry in entries:
+            yield entry
+
+    @_unary
+    async def EnsureBlocks(
+        self, request: spoke_pb2.EnsureBlocksRequest, context: grpc.aio.ServicerContext
+    ) -> spoke_pb2.EnsureBlocksResponse:
+        refs = [(b.digest, b.size) for b in request.blocks]
+        bad = [d for d, _ in refs if not is_digest(d)]
+        if bad:
+            raise InvalidRequest(f"malformed block digest {bad[0]!r}")
+        was_cached = await self._fetcher.ensure(refs)
+        hits = sum(was_cached)
+        if hits:
+            metrics.CACHE_HITS.inc(hits)
+            self._cache.record_access([d for (d, _), c in zip(refs, was_cached, strict=True) if c])
+        return spoke_pb2.EnsureBlocksResponse(was_cached=was_cached)
+
+    @_unary
+    async def RecordAccess(
+        self, request: spoke_pb2.RecordAccessRequest, context: grpc.aio.ServicerContext
+    ) -> spoke_pb2.RecordAccessResponse:
+        metrics.CACHE_HITS.inc(len(request.digests))
+        self._cache.record_access(list(request.digests))
+        return spoke_pb2.RecordAccessResponse()

@@ -1,0 +1,33 @@
+"""Prometheus metrics of the spoke daemon (names from DESIGN.md, base units).
+
+Module-level collectors in the default registry: one daemon per process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+CACHE_HITS = Counter("strata_spoke_cache_hits", "Block reads served from the spoke's disk cache")
+CACHE_MISSES = Counter("strata_spoke_cache_misses", "Block reads that needed a hub fetch")
+HUB_FETCH_BYTES = Counter(
+    "strata_spoke_hub_fetch_bytes", "Block bytes received from the hub (verified)"
+)
+HUB_FETCH_BLOCKS = Counter("strata_spoke_hub_fetch_blocks", "Blocks received from the hub")
+HUB_FETCH_SECONDS = Histogram(
+    "strata_spoke_hub_fetch_seconds",
+    "Duration of one ReadBlocks stream to the hub, seconds",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+HUB_FETCH_ERRORS = Counter(
+    "strata_spoke_hub_fetch_errors", "Failed hub fetch attempts (retried)", ["code"]
+)
+CACHE_USED_BYTES = Gauge("strata_spoke_cache_used_bytes", "Bytes of blocks in the cache")
+CACHE_CAPACITY_BYTES = Gauge("strata_spoke_cache_capacity_bytes", "Configured cache size")
+CACHE_BLOCKS = Gauge("strata_spoke_cache_blocks", "Blocks in the cache")
+EVICTIONS = Counter("strata_spoke_evictions", "Blocks evicted from the cache")
+EVICTED_BYTES = Counter("strata_spoke_evicted_bytes", "Bytes evicted from the cache")
+CORRUPT_BLOCKS = Counter(
+    "strata_spoke_corrupt_blocks", "Blocks whose bytes did not match their digest"
+)
+INFLIGHT_FETCHES = Gauge("strata_spoke_inflight_fetches", "Blocks being fetched from the hub")
+HUB_UP = Gauge("strata_spoke_hub_up", "1 when the last hub call succeeded, else 0")

@@ -1,0 +1,128 @@
+"""The block store: block files on disk plus their LMDB index (daemon side only).
+
+Writes are transactional per block: bytes go to a temporary file in the block's
+directory and are renamed into place, so a reader (the mount) never sees a partial
+block. The index maps each digest to its size and a recency tick, so the eviction
+order survives a restart. The daemon is the index's only writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import lmdb
+
+from spoke.layout import TMP_PREFIX, CacheLayout, is_digest
+
+_ENTRY = struct.Struct(">QQ")  # size (bytes), recency tick
+MAP_SIZE = 1 << 36  # 64 GiB of address space for the index; LMDB files grow sparsely
+
+
+@dataclass(frozen=True)
+class StoredBlock:
+    """One block in the index: digest, size in bytes, recency tick (higher is newer)."""
+
+    digest: str
+    size: int
+    tick: int
+
+
+class BlockStore:
+    """Block files under ``CACHE_DIR/blocks`` and their index in ``CACHE_DIR/index``.
+
+    Args:
+        layout: the cache directory's layout.
+        env: an open LMDB environment shared with other daemon components.
+    """
+
+    def __init__(self, layout: CacheLayout, env: lmdb.Environment) -> None:
+        self.layout = layout
+        self._env = env
+        self._db = env.open_db(b"blocks")
+        layout.blocks_dir.mkdir(parents=True, exist_ok=True)
+
+    def recover(self) -> list[StoredBlock]:
+        """Bring index and files into agreement after a (possibly unclean) stop.
+
+        Deletes stray temporary files, drops index entries whose file is gone, and indexes
+        complete block files the index lacks (a crash between rename and index write).
+
+        Returns:
+            Every cached block, oldest tick first.
+        """
+        on_disk: dict[str, int] = {}
+        for sub in self.layout.blocks_dir.iterdir():
+            if not sub.is_dir():
+                continue
+            for f in sub.iterdir():
+                if f.name.startswith(TMP_PREFIX):
+                    f.unlink(missing_ok=True)
+                elif is_digest(f.name):
+                    on_disk[f.name] = f.stat().st_size
+        blocks: list[StoredBlock] = []
+        with self._env.begin(write=True, db=self._db) as txn:
+            for key, value in list(txn.cursor()):
+                digest = key.decode()
+                size, tick = _ENTRY.unpack(value)
+                if on_disk.pop(digest, None) is None:
+                    txn.delete(key)
+                else:
+                    blocks.append(StoredBlock(digest, size, tick))
+            for digest, size in on_disk.items():
+                txn.put(digest.encode(), _ENTRY.pack(size, 0))
+                blocks.append(StoredBlock(digest, size, 0))
+        blocks.sort(key=lambda b: b.tick)
+        return blocks
+
+    def write(self, digest: str, data: bytes, tick: int) -> None:
+        """Store a verified block atomically and index it.
+
+        Raises:
+            OSError: the cache filesystem refused the write (e.g. ENOSPC); nothing is left behind.
+        """
+        path = self.layout.block_path(digest)
+        path.parent.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        with self._env.begin(write=True, db=self._db) as txn:
+            txn.put(digest.encode(), _ENTRY.pack(len(data), tick))
+
+    def delete(self, digest: str) -> None:
+        """Remove a block's file and index entry (missing ones are ignored)."""
+        self.layout.block_path(digest).unlink(missing_ok=True)
+        with self._env.begin(write=True, db=self._db) as txn:
+            txn.delete(digest.encode())
+
+    def touch(self, ticks: dict[str, int]) -> None:
+        """Record new recency ticks for indexed blocks, in one transaction."""
+        with self._env.begin(write=True, db=self._db) as txn:
+            for digest, tick in ticks.items():
+                key = digest.encode()
+                value = txn.get(key)
+                if value is not None:
+                    size, _ = _ENTRY.unpack(value)
+                    txn.put(key, _ENTRY.pack(size, tick))
+
+    def __iter__(self) -> Iterator[StoredBlock]:
+        with self._env.begin(db=self._db) as txn:
+            for key, value in txn.cursor():
+                size, tick = _ENTRY.unpack(value)
+                yield StoredBlock(key.decode(), size, tick)
+
+
+def open_index(layout: CacheLayout) -> lmdb.Environment:
+    """Open (creating) the daemon's LMDB environment under ``CACHE_DIR/index``."""
+    layout.index_dir.mkdir(parents=True, exist_ok=True)
+    return lmdb.open(str(layout.index_dir), map_size=MAP_SIZE, max_dbs=8, subdir=True)
