@@ -1,6 +1,5 @@
 """``python -m spoke`` = ``strata-spoke``."""
 
-import sys
 
 from spoke.cli import main
 

@@ -11,7 +11,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def seismic_dir() -> Path:
-    """The shared real seismic files: ``$STRATA_SEISMIC_DIR`` or ``<repo>/../shared/data/seismic``."""
+    """Where the shared real seismic files are.
+
+    ``$STRATA_SEISMIC_DIR`` if set, else ``<repo>/../shared/data/seismic``.
+    """
     env = os.environ.get("STRATA_SEISMIC_DIR")
     return Path(env) if env else REPO_ROOT.parent / "shared" / "data" / "seismic"
 

@@ -1,0 +1,142 @@
+"""Run a hub and a spoke (daemon + mount) as local processes, and always clean them up.
+
+Used by ``strata-demo`` and by the kernel-level tests. Every process is started through
+``sys.executable -m …`` in its own session, so a Ctrl-C reaches only the caller, which
+then stops the spoke (unmount first) and the hub in reverse order of start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from spoke.supervisor import is_mounted, lazy_unmount
+
+
+class StackError(RuntimeError):
+    """A process of the local stack failed to start; the message says which and why."""
+
+
+def _wait_for(cond: object, proc: subprocess.Popen[bytes], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():  # type: ignore[operator]
+        if proc.poll() is not None:
+            raise StackError(f"{what} exited with status {proc.returncode} while starting")
+        if time.monotonic() > deadline:
+            raise StackError(f"{what} not ready after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout)
+
+
+class LocalStack:
+    """A context manager owning local hub and spoke processes.
+
+    Example::
+
+        with LocalStack() as stack:
+            hub = stack.start_hub(data_dir)
+            admin = stack.start_spoke(hub, cache_dir, mountpoint, "1GiB")
+    """
+
+    def __init__(self, log_level: str = "WARNING") -> None:
+        self.log_level = log_level
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._mounts: list[Path] = []
+
+    def __enter__(self) -> LocalStack:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-m", *args], start_new_session=True)
+        self._procs.append(proc)
+        return proc
+
+    def start_hub(self, data_dir: Path, timeout: float = 30.0) -> str:
+        """Serve ``data_dir`` on 127.0.0.1 (a free port); returns ``HOST:PORT``."""
+        port_file = data_dir / "hub.port"
+        port_file.unlink(missing_ok=True)
+        proc = self._spawn(
+            [
+                "hub",
+                "serve",
+                "--data-dir",
+                str(data_dir),
+                "--listen",
+                "127.0.0.1:0",
+                "--port-file",
+                str(port_file),
+            ]
+        )
+        _wait_for(
+            lambda: port_file.exists() and port_file.read_text().strip(), proc, "hub", timeout
+        )
+        return f"127.0.0.1:{port_file.read_text().strip()}"
+
+    def start_spoke(
+        self,
+        hub: str,
+        cache_dir: Path,
+        mount: Path,
+        cache_size: str,
+        timeout: float = 60.0,
+        extra: tuple[str, ...] = (),
+    ) -> str:
+        """Run ``strata-spoke run`` and wait until the mount is up; returns the admin URL."""
+        mount.mkdir(parents=True, exist_ok=True)
+        url_file = cache_dir / "admin.url"
+        url_file.unlink(missing_ok=True)
+        proc = self._spawn(
+            [
+                "spoke",
+                "run",
+                "--hub",
+                hub,
+                "--cache-dir",
+                str(cache_dir),
+                "--cache-size",
+                cache_size,
+                "--mount",
+                str(mount),
+                "--admin",
+                "127.0.0.1:0",
+                "--log-level",
+                self.log_level,
+                *extra,
+            ]
+        )
+        self._mounts.append(mount)
+        _wait_for(lambda: is_mounted(mount) and url_file.exists(), proc, "spoke", timeout)
+        return url_file.read_text().strip()
+
+    def close(self) -> None:
+        """Stop every process, newest first, and detach any mount left behind."""
+        while self._procs:
+            _stop(self._procs.pop())
+        for mount in self._mounts:
+            if is_mounted(mount):
+                lazy_unmount(mount)
+        self._mounts.clear()

@@ -1,0 +1,135 @@
+"""Fetcher against a fake hub: single flight, verification, retries, deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from spoke.cache import BlockCache
+from spoke.errors import HubUnavailable, NotFound
+from spoke.fetcher import Fetcher
+from spoke.layout import CacheLayout, block_digest
+from spoke.policy import LRUPolicy
+from spoke.store import BlockStore, open_index
+
+
+class FakeHub:
+    """Serves blocks from a dict; can fail, corrupt or stall on demand."""
+
+    target = "fake-hub:0"
+
+    def __init__(self, blocks: dict[str, bytes]) -> None:
+        self.blocks = blocks
+        self.calls: list[list[str]] = []
+        self.fail_times = 0
+        self.corrupt_times = 0
+        self.delay = 0.0
+
+    async def read_blocks(
+        self, digests: Sequence[str], timeout: float
+    ) -> AsyncIterator[tuple[str, bytes]]:
+        self.calls.append(list(digests))
+        await asyncio.sleep(self.delay)
+        if self.fail_times:
+            self.fail_times -= 1
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down"
+            )
+        for d in digests:
+            if d not in self.blocks:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.NOT_FOUND, grpc.aio.Metadata(), grpc.aio.Metadata(), d
+                )
+            data = self.blocks[d]
+            if self.corrupt_times:
+                self.corrupt_times -= 1
+                data = b"X" + data[1:]
+            yield d, data
+
+
+def _setup(tmp_path: Path, n: int = 4) -> tuple[FakeHub, BlockCache, list[tuple[str, int]]]:
+    blobs = {}
+    for i in range(n):
+        data = f"block {i} ".encode() * 1000
+        blobs[block_digest(data)] = data
+    layout = CacheLayout(tmp_path)
+    cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(), 1 << 30)
+    return FakeHub(blobs), cache, [(d, len(b)) for d, b in blobs.items()]
+
+
+def test_sixteen_concurrent_misses_make_one_hub_request(tmp_path: Path) -> None:
+    hub, cache, refs = _setup(tmp_path)
+    hub.delay = 0.05
+
+    async def go() -> list[list[bool]]:
+        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        return await asyncio.gather(*[fetcher.ensure(refs[:1]) for _ in range(16)])
+
+    results = asyncio.run(go())
+    assert hub.calls == [[refs[0][0]]]
+    assert all(r == [False] for r in results)
+    assert CacheLayout(tmp_path).read_block_range(refs[0][0], 0, 7) == b"block 0"
+
+
+def test_batch_and_already_cached(tmp_path: Path) -> None:
+    hub, cache, refs = _setup(tmp_path)
+
+    async def go() -> tuple[list[bool], list[bool]]:
+        fetcher = Fetcher(hub, cache, batch_blocks=3)  # type: ignore[arg-type]
+        first = await fetcher.ensure(refs)
+        return first, await fetcher.ensure(refs)
+
+    first, second = asyncio.run(go())
+    assert first == [False] * 4 and second == [True] * 4
+    assert [len(c) for c in hub.calls] == [3, 1]
+
+
+def test_corrupt_block_is_refetched_and_never_cached(tmp_path: Path) -> None:
+    hub, cache, refs = _setup(tmp_path)
+    hub.corrupt_times = 1
+
+    async def go() -> None:
+        await Fetcher(hub, cache).ensure(refs[:1])  # type: ignore[arg-type]
+
+    asyncio.run(go())
+    assert len(hub.calls) == 2
+    path = CacheLayout(tmp_path).block_path(refs[0][0])
+    assert block_digest(path.read_bytes()) == refs[0][0]
+
+
+def test_transient_failures_are_retried(tmp_path: Path) -> None:
+    hub, cache, refs = _setup(tmp_path)
+    hub.fail_times = 2
+
+    async def go() -> list[bool]:
+        return await Fetcher(hub, cache, miss_deadline=10).ensure(refs[:2])  # type: ignore[arg-type]
+
+    assert asyncio.run(go()) == [False, False]
+    assert len(hub.calls) == 3
+
+
+def test_miss_deadline_then_unavailable(tmp_path: Path) -> None:
+    hub, cache, refs = _setup(tmp_path)
+    hub.fail_times = 10_000
+
+    async def go() -> None:
+        await Fetcher(hub, cache, miss_deadline=0.5).ensure(refs[:1])  # type: ignore[arg-type]
+
+    with pytest.raises(HubUnavailable):
+        asyncio.run(go())
+    assert not cache.contains(refs[0][0])
+
+
+def test_unknown_block_is_not_found(tmp_path: Path) -> None:
+    hub, cache, _ = _setup(tmp_path)
+
+    async def go() -> None:
+        await Fetcher(hub, cache).ensure([("0" * 32, 10)])  # type: ignore[arg-type]
+
+    with pytest.raises(NotFound):
+        asyncio.run(go())

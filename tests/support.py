@@ -1,0 +1,81 @@
+"""Helpers for tests that run real processes and kernel mounts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def fuse_available() -> str | None:
+    """None when kernel FUSE mounts can run here, else the reason they cannot."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (Debian package fuse3)"
+    return None
+
+
+requires_fuse = pytest.mark.skipif(fuse_available() is not None, reason=fuse_available() or "")
+
+
+def sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tree_digests(root: Path) -> dict[str, str]:
+    """``relative path -> sha256`` of every regular file under ``root`` (symlinks not followed)."""
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            p = Path(dirpath) / name
+            if p.is_file() and not p.is_symlink():
+                out[str(p.relative_to(root))] = sha256(p)
+    return out
+
+
+def publish(data_dir: Path, dataset: str, src: Path, *extra: str) -> str:
+    """``strata-hub publish``; returns the new version name."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hub",
+            "publish",
+            "--data-dir",
+            str(data_dir),
+            dataset,
+            str(src),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return proc.stdout.strip()
+
+
+def make_tree(root: Path, seed: int = 0) -> None:
+    """A small snapshot source: empty, tiny, multi-block files, nesting and a symlink."""
+    import random
+
+    rng = random.Random(seed)
+    (root / "nested" / "deeper").mkdir(parents=True)
+    (root / "empty-dir").mkdir()
+    (root / "empty.bin").write_bytes(b"")
+    (root / "one.txt").write_bytes(b"x")
+    (root / "small.txt").write_text("hello strata\n")
+    (root / "big.bin").write_bytes(rng.randbytes(300_000))  # several 64 KiB blocks
+    (root / "nested" / "a.bin").write_bytes(rng.randbytes(65_536))  # exactly one block
+    (root / "nested" / "deeper" / "b.bin").write_bytes(rng.randbytes(65_537))
+    (root / "link-to-small").symlink_to("small.txt")

@@ -1,0 +1,96 @@
+"""Block store and cache: atomic writes, recovery after a crash, eviction to capacity."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from spoke.cache import BlockCache
+from spoke.layout import CacheLayout, block_digest
+from spoke.policy import LRUPolicy
+from spoke.store import BlockStore, open_index
+
+
+def _block(i: int, size: int = 100) -> tuple[str, bytes]:
+    data = bytes([i % 256]) * size
+    return block_digest(data), data
+
+
+def test_write_read_and_recover(tmp_path: Path) -> None:
+    layout = CacheLayout(tmp_path)
+    env = open_index(layout)
+    store = BlockStore(layout, env)
+    d1, b1 = _block(1)
+    d2, b2 = _block(2)
+    store.write(d1, b1, tick=1)
+    store.write(d2, b2, tick=2)
+    assert layout.read_block_range(d1, 10, 5) == b1[10:15]
+    assert layout.read_block_range(d1, 95, 50) == b1[95:]
+    assert layout.read_block_range(_block(3)[0], 0, 1) is None
+    # a crash mid-write leaves a temp file; a crash after rename leaves an unindexed block
+    stray = layout.block_path(d1).parent / ".tmp-abc"
+    stray.write_bytes(b"partial")
+    d3, b3 = _block(3)
+    layout.block_path(d3).parent.mkdir(exist_ok=True)
+    layout.block_path(d3).write_bytes(b3)
+    layout.block_path(d2).unlink()  # indexed but gone
+    env.close()
+
+    store = BlockStore(layout, open_index(layout))
+    recovered = store.recover()
+    assert not stray.exists()
+    assert {b.digest for b in recovered} == {d1, d3}
+    assert [b.digest for b in recovered][-1] == d1  # d3 got tick 0: oldest
+
+
+def test_malformed_digest_never_becomes_a_path(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        CacheLayout(tmp_path).block_path("../../etc/passwd")
+
+
+def test_cache_evicts_lru_to_capacity_and_persists_recency(tmp_path: Path) -> None:
+    layout = CacheLayout(tmp_path)
+
+    async def fill() -> list[str]:
+        cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(), 350)
+        digests = []
+        for i in range(3):
+            d, data = _block(i)
+            await cache.admit(d, data)
+            digests.append(d)
+        cache.record_access([digests[0]])  # 0 is now the most recent
+        d, data = _block(9)
+        await cache.admit(d, data)  # 400 > 350: evict LRU = block 1
+        cache.policy.check_invariants()
+        assert cache.used_bytes == 300
+        assert not cache.contains(digests[1])
+        assert not layout.block_path(digests[1]).exists()
+        cache.store._env.close()
+        return [*digests, d]
+
+    d0, _d1, d2, d9 = asyncio.run(fill())
+    cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(), 350)
+    assert isinstance(cache.policy, LRUPolicy)
+    assert cache.policy.keys_lru_first() == [d2, d0, d9]
+    # a smaller capacity after restart evicts at once, oldest first
+    cache.store._env.close()
+    small = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(), 150)
+    assert isinstance(small.policy, LRUPolicy)
+    assert small.policy.keys_lru_first() == [d9]
+
+
+def test_block_larger_than_cache_is_admitted_alone(tmp_path: Path) -> None:
+    layout = CacheLayout(tmp_path)
+
+    async def go() -> None:
+        cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(), 100)
+        d, data = _block(1, 60)
+        await cache.admit(d, data)
+        big, big_data = _block(2, 500)
+        await cache.admit(big, big_data)
+        assert cache.contains(big) and not cache.contains(d)
+        assert cache.used_bytes == 500
+
+    asyncio.run(go())
