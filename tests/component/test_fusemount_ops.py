@@ -1,0 +1,144 @@
+"""The mount's Operations called directly (no kernel): tree, reads, errors, the boundary."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyfuse3
+import pytest
+import trio
+
+from fusemount import boundary
+from fusemount.operations import StrataOperations
+from fusemount.reader import BlockReader
+from protocol.hub.v1 import hub_pb2
+from spoke.layout import CacheLayout, block_digest
+
+
+class FakeDaemon:
+    """Catalog from memory; misses are 'fetched' by writing the block file."""
+
+    def __init__(self, layout: CacheLayout, blocks: dict[str, bytes]) -> None:
+        self.layout = layout
+        self.blocks = blocks
+        self.ensured: list[str] = []
+        self.fail_catalog = False
+
+    def list_datasets(self) -> list[str]:
+        return ["ds"]
+
+    def list_versions(self, dataset: str) -> hub_pb2.ListVersionsResponse:
+        if self.fail_catalog:
+            raise RuntimeError("boom")
+        return hub_pb2.ListVersionsResponse(
+            versions=[hub_pb2.Snapshot(dataset="ds", version="v1", snapshot_id="s1")],
+            tags=[hub_pb2.Tag(name="latest", version="v1")],
+        )
+
+    def manifest(self, dataset: str, version: str) -> list[hub_pb2.ManifestEntry]:
+        refs = [hub_pb2.BlockRef(digest=d, size=len(b)) for d, b in self.blocks.items()]
+        return [
+            hub_pb2.ManifestEntry(path="dir", type=hub_pb2.ENTRY_TYPE_DIRECTORY, mode=0o755),
+            hub_pb2.ManifestEntry(
+                path="dir/f.bin",
+                type=hub_pb2.ENTRY_TYPE_FILE,
+                mode=0o644,
+                size=sum(len(b) for b in self.blocks.values()),
+                blocks=refs,
+            ),
+        ]
+
+    def ensure_blocks(self, blocks: Sequence[tuple[str, int]]) -> None:
+        for digest, _ in blocks:
+            self.ensured.append(digest)
+            path = self.layout.block_path(digest)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(self.blocks[digest])
+
+    def record_access(self, digests: Sequence[str]) -> None:
+        pass
+
+
+@pytest.fixture
+def ops(tmp_path: Path) -> StrataOperations:
+    blocks = {}
+    for i in range(3):
+        data = bytes([i]) * 1000
+        blocks[block_digest(data)] = data
+    layout = CacheLayout(tmp_path)
+    daemon = FakeDaemon(layout, blocks)
+    return StrataOperations(daemon, BlockReader(layout, daemon))  # type: ignore[arg-type]
+
+
+CTX: Any = None
+
+
+async def _walk(ops: StrataOperations, *names: str) -> pyfuse3.EntryAttributes:
+    inode = pyfuse3.ROOT_INODE
+    attr = await ops.getattr(inode, CTX)
+    for name in names:
+        attr = await ops.lookup(inode, name.encode(), CTX)
+        inode = attr.st_ino
+    return attr
+
+
+def test_tree_and_reads(ops: StrataOperations) -> None:
+    async def go() -> None:
+        tag = await _walk(ops, "ds", "latest")
+        assert stat.S_ISLNK(tag.st_mode)
+        assert await ops.readlink(tag.st_ino, CTX) == b"v1"
+        attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
+        assert attr.st_size == 3000 and stat.S_IMODE(attr.st_mode) == 0o644
+        fi = await ops.open(attr.st_ino, os.O_RDONLY, CTX)
+        assert fi.keep_cache
+        data = await ops.read(fi.fh, 990, 1020)  # spans blocks 0, 1, 2
+        assert data == b"\x00" * 10 + b"\x01" * 1000 + b"\x02" * 10
+        assert ops.reader.misses == 3
+        assert await ops.read(fi.fh, 990, 20) == b"\x00" * 10 + b"\x01" * 10
+        assert ops.reader.hits == 2
+        assert await ops.read(fi.fh, 3000, 10) == b""
+        await ops.release(fi.fh)
+        # same inode every time
+        assert (await _walk(ops, "ds", "v1", "dir", "f.bin")).st_ino == attr.st_ino
+
+    trio.run(go)
+
+
+def test_errnos(ops: StrataOperations) -> None:
+    async def expect(code: int, coro: Any) -> None:
+        with pytest.raises(pyfuse3.FUSEError) as info:
+            await coro
+        assert info.value.errno == code
+
+    async def go() -> None:
+        attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
+        await expect(errno.EROFS, ops.open(attr.st_ino, os.O_WRONLY, CTX))
+        await expect(errno.EROFS, ops.open(attr.st_ino, os.O_RDWR | os.O_TRUNC, CTX))
+        await expect(errno.EROFS, ops.mkdir(1, b"x", 0o755, CTX))
+        await expect(errno.ENOENT, ops.lookup(1, b"nope", CTX))
+        await expect(errno.ENOENT, ops.getattr(999_999, CTX))
+        await expect(errno.EBADF, ops.read(12345, 0, 10))
+        neg = await ops.lookup(attr.st_ino - 1, b"missing", CTX)  # inside a snapshot: cached
+        assert neg.st_ino == 0
+
+    trio.run(go)
+
+
+def test_error_boundary_turns_surprises_into_eio(ops: StrataOperations) -> None:
+    assert isinstance(ops.client, FakeDaemon)
+    ops.client.fail_catalog = True
+    before = boundary.UNEXPECTED_ERRORS["lookup"]
+
+    async def go() -> None:
+        ds = await ops.lookup(1, b"ds", CTX)
+        with pytest.raises(pyfuse3.FUSEError) as info:
+            await ops.lookup(ds.st_ino, b"v1", CTX)
+        assert info.value.errno == errno.EIO
+
+    trio.run(go)
+    assert boundary.UNEXPECTED_ERRORS["lookup"] == before + 1
