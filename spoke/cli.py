@@ -50,7 +50,8 @@ def _settings(**values: object) -> SpokeSettings:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]).replace("_", "-")
-        _fail(f"--{where}: {first['msg']}")
+        message = str(first["msg"]).removeprefix("Value error, ")
+        _fail(message if message.startswith("--") else f"--{where}: {message}")
 
 
 def _logging(level: str, who: str) -> None:

@@ -1,0 +1,88 @@
+"""The demo's flow, end to end: real F3 SEG-Y → MDIO → hub → spoke → FUSE mount → trainer."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy.local import LocalStack
+from tests.support import publish, requires_fuse, tree_digests
+
+pytestmark = [pytest.mark.e2e, pytest.mark.fuse, requires_fuse]
+
+
+def _fit(data: Path, out: Path, steps: int) -> dict[str, float]:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "fit",
+            "--data",
+            str(data),
+            "--steps",
+            str(steps),
+            "--preset",
+            "tiny",
+            "--batch-size",
+            "8",
+            "--workers",
+            "0",
+            "--out",
+            str(out),
+        ],
+        check=True,
+    )
+    summary: dict[str, float] = json.loads((out / "summary.json").read_text())
+    return summary
+
+
+def test_f3_through_the_mount(seismic: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "prepare",
+            "--segy",
+            str(seismic / "f3.sgy"),
+            "--out",
+            str(src / "f3.mdio"),
+        ],
+        check=True,
+    )
+    assert publish(tmp_path / "hub", "f3", src) == "v1"
+    with LocalStack() as stack:
+        hub = stack.start_hub(tmp_path / "hub")
+        admin = stack.start_spoke(hub, tmp_path / "cache", tmp_path / "mnt", "256MiB")
+        data = tmp_path / "mnt" / "f3" / "latest" / "f3.mdio"
+        assert tree_digests(data) == tree_digests(src / "f3.mdio")
+
+        first = _fit(data, tmp_path / "train1", steps=40)
+        assert math.isfinite(first["loss_first"]) and math.isfinite(first["loss_last"])
+        log = [json.loads(line) for line in (tmp_path / "train1" / "metrics.jsonl").open()]
+        losses = [row["loss"] for row in log]
+        assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10, losses
+        warm = httpx.get(f"{admin}/v1/cache").json()
+        assert warm["hub_fetch_bytes"] > 0 and warm["misses"] > 0
+
+        if os.access("/proc/sys/vm/drop_caches", os.W_OK):
+            Path("/proc/sys/vm/drop_caches").write_text("1\n")  # make pass 2 reach the mount
+        _fit(data, tmp_path / "train2", steps=10)
+        again = httpx.get(f"{admin}/v1/cache").json()
+        deadline = time.monotonic() + 5  # hits are reported in batches every 0.5 s
+        while again["hits"] <= warm["hits"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+            again = httpx.get(f"{admin}/v1/cache").json()
+        assert again["hub_fetch_bytes"] == warm["hub_fetch_bytes"]
+        assert again["misses"] == warm["misses"]
+        assert again["hits"] > warm["hits"]
