@@ -3,7 +3,7 @@
 Usage::
 
     python -m protocol.gen           # rewrite protocol/**/*_pb2*.py{,i}
-    python -m protocol.gen --check   # exit 1, naming the stale files, if regenerating would change them
+    python -m protocol.gen --check   # exit 1 naming stale files if regenerating would change them
 
 The generators are ``grpcio-tools`` and ``mypy-protobuf`` (typed stubs), pinned in
 pyproject.toml so that output is reproducible.
@@ -35,8 +35,8 @@ def generate(out_dir: Path) -> list[Path]:
     Raises:
         RuntimeError: protoc reported an error.
     """
-    from grpc_tools import protoc  # dev dependency; imported lazily
     import grpc_tools
+    from grpc_tools import protoc  # dev dependency; imported lazily
 
     include = Path(grpc_tools.__file__).parent / "_proto"
     bin_dir = Path(sys.executable).parent  # mypy-protobuf's plugins live beside python
@@ -78,8 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         fresh = generate(out)
-        stale = [str(rel) for rel in fresh if not (ROOT / rel).is_file()
-                 or (ROOT / rel).read_bytes() != (out / rel).read_bytes()]
+        stale = [
+            str(rel)
+            for rel in fresh
+            if not (ROOT / rel).is_file() or (ROOT / rel).read_bytes() != (out / rel).read_bytes()
+        ]
         extra = sorted(str(p) for p in committed() - set(fresh))
         if ns.check:
             if stale or extra:

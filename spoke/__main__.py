@@ -1,6 +1,5 @@
 """``python -m spoke`` = ``strata-spoke``."""
 
-
 from spoke.cli import main
 
 if __name__ == "__main__":

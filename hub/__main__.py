@@ -1,0 +1,7 @@
+"""``python -m hub``: the same as ``strata-hub``."""
+
+import sys
+
+from hub.cli import main
+
+sys.exit(main())
