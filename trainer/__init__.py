@@ -1,1 +1,9 @@
-"""trainer package."""
+"""Strata's seismic trainer: MDIO/Zarr patch dataset, 3D ViT-MAE model, training loop, data prep.
+
+The trainer imports nothing of the rest of Strata: it reads a path (a local
+directory or a Strata FUSE mount) with Zarr, like any other program would.
+
+Modules: :mod:`trainer.presets` (model sizes), :mod:`trainer.prepare` (SEG-Y to
+MDIO), :mod:`trainer.dataset` (patches), :mod:`trainer.model` (MAE),
+:mod:`trainer.train` (loop and measurements), :mod:`trainer.cli` (``strata-train``).
+"""

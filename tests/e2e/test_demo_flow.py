@@ -47,6 +47,7 @@ def _fit(data: Path, out: Path, steps: int) -> dict[str, float]:
 
 def test_f3_through_the_mount(seismic: Path, tmp_path: Path) -> None:
     src = tmp_path / "src"
+    src.mkdir()
     subprocess.run(
         [
             sys.executable,
