@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as err:
         print(f"strata-mount: error: cannot mount {mountpoint}: {err}", file=sys.stderr)
         return 2
+    layout.mount_pid_file.write_text(f"{os.getpid()}\n")
     log.info("mounted %s", mountpoint)
     try:
         trio.run(serve, reader)

@@ -1,75 +1,145 @@
-"""The block cache: block store + eviction policy + capacity.
+"""The block cache: block store + eviction policy + pins + watermarks.
 
-Runs on the daemon's event loop; only the file writes go to worker threads. The cache
-never holds more than its capacity plus the block being admitted (a block larger than
-the whole cache is still admitted, alone).
+Runs on the daemon's event loop; block file writes go to worker threads. Capacity rules:
+
+* Above the **high watermark** (default 95 % of ``--cache-size``) a background task evicts
+  down to the **low watermark** (default 90 %), so admissions rarely wait and reads never
+  do (the mount reads hits without the daemon).
+* The cache never holds more than ``--cache-size`` plus the one block being admitted:
+  when an admission would cross the hard limit, it evicts synchronously first.
+* **Pinned** blocks are taken out of the policy while pinned, so they are never victims;
+  the policy's capacity is what pins leave over.
+* When the cache filesystem is full (``ENOSPC``) the cache evicts until the write fits; if
+  nothing can be evicted it raises :class:`CacheFull` and the caller streams the block
+  through without caching it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+from collections.abc import Iterable
 
 from spoke import metrics
-from spoke.policy import EvictionPolicy
+from spoke.policy import ARCPolicy, EvictionPolicy
 from spoke.store import BlockStore
 
 log = logging.getLogger(__name__)
 
+EVICT_BATCH = 64  # victims per background step before yielding the loop
+
+
+class CacheFull(OSError):
+    """No room on the cache filesystem and nothing evictable (everything pinned)."""
+
 
 class BlockCache:
-    """Cached blocks, their recency, and eviction to stay within ``capacity_bytes``.
+    """Cached blocks, their recency, pins, and eviction to stay within ``capacity_bytes``.
 
     Args:
         store: block files and index; recovered (stray temp files removed) on construction.
         policy: decides eviction order; rebuilt from the index's recency ticks.
         capacity_bytes: the most block bytes kept on disk (``--cache-size``).
+        high_watermark, low_watermark: fractions of capacity that start and stop background
+            eviction (``0 < low <= high <= 1``).
+
+    Raises:
+        ValueError: non-positive capacity or inconsistent watermarks.
     """
 
-    def __init__(self, store: BlockStore, policy: EvictionPolicy, capacity_bytes: int) -> None:
+    def __init__(
+        self,
+        store: BlockStore,
+        policy: EvictionPolicy,
+        capacity_bytes: int,
+        high_watermark: float = 0.95,
+        low_watermark: float = 0.90,
+    ) -> None:
         if capacity_bytes <= 0:
             raise ValueError("cache capacity must be positive")
+        if not 0 < low_watermark <= high_watermark <= 1:
+            raise ValueError("watermarks must satisfy 0 < low <= high <= 1")
         self.store = store
         self.policy = policy
         self.capacity_bytes = capacity_bytes
+        self.high_bytes = int(capacity_bytes * high_watermark)
+        self.low_bytes = int(capacity_bytes * low_watermark)
+        self._pinned: dict[str, int] = {}  # resident pinned digest -> size
+        self._pin_refs: dict[str, int] = {}  # digest -> number of pins holding it
         self._tick = 0
+        self._wake: asyncio.Event | None = None
+        policy.resize(capacity_bytes)
         for block in store.recover():
             policy.insert(block.digest, block.size)
             self._tick = max(self._tick, block.tick)
         metrics.CACHE_CAPACITY_BYTES.set(capacity_bytes)
-        self._evict(protect=None)
+        self._evict_down_to(capacity_bytes)
         self._update_gauges()
         log.info(
-            "cache: %d blocks, %d bytes of %d recovered",
+            "cache: %d blocks, %d of %d bytes recovered (policy %s)",
             len(policy),
             policy.used_bytes,
             capacity_bytes,
+            policy.name,
         )
 
+    # -- queries -------------------------------------------------------------------------
+
     def contains(self, digest: str) -> bool:
-        """True when ``digest`` is resident."""
-        return digest in self.policy
+        """True when ``digest`` is resident (pinned or not)."""
+        return digest in self.policy or digest in self._pinned
+
+    def __len__(self) -> int:
+        return len(self.policy) + len(self._pinned)
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of resident blocks."""
-        return self.policy.used_bytes
+        """Bytes of resident blocks, pinned included."""
+        return self.policy.used_bytes + self.pinned_bytes
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of resident pinned blocks."""
+        return sum(self._pinned.values())
+
+    # -- admission and access ---------------------------------------------------------
 
     async def admit(self, digest: str, data: bytes) -> None:
-        """Write a verified block to disk, then evict down to capacity.
+        """Write a verified block to disk and account for it.
 
         Raises:
-            OSError: the write failed (e.g. ENOSPC); the cache is unchanged.
+            CacheFull: the filesystem is full and nothing is evictable; nothing was written.
+            OSError: another write failure; the cache is unchanged.
         """
-        if digest in self.policy:
+        if self.contains(digest):
             return
+        size = len(data)
+        self._evict_down_to(self.capacity_bytes - size)  # hard limit, rarely needed
         self._tick += 1
-        await asyncio.to_thread(self.store.write, digest, data, self._tick)
-        self.policy.insert(digest, len(data))
-        self._evict(protect=digest)
+        while True:
+            try:
+                await asyncio.to_thread(self.store.write, digest, data, self._tick)
+                break
+            except OSError as err:
+                if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                if not self._evict_bytes(2 * size):
+                    metrics.CACHE_FULL.inc()
+                    raise CacheFull(
+                        errno.ENOSPC, f"cache filesystem full and nothing evictable ({digest})"
+                    ) from err
+                log.warning("cache filesystem full: evicted to make room for %s", digest)
+        if digest in self._pin_refs:
+            self._pinned[digest] = size
+            self._resize_policy()
+        else:
+            self.policy.insert(digest, size)
         self._update_gauges()
+        if self.used_bytes > self.high_bytes and self._wake is not None:
+            self._wake.set()
 
-    def record_access(self, digests: list[str]) -> int:
+    def record_access(self, digests: Iterable[str]) -> int:
         """Apply a batch of hits to the policy and persist their recency.
 
         Returns:
@@ -77,7 +147,7 @@ class BlockCache:
         """
         ticks: dict[str, int] = {}
         for digest in digests:
-            if digest in self.policy:
+            if self.contains(digest):
                 self.policy.access(digest)
                 self._tick += 1
                 ticks[digest] = self._tick
@@ -85,17 +155,102 @@ class BlockCache:
             self.store.touch(ticks)
         return len(ticks)
 
-    def _evict(self, protect: str | None) -> None:
-        exclude = () if protect is None else (protect,)
-        while self.policy.used_bytes > self.capacity_bytes:
-            victim = self.policy.victim(exclude)
-            if victim is None:
+    def drop(self, digest: str) -> bool:
+        """Delete a block now (corrupt, or purged); returns whether it was resident."""
+        was = self.contains(digest)
+        self.policy.remove(digest)
+        if self._pinned.pop(digest, None) is not None:
+            self._resize_policy()
+        self.store.delete(digest)
+        self._update_gauges()
+        return was
+
+    # -- pins ----------------------------------------------------------------------------
+
+    def pin(self, digests: Iterable[str]) -> None:
+        """Hold ``digests`` out of eviction (counted: each pin needs its own unpin)."""
+        for digest in digests:
+            self._pin_refs[digest] = self._pin_refs.get(digest, 0) + 1
+            if digest in self.policy:
+                self._pinned[digest] = self.policy.remove(digest)
+        self._resize_policy()
+        self._update_gauges()
+
+    def unpin(self, digests: Iterable[str]) -> None:
+        """Release one pin on each of ``digests``; unpinned resident blocks become evictable."""
+        for digest in digests:
+            refs = self._pin_refs.get(digest, 0) - 1
+            if refs > 0:
+                self._pin_refs[digest] = refs
+                continue
+            self._pin_refs.pop(digest, None)
+            size = self._pinned.pop(digest, None)
+            if size is not None:
+                self.policy.insert(digest, size)
+        self._resize_policy()
+        self._update_gauges()
+        if self.used_bytes > self.high_bytes and self._wake is not None:
+            self._wake.set()
+
+    def is_pinned(self, digest: str) -> bool:
+        """True when some pin holds ``digest``."""
+        return digest in self._pin_refs
+
+    # -- eviction ------------------------------------------------------------------------
+
+    async def run_evictor(self) -> None:
+        """Background task: when above the high watermark, evict down to the low one."""
+        self._wake = asyncio.Event()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self.used_bytes > self.low_bytes:
+                if self._evict_batch(self.low_bytes, EVICT_BATCH) == 0:
+                    break
+                await asyncio.sleep(0)  # let fetches and access records in between
+
+    def _evict_down_to(self, target: int) -> None:
+        while self.used_bytes > max(target, 0):
+            if self._evict_batch(target, EVICT_BATCH) == 0:
                 return
-            size = self.policy.remove(victim)
-            self.store.delete(victim)
-            metrics.EVICTIONS.inc()
-            metrics.EVICTED_BYTES.inc(size)
+
+    def _evict_bytes(self, want: int) -> int:
+        freed = 0
+        while freed < want:
+            victim = self.policy.pop_victim()
+            if victim is None:
+                break
+            self._delete_evicted([victim])
+            freed += victim[1]
+        self._update_gauges()
+        return freed
+
+    def _evict_batch(self, target: int, most: int) -> int:
+        victims: list[tuple[str, int]] = []
+        used = self.used_bytes
+        while used > target and len(victims) < most:
+            victim = self.policy.pop_victim()
+            if victim is None:
+                break
+            victims.append(victim)
+            used -= victim[1]
+        self._delete_evicted(victims)
+        self._update_gauges()
+        return len(victims)
+
+    def _delete_evicted(self, victims: list[tuple[str, int]]) -> None:
+        if not victims:
+            return
+        self.store.delete_many([d for d, _ in victims])
+        metrics.EVICTIONS.inc(len(victims))
+        metrics.EVICTED_BYTES.inc(sum(s for _, s in victims))
+
+    def _resize_policy(self) -> None:
+        self.policy.resize(self.capacity_bytes - self.pinned_bytes)
 
     def _update_gauges(self) -> None:
-        metrics.CACHE_USED_BYTES.set(self.policy.used_bytes)
-        metrics.CACHE_BLOCKS.set(len(self.policy))
+        metrics.CACHE_USED_BYTES.set(self.used_bytes)
+        metrics.CACHE_BLOCKS.set(len(self))
+        metrics.PINNED_BYTES.set(self.pinned_bytes)
+        if isinstance(self.policy, ARCPolicy):
+            metrics.ARC_TARGET_BYTES.set(self.policy.p)

@@ -32,7 +32,7 @@ CacheSizeOpt = Annotated[
 AdminOpt = Annotated[
     str, typer.Option("--admin", help="admin API HOST:PORT (port 0 picks a free one)")
 ]
-PolicyOpt = Annotated[str, typer.Option("--policy", help="eviction policy: lru")]
+PolicyOpt = Annotated[str, typer.Option("--policy", help="eviction policy: arc or lru")]
 DeadlineOpt = Annotated[
     float, typer.Option("--miss-deadline", help="seconds a miss may wait for the hub, then EIO")
 ]
@@ -67,7 +67,7 @@ def run(
     cache_size: CacheSizeOpt,
     mount: Annotated[Path, typer.Option("--mount", help="mountpoint (an existing directory)")],
     admin: AdminOpt = "127.0.0.1:7878",
-    policy: PolicyOpt = "lru",
+    policy: PolicyOpt = "arc",
     miss_deadline: DeadlineOpt = 60.0,
     log_level: LogOpt = "INFO",
 ) -> None:
@@ -95,7 +95,7 @@ def daemon(
     cache_dir: CacheDirOpt,
     cache_size: CacheSizeOpt,
     admin: AdminOpt = "127.0.0.1:7878",
-    policy: PolicyOpt = "lru",
+    policy: PolicyOpt = "arc",
     miss_deadline: DeadlineOpt = 60.0,
     log_level: LogOpt = "INFO",
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 
 import grpc
@@ -32,6 +33,8 @@ from spoke.store import BlockStore, open_index
 
 log = logging.getLogger(__name__)
 
+LOCAL_MESSAGE_BYTES = 256 << 20  # streamed-through blocks travel inline to the mount
+
 
 async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None) -> None:
     """Run the daemon until SIGINT/SIGTERM (or ``stop`` is set).
@@ -50,8 +53,13 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
     async with contextlib.AsyncExitStack() as stack:
         env = open_index(layout)
         stack.callback(env.close)
+        capacity = int(settings.cache_size)
         cache = BlockCache(
-            BlockStore(layout, env), make_policy(settings.policy), int(settings.cache_size)
+            BlockStore(layout, env),
+            make_policy(settings.policy, capacity),
+            capacity,
+            high_watermark=settings.high_watermark,
+            low_watermark=settings.low_watermark,
         )
         hub = HubClient(settings.hub)
         stack.push_async_callback(hub.close)
@@ -59,14 +67,29 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         fetcher = Fetcher(hub, cache, miss_deadline=settings.miss_deadline)
         stack.push_async_callback(fetcher.close)
 
+        evictor = asyncio.create_task(cache.run_evictor())
+
+        async def stop_evictor() -> None:
+            evictor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await evictor
+
+        stack.push_async_callback(stop_evictor)
+
         admin_sock = bind(settings.admin)
         stack.callback(admin_sock.close)
 
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 8 << 20)])
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", LOCAL_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", LOCAL_MESSAGE_BYTES),
+            ]
+        )
         spoke_pb2_grpc.add_SpokeLocalServicer_to_server(  # type: ignore[no-untyped-call]
             SpokeLocalService(catalog, cache, fetcher), server
         )
         layout.socket_path.unlink(missing_ok=True)
+        layout.daemon_pid_file.write_text(f"{os.getpid()}\n")
         server.add_insecure_port(f"unix:{layout.socket_path}")
         await server.start()
         stack.push_async_callback(server.stop, 2.0)

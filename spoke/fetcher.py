@@ -5,7 +5,8 @@ waits on the same future, so N concurrent readers of one uncached block cost one
 request. Fetches run with bounded concurrency, batch up to ``batch_blocks`` blocks into one
 ReadBlocks stream, carry a per-stream deadline, and retry with exponential backoff and
 jitter (tenacity) until the miss deadline. Every block is verified against its digest
-before it is admitted; a mismatch is counted and refetched.
+before it is admitted; a mismatch is counted and refetched. A block the cache cannot hold
+(disk full, everything pinned) is handed to its waiters in memory instead (stream-through).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tenacity import (
 )
 
 from spoke import metrics
-from spoke.cache import BlockCache
+from spoke.cache import BlockCache, CacheFull
 from spoke.errors import CorruptBlock, HubUnavailable, NotFound
 from spoke.hubclient import HubClient
 from spoke.layout import block_digest
@@ -64,18 +65,24 @@ class Fetcher:
         self.batch_blocks = batch_blocks
         self.stream_timeout = stream_timeout
         self._streams = asyncio.Semaphore(max_streams)
-        self._inflight: dict[str, asyncio.Future[None]] = {}
+        self._inflight: dict[str, asyncio.Future[bytes | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def ensure(self, blocks: Sequence[tuple[str, int]]) -> list[bool]:
-        """Make every ``(digest, size)`` resident; returns, per block, whether it already was.
+    async def ensure(
+        self, blocks: Sequence[tuple[str, int]]
+    ) -> tuple[list[bool], dict[str, bytes]]:
+        """Make every ``(digest, size)`` resident.
+
+        Returns:
+            Per block, whether it was already cached; and the bytes of blocks that could not
+            be cached (streamed through), by digest.
 
         Raises:
             HubUnavailable: the hub could not deliver before the miss deadline.
             NotFound: the hub does not have a block.
         """
         was_cached: list[bool] = []
-        waits: list[asyncio.Future[None]] = []
+        waits: list[tuple[str, asyncio.Future[bytes | None]]] = []
         to_fetch: list[str] = []
         loop = asyncio.get_running_loop()
         for digest, _size in blocks:
@@ -89,16 +96,19 @@ class Fetcher:
                 future = loop.create_future()
                 self._inflight[digest] = future
                 to_fetch.append(digest)
-            waits.append(future)
+            waits.append((digest, future))
         for start in range(0, len(to_fetch), self.batch_blocks):
             batch = to_fetch[start : start + self.batch_blocks]
             task = asyncio.create_task(self._fetch(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        for future in waits:
+        uncached: dict[str, bytes] = {}
+        for digest, future in waits:
             # shield: a caller giving up must not cancel a fetch others wait on
-            await asyncio.shield(future)
-        return was_cached
+            data = await asyncio.shield(future)
+            if data is not None:
+                uncached[digest] = data
+        return was_cached, uncached
 
     @property
     def inflight(self) -> int:
@@ -144,8 +154,14 @@ class Fetcher:
                         raise _Retryable(str(CorruptBlock(f"block {digest} failed verification")))
                     metrics.HUB_FETCH_BYTES.inc(len(data))
                     metrics.HUB_FETCH_BLOCKS.inc()
-                    await self.cache.admit(digest, data)
                     pending.remove(digest)
+                    try:
+                        await self.cache.admit(digest, data)
+                    except CacheFull as err:
+                        log.warning("%s; streaming the block through uncached", err)
+                        metrics.STREAMED_THROUGH.inc()
+                        self._resolve(digest, None, data)
+                        continue
                     self._resolve(digest, None)
                 metrics.HUB_UP.set(1)
             except grpc.aio.AioRpcError as err:
@@ -164,12 +180,12 @@ class Fetcher:
         if pending:
             raise _Retryable(f"stream ended with {len(pending)} blocks missing")
 
-    def _resolve(self, digest: str, error: BaseException | None) -> None:
+    def _resolve(self, digest: str, error: BaseException | None, data: bytes | None = None) -> None:
         future = self._inflight.pop(digest, None)
         if future is None or future.done():
             return
         if error is None:
-            future.set_result(None)
+            future.set_result(data)
         else:
             future.set_exception(error)
 

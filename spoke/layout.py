@@ -9,6 +9,7 @@ hits straight from block files, with no daemon round trip)::
       index/                       LMDB index, written only by the daemon
       daemon.sock                  the daemon's local gRPC socket (SpokeLocal)
       admin.url                    the admin API's base URL, written once it listens
+      daemon.pid, mount.pid        process ids of the running daemon and mount
 
 A block file is only ever visible complete: the daemon writes it under a temporary name
 and renames it into place (rename(2) is atomic within one filesystem).
@@ -61,6 +62,16 @@ class CacheLayout:
     def socket_path(self) -> Path:
         """UNIX socket of the daemon's local gRPC service."""
         return self.root / "daemon.sock"
+
+    @property
+    def daemon_pid_file(self) -> Path:
+        """Process id of the running daemon."""
+        return self.root / "daemon.pid"
+
+    @property
+    def mount_pid_file(self) -> Path:
+        """Process id of the running mount."""
+        return self.root / "mount.pid"
 
     @property
     def admin_url_file(self) -> Path:

@@ -97,15 +97,23 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
         self, request: spoke_pb2.EnsureBlocksRequest, context: grpc.aio.ServicerContext
     ) -> spoke_pb2.EnsureBlocksResponse:
         refs = [(b.digest, b.size) for b in request.blocks]
-        bad = [d for d, _ in refs if not is_digest(d)]
+        bad = [d for d in [*(d for d, _ in refs), *request.suspect_digests] if not is_digest(d)]
         if bad:
             raise InvalidRequest(f"malformed block digest {bad[0]!r}")
-        was_cached = await self._fetcher.ensure(refs)
+        for digest in request.suspect_digests:
+            if self._cache.contains(digest) and not self._cache.store.verify(digest):
+                log.error("cached block %s failed verification; dropping and refetching", digest)
+                metrics.CORRUPT_BLOCKS.inc()
+                self._cache.drop(digest)
+        was_cached, uncached = await self._fetcher.ensure(refs)
         hits = sum(was_cached)
         if hits:
             metrics.CACHE_HITS.inc(hits)
             self._cache.record_access([d for (d, _), c in zip(refs, was_cached, strict=True) if c])
-        return spoke_pb2.EnsureBlocksResponse(was_cached=was_cached)
+        return spoke_pb2.EnsureBlocksResponse(
+            was_cached=was_cached,
+            uncached=[spoke_pb2.UncachedBlock(digest=d, data=b) for d, b in uncached.items()],
+        )
 
     @_unary
     async def RecordAccess(

@@ -31,3 +31,15 @@ CORRUPT_BLOCKS = Counter(
 )
 INFLIGHT_FETCHES = Gauge("strata_spoke_inflight_fetches", "Blocks being fetched from the hub")
 HUB_UP = Gauge("strata_spoke_hub_up", "1 when the last hub call succeeded, else 0")
+PINNED_BYTES = Gauge("strata_spoke_pinned_bytes", "Bytes of cached blocks held by pins")
+ARC_TARGET_BYTES = Gauge(
+    "strata_spoke_arc_target_bytes", "ARC's adaptive target size p for its T1 list, bytes"
+)
+CACHE_FULL = Counter(
+    "strata_spoke_cache_full",
+    "Admissions refused because the cache disk was full and nothing was evictable",
+)
+STREAMED_THROUGH = Counter(
+    "strata_spoke_streamed_through_blocks",
+    "Blocks served to readers without caching them (cache full, everything pinned)",
+)

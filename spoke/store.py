@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import lmdb
 
-from spoke.layout import TMP_PREFIX, CacheLayout, is_digest
+from spoke.layout import TMP_PREFIX, CacheLayout, block_digest, is_digest
 
 _ENTRY = struct.Struct(">QQ")  # size (bytes), recency tick
 MAP_SIZE = 1 << 36  # 64 GiB of address space for the index; LMDB files grow sparsely
@@ -104,6 +104,22 @@ class BlockStore:
         self.layout.block_path(digest).unlink(missing_ok=True)
         with self._env.begin(write=True, db=self._db) as txn:
             txn.delete(digest.encode())
+
+    def delete_many(self, digests: list[str]) -> None:
+        """Remove several blocks' files and index entries in one index transaction."""
+        for digest in digests:
+            self.layout.block_path(digest).unlink(missing_ok=True)
+        with self._env.begin(write=True, db=self._db) as txn:
+            for digest in digests:
+                txn.delete(digest.encode())
+
+    def verify(self, digest: str) -> bool:
+        """Re-read a cached block and check it against its digest (False if absent or bad)."""
+        try:
+            data = self.layout.block_path(digest).read_bytes()
+        except FileNotFoundError:
+            return False
+        return block_digest(data) == digest
 
     def touch(self, ticks: dict[str, int]) -> None:
         """Record new recency ticks for indexed blocks, in one transaction."""

@@ -58,7 +58,7 @@ def _setup(tmp_path: Path, n: int = 4) -> tuple[FakeHub, BlockCache, list[tuple[
         data = f"block {i} ".encode() * 1000
         blobs[block_digest(data)] = data
     layout = CacheLayout(tmp_path)
-    cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(), 1 << 30)
+    cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(1 << 30), 1 << 30)
     return FakeHub(blobs), cache, [(d, len(b)) for d, b in blobs.items()]
 
 
@@ -66,13 +66,13 @@ def test_sixteen_concurrent_misses_make_one_hub_request(tmp_path: Path) -> None:
     hub, cache, refs = _setup(tmp_path)
     hub.delay = 0.05
 
-    async def go() -> list[list[bool]]:
+    async def go() -> list[tuple[list[bool], dict[str, bytes]]]:
         fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
         return await asyncio.gather(*[fetcher.ensure(refs[:1]) for _ in range(16)])
 
     results = asyncio.run(go())
     assert hub.calls == [[refs[0][0]]]
-    assert all(r == [False] for r in results)
+    assert all(r == ([False], {}) for r in results)
     assert CacheLayout(tmp_path).read_block_range(refs[0][0], 0, 7) == b"block 0"
 
 
@@ -81,8 +81,9 @@ def test_batch_and_already_cached(tmp_path: Path) -> None:
 
     async def go() -> tuple[list[bool], list[bool]]:
         fetcher = Fetcher(hub, cache, batch_blocks=3)  # type: ignore[arg-type]
-        first = await fetcher.ensure(refs)
-        return first, await fetcher.ensure(refs)
+        first, _ = await fetcher.ensure(refs)
+        second, _ = await fetcher.ensure(refs)
+        return first, second
 
     first, second = asyncio.run(go())
     assert first == [False] * 4 and second == [True] * 4
@@ -107,7 +108,8 @@ def test_transient_failures_are_retried(tmp_path: Path) -> None:
     hub.fail_times = 2
 
     async def go() -> list[bool]:
-        return await Fetcher(hub, cache, miss_deadline=10).ensure(refs[:2])  # type: ignore[arg-type]
+        fetcher = Fetcher(hub, cache, miss_deadline=10)  # type: ignore[arg-type]
+        return (await fetcher.ensure(refs[:2]))[0]
 
     assert asyncio.run(go()) == [False, False]
     assert len(hub.calls) == 3

@@ -1,44 +1,335 @@
-"""LRU policy: recency order, byte accounting, exclusions."""
+"""Eviction policies: one contract suite for every policy, ARC's own behaviour, and a
+hypothesis state machine against naive reference models (plain lists, sums recomputed)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from spoke.policy import LRUPolicy, make_policy
+from spoke.policy import POLICIES, ARCPolicy, EvictionPolicy, LRUPolicy, make_policy
+
+ALL = sorted(POLICIES)
 
 
-def test_lru_evicts_least_recently_used_first() -> None:
-    p = LRUPolicy()
-    for key, size in [("a", 10), ("b", 20), ("c", 30)]:
-        p.insert(key, size)
+def _fill(policy: EvictionPolicy, keys: list[str], size: int = 10) -> None:
+    for k in keys:
+        policy.insert(k, size)
+        policy.check_invariants()
+
+
+def _evict_to(policy: EvictionPolicy, capacity: int, protect: str | None = None) -> list[str]:
+    out = []
+    while policy.used_bytes > capacity:
+        victim = policy.pop_victim(() if protect is None else (protect,))
+        if victim is None:
+            break
+        out.append(victim[0])
+        policy.check_invariants()
+    return out
+
+
+# -- contract: every policy ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_insert_access_remove_account_bytes(name: str) -> None:
+    p = make_policy(name, 100)
+    _fill(p, ["a", "b", "c"])
+    assert p.used_bytes == 30 and len(p) == 3 and "b" in p
+    p.access("b")
+    p.access("zzz")  # unknown: ignored
+    assert p.remove("b") == 10 and "b" not in p
+    assert p.remove("b") == 0
+    p.check_invariants()
+    assert p.used_bytes == 20 and len(p) == 2
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_pop_victim_respects_exclude_and_empties(name: str) -> None:
+    p = make_policy(name, 100)
+    _fill(p, ["a", "b", "c"])
+    victim = p.pop_victim(exclude=["a", "b"])
+    assert victim == ("c", 10)
+    assert p.pop_victim(exclude=["a", "b"]) is None
+    seen = set()
+    while (v := p.pop_victim()) is not None:
+        seen.add(v[0])
         p.check_invariants()
-    assert p.used_bytes == 60
-    p.access("a")
-    assert p.victim() == "b"
-    assert p.remove("b") == 20
-    p.check_invariants()
-    assert p.victim() == "c"
-    assert p.victim(exclude=["c"]) == "a"
-    assert p.victim(exclude=["c", "a"]) is None
-    assert p.used_bytes == 40 and len(p) == 2
+    assert seen == {"a", "b"} and p.used_bytes == 0 and len(p) == 0
 
 
-def test_lru_reinsert_and_unknown_keys_are_harmless() -> None:
-    p = LRUPolicy()
+@pytest.mark.parametrize("name", ALL)
+def test_reinsert_is_harmless_and_sizes_validated(name: str) -> None:
+    p = make_policy(name, 100)
     p.insert("a", 5)
     p.insert("a", 5)
-    p.access("zzz")
-    assert p.remove("zzz") == 0
     p.check_invariants()
-    assert p.used_bytes == 5 and p.keys_lru_first() == ["a"]
-
-
-def test_negative_size_is_refused() -> None:
+    assert p.used_bytes == 5
     with pytest.raises(ValueError):
-        LRUPolicy().insert("a", -1)
+        p.insert("b", -1)
 
 
-def test_make_policy_names() -> None:
-    assert isinstance(make_policy("lru"), LRUPolicy)
+@pytest.mark.parametrize("name", ALL)
+def test_recently_used_outlives_least_recently_used(name: str) -> None:
+    p = make_policy(name, 30)
+    _fill(p, ["a", "b", "c"])
+    p.access("a")
+    p.insert("d", 10)
+    assert _evict_to(p, 30, protect="d") == ["b"]
+
+
+def test_unknown_policy_name() -> None:
     with pytest.raises(ValueError, match="unknown cache policy"):
-        make_policy("fifo")
+        make_policy("fifo", 10)
+
+
+# -- policy-specific -----------------------------------------------------------------
+
+
+def test_lru_order() -> None:
+    p = LRUPolicy(100)
+    _fill(p, ["a", "b", "c"])
+    p.access("a")
+    assert p.resident() == ["b", "c", "a"]
+
+
+def test_arc_resists_a_scan() -> None:
+    """A working set seen twice survives a long one-time scan under ARC but not LRU."""
+    hot = [f"hot{i}" for i in range(5)]
+    results = {}
+    for name in ALL:
+        p = make_policy(name, 100)
+        for k in hot:  # seen twice: T2 under ARC
+            p.insert(k, 10)
+            p.access(k)
+        for i in range(50):  # one-time scan
+            p.insert(f"scan{i}", 10)
+            _evict_to(p, 100, protect=f"scan{i}")
+        results[name] = sum(k in p for k in hot)
+    assert results["arc"] == 5
+    assert results["lru"] == 0
+
+
+def test_arc_ghost_hit_in_b1_grows_p_and_b2_shrinks_it() -> None:
+    p = ARCPolicy(30)
+    p.insert("a", 10)
+    p.access("a")  # a -> T2, so T1 alone never fills c (the paper's case IV.A)
+    _fill(p, ["b", "c", "d"])
+    _evict_to(p, 30, protect="d")  # b: T1 -> B1
+    assert p.ghosts() == ["b"] and p.p == 0
+    p.insert("b", 10)  # ghost hit in B1
+    assert p.p == 10 and "b" in p.t2
+    _evict_to(p, 30, protect="b")
+    p.check_invariants()
+    p.access("c")
+    p.access("d")
+    while p.t2_bytes and p.pop_victim(exclude=list(p.t1)):
+        pass
+    ghost_b2 = next(iter(p.b2))
+    before = p.p
+    p.insert(ghost_b2, 10)  # ghost hit in B2
+    assert p.p < before
+    p.check_invariants()
+
+
+def test_arc_resize_clamps_p() -> None:
+    p = ARCPolicy(100)
+    p.p = 80.0
+    p.resize(50)
+    assert p.p == 50
+    p.check_invariants()
+
+
+# -- hypothesis: the real policies against naive references ------------------------------
+
+
+class RefLRU:
+    """LRU as a plain list, LRU first."""
+
+    def __init__(self, c: int) -> None:
+        self.c = c
+        self.order: list[str] = []
+        self.size: dict[str, int] = {}
+
+    def insert(self, k: str, s: int) -> None:
+        if k in self.order:
+            self.access(k)
+            return
+        self.order.append(k)
+        self.size[k] = s
+
+    def access(self, k: str) -> None:
+        if k in self.order:
+            self.order.remove(k)
+            self.order.append(k)
+
+    def remove(self, k: str) -> None:
+        if k in self.order:
+            self.order.remove(k)
+
+    def pop_victim(self, exclude: tuple[str, ...]) -> str | None:
+        for k in self.order:
+            if k not in exclude:
+                self.order.remove(k)
+                return k
+        return None
+
+    def resize(self, c: int) -> None:
+        self.c = c
+
+    def resident(self) -> list[str]:
+        return list(self.order)
+
+    def used(self) -> int:
+        return sum(self.size[k] for k in self.order)
+
+
+class RefARC:
+    """ARC (Megiddo & Modha 2003, Fig. 4), byte-weighted, with four plain lists."""
+
+    def __init__(self, c: int) -> None:
+        self.c = c
+        self.t1: list[str] = []
+        self.t2: list[str] = []
+        self.b1: list[str] = []
+        self.b2: list[str] = []
+        self.size: dict[str, int] = {}
+        self.p = 0.0
+        self.last_b2 = False
+
+    def b(self, lst: list[str]) -> int:
+        return sum(self.size[k] for k in lst)
+
+    def insert(self, k: str, s: int) -> None:
+        if k in self.t1 or k in self.t2:
+            self.access(k)
+            return
+        self.size[k] = s
+        self.last_b2 = False
+        if k in self.b1:
+            self.p = min(
+                float(self.c), self.p + s * max(1.0, self.b(self.b2) / max(self.b(self.b1), 1))
+            )
+            self.b1.remove(k)
+            self.t2.append(k)
+        elif k in self.b2:
+            self.p = max(0.0, self.p - s * max(1.0, self.b(self.b1) / max(self.b(self.b2), 1)))
+            self.b2.remove(k)
+            self.t2.append(k)
+            self.last_b2 = True
+        else:
+            self.t1.append(k)
+            self.trim()
+
+    def access(self, k: str) -> None:
+        if k in self.t1:
+            self.t1.remove(k)
+            self.t2.append(k)
+        elif k in self.t2:
+            self.t2.remove(k)
+            self.t2.append(k)
+
+    def remove(self, k: str) -> None:
+        for lst in (self.t1, self.t2, self.b1, self.b2):
+            if k in lst:
+                lst.remove(k)
+
+    def pop_victim(self, exclude: tuple[str, ...]) -> str | None:
+        t1 = self.b(self.t1)
+        take_t1 = t1 > 0 and (t1 > self.p or (self.last_b2 and t1 >= self.p))
+        pairs = [(self.t1, self.b1), (self.t2, self.b2)]
+        for res, ghost in pairs if take_t1 else pairs[::-1]:
+            for k in res:
+                if k not in exclude:
+                    res.remove(k)
+                    ghost.append(k)
+                    self.trim()
+                    return k
+        return None
+
+    def trim(self) -> None:
+        while self.b1 and self.b(self.t1) + self.b(self.b1) > self.c:
+            self.b1.pop(0)
+        while self.b2 and sum(self.b(x) for x in (self.t1, self.t2, self.b1, self.b2)) > 2 * self.c:
+            self.b2.pop(0)
+
+    def resize(self, c: int) -> None:
+        self.c = c
+        self.p = min(self.p, float(c))
+        self.trim()
+
+    def resident(self) -> list[str]:
+        return [*self.t1, *self.t2]
+
+    def used(self) -> int:
+        return self.b(self.resident())
+
+
+KEYS = st.sampled_from([f"k{i}" for i in range(12)])
+
+
+def _size(key: str) -> int:
+    return 1 + int(key[1:]) % 4  # content-addressed: a key always has one size
+
+
+def _machine(name: str, ref: Callable[[int], RefLRU | RefARC]) -> type[RuleBasedStateMachine]:
+    class PolicyMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.capacity = 10
+            self.real = make_policy(name, self.capacity)
+            self.ref = ref(self.capacity)
+
+        def _settle(self, protect: str | None) -> None:
+            exclude = () if protect is None else (protect,)
+            while self.real.used_bytes > self.capacity:
+                got = self.real.pop_victim(exclude)
+                want = self.ref.pop_victim(exclude)
+                assert (got[0] if got else None) == want
+                if got is None:
+                    break
+
+        @rule(key=KEYS)
+        def miss(self, key: str) -> None:
+            self.real.insert(key, _size(key))
+            self.ref.insert(key, _size(key))
+            self._settle(protect=key)
+
+        @rule(key=KEYS)
+        def hit(self, key: str) -> None:
+            self.real.access(key)
+            self.ref.access(key)
+
+        @rule(key=KEYS)
+        def drop(self, key: str) -> None:
+            self.real.remove(key)
+            self.ref.remove(key)
+
+        @rule(capacity=st.integers(min_value=4, max_value=16))
+        def resize(self, capacity: int) -> None:
+            self.capacity = capacity
+            self.real.resize(capacity)
+            self.ref.resize(capacity)
+            self._settle(protect=None)
+
+        @invariant()
+        def agrees_with_reference(self) -> None:
+            self.real.check_invariants()
+            assert self.real.resident() == self.ref.resident()
+            assert self.real.used_bytes == self.ref.used()
+            if isinstance(self.real, ARCPolicy) and isinstance(self.ref, RefARC):
+                assert self.real.ghosts() == [*self.ref.b1, *self.ref.b2]
+                assert self.real.p == pytest.approx(self.ref.p)
+
+    PolicyMachine.TestCase.settings = settings(
+        max_examples=150, stateful_step_count=60, deadline=None
+    )
+    return PolicyMachine
+
+
+TestLRUAgainstReference = _machine("lru", RefLRU).TestCase
+TestARCAgainstReference = _machine("arc", RefARC).TestCase

@@ -54,7 +54,7 @@ def test_cache_evicts_lru_to_capacity_and_persists_recency(tmp_path: Path) -> No
     layout = CacheLayout(tmp_path)
 
     async def fill() -> list[str]:
-        cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(), 350)
+        cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(350), 350)
         digests = []
         for i in range(3):
             d, data = _block(i)
@@ -71,21 +71,21 @@ def test_cache_evicts_lru_to_capacity_and_persists_recency(tmp_path: Path) -> No
         return [*digests, d]
 
     d0, _d1, d2, d9 = asyncio.run(fill())
-    cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(), 350)
+    cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(350), 350)
     assert isinstance(cache.policy, LRUPolicy)
-    assert cache.policy.keys_lru_first() == [d2, d0, d9]
+    assert cache.policy.resident() == [d2, d0, d9]
     # a smaller capacity after restart evicts at once, oldest first
     cache.store._env.close()
-    small = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(), 150)
+    small = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(150), 150)
     assert isinstance(small.policy, LRUPolicy)
-    assert small.policy.keys_lru_first() == [d9]
+    assert small.policy.resident() == [d9]
 
 
 def test_block_larger_than_cache_is_admitted_alone(tmp_path: Path) -> None:
     layout = CacheLayout(tmp_path)
 
     async def go() -> None:
-        cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(), 100)
+        cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(100), 100)
         d, data = _block(1, 60)
         await cache.admit(d, data)
         big, big_data = _block(2, 500)

@@ -30,38 +30,76 @@ class EnsureBlocksRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     BLOCKS_FIELD_NUMBER: _builtins.int
+    SUSPECT_DIGESTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[_hub_pb2.BlockRef]: ...
+    @_builtins.property
+    def suspect_digests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Digests whose cached file the mount read back with the wrong digest: the daemon
+        re-verifies each, drops it if corrupt, and fetches it again.
+        """
+
     def __init__(
         self,
         *,
         blocks: _abc.Iterable[_hub_pb2.BlockRef] | None = ...,
+        suspect_digests: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "suspect_digests", b"suspect_digests"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EnsureBlocksRequest: _TypeAlias = EnsureBlocksRequest  # noqa: Y015
 
 @_typing.final
+class UncachedBlock(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGEST_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    digest: _builtins.str
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        digest: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "digest", b"digest"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UncachedBlock: _TypeAlias = UncachedBlock  # noqa: Y015
+
+@_typing.final
 class EnsureBlocksResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WAS_CACHED_FIELD_NUMBER: _builtins.int
+    UNCACHED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def was_cached(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
         """Per requested block, in request order: true when it was already cached."""
+
+    @_builtins.property
+    def uncached(self) -> _containers.RepeatedCompositeFieldContainer[Global___UncachedBlock]:
+        """Blocks that could not be cached (cache disk full and nothing evictable): their
+        verified bytes, streamed through to the reader instead.
+        """
 
     def __init__(
         self,
         *,
         was_cached: _abc.Iterable[_builtins.bool] | None = ...,
+        uncached: _abc.Iterable[Global___UncachedBlock] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["was_cached", b"was_cached"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["uncached", b"uncached", "was_cached", b"was_cached"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

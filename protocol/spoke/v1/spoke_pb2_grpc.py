@@ -97,7 +97,8 @@ class SpokeLocalServicer:
 
     def EnsureBlocks(self, request, context):
         """Makes the given blocks resident in the cache, fetching misses from the hub.
-        Returns once every block is on disk and verified. UNAVAILABLE when the hub
+        Returns once every block is on disk and verified (or, when the cache cannot hold
+        it, with its bytes inline). UNAVAILABLE when the hub
         cannot be reached before the deadline; DATA_LOSS when the hub sent bad bytes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -45,7 +45,8 @@ class SpokeLocalStub:
     GetManifest: _grpc.UnaryStreamMultiCallable[_hub_pb2.GetManifestRequest, _hub_pb2.ManifestEntry]
     EnsureBlocks: _grpc.UnaryUnaryMultiCallable[_spoke_pb2.EnsureBlocksRequest, _spoke_pb2.EnsureBlocksResponse]
     """Makes the given blocks resident in the cache, fetching misses from the hub.
-    Returns once every block is on disk and verified. UNAVAILABLE when the hub
+    Returns once every block is on disk and verified (or, when the cache cannot hold
+    it, with its bytes inline). UNAVAILABLE when the hub
     cannot be reached before the deadline; DATA_LOSS when the hub sent bad bytes.
     """
     RecordAccess: _grpc.UnaryUnaryMultiCallable[_spoke_pb2.RecordAccessRequest, _spoke_pb2.RecordAccessResponse]
@@ -61,7 +62,8 @@ class SpokeLocalAsyncStub(SpokeLocalStub):
     GetManifest: _aio.UnaryStreamMultiCallable[_hub_pb2.GetManifestRequest, _hub_pb2.ManifestEntry]  # type: ignore[assignment]
     EnsureBlocks: _aio.UnaryUnaryMultiCallable[_spoke_pb2.EnsureBlocksRequest, _spoke_pb2.EnsureBlocksResponse]  # type: ignore[assignment]
     """Makes the given blocks resident in the cache, fetching misses from the hub.
-    Returns once every block is on disk and verified. UNAVAILABLE when the hub
+    Returns once every block is on disk and verified (or, when the cache cannot hold
+    it, with its bytes inline). UNAVAILABLE when the hub
     cannot be reached before the deadline; DATA_LOSS when the hub sent bad bytes.
     """
     RecordAccess: _aio.UnaryUnaryMultiCallable[_spoke_pb2.RecordAccessRequest, _spoke_pb2.RecordAccessResponse]  # type: ignore[assignment]
@@ -104,7 +106,8 @@ class SpokeLocalServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_spoke_pb2.EnsureBlocksResponse, _abc.Awaitable[_spoke_pb2.EnsureBlocksResponse]]:
         """Makes the given blocks resident in the cache, fetching misses from the hub.
-        Returns once every block is on disk and verified. UNAVAILABLE when the hub
+        Returns once every block is on disk and verified (or, when the cache cannot hold
+        it, with its bytes inline). UNAVAILABLE when the hub
         cannot be reached before the deadline; DATA_LOSS when the hub sent bad bytes.
         """
 

@@ -1,0 +1,156 @@
+"""The block cache: pins, watermarks, the hard limit, a full disk (a real small tmpfs)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spoke.cache import BlockCache, CacheFull
+from spoke.fetcher import Fetcher
+from spoke.layout import CacheLayout, block_digest
+from spoke.policy import make_policy
+from spoke.store import BlockStore, open_index
+from tests.component.test_spoke_fetcher import FakeHub
+
+
+def _blocks(n: int, size: int) -> list[tuple[str, bytes]]:
+    out = []
+    for i in range(n):
+        data = i.to_bytes(4, "big") * (size // 4)
+        out.append((block_digest(data), data))
+    return out
+
+
+def _cache(root: Path, capacity: int, policy: str = "arc", **kw: float) -> BlockCache:
+    layout = CacheLayout(root)
+    return BlockCache(
+        BlockStore(layout, open_index(layout)), make_policy(policy, capacity), capacity, **kw
+    )
+
+
+def _on_disk(root: Path) -> int:
+    return sum(f.stat().st_size for f in (root / "blocks").rglob("*") if f.is_file())
+
+
+@pytest.mark.parametrize("policy", ["arc", "lru"])
+def test_never_more_than_capacity_plus_one_block(tmp_path: Path, policy: str) -> None:
+    blocks = _blocks(40, 1000)
+
+    async def go() -> None:
+        cache = _cache(tmp_path, 10_500, policy)
+        for i, (d, data) in enumerate(blocks):
+            await cache.admit(d, data)
+            if i % 3 == 0:
+                cache.record_access([blocks[i // 2][0]])
+            assert cache.used_bytes <= 10_500 + 1000
+            assert _on_disk(tmp_path) == cache.used_bytes
+            cache.policy.check_invariants()
+
+    asyncio.run(go())
+
+
+def test_background_eviction_from_high_to_low_watermark(tmp_path: Path) -> None:
+    blocks = _blocks(20, 1000)
+
+    async def go() -> None:
+        cache = _cache(tmp_path, 20_000, high_watermark=0.5, low_watermark=0.25)
+        evictor = asyncio.create_task(cache.run_evictor())
+        await asyncio.sleep(0)
+        for d, data in blocks[:10]:
+            await cache.admit(d, data)  # 10_000 bytes = exactly the high mark: no eviction
+        await asyncio.sleep(0.05)
+        assert cache.used_bytes == 10_000
+        await cache.admit(*blocks[10])  # above the high mark: background evicts to low
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if cache.used_bytes <= 5_000:
+                break
+        assert cache.used_bytes == 5_000
+        evictor.cancel()
+
+    asyncio.run(go())
+
+
+def test_pinned_blocks_are_never_evicted_and_unpin_releases(tmp_path: Path) -> None:
+    blocks = _blocks(12, 1000)
+    pinned = [d for d, _ in blocks[:4]]
+
+    async def go() -> None:
+        cache = _cache(tmp_path, 6_000)
+        cache.pin(pinned[:2])  # pinned before they arrive
+        for d, data in blocks[:4]:
+            await cache.admit(d, data)
+        cache.pin(pinned[2:])  # pinned once resident
+        for d, data in blocks[4:]:
+            await cache.admit(d, data)
+        assert all(cache.contains(d) for d in pinned)
+        assert cache.pinned_bytes == 4_000 and cache.used_bytes <= 6_000 + 1000
+        cache.policy.check_invariants()
+        cache.unpin(pinned)
+        assert cache.pinned_bytes == 0
+        for d, data in _blocks(30, 1000)[12:]:
+            await cache.admit(d, data)
+        assert not any(cache.contains(d) for d in pinned)
+
+    asyncio.run(go())
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs: a cache disk that really fills up."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_evicts_and_continues(tiny_fs: Path) -> None:
+    blocks = _blocks(12, 200_000)  # 2.4 MB through a 1 MiB disk, cache size far larger
+    layout = CacheLayout(tiny_fs)
+
+    async def go() -> None:
+        cache = BlockCache(
+            BlockStore(layout, open_index(layout)), make_policy("arc", 1 << 30), 1 << 30
+        )
+        for d, data in blocks:
+            await cache.admit(d, data)
+            assert cache.contains(d)
+            assert layout.read_block_range(d, 0, 8) == data[:8]
+        cache.policy.check_invariants()
+
+    asyncio.run(go())
+
+
+def test_full_disk_with_everything_pinned_streams_through(tiny_fs: Path) -> None:
+    blocks = _blocks(8, 200_000)
+    layout = CacheLayout(tiny_fs)
+    hub = FakeHub(dict(blocks))
+
+    async def go() -> None:
+        cache = BlockCache(
+            BlockStore(layout, open_index(layout)), make_policy("arc", 1 << 30), 1 << 30
+        )
+        cache.pin(d for d, _ in blocks)
+        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        streamed = {}
+        for d, data in blocks:
+            _, uncached = await fetcher.ensure([(d, len(data))])
+            streamed.update(uncached)
+        assert streamed, "the disk never filled"
+        for d, data in streamed.items():
+            assert data == dict(blocks)[d] and not cache.contains(d)
+        with pytest.raises(CacheFull):
+            d, data = next((d, b) for d, b in blocks if d in streamed)
+            await cache.admit(d, data)
+
+    asyncio.run(go())
