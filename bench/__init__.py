@@ -1,0 +1,1 @@
+"""Benchmarks: side-by-side measurements printed as ratios (never timed test assertions)."""

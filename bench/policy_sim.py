@@ -1,0 +1,184 @@
+"""Replay access traces through every eviction policy and Belady's optimum; print hit ratios.
+
+    python -m bench.policy_sim [--blocks N] [--epochs E] [--seed S] [--json FILE]
+
+Traces (uniform 4 MiB blocks, so ratios are the same in blocks or bytes):
+
+* ``scan``: one sequential pass over the dataset;
+* ``loop``: the dataset read in order, again and again;
+* ``shuffled epochs``: each epoch reads every block once in a new random order (how a
+  training job with a shuffling sampler reads chunk files), at dataset/cache size ratios
+  0.5, 1.0, 1.5 and 2.0;
+* ``zipf``: independent reads with Zipf-distributed popularity (exponent 0.9 and 1.1).
+
+Belady's MIN (Belady, "A study of replacement algorithms for a virtual-storage computer",
+IBM Systems Journal 1966) evicts the block whose next use is farthest in the future; with
+uniform block sizes it is optimal, so it bounds every online policy from above.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from spoke.policy import POLICIES, make_policy
+
+BLOCK = 4 * 1024 * 1024  # bytes; every block the same size
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A named access trace and the cache size (in blocks) to replay it with."""
+
+    name: str
+    keys: list[int]
+    cache_blocks: int
+
+
+def simulate(policy_name: str, keys: Sequence[int], cache_blocks: int) -> float:
+    """Hit ratio of ``policy_name`` on ``keys`` with room for ``cache_blocks`` blocks.
+
+    The policy is driven as :class:`spoke.cache.BlockCache` drives it: a hit is an access;
+    a miss admits the block and then evicts (never the block just admitted) until the cache
+    is within capacity.
+    """
+    capacity = cache_blocks * BLOCK
+    policy = make_policy(policy_name, capacity)
+    hits = 0
+    for k in keys:
+        key = str(k)
+        if key in policy:
+            hits += 1
+            policy.access(key)
+            continue
+        policy.insert(key, BLOCK)
+        while policy.used_bytes > capacity and policy.pop_victim((key,)) is not None:
+            pass
+    return hits / len(keys) if keys else 0.0
+
+
+def belady(keys: Sequence[int], cache_blocks: int) -> float:
+    """Hit ratio of Belady's MIN on ``keys`` with room for ``cache_blocks`` blocks."""
+    never = len(keys)
+    next_use = [never] * len(keys)
+    last: dict[int, int] = {}
+    for i in range(len(keys) - 1, -1, -1):
+        next_use[i] = last.get(keys[i], never)
+        last[keys[i]] = i
+    resident: dict[int, int] = {}  # key -> its next use
+    heap: list[tuple[int, int]] = []  # (-next use, key), stale entries skipped
+    hits = 0
+    for i, k in enumerate(keys):
+        if k in resident:
+            hits += 1
+        elif len(resident) >= cache_blocks:
+            while True:
+                neg, victim = heapq.heappop(heap)
+                if resident.get(victim) == -neg:
+                    del resident[victim]
+                    break
+        resident[k] = next_use[i]
+        heapq.heappush(heap, (-next_use[i], k))
+    return hits / len(keys) if keys else 0.0
+
+
+def shuffled_epochs(blocks: int, epochs: int, rng: random.Random) -> list[int]:
+    """``epochs`` passes over ``range(blocks)``, each in a fresh random order."""
+    out: list[int] = []
+    for _ in range(epochs):
+        order = list(range(blocks))
+        rng.shuffle(order)
+        out += order
+    return out
+
+
+def zipf(blocks: int, length: int, exponent: float, rng: random.Random) -> list[int]:
+    """``length`` reads of ``range(blocks)`` with popularity of rank r proportional to r^-s."""
+    weights = [1.0 / (r + 1) ** exponent for r in range(blocks)]
+    ranks = list(range(blocks))
+    rng.shuffle(ranks)  # popularity unrelated to block number
+    return rng.choices(ranks, weights=weights, k=length)
+
+
+def traces(blocks: int, epochs: int, seed: int) -> list[Trace]:
+    """The standard trace set for a dataset of ``blocks`` blocks."""
+    rng = random.Random(seed)
+    half = blocks // 2
+    out = [
+        Trace("scan (cache = 0.5x data)", list(range(blocks)), half),
+        Trace("loop x4 (data/cache 1.5)", list(range(blocks)) * 4, int(blocks / 1.5)),
+    ]
+    for ratio in (0.5, 1.0, 1.5, 2.0):
+        out.append(
+            Trace(
+                f"shuffled epochs x{epochs} (data/cache {ratio})",
+                shuffled_epochs(blocks, epochs, rng),
+                max(1, int(blocks / ratio)),
+            )
+        )
+    for s in (0.9, 1.1):
+        out.append(
+            Trace(
+                f"zipf s={s} (cache = 0.1x data)",
+                zipf(blocks, blocks * epochs, s, rng),
+                max(1, blocks // 10),
+            )
+        )
+    return out
+
+
+def run(blocks: int, epochs: int, seed: int) -> list[dict[str, float | str]]:
+    """Every trace through every policy and MIN; one row per trace."""
+    rows: list[dict[str, float | str]] = []
+    for trace in traces(blocks, epochs, seed):
+        row: dict[str, float | str] = {"trace": trace.name}
+        for name in sorted(POLICIES):
+            row[name] = simulate(name, trace.keys, trace.cache_blocks)
+        row["belady"] = belady(trace.keys, trace.cache_blocks)
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict[str, float | str]]) -> str:
+    """The rows as a markdown table of hit ratios, plus ARC − LRU in points."""
+    names = [k for k in rows[0] if k != "trace"]
+    head = "| trace | " + " | ".join(names) + " | ARC − LRU (points) |"
+    lines = [head, "|" + "---|" * (len(names) + 2)]
+    for row in rows:
+        cells = " | ".join(f"{float(row[n]):.3f}" for n in names)
+        diff = 100 * (float(row["arc"]) - float(row["lru"]))
+        lines.append(f"| {row['trace']} | {cells} | {diff:+.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: print the table; exit 1 if ARC trails LRU by more than 1 point."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.policy_sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--blocks", type=int, default=2000, help="dataset size in blocks")
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    ns = parser.parse_args(argv)
+    rows = run(ns.blocks, ns.epochs, ns.seed)
+    print(markdown(rows))
+    if ns.json:
+        ns.json.write_text(json.dumps(rows, indent=2) + "\n")
+    worst = min(100 * (float(r["arc"]) - float(r["lru"])) for r in rows)
+    if worst < -1.0:
+        print(f"ARC trails LRU by {-worst:.1f} points on some trace", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
