@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,7 +34,8 @@ def _wait_for(cond: object, proc: subprocess.Popen[bytes], what: str, timeout: f
         time.sleep(0.05)
 
 
-def _stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    """SIGTERM, wait up to ``timeout`` s, then SIGKILL the process group."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -42,6 +44,14 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for restarting on the same port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class LocalStack:
@@ -58,6 +68,8 @@ class LocalStack:
         self.log_level = log_level
         self._procs: list[subprocess.Popen[bytes]] = []
         self._mounts: list[Path] = []
+        self.hub: subprocess.Popen[bytes] | None = None  # the latest hub started
+        self.spoke: subprocess.Popen[bytes] | None = None  # the latest spoke started
 
     def __enter__(self) -> LocalStack:
         return self
@@ -75,26 +87,30 @@ class LocalStack:
         self._procs.append(proc)
         return proc
 
-    def start_hub(self, data_dir: Path, timeout: float = 30.0) -> str:
-        """Serve ``data_dir`` on 127.0.0.1 (a free port); returns ``HOST:PORT``."""
+    def start_hub(
+        self,
+        data_dir: Path,
+        timeout: float = 30.0,
+        listen: str = "127.0.0.1:0",
+        metrics: str | None = None,
+    ) -> str:
+        """Serve ``data_dir`` on ``listen`` (default: a free port on 127.0.0.1).
+
+        Returns:
+            The hub's ``HOST:PORT``.
+        """
         port_file = data_dir / "hub.port"
         port_file.unlink(missing_ok=True)
-        proc = self._spawn(
-            [
-                "hub",
-                "serve",
-                "--data-dir",
-                str(data_dir),
-                "--listen",
-                "127.0.0.1:0",
-                "--port-file",
-                str(port_file),
-            ]
-        )
+        args = ["hub", "serve", "--data-dir", str(data_dir), "--listen", listen]
+        args += ["--port-file", str(port_file)]
+        if metrics:
+            args += ["--metrics", metrics]
+        proc = self._spawn(args)
+        self.hub = proc
         _wait_for(
             lambda: port_file.exists() and port_file.read_text().strip(), proc, "hub", timeout
         )
-        return f"127.0.0.1:{port_file.read_text().strip()}"
+        return f"{listen.rpartition(':')[0]}:{port_file.read_text().strip()}"
 
     def start_spoke(
         self,
@@ -129,13 +145,14 @@ class LocalStack:
             ]
         )
         self._mounts.append(mount)
+        self.spoke = proc
         _wait_for(lambda: is_mounted(mount) and url_file.exists(), proc, "spoke", timeout)
         return url_file.read_text().strip()
 
     def close(self) -> None:
         """Stop every process, newest first, and detach any mount left behind."""
         while self._procs:
-            _stop(self._procs.pop())
+            stop_process(self._procs.pop())
         for mount in self._mounts:
             if is_mounted(mount):
                 lazy_unmount(mount)

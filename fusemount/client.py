@@ -33,7 +33,7 @@ class DaemonClient:
         self._channel = grpc.insecure_channel(
             f"unix:{socket_path}",
             options=[
-                ("grpc.max_receive_message_length", 8 << 20),
+                ("grpc.max_receive_message_length", 256 << 20),
                 ("grpc.initial_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", 1000),
             ],
@@ -69,20 +69,31 @@ class DaemonClient:
         )
         return list(stream)
 
-    def ensure_blocks(self, blocks: Sequence[tuple[str, int]]) -> None:
+    def ensure_blocks(
+        self, blocks: Sequence[tuple[str, int]], suspect: Sequence[str] = ()
+    ) -> dict[str, bytes]:
         """Block until the daemon has every ``(digest, size)`` on disk.
+
+        Args:
+            blocks: the blocks wanted.
+            suspect: digests whose cached file failed verification here.
+
+        Returns:
+            The bytes of blocks the daemon could not cache (streamed through), by digest.
 
         Raises:
             grpc.RpcError: DEADLINE_EXCEEDED after ``miss_deadline``, UNAVAILABLE when the hub
                 cannot deliver, NOT_FOUND when it lacks a block.
         """
-        self._stub.EnsureBlocks(
+        reply = self._stub.EnsureBlocks(
             spoke_pb2.EnsureBlocksRequest(
-                blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in blocks]
+                blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in blocks],
+                suspect_digests=list(suspect),
             ),
             timeout=self.miss_deadline,
             wait_for_ready=True,
         )
+        return {u.digest: u.data for u in reply.uncached}
 
     def record_access(self, digests: Sequence[str]) -> None:
         """Report a batch of hits (best effort: a short deadline, never waits for a restart)."""

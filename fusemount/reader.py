@@ -1,22 +1,30 @@
 """Reads file bytes: hits straight from block files, misses through the daemon.
 
 A FUSE read of ``size`` bytes at ``offset`` covers one or more blocks. Each covered block
-is read from its file in the cache directory (a hit: no daemon round trip); a block that is
-not there is requested from the daemon (``EnsureBlocks``, which fetches it from the hub) and
-then read from its file. Hits are reported to the daemon in batches so its eviction policy
-sees every access. All file and socket I/O runs in worker threads, never on the trio loop.
+is read from its (verified) file in the cache directory — a hit, no daemon round trip; a
+block that is not there is requested from the daemon (``EnsureBlocks``, which fetches it
+from the hub) and then read from its file. A block file that fails verification is reported
+to the daemon as suspect, which drops and refetches it. A block the daemon could not cache
+(disk full, everything pinned) arrives inline and is kept in a small in-memory table so the
+rest of it does not cost another fetch. Hits are reported to the daemon in batches so its
+eviction policy sees every access. All file and socket I/O runs in worker threads, never on
+the trio loop.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 
 import trio
 
+from fusemount.blockfiles import BlockFiles, CorruptBlockError
 from fusemount.client import DaemonClient
 from fusemount.tree import Node
 from spoke.layout import CacheLayout
+
+STREAMED_BLOCKS = 8  # streamed-through blocks kept in memory
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +44,9 @@ class BlockReader:
 
     def __init__(self, layout: CacheLayout, client: DaemonClient, max_threads: int = 16) -> None:
         self.layout = layout
+        self.files = BlockFiles(layout)
         self.client = client
+        self._streamed: OrderedDict[str, bytes] = OrderedDict()
         self._io_limiter = trio.CapacityLimiter(max_threads)
         self._miss_limiter = trio.CapacityLimiter(64)
         self._lock = threading.Lock()
@@ -69,20 +79,38 @@ class BlockReader:
         return b"".join(parts)
 
     async def _read_block(self, digest: str, block_len: int, offset: int, size: int) -> bytes:
-        data = await trio.to_thread.run_sync(
-            self.layout.read_block_range, digest, offset, size, limiter=self._io_limiter
-        )
+        suspect = False
+        try:
+            data = await trio.to_thread.run_sync(
+                self.files.read, digest, offset, size, limiter=self._io_limiter
+            )
+        except CorruptBlockError as err:
+            log.error("%s; asking the daemon to refetch it", err)
+            self.files.forget(digest)
+            data, suspect = None, True
         if data is not None:
             with self._lock:
                 self.hits += 1
                 self._hits.append(digest)
             return data
+        streamed = self._streamed.get(digest)
+        if streamed is not None:
+            self._streamed.move_to_end(digest)
+            return streamed[offset : offset + size]
         self.misses += 1
-        await trio.to_thread.run_sync(
-            self.client.ensure_blocks, [(digest, block_len)], limiter=self._miss_limiter
+        uncached = await trio.to_thread.run_sync(
+            self.client.ensure_blocks,
+            [(digest, block_len)],
+            [digest] if suspect else [],
+            limiter=self._miss_limiter,
         )
+        if digest in uncached:
+            self._streamed[digest] = uncached[digest]
+            while len(self._streamed) > STREAMED_BLOCKS:
+                self._streamed.popitem(last=False)
+            return uncached[digest][offset : offset + size]
         data = await trio.to_thread.run_sync(
-            self.layout.read_block_range, digest, offset, size, limiter=self._io_limiter
+            self.files.read, digest, offset, size, limiter=self._io_limiter
         )
         if data is None:
             raise MissingBlockError(f"block {digest} vanished after it was fetched")

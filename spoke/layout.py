@@ -1,4 +1,4 @@
-"""Where a spoke's cache lives on disk, and how a block file is read.
+"""Where a spoke's cache lives on disk: the paths shared by the daemon and the mount.
 
 This is the read side shared by the daemon and the mount process (the mount reads cache
 hits straight from block files, with no daemon round trip)::
@@ -17,7 +17,6 @@ and renames it into place (rename(2) is atomic within one filesystem).
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,19 +86,3 @@ class CacheLayout:
         if not is_digest(digest):
             raise ValueError(f"malformed block digest {digest!r}")
         return self.blocks_dir / digest[:2] / digest
-
-    def read_block_range(self, digest: str, offset: int, size: int) -> bytes | None:
-        """Read ``size`` bytes at ``offset`` of a cached block.
-
-        Returns:
-            The bytes (shorter only at the end of the block), or None when the block is not
-            cached (a miss). A block evicted while open stays readable through its descriptor.
-        """
-        try:
-            fd = os.open(self.block_path(digest), os.O_RDONLY)
-        except FileNotFoundError:
-            return None
-        try:
-            return os.pread(fd, size, offset)
-        finally:
-            os.close(fd)

@@ -27,6 +27,7 @@ class FakeDaemon:
         self.layout = layout
         self.blocks = blocks
         self.ensured: list[str] = []
+        self.suspects: list[str] = []
         self.fail_catalog = False
 
     def list_datasets(self) -> list[str]:
@@ -53,12 +54,16 @@ class FakeDaemon:
             ),
         ]
 
-    def ensure_blocks(self, blocks: Sequence[tuple[str, int]]) -> None:
+    def ensure_blocks(
+        self, blocks: Sequence[tuple[str, int]], suspect: Sequence[str] = ()
+    ) -> dict[str, bytes]:
+        self.suspects.extend(suspect)
         for digest, _ in blocks:
             self.ensured.append(digest)
             path = self.layout.block_path(digest)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(self.blocks[digest])
+        return {}
 
     def record_access(self, digests: Sequence[str]) -> None:
         pass

@@ -1,0 +1,204 @@
+"""The cache engine through a real mount: integrity, single flight, persistence across
+kill -9, a hub that goes away and comes back, and a cache disk that fills up."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from deploy.local import LocalStack, free_port, stop_process
+from spoke.layout import CacheLayout
+from tests.support import publish, requires_fuse, sha256
+
+pytestmark = [pytest.mark.fuse, requires_fuse]
+
+BLOCK = 65_536
+
+
+def _metric(url: str, name: str) -> float:
+    text = httpx.get(url, timeout=5).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                total += sample.value
+    return total
+
+
+def _admin(cache: Path) -> str:
+    return (cache / "admin.url").read_text().strip()
+
+
+def _stats(cache: Path) -> dict[str, Any]:
+    stats: dict[str, Any] = httpx.get(f"{_admin(cache)}/v1/cache", timeout=5).json()
+    return stats
+
+
+def _drop_page_cache() -> None:
+    if not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        pytest.skip("cannot drop the kernel page cache (not root)")
+    Path("/proc/sys/vm/drop_caches").write_text("1\n")
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    for i in range(4):
+        (src / "d" / f"f{i}.bin").write_bytes(os.urandom(5 * BLOCK + 123))
+    assert publish(tmp_path / "hub", "ds", src, "--block-size", str(BLOCK)) == "v1"
+    return src
+
+
+@pytest.fixture
+def stack() -> Iterator[LocalStack]:
+    with LocalStack() as s:
+        yield s
+
+
+def test_a_flipped_byte_on_disk_is_caught_and_refetched(
+    tmp_path: Path, source: Path, stack: LocalStack
+) -> None:
+    hub = stack.start_hub(tmp_path / "hub")
+    cache = tmp_path / "cache"
+    stack.start_spoke(hub, cache, tmp_path / "mnt", "64MiB")
+    f0 = tmp_path / "mnt" / "ds" / "v1" / "d" / "f0.bin"
+    assert sha256(f0) == sha256(source / "d" / "f0.bin")
+    blocks = [p for p in (cache / "blocks").rglob("*") if p.is_file()]
+    victim = blocks[0]
+    with open(victim, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0x01]))
+    _drop_page_cache()
+    for name in ("f0.bin", "f1.bin", "f2.bin", "f3.bin"):  # whichever file owns the block
+        path = tmp_path / "mnt" / "ds" / "v1" / "d" / name
+        assert path.read_bytes() == (source / "d" / name).read_bytes()
+    assert _metric(f"{_admin(cache)}/metrics", "strata_spoke_corrupt_blocks_total") == 1
+
+
+def test_sixteen_readers_of_one_uncached_block_cost_one_hub_fetch(
+    tmp_path: Path, source: Path, stack: LocalStack
+) -> None:
+    metrics_port = free_port()
+    hub = stack.start_hub(tmp_path / "hub", metrics=f"127.0.0.1:{metrics_port}")
+    stack.start_spoke(hub, tmp_path / "cache", tmp_path / "mnt", "64MiB")
+    path = tmp_path / "mnt" / "ds" / "v1" / "d" / "f2.bin"
+    os.stat(path)  # load the tree first: only block reads below
+    hub_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    before = _metric(hub_metrics, "strata_hub_blocks_served_total")
+    barrier = threading.Barrier(16)
+    results: list[bytes] = []
+
+    def reader() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            barrier.wait()
+            results.append(os.pread(fd, 4096, 3 * BLOCK + 17))  # the same uncached block
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=reader) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    expected = (source / "d" / "f2.bin").read_bytes()[3 * BLOCK + 17 : 3 * BLOCK + 17 + 4096]
+    assert results == [expected] * 16
+    assert _metric(hub_metrics, "strata_hub_blocks_served_total") - before == 1
+
+
+def test_cache_survives_kill_9_and_serves_with_the_hub_down(
+    tmp_path: Path, source: Path, stack: LocalStack
+) -> None:
+    hub = stack.start_hub(tmp_path / "hub")
+    cache, mnt = tmp_path / "cache", tmp_path / "mnt"
+    stack.start_spoke(hub, cache, mnt, "64MiB")
+    files = sorted((mnt / "ds" / "v1" / "d").iterdir())
+    for f in files:
+        f.read_bytes()
+    warm = _stats(cache)
+    assert warm["blocks"] == 4 * 6
+
+    daemon_pid = int(CacheLayout(cache).daemon_pid_file.read_text())
+    os.kill(daemon_pid, signal.SIGKILL)  # the supervisor restarts it; the mount stays up
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if int(CacheLayout(cache).daemon_pid_file.read_text()) != daemon_pid:
+                after = _stats(cache)
+                break
+        except (OSError, ValueError, httpx.HTTPError):
+            pass
+        time.sleep(0.2)
+    else:
+        pytest.fail("daemon was not restarted")
+    assert after["blocks"] == warm["blocks"] and after["hub_fetch_bytes"] == 0
+    _drop_page_cache()
+    for f in files:
+        assert sha256(f) == sha256(source / "d" / f.name)
+    assert _stats(cache)["hub_fetch_bytes"] == 0  # every block was still a hit
+
+    # stop everything, then mount again with no hub at all: the cache serves alone
+    assert stack.spoke is not None and stack.hub is not None
+    stop_process(stack.spoke)
+    stop_process(stack.hub)
+    stack.start_spoke(hub, cache, mnt, "64MiB", extra=("--miss-deadline", "2"))
+    assert sorted(os.listdir(mnt / "ds")) == ["latest", "v1"]
+    for f in files:
+        assert sha256(f) == sha256(source / "d" / f.name)
+
+
+def test_hub_outage_hits_served_misses_eio_then_resume(
+    tmp_path: Path, source: Path, stack: LocalStack
+) -> None:
+    listen = f"127.0.0.1:{free_port()}"
+    hub = stack.start_hub(tmp_path / "hub", listen=listen)
+    mnt = tmp_path / "mnt"
+    stack.start_spoke(hub, tmp_path / "cache", mnt, "64MiB", extra=("--miss-deadline", "2"))
+    d = mnt / "ds" / "v1" / "d"
+    assert (d / "f0.bin").read_bytes() == (source / "d" / "f0.bin").read_bytes()
+    os.stat(d / "f1.bin")
+
+    assert stack.hub is not None
+    stop_process(stack.hub)
+    _drop_page_cache()
+    assert (d / "f0.bin").read_bytes() == (source / "d" / "f0.bin").read_bytes()  # hits
+    started = time.monotonic()
+    with pytest.raises(OSError) as info:
+        (d / "f1.bin").read_bytes()  # a miss: waits for the deadline, then EIO
+    assert info.value.errno == errno.EIO
+    assert time.monotonic() - started < 30
+
+    stack.start_hub(tmp_path / "hub", listen=listen)  # the hub comes back on its address
+    assert (d / "f1.bin").read_bytes() == (source / "d" / "f1.bin").read_bytes()
+
+
+def test_cache_dir_on_a_full_tmpfs(tmp_path: Path, source: Path, stack: LocalStack) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(cache)], check=True)
+    try:
+        hub = stack.start_hub(tmp_path / "hub")
+        stack.start_spoke(hub, cache, tmp_path / "mnt", "1GiB")
+        for i in range(4):  # 1.3 MB of blocks through a 512 KiB disk
+            path = tmp_path / "mnt" / "ds" / "v1" / "d" / f"f{i}.bin"
+            assert sha256(path) == sha256(source / "d" / f"f{i}.bin")
+        assert _metric(f"{_admin(cache)}/metrics", "strata_spoke_evictions_total") > 0
+    finally:
+        stack.close()
+        subprocess.run(["umount", "-l", str(cache)], check=False)
