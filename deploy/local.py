@@ -46,6 +46,32 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
                 proc.wait(timeout)
 
 
+def publish(data_dir: Path, dataset: str, src: Path, *extra: str) -> str:
+    """``strata-hub publish`` in a subprocess; returns the new version (e.g. ``v1``).
+
+    Raises:
+        StackError: the publish failed (its one-line error is in the message).
+    """
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hub",
+            "publish",
+            "--data-dir",
+            str(data_dir),
+            dataset,
+            str(src),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise StackError(proc.stderr.strip() or f"publish exited {proc.returncode}")
+    return proc.stdout.strip()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for restarting on the same port)."""
     with socket.socket() as sock:

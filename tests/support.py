@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from deploy.local import publish
+
+__all__ = ["fuse_available", "make_tree", "publish", "requires_fuse", "sha256", "tree_digests"]
 
 
 def fuse_available() -> str | None:
@@ -42,27 +44,6 @@ def tree_digests(root: Path) -> dict[str, str]:
             if p.is_file() and not p.is_symlink():
                 out[str(p.relative_to(root))] = sha256(p)
     return out
-
-
-def publish(data_dir: Path, dataset: str, src: Path, *extra: str) -> str:
-    """``strata-hub publish``; returns the new version name."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hub",
-            "publish",
-            "--data-dir",
-            str(data_dir),
-            dataset,
-            str(src),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return proc.stdout.strip()
 
 
 def make_tree(root: Path, seed: int = 0) -> None:
