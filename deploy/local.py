@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from spoke.supervisor import is_mounted, lazy_unmount
+from spoke.supervisor import is_mounted, lazy_unmount, resolve_mountpoint
 
 
 class StackError(RuntimeError):
@@ -148,7 +148,9 @@ class LocalStack:
         extra: tuple[str, ...] = (),
     ) -> str:
         """Run ``strata-spoke run`` and wait until the mount is up; returns the admin URL."""
-        mount.mkdir(parents=True, exist_ok=True)
+        mount = resolve_mountpoint(mount)  # it may be a dead (ENOTCONN) mount
+        with contextlib.suppress(FileExistsError):
+            mount.mkdir(parents=True)
         url_file = cache_dir / "admin.url"
         url_file.unlink(missing_ok=True)
         proc = self._spawn(

@@ -9,8 +9,10 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import os
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import grpc
@@ -23,6 +25,26 @@ T = TypeVar("T")
 
 #: unexpected errors per handler name, for tests and the mount's own stats
 UNEXPECTED_ERRORS: Counter[str] = Counter()
+
+#: fault injection for tests: a file naming handlers (whitespace-separated) that must raise
+FAULT_FILE_ENV = "STRATA_MOUNT_FAULT_FILE"
+_FAULT_FILE = os.environ.get(FAULT_FILE_ENV)
+
+
+class InjectedFault(RuntimeError):
+    """Raised inside a handler named in ``$STRATA_MOUNT_FAULT_FILE`` (tests only)."""
+
+
+def _inject(name: str) -> None:
+    if _FAULT_FILE is None:
+        return
+    try:
+        wanted = Path(_FAULT_FILE).read_text(encoding="utf-8").split()
+    except OSError:
+        return
+    if name in wanted:
+        raise InjectedFault(f"injected fault in {name}")
+
 
 _GRPC_ERRNO = {
     grpc.StatusCode.NOT_FOUND: errno.ENOENT,
@@ -50,6 +72,7 @@ def boundary(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[A
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
+            _inject(fn.__name__)
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise

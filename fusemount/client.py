@@ -7,6 +7,7 @@ up to their deadline.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -67,7 +68,7 @@ class DaemonClient:
             timeout=self.catalog_timeout * 6,
             wait_for_ready=True,
         )
-        return list(stream)
+        return [entry for page in stream for entry in page.entries]
 
     def ensure_blocks(
         self, blocks: Sequence[tuple[str, int]], suspect: Sequence[str] = ()
@@ -85,15 +86,23 @@ class DaemonClient:
             grpc.RpcError: DEADLINE_EXCEEDED after ``miss_deadline``, UNAVAILABLE when the hub
                 cannot deliver, NOT_FOUND when it lacks a block.
         """
-        reply = self._stub.EnsureBlocks(
-            spoke_pb2.EnsureBlocksRequest(
-                blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in blocks],
-                suspect_digests=list(suspect),
-            ),
-            timeout=self.miss_deadline,
-            wait_for_ready=True,
+        request = spoke_pb2.EnsureBlocksRequest(
+            blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in blocks],
+            suspect_digests=list(suspect),
         )
-        return {u.digest: u.data for u in reply.uncached}
+        deadline = time.monotonic() + self.miss_deadline
+        while True:
+            try:
+                reply = self._stub.EnsureBlocks(
+                    request, timeout=max(deadline - time.monotonic(), 0.001), wait_for_ready=True
+                )
+                return {u.digest: u.data for u in reply.uncached}
+            except grpc.RpcError as err:
+                # the daemon went away mid-call (killed, restarting): ask again until the
+                # miss deadline; wait_for_ready holds the new call until it is back
+                if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
 
     def record_access(self, digests: Sequence[str]) -> None:
         """Report a batch of hits (best effort: a short deadline, never waits for a restart)."""

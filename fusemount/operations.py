@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import pyfuse3
 import trio
 
-from fusemount.boundary import boundary
+from fusemount.boundary import UNEXPECTED_ERRORS, boundary
 from fusemount.client import DaemonClient
 from fusemount.reader import BlockReader
 from fusemount.tree import DIR_MODE, LINK_MODE, InodeTable, Node, Role
@@ -54,6 +54,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         self._handles: dict[int, Node] = {}
         self._next_fh = 1
         self._refreshed: dict[int, float] = {}
+        self._lookups: dict[int, int] = {}  # inode -> the kernel's lookup count
         self._snapshot_locks: dict[int, trio.Lock] = {}
         self._uid = os.getuid()
         self._gid = os.getgid()
@@ -64,7 +65,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = node.inode
         attr.st_mode = node.mode
-        attr.st_nlink = 2 if node.is_dir else 1
+        attr.st_nlink = node.nlink
         attr.st_size = node.size
         attr.st_uid = self._uid
         attr.st_gid = self._gid
@@ -129,7 +130,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
                     mtime_ns=snap.created_ns,
                     dataset=ds.dataset,
                     version=snap.version,
-                    target=snap.snapshot_id.encode(),
+                    snapshot_id=snap.snapshot_id,
                 ),
             )
             children[snap.version.encode()] = node.inode
@@ -158,7 +159,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             entries = await trio.to_thread.run_sync(
                 self.client.manifest, root.dataset, root.version
             )
-            self.inodes.load_snapshot(root, root.target.decode(), entries)
+            self.inodes.load_snapshot(root, root.snapshot_id, entries)
 
     def _node(self, inode: int) -> Node:
         node = self.inodes.get(inode)
@@ -186,6 +187,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
                 negative.entry_timeout = SNAPSHOT_TIMEOUT
                 return negative
             raise pyfuse3.FUSEError(errno.ENOENT)
+        self._lookups[inode] = self._lookups.get(inode, 0) + 1
         return self._attr(self.inodes[inode])
 
     @boundary
@@ -217,6 +219,8 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             child = self.inodes[children[names[i]]]
             if not pyfuse3.readdir_reply(token, names[i], self._attr(child), i + 1):
                 break
+            # readdirplus: each entry returned counts as a lookup
+            self._lookups[child.inode] = self._lookups.get(child.inode, 0) + 1
 
     @boundary
     async def releasedir(self, fh: int) -> None:
@@ -264,7 +268,57 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
 
     @boundary
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
-        return None  # inodes are kept for the life of the mount (stable numbers)
+        # The inode table keeps every number for the life of the mount (numbers stay stable);
+        # what forget balances is the kernel's references, so none leak.
+        for inode, nlookup in inode_list:
+            left = self._lookups.get(inode, 0) - nlookup
+            if left > 0:
+                self._lookups[inode] = left
+            else:
+                self._lookups.pop(inode, None)
+
+    @property
+    def kernel_refs(self) -> int:
+        """Inodes the kernel currently holds a lookup reference to."""
+        return len(self._lookups)
+
+    # -- extended attributes ------------------------------------------------------------
+
+    def _xattrs(self, node: Node) -> dict[bytes, bytes]:
+        out: dict[bytes, bytes] = {}
+        if node.snapshot_id:
+            out[b"user.strata.snapshot_id"] = node.snapshot_id.encode()
+        if node.version:
+            out[b"user.strata.version"] = node.version.encode()
+        if node.role is Role.ROOT:
+            out[b"user.strata.kernel_refs"] = str(self.kernel_refs).encode()
+            out[b"user.strata.inodes"] = str(len(self.inodes)).encode()
+            errors = sum(UNEXPECTED_ERRORS.values())
+            out[b"user.strata.handler_errors"] = str(errors).encode()
+        return out
+
+    @boundary
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        # ``ls -l`` asks for security.* and system.* names on every file: answer those
+        # first, without any work (the hot path of listing large directories).
+        if not name.startswith(b"user.strata."):
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        node = self._node(inode)
+        if name == b"user.strata.cached_bytes" and stat.S_ISREG(node.mode):
+            cached = await trio.to_thread.run_sync(self.reader.cached_bytes, node)
+            return str(cached).encode()
+        value = self._xattrs(node).get(name)
+        if value is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return value
+
+    @boundary
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        node = self._node(inode)
+        names = list(self._xattrs(node))
+        if stat.S_ISREG(node.mode):
+            names.append(b"user.strata.cached_bytes")
+        return names
 
     # -- every mutation: read-only filesystem ------------------------------------------------
 

@@ -116,6 +116,10 @@ class BlockReader:
             raise MissingBlockError(f"block {digest} vanished after it was fetched")
         return data
 
+    def cached_bytes(self, node: Node) -> int:
+        """Bytes of ``node`` whose blocks are in the cache now (a stat per block)."""
+        return sum(size for digest, size in node.blocks if self.layout.block_path(digest).exists())
+
     def take_hits(self) -> list[str]:
         """Hits since the last call (the access-record batch)."""
         with self._lock:

@@ -39,6 +39,10 @@ class Node:
         size: bytes (files), target length (symlinks), 0 (directories).
         mtime_ns: modification time, ns since the epoch.
         dataset, version: the snapshot the node belongs to (empty for root).
+        snapshot_id: the content digest of that snapshot (empty outside snapshots).
+        nlink: hard-link count: 1 for files, symlinks and synthetic directories (whose
+            subdirectory count is not known up front, as btrfs does), 2 + subdirectories for
+            directories inside a snapshot.
         target: symlink target.
         blocks: a file's ``(digest, size)`` blocks in file order.
         children: name → inode, in listing order; None until loaded.
@@ -51,6 +55,8 @@ class Node:
     mtime_ns: int = 0
     dataset: str = ""
     version: str = ""
+    snapshot_id: str = ""
+    nlink: int = 1
     target: bytes = b""
     blocks: tuple[tuple[str, int], ...] = ()
     children: dict[bytes, int] | None = None
@@ -148,6 +154,7 @@ class InodeTable:
                     mtime_ns=entry.mtime_ns,
                     dataset=root.dataset,
                     version=root.version,
+                    snapshot_id=snapshot_id,
                     target=entry.symlink_target.encode(),
                     blocks=tuple((b.digest, b.size) for b in entry.blocks),
                 ),
@@ -161,4 +168,7 @@ class InodeTable:
             if entry.path not in dirs:
                 add(entry)
         for inode, children in pending.items():
-            self._nodes[inode].set_children(children)
+            node = self._nodes[inode]
+            node.set_children(children)
+            if node.role is Role.ENTRY:
+                node.nlink = 2 + sum(self._nodes[c].is_dir for c in children.values())

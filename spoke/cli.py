@@ -69,6 +69,12 @@ def run(
     admin: AdminOpt = "127.0.0.1:7878",
     policy: PolicyOpt = "arc",
     miss_deadline: DeadlineOpt = 60.0,
+    allow_other: Annotated[
+        bool, typer.Option("--allow-other", help="let other users read the mount")
+    ] = False,
+    read_ahead_kb: Annotated[
+        int, typer.Option("--read-ahead-kb", help="kernel readahead of the mount, KiB")
+    ] = 1024,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Start the spoke daemon and its mount; stop both on SIGINT/SIGTERM."""
@@ -80,6 +86,8 @@ def run(
         admin=admin,
         policy=policy,
         miss_deadline=miss_deadline,
+        allow_other=allow_other,
+        read_ahead_kb=read_ahead_kb,
     )
     _logging(log_level, "strata-spoke")
     try:

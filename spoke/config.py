@@ -39,6 +39,8 @@ class SpokeSettings(BaseSettings):
     high_watermark: float = Field(default=0.95, gt=0, le=1, description="start evicting above")
     low_watermark: float = Field(default=0.90, gt=0, le=1, description="evict down to")
     miss_deadline: float = Field(default=60.0, gt=0, description="longest wait of a miss")
+    allow_other: bool = Field(default=False, description="let other users read the mount")
+    read_ahead_kb: int = Field(default=1024, ge=0, description="kernel readahead of the mount")
 
     @field_validator("hub")
     @classmethod

@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+MANIFEST_PAGE_ENTRIES = 2048  # most entries per ManifestPage message
+MANIFEST_PAGE_BYTES = 1 << 20  # a page closes once its entries reach this size
+
 _CODES: dict[type[SpokeError], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
@@ -83,14 +86,22 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
 
     async def GetManifest(
         self, request: hub_pb2.GetManifestRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[hub_pb2.ManifestEntry]:
+    ) -> AsyncIterator[spoke_pb2.ManifestPage]:
         try:
             entries = await self._catalog.manifest(request.dataset, request.ref)
         except SpokeError as err:
             await context.abort(_status_for(err), str(err))
             return
+        page: list[hub_pb2.ManifestEntry] = []
+        size = 0
         for entry in entries:
-            yield entry
+            page.append(entry)
+            size += entry.ByteSize()
+            if len(page) >= MANIFEST_PAGE_ENTRIES or size >= MANIFEST_PAGE_BYTES:
+                yield spoke_pb2.ManifestPage(entries=page)
+                page, size = [], 0
+        if page:
+            yield spoke_pb2.ManifestPage(entries=page)
 
     @_unary
     async def EnsureBlocks(

@@ -46,8 +46,19 @@ def mounted_paths() -> set[str]:
 
 
 def is_mounted(path: Path) -> bool:
-    """True when ``path`` is a mountpoint."""
-    return os.path.realpath(path) in mounted_paths()
+    """True when ``path`` (absolute and already resolved) is a mountpoint.
+
+    The path is compared as a string and never stat'ed: a hung FUSE mount there must not
+    hang the caller. Resolve it once, before mounting.
+    """
+    return str(path) in mounted_paths()
+
+
+def resolve_mountpoint(path: Path) -> Path:
+    """``path`` made absolute with its parent's symlinks resolved, without touching ``path``
+    itself (a dead FUSE mount there answers every stat with ENOTCONN)."""
+    absolute = Path(os.path.abspath(path))
+    return absolute.parent.resolve() / absolute.name
 
 
 def lazy_unmount(path: Path) -> None:
@@ -94,7 +105,7 @@ class Supervisor:
         if settings.mount is None:
             raise StartupError("--mount is required")
         self.settings = settings
-        self.mountpoint = settings.mount.resolve()
+        self.mountpoint = resolve_mountpoint(settings.mount)
         self.layout = CacheLayout(settings.cache_dir.resolve())
         self.log_level = log_level
         self.daemon: subprocess.Popen[bytes] | None = None
@@ -125,18 +136,13 @@ class Supervisor:
         ]
 
     def _mount_cmd(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "fusemount",
-            "--cache-dir",
-            str(self.layout.root),
-            "--miss-deadline",
-            str(self.settings.miss_deadline),
-            "--log-level",
-            self.log_level,
-            str(self.mountpoint),
-        ]
+        s = self.settings
+        cmd = [sys.executable, "-m", "fusemount", "--cache-dir", str(self.layout.root)]
+        cmd += ["--miss-deadline", str(s.miss_deadline), "--log-level", self.log_level]
+        cmd += ["--read-ahead-kb", str(s.read_ahead_kb)]
+        if s.allow_other:
+            cmd.append("--allow-other")
+        return [*cmd, str(self.mountpoint)]
 
     def _start_daemon(self) -> None:
         self.layout.admin_url_file.unlink(missing_ok=True)

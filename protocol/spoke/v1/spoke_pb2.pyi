@@ -26,6 +26,26 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ManifestPage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[_hub_pb2.ManifestEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[_hub_pb2.ManifestEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ManifestPage: _TypeAlias = ManifestPage  # noqa: Y015
+
+@_typing.final
 class EnsureBlocksRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -53,7 +53,7 @@ class SpokeLocalStub:
         self.GetManifest = channel.unary_stream(
                 '/protocol.spoke.v1.SpokeLocal/GetManifest',
                 request_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.GetManifestRequest.SerializeToString,
-                response_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.ManifestEntry.FromString,
+                response_deserializer=protocol_dot_spoke_dot_v1_dot_spoke__pb2.ManifestPage.FromString,
                 _registered_method=True)
         self.EnsureBlocks = channel.unary_unary(
                 '/protocol.spoke.v1.SpokeLocal/EnsureBlocks',
@@ -90,7 +90,9 @@ class SpokeLocalServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetManifest(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A snapshot's manifest in path order, many entries per message (a mount loads
+        snapshots of 10^5 entries and more; per-message overhead dominates otherwise).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -133,7 +135,7 @@ def add_SpokeLocalServicer_to_server(servicer, server):
             'GetManifest': grpc.unary_stream_rpc_method_handler(
                     servicer.GetManifest,
                     request_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.GetManifestRequest.FromString,
-                    response_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.ManifestEntry.SerializeToString,
+                    response_serializer=protocol_dot_spoke_dot_v1_dot_spoke__pb2.ManifestPage.SerializeToString,
             ),
             'EnsureBlocks': grpc.unary_unary_rpc_method_handler(
                     servicer.EnsureBlocks,
@@ -253,7 +255,7 @@ class SpokeLocal:
             target,
             '/protocol.spoke.v1.SpokeLocal/GetManifest',
             protocol_dot_hub_dot_v1_dot_hub__pb2.GetManifestRequest.SerializeToString,
-            protocol_dot_hub_dot_v1_dot_hub__pb2.ManifestEntry.FromString,
+            protocol_dot_spoke_dot_v1_dot_spoke__pb2.ManifestPage.FromString,
             options,
             channel_credentials,
             insecure,

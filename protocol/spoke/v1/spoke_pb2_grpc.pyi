@@ -42,7 +42,10 @@ class SpokeLocalStub:
     """The catalog as the spoke knows it (from the hub, or cached when the hub is down)."""
     ListVersions: _grpc.UnaryUnaryMultiCallable[_hub_pb2.ListVersionsRequest, _hub_pb2.ListVersionsResponse]
     ResolveRef: _grpc.UnaryUnaryMultiCallable[_hub_pb2.ResolveRefRequest, _hub_pb2.Snapshot]
-    GetManifest: _grpc.UnaryStreamMultiCallable[_hub_pb2.GetManifestRequest, _hub_pb2.ManifestEntry]
+    GetManifest: _grpc.UnaryStreamMultiCallable[_hub_pb2.GetManifestRequest, _spoke_pb2.ManifestPage]
+    """A snapshot's manifest in path order, many entries per message (a mount loads
+    snapshots of 10^5 entries and more; per-message overhead dominates otherwise).
+    """
     EnsureBlocks: _grpc.UnaryUnaryMultiCallable[_spoke_pb2.EnsureBlocksRequest, _spoke_pb2.EnsureBlocksResponse]
     """Makes the given blocks resident in the cache, fetching misses from the hub.
     Returns once every block is on disk and verified (or, when the cache cannot hold
@@ -59,7 +62,10 @@ class SpokeLocalAsyncStub(SpokeLocalStub):
     """The catalog as the spoke knows it (from the hub, or cached when the hub is down)."""
     ListVersions: _aio.UnaryUnaryMultiCallable[_hub_pb2.ListVersionsRequest, _hub_pb2.ListVersionsResponse]  # type: ignore[assignment]
     ResolveRef: _aio.UnaryUnaryMultiCallable[_hub_pb2.ResolveRefRequest, _hub_pb2.Snapshot]  # type: ignore[assignment]
-    GetManifest: _aio.UnaryStreamMultiCallable[_hub_pb2.GetManifestRequest, _hub_pb2.ManifestEntry]  # type: ignore[assignment]
+    GetManifest: _aio.UnaryStreamMultiCallable[_hub_pb2.GetManifestRequest, _spoke_pb2.ManifestPage]  # type: ignore[assignment]
+    """A snapshot's manifest in path order, many entries per message (a mount loads
+    snapshots of 10^5 entries and more; per-message overhead dominates otherwise).
+    """
     EnsureBlocks: _aio.UnaryUnaryMultiCallable[_spoke_pb2.EnsureBlocksRequest, _spoke_pb2.EnsureBlocksResponse]  # type: ignore[assignment]
     """Makes the given blocks resident in the cache, fetching misses from the hub.
     Returns once every block is on disk and verified (or, when the cache cannot hold
@@ -97,7 +103,10 @@ class SpokeLocalServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _hub_pb2.GetManifestRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_hub_pb2.ManifestEntry], _abc.AsyncIterator[_hub_pb2.ManifestEntry]]: ...
+    ) -> _typing.Union[_abc.Iterator[_spoke_pb2.ManifestPage], _abc.AsyncIterator[_spoke_pb2.ManifestPage]]:
+        """A snapshot's manifest in path order, many entries per message (a mount loads
+        snapshots of 10^5 entries and more; per-message overhead dominates otherwise).
+        """
 
     @_abc_1.abstractmethod
     def EnsureBlocks(

@@ -1,0 +1,157 @@
+"""The mount never dies under a running job: handler faults, a killed daemon, a killed
+mount process, a stale mount left behind."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy.local import LocalStack
+from fusemount.boundary import FAULT_FILE_ENV
+from spoke.layout import CacheLayout
+from spoke.supervisor import is_mounted
+from tests.support import make_tree, publish, requires_fuse, tree_digests
+
+pytestmark = [pytest.mark.fuse, requires_fuse]
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    make_tree(src)
+    assert publish(tmp_path / "hub", "ds", src, "--block-size", "65536") == "v1"
+    return src
+
+
+@pytest.fixture
+def stack() -> Iterator[LocalStack]:
+    with LocalStack() as s:
+        yield s
+
+
+def _wait_pid_change(pid_file: Path, old: int, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid = int(pid_file.read_text())
+            if pid != old:
+                return pid
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{pid_file.name} did not change")
+
+
+def test_every_handler_fault_becomes_eio_and_the_mount_keeps_serving(
+    tmp_path: Path,
+    src: Path,
+    stack: LocalStack,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    faults = tmp_path / "faults"
+    monkeypatch.setenv(FAULT_FILE_ENV, str(faults))
+    hub = stack.start_hub(tmp_path / "hub")
+    stack.start_spoke(hub, tmp_path / "cache", tmp_path / "mnt", "64MiB")
+    v1 = tmp_path / "mnt" / "ds" / "v1"
+    probes = {  # handler -> an operation that reaches it (on a fresh name: no kernel cache)
+        "lookup": lambda i: os.stat(v1 / "nested" / f"missing-{i}"),
+        "getattr": lambda i: os.stat(tmp_path / "mnt"),
+        "opendir": lambda i: os.listdir(v1 / "nested"),
+        "open": lambda i: open(v1 / "small.txt", "rb").close(),
+        "read": lambda i: os.pread(
+            os.open(v1 / "big.bin", os.O_RDONLY | os.O_DIRECT), 4096, 4096 * i
+        ),
+        "readlink": lambda i: os.readlink(v1 / "link-to-small"),
+        "statfs": lambda i: os.statvfs(v1),
+        "getxattr": lambda i: os.getxattr(v1, "user.strata.version"),
+        "listxattr": lambda i: os.listxattr(v1),
+    }
+    for i, (handler, probe) in enumerate(probes.items()):
+        faults.write_text(handler)
+        if handler in ("getattr", "readlink"):
+            time.sleep(1.1)  # let short attribute/entry timeouts lapse so the kernel asks
+        with pytest.raises(OSError) as info:
+            probe(i)
+        assert info.value.errno == errno.EIO, handler
+        faults.write_text("")
+        assert tree_digests(v1) == tree_digests(src), f"mount broken after {handler}"
+    assert is_mounted((tmp_path / "mnt").resolve())
+    counted = int(os.getxattr(tmp_path / "mnt", "user.strata.handler_errors"))
+    assert counted == len(probes)
+    logged = capfd.readouterr().err  # the mount process writes to the inherited stderr
+    for handler in probes:
+        assert f"unexpected error in {handler}; returning EIO" in logged
+
+
+def test_killed_mount_process_is_remounted(tmp_path: Path, src: Path, stack: LocalStack) -> None:
+    hub = stack.start_hub(tmp_path / "hub")
+    cache, mnt = tmp_path / "cache", tmp_path / "mnt"
+    stack.start_spoke(hub, cache, mnt, "64MiB")
+    v1 = mnt / "ds" / "v1"
+    assert tree_digests(v1) == tree_digests(src)
+    pid_file = CacheLayout(cache).mount_pid_file
+    old = int(pid_file.read_text())
+    os.kill(old, signal.SIGKILL)
+    _wait_pid_change(pid_file, old)
+    deadline = time.monotonic() + 30
+    while True:  # a reader that retries succeeds once the supervisor has remounted
+        try:
+            assert tree_digests(v1) == tree_digests(src)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    assert is_mounted(mnt.resolve())
+
+
+def test_daemon_killed_while_streaming(tmp_path: Path, src: Path, stack: LocalStack) -> None:
+    hub = stack.start_hub(tmp_path / "hub")
+    cache, mnt = tmp_path / "cache", tmp_path / "mnt"
+    stack.start_spoke(hub, cache, mnt, "64MiB")
+    big = mnt / "ds" / "v1" / "big.bin"
+    expected = (src / "big.bin").read_bytes()
+    fd = os.open(big, os.O_RDONLY | os.O_DIRECT)
+    try:
+        first = os.pread(fd, 65536, 0)  # block 0 cached, the rest not yet
+        pid_file = CacheLayout(cache).daemon_pid_file
+        old = int(pid_file.read_text())
+        os.kill(old, signal.SIGKILL)
+        assert os.pread(fd, 65536, 0) == first == expected[:65536]  # hits go on meanwhile
+        rest = os.pread(fd, len(expected), 65536)  # misses wait for the restarted daemon
+        assert first + rest == expected
+        assert _wait_pid_change(pid_file, old) != old
+    finally:
+        os.close(fd)
+
+
+def test_stale_mount_is_cleaned_up_at_start(tmp_path: Path, src: Path, stack: LocalStack) -> None:
+    hub = stack.start_hub(tmp_path / "hub")
+    cache, mnt = tmp_path / "cache", (tmp_path / "mnt").resolve()
+    mnt.mkdir()
+    cache.mkdir()
+    orphan = subprocess.Popen(
+        [sys.executable, "-m", "fusemount", "--cache-dir", str(cache), str(mnt)],
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 20
+    while not is_mounted(mnt):
+        assert time.monotonic() < deadline and orphan.poll() is None
+        time.sleep(0.05)
+    orphan.kill()  # a dead FUSE server leaves its mount: ENOTCONN
+    orphan.wait()
+    with pytest.raises(OSError) as info:
+        os.listdir(mnt)
+    assert info.value.errno == errno.ENOTCONN
+    stack.start_spoke(hub, cache, mnt, "64MiB")
+    assert tree_digests(mnt / "ds" / "v1") == tree_digests(src)
