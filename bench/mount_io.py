@@ -1,0 +1,178 @@
+"""Mount I/O: fio on local disk against a warm Strata mount of the same files, one run.
+
+    python -m bench.mount_io [--quick] [--seq-mib 256] [--small-files 10000] [--json FILE]
+
+Jobs (each after ``sync`` and dropping the kernel page cache, so the mount's numbers are
+first reads from the spoke's disk, as DESIGN.md's targets say):
+
+* ``seq 1M``: sequential 1 MiB reads, 4 jobs, one file each;
+* ``rand 4k`` / ``rand 1M``: random reads over the same files, 4 jobs, time-based;
+* ``small files``: 10,000 files of 64 KiB (zarr-chunk sized), read whole, 4 jobs;
+* ``seq 1M xN``: parallel-reader scaling, N = 1, 2, 4, 8 jobs.
+
+Prints bandwidth (MB/s) for both and the ratio mount/local (targets: sequential ≥ 0.75,
+small files ≥ 0.5). Needs ``fio`` (Debian package) and root for dropping the page cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.local import LocalStack, publish
+
+JOBS = 4
+
+
+@dataclass(frozen=True)
+class Job:
+    """One fio job line: name, fio arguments, and the directory (under the root) it reads."""
+
+    name: str
+    args: tuple[str, ...]
+    subdir: str
+
+
+def drop_page_cache() -> bool:
+    """``sync``, then drop the page cache, dentries and inodes (root only)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def make_source(root: Path, seq_mib: int, small_files: int) -> None:
+    """Files named as fio expects (``jobname.jobnum.filenum``) so fio reads, never lays out."""
+    (root / "seq").mkdir(parents=True)
+    for j in range(8):  # enough for the scaling jobs (up to 8 readers)
+        with open(root / "seq" / f"seq.{j}.0", "wb") as f:
+            for _ in range(seq_mib):
+                f.write(os.urandom(1 << 20))
+    (root / "small").mkdir()
+    per_job = small_files // JOBS
+    for j in range(JOBS):
+        for i in range(per_job):
+            (root / "small" / f"small.{j}.{i}").write_bytes(os.urandom(64 * 1024))
+
+
+def jobs(seq_mib: int, small_files: int, runtime: int) -> list[Job]:
+    """The fio jobs of one comparison."""
+    seq = ("--name=seq", f"--size={seq_mib}M", "--bs=1M", "--rw=read")
+    timed = ("--time_based", f"--runtime={runtime}", "--name=seq", f"--size={seq_mib}M")
+    out = [
+        Job("seq 1M", (*seq, f"--numjobs={JOBS}"), "seq"),
+        Job("rand 4k", (*timed, "--bs=4k", "--rw=randread", f"--numjobs={JOBS}"), "seq"),
+        Job("rand 1M", (*timed, "--bs=1M", "--rw=randread", f"--numjobs={JOBS}"), "seq"),
+        Job(
+            "small files 64k",
+            (
+                "--name=small",
+                f"--nrfiles={small_files // JOBS}",
+                "--filesize=64k",
+                "--bs=64k",
+                "--rw=read",
+                "--file_service_type=sequential",
+                f"--numjobs={JOBS}",
+            ),
+            "small",
+        ),
+    ]
+    out += [Job(f"seq 1M x{n}", (*seq, f"--numjobs={n}"), "seq") for n in (1, 2, 4, 8)]
+    return out
+
+
+def run_fio(job: Job, root: Path) -> float:
+    """Aggregate read bandwidth of ``job`` over files under ``root``, MB/s."""
+    proc = subprocess.run(
+        [
+            "fio",
+            "--readonly",
+            "--ioengine=psync",
+            "--group_reporting",
+            "--output-format=json",
+            f"--directory={root / job.subdir}",
+            *job.args,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(proc.stdout[proc.stdout.index("{") :])
+    return float(sum(j["read"]["bw_bytes"] for j in report["jobs"])) / 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: prints the table; ``--json`` also writes the figures."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.mount_io",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--seq-mib", type=int, default=256, help="MiB per sequential file")
+    parser.add_argument("--small-files", type=int, default=10_000)
+    parser.add_argument("--runtime", type=int, default=8, help="seconds per random job")
+    parser.add_argument("--json", type=Path, default=None)
+    ns = parser.parse_args(argv)
+    if shutil.which("fio") is None:
+        print("bench.mount_io: error: fio is not installed (apt-get install fio)", file=sys.stderr)
+        return 2
+    seq_mib, small, runtime = (8, 400, 2) if ns.quick else (ns.seq_mib, ns.small_files, ns.runtime)
+    rows: list[dict[str, float | str]] = []
+    with tempfile.TemporaryDirectory(prefix="strata-mount-io-") as tmp:
+        work = Path(tmp)
+        make_source(work / "src", seq_mib, small)
+        publish(work / "hub", "io", work / "src")
+        cache_mib = 2 * (8 * seq_mib + small // 16) + 64
+        with LocalStack() as stack:
+            hub = stack.start_hub(work / "hub")
+            stack.start_spoke(hub, work / "cache", work / "mnt", f"{cache_mib}MiB")
+            mounted = work / "mnt" / "io" / "v1"
+            subprocess.run(
+                ["cat", *map(str, sorted(mounted.rglob("*.*")))],  # warm the cache
+                stdout=subprocess.DEVNULL,
+                check=True,
+            )
+            dropped = drop_page_cache()
+            for job in jobs(seq_mib, small, runtime):
+                drop_page_cache()
+                local = run_fio(job, work / "src")
+                drop_page_cache()
+                mount = run_fio(job, mounted)
+                rows.append(
+                    {
+                        "job": job.name,
+                        "local_mb_s": local,
+                        "mount_mb_s": mount,
+                        "ratio": mount / local if local else 0.0,
+                    }
+                )
+                print(
+                    f"{job.name:>16}: local {local:8.0f} MB/s  mount {mount:8.0f} MB/s  "
+                    f"ratio {mount / local if local else 0:.2f}",
+                    flush=True,
+                )
+    print("\n| fio job | local MB/s | warm mount MB/s | mount/local |\n|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['job']} | {float(r['local_mb_s']):.0f} | {float(r['mount_mb_s']):.0f} | "
+            f"{float(r['ratio']):.2f} |"
+        )
+    if not dropped:
+        print("(page cache NOT dropped: not root; these are page-cache reads)")
+    if ns.json:
+        ns.json.write_text(json.dumps({"page_cache_dropped": dropped, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
