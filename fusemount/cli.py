@@ -81,6 +81,7 @@ async def serve(reader: BlockReader) -> None:
     """Serve FUSE requests until unmounted or signalled, flushing access records."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(reader.flush_hits_forever)
+        nursery.start_soon(reader.prefetch_forever)
         nursery.start_soon(_stop_on_signal)
         await pyfuse3.main(min_tasks=4, max_tasks=64)
         nursery.cancel_scope.cancel()

@@ -104,6 +104,19 @@ class DaemonClient:
                     raise
                 time.sleep(0.05)
 
+    def prefetch(self, blocks: Sequence[tuple[str, int]]) -> int:
+        """Ask the daemon to fetch blocks ahead of reads; returns how many it started.
+
+        Best effort: a short deadline, never waits for a restarting daemon.
+        """
+        reply = self._stub.Prefetch(
+            spoke_pb2.PrefetchRequest(
+                blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in blocks]
+            ),
+            timeout=2.0,
+        )
+        return int(reply.started)
+
     def record_access(self, digests: Sequence[str]) -> None:
         """Report a batch of hits (best effort: a short deadline, never waits for a restart)."""
         self._stub.RecordAccess(spoke_pb2.RecordAccessRequest(digests=list(digests)), timeout=2.0)

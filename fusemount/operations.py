@@ -22,6 +22,7 @@ import trio
 
 from fusemount.boundary import UNEXPECTED_ERRORS, boundary
 from fusemount.client import DaemonClient
+from fusemount.readahead import Readahead
 from fusemount.reader import BlockReader
 from fusemount.tree import DIR_MODE, LINK_MODE, InodeTable, Node, Role
 
@@ -51,7 +52,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         self.client = client
         self.reader = reader
         self.inodes = InodeTable()
-        self._handles: dict[int, Node] = {}
+        self._handles: dict[int, tuple[Node, Readahead]] = {}
         self._next_fh = 1
         self._refreshed: dict[int, float] = {}
         self._lookups: dict[int, int] = {}  # inode -> the kernel's lookup count
@@ -235,15 +236,16 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = node
+        self._handles[fh] = (node, Readahead())
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        node = self._handles.get(fh)
-        if node is None:
+        handle = self._handles.get(fh)
+        if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        return await self.reader.read(node, off, size)
+        node, readahead = handle
+        return await self.reader.read(node, off, size, readahead)
 
     @boundary
     async def release(self, fh: int) -> None:

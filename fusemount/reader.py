@@ -13,6 +13,7 @@ the trio loop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import OrderedDict
@@ -21,6 +22,7 @@ import trio
 
 from fusemount.blockfiles import BlockFiles, CorruptBlockError
 from fusemount.client import DaemonClient
+from fusemount.readahead import Readahead
 from fusemount.tree import Node
 from spoke.layout import CacheLayout
 
@@ -47,6 +49,9 @@ class BlockReader:
         self.files = BlockFiles(layout)
         self.client = client
         self._streamed: OrderedDict[str, bytes] = OrderedDict()
+        self._prefetch_send, self._prefetch_recv = trio.open_memory_channel[list[tuple[str, int]]](
+            64
+        )
         self._io_limiter = trio.CapacityLimiter(max_threads)
         self._miss_limiter = trio.CapacityLimiter(64)
         self._lock = threading.Lock()
@@ -54,8 +59,14 @@ class BlockReader:
         self.hits = 0
         self.misses = 0
 
-    async def read(self, node: Node, offset: int, size: int) -> bytes:
+    async def read(
+        self, node: Node, offset: int, size: int, readahead: Readahead | None = None
+    ) -> bytes:
         """Up to ``size`` bytes of ``node`` from ``offset`` (empty at or past EOF).
+
+        Args:
+            readahead: the open file's readahead state; blocks it asks for are queued for
+                prefetching (dropped if the queue is full: readahead is advisory).
 
         Raises:
             grpc.RpcError: a miss could not be served (mapped to an errno by the boundary).
@@ -64,6 +75,11 @@ class BlockReader:
             return b""
         end = min(offset + size, node.size)
         bs = node.block_size
+        if readahead is not None and len(node.blocks) > 1:
+            ahead = readahead.on_read(offset // bs, (end - 1) // bs, len(node.blocks))
+            if ahead:
+                with contextlib.suppress(trio.WouldBlock):
+                    self._prefetch_send.send_nowait([node.blocks[i] for i in ahead])
         parts: list[bytes] = []
         pos = offset
         while pos < end:
@@ -125,6 +141,16 @@ class BlockReader:
         with self._lock:
             hits, self._hits = self._hits, []
         return hits
+
+    async def prefetch_forever(self) -> None:
+        """Send queued readahead requests to the daemon (best effort), one at a time."""
+        async for blocks in self._prefetch_recv:
+            try:
+                await trio.to_thread.run_sync(
+                    self.client.prefetch, blocks, limiter=self._miss_limiter
+                )
+            except Exception as err:  # the daemon may be restarting; readahead is advisory
+                log.debug("prefetch of %d blocks not sent: %s", len(blocks), err)
 
     async def flush_hits_forever(self, interval: float = 0.5) -> None:
         """Report batched hits to the daemon every ``interval`` seconds (best effort)."""

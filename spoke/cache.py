@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from spoke import metrics
 from spoke.policy import ARCPolicy, EvictionPolicy
@@ -69,6 +69,7 @@ class BlockCache:
         self._pin_refs: dict[str, int] = {}  # digest -> number of pins holding it
         self._tick = 0
         self._wake: asyncio.Event | None = None
+        self.on_evict: list[Callable[[str, int], None]] = []  # called per evicted block
         policy.resize(capacity_bytes)
         for block in store.recover():
             policy.insert(block.digest, block.size)
@@ -242,6 +243,9 @@ class BlockCache:
         if not victims:
             return
         self.store.delete_many([d for d, _ in victims])
+        for digest, size in victims:
+            for hook in self.on_evict:
+                hook(digest, size)
         metrics.EVICTIONS.inc(len(victims))
         metrics.EVICTED_BYTES.inc(sum(s for _, s in victims))
 

@@ -12,6 +12,7 @@ before it is admitted; a mismatch is counted and refetched. A block the cache ca
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -48,6 +49,8 @@ class Fetcher:
         max_streams: ReadBlocks streams open at once.
         batch_blocks: most blocks asked for in one stream.
         stream_timeout: deadline of one stream, seconds.
+        prefetch_budget: most bytes of prefetches in flight at once; requests beyond it are
+            dropped, so readahead never crowds out what readers are waiting for.
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class Fetcher:
         max_streams: int = 8,
         batch_blocks: int = 16,
         stream_timeout: float = 60.0,
+        prefetch_budget: int = 256 << 20,
     ) -> None:
         self.hub = hub
         self.cache = cache
@@ -66,6 +70,10 @@ class Fetcher:
         self.stream_timeout = stream_timeout
         self._streams = asyncio.Semaphore(max_streams)
         self._inflight: dict[str, asyncio.Future[bytes | None]] = {}
+        self.prefetch_budget = prefetch_budget
+        self._prefetch_inflight = 0  # bytes of prefetches not yet admitted
+        self._prefetched: dict[str, int] = {}  # prefetched, not yet read: digest -> size
+        cache.on_evict.append(self._evicted)
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def ensure(
@@ -109,6 +117,50 @@ class Fetcher:
             if data is not None:
                 uncached[digest] = data
         return was_cached, uncached
+
+    def prefetch(self, blocks: Sequence[tuple[str, int]]) -> int:
+        """Start fetching blocks nobody waits for yet (readahead, prewarm); returns at once.
+
+        Blocks already cached or being fetched are skipped, and so is everything past the
+        prefetch byte budget.
+
+        Returns:
+            How many fetches were started.
+        """
+        loop = asyncio.get_running_loop()
+        started: list[str] = []
+        for digest, size in blocks:
+            if self.cache.contains(digest) or digest in self._inflight:
+                continue
+            if self._prefetch_inflight + size > self.prefetch_budget:
+                break
+            self._prefetch_inflight += size
+            future: asyncio.Future[bytes | None] = loop.create_future()
+            future.add_done_callback(functools.partial(self._prefetch_done, digest, size))
+            self._inflight[digest] = future
+            started.append(digest)
+        for start in range(0, len(started), self.batch_blocks):
+            task = asyncio.create_task(self._fetch(started[start : start + self.batch_blocks]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return len(started)
+
+    def note_read(self, digests: Sequence[str]) -> None:
+        """Readers read these blocks: prefetches among them were used."""
+        for digest in digests:
+            size = self._prefetched.pop(digest, None)
+            if size is not None:
+                metrics.PREFETCH_USED_BYTES.inc(size)
+
+    def _prefetch_done(self, digest: str, size: int, future: asyncio.Future[bytes | None]) -> None:
+        self._prefetch_inflight -= size
+        if not future.cancelled() and future.exception() is None and future.result() is None:
+            metrics.PREFETCH_BYTES.inc(size)
+            self._prefetched[digest] = size
+
+    def _evicted(self, digest: str, size: int) -> None:
+        if self._prefetched.pop(digest, None) is not None:
+            metrics.PREFETCH_WASTED_BYTES.inc(size)
 
     @property
     def inflight(self) -> int:

@@ -117,6 +117,7 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
                 metrics.CORRUPT_BLOCKS.inc()
                 self._cache.drop(digest)
         was_cached, uncached = await self._fetcher.ensure(refs)
+        self._fetcher.note_read([d for d, _ in refs])
         hits = sum(was_cached)
         if hits:
             metrics.CACHE_HITS.inc(hits)
@@ -132,4 +133,15 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
     ) -> spoke_pb2.RecordAccessResponse:
         metrics.CACHE_HITS.inc(len(request.digests))
         self._cache.record_access(list(request.digests))
+        self._fetcher.note_read(list(request.digests))
         return spoke_pb2.RecordAccessResponse()
+
+    @_unary
+    async def Prefetch(
+        self, request: spoke_pb2.PrefetchRequest, context: grpc.aio.ServicerContext
+    ) -> spoke_pb2.PrefetchResponse:
+        refs = [(b.digest, b.size) for b in request.blocks]
+        bad = [d for d, _ in refs if not is_digest(d)]
+        if bad:
+            raise InvalidRequest(f"malformed block digest {bad[0]!r}")
+        return spoke_pb2.PrefetchResponse(started=self._fetcher.prefetch(refs))

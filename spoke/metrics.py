@@ -43,3 +43,12 @@ STREAMED_THROUGH = Counter(
     "strata_spoke_streamed_through_blocks",
     "Blocks served to readers without caching them (cache full, everything pinned)",
 )
+PREFETCH_BYTES = Counter(
+    "strata_spoke_prefetch_bytes", "Bytes of blocks fetched ahead of reads (issued)"
+)
+PREFETCH_USED_BYTES = Counter(
+    "strata_spoke_prefetch_used_bytes", "Prefetched bytes that a reader then read"
+)
+PREFETCH_WASTED_BYTES = Counter(
+    "strata_spoke_prefetch_wasted_bytes", "Prefetched bytes evicted before anyone read them"
+)

@@ -202,3 +202,24 @@ def test_cache_dir_on_a_full_tmpfs(tmp_path: Path, source: Path, stack: LocalSta
     finally:
         stack.close()
         subprocess.run(["umount", "-l", str(cache)], check=False)
+
+
+def test_sequential_read_prefetches_ahead(tmp_path: Path, stack: LocalStack) -> None:
+    src = tmp_path / "src-seq"
+    src.mkdir()
+    data = os.urandom(40 * BLOCK + 5)
+    (src / "long.bin").write_bytes(data)
+    publish(tmp_path / "hub", "seq", src, "--block-size", str(BLOCK))
+    hub = stack.start_hub(tmp_path / "hub")
+    cache = tmp_path / "cache"
+    stack.start_spoke(hub, cache, tmp_path / "mnt", "64MiB")
+    with open(tmp_path / "mnt" / "seq" / "v1" / "long.bin", "rb", buffering=0) as f:
+        got = b"".join(iter(lambda: f.read(BLOCK // 2), b""))
+    assert got == data
+    time.sleep(1.0)  # batched access reports
+    metrics = f"{_admin(cache)}/metrics"
+    issued = _metric(metrics, "strata_spoke_prefetch_bytes_total")
+    used = _metric(metrics, "strata_spoke_prefetch_used_bytes_total")
+    assert issued > 10 * BLOCK  # most of the file was fetched ahead of the reader
+    assert used > 0 and used <= issued
+    assert _metric(metrics, "strata_spoke_prefetch_wasted_bytes_total") == 0

@@ -65,6 +65,11 @@ class SpokeLocalStub:
                 request_serializer=protocol_dot_spoke_dot_v1_dot_spoke__pb2.RecordAccessRequest.SerializeToString,
                 response_deserializer=protocol_dot_spoke_dot_v1_dot_spoke__pb2.RecordAccessResponse.FromString,
                 _registered_method=True)
+        self.Prefetch = channel.unary_unary(
+                '/protocol.spoke.v1.SpokeLocal/Prefetch',
+                request_serializer=protocol_dot_spoke_dot_v1_dot_spoke__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=protocol_dot_spoke_dot_v1_dot_spoke__pb2.PrefetchResponse.FromString,
+                _registered_method=True)
 
 
 class SpokeLocalServicer:
@@ -114,6 +119,14 @@ class SpokeLocalServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prefetch(self, request, context):
+        """Starts fetching blocks a reader will probably want soon (readahead) and returns
+        at once; blocks beyond the daemon's prefetch byte budget are skipped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SpokeLocalServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +159,11 @@ def add_SpokeLocalServicer_to_server(servicer, server):
                     servicer.RecordAccess,
                     request_deserializer=protocol_dot_spoke_dot_v1_dot_spoke__pb2.RecordAccessRequest.FromString,
                     response_serializer=protocol_dot_spoke_dot_v1_dot_spoke__pb2.RecordAccessResponse.SerializeToString,
+            ),
+            'Prefetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefetch,
+                    request_deserializer=protocol_dot_spoke_dot_v1_dot_spoke__pb2.PrefetchRequest.FromString,
+                    response_serializer=protocol_dot_spoke_dot_v1_dot_spoke__pb2.PrefetchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +328,33 @@ class SpokeLocal:
             '/protocol.spoke.v1.SpokeLocal/RecordAccess',
             protocol_dot_spoke_dot_v1_dot_spoke__pb2.RecordAccessRequest.SerializeToString,
             protocol_dot_spoke_dot_v1_dot_spoke__pb2.RecordAccessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/protocol.spoke.v1.SpokeLocal/Prefetch',
+            protocol_dot_spoke_dot_v1_dot_spoke__pb2.PrefetchRequest.SerializeToString,
+            protocol_dot_spoke_dot_v1_dot_spoke__pb2.PrefetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

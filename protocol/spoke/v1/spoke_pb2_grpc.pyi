@@ -54,6 +54,10 @@ class SpokeLocalStub:
     """
     RecordAccess: _grpc.UnaryUnaryMultiCallable[_spoke_pb2.RecordAccessRequest, _spoke_pb2.RecordAccessResponse]
     """Reports cache hits served by the mount, batched."""
+    Prefetch: _grpc.UnaryUnaryMultiCallable[_spoke_pb2.PrefetchRequest, _spoke_pb2.PrefetchResponse]
+    """Starts fetching blocks a reader will probably want soon (readahead) and returns
+    at once; blocks beyond the daemon's prefetch byte budget are skipped.
+    """
 
 @_typing.type_check_only
 class SpokeLocalAsyncStub(SpokeLocalStub):
@@ -74,6 +78,10 @@ class SpokeLocalAsyncStub(SpokeLocalStub):
     """
     RecordAccess: _aio.UnaryUnaryMultiCallable[_spoke_pb2.RecordAccessRequest, _spoke_pb2.RecordAccessResponse]  # type: ignore[assignment]
     """Reports cache hits served by the mount, batched."""
+    Prefetch: _aio.UnaryUnaryMultiCallable[_spoke_pb2.PrefetchRequest, _spoke_pb2.PrefetchResponse]  # type: ignore[assignment]
+    """Starts fetching blocks a reader will probably want soon (readahead) and returns
+    at once; blocks beyond the daemon's prefetch byte budget are skipped.
+    """
 
 class SpokeLocalServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -127,5 +135,15 @@ class SpokeLocalServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_spoke_pb2.RecordAccessResponse, _abc.Awaitable[_spoke_pb2.RecordAccessResponse]]:
         """Reports cache hits served by the mount, batched."""
+
+    @_abc_1.abstractmethod
+    def Prefetch(
+        self,
+        request: _spoke_pb2.PrefetchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_spoke_pb2.PrefetchResponse, _abc.Awaitable[_spoke_pb2.PrefetchResponse]]:
+        """Starts fetching blocks a reader will probably want soon (readahead) and returns
+        at once; blocks beyond the daemon's prefetch byte budget are skipped.
+        """
 
 def add_SpokeLocalServicer_to_server(servicer: SpokeLocalServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,62 @@
+"""Adaptive sequential readahead for one open file.
+
+Modelled on Linux's on-demand readahead (mm/readahead.c; Fengguang Wu, "On-demand
+readahead", Linux Symposium 2007): a file read in order gets a window of blocks fetched
+ahead of the reader; the window starts small, doubles each time the reader catches up with
+the second half of what was prefetched, and resets on a seek. Here the unit is the cache
+block (default 4 MiB) and the fetches are prefetch requests to the spoke daemon, which
+bounds how many bytes are in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Readahead:
+    """Readahead state of one open file handle.
+
+    Reads that start at block 0 or follow the previous read are sequential; any other read
+    is a seek and prefetches nothing (zarr's random chunk reads must not drag in neighbours).
+    After a window of blocks ``a..b`` is requested, reaching block ``a`` (the *marker*, like
+    the kernel's PG_readahead page) requests the next window, twice as large, right after
+    ``b``; so the reader always has between one and two windows in flight ahead of it.
+
+    Args:
+        initial: window after a seek or at the first read, blocks.
+        maximum: largest window, blocks.
+    """
+
+    initial: int = 2
+    maximum: int = 32
+    window: int = 0
+    last_block: int = -1  # so a first read at block 0 counts as sequential
+    ahead_to: int = -1  # highest block index already requested
+    marker: int = 0  # reading this block requests the next window
+
+    def on_read(self, first: int, last: int, blocks: int) -> range:
+        """Account for a read of blocks ``first..last`` of a ``blocks``-block file.
+
+        Returns:
+            The block indexes to prefetch now (possibly empty).
+        """
+        follows = first in (self.last_block, self.last_block + 1)
+        self.last_block = last
+        if not follows:  # a seek (or the first read): a lone random read prefetches nothing
+            self.window = 0
+            self.ahead_to = last
+            return range(0)
+        if self.window == 0:  # sequential from here on: start with a small window
+            self.window = self.initial
+        elif last >= self.marker:
+            self.window = min(self.window * 2, self.maximum)
+        else:
+            return range(0)
+        start = max(self.ahead_to, last) + 1
+        stop = min(start + self.window, blocks)
+        if start >= stop:
+            return range(0)
+        self.ahead_to = stop - 1
+        self.marker = start
+        return range(start, stop)
