@@ -4,8 +4,14 @@ Commands:
 
 * ``strata-train prepare --segy FILE --out OUT.mdio`` converts post-stack 3D
   SEG-Y to MDIO v1 (:mod:`trainer.prepare`).
+* ``strata-train synth --shape IxXxT --out OUT.mdio`` writes a synthetic volume
+  of any size as MDIO (:mod:`trainer.synth`).
 * ``strata-train fit --data PATH.mdio`` trains on random patches read with Zarr
-  from any directory path (:mod:`trainer.train`).
+  from any directory path, alone or under ``torchrun`` (:mod:`trainer.train`).
+* ``strata-train eval --ckpt RUN/checkpoint.pt --data PATH.mdio`` measures
+  reconstruction PSNR and draws an inline section (:mod:`trainer.evaluate`).
+* ``strata-train plan --data PATH.mdio`` prints the store keys an epoch reads,
+  in order (:func:`trainer.dataset.epoch_read_order`).
 
 Input errors print one line, ``strata-train: error: ...``, on stderr and exit
 with status 2. Heavy imports (torch, mdio) happen inside the commands, so
@@ -28,7 +34,7 @@ EXIT_USAGE = 2
 
 app = typer.Typer(
     name="strata-train",
-    help="Seismic 3D ViT masked autoencoder: SEG-Y to MDIO preparation and training.",
+    help="Seismic 3D ViT masked autoencoder: data preparation, training and evaluation.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -90,9 +96,75 @@ def prepare(
 
 
 @app.command()
+def synth(
+    shape: Annotated[
+        str, typer.Option("--shape", help="Volume size IxXxT: inlines x crosslines x samples.")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Output MDIO store (directory).")],
+    chunks: Annotated[
+        str, typer.Option("--chunks", help="Amplitude chunk shape IxXxT.")
+    ] = "64x64x64",
+    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    noise: Annotated[
+        float, typer.Option("--noise", help="Noise rms relative to the reflectivity rms.")
+    ] = 0.1,
+    faults: Annotated[int, typer.Option("--faults", help="Number of normal faults.")] = 3,
+    peak_hz: Annotated[
+        float, typer.Option("--peak-hz", help="Ricker wavelet peak frequency, Hz.")
+    ] = 25.0,
+    dt_ms: Annotated[int, typer.Option("--dt-ms", help="Sample interval, ms.")] = 4,
+    dead_fraction: Annotated[
+        float, typer.Option("--dead-fraction", help="Fraction of dead traces (NaN, masked).")
+    ] = 0.0,
+    workers: Annotated[
+        int, typer.Option("--workers", help="Processes computing chunk columns.")
+    ] = 1,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace OUT if it exists.")
+    ] = False,
+    progress: Annotated[
+        bool, typer.Option("--progress", help="Report progress on stderr.")
+    ] = False,
+) -> None:
+    """Write a synthetic seismic volume (folded, faulted layers; Ricker wavelet; noise) as MDIO."""
+    from trainer.synth import SynthError, SynthSpec, parse_shape
+    from trainer.synth import synth as run_synth
+
+    def report(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 20) == 0:
+            typer.echo(f"  {done}/{total} chunk columns", err=True)
+
+    try:
+        spec = SynthSpec(
+            shape=parse_shape(shape),
+            chunks=parse_shape(chunks, "--chunks"),
+            seed=seed,
+            noise=noise,
+            faults=faults,
+            peak_frequency_hz=peak_hz,
+            sample_interval_ms=dt_ms,
+            dead_fraction=dead_fraction,
+        )
+        result = run_synth(
+            out, spec, overwrite=overwrite, workers=workers, progress=report if progress else None
+        )
+    except SynthError as exc:
+        _fail(str(exc))
+    typer.echo(
+        f"wrote {result.out}: amplitude {'x'.join(map(str, result.shape))} "
+        f"(inline x crossline x time), chunks {'x'.join(map(str, result.chunks))}, "
+        f"{result.nbytes / 2**20:.1f} MiB ({result.stored_bytes / 2**20:.1f} MiB stored), "
+        f"{result.live_traces} live traces, {result.elapsed_s:.1f} s "
+        f"({result.mib_per_s:.1f} MiB/s)"
+    )
+
+
+@app.command()
 def fit(
     data: Annotated[Path, typer.Option("--data", help="Zarr/MDIO store to train on (read-only).")],
-    steps: Annotated[int, typer.Option("--steps", help="Optimiser steps.")] = 300,
+    steps: Annotated[
+        int, typer.Option("--steps", help="Total optimiser steps (the schedule's length).")
+    ] = 300,
     preset: Annotated[
         str, typer.Option("--preset", help=f"Model preset: {', '.join(PRESETS)}.")
     ] = "tiny",
@@ -100,26 +172,66 @@ def fit(
         Path, typer.Option("--out", help="Output directory (must not be inside --data).")
     ] = Path("strata-train-out"),
     batch_size: Annotated[
-        int | None, typer.Option("--batch-size", help="Patches per step [preset default].")
+        int | None,
+        typer.Option("--batch-size", help="Patches per step and rank (default: the preset's)."),
     ] = None,
-    workers: Annotated[int, typer.Option("--workers", help="DataLoader worker processes.")] = 2,
+    workers: Annotated[
+        int, typer.Option("--workers", help="DataLoader worker processes per rank.")
+    ] = 2,
+    mp_context: Annotated[
+        str, typer.Option("--mp-context", help="Worker start method: spawn or forkserver.")
+    ] = "spawn",
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
     log_every: Annotated[
         int, typer.Option("--log-every", help="Write a metrics line every K steps.")
     ] = 1,
     epoch_size: Annotated[
-        int, typer.Option("--epoch-size", help="Patch positions per epoch.")
+        int, typer.Option("--epoch-size", help="Patch positions per epoch (all ranks).")
     ] = 1024,
     lr: Annotated[
-        float | None, typer.Option("--lr", help="Peak learning rate [preset default].")
+        float | None, typer.Option("--lr", help="Peak learning rate (default: the preset's).")
     ] = None,
     threads: Annotated[
         int | None,
-        typer.Option("--threads", help="Torch threads [cores minus workers, at least half]."),
+        typer.Option("--threads", help="Torch threads (default: cores minus workers, >= half)."),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    amp: Annotated[
+        bool | None,
+        typer.Option("--amp/--no-amp", help="bf16 autocast (default: on exactly when on CUDA)."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue exactly from OUT/checkpoint.pt.")
+    ] = False,
+    checkpoint_every: Annotated[
+        int, typer.Option("--checkpoint-every", help="Steps between checkpoints (0: end only).")
+    ] = 100,
+    stop_at: Annotated[
+        int | None,
+        typer.Option("--stop-at", help="Stop after this step with a checkpoint (resume later)."),
+    ] = None,
+    chunk_aligned: Annotated[
+        bool,
+        typer.Option("--chunk-aligned", help="Place patches to read as few chunks as possible."),
+    ] = False,
+    min_live: Annotated[
+        float, typer.Option("--min-live", help="Reject patches with fewer live traces.")
+    ] = 0.5,
+    clip: Annotated[
+        float, typer.Option("--clip", help="Clip normalised amplitudes at this many sigma.")
+    ] = 3.0,
+    scale: Annotated[
+        float, typer.Option("--scale", help="Multiply clipped z-scores by this.")
+    ] = 1.0,
+    clip_grad: Annotated[
+        float, typer.Option("--clip-grad", help="Gradient-norm limit (0: off).")
+    ] = 1.0,
 ) -> None:
-    """Train the 3D ViT masked autoencoder on random patches of a seismic volume."""
+    """Train the 3D ViT masked autoencoder on random patches of a seismic volume.
+
+    Under torchrun (e.g. ``torchrun --nproc-per-node 2 -m trainer fit ...``) each
+    rank reads its own shard of every epoch and gradients are averaged with DDP.
+    """
     from trainer.train import DataError, FitError, FitOptions
     from trainer.train import fit as run_fit
 
@@ -136,11 +248,104 @@ def fit(
         lr=lr,
         threads=threads,
         device=device,
+        mp_context=mp_context,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        stop_at=stop_at,
+        chunk_aligned=chunk_aligned,
+        min_live_fraction=min_live,
+        clip=clip,
+        scale=scale,
+        clip_grad=clip_grad,
+        amp=amp,
     )
     try:
         run_fit(options, echo=typer.echo)
     except (DataError, FitError) as exc:
         _fail(str(exc))
+
+
+@app.command("eval")
+def eval_(
+    ckpt: Annotated[Path, typer.Option("--ckpt", help="Checkpoint written by fit.")],
+    data: Annotated[Path, typer.Option("--data", help="Zarr/MDIO store to evaluate on.")],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Output directory (default: the checkpoint's)."),
+    ] = None,
+    patches: Annotated[int, typer.Option("--patches", help="Held-out patches for PSNR.")] = 256,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Patches per pass.")] = 32,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of positions and masks.")] = 0,
+    mask_ratio: Annotated[
+        float | None, typer.Option("--mask-ratio", help="Hidden fraction (default: the model's).")
+    ] = None,
+    inline: Annotated[
+        int | None,
+        typer.Option("--inline", help="Inline index of the section (default: middle)."),
+    ] = None,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+) -> None:
+    """Reconstruction PSNR on held-out patches and a PNG of one inline section."""
+    from trainer.evaluate import EvalError, EvalOptions, evaluate
+
+    options = EvalOptions(
+        ckpt=ckpt,
+        data=data,
+        out=out,
+        patches=patches,
+        batch_size=batch_size,
+        seed=seed,
+        mask_ratio=mask_ratio,
+        inline=inline,
+        device=device,
+    )
+    from trainer.dataset import DataError
+
+    try:
+        evaluate(options, echo=typer.echo)
+    except (DataError, EvalError) as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def plan(
+    data: Annotated[Path, typer.Option("--data", help="Zarr/MDIO store the run will read.")],
+    epoch: Annotated[int, typer.Option("--epoch", help="Epoch (0-based).")] = 0,
+    rank: Annotated[int, typer.Option("--rank", help="Rank whose shard to list.")] = 0,
+    world_size: Annotated[int, typer.Option("--world-size", help="Number of ranks.")] = 1,
+    preset: Annotated[str, typer.Option("--preset", help="Model preset.")] = "tiny",
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", help="Patches per step and rank.")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    epoch_size: Annotated[int, typer.Option("--epoch-size", help="Positions per epoch.")] = 1024,
+    chunk_aligned: Annotated[bool, typer.Option("--chunk-aligned")] = False,
+    min_live: Annotated[float, typer.Option("--min-live")] = 0.5,
+    all_reads: Annotated[
+        bool, typer.Option("--all-reads", help="One line per chunk read, repeats included.")
+    ] = False,
+) -> None:
+    """Print the store keys a fit run reads in one epoch, in order (prefetch hints)."""
+    from trainer.dataset import DataError, build_plan, epoch_read_order, inspect_volume
+    from trainer.presets import get_preset
+
+    try:
+        config = get_preset(preset)
+        info = inspect_volume(data)
+        the_plan = build_plan(
+            info,
+            config.input_size,
+            epoch_size=epoch_size,
+            batch_size=config.batch_size if batch_size is None else batch_size,
+            seed=seed,
+            world_size=world_size,
+            min_live_fraction=min_live,
+            chunk_aligned=chunk_aligned,
+        )
+        keys = epoch_read_order(the_plan, info, epoch, rank, unique=not all_reads)
+    except (DataError, ValueError) as exc:
+        _fail(str(exc))
+    typer.echo("\n".join(keys))
 
 
 def main() -> None:

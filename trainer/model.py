@@ -17,7 +17,12 @@ TGS's seismic foundation models:
 
 There is no class token: the encoder output is meant to be pooled or used per
 token downstream. Attention uses ``torch.nn.functional.scaled_dot_product_attention``
-(fused kernels where the device has them).
+(fused kernels where the device has them). The model runs under bf16 autocast on
+CUDA (see :mod:`trainer.train`); the loss is always computed in float32.
+
+The encoder is a ViT (Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words:
+Transformers for Image Recognition at Scale", https://arxiv.org/abs/2010.11929)
+over 3D tokens.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.presets import MAEConfig, Shape3
+
+NORM_PIX_EPS = 1e-6
+"""Added to each target token's variance before normalising it (MAE's value)."""
 
 
 def _sincos_1d(dim: int, positions: np.ndarray) -> np.ndarray:
@@ -342,16 +350,54 @@ class MaskedAutoencoder3D(nn.Module):
             mask: ``(B, N)`` mask, 1 for hidden tokens.
 
         Returns:
-            Scalar loss; with ``norm_pix_loss`` each target token is first
-            normalised to zero mean and unit variance (eps 1e-6).
+            Scalar float32 loss; with ``norm_pix_loss`` each target token is first
+            normalised to zero mean and unit variance (eps :data:`NORM_PIX_EPS`).
         """
-        target = patchify(x, self.config.patch_size)
+        target = self.target_tokens(x)
+        per_token = (pred.float() - target).pow(2).mean(dim=-1)
+        mask = mask.float()
+        return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
+
+    def target_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """The reconstruction targets: tokens of ``x``, normalised per token if configured.
+
+        Computed in float32 whatever the autocast state, so a bf16 forward pass
+        still gets a float32 loss.
+
+        Args:
+            x: ``(B, 1, I, X, T)`` input volumes.
+
+        Returns:
+            ``(B, N, patch_dim)`` float32 targets.
+        """
+        target = patchify(x.float(), self.config.patch_size)
         if self.config.norm_pix_loss:
             mean = target.mean(dim=-1, keepdim=True)
             var = target.var(dim=-1, keepdim=True)
-            target = (target - mean) / torch.sqrt(var + 1e-6)
-        per_token = (pred - target).pow(2).mean(dim=-1)
-        return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
+            target = (target - mean) / torch.sqrt(var + NORM_PIX_EPS)
+        return target
+
+    def reconstruct(self, x: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+        """Turn predicted tokens back into volumes in the input's units.
+
+        With ``norm_pix_loss`` the model predicts each token normalised by its own
+        mean and variance; as in MAE's visualisations, those are taken from the
+        true token of ``x`` to bring the prediction back to input units.
+
+        Args:
+            x: ``(B, 1, I, X, T)`` input volumes the prediction was made for.
+            pred: ``(B, N, patch_dim)`` predicted tokens.
+
+        Returns:
+            ``(B, 1, I, X, T)`` float32 reconstruction (every token predicted).
+        """
+        pred = pred.float()
+        if self.config.norm_pix_loss:
+            tokens = patchify(x.float(), self.config.patch_size)
+            mean = tokens.mean(dim=-1, keepdim=True)
+            var = tokens.var(dim=-1, keepdim=True)
+            pred = pred * torch.sqrt(var + NORM_PIX_EPS) + mean
+        return unpatchify(pred, self.config.patch_size, self.config.grid_size)
 
     def forward(
         self,

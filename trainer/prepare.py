@@ -107,7 +107,7 @@ class PrepareResult:
     elapsed_s: float
 
 
-def _segy_spec(inline_byte: int, crossline_byte: int) -> Any:
+def segy_spec(inline_byte: int, crossline_byte: int) -> Any:
     """Build a SEG-Y rev1 spec with the index headers at the given bytes.
 
     Args:
@@ -170,7 +170,7 @@ def scan_geometry(segy: Path, inline_byte: int = 189, crossline_byte: int = 193)
     from segy import SegyFile
 
     try:
-        f = SegyFile(str(segy), spec=_segy_spec(inline_byte, crossline_byte))
+        f = SegyFile(str(segy), spec=segy_spec(inline_byte, crossline_byte))
         num_traces = int(f.num_traces)
         samples = int(f.samples_per_trace)
         fmt = str(getattr(f.spec.trace.data.format, "value", f.spec.trace.data.format))
@@ -244,7 +244,7 @@ def check_geometry(
 
 
 @contextlib.contextmanager
-def _quiet_progress(enabled: bool) -> Iterator[None]:
+def quiet_progress(enabled: bool) -> Iterator[None]:
     """Turn MDIO's tqdm progress bars off unless ``enabled``.
 
     tqdm reads ``TQDM_*`` variables when it is first imported, so this must wrap
@@ -266,14 +266,14 @@ def _quiet_progress(enabled: bool) -> Iterator[None]:
 def _convert(
     segy: Path, tmp_out: Path, inline_byte: int, crossline_byte: int, domain: str, progress: bool
 ) -> None:
-    with _quiet_progress(progress):
+    with quiet_progress(progress):
         from mdio import segy_to_mdio
         from mdio.builder.template_registry import get_template
 
     template = get_template(f"PostStack3D{domain.capitalize()}")
     template.full_chunk_shape = CHUNK_SHAPE
     segy_to_mdio(
-        segy_spec=_segy_spec(inline_byte, crossline_byte),
+        segy_spec=segy_spec(inline_byte, crossline_byte),
         mdio_template=template,
         input_path=str(segy),
         output_path=str(tmp_out),

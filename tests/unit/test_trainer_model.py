@@ -54,6 +54,25 @@ def test_unknown_preset_is_a_value_error() -> None:
         get_preset("huge")
 
 
+def _parameters(config: MAEConfig) -> int:
+    with torch.device("meta"):  # sizes only, no memory
+        model = MaskedAutoencoder3D(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_tiny_has_about_a_million_parameters() -> None:
+    assert 0.9e6 < _parameters(TINY) < 1.2e6
+
+
+def test_base_is_vit_b_sized() -> None:
+    base = get_preset("base")
+    assert (base.embed_dim, base.depth, base.num_heads) == (768, 12, 12)  # ViT-B
+    assert (base.decoder_embed_dim, base.decoder_depth, base.decoder_num_heads) == (512, 8, 16)
+    assert base.input_size == (64, 64, 64) and base.num_patches == 512
+    encoder = 12 * (12 * 768 * 768)  # 4d^2 attention + 8d^2 MLP per block
+    assert encoder < _parameters(base) < 1.4 * encoder
+
+
 def test_axis_dims_split_the_width_evenly() -> None:
     assert axis_dims(128) == (44, 42, 42)
     assert axis_dims(96) == (32, 32, 32)
@@ -145,6 +164,29 @@ def test_loss_counts_only_masked_tokens() -> None:
     assert float(model.forward_loss(x, pred, mask)) == pytest.approx(0.0, abs=1e-10)
     pred[:, :48] += 1.0
     assert float(model.forward_loss(x, pred, mask)) == pytest.approx(1.0, rel=1e-5)
+
+
+def test_reconstruct_undoes_the_per_token_normalisation() -> None:
+    model = MaskedAutoencoder3D(TINY)
+    x = torch.randn(2, 1, 16, 16, 32) * 3 + 1
+    perfect = model.target_tokens(x)  # what a perfect model predicts under norm_pix_loss
+    assert perfect.dtype == torch.float32
+    assert torch.allclose(model.reconstruct(x, perfect), x, atol=1e-4)
+    zeros = model.reconstruct(x, torch.zeros_like(perfect))  # every token its own mean
+    tokens = patchify(zeros, TINY.patch_size)
+    assert torch.allclose(
+        tokens, patchify(x, TINY.patch_size).mean(-1, keepdim=True).expand_as(tokens)
+    )
+
+
+def test_loss_is_float32_for_bf16_predictions() -> None:
+    model = MaskedAutoencoder3D(TINY)
+    x = torch.randn(1, 1, 16, 16, 32)
+    pred = model.target_tokens(x).to(torch.bfloat16)
+    mask = torch.ones(1, 64)
+    loss = model.forward_loss(x, pred, mask)
+    assert loss.dtype == torch.float32
+    assert float(loss) < 1e-3  # only bf16 rounding remains
 
 
 def test_wrong_input_shape_is_rejected() -> None:
