@@ -1,23 +1,79 @@
-"""The spoke's admin API (FastAPI): health, readiness, cache statistics and metrics.
+"""The spoke's admin API (FastAPI, OpenAPI at ``/docs``).
 
-Prewarm jobs, pins, hints and evict come with the prefetch work (DESIGN.md, "Admin API").
+``/healthz``, ``/readyz`` and ``/metrics`` are open (probes and Prometheus); every ``/v1/``
+route needs ``Authorization: Bearer <token>`` when the daemon has a token file. Domain
+errors map to HTTP statuses here and nowhere else, always with a JSON body
+``{"detail": "..."}``: unknown dataset, ref, job or pin → 404; malformed request → 422;
+a pin that cannot fit → 409; hub unreachable with nothing usable cached → 503.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import uvicorn
-from fastapi import FastAPI, Response
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from spoke.cache import BlockCache
+from spoke.catalog import SnapshotCatalog
+from spoke.errors import HubUnavailable, InvalidRequest, NotFound, SpokeError
 from spoke.fetcher import Fetcher
+from spoke.pins import PinRegistry
+from spoke.prewarm import CapacityError, PrewarmJobs
+from spoke.selection import MAX_GLOB_CHARS, MAX_GLOBS, select, unique_blocks, validate_globs
+
+NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"  # dataset, version and tag names (the hub's rule)
+Globs = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=MAX_GLOB_CHARS)]],
+    Field(
+        default_factory=list,
+        max_length=MAX_GLOBS,
+        description="globs relative to the snapshot root; empty means every file",
+    ),
+]
+
+
+class PrewarmRequest(BaseModel):
+    """``POST /v1/prewarm``."""
+
+    dataset: str = Field(pattern=NAME)
+    ref: str = Field(default="latest", pattern=NAME, description="a version or a tag")
+    paths: Globs
+    pin: bool = False
+
+
+class PinRequest(BaseModel):
+    """``POST /v1/pins``: keep these files' blocks out of eviction."""
+
+    dataset: str = Field(pattern=NAME)
+    ref: str = Field(default="latest", pattern=NAME)
+    paths: Globs
+
+
+class EvictRequest(BaseModel):
+    """``POST /v1/evict``: a dataset, one version (or tag) of it, or everything."""
+
+    dataset: str | None = Field(default=None, pattern=NAME)
+    ref: str | None = Field(default=None, pattern=NAME)
+    all: bool = False
+
+
+BEARER = HTTPBearer(auto_error=False)
+
+_HTTP_STATUS: tuple[tuple[type[SpokeError], int], ...] = (
+    (NotFound, 404),
+    (InvalidRequest, 422),
+    (CapacityError, 409),
+    (HubUnavailable, 503),
+)
 
 
 class CacheStats(BaseModel):
@@ -40,9 +96,135 @@ def _sample(name: str) -> float:
     return 0.0 if value is None else value
 
 
-def create_app(cache: BlockCache, fetcher: Fetcher) -> FastAPI:
-    """Build the admin app over a running cache and fetcher."""
+def create_app(
+    cache: BlockCache,
+    fetcher: Fetcher,
+    catalog: SnapshotCatalog,
+    jobs: PrewarmJobs,
+    pins: PinRegistry,
+    token: str | None = None,
+) -> FastAPI:
+    """Build the admin app over the daemon's running components.
+
+    Args:
+        token: the bearer token every ``/v1/`` route requires; None disables the check
+            (the API then relies on listening on 127.0.0.1 only).
+    """
     app = FastAPI(title="Strata spoke admin API", version="1")
+
+    def authorize(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
+    ) -> None:
+        if token is None:
+            return
+        if credentials is None or not secrets.compare_digest(
+            credentials.credentials.encode(), token.encode()
+        ):
+            raise HTTPException(
+                401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+            )
+
+    @app.exception_handler(SpokeError)
+    async def spoke_error(request: Request, exc: SpokeError) -> JSONResponse:
+        status = next((code for kind, code in _HTTP_STATUS if isinstance(exc, kind)), 500)
+        return JSONResponse(status_code=status, content={"detail": str(exc)})
+
+    auth = [Depends(authorize)]
+    errors: dict[int | str, dict[str, Any]] = {
+        401: {"description": "missing or wrong token"},
+        404: {"description": "unknown dataset, ref, job or pin"},
+        409: {"description": "does not fit beside existing pins"},
+        503: {"description": "hub unreachable and nothing usable cached"},
+    }
+
+    @app.post("/v1/prewarm", status_code=202, dependencies=auth, responses=errors)
+    async def prewarm(body: PrewarmRequest) -> dict[str, object]:
+        """Start fetching a snapshot's files into the cache; returns the job."""
+        job = await jobs.start(body.dataset, body.ref, body.paths, body.pin)
+        return job.public()
+
+    @app.get("/v1/jobs", dependencies=auth, responses=errors)
+    def list_jobs() -> list[dict[str, object]]:
+        """Every remembered prewarm job, newest first."""
+        return [j.public() for j in jobs.all()]
+
+    @app.get("/v1/jobs/{job_id}", dependencies=auth, responses=errors)
+    def get_job(job_id: str) -> dict[str, object]:
+        """A job's state, bytes done/total, rate (bytes/s) and ETA (s)."""
+        job = jobs.get(job_id)
+        if job is None:
+            raise NotFound(f"no prewarm job {job_id!r}")
+        return job.public()
+
+    @app.delete("/v1/jobs/{job_id}", dependencies=auth, responses=errors)
+    async def cancel_job(job_id: str) -> dict[str, object]:
+        """Cancel a running job (blocks already fetched stay cached)."""
+        job = await jobs.cancel(job_id)
+        if job is None:
+            raise NotFound(f"no prewarm job {job_id!r}")
+        return job.public()
+
+    @app.post("/v1/pins", status_code=201, dependencies=auth, responses=errors)
+    async def add_pin(body: PinRequest) -> dict[str, object]:
+        """Pin files of a snapshot (their blocks stay cached once fetched)."""
+        globs = validate_globs(body.paths)
+        snapshot = await catalog.resolve_ref(body.dataset, body.ref)
+        entries = select(await catalog.manifest(body.dataset, snapshot.version), globs)
+        if not entries:
+            raise InvalidRequest(f"no file of {body.dataset}@{body.ref} matches {globs}")
+        blocks = unique_blocks(entries)
+        room = cache.capacity_bytes - cache.pinned_bytes
+        new = sum(s for d, s in blocks.items() if not cache.is_pinned(d))
+        if new > room:
+            raise CapacityError(f"cannot pin {new:,} bytes: only {room:,} are not pinned")
+        return pins.add(body.dataset, body.ref, snapshot.version, globs, blocks).public()
+
+    @app.get("/v1/pins", dependencies=auth, responses=errors)
+    def list_pins() -> list[dict[str, object]]:
+        """Every pin, oldest first."""
+        return [p.public() for p in pins.all()]
+
+    @app.delete("/v1/pins/{pin_id}", dependencies=auth, responses=errors)
+    def delete_pin(pin_id: str) -> dict[str, object]:
+        """Remove a pin; its blocks become evictable unless another pin holds them."""
+        pin = pins.remove(pin_id)
+        if pin is None:
+            raise NotFound(f"no pin {pin_id!r}")
+        return pin.public()
+
+    @app.post("/v1/evict", dependencies=auth, responses=errors)
+    async def evict(body: EvictRequest) -> dict[str, object]:
+        """Drop cached blocks of a dataset, of one version of it, or of everything.
+
+        Pinned blocks stay; they are counted in the answer.
+        """
+        if body.all == (body.dataset is not None):
+            raise InvalidRequest("give either a dataset (and optionally a ref) or all=true")
+        if body.ref is not None and body.dataset is None:
+            raise InvalidRequest("ref needs a dataset")
+        if body.all:
+            targets = list(cache.resident())
+        else:
+            assert body.dataset is not None
+            if body.ref is not None:
+                versions = [(await catalog.resolve_ref(body.dataset, body.ref)).version]
+            else:
+                versions = [v.version for v in (await catalog.list_versions(body.dataset)).versions]
+            seen: dict[str, int] = {}
+            for version in versions:
+                seen.update(unique_blocks(await catalog.manifest(body.dataset, version)))
+            targets = [d for d in seen if cache.contains(d)]
+        dropped = kept = 0
+        for digest in targets:
+            if cache.is_pinned(digest):
+                kept += 1
+            elif cache.drop(digest):
+                dropped += 1
+        return {
+            "evicted_blocks": dropped,
+            "pinned_blocks_kept": kept,
+            "used_bytes": cache.used_bytes,
+        }
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -63,7 +245,7 @@ def create_app(cache: BlockCache, fetcher: Fetcher) -> FastAPI:
             },
         )
 
-    @app.get("/v1/cache", response_model=CacheStats)
+    @app.get("/v1/cache", response_model=CacheStats, dependencies=auth, responses=errors)
     def cache_stats() -> CacheStats:
         """Cache size, use, hit ratio and hub traffic."""
         hits = int(_sample("strata_spoke_cache_hits_total"))
@@ -71,7 +253,7 @@ def create_app(cache: BlockCache, fetcher: Fetcher) -> FastAPI:
         return CacheStats(
             capacity_bytes=cache.capacity_bytes,
             used_bytes=cache.used_bytes,
-            blocks=len(cache.policy),
+            blocks=len(cache),
             inflight_fetches=fetcher.inflight,
             hits=hits,
             misses=misses,

@@ -94,6 +94,10 @@ class BlockCache:
     def __len__(self) -> int:
         return len(self.policy) + len(self._pinned)
 
+    def resident(self) -> list[str]:
+        """Every resident digest, pinned ones last."""
+        return [*self.policy.resident(), *self._pinned]
+
     @property
     def used_bytes(self) -> int:
         """Bytes of resident blocks, pinned included."""

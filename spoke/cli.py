@@ -6,12 +6,21 @@ import asyncio
 import json
 import logging
 import sys
+import time
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
 from pydantic import ValidationError
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from spoke.config import SpokeSettings
 from spoke.supervisor import StartupError, Supervisor
@@ -37,6 +46,10 @@ DeadlineOpt = Annotated[
     float, typer.Option("--miss-deadline", help="seconds a miss may wait for the hub, then EIO")
 ]
 LogOpt = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR")]
+TokenOpt = Annotated[
+    Path | None,
+    typer.Option("--admin-token-file", help="file with the admin API's bearer token"),
+]
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -75,6 +88,7 @@ def run(
     read_ahead_kb: Annotated[
         int, typer.Option("--read-ahead-kb", help="kernel readahead of the mount, KiB")
     ] = 1024,
+    admin_token_file: TokenOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Start the spoke daemon and its mount; stop both on SIGINT/SIGTERM."""
@@ -88,6 +102,7 @@ def run(
         miss_deadline=miss_deadline,
         allow_other=allow_other,
         read_ahead_kb=read_ahead_kb,
+        admin_token_file=admin_token_file,
     )
     _logging(log_level, "strata-spoke")
     try:
@@ -105,6 +120,7 @@ def daemon(
     admin: AdminOpt = "127.0.0.1:7878",
     policy: PolicyOpt = "arc",
     miss_deadline: DeadlineOpt = 60.0,
+    admin_token_file: TokenOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run only the daemon (``run`` starts it for you)."""
@@ -117,6 +133,7 @@ def daemon(
         admin=admin,
         policy=policy,
         miss_deadline=miss_deadline,
+        admin_token_file=admin_token_file,
     )
     _logging(log_level, "strata-spoke-daemon")
     try:
@@ -125,20 +142,91 @@ def daemon(
         _fail(f"daemon: {err.strerror or err} ({admin})")
 
 
-@app.command()
-def status(
-    admin: Annotated[
-        str, typer.Option("--admin", help="admin API URL, e.g. http://127.0.0.1:7878")
-    ],
-) -> None:
-    """Print the cache statistics of a running spoke as JSON."""
+def _client(admin: str, token_file: Path | None) -> httpx.Client:
     url = admin if admin.startswith("http") else f"http://{admin}"
+    headers = {}
+    if token_file is not None:
+        try:
+            headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
+        except OSError as err:
+            _fail(f"--token-file {token_file}: {err.strerror}")
+    return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30.0)
+
+
+def _check(reply: httpx.Response) -> Any:
+    if reply.is_success:
+        return reply.json()
     try:
-        reply = httpx.get(f"{url.rstrip('/')}/v1/cache", timeout=5.0)
-        reply.raise_for_status()
+        detail = reply.json().get("detail", reply.text)
+    except ValueError:
+        detail = reply.text
+    _fail(f"admin API {reply.request.url.path}: {reply.status_code} {detail}", 1)
+
+
+AdminUrlOpt = Annotated[
+    str, typer.Option("--admin", help="admin API URL, e.g. http://127.0.0.1:7878")
+]
+TokenFileOpt = Annotated[
+    Path | None, typer.Option("--token-file", help="file with the admin API's bearer token")
+]
+
+
+@app.command()
+def prewarm(
+    admin: AdminUrlOpt,
+    target: Annotated[str, typer.Argument(help="DATASET or DATASET@REF (a version or tag)")],
+    paths: Annotated[
+        list[str] | None, typer.Argument(help="globs relative to the snapshot root")
+    ] = None,
+    pin: Annotated[bool, typer.Option("--pin", help="also pin what is prewarmed")] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="show progress until done; non-zero exit on failure")
+    ] = False,
+    token_file: TokenFileOpt = None,
+) -> None:
+    """Fetch a snapshot's files (all, or those matching GLOBs) into the spoke's cache."""
+    dataset, _, ref = target.partition("@")
+    body = {"dataset": dataset, "ref": ref or "latest", "paths": paths or [], "pin": pin}
+    try:
+        with _client(admin, token_file) as client:
+            job = _check(client.post("/v1/prewarm", json=body))
+            typer.echo(
+                f"prewarm job {job['id']}: {job['files']} files, "
+                f"{job['bytes_total']:,} bytes of {dataset}@{job['version']}"
+            )
+            if not wait:
+                return
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                transient=False,
+            ) as progress:
+                bar = progress.add_task("prewarm", total=job["bytes_total"])
+                while job["state"] == "running":
+                    time.sleep(0.5)
+                    job = _check(client.get(f"/v1/jobs/{job['id']}"))
+                    progress.update(bar, completed=job["bytes_done"])
     except httpx.HTTPError as err:
-        _fail(f"admin API {url}: {err}", 1)
-    typer.echo(json.dumps(reply.json(), indent=2))
+        _fail(f"admin API {admin}: {err}", 1)
+    if job["message"]:
+        typer.echo(job["message"])
+    if job["state"] != "done":
+        _fail(f"prewarm job {job['id']} {job['state']}: {job['error'] or ''}".rstrip(": "), 1)
+    typer.echo(f"prewarm job {job['id']} done: {job['cached_bytes']:,} bytes cached")
+
+
+@app.command()
+def status(admin: AdminUrlOpt, token_file: TokenFileOpt = None) -> None:
+    """Print the cache statistics of a running spoke as JSON."""
+    try:
+        with _client(admin, token_file) as client:
+            stats = _check(client.get("/v1/cache"))
+    except httpx.HTTPError as err:
+        _fail(f"admin API {admin}: {err}", 1)
+    typer.echo(json.dumps(stats, indent=2))
 
 
 def main() -> None:

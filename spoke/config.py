@@ -40,6 +40,9 @@ class SpokeSettings(BaseSettings):
     low_watermark: float = Field(default=0.90, gt=0, le=1, description="evict down to")
     miss_deadline: float = Field(default=60.0, gt=0, description="longest wait of a miss")
     allow_other: bool = Field(default=False, description="let other users read the mount")
+    admin_token_file: Path | None = Field(
+        default=None, description="file holding the admin API's bearer token"
+    )
     read_ahead_kb: int = Field(default=1024, ge=0, description="kernel readahead of the mount")
 
     @field_validator("hub")
@@ -52,6 +55,13 @@ class SpokeSettings(BaseSettings):
     @classmethod
     def _admin(cls, v: str) -> str:
         parse_hostport(v, "--admin")
+        return v
+
+    @field_validator("admin_token_file")
+    @classmethod
+    def _token(cls, v: Path | None) -> Path | None:
+        if v is not None and not (v.is_file() and v.read_text().strip()):
+            raise ValueError(f"--admin-token-file {v} is missing or empty")
         return v
 
     @field_validator("cache_size")

@@ -28,7 +28,9 @@ from spoke.fetcher import Fetcher
 from spoke.hubclient import HubClient
 from spoke.layout import CacheLayout
 from spoke.localservice import SpokeLocalService
+from spoke.pins import PinRegistry
 from spoke.policy import make_policy
+from spoke.prewarm import PrewarmJobs
 from spoke.store import BlockStore, open_index
 
 log = logging.getLogger(__name__)
@@ -94,9 +96,12 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         await server.start()
         stack.push_async_callback(server.stop, 2.0)
 
-        admin = AdminServer(
-            uvicorn.Config(create_app(cache, fetcher), log_level="warning", lifespan="off")
-        )
+        pins = PinRegistry(env, cache)
+        jobs = PrewarmJobs(catalog, cache, fetcher, pins)
+        stack.push_async_callback(jobs.close)
+        token = settings.admin_token_file.read_text().strip() if settings.admin_token_file else None
+        app = create_app(cache, fetcher, catalog, jobs, pins, token=token)
+        admin = AdminServer(uvicorn.Config(app, log_level="warning", lifespan="off"))
         admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]))
 
         async def stop_admin() -> None:

@@ -114,26 +114,13 @@ class Supervisor:
 
     def _daemon_cmd(self) -> list[str]:
         s = self.settings
-        return [
-            sys.executable,
-            "-m",
-            "spoke",
-            "daemon",
-            "--hub",
-            s.hub,
-            "--cache-dir",
-            str(self.layout.root),
-            "--cache-size",
-            str(int(s.cache_size)),
-            "--admin",
-            s.admin,
-            "--policy",
-            s.policy,
-            "--miss-deadline",
-            str(s.miss_deadline),
-            "--log-level",
-            self.log_level,
-        ]
+        cmd = [sys.executable, "-m", "spoke", "daemon", "--hub", s.hub]
+        cmd += ["--cache-dir", str(self.layout.root), "--cache-size", str(int(s.cache_size))]
+        cmd += ["--admin", s.admin, "--policy", s.policy]
+        cmd += ["--miss-deadline", str(s.miss_deadline), "--log-level", self.log_level]
+        if s.admin_token_file is not None:
+            cmd += ["--admin-token-file", str(s.admin_token_file.resolve())]
+        return cmd
 
     def _mount_cmd(self) -> list[str]:
         s = self.settings

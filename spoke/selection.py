@@ -1,0 +1,67 @@
+"""Which files of a snapshot a prewarm, pin or evict request means: validated globs.
+
+A glob is matched against manifest paths (``/``-separated, relative to the snapshot root)
+with :func:`fnmatch.fnmatchcase` (``*`` also crosses ``/``); a glob that names a directory
+selects everything under it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Sequence
+
+from protocol.hub.v1 import hub_pb2
+from spoke.errors import InvalidRequest
+
+MAX_GLOBS = 10_000
+MAX_GLOB_CHARS = 4096
+
+
+def validate_globs(globs: Sequence[str]) -> list[str]:
+    """Check globs from an untrusted request; ``[]`` means everything (``["*"]``).
+
+    Raises:
+        InvalidRequest: too many, empty, absolute, with a ``..`` component, a NUL, or too long.
+    """
+    if len(globs) > MAX_GLOBS:
+        raise InvalidRequest(f"too many paths: {len(globs)} (at most {MAX_GLOBS})")
+    for glob in globs:
+        if not glob or not glob.strip():
+            raise InvalidRequest("empty path glob")
+        if len(glob) > MAX_GLOB_CHARS:
+            raise InvalidRequest(f"path glob longer than {MAX_GLOB_CHARS} characters")
+        if "\0" in glob:
+            raise InvalidRequest("path glob contains NUL")
+        if glob.startswith("/"):
+            raise InvalidRequest(
+                f"path glob {glob!r} is absolute; paths are relative to the snapshot root"
+            )
+        if ".." in glob.split("/"):
+            raise InvalidRequest(f"path glob {glob!r} contains '..'")
+    return list(globs) or ["*"]
+
+
+def select(
+    entries: Iterable[hub_pb2.ManifestEntry], globs: Sequence[str]
+) -> list[hub_pb2.ManifestEntry]:
+    """Regular files whose path matches a glob or lies under a directory matching one."""
+    chosen = []
+    for entry in entries:
+        if entry.type != hub_pb2.ENTRY_TYPE_FILE:
+            continue
+        for glob in globs:
+            if fnmatch.fnmatchcase(entry.path, glob) or fnmatch.fnmatchcase(
+                entry.path, glob.rstrip("/") + "/*"
+            ):
+                chosen.append(entry)
+                break
+    return chosen
+
+
+def unique_blocks(entries: Iterable[hub_pb2.ManifestEntry]) -> dict[str, int]:
+    """Every distinct block of ``entries``: digest → size (bytes), in first-seen order."""
+    out: dict[str, int] = {}
+    for entry in entries:
+        for block in entry.blocks:
+            out.setdefault(block.digest, block.size)
+    return out
