@@ -69,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--read-kib", type=int, default=1024, help="bytes per read() call")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--read-ahead-kb",
+        type=int,
+        default=1024,
+        help="the mount's kernel readahead window (strata-spoke run's flag)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     ns = parser.parse_args(argv)
     chunk = ns.read_kib * 1024
@@ -82,7 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         publish(work / "hub", "bench", src)
         with LocalStack() as stack:
             hub = stack.start_hub(work / "hub")
-            stack.start_spoke(hub, work / "cache", work / "mnt", f"{2 * ns.size_mib}MiB")
+            stack.start_spoke(
+                hub,
+                work / "cache",
+                work / "mnt",
+                f"{2 * ns.size_mib}MiB",
+                extra=("--read-ahead-kb", str(ns.read_ahead_kb)),
+            )
             mounted = sorted((work / "mnt" / "bench" / "v1").iterdir())
             local = sorted(src.iterdir())
             read_all(mounted, chunk)  # warm the spoke cache: every block now on its disk

@@ -92,6 +92,23 @@ class BlockFiles:
                 self._open.popitem(last=False)
         return data[offset : offset + size] if not known else os.pread(file.fileno(), size, offset)
 
+    def warm(self, digest: str) -> bool:
+        """Ask the kernel to read a cached block file into the page cache in the background.
+
+        Returns:
+            False when the block is not cached (it needs a fetch instead).
+        """
+        try:
+            if self.read(digest, 0, 0) is None:
+                return False
+        except CorruptBlockError:
+            return False
+        with self._lock:
+            entry = self._open.get(digest)
+        if entry is not None:
+            os.posix_fadvise(entry.file.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+        return True
+
     def forget(self, digest: str) -> None:
         """Drop what is known about ``digest`` (it will be reopened and verified)."""
         with self._lock:

@@ -77,9 +77,18 @@ async def _stop_on_signal() -> None:
             return
 
 
-async def serve(reader: BlockReader) -> None:
+async def _raise_read_ahead(mountpoint: Path, kib: int) -> None:
+    # The kernel clamps the window to what FUSE's INIT reply allows when that reply is
+    # processed, so set it once the session is running, not right after mounting.
+    await trio.sleep(0.3)
+    await trio.to_thread.run_sync(set_read_ahead, mountpoint, kib)
+
+
+async def serve(reader: BlockReader, mountpoint: Path, read_ahead_kb: int = 0) -> None:
     """Serve FUSE requests until unmounted or signalled, flushing access records."""
     async with trio.open_nursery() as nursery:
+        if read_ahead_kb > 0:
+            nursery.start_soon(_raise_read_ahead, mountpoint, read_ahead_kb)
         nursery.start_soon(reader.flush_hits_forever)
         nursery.start_soon(reader.prefetch_forever)
         nursery.start_soon(_stop_on_signal)
@@ -132,11 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata-mount: error: cannot mount {mountpoint}: {err}", file=sys.stderr)
         return 2
     layout.mount_pid_file.write_text(f"{os.getpid()}\n")
-    if ns.read_ahead_kb > 0:
-        set_read_ahead(mountpoint, ns.read_ahead_kb)
     log.info("mounted %s", mountpoint)
     try:
-        trio.run(serve, reader)
+        trio.run(serve, reader, mountpoint, ns.read_ahead_kb)
     finally:
         pyfuse3.close(unmount=True)
         client.close()

@@ -143,14 +143,18 @@ class BlockReader:
         return hits
 
     async def prefetch_forever(self) -> None:
-        """Send queued readahead requests to the daemon (best effort), one at a time."""
+        """Serve queued readahead (best effort), one window at a time: cached blocks are
+        read into the page cache in the background, missing ones are fetched by the daemon."""
         async for blocks in self._prefetch_recv:
             try:
-                await trio.to_thread.run_sync(
-                    self.client.prefetch, blocks, limiter=self._miss_limiter
-                )
+                await trio.to_thread.run_sync(self._readahead, blocks, limiter=self._miss_limiter)
             except Exception as err:  # the daemon may be restarting; readahead is advisory
-                log.debug("prefetch of %d blocks not sent: %s", len(blocks), err)
+                log.debug("readahead of %d blocks not done: %s", len(blocks), err)
+
+    def _readahead(self, blocks: list[tuple[str, int]]) -> None:
+        missing = [(d, s) for d, s in blocks if not self.files.warm(d)]
+        if missing:
+            self.client.prefetch(missing)
 
     async def flush_hits_forever(self, interval: float = 0.5) -> None:
         """Report batched hits to the daemon every ``interval`` seconds (best effort)."""
