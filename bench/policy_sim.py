@@ -14,6 +14,12 @@ Traces (uniform 4 MiB blocks, so ratios are the same in blocks or bytes):
 Belady's MIN (Belady, "A study of replacement algorithms for a virtual-storage computer",
 IBM Systems Journal 1966) evicts the block whose next use is farthest in the future; with
 uniform block sizes it is optimal, so it bounds every online policy from above.
+
+``hinted`` is :class:`spoke.hints.HintedPolicy` over ARC, given the trace itself as its
+read-order hint, as a training job posts its planned chunk order to ``POST /v1/hints``
+(NoPFS: Dryden et al., "Clairvoyant Prefetching for Distributed Machine Learning I/O",
+SC 2021). It sees each read as the mount reports it (``observe``) and evicts by Belady's
+rule; the target is ``hinted >= 0.95 x belady`` on shuffled epochs at data/cache 1.5.
 """
 
 from __future__ import annotations
@@ -27,9 +33,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spoke.policy import POLICIES, make_policy
+from spoke.hints import HintedPolicy
+from spoke.policy import POLICIES, ARCPolicy, EvictionPolicy, make_policy
 
 BLOCK = 4 * 1024 * 1024  # bytes; every block the same size
+HINTED = "hinted"
+HINT_TARGET = 0.95  # hinted / belady on shuffled epochs, data/cache 1.5
+HINT_TRACE = "(data/cache 1.5)"
 
 
 @dataclass(frozen=True)
@@ -46,13 +56,21 @@ def simulate(policy_name: str, keys: Sequence[int], cache_blocks: int) -> float:
 
     The policy is driven as :class:`spoke.cache.BlockCache` drives it: a hit is an access;
     a miss admits the block and then evicts (never the block just admitted) until the cache
-    is within capacity.
+    is within capacity. ``hinted`` gets ``keys`` as its hint and observes every read.
     """
     capacity = cache_blocks * BLOCK
-    policy = make_policy(policy_name, capacity)
+    policy: EvictionPolicy
+    hinted: HintedPolicy | None = None
+    if policy_name == HINTED:
+        policy = hinted = HintedPolicy(ARCPolicy(capacity))
+        hinted.set_hint([str(k) for k in keys])
+    else:
+        policy = make_policy(policy_name, capacity)
     hits = 0
     for k in keys:
         key = str(k)
+        if hinted is not None:
+            hinted.observe(key)
         if key in policy:
             hits += 1
             policy.access(key)
@@ -138,7 +156,7 @@ def run(blocks: int, epochs: int, seed: int) -> list[dict[str, float | str]]:
     rows: list[dict[str, float | str]] = []
     for trace in traces(blocks, epochs, seed):
         row: dict[str, float | str] = {"trace": trace.name}
-        for name in sorted(POLICIES):
+        for name in [*sorted(POLICIES), HINTED]:
             row[name] = simulate(name, trace.keys, trace.cache_blocks)
         row["belady"] = belady(trace.keys, trace.cache_blocks)
         rows.append(row)
@@ -146,19 +164,27 @@ def run(blocks: int, epochs: int, seed: int) -> list[dict[str, float | str]]:
 
 
 def markdown(rows: list[dict[str, float | str]]) -> str:
-    """The rows as a markdown table of hit ratios, plus ARC − LRU in points."""
+    """The rows as a markdown table of hit ratios, plus ARC − LRU in points and hinted /
+    Belady."""
     names = [k for k in rows[0] if k != "trace"]
-    head = "| trace | " + " | ".join(names) + " | ARC − LRU (points) |"
-    lines = [head, "|" + "---|" * (len(names) + 2)]
+    head = "| trace | " + " | ".join(names) + " | ARC − LRU (points) | hinted / belady |"
+    lines = [head, "|" + "---|" * (len(names) + 3)]
     for row in rows:
         cells = " | ".join(f"{float(row[n]):.3f}" for n in names)
         diff = 100 * (float(row["arc"]) - float(row["lru"]))
-        lines.append(f"| {row['trace']} | {cells} | {diff:+.1f} |")
+        lines.append(f"| {row['trace']} | {cells} | {diff:+.1f} | {hint_ratio(row):.3f} |")
     return "\n".join(lines)
 
 
+def hint_ratio(row: dict[str, float | str]) -> float:
+    """Hinted hit ratio over Belady's (1.0 when Belady hits nothing)."""
+    best = float(row["belady"])
+    return float(row[HINTED]) / best if best else 1.0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: print the table; exit 1 if ARC trails LRU by more than 1 point."""
+    """Entry point: print the table; exit 1 if ARC trails LRU by more than 1 point or hinted
+    misses its target (>= 0.95 x Belady on shuffled epochs at data/cache 1.5)."""
     parser = argparse.ArgumentParser(
         prog="python -m bench.policy_sim",
         description=__doc__,
@@ -177,6 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     if worst < -1.0:
         print(f"ARC trails LRU by {-worst:.1f} points on some trace", file=sys.stderr)
         return 1
+    for row in rows:
+        name = str(row["trace"])
+        if name.startswith("shuffled") and HINT_TRACE in name:
+            ratio = hint_ratio(row)
+            print(f"hinted / belady on {name}: {ratio:.3f} (target >= {HINT_TARGET})")
+            if ratio < HINT_TARGET:
+                print(f"hinted reaches only {ratio:.3f} x Belady on {name}", file=sys.stderr)
+                return 1
     return 0
 
 

@@ -22,10 +22,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, Field
 
+from protocol.hub.v1 import hub_pb2
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import HubUnavailable, InvalidRequest, NotFound, SpokeError
 from spoke.fetcher import Fetcher
+from spoke.hints import HintService
 from spoke.pins import PinRegistry
 from spoke.prewarm import CapacityError, PrewarmJobs
 from spoke.selection import MAX_GLOB_CHARS, MAX_GLOBS, select, unique_blocks, validate_globs
@@ -56,6 +58,22 @@ class PinRequest(BaseModel):
     dataset: str = Field(pattern=NAME)
     ref: str = Field(default="latest", pattern=NAME)
     paths: Globs
+
+
+MAX_HINT_PATHS = 1_000_000
+
+
+class HintRequest(BaseModel):
+    """``POST /v1/hints``: files in the order the job will read them (NoPFS-style hints)."""
+
+    dataset: str = Field(pattern=NAME)
+    ref: str = Field(default="latest", pattern=NAME)
+    paths: list[Annotated[str, Field(min_length=1, max_length=MAX_GLOB_CHARS)]] = Field(
+        min_length=1,
+        max_length=MAX_HINT_PATHS,
+        description="file paths relative to the snapshot root, in planned read order",
+    )
+    append: bool = Field(default=False, description="extend the current hint, not replace it")
 
 
 class EvictRequest(BaseModel):
@@ -103,6 +121,7 @@ def create_app(
     jobs: PrewarmJobs,
     pins: PinRegistry,
     token: str | None = None,
+    hints: HintService | None = None,
 ) -> FastAPI:
     """Build the admin app over the daemon's running components.
 
@@ -178,6 +197,34 @@ def create_app(
         if new > room:
             raise CapacityError(f"cannot pin {new:,} bytes: only {room:,} are not pinned")
         return pins.add(body.dataset, body.ref, snapshot.version, globs, blocks).public()
+
+    @app.post("/v1/hints", status_code=202, dependencies=auth, responses=errors)
+    async def post_hints(body: HintRequest) -> dict[str, object]:
+        """Install a read-order hint: prefetch ahead of the reads, evict by Belady's rule."""
+        if hints is None:
+            raise InvalidRequest("this spoke was started without hint support")
+        snapshot = await catalog.resolve_ref(body.dataset, body.ref)
+        files = {
+            e.path: e
+            for e in await catalog.manifest(body.dataset, snapshot.version)
+            if e.type == hub_pb2.ENTRY_TYPE_FILE
+        }
+        blocks: list[tuple[str, int]] = []
+        for path in body.paths:
+            entry = files.get(path.strip("/"))
+            if entry is None:
+                raise InvalidRequest(f"{path!r} is not a file of {body.dataset}@{body.ref}")
+            blocks.extend((b.digest, b.size) for b in entry.blocks)
+        status = hints.install(blocks, append=body.append)
+        return {
+            "dataset": body.dataset,
+            "version": snapshot.version,
+            "paths": len(body.paths),
+            "blocks": status.blocks,
+            "hint_length": status.hint_length,
+            "cursor": status.cursor,
+            "prefetching": status.prefetching,
+        }
 
     @app.get("/v1/pins", dependencies=auth, responses=errors)
     def list_pins() -> list[dict[str, object]]:

@@ -260,5 +260,6 @@ class BlockCache:
         metrics.CACHE_USED_BYTES.set(self.used_bytes)
         metrics.CACHE_BLOCKS.set(len(self))
         metrics.PINNED_BYTES.set(self.pinned_bytes)
-        if isinstance(self.policy, ARCPolicy):
-            metrics.ARC_TARGET_BYTES.set(self.policy.p)
+        policy = getattr(self.policy, "inner", self.policy)  # a HintedPolicy wraps one
+        if isinstance(policy, ARCPolicy):
+            metrics.ARC_TARGET_BYTES.set(policy.p)

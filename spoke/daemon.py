@@ -25,6 +25,7 @@ from spoke.catalog import SnapshotCatalog
 from spoke.config import SpokeSettings
 from spoke.errors import HubUnavailable
 from spoke.fetcher import Fetcher
+from spoke.hints import HintedPolicy, HintService
 from spoke.hubclient import HubClient
 from spoke.layout import CacheLayout
 from spoke.localservice import SpokeLocalService
@@ -58,7 +59,8 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         capacity = int(settings.cache_size)
         cache = BlockCache(
             BlockStore(layout, env),
-            make_policy(settings.policy, capacity),
+            # the configured policy until a job posts hints; protect the last 4 reads
+            HintedPolicy(make_policy(settings.policy, capacity), in_use=4),
             capacity,
             high_watermark=settings.high_watermark,
             low_watermark=settings.low_watermark,
@@ -68,6 +70,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         catalog = SnapshotCatalog(hub, env)
         fetcher = Fetcher(hub, cache, miss_deadline=settings.miss_deadline)
         stack.push_async_callback(fetcher.close)
+        hints = HintService(cache, fetcher)
 
         evictor = asyncio.create_task(cache.run_evictor())
 
@@ -88,7 +91,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             ]
         )
         spoke_pb2_grpc.add_SpokeLocalServicer_to_server(  # type: ignore[no-untyped-call]
-            SpokeLocalService(catalog, cache, fetcher), server
+            SpokeLocalService(catalog, cache, fetcher, hints), server
         )
         layout.socket_path.unlink(missing_ok=True)
         layout.daemon_pid_file.write_text(f"{os.getpid()}\n")
@@ -100,7 +103,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         jobs = PrewarmJobs(catalog, cache, fetcher, pins)
         stack.push_async_callback(jobs.close)
         token = settings.admin_token_file.read_text().strip() if settings.admin_token_file else None
-        app = create_app(cache, fetcher, catalog, jobs, pins, token=token)
+        app = create_app(cache, fetcher, catalog, jobs, pins, token=token, hints=hints)
         admin = AdminServer(uvicorn.Config(app, log_level="warning", lifespan="off"))
         admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]))
 

@@ -20,6 +20,7 @@ from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import CorruptBlock, HubUnavailable, InvalidRequest, NotFound, SpokeError
 from spoke.fetcher import Fetcher
+from spoke.hints import HintService
 from spoke.layout import is_digest
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,17 @@ def _unary(
 class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc]
     """Serves the catalog, misses and access records to the mount."""
 
-    def __init__(self, catalog: SnapshotCatalog, cache: BlockCache, fetcher: Fetcher) -> None:
+    def __init__(
+        self,
+        catalog: SnapshotCatalog,
+        cache: BlockCache,
+        fetcher: Fetcher,
+        hints: HintService | None = None,
+    ) -> None:
         self._catalog = catalog
         self._cache = cache
         self._fetcher = fetcher
+        self._hints = hints
 
     @_unary
     async def ListDatasets(
@@ -116,6 +124,8 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
                 log.error("cached block %s failed verification; dropping and refetching", digest)
                 metrics.CORRUPT_BLOCKS.inc()
                 self._cache.drop(digest)
+        if self._hints is not None:  # before fetching: the cursor moves, prefetch follows
+            self._hints.observe(d for d, _ in refs)
         was_cached, uncached = await self._fetcher.ensure(refs)
         self._fetcher.note_read([d for d, _ in refs])
         hits = sum(was_cached)
@@ -134,6 +144,8 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
         metrics.CACHE_HITS.inc(len(request.digests))
         self._cache.record_access(list(request.digests))
         self._fetcher.note_read(list(request.digests))
+        if self._hints is not None:
+            self._hints.observe(request.digests)
         return spoke_pb2.RecordAccessResponse()
 
     @_unary

@@ -31,3 +31,14 @@ def test_min_bounds_every_policy() -> None:
 
 def test_cli_prints_the_table() -> None:
     assert main(["--blocks", "200", "--epochs", "3"]) == 0
+
+
+def test_hinted_column_reaches_belady_on_shuffled_epochs() -> None:
+    from bench.policy_sim import hint_ratio, run
+
+    rows = run(blocks=300, epochs=3, seed=1)
+    for row in rows:
+        assert float(row["hinted"]) <= float(row["belady"]) + 1e-9
+        if str(row["trace"]).startswith("shuffled") and "(data/cache 1.5)" in str(row["trace"]):
+            assert hint_ratio(row) >= 0.95
+            assert float(row["hinted"]) > float(row["arc"])

@@ -10,9 +10,18 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from spoke.policy import POLICIES, ARCPolicy, EvictionPolicy, LRUPolicy, make_policy
+from spoke.hints import HintedPolicy
+from spoke.policy import POLICIES, ARCPolicy, EvictionPolicy, LRUPolicy
+from spoke.policy import make_policy as _make_named
 
-ALL = sorted(POLICIES)
+ALL = [*sorted(POLICIES), "hinted"]  # hinted: HintedPolicy over ARC, no hint installed
+
+
+def make_policy(name: str, capacity: int) -> EvictionPolicy:
+    """A policy by name; ``hinted`` wraps ARC (and must behave exactly like it unhinted)."""
+    if name == "hinted":
+        return HintedPolicy(ARCPolicy(capacity))
+    return _make_named(name, capacity)
 
 
 def _fill(policy: EvictionPolicy, keys: list[str], size: int = 10) -> None:
@@ -84,7 +93,7 @@ def test_recently_used_outlives_least_recently_used(name: str) -> None:
 
 def test_unknown_policy_name() -> None:
     with pytest.raises(ValueError, match="unknown cache policy"):
-        make_policy("fifo", 10)
+        _make_named("fifo", 10)
 
 
 # -- policy-specific -----------------------------------------------------------------
@@ -321,9 +330,10 @@ def _machine(name: str, ref: Callable[[int], RefLRU | RefARC]) -> type[RuleBased
             self.real.check_invariants()
             assert self.real.resident() == self.ref.resident()
             assert self.real.used_bytes == self.ref.used()
-            if isinstance(self.real, ARCPolicy) and isinstance(self.ref, RefARC):
-                assert self.real.ghosts() == [*self.ref.b1, *self.ref.b2]
-                assert self.real.p == pytest.approx(self.ref.p)
+            real = self.real.inner if isinstance(self.real, HintedPolicy) else self.real
+            if isinstance(real, ARCPolicy) and isinstance(self.ref, RefARC):
+                assert real.ghosts() == [*self.ref.b1, *self.ref.b2]
+                assert real.p == pytest.approx(self.ref.p)
 
     PolicyMachine.TestCase.settings = settings(
         max_examples=150, stateful_step_count=60, deadline=None
@@ -333,3 +343,4 @@ def _machine(name: str, ref: Callable[[int], RefLRU | RefARC]) -> type[RuleBased
 
 TestLRUAgainstReference = _machine("lru", RefLRU).TestCase
 TestARCAgainstReference = _machine("arc", RefARC).TestCase
+TestUnhintedAgainstARCReference = _machine("hinted", RefARC).TestCase
