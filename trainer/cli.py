@@ -28,6 +28,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from trainer.hints import HintTarget
 from trainer.presets import PRESETS
 
 EXIT_USAGE = 2
@@ -226,6 +227,22 @@ def fit(
     clip_grad: Annotated[
         float, typer.Option("--clip-grad", help="Gradient-norm limit (0: off).")
     ] = 1.0,
+    hints: Annotated[
+        str | None,
+        typer.Option("--hints", help="Post each epoch's read order to URL/v1/hints (opt-in)."),
+    ] = None,
+    hints_dataset: Annotated[
+        str | None, typer.Option("--hints-dataset", help="Default: the data path's grandparent.")
+    ] = None,
+    hints_ref: Annotated[
+        str | None, typer.Option("--hints-ref", help="Default: the data path's parent.")
+    ] = None,
+    hints_prefix: Annotated[
+        str | None, typer.Option("--hints-prefix", help="Store path in the snapshot (its name).")
+    ] = None,
+    hints_token_file: Annotated[
+        Path | None, typer.Option("--hints-token-file", help="Bearer token for --hints.")
+    ] = None,
 ) -> None:
     """Train the 3D ViT masked autoencoder on random patches of a seismic volume.
 
@@ -258,11 +275,28 @@ def fit(
         scale=scale,
         clip_grad=clip_grad,
         amp=amp,
+        hints=_hint_target(hints, data, hints_dataset, hints_ref, hints_prefix, hints_token_file),
     )
     try:
         run_fit(options, echo=typer.echo)
     except (DataError, FitError) as exc:
         _fail(str(exc))
+
+
+def _hint_target(
+    url: str | None,
+    data: Path,
+    dataset: str | None,
+    ref: str | None,
+    prefix: str | None,
+    token_file: Path | None,
+) -> HintTarget | None:
+    if url is None:
+        return None
+    try:
+        return HintTarget.for_path(url, data, dataset, ref, prefix, token_file)
+    except OSError as exc:
+        _fail(f"--hints-token-file: {exc}")
 
 
 @app.command("eval")

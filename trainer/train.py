@@ -67,10 +67,12 @@ from trainer.dataset import (
     build_plan,
     check_fits,
     derive_seed,
+    epoch_read_order,
     inspect_volume,
     volume_stats,
     worker_init,
 )
+from trainer.hints import HintPoster, HintTarget
 from trainer.model import MaskedAutoencoder3D
 from trainer.presets import MAEConfig, get_preset
 
@@ -117,6 +119,8 @@ class FitOptions:
         scale: Multiply clipped values by this (``1 / clip`` maps to [-1, 1]).
         clip_grad: Global gradient-norm limit; 0 disables clipping.
         amp: bf16 autocast; ``None`` turns it on exactly when running on CUDA.
+        hints: where rank 0 posts each upcoming epoch's read order (opt-in); ``None``
+            leaves the run exactly as without hints.
     """
 
     data: Path
@@ -142,6 +146,7 @@ class FitOptions:
     scale: float = 1.0
     clip_grad: float = 1.0
     amp: bool | None = None
+    hints: HintTarget | None = None
 
 
 @dataclass(frozen=True)
@@ -710,6 +715,10 @@ def _run(tr: _Trainer) -> dict[str, Any]:
     sampler = EpochSampler(tr.plan, ctx.rank)
     epoch, offset = tr.plan.locate(start_step + 1)
     sampler.set_epoch(epoch, offset)
+    poster = HintPoster(opts.hints, tr.echo) if opts.hints is not None and ctx.is_main else None
+    if poster is not None:  # this epoch and the next, so the cache always sees ahead
+        poster.post(epoch_read_order(tr.plan, tr.info, epoch, ctx.rank), append=False)
+        poster.post(epoch_read_order(tr.plan, tr.info, epoch + 1, ctx.rank), append=True)
     loader_gen = torch.Generator()
     loader_gen.manual_seed(derive_seed(opts.seed, _STREAM_LOADER, ctx.rank, epoch))
     workers = opts.workers
@@ -769,6 +778,10 @@ def _run(tr: _Trainer) -> dict[str, Any]:
             except StopIteration:
                 epoch += 1
                 sampler.set_epoch(epoch, 0)
+                if poster is not None:
+                    poster.post(
+                        epoch_read_order(tr.plan, tr.info, epoch + 1, ctx.rank), append=True
+                    )
                 iterator = iter(loader)
                 batch, corners = next(iterator)
             t1 = time.perf_counter()
@@ -827,6 +840,8 @@ def _run(tr: _Trainer) -> dict[str, Any]:
     finally:
         if metrics is not None:
             metrics.close()
+        if poster is not None:
+            poster.close()
     del iterator, loader  # stops persistent workers
 
     steps_run = tr.stop - start_step
