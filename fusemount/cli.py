@@ -84,9 +84,12 @@ async def _raise_read_ahead(mountpoint: Path, kib: int) -> None:
     await trio.to_thread.run_sync(set_read_ahead, mountpoint, kib)
 
 
-async def serve(reader: BlockReader, mountpoint: Path, read_ahead_kb: int = 0) -> None:
+async def serve(
+    ops: StrataOperations, reader: BlockReader, mountpoint: Path, read_ahead_kb: int = 0
+) -> None:
     """Serve FUSE requests until unmounted or signalled, flushing access records."""
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(ops.watch_catalog)
         if read_ahead_kb > 0:
             nursery.start_soon(_raise_read_ahead, mountpoint, read_ahead_kb)
         nursery.start_soon(reader.flush_hits_forever)
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     layout.mount_pid_file.write_text(f"{os.getpid()}\n")
     log.info("mounted %s", mountpoint)
     try:
-        trio.run(serve, reader, mountpoint, ns.read_ahead_kb)
+        trio.run(serve, ops, reader, mountpoint, ns.read_ahead_kb)
     finally:
         pyfuse3.close(unmount=True)
         client.close()

@@ -56,6 +56,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         self._next_fh = 1
         self._refreshed: dict[int, float] = {}
         self._lookups: dict[int, int] = {}  # inode -> the kernel's lookup count
+        self._revoked: set[str] = set()  # snapshot ids no live version serves any more
         self._snapshot_locks: dict[int, trio.Lock] = {}
         self._uid = os.getuid()
         self._gid = os.getgid()
@@ -162,6 +163,64 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             )
             self.inodes.load_snapshot(root, root.snapshot_id, entries)
 
+    async def watch_catalog(self, interval: float = LISTING_TTL) -> None:
+        """Keep loaded dataset listings fresh so tag moves and revocations show within
+        about a second: moved tags and vanished versions are invalidated in the kernel's
+        dentry cache, and a revoked snapshot's open files fail with EIO from then on."""
+        while True:
+            await trio.sleep(interval)
+            for ds in [n for n in self.inodes.nodes() if n.role is Role.DATASET]:
+                if ds.children is not None:
+                    await self._refresh_dataset(ds)
+
+    async def _refresh_dataset(self, ds: Node) -> None:
+        before = {
+            name: (inode, self.inodes[inode].target) for name, inode in (ds.children or {}).items()
+        }
+        try:
+            await self._load_dataset(ds)
+        except Exception as err:  # the daemon may be restarting: keep the last listing
+            log.debug("refresh of %s failed: %s", ds.dataset, err)
+            return
+        self._refreshed[ds.inode] = time.monotonic()
+        after = ds.children or {}
+        live = {
+            self.inodes[i].snapshot_id
+            for i in after.values()
+            if self.inodes[i].role is Role.VERSION
+        }
+        for name, (inode, target) in before.items():
+            node = self.inodes[inode]
+            if name in after and node.target == target:
+                continue
+            if node.role is Role.VERSION and name not in after and node.snapshot_id not in live:
+                log.warning("%s %s was revoked", ds.dataset, node.version)
+                self._revoked.add(node.snapshot_id)
+                await self._drop_cached_pages(node.snapshot_id)
+            pyfuse3.invalidate_entry_async(ds.inode, name, ignore_enoent=True)
+
+    async def _drop_cached_pages(self, snapshot_id: str) -> None:
+        """Make the kernel forget the pages of a revoked snapshot's files, so reads on files
+        opened before the revocation reach us (and get EIO) instead of its page cache."""
+        known = [
+            n.inode
+            for n in self.inodes.nodes()
+            if n.snapshot_id == snapshot_id and n.inode in self._lookups
+        ]
+
+        def invalidate() -> None:
+            for inode in known:
+                try:
+                    pyfuse3.invalidate_inode(inode, attr_only=False)
+                except OSError as err:  # the kernel already forgot it
+                    log.debug("invalidate_inode(%d): %s", inode, err)
+
+        await trio.to_thread.run_sync(invalidate)
+
+    def _check_live(self, node: Node) -> None:
+        if node.snapshot_id and node.snapshot_id in self._revoked:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+
     def _node(self, inode: int) -> Node:
         node = self.inodes.get(inode)
         if node is None:
@@ -175,6 +234,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         parent = self._node(parent_inode)
+        self._check_live(parent)
         if not parent.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         if name == b".":
@@ -230,6 +290,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
     @boundary
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         node = self._node(inode)
+        self._check_live(node)
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
         if node.is_dir:
@@ -245,6 +306,8 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         node, readahead = handle
+        if node.snapshot_id in self._revoked:
+            raise pyfuse3.FUSEError(errno.EIO)  # open before the revocation: never more bytes
         return await self.reader.read(node, off, size, readahead)
 
     @boundary

@@ -99,6 +99,10 @@ class InodeTable:
     def __getitem__(self, inode: int) -> Node:
         return self._nodes[inode]
 
+    def nodes(self) -> list[Node]:
+        """Every node (a snapshot of the table)."""
+        return list(self._nodes.values())
+
     def get(self, inode: int) -> Node | None:
         """The node, or None for an unknown inode."""
         return self._nodes.get(inode)

@@ -56,20 +56,99 @@ class SnapshotCatalog:
         )
 
     async def list_versions(self, dataset: str) -> hub_pb2.ListVersionsResponse:
-        """A dataset's versions and tags. Raises NotFound, InvalidRequest, HubUnavailable."""
-        return await self._cached(
+        """A dataset's versions and tags (revoked ones left out).
+
+        Raises:
+            NotFound, InvalidRequest, HubUnavailable.
+        """
+        reply = await self._cached(
             b"versions/" + dataset.encode(),
             hub_pb2.ListVersionsResponse,
             lambda: self._hub.list_versions(dataset),
         )
+        live = [v for v in reply.versions if not self.is_revoked(dataset, v.version)]
+        if len(live) != len(reply.versions):
+            names = {v.version for v in live}
+            return hub_pb2.ListVersionsResponse(
+                versions=live, tags=[t for t in reply.tags if t.version in names]
+            )
+        return reply
 
     async def resolve_ref(self, dataset: str, ref: str) -> hub_pb2.Snapshot:
         """A version or tag's snapshot. Raises NotFound, InvalidRequest, HubUnavailable."""
-        return await self._cached(
+        snapshot = await self._cached(
             f"ref/{dataset}@{ref}".encode(),
             hub_pb2.Snapshot,
             lambda: self._hub.resolve_ref(dataset, ref),
         )
+        if self.is_revoked(dataset, snapshot.version):
+            raise NotFound(f"{dataset} {snapshot.version} was revoked")
+        return snapshot
+
+    def forget_refs(self, dataset: str | None = None) -> None:
+        """Drop stored answers about a dataset's versions and tags (every dataset's when
+        ``dataset`` is None): they changed at the hub, so the next question goes there."""
+        prefixes = [b"versions/", b"ref/"] if dataset is None else [f"ref/{dataset}@".encode()]
+        with self._env.begin(write=True, db=self._catalog) as txn:
+            if dataset is not None:
+                txn.delete(b"versions/" + dataset.encode())
+            for prefix in prefixes:
+                cursor = txn.cursor()
+                if not cursor.set_range(prefix):
+                    continue
+                while cursor.key().startswith(prefix):
+                    if not cursor.delete():
+                        break
+
+    def mark_revoked(self, dataset: str, version: str, snapshot_id: str) -> None:
+        """Remember a revoked version: it no longer resolves here, even from stored answers."""
+        with self._env.begin(write=True, db=self._catalog) as txn:
+            txn.put(f"revoked/{dataset}/{version}".encode(), snapshot_id.encode())
+
+    def is_revoked(self, dataset: str, version: str) -> bool:
+        """True once the hub said ``dataset`` ``version`` was revoked."""
+        with self._env.begin(db=self._catalog) as txn:
+            return txn.get(f"revoked/{dataset}/{version}".encode()) is not None
+
+    def revoked_snapshots(self) -> set[str]:
+        """Snapshot ids of every version known to be revoked."""
+        out = set()
+        with self._env.begin(db=self._catalog) as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(b"revoked/"):
+                for key, value in cursor:
+                    if not key.startswith(b"revoked/"):
+                        break
+                    out.add(value.decode())
+        return out
+
+    def stored_snapshots(self) -> list[str]:
+        """Snapshot ids whose manifests are stored here."""
+        out = []
+        with self._env.begin(db=self._catalog) as txn:
+            cursor = txn.cursor()
+            prefix = b"manifest-complete/"
+            if cursor.set_range(prefix):
+                for key, _ in cursor:
+                    if not key.startswith(prefix):
+                        break
+                    out.append(key[len(prefix) :].decode())
+        return out
+
+    def stored_manifest(self, snapshot_id: str) -> list[hub_pb2.ManifestEntry]:
+        """A stored manifest by snapshot id (empty if none is stored)."""
+        return self._load_manifest(snapshot_id.encode()) or []
+
+    def get_sequence(self) -> int:
+        """The last catalog event sequence applied here (0: none yet)."""
+        with self._env.begin(db=self._catalog) as txn:
+            raw = txn.get(b"watch-sequence")
+        return int(raw) if raw else 0
+
+    def set_sequence(self, sequence: int) -> None:
+        """Persist the last catalog event sequence applied."""
+        with self._env.begin(write=True, db=self._catalog) as txn:
+            txn.put(b"watch-sequence", str(sequence).encode())
 
     async def manifest(self, dataset: str, ref: str) -> list[hub_pb2.ManifestEntry]:
         """The snapshot's manifest in path order, from the index when seen before.

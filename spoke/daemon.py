@@ -27,6 +27,7 @@ from spoke.errors import HubUnavailable
 from spoke.fetcher import Fetcher
 from spoke.hints import HintedPolicy, HintService
 from spoke.hubclient import HubClient
+from spoke.invalidation import Invalidator
 from spoke.layout import CacheLayout
 from spoke.localservice import SpokeLocalService
 from spoke.pins import PinRegistry
@@ -72,14 +73,17 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         stack.push_async_callback(fetcher.close)
         hints = HintService(cache, fetcher)
 
-        evictor = asyncio.create_task(cache.run_evictor())
+        background = [
+            asyncio.create_task(cache.run_evictor()),
+            asyncio.create_task(Invalidator(hub, catalog, cache).run()),
+        ]
 
-        async def stop_evictor() -> None:
-            evictor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await evictor
+        async def stop_background() -> None:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
 
-        stack.push_async_callback(stop_evictor)
+        stack.push_async_callback(stop_background)
 
         admin_sock = bind(settings.admin)
         stack.callback(admin_sock.close)

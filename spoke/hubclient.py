@@ -95,6 +95,17 @@ class HubClient:
         )
         return [entry async for entry in call]
 
+    async def watch(self, after_sequence: int) -> AsyncIterator[hub_pb2.CatalogEvent]:
+        """Catalog events after ``after_sequence``, then each new one as it happens.
+
+        Raises:
+            grpc.aio.AioRpcError: the stream broke (UNAVAILABLE: reconnect and resume;
+                OUT_OF_RANGE: the sequence is no longer kept, resynchronise).
+        """
+        call = self._stub.Watch(hub_pb2.WatchRequest(after_sequence=after_sequence))
+        async for event in call:
+            yield event
+
     async def read_blocks(
         self, digests: Sequence[str], timeout: float
     ) -> AsyncIterator[tuple[str, bytes]]:

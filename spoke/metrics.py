@@ -52,3 +52,6 @@ PREFETCH_USED_BYTES = Counter(
 PREFETCH_WASTED_BYTES = Counter(
     "strata_spoke_prefetch_wasted_bytes", "Prefetched bytes evicted before anyone read them"
 )
+WATCH_SEQUENCE = Gauge(
+    "strata_spoke_watch_sequence", "Last hub catalog event applied by invalidation"
+)
