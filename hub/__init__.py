@@ -2,8 +2,12 @@
 
 One module per responsibility: ``names`` (naming rules), ``errors`` (domain errors),
 ``blocks`` (splitting files into content-addressed blocks), ``manifest`` (entries and
-snapshot ids), ``blobstore`` (block bytes), ``catalog`` (datasets, versions, tags,
-manifests in LMDB), ``datadir`` (on-disk layout), ``publish`` (tree -> new version),
-``service`` (the gRPC servicer), ``server`` (running it), ``metrics``, ``address`` and
-``cli`` (``strata-hub``). The hub never imports ``spoke``, ``fusemount`` or ``trainer``.
+snapshot ids), ``blobstore`` (block bytes: local directory or S3-compatible),
+``catalog`` (datasets, versions, tags, manifests, block references and events in LMDB),
+``events`` (the catalog's change log), ``datadir`` (on-disk layout), ``publish`` (tree
+-> new version), ``gc`` (garbage collection), ``verify`` (immutability proofs), ``auth``
+(bearer tokens), ``watch`` (noticing catalog changes), ``service`` (the gRPC servicer),
+``server`` (running it: TLS, health, reflection, graceful stop), ``metrics``, ``address``
+and ``cli`` (``strata-hub``). ``DESIGN.md`` beside this file states the invariants. The
+hub never imports ``spoke``, ``fusemount`` or ``trainer``.
 """

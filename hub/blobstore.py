@@ -1,8 +1,12 @@
 """Content-addressed storage of block bytes.
 
-:class:`BlobStore` is the interface the rest of the hub uses; :class:`LocalBlobStore`
-keeps each block as one file, ``ROOT/<first 2 hex>/<digest>``. An S3-compatible store
-can implement the same interface later (``put`` = conditional PUT, ``read`` = ranged GET).
+:class:`BlobStore` is the interface the rest of the hub uses, with two implementations:
+:class:`LocalBlobStore` keeps each block as one file, ``ROOT/<first 2 hex>/<digest>``;
+:class:`S3BlobStore` keeps each block as one object, ``s3://BUCKET/PREFIX/<first 2
+hex>/<digest>``, in any S3-compatible object store, through fsspec/s3fs (``put`` = PUT,
+``read`` = ranged GET, ``delete`` = DeleteObjects; S3 is strongly read-after-write
+consistent, https://aws.amazon.com/s3/consistency/). :func:`open_blob_store` picks one
+from a location (a path or an ``s3://`` URL).
 
 Invariants of the local store: a blob file is complete and matches its name from the
 moment it appears (written to a temporary file in the same directory, fsynced, then
@@ -17,14 +21,17 @@ import contextlib
 import os
 import tempfile
 import threading
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from hub.blocks import block_digest
-from hub.errors import BlockNotFound, CorruptBlob
-from hub.names import validate_digest
+from hub.errors import BlockNotFound, ConfigError, CorruptBlob, StorageError
+from hub.names import DIGEST_PATTERN, validate_digest
 
 TEMP_PREFIX = ".tmp-"
+S3_SCHEME = "s3://"
 
 
 class BlobStore(Protocol):
@@ -82,6 +89,36 @@ class BlobStore(Protocol):
 
     def sync(self) -> None:
         """Makes every blob stored so far durable (survives a crash) before returning."""
+        ...
+
+    @property
+    def location(self) -> str:
+        """Where the store is: an absolute path or an ``s3://`` URL."""
+        ...
+
+    def iter_digests(self) -> Iterator[str]:
+        """Yields the digest of every stored blob, in no particular order.
+
+        Raises:
+            StorageError: The store cannot be listed.
+        """
+        ...
+
+    def delete(self, digests: Sequence[str]) -> None:
+        """Deletes blobs; digests that are not stored are ignored.
+
+        Raises:
+            InvalidDigest: A digest is malformed.
+            StorageError: The store refused or failed.
+        """
+        ...
+
+    def clean_temp(self, older_than_s: float) -> int:
+        """Removes leftovers of interrupted writes older than ``older_than_s`` seconds.
+
+        Returns:
+            The number of leftovers removed.
+        """
         ...
 
 
@@ -169,3 +206,199 @@ class LocalBlobStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    @property
+    def location(self) -> str:
+        """See :attr:`BlobStore.location`: the store's absolute path."""
+        return str(self.root.resolve())
+
+    def _shards(self) -> Iterator[os.DirEntry[str]]:
+        with os.scandir(self.root) as shards:
+            for shard in shards:
+                if len(shard.name) == 2 and shard.is_dir(follow_symlinks=False):
+                    yield shard
+
+    def iter_digests(self) -> Iterator[str]:
+        """See :meth:`BlobStore.iter_digests`."""
+        try:
+            for shard in self._shards():
+                with os.scandir(shard.path) as members:
+                    for member in members:
+                        if DIGEST_PATTERN.fullmatch(member.name):
+                            yield member.name
+        except OSError as exc:
+            raise StorageError(f"cannot list blob store {self.root}: {exc.strerror}") from exc
+
+    def delete(self, digests: Sequence[str]) -> None:
+        """See :meth:`BlobStore.delete`."""
+        for digest in digests:
+            try:
+                self.path(digest).unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise StorageError(f"cannot delete block {digest}: {exc.strerror}") from exc
+
+    def clean_temp(self, older_than_s: float) -> int:
+        """See :meth:`BlobStore.clean_temp`: removes ``.tmp-*`` files of crashed writers."""
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for shard in self._shards():
+            with os.scandir(shard.path) as members:
+                for member in members:
+                    if member.name.startswith(TEMP_PREFIX):
+                        with contextlib.suppress(FileNotFoundError):
+                            if member.stat(follow_symlinks=False).st_mtime < cutoff:
+                                os.unlink(member.path)
+                                removed += 1
+        return removed
+
+
+class S3BlobStore:
+    """A :class:`BlobStore` in S3-compatible object storage, through fsspec/s3fs.
+
+    Each blob is one object, ``s3://BUCKET/PREFIX/<first 2 hex>/<digest>``. An object PUT
+    is atomic (an object is whole or absent), so there are no temporary objects, and a
+    successful PUT is durable, so :meth:`sync` has nothing to do. Credentials come from
+    the usual AWS sources (environment, shared config, instance role), as botocore finds
+    them.
+
+    Args:
+        url: ``s3://BUCKET`` or ``s3://BUCKET/PREFIX``.
+        endpoint_url: The object store's endpoint (e.g. ``http://127.0.0.1:9000`` for a
+            MinIO or moto server); None uses AWS's (or ``$AWS_ENDPOINT_URL``).
+
+    Raises:
+        ConfigError: ``url`` is not an ``s3://`` URL with a bucket.
+    """
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None) -> None:
+        import s3fs  # type: ignore[import-untyped]  # imported only when S3 is used
+
+        if not url.startswith(S3_SCHEME):
+            raise ConfigError(f"not an s3:// URL: {url!r}")
+        path = url[len(S3_SCHEME) :].rstrip("/")
+        if not path or any(part in ("", ".", "..") for part in path.split("/")):
+            raise ConfigError(f"invalid blob store URL {url!r}: expected s3://BUCKET[/PREFIX]")
+        self._url = S3_SCHEME + path
+        self._root = path
+        client_kwargs: dict[str, Any] = {}
+        if endpoint_url is not None:
+            client_kwargs["endpoint_url"] = endpoint_url
+        # No instance or listing caches: another process may add or delete blobs.
+        self._fs = s3fs.S3FileSystem(
+            client_kwargs=client_kwargs, skip_instance_cache=True, use_listings_cache=False
+        )
+
+    def _key(self, digest: str) -> str:
+        validate_digest(digest)
+        return f"{self._root}/{digest[:2]}/{digest}"
+
+    def exists(self, digest: str) -> bool:
+        """See :meth:`BlobStore.exists` (a HEAD request)."""
+        key = self._key(digest)
+        try:
+            return bool(self._fs.exists(key))
+        except Exception as exc:
+            raise StorageError(f"cannot reach blob store {self._url}: {exc}") from exc
+
+    def put(self, digest: str, data: bytes) -> bool:
+        """See :meth:`BlobStore.put` (HEAD, then PUT when absent)."""
+        if self.exists(digest):
+            return False
+        if block_digest(data) != digest:
+            raise CorruptBlob(f"block bytes do not match digest {digest}")
+        try:
+            self._fs.pipe_file(self._key(digest), data)
+        except Exception as exc:
+            raise StorageError(f"cannot store block {digest} in {self._url}: {exc}") from exc
+        return True
+
+    def size(self, digest: str) -> int:
+        """See :meth:`BlobStore.size` (a HEAD request)."""
+        key = self._key(digest)
+        try:
+            return int(self._fs.info(key)["size"])
+        except FileNotFoundError:
+            raise BlockNotFound(f"unknown block {digest}") from None
+        except Exception as exc:
+            raise StorageError(f"cannot reach blob store {self._url}: {exc}") from exc
+
+    def read(self, digest: str, offset: int = 0, length: int | None = None) -> bytes:
+        """See :meth:`BlobStore.read` (a ranged GET)."""
+        if offset < 0 or (length is not None and length < 0):
+            raise ValueError(f"invalid range: offset {offset}, length {length}")
+        key = self._key(digest)
+        if length == 0:
+            return b""
+        end = None if length is None else offset + length
+        try:
+            data: bytes = self._fs.cat_file(key, start=offset, end=end)
+        except FileNotFoundError:
+            raise BlockNotFound(f"unknown block {digest}") from None
+        except Exception as exc:
+            raise StorageError(f"cannot read block {digest} from {self._url}: {exc}") from exc
+        return data
+
+    def sync(self) -> None:
+        """See :meth:`BlobStore.sync`: nothing to do, a successful PUT is durable."""
+
+    @property
+    def location(self) -> str:
+        """See :attr:`BlobStore.location`: the ``s3://`` URL."""
+        return self._url
+
+    def iter_digests(self) -> Iterator[str]:
+        """See :meth:`BlobStore.iter_digests` (ListObjectsV2 under the prefix)."""
+        try:
+            keys = self._fs.find(self._root)
+        except Exception as exc:
+            raise StorageError(f"cannot list blob store {self._url}: {exc}") from exc
+        for key in keys:
+            name = key.rpartition("/")[2]
+            if DIGEST_PATTERN.fullmatch(name):
+                yield name
+
+    def delete(self, digests: Sequence[str]) -> None:
+        """See :meth:`BlobStore.delete` (DeleteObjects, up to 1000 keys per request)."""
+        keys = [self._key(digest) for digest in digests]
+        if not keys:
+            return
+        try:
+            self._fs.rm(keys)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            raise StorageError(f"cannot delete blocks from {self._url}: {exc}") from exc
+
+    def clean_temp(self, older_than_s: float) -> int:
+        """See :meth:`BlobStore.clean_temp`: an object store keeps no partial objects."""
+        return 0
+
+
+def open_blob_store(
+    location: str | os.PathLike[str], *, endpoint_url: str | None = None
+) -> BlobStore:
+    """Opens the blob store at ``location``.
+
+    Args:
+        location: ``s3://BUCKET[/PREFIX]`` for object storage, else a local directory
+            (created when missing).
+        endpoint_url: The S3 endpoint, for ``s3://`` locations only; None uses AWS's.
+
+    Returns:
+        The store.
+
+    Raises:
+        ConfigError: The location is malformed.
+        StorageError: The local directory cannot be created.
+    """
+    text = os.fspath(location)
+    if text.startswith(S3_SCHEME):
+        return S3BlobStore(text, endpoint_url=endpoint_url)
+    if "://" in text:
+        raise ConfigError(f"unsupported blob store {text!r}: use a path or s3://BUCKET/PREFIX")
+    try:
+        return LocalBlobStore(text)
+    except OSError as exc:
+        raise StorageError(f"cannot open blob store {text}: {exc.strerror or exc}") from exc

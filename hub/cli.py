@@ -1,16 +1,25 @@
-"""``strata-hub``: serve, publish and list datasets.
+"""``strata-hub``: serve, publish, tag, revoke, collect garbage, verify and list datasets.
 
 ```
 strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--port-file PATH]
+                   [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE]
+                   [--max-message-bytes N] [--grace SECONDS] [--blobs DIR|s3://B/P]
 strata-hub publish --data-dir DIR DATASET SRC_DIR [--tag latest] [--block-size BYTES]
-strata-hub ls      --data-dir DIR [DATASET]
+                   [--version vN] [--blobs DIR|s3://B/P]
+strata-hub tag     --data-dir DIR DATASET VERSION TAG
+strata-hub untag   --data-dir DIR DATASET TAG
+strata-hub revoke  --data-dir DIR DATASET VERSION
+strata-hub gc      --data-dir DIR [--dry-run] [--keep-events N] [--stale-after SECONDS]
+strata-hub verify  --data-dir DIR DATASET REF [--blocks]
+strata-hub ls      --data-dir DIR [DATASET] [--all]
 ```
 
 Output contract: ``serve`` prints exactly one line, ``strata-hub: serving DIR on HOST:PORT``
 (the bound port), to stdout once it accepts calls, and exits 0 on SIGINT or SIGTERM after
 a grace period. ``publish`` prints the new version (e.g. ``v3``) on stdout and a summary
 on stderr. Every error is one line on stderr, ``strata-hub: error: ...``, with exit code 2
-for bad input (usage, names, paths, addresses) and 1 for system failures (I/O errors).
+for bad input (usage, names, paths, addresses, refused changes) and 1 for system failures
+(I/O errors, an unreachable or corrupt store; a failed ``verify``).
 """
 
 from __future__ import annotations
@@ -32,10 +41,12 @@ import typer
 from hub.blocks import DEFAULT_BLOCK_SIZE
 from hub.catalog import Catalog
 from hub.datadir import DataDir
-from hub.errors import HubError
+from hub.errors import CorruptBlob, CorruptCatalog, HubError, StorageError
+from hub.gc import STALE_AFTER_SECONDS, collect
 from hub.metrics import HubMetrics, MetricsEndpoint
 from hub.publish import publish as publish_tree
-from hub.server import GRACE_SECONDS, HubServer
+from hub.server import GRACE_SECONDS, MAX_MESSAGE_BYTES, HubServer, ServerConfig
+from hub.verify import verify as verify_version
 
 PROG = "strata-hub"
 EXIT_USAGE = 2
@@ -59,6 +70,32 @@ DataDirOption = Annotated[
 ]
 
 
+BlobsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--blobs",
+        envvar="STRATA_HUB_BLOBS",
+        help="Blob store: a directory or s3://BUCKET/PREFIX (default: the one the catalog "
+        "records, else DATA_DIR/blobs).",
+        show_default=False,
+    ),
+]
+
+S3EndpointOption = Annotated[
+    str | None,
+    typer.Option(
+        "--s3-endpoint",
+        envvar="STRATA_HUB_S3_ENDPOINT",
+        help="S3 endpoint URL for s3:// blob stores (default: AWS, or $AWS_ENDPOINT_URL).",
+        show_default=False,
+    ),
+]
+
+DatasetArgument = Annotated[
+    str, typer.Argument(metavar="DATASET", help="Dataset name, e.g. f3.", show_default=False)
+]
+
+
 def _say(message: str) -> None:
     """Writes one line to stderr, prefixed with the program name."""
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
@@ -78,7 +115,12 @@ def _write_port_file(path: Path, port: int) -> None:
 
 
 async def _serve(
-    data_dir: Path, listen: str, metrics_listen: str | None, port_file: Path | None
+    data_dir: Path,
+    listen: str,
+    metrics_listen: str | None,
+    port_file: Path | None,
+    config: ServerConfig,
+    grace: float,
 ) -> None:
     """Runs the server until SIGINT or SIGTERM; start-up and shutdown in reverse order."""
     stop = asyncio.Event()
@@ -91,8 +133,8 @@ async def _serve(
         if metrics_listen is not None:
             endpoint = MetricsEndpoint.start(metrics_listen, metrics.registry)
             stack.callback(endpoint.close)
-        server = await HubServer.start(data_dir, listen, metrics=metrics)
-        stack.push_async_callback(server.stop, GRACE_SECONDS)
+        server = await HubServer.start(data_dir, listen, metrics=metrics, config=config)
+        stack.push_async_callback(server.stop, grace)
         if port_file is not None:
             try:
                 _write_port_file(port_file, server.port)
@@ -118,9 +160,53 @@ def serve(
         Path | None,
         typer.Option("--port-file", help="Write the bound gRPC port to this file."),
     ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option("--tls-cert", help="Serve TLS with this PEM certificate chain."),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option("--tls-key", help="PEM private key of --tls-cert.")
+    ] = None,
+    client_ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--client-ca", help="Require client certificates signed by this PEM CA (mTLS)."
+        ),
+    ] = None,
+    tokens: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokens",
+            help="Require bearer tokens: a YAML/TOML/JSON file mapping token -> dataset "
+            'globs (or "*").',
+        ),
+    ] = None,
+    max_message_bytes: Annotated[
+        int,
+        typer.Option("--max-message-bytes", help="Largest gRPC message sent or received."),
+    ] = MAX_MESSAGE_BYTES,
+    grace: Annotated[
+        float,
+        typer.Option("--grace", help="Seconds calls in flight get to finish on shutdown."),
+    ] = GRACE_SECONDS,
+    blobs: BlobsOption = None,
+    s3_endpoint: S3EndpointOption = None,
 ) -> None:
-    """Serve the data directory's datasets over gRPC until SIGINT or SIGTERM."""
-    asyncio.run(_serve(data_dir, listen, metrics, port_file))
+    """Serve the data directory's datasets over gRPC until SIGINT or SIGTERM.
+
+    Also serves gRPC health checking and server reflection. Catalog changes made by
+    other processes (publish, tag, revoke) reach Watch streams within a second.
+    """
+    config = ServerConfig(
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        client_ca=client_ca,
+        tokens=tokens,
+        max_message_bytes=max_message_bytes,
+        blobs=blobs,
+        s3_endpoint=s3_endpoint,
+    )
+    asyncio.run(_serve(data_dir, listen, metrics, port_file, config, grace))
 
 
 @app.command()
@@ -137,15 +223,164 @@ def publish(
     block_size: Annotated[
         int, typer.Option("--block-size", help="Maximum block length, bytes.")
     ] = DEFAULT_BLOCK_SIZE,
+    version: Annotated[
+        str | None,
+        typer.Option(
+            "--version",
+            help="Publish as exactly this version (the next one); refused if it exists.",
+        ),
+    ] = None,
+    blobs: BlobsOption = None,
+    s3_endpoint: S3EndpointOption = None,
 ) -> None:
-    """Publish SRC_DIR as the next version of DATASET; prints the new version."""
-    result = publish_tree(data_dir, dataset, src_dir, tag=tag, block_size=block_size)
+    """Publish SRC_DIR as the next version of DATASET; prints the new version.
+
+    Only blocks not stored yet are written; the summary on stderr says how many.
+    """
+    result = publish_tree(
+        data_dir,
+        dataset,
+        src_dir,
+        tag=tag,
+        block_size=block_size,
+        version=version,
+        blobs=blobs,
+        s3_endpoint=s3_endpoint,
+    )
     print(result.version, flush=True)
     _say(
         f"published {result.dataset} {result.version} (tag {tag}): {result.files} files, "
         f"{result.bytes} bytes, {result.new_blocks} new blocks, {result.new_bytes} new bytes, "
         f"snapshot {result.snapshot_id}"
     )
+
+
+def _catalog(data_dir: Path) -> Catalog:
+    """Opens an existing data directory's catalog."""
+    layout = DataDir.open(data_dir, create=False)
+    return Catalog(layout.catalog_path, create=False)
+
+
+@app.command()
+def tag(
+    data_dir: DataDirOption,
+    dataset: DatasetArgument,
+    version: Annotated[
+        str,
+        typer.Argument(metavar="VERSION", help="Version (or tag) to point at.", show_default=False),
+    ],
+    tag_name: Annotated[
+        str, typer.Argument(metavar="TAG", help="Tag to create or move.", show_default=False)
+    ],
+) -> None:
+    """Point TAG at VERSION of DATASET, creating or moving it."""
+    with _catalog(data_dir) as catalog:
+        result = catalog.set_tag(dataset, tag_name, version)
+    _say(f"{dataset} {result.name} -> {result.version}")
+
+
+@app.command()
+def untag(
+    data_dir: DataDirOption,
+    dataset: DatasetArgument,
+    tag_name: Annotated[
+        str, typer.Argument(metavar="TAG", help="Tag to remove.", show_default=False)
+    ],
+) -> None:
+    """Remove TAG from DATASET."""
+    with _catalog(data_dir) as catalog:
+        removed = catalog.remove_tag(dataset, tag_name)
+    _say(f"{dataset}: removed tag {removed.name} (was {removed.version})")
+
+
+@app.command()
+def revoke(
+    data_dir: DataDirOption,
+    dataset: DatasetArgument,
+    version: Annotated[
+        str,
+        typer.Argument(metavar="VERSION", help="Version to revoke, e.g. v2.", show_default=False),
+    ],
+) -> None:
+    """Revoke VERSION of DATASET: it no longer resolves and its blocks are no longer served.
+
+    Tags pointing at it are removed. Blocks no live version shares become garbage for
+    `strata-hub gc`. The version number is never reused.
+    """
+    with _catalog(data_dir) as catalog:
+        result = catalog.revoke(dataset, version)
+    removed = ", ".join(result.removed_tags) or "none"
+    _say(f"revoked {dataset} {version} (tags removed: {removed})")
+
+
+@app.command()
+def gc(
+    data_dir: DataDirOption,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only report what would be deleted.")
+    ] = False,
+    keep_events: Annotated[
+        int | None,
+        typer.Option("--keep-events", help="Prune all but this many newest catalog events."),
+    ] = None,
+    stale_after: Annotated[
+        float,
+        typer.Option(
+            "--stale-after", help="Seconds after which a publish in progress counts as abandoned."
+        ),
+    ] = STALE_AFTER_SECONDS,
+    blobs: BlobsOption = None,
+    s3_endpoint: S3EndpointOption = None,
+) -> None:
+    """Delete blobs no live version references (safe while publishes and serve run)."""
+    layout = DataDir.open(data_dir, create=False)
+    with Catalog(layout.catalog_path, create=False) as catalog:
+        store = layout.blob_store(catalog, blobs, endpoint_url=s3_endpoint)
+        result = collect(
+            catalog, store, dry_run=dry_run, keep_events=keep_events, stale_after_s=stale_after
+        )
+    verb = "would delete" if dry_run else "deleted"
+    _say(
+        f"gc: scanned {result.blobs_scanned} blobs, {verb} {result.blobs_deleted}; "
+        f"abandoned publishes {result.publishes_dropped}, temp files {result.temp_removed}, "
+        f"events pruned {result.events_pruned}"
+    )
+
+
+@app.command()
+def verify(
+    data_dir: DataDirOption,
+    dataset: DatasetArgument,
+    ref: Annotated[
+        str, typer.Argument(metavar="REF", help="Version or tag to verify.", show_default=False)
+    ],
+    blocks: Annotated[
+        bool, typer.Option("--blocks", help="Also read and re-hash every block.")
+    ] = False,
+    blobs: BlobsOption = None,
+    s3_endpoint: S3EndpointOption = None,
+) -> None:
+    """Prove a version is unchanged: re-hash its manifest (and blocks) against its ids.
+
+    Exits 0 when intact, 1 on any mismatch.
+    """
+    layout = DataDir.open(data_dir, create=False)
+    with Catalog(layout.catalog_path, create=False) as catalog:
+        store = layout.blob_store(catalog, blobs, endpoint_url=s3_endpoint)
+        result = verify_version(catalog, store, dataset, ref, blocks=blocks)
+    snapshot = result.snapshot
+    if result.manifest_digest != snapshot.snapshot_id:
+        raise CorruptCatalog(
+            f"{dataset} {snapshot.version}: manifest hashes to {result.manifest_digest}, "
+            f"not its snapshot id {snapshot.snapshot_id}"
+        )
+    if result.missing or result.corrupt:
+        raise CorruptBlob(
+            f"{dataset} {snapshot.version}: {len(result.missing)} missing and "
+            f"{len(result.corrupt)} corrupt blocks, e.g. {(result.missing + result.corrupt)[0]}"
+        )
+    checked = f", {result.blocks_checked} blocks" if blocks else ""
+    print(f"{dataset} {snapshot.version} {snapshot.snapshot_id} ok{checked}", flush=True)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -171,6 +406,9 @@ def ls(
         str | None,
         typer.Argument(metavar="DATASET", help="List this dataset's versions and tags."),
     ] = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Also list revoked versions, with a STATE column.")
+    ] = False,
 ) -> None:
     """List datasets, or one dataset's versions with their tags."""
     layout = DataDir.open(data_dir, create=False)
@@ -184,26 +422,29 @@ def ls(
                 )
             )
             return
-        versions = catalog.list_versions(dataset)
+        versions = catalog.list_versions(dataset, include_revoked=show_all)
         tags: dict[str, list[str]] = {}
         for tag in catalog.list_tags(dataset):
             tags.setdefault(tag.version, []).append(tag.name)
-    print(
-        _table(
-            ("VERSION", "CREATED", "FILES", "BYTES", "SNAPSHOT", "TAGS"),
-            [
-                (
-                    s.version,
-                    _timestamp(s.created_ns),
-                    str(s.file_count),
-                    str(s.total_bytes),
-                    s.snapshot_id,
-                    ",".join(tags.get(s.version, [])),
-                )
-                for s in versions
-            ],
+    header: tuple[str, ...] = ("VERSION", "CREATED", "FILES", "BYTES", "SNAPSHOT", "TAGS")
+    rows: list[tuple[str, ...]] = [
+        (
+            s.version,
+            _timestamp(s.created_ns),
+            str(s.file_count),
+            str(s.total_bytes),
+            s.snapshot_id,
+            ",".join(tags.get(s.version, [])),
         )
-    )
+        for s in versions
+    ]
+    if show_all:
+        header = (*header, "STATE")
+        rows = [
+            (*row, "revoked" if s.revoked else "live")
+            for row, s in zip(rows, versions, strict=True)
+        ]
+    print(_table(header, rows))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -228,6 +469,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except typer.Abort:
         _say("error: aborted")
+        return EXIT_FAILURE
+    except (StorageError, CorruptBlob, CorruptCatalog) as exc:
+        _say(f"error: {exc}")
         return EXIT_FAILURE
     except HubError as exc:
         _say(f"error: {exc}")

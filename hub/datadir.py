@@ -5,6 +5,10 @@ DATA_DIR/
   catalog/   LMDB environment: datasets, versions, tags, snapshots, manifests (hub.catalog)
   blobs/     content-addressed block files, blobs/<first 2 hex>/<digest> (hub.blobstore)
 ```
+
+The blocks may live elsewhere (another directory, or ``s3://BUCKET/PREFIX``): the catalog
+records where on first use (:meth:`DataDir.blob_store`), so ``publish``, ``serve`` and
+``gc`` on one data directory always agree on the store.
 """
 
 from __future__ import annotations
@@ -13,7 +17,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hub.errors import DataDirNotFound, HubError
+from hub.blobstore import BlobStore, open_blob_store
+from hub.catalog import Catalog
+from hub.errors import Conflict, DataDirNotFound, HubError
+
+DEFAULT_BLOBS = "blobs"
+"""The default blob store location, relative to the data directory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,3 +74,42 @@ class DataDir:
         if not path.is_dir():
             raise DataDirNotFound(f"data dir {path} is not a directory")
         return cls(path)
+
+    def blob_store(
+        self, catalog: Catalog, blobs: str | None = None, *, endpoint_url: str | None = None
+    ) -> BlobStore:
+        """Opens the blob store this data directory's catalog uses, recording it once.
+
+        Args:
+            catalog: The data directory's open catalog.
+            blobs: A path or ``s3://BUCKET/PREFIX``; None means the recorded store, else
+                ``DATA_DIR/blobs``. A relative path is relative to the data directory.
+            endpoint_url: The S3 endpoint URL, for ``s3://`` stores.
+
+        Returns:
+            The store.
+
+        Raises:
+            Conflict: ``blobs`` names another store than the one the catalog records.
+            ConfigError: ``blobs`` is malformed.
+            StorageError: The store cannot be opened.
+            CatalogError: The catalog cannot be written.
+        """
+        recorded = catalog.blobs_location()
+        wanted = blobs if blobs is not None else (recorded or DEFAULT_BLOBS)
+        store = open_blob_store(self._resolve(wanted), endpoint_url=endpoint_url)
+        if recorded is None:
+            catalog.set_blobs_location(wanted if blobs is None else store.location)
+        elif blobs is not None:
+            known = open_blob_store(self._resolve(recorded), endpoint_url=endpoint_url)
+            if known.location != store.location:
+                raise Conflict(
+                    f"data dir {self.root} keeps its blocks in {known.location}, "
+                    f"not {store.location}"
+                )
+        return store
+
+    def _resolve(self, location: str) -> str:
+        if "://" in location or os.path.isabs(location):
+            return location
+        return str(self.root / location)

@@ -4,7 +4,8 @@ Every error the hub raises on purpose derives from :class:`HubError`. Its messag
 written for the person at the other end (an operator at the command line, a spoke
 reading a gRPC status) and names the offending value. The two outer layers translate
 them in exactly one place each: :mod:`hub.service` maps the class to a gRPC status code
-(:func:`hub.service.status_code`), :mod:`hub.cli` prints the message and exits 2.
+(:func:`hub.service.status_code`), :mod:`hub.cli` prints the message and exits 2
+(1 for :class:`StorageError`, a failing system rather than bad input).
 """
 
 from __future__ import annotations
@@ -26,6 +27,34 @@ class InvalidDigest(InvalidArgument):
     """A block digest that is not 32 lowercase hex characters (an xxh3-128 hex digest)."""
 
 
+class LimitExceeded(HubError):
+    """A request beyond a configured bound: a message over the size limit, too many digests."""
+
+
+class Unauthenticated(HubError):
+    """The caller presented no bearer token, or one the hub does not know."""
+
+
+class PermissionDenied(HubError):
+    """The caller's token does not grant read access to the dataset asked for."""
+
+
+class AlreadyExists(HubError):
+    """Something immutable already exists and may not be written again."""
+
+
+class VersionExists(AlreadyExists):
+    """A publish named a version that is already published: versions never change."""
+
+
+class Conflict(HubError):
+    """The request is well formed but the catalog's state does not allow it now."""
+
+
+class SequenceOutOfRange(HubError):
+    """A Watch resumed from a sequence number the catalog no longer (or never) held."""
+
+
 class NotFound(HubError):
     """A well-formed name or digest that the catalog or the blob store does not hold."""
 
@@ -36,6 +65,18 @@ class DatasetNotFound(NotFound):
 
 class RefNotFound(NotFound):
     """The dataset exists but has no such version or tag."""
+
+
+class VersionRevoked(RefNotFound):
+    """The version was revoked: it no longer resolves and its blocks are no longer served."""
+
+
+class PathNotFound(NotFound):
+    """The snapshot has no entry at that path."""
+
+
+class NotADirectory(InvalidArgument):
+    """A directory listing named a path that is a file or a symlink."""
 
 
 class SnapshotNotFound(NotFound):
@@ -54,6 +95,10 @@ class SourceError(HubError):
     """The publish source tree cannot be published as is (missing, unreadable, odd file type)."""
 
 
+class StorageError(HubError):
+    """The blob store failed (I/O error, object store unreachable or refusing)."""
+
+
 class CorruptBlob(HubError):
     """A stored blob's bytes do not match what the store promised (short read, bad digest)."""
 
@@ -68,3 +113,7 @@ class CorruptCatalog(CatalogError):
 
 class ListenError(HubError):
     """The server could not bind its listen address (in use, not local, malformed)."""
+
+
+class ConfigError(InvalidArgument):
+    """A server setting is unusable: a token file, a certificate, a key, a size."""

@@ -45,6 +45,12 @@ _HEADER = struct.Struct(">HI")  # format, block_size
 _MAX_U32 = 2**32 - 1
 _MAX_U64 = 2**64 - 1
 
+MAX_PATH_BYTES = 4095
+"""Longest manifest path, UTF-8 bytes (Linux ``PATH_MAX`` less the terminating NUL)."""
+
+MAX_NAME_BYTES = 255
+"""Longest path component, UTF-8 bytes (Linux ``NAME_MAX``)."""
+
 
 class EntryType(enum.IntEnum):
     """Kind of a manifest entry; the values are those of ``protocol.hub.v1.EntryType``."""
@@ -65,16 +71,27 @@ def validate_path(path: str) -> str:
 
     Raises:
         InvalidName: The path is empty, absolute, has an empty, ``.`` or ``..`` component,
-            contains NUL, or is not encodable as UTF-8.
+            contains NUL, is not encodable as UTF-8, or is longer than
+            :data:`MAX_PATH_BYTES` (or a component longer than :data:`MAX_NAME_BYTES`).
     """
+    shown = repr(path if len(path) <= 80 else path[:77] + "...")
     if not path or path.startswith("/") or "\0" in path:
-        raise InvalidName(f"invalid manifest path {path!r}")
-    if any(part in ("", ".", "..") for part in path.split("/")):
-        raise InvalidName(f"invalid manifest path {path!r}: empty, '.' or '..' component")
+        raise InvalidName(f"invalid manifest path {shown}")
     try:
-        path.encode("utf-8")
+        encoded = path.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidName(f"invalid manifest path {path!r}: not valid UTF-8") from None
+        raise InvalidName(f"invalid manifest path {shown}: not valid UTF-8") from None
+    if len(encoded) > MAX_PATH_BYTES:
+        raise InvalidName(
+            f"invalid manifest path {shown}: {len(encoded)} bytes, over {MAX_PATH_BYTES}"
+        )
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            raise InvalidName(f"invalid manifest path {shown}: empty, '.' or '..' component")
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            raise InvalidName(
+                f"invalid manifest path {shown}: a component is over {MAX_NAME_BYTES} bytes"
+            )
     return path
 
 
@@ -195,6 +212,36 @@ def decode_entry(data: bytes) -> ManifestEntry:
             raise ValueError("bad entry length")
         return ManifestEntry(path, EntryType(kind), mode, size, mtime_ns, target, tuple(blocks))
     except (struct.error, ValueError, UnicodeDecodeError, InvalidArgument) as exc:
+        raise CorruptCatalog(f"corrupt manifest entry: {exc}") from exc
+
+
+def decode_block_refs(data: bytes) -> list[tuple[bytes, int]]:
+    """Reads only the block list of an entry written by :func:`encode_entry` (fast path).
+
+    Args:
+        data: The entry's canonical bytes.
+
+    Returns:
+        ``(raw 16-byte digest, block length in bytes)`` per block, in file order.
+
+    Raises:
+        CorruptCatalog: ``data`` is truncated.
+    """
+    try:
+        path_len = _FIXED.unpack_from(data, 0)[4]
+        offset = _FIXED.size + path_len
+        (target_len,) = _LENGTH.unpack_from(data, offset)
+        offset += _LENGTH.size + target_len
+        (count,) = _LENGTH.unpack_from(data, offset)
+        offset += _LENGTH.size
+        if offset + count * (16 + _BLOCK_SIZE.size) != len(data):
+            raise ValueError("bad entry length")
+        refs = []
+        for _ in range(count):
+            refs.append((data[offset : offset + 16], _BLOCK_SIZE.unpack_from(data, offset + 16)[0]))
+            offset += 16 + _BLOCK_SIZE.size
+        return refs
+    except (struct.error, ValueError) as exc:
         raise CorruptCatalog(f"corrupt manifest entry: {exc}") from exc
 
 

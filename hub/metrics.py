@@ -6,14 +6,25 @@ counters; https://prometheus.io/docs/practices/naming/).
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from hub.address import Address
-from hub.errors import ListenError
+from hub.catalog import Catalog
+from hub.errors import HubError, ListenError
+from hub.events import Event, EventKind
+
+logger = logging.getLogger(__name__)
+
+PUBLISH_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, float("inf"))
+"""Histogram buckets of publish durations, seconds (from a tiny tree to a large one)."""
 
 
 class HubMetrics:
@@ -26,6 +37,14 @@ class HubMetrics:
         blocks_served: ``strata_hub_blocks_served_total``: blocks sent by ReadBlocks.
         blocks_served_bytes: ``strata_hub_blocks_served_bytes_total``: block bytes sent
             by ReadBlocks.
+        active_streams: ``strata_hub_active_streams{method}``: streaming calls in flight.
+        publish_duration: ``strata_hub_publish_duration_seconds``: how long publishes took,
+            from their start to their commit, as seen in the catalog's events (publishes
+            by any process, committed while this server runs).
+        events: ``strata_hub_catalog_events_total{kind}``: catalog events seen.
+
+    Catalog sizes (``strata_hub_catalog_*``) are read at scrape time once
+    :meth:`watch_catalog` names the catalog.
 
     Args:
         registry: Where to register the counters; a new registry by default.
@@ -49,6 +68,76 @@ class HubMetrics:
             "Block bytes sent by ReadBlocks.",
             registry=self.registry,
         )
+        self.active_streams = Gauge(
+            "strata_hub_active_streams",
+            "Streaming gRPC calls in flight, by method.",
+            ["method"],
+            registry=self.registry,
+        )
+        self.publish_duration = Histogram(
+            "strata_hub_publish_duration_seconds",
+            "Publish duration from start to commit, seconds.",
+            buckets=PUBLISH_BUCKETS,
+            registry=self.registry,
+        )
+        self.events = Counter(
+            "strata_hub_catalog_events",
+            "Catalog events seen by this server, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+
+    def observe_events(self, events: Iterable[Event]) -> None:
+        """Counts catalog events and records the duration of each publish among them."""
+        for event in events:
+            self.events.labels(kind=event.kind.name.lower()).inc()
+            if event.kind == EventKind.VERSION_PUBLISHED:
+                self.publish_duration.observe(event.duration_ns / 1e9)
+
+    def watch_catalog(self, catalog: Catalog) -> Callable[[], None]:
+        """Exposes ``catalog``'s sizes as ``strata_hub_catalog_*`` gauges, read per scrape.
+
+        Returns:
+            A function that stops exposing them (call it before closing the catalog).
+        """
+        collector = _CatalogCollector(catalog)
+        self.registry.register(collector)
+        return lambda: self.registry.unregister(collector)
+
+
+class _CatalogCollector(Collector):
+    """Catalog sizes as gauges, read from LMDB's statistics at scrape time (cheap)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            stats = self._catalog.stats()
+        except HubError:  # closed during shutdown
+            return
+        gauges = (
+            ("datasets", "Datasets in the catalog.", stats.datasets),
+            ("tags", "Tags in the catalog.", stats.tags),
+            ("snapshots", "Distinct snapshots with a live version.", stats.snapshots),
+            ("blocks", "Distinct blocks referenced by live versions.", stats.blocks),
+            ("block_bytes", "Bytes of the blocks live versions reference.", stats.block_bytes),
+            (
+                "publishes_in_progress",
+                "Publishes staged and not committed (or abandoned by a crash).",
+                stats.publishes_in_progress,
+            ),
+            ("last_sequence", "Sequence number of the newest event.", stats.last_sequence),
+            ("map_used_bytes", "Bytes of the LMDB map in use.", stats.map_used_bytes),
+        )
+        for name, documentation, value in gauges:
+            yield GaugeMetricFamily(f"strata_hub_catalog_{name}", documentation, value=value)
+        versions = GaugeMetricFamily(
+            "strata_hub_catalog_versions", "Versions by state.", labels=["state"]
+        )
+        versions.add_metric(["live"], stats.versions - stats.revoked_versions)
+        versions.add_metric(["revoked"], stats.revoked_versions)
+        yield versions
 
 
 class MetricsEndpoint:

@@ -1,8 +1,19 @@
 """Running the hub's gRPC server: on the caller's event loop, or on a background thread.
 
-:func:`serve` (an alias of :meth:`HubServer.start`) is what the CLI uses;
-:class:`ServerThread` runs the same server on its own event loop in a thread, so that
-synchronous code (tests, demos) can start a hub and talk to it with a blocking client.
+:meth:`HubServer.start` is what the CLI uses; :class:`ServerThread` runs the same server
+on its own event loop in a thread, so that synchronous code (tests, benchmarks) can
+start a hub and talk to it with a blocking client.
+
+Besides ``protocol.hub.v1.Hub`` the server offers the standard health checking service
+(``grpc.health.v1.Health``; https://github.com/grpc/grpc/blob/master/doc/health-checking.md)
+and server reflection (``grpc.reflection.v1alpha.ServerReflection``; gRFC/doc
+https://github.com/grpc/grpc/blob/master/doc/server-reflection.md). Both are open
+without a token: probes (e.g. Kubernetes' gRPC liveness probes) carry none, and the
+schema reflection reveals is public (``protocol/hub/v1/hub.proto``).
+
+Shutdown (:meth:`HubServer.stop`) reports NOT_SERVING on the health service first, ends
+the open ``Watch`` streams with OK, refuses new calls, and lets calls in flight (block
+streams) finish for a grace period before cancelling them (gRPC's graceful stop).
 """
 
 from __future__ import annotations
@@ -11,33 +22,137 @@ import asyncio
 import os
 import socket
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
+from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from hub.address import Address
-from hub.blobstore import LocalBlobStore
+from hub.auth import TokenTable
 from hub.blocks import MiB
 from hub.catalog import Catalog
 from hub.datadir import DataDir
-from hub.errors import ListenError
+from hub.errors import ConfigError, ListenError
 from hub.metrics import HubMetrics
-from hub.service import HubService
+from hub.service import CHUNK_BYTES, SERVICE_NAME, HubService, HubWire
+from hub.watch import POLL_SECONDS, CatalogWatcher
 from protocol.hub.v1 import hub_pb2_grpc
 
 MAX_MESSAGE_BYTES = 4 * MiB
-"""Send and receive limit per gRPC message, bytes (gRPC's usual default receive limit).
-Block data goes out in chunks of at most :data:`hub.service.CHUNK_BYTES`."""
+"""Default send and receive limit per gRPC message, bytes (gRPC's usual default receive
+limit). Block data goes out in chunks of at most :data:`hub.service.CHUNK_BYTES`."""
+
+MIN_MESSAGE_BYTES = 64 * 1024
+"""Smallest message size limit accepted, bytes (a chunk must fit with room to spare)."""
+
+CORE_CEILING_BYTES = 64 * MiB
+"""Least receive limit given to gRPC core, bytes. Requests up to the larger of this and
+twice the configured limit are refused by the hub itself (RESOURCE_EXHAUSTED, counted);
+larger ones by gRPC core before any handler runs (RESOURCE_EXHAUSTED, not counted)."""
 
 GRACE_SECONDS = 5.0
 """How long :meth:`HubServer.stop` lets calls in flight finish, seconds."""
 
-SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    # Without this a second server could bind the same port and steal half the calls.
-    ("grpc.so_reuseport", 0),
-)
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """How a hub server runs, beyond its data directory and address.
+
+    Attributes:
+        tls_cert: PEM certificate chain; serving TLS needs it and ``tls_key``.
+        tls_key: PEM private key of ``tls_cert``.
+        client_ca: PEM CA bundle; when set, clients must present a certificate it
+            signed (mutual TLS). Needs ``tls_cert``.
+        tokens: Token file (:mod:`hub.auth`); None serves everyone without tokens.
+        max_message_bytes: Largest gRPC message received or sent, bytes.
+        blobs: The blob store (a path or ``s3://BUCKET/PREFIX``); None for the recorded
+            one, else ``DATA_DIR/blobs``.
+        s3_endpoint: The S3 endpoint URL for ``s3://`` blob stores.
+        poll_s: How often the catalog is polled for changes by other processes, seconds.
+    """
+
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    client_ca: Path | None = None
+    tokens: Path | None = None
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    blobs: str | None = None
+    s3_endpoint: str | None = None
+    poll_s: float = POLL_SECONDS
+
+    def credentials(self) -> grpc.ServerCredentials | None:
+        """The TLS credentials, or None for plaintext.
+
+        Raises:
+            ConfigError: Only one of certificate and key given, a client CA without a
+                certificate, or a file that cannot be read.
+        """
+        if self.tls_cert is None and self.tls_key is None:
+            if self.client_ca is not None:
+                raise ConfigError("--client-ca needs --tls-cert and --tls-key")
+            return None
+        if self.tls_cert is None or self.tls_key is None:
+            raise ConfigError("TLS needs both --tls-cert and --tls-key")
+        key, cert = _read_pem(self.tls_key), _read_pem(self.tls_cert)
+        ca = _read_pem(self.client_ca) if self.client_ca is not None else None
+        try:
+            return grpc.ssl_server_credentials(
+                [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+            )
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ConfigError(f"unusable TLS certificate or key: {exc}") from exc
+
+    def validate(self) -> None:
+        """Checks the plain values.
+
+        Raises:
+            ConfigError: ``max_message_bytes`` or ``poll_s`` is out of range.
+        """
+        if self.max_message_bytes < MIN_MESSAGE_BYTES:
+            raise ConfigError(
+                f"max message size {self.max_message_bytes} bytes is below "
+                f"{MIN_MESSAGE_BYTES} bytes"
+            )
+        if not 0 < self.poll_s <= 60:
+            raise ConfigError(f"poll interval {self.poll_s} s is not in (0, 60]")
+
+
+def _read_pem(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if b"-----BEGIN " not in data:
+        raise ConfigError(f"{path} is not a PEM file")
+    return data
+
+
+def server_options(max_message_bytes: int) -> tuple[tuple[str, int], ...]:
+    """gRPC core options for a hub with the given message size limit.
+
+    Args:
+        max_message_bytes: The configured limit, bytes (enforced by :class:`hub.service.HubWire`).
+
+    Returns:
+        ``(name, value)`` pairs for :func:`grpc.aio.server`.
+    """
+    return (
+        ("grpc.max_send_message_length", max_message_bytes),
+        (
+            "grpc.max_receive_message_length",
+            max(2 * max_message_bytes, CORE_CEILING_BYTES),
+        ),
+        # Without this a second server could bind the same port and steal half the calls.
+        ("grpc.so_reuseport", 0),
+    )
+
+
+SERVER_OPTIONS = server_options(MAX_MESSAGE_BYTES)
+"""Core options of a hub with the default limits."""
 
 
 def check_bindable(address: Address) -> None:
@@ -78,21 +193,29 @@ class HubServer:
         address: The bound address (the real port, never 0).
         data_dir: The data directory being served.
         metrics: The server's counters.
+        config: The settings it runs with.
     """
 
     def __init__(
         self,
         server: grpc.aio.Server,
         catalog: Catalog,
+        watcher: CatalogWatcher,
+        health_servicer: health.aio.HealthServicer,
         address: Address,
         data_dir: DataDir,
         metrics: HubMetrics,
+        config: ServerConfig,
     ) -> None:
         self._server = server
         self._catalog = catalog
+        self._watcher = watcher
+        self._health = health_servicer
         self.address = address
         self.data_dir = data_dir
         self.metrics = metrics
+        self.config = config
+        self._unwatch: Callable[[], None] = lambda: None
 
     @property
     def port(self) -> int:
@@ -106,6 +229,7 @@ class HubServer:
         listen: str,
         *,
         metrics: HubMetrics | None = None,
+        config: ServerConfig | None = None,
     ) -> HubServer:
         """Opens the data directory, binds ``listen`` and starts serving.
 
@@ -114,6 +238,7 @@ class HubServer:
                 when missing.
             listen: ``HOST:PORT``; port 0 picks a free port (see :attr:`port`).
             metrics: Counters to update; a fresh set by default.
+            config: TLS, tokens, limits and the blob store; defaults otherwise.
 
         Returns:
             The running server.
@@ -121,60 +246,91 @@ class HubServer:
         Raises:
             DataDirNotFound: ``data_dir`` does not exist or is not a directory.
             InvalidArgument: ``listen`` is malformed.
+            ConfigError: A setting, token file, certificate or key is unusable.
             ListenError: ``listen`` cannot be bound (in use, not a local address).
             CatalogError: The catalog cannot be opened.
+            Conflict: ``config.blobs`` is not the store the catalog records.
         """
+        config = config if config is not None else ServerConfig()
+        config.validate()
         address = Address.parse(listen)
         layout = DataDir.open(data_dir, create=False)
+        credentials = config.credentials()
+        tokens = TokenTable.load(config.tokens) if config.tokens is not None else None
         check_bindable(address)
         metrics = metrics if metrics is not None else HubMetrics()
         catalog = Catalog(layout.catalog_path, create=True)
+        watcher: CatalogWatcher | None = None
         try:
-            store = LocalBlobStore(layout.blobs_path)
-            server = grpc.aio.server(options=SERVER_OPTIONS)
-            hub_pb2_grpc.add_HubServicer_to_server(HubService(catalog, store, metrics), server)
+            store = layout.blob_store(catalog, config.blobs, endpoint_url=config.s3_endpoint)
+            watcher = CatalogWatcher(catalog, config.poll_s, on_events=metrics.observe_events)
+            await watcher.start()
+            server = grpc.aio.server(
+                options=server_options(config.max_message_bytes),
+                interceptors=[HubWire(config.max_message_bytes)],
+            )
+            service = HubService(
+                catalog,
+                store,
+                metrics,
+                chunk_bytes=min(CHUNK_BYTES, config.max_message_bytes // 2),
+                tokens=tokens,
+                watcher=watcher,
+            )
+            hub_pb2_grpc.add_HubServicer_to_server(service, server)
+            health_servicer = health.aio.HealthServicer()
+            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+            reflection.enable_server_reflection(
+                (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+            )
             try:
-                port = server.add_insecure_port(str(address))
+                if credentials is None:
+                    port = server.add_insecure_port(str(address))
+                else:
+                    port = server.add_secure_port(str(address), credentials)
             except RuntimeError:
                 port = 0
             if port == 0:
                 await server.stop(None)
                 raise ListenError(f"cannot listen on {listen}: address in use or not available")
             await server.start()
+            for name in ("", SERVICE_NAME):
+                await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+            unwatch = metrics.watch_catalog(catalog)
         except BaseException:
+            if watcher is not None:
+                await watcher.close()
             catalog.close()
             raise
-        return cls(server, catalog, Address(address.host, port), layout, metrics)
+        hub = cls(
+            server,
+            catalog,
+            watcher,
+            health_servicer,
+            Address(address.host, port),
+            layout,
+            metrics,
+            config,
+        )
+        hub._unwatch = unwatch
+        return hub
 
     async def stop(self, grace: float | None = GRACE_SECONDS) -> None:
-        """Stops accepting calls, lets calls in flight finish for ``grace`` seconds, closes.
+        """Stops gracefully: NOT_SERVING, end Watch streams, drain calls, close.
 
         Args:
-            grace: Seconds to wait for calls in flight before cancelling them; None cancels
-                them at once.
+            grace: Seconds calls in flight get to finish before they are cancelled; None
+                cancels them at once.
         """
+        await self._health.enter_graceful_shutdown()
+        await self._watcher.close()
         await self._server.stop(grace)
+        self._unwatch()
         self._catalog.close()
 
     async def wait_for_termination(self) -> None:
         """Waits until the server has stopped."""
         await self._server.wait_for_termination()
-
-
-async def serve(
-    data_dir: str | os.PathLike[str], listen: str, *, metrics: HubMetrics | None = None
-) -> HubServer:
-    """Starts a hub server on the running event loop; see :meth:`HubServer.start`.
-
-    Args:
-        data_dir: An existing data directory.
-        listen: ``HOST:PORT``; port 0 picks a free port.
-        metrics: Counters to update; a fresh set by default.
-
-    Returns:
-        The running server; ``port`` is the bound port, ``stop()`` stops it.
-    """
-    return await HubServer.start(data_dir, listen, metrics=metrics)
 
 
 class ServerThread:
@@ -187,6 +343,7 @@ class ServerThread:
         listen: ``HOST:PORT``; port 0 (the default, on 127.0.0.1) picks a free port.
         metrics: Counters to update; a fresh set by default.
         grace: Seconds calls in flight get to finish when stopping.
+        config: TLS, tokens, limits and the blob store; defaults otherwise.
     """
 
     def __init__(
@@ -196,11 +353,13 @@ class ServerThread:
         *,
         metrics: HubMetrics | None = None,
         grace: float = 1.0,
+        config: ServerConfig | None = None,
     ) -> None:
         self._data_dir = data_dir
         self._listen = listen
         self._metrics = metrics
         self._grace = grace
+        self._config = config
         self._started = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -272,7 +431,7 @@ class ServerThread:
         self._stop_requested = asyncio.Event()
         try:
             self._server = await HubServer.start(
-                self._data_dir, self._listen, metrics=self._metrics
+                self._data_dir, self._listen, metrics=self._metrics, config=self._config
             )
         except Exception as exc:
             self._error = exc

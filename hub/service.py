@@ -1,35 +1,69 @@
 """The hub's gRPC service (``protocol.hub.v1.Hub``) on grpc.aio.
 
-The servicer translates: it reads the catalog and the blob store and converts records
-to messages. Catalog and blob reads block (LMDB, file I/O), so they run in worker
-threads (:func:`asyncio.to_thread`) and the event loop keeps serving other streams.
+The servicer translates: it authenticates the caller, checks read scope and limits, reads
+the catalog and the blob store, and converts records to messages. Catalog and blob reads
+block (LMDB, file or object I/O), so they run in worker threads
+(:func:`asyncio.to_thread`) and the event loop keeps serving other streams.
 
+Every handler goes through one wrapper (:func:`_unary` or :func:`_streaming`), which
+authenticates (:class:`hub.auth.TokenTable`), refuses oversize requests, tracks active
+streams and counts the finished call in ``strata_hub_requests_total{method,code}``.
 Errors are mapped to gRPC status codes in exactly one place, :func:`status_code`: a
 :class:`~hub.errors.HubError` becomes its code with the error's message as details;
-anything else is logged and answered ``INTERNAL``. Every finished call is counted in
-``strata_hub_requests_total{method,code}``.
+anything else is logged and answered ``INTERNAL``. Codes follow gRPC's status code guide
+(https://grpc.io/docs/guides/status-codes/).
+
+Block access: a digest is served only when a live version of a dataset the caller may
+read references it (:meth:`hub.catalog.Catalog.block_size`, one lookup per digest);
+any other digest — unknown, revoked, or another dataset's — is ``NOT_FOUND`` with the
+same message, so guessing digests reveals nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import grpc
 
+from hub.auth import ANONYMOUS, Principal, TokenTable
 from hub.blobstore import BlobStore
 from hub.blocks import MiB
 from hub.catalog import Catalog, Snapshot, Tag
-from hub.errors import CorruptBlob, CorruptCatalog, HubError, InvalidArgument, NotFound
-from hub.manifest import EntryType, ManifestEntry
+from hub.errors import (
+    AlreadyExists,
+    BlockNotFound,
+    Conflict,
+    CorruptBlob,
+    CorruptCatalog,
+    HubError,
+    InvalidArgument,
+    LimitExceeded,
+    NotFound,
+    PermissionDenied,
+    SequenceOutOfRange,
+    StorageError,
+    Unauthenticated,
+    VersionRevoked,
+)
+from hub.events import Event, EventKind
+from hub.manifest import EntryType, ManifestEntry, validate_path
 from hub.metrics import HubMetrics
-from hub.names import validate_digest
+from hub.names import validate_dataset, validate_digest
+from hub.watch import CatalogWatcher
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 
 logger = logging.getLogger(__name__)
+
+SERVICE_NAME = hub_pb2.DESCRIPTOR.services_by_name["Hub"].full_name
+"""``protocol.hub.v1.Hub``."""
 
 CHUNK_BYTES = 1 * MiB
 """Largest ``BlockChunk.data`` sent, bytes; keeps every message far below the size limit."""
@@ -37,24 +71,48 @@ CHUNK_BYTES = 1 * MiB
 MANIFEST_PAGE_ENTRIES = 256
 """Manifest entries read per worker-thread call while streaming GetManifest."""
 
+MAX_DIGESTS_PER_REQUEST = 4096
+"""Most digests one ``ReadBlocksRequest`` may name (the spoke asks for 16 at a time)."""
+
+DEFAULT_PAGE_SIZE = 1000
+"""``ListDirectory`` entries per page when the request says 0."""
+
+MAX_PAGE_SIZE = 10_000
+"""Largest ``ListDirectory`` page; larger requests are served this many (AIP-158)."""
+
+WATCH_BATCH = 1000
+"""Events read per catalog transaction while streaming ``Watch``."""
+
 _STATUS_CODES: tuple[tuple[type[HubError], grpc.StatusCode], ...] = (
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (NotFound, grpc.StatusCode.NOT_FOUND),
+    (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    (Conflict, grpc.StatusCode.FAILED_PRECONDITION),
+    (SequenceOutOfRange, grpc.StatusCode.OUT_OF_RANGE),
     (CorruptBlob, grpc.StatusCode.DATA_LOSS),
     (CorruptCatalog, grpc.StatusCode.DATA_LOSS),
+    (StorageError, grpc.StatusCode.UNAVAILABLE),
 )
 
 
 def status_code(error: HubError) -> grpc.StatusCode:
-    """Maps a domain error to the gRPC status code a client receives.
+    """Maps a domain error to the gRPC status code a client receives (the only place).
 
     Args:
         error: The error.
 
     Returns:
-        ``INVALID_ARGUMENT`` for malformed input, ``NOT_FOUND`` for unknown datasets,
-        refs, snapshots and blocks, ``DATA_LOSS`` for corrupt stored data, ``INTERNAL``
-        for anything else.
+        ``INVALID_ARGUMENT`` for malformed input, ``NOT_FOUND`` for unknown (or revoked,
+        or unreadable) datasets, refs, paths, snapshots and blocks,
+        ``RESOURCE_EXHAUSTED`` for requests over a limit, ``UNAUTHENTICATED`` for a
+        missing or unknown token, ``PERMISSION_DENIED`` for a dataset outside the token's
+        scope, ``ALREADY_EXISTS`` for attempts to rewrite a version,
+        ``FAILED_PRECONDITION`` for changes the catalog's state forbids, ``OUT_OF_RANGE``
+        for a Watch resumed from a sequence number not kept, ``DATA_LOSS`` for corrupt
+        stored data, ``UNAVAILABLE`` when the blob store fails, ``INTERNAL`` otherwise.
     """
     for error_type, code in _STATUS_CODES:
         if isinstance(error, error_type):
@@ -62,52 +120,173 @@ def status_code(error: HubError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+@dataclass(frozen=True, slots=True)
+class Oversize:
+    """Stands in for a request message over the size limit (see :class:`HubWire`).
+
+    Attributes:
+        size: The message's length, bytes.
+        limit: The limit, bytes.
+    """
+
+    size: int
+    limit: int
+
+    def error(self) -> LimitExceeded:
+        """The error to answer with."""
+        return LimitExceeded(
+            f"request message of {self.size} bytes is over the {self.limit}-byte limit"
+        )
+
+
+def encode_block_chunk(
+    digest: str, offset: int, data: bytes | memoryview, block_size: int, last: bool
+) -> bytes:
+    """Serializes a ``BlockChunk`` by hand, with the data field last.
+
+    The protobuf wire format (https://protobuf.dev/programming-guides/encoding/) lets
+    fields appear in any order, so the fixed fields go first and the data is appended
+    once: one copy of the bytes instead of building a message and serializing it.
+    ``BlockChunk.FromString`` of the result equals the message with the same fields.
+
+    Args:
+        digest: The block's digest (32 characters).
+        offset: Offset of ``data`` within the block, bytes.
+        data: The chunk's bytes.
+        block_size: The whole block's length, bytes.
+        last: Whether this chunk ends the block.
+
+    Returns:
+        The serialized message.
+    """
+    head = bytearray(b"\x0a\x20")  # field 1 (digest), length-delimited, 32 bytes
+    head += digest.encode("ascii")
+    if offset:
+        head += b"\x10" + _varint(offset)  # field 2 (offset), varint
+    if block_size:
+        head += b"\x20" + _varint(block_size)  # field 4 (block_size), varint
+    if last:
+        head += b"\x28\x01"  # field 5 (last), varint 1
+    if not data:  # proto3 leaves default values out
+        return bytes(head)
+    head += b"\x1a" + _varint(len(data))  # field 3 (data), length-delimited
+    return b"".join((head, data))
+
+
+def _varint(value: int) -> bytes:
+    """Base-128 varint encoding of a non-negative integer (protobuf wire format)."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class HubWire(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Adapts the Hub methods' (de)serialization: request size limit, pre-encoded chunks.
+
+    gRPC core refuses a message over its own receive limit before any Python code runs,
+    so such a call could not be counted. The server therefore sets core's limit higher
+    (a hard memory ceiling) and this interceptor enforces the configured limit while
+    deserializing: an oversize request becomes an :class:`Oversize` marker, the handler
+    answers ``RESOURCE_EXHAUSTED`` with a message, and the call is counted like any
+    other. Responses may also be ``bytes`` already serialized (ReadBlocks' chunks by
+    :func:`encode_block_chunk`, GetManifest's entries in worker threads); those pass
+    through the serializer untouched.
+
+    Args:
+        limit: Largest request message accepted, bytes.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or not method.startswith(f"/{SERVICE_NAME}/"):
+            return handler
+        deserialize = handler.request_deserializer
+        serialize = handler.response_serializer
+        limit = self._limit
+
+        def checked(raw: bytes) -> object:
+            if len(raw) > limit:
+                return Oversize(len(raw), limit)
+            return deserialize(raw)
+
+        def passthrough(message: object) -> bytes:
+            if isinstance(message, bytes):
+                return message
+            serialized: bytes = serialize(message)
+            return serialized
+
+        return handler._replace(request_deserializer=checked, response_serializer=passthrough)
+
+
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
 
 
 def _unary(
-    method: Callable[[HubService, _Request, Any], Awaitable[_Response]],
+    method: Callable[[HubService, _Request, Principal], Awaitable[_Response]],
 ) -> Callable[[HubService, _Request, Any], Awaitable[_Response]]:
-    """Wraps a unary handler: maps errors to statuses and counts the call."""
+    """Wraps a unary handler: authentication, limits, status mapping, counting."""
+    name = method.__name__
 
     @functools.wraps(method)
     async def handler(self: HubService, request: _Request, context: Any) -> _Response:
         try:
-            response = await method(self, request, context)
+            if isinstance(request, Oversize):
+                raise request.error()
+            principal = self._authenticate(context)
+            response = await method(self, request, principal)
         except asyncio.CancelledError:
-            self._count(method.__name__, grpc.StatusCode.CANCELLED)
+            self._count(name, grpc.StatusCode.CANCELLED)
             raise
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await self._abort(method.__name__, context, exc)
-        self._count(method.__name__, grpc.StatusCode.OK)
+            await self._abort(name, context, exc)
+        self._count(name, grpc.StatusCode.OK)
         return response
 
     return handler
 
 
 def _streaming(
-    method: Callable[[HubService, _Request, Any], AsyncIterator[_Response]],
+    method: Callable[[HubService, _Request, Principal], AsyncIterator[_Response]],
 ) -> Callable[[HubService, _Request, Any], AsyncIterator[_Response]]:
-    """Wraps a response-streaming handler: maps errors to statuses and counts the call."""
+    """Wraps a response-streaming handler: authentication, limits, status, counting."""
+    name = method.__name__
 
     @functools.wraps(method)
     async def handler(
         self: HubService, request: _Request, context: Any
     ) -> AsyncIterator[_Response]:
+        active = self._metrics.active_streams.labels(method=name)
+        active.inc()
         try:
-            async for response in method(self, request, context):
+            if isinstance(request, Oversize):
+                raise request.error()
+            principal = self._authenticate(context)
+            async for response in method(self, request, principal):
                 yield response
         except asyncio.CancelledError:
-            self._count(method.__name__, grpc.StatusCode.CANCELLED)
+            self._count(name, grpc.StatusCode.CANCELLED)
             raise
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await self._abort(method.__name__, context, exc)
-        self._count(method.__name__, grpc.StatusCode.OK)
+            await self._abort(name, context, exc)
+        finally:
+            active.dec()
+        self._count(name, grpc.StatusCode.OK)
 
     return handler
 
@@ -117,6 +296,15 @@ _ENTRY_TYPES = {
     EntryType.DIRECTORY: hub_pb2.ENTRY_TYPE_DIRECTORY,
     EntryType.SYMLINK: hub_pb2.ENTRY_TYPE_SYMLINK,
 }
+
+_EVENT_KINDS = {
+    EventKind.VERSION_PUBLISHED: hub_pb2.EVENT_KIND_VERSION_PUBLISHED,
+    EventKind.TAG_MOVED: hub_pb2.EVENT_KIND_TAG_MOVED,
+    EventKind.TAG_REMOVED: hub_pb2.EVENT_KIND_TAG_REMOVED,
+    EventKind.VERSION_REVOKED: hub_pb2.EVENT_KIND_VERSION_REVOKED,
+}
+
+_PAGE_VERSION = struct.Struct(">I")
 
 
 def _snapshot_message(snapshot: Snapshot) -> hub_pb2.Snapshot:
@@ -128,6 +316,7 @@ def _snapshot_message(snapshot: Snapshot) -> hub_pb2.Snapshot:
         block_size=snapshot.block_size,
         file_count=snapshot.file_count,
         total_bytes=snapshot.total_bytes,
+        entry_count=snapshot.entry_count,
     )
 
 
@@ -147,14 +336,70 @@ def _entry_message(entry: ManifestEntry) -> hub_pb2.ManifestEntry:
     )
 
 
+def _event_message(event: Event) -> hub_pb2.CatalogEvent:
+    return hub_pb2.CatalogEvent(
+        sequence=event.sequence,
+        kind=_EVENT_KINDS[event.kind],
+        dataset=event.dataset,
+        version=event.version_name,
+        tag=event.tag,
+        previous_version=event.previous_version_name,
+        snapshot_id=event.snapshot_id,
+        time_ns=event.time_ns,
+    )
+
+
+def encode_page_token(version: int, name: str) -> str:
+    """A ``ListDirectory`` page token: the version being listed and the last name sent.
+
+    The token pins the version (not the tag), so paging through a directory never mixes
+    two versions while a tag moves.
+
+    Args:
+        version: The version number.
+        name: The last child name returned.
+
+    Returns:
+        An opaque URL-safe string.
+    """
+    raw = _PAGE_VERSION.pack(version) + name.encode("utf-8")
+    return base64.urlsafe_b64encode(raw).decode("ascii")
+
+
+def decode_page_token(token: str) -> tuple[int, str]:
+    """Parses :func:`encode_page_token`'s output.
+
+    Returns:
+        The version number and the last name returned.
+
+    Raises:
+        InvalidArgument: The token is malformed.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(token.encode("ascii"))
+        (version,) = _PAGE_VERSION.unpack_from(raw)
+        name = raw[_PAGE_VERSION.size :].decode("utf-8")
+    except (binascii.Error, struct.error, UnicodeError, ValueError):
+        raise InvalidArgument("malformed page token") from None
+    if version == 0 or not name or "/" in name:
+        raise InvalidArgument("malformed page token")
+    return version, name
+
+
 class HubService(hub_pb2_grpc.HubServicer):
     """Implements ``protocol.hub.v1.Hub`` over a catalog and a blob store.
+
+    Serve it with the :class:`HubWire` interceptor (as :class:`hub.server.HubServer`
+    does): ReadBlocks and GetManifest yield pre-serialized messages.
 
     Args:
         catalog: The catalog to serve; read only.
         store: Where the blocks are.
         metrics: Counters to update; a private set by default.
         chunk_bytes: Largest ``BlockChunk.data``, bytes.
+        tokens: Accepted bearer tokens; None serves everyone (no authentication).
+        watcher: Wakes ``Watch`` streams on catalog changes; None makes ``Watch`` send
+            the events kept and end.
     """
 
     def __init__(
@@ -163,6 +408,9 @@ class HubService(hub_pb2_grpc.HubServicer):
         store: BlobStore,
         metrics: HubMetrics | None = None,
         chunk_bytes: int = CHUNK_BYTES,
+        *,
+        tokens: TokenTable | None = None,
+        watcher: CatalogWatcher | None = None,
     ) -> None:
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -170,9 +418,16 @@ class HubService(hub_pb2_grpc.HubServicer):
         self._store = store
         self._metrics = metrics if metrics is not None else HubMetrics()
         self._chunk_bytes = chunk_bytes
+        self._tokens = tokens
+        self._watcher = watcher
 
     def _count(self, method: str, code: grpc.StatusCode) -> None:
         self._metrics.requests.labels(method=method, code=code.name).inc()
+
+    def _authenticate(self, context: Any) -> Principal:
+        if self._tokens is None:
+            return ANONYMOUS
+        return self._tokens.authenticate(context.invocation_metadata() or ())
 
     async def _abort(self, method: str, context: Any, error: Exception) -> NoReturn:
         """Ends the call with the status for ``error``; the one place errors become statuses."""
@@ -185,11 +440,20 @@ class HubService(hub_pb2_grpc.HubServicer):
         await context.abort(code, details)
         raise AssertionError("context.abort() returned")  # it always raises
 
+    async def _resolve(self, principal: Principal, dataset: str, ref: str) -> Snapshot:
+        """Resolves a ref after checking the name and the caller's scope (in that order)."""
+        validate_dataset(dataset)
+        principal.require(dataset)
+        return await asyncio.to_thread(self._catalog.resolve, dataset, ref)
+
     @_unary
     async def ListDatasets(
-        self, request: hub_pb2.ListDatasetsRequest, context: Any
+        self, request: hub_pb2.ListDatasetsRequest, principal: Principal
     ) -> hub_pb2.ListDatasetsResponse:
-        """Lists every dataset, in name order."""
+        """Lists the datasets the caller may read, in name order."""
+        # The sequence is read first: a watch from it may repeat a change already listed
+        # (harmless) but never misses one.
+        sequence = await asyncio.to_thread(self._catalog.last_sequence)
         datasets = await asyncio.to_thread(self._catalog.list_datasets)
         return hub_pb2.ListDatasetsResponse(
             datasets=[
@@ -199,77 +463,207 @@ class HubService(hub_pb2_grpc.HubServicer):
                     latest_version=dataset.latest_version,
                 )
                 for dataset in datasets
-            ]
+                if principal.may_read(dataset.name)
+            ],
+            sequence=sequence,
         )
 
     @_unary
     async def ListVersions(
-        self, request: hub_pb2.ListVersionsRequest, context: Any
+        self, request: hub_pb2.ListVersionsRequest, principal: Principal
     ) -> hub_pb2.ListVersionsResponse:
-        """Lists a dataset's versions (oldest first) and tags; NOT_FOUND for an unknown one."""
+        """Lists a dataset's live versions (oldest first) and tags."""
+        validate_dataset(request.dataset)
+        principal.require(request.dataset)
 
-        def read() -> tuple[list[Snapshot], list[Tag]]:
+        def read() -> tuple[int, list[Snapshot], list[Tag]]:
+            sequence = self._catalog.last_sequence()
             return (
+                sequence,
                 self._catalog.list_versions(request.dataset),
                 self._catalog.list_tags(request.dataset),
             )
 
-        versions, tags = await asyncio.to_thread(read)
+        sequence, versions, tags = await asyncio.to_thread(read)
         return hub_pb2.ListVersionsResponse(
             versions=[_snapshot_message(snapshot) for snapshot in versions],
             tags=[_tag_message(tag) for tag in tags],
+            sequence=sequence,
         )
 
     @_unary
     async def ResolveRef(
-        self, request: hub_pb2.ResolveRefRequest, context: Any
+        self, request: hub_pb2.ResolveRefRequest, principal: Principal
     ) -> hub_pb2.Snapshot:
         """Resolves a version or tag to its snapshot."""
-        snapshot = await asyncio.to_thread(self._catalog.resolve, request.dataset, request.ref)
-        return _snapshot_message(snapshot)
+        return _snapshot_message(await self._resolve(principal, request.dataset, request.ref))
 
     @_streaming
-    async def GetManifest(
-        self, request: hub_pb2.GetManifestRequest, context: Any
-    ) -> AsyncIterator[hub_pb2.ManifestEntry]:
-        """Streams a snapshot's manifest in path order, one catalog page at a time."""
-        snapshot = await asyncio.to_thread(self._catalog.resolve, request.dataset, request.ref)
+    async def GetManifest(  # type: ignore[override]  # bytes pass HubWire's serializer
+        self, request: hub_pb2.GetManifestRequest, principal: Principal
+    ) -> AsyncIterator[bytes]:
+        """Streams a snapshot's manifest in path order, one catalog page at a time.
+
+        Each page is read, converted and serialized in a worker thread (the event loop
+        only sends), while the next page is read ahead.
+        """
+        snapshot = await self._resolve(principal, request.dataset, request.ref)
+
+        def page_at(start: int) -> list[bytes]:
+            entries = self._catalog.manifest_page(
+                snapshot.snapshot_id, start, MANIFEST_PAGE_ENTRIES
+            )
+            return [_entry_message(entry).SerializeToString() for entry in entries]
+
         start = 0
-        while True:
-            page = await asyncio.to_thread(
-                self._catalog.manifest_page, snapshot.snapshot_id, start, MANIFEST_PAGE_ENTRIES
-            )
-            for entry in page:
-                yield _entry_message(entry)
-            if len(page) < MANIFEST_PAGE_ENTRIES:
-                return
-            start += len(page)
+        pending = asyncio.ensure_future(asyncio.to_thread(page_at, start))
+        try:
+            while True:
+                page = await pending
+                start += len(page)
+                if len(page) == MANIFEST_PAGE_ENTRIES:
+                    pending = asyncio.ensure_future(asyncio.to_thread(page_at, start))
+                for message in page:
+                    yield message
+                if len(page) < MANIFEST_PAGE_ENTRIES:
+                    return
+        finally:
+            if not pending.done():
+                pending.cancel()
+
+    @_unary
+    async def ListDirectory(
+        self, request: hub_pb2.ListDirectoryRequest, principal: Principal
+    ) -> hub_pb2.ListDirectoryResponse:
+        """Lists one directory, a page at a time, through the catalog's directory index."""
+        if request.path:
+            validate_path(request.path)
+        limit = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        after = ""
+        if request.page_token:
+            validate_dataset(request.dataset)
+            principal.require(request.dataset)
+            number, after = decode_page_token(request.page_token)
+            snapshot = await asyncio.to_thread(self._catalog.version, request.dataset, number)
+            if snapshot.revoked:
+                raise VersionRevoked(f"{request.dataset} {snapshot.version} was revoked")
+        else:
+            snapshot = await self._resolve(principal, request.dataset, request.ref)
+        entries, more = await asyncio.to_thread(
+            self._catalog.list_directory, snapshot.snapshot_id, request.path, after, limit
+        )
+        token = ""
+        if more:
+            number = int(snapshot.version[1:])
+            token = encode_page_token(number, entries[-1].path.rpartition("/")[2])
+        return hub_pb2.ListDirectoryResponse(
+            entries=[_entry_message(entry) for entry in entries],
+            next_page_token=token,
+            snapshot=_snapshot_message(snapshot),
+        )
 
     @_streaming
-    async def ReadBlocks(
-        self, request_iterator: AsyncIterator[hub_pb2.ReadBlocksRequest], context: Any
-    ) -> AsyncIterator[hub_pb2.BlockChunk]:
+    async def ReadBlocks(  # type: ignore[override]  # bytes pass HubWire's serializer
+        self, request_iterator: AsyncIterator[hub_pb2.ReadBlocksRequest], principal: Principal
+    ) -> AsyncIterator[bytes]:
         """Answers each requested digest, in order, with its bytes in chunks."""
+        readable = None if principal.scopes == ("*",) else principal.may_read
         async for request in request_iterator:
+            if isinstance(request, Oversize):
+                raise request.error()
+            if len(request.digests) > MAX_DIGESTS_PER_REQUEST:
+                raise LimitExceeded(
+                    f"{len(request.digests)} digests in one request; "
+                    f"at most {MAX_DIGESTS_PER_REQUEST} are allowed"
+                )
             digests = [validate_digest(digest) for digest in request.digests]
-            for digest in digests:
-                async for chunk in self._block_chunks(digest):
-                    yield chunk
+            async for chunk in self._block_chunks(digests, readable):
+                yield chunk
 
-    async def _block_chunks(self, digest: str) -> AsyncIterator[hub_pb2.BlockChunk]:
-        size = await asyncio.to_thread(self._store.size, digest)
-        offset = 0
-        while True:
-            length = min(self._chunk_bytes, size - offset)
-            data = await asyncio.to_thread(self._store.read, digest, offset, length)
-            if len(data) != length:
-                raise CorruptBlob(f"block {digest} is shorter than its {size} bytes")
-            last = offset + length >= size
-            yield hub_pb2.BlockChunk(
-                digest=digest, offset=offset, data=data, block_size=size, last=last
+    def _load_block(
+        self, digest: str, readable: Callable[[str], bool] | None
+    ) -> tuple[list[bytes], int]:
+        """Checks a block is readable by the caller, reads it and encodes its chunks.
+
+        Runs in a worker thread. The block is read whole (one request to the store, so
+        the kernel's readahead or one ranged GET covers it) and each chunk serialized
+        with :func:`encode_block_chunk` from a view of it (one copy besides the read).
+
+        Returns:
+            The serialized chunks in order, and the block's length in bytes.
+        """
+        size = self._catalog.block_size(digest, readable)
+        if size is None:
+            raise BlockNotFound(f"unknown block {digest}")
+        data = self._store.read(digest)
+        if len(data) != size:
+            raise CorruptBlob(f"block {digest} has {len(data)} bytes, not {size}")
+        view = memoryview(data)
+        step = self._chunk_bytes
+        chunks = [
+            encode_block_chunk(
+                digest, offset, view[offset : offset + step], size, offset + step >= size
             )
-            self._metrics.blocks_served_bytes.inc(length)
-            offset += length
-            if last:
+            for offset in range(0, size, step)
+        ]
+        return chunks, size
+
+    async def _block_chunks(
+        self, digests: Sequence[str], readable: Callable[[str], bool] | None
+    ) -> AsyncIterator[bytes]:
+        """Streams blocks in order, reading block i + 1 while block i is being sent."""
+        if not digests:
+            return
+        pending = asyncio.ensure_future(asyncio.to_thread(self._load_block, digests[0], readable))
+        try:
+            for index in range(len(digests)):
+                chunks, size = await pending
+                if index + 1 < len(digests):
+                    pending = asyncio.ensure_future(
+                        asyncio.to_thread(self._load_block, digests[index + 1], readable)
+                    )
+                for chunk in chunks:
+                    yield chunk
+                self._metrics.blocks_served_bytes.inc(size)
                 self._metrics.blocks_served.inc()
+        finally:
+            if not pending.done():
+                pending.cancel()
+
+    @_streaming
+    async def Watch(
+        self, request: hub_pb2.WatchRequest, principal: Principal
+    ) -> AsyncIterator[hub_pb2.CatalogEvent]:
+        """Streams catalog events after ``after_sequence``, then live ones, until shutdown."""
+        wanted = set(request.datasets)
+        for dataset in wanted:
+            validate_dataset(dataset)
+            principal.require(dataset)
+        after = request.after_sequence
+        first = await asyncio.to_thread(self._catalog.first_sequence)
+        last = await asyncio.to_thread(self._catalog.last_sequence)
+        if after > last:
+            raise SequenceOutOfRange(
+                f"sequence {after} is ahead of the catalog, whose newest event is {last}"
+            )
+        if after < last and after + 1 < first:
+            raise SequenceOutOfRange(
+                f"events after {after} were pruned (the oldest kept is {first});"
+                " list again and watch from the listing's sequence"
+            )
+        while True:
+            events = await asyncio.to_thread(self._catalog.events_after, after, WATCH_BATCH)
+            if events and events[0].sequence != after + 1:
+                raise SequenceOutOfRange(
+                    f"events after {after} were pruned (the oldest kept is {events[0].sequence});"
+                    " list again and watch from the listing's sequence"
+                )
+            for event in events:
+                after = event.sequence
+                if (not wanted or event.dataset in wanted) and principal.may_read(event.dataset):
+                    yield _event_message(event)
+            if events:
+                continue
+            if self._watcher is None or self._watcher.closed:
                 return
+            await self._watcher.wait_beyond(after)

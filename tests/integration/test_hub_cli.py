@@ -17,6 +17,11 @@ import pytest
 
 from hub.server import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
+from tests.integration.hub_support import (
+    Pki,
+    bearer,
+    pki_fixture,  # noqa: F401  (the pki fixture)
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).parent / "strata-hub"
@@ -228,3 +233,90 @@ def test_server_thread_reports_start_failures(tmp_path: Path) -> None:
         with pytest.raises(Exception, match="in use"):
             ServerThread(tmp_path, f"127.0.0.1:{running.port}").start()
         assert time.monotonic() - start < 10
+
+
+def test_serve_with_mtls_tokens_and_metrics(tmp_path: Path, tree: Path, pki: Pki) -> None:
+    """Every security and operations flag, wired through the real command line."""
+    data = tmp_path / "data"
+    assert run("publish", "--data-dir", str(data), "f3", str(tree)).returncode == 0
+    token = "cli-test-token-0123456789"
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(f'{{"{token}": ["f3"]}}')
+    process = subprocess.Popen(
+        [
+            *COMMAND,
+            "serve",
+            "--data-dir",
+            str(data),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+            "--tls-cert",
+            str(pki.server.cert),
+            "--tls-key",
+            str(pki.server.key),
+            "--client-ca",
+            str(pki.ca.pem.cert),
+            "--tokens",
+            str(tokens),
+            "--max-message-bytes",
+            "1048576",
+            "--grace",
+            "2",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        match = SERVING.fullmatch(read_line(process, START_TIMEOUT))
+        assert match
+        assert process.stderr is not None
+        announced = re.search(r"metrics on (http://\S+/metrics)", process.stderr.readline())
+        assert announced
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=pki.ca.pem.cert_bytes,
+            private_key=pki.client.key_bytes,
+            certificate_chain=pki.client.cert_bytes,
+        )
+        with grpc.secure_channel(f"127.0.0.1:{match['port']}", credentials) as channel:
+            stub = hub_pb2_grpc.HubStub(channel)
+            request = hub_pb2.ResolveRefRequest(dataset="f3", ref="latest")
+            assert stub.ResolveRef(request, timeout=10, metadata=bearer(token)).version == "v1"
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ResolveRef(request, timeout=10)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as caught:
+                big = hub_pb2.ResolveRefRequest(dataset="f" * 1_100_000, ref="latest")
+                stub.ResolveRef(big, timeout=10, metadata=bearer(token))
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with urllib.request.urlopen(announced[1], timeout=10) as response:
+            text = response.read().decode()
+        for line in (
+            'strata_hub_requests_total{code="OK",method="ResolveRef"} 1.0',
+            'strata_hub_requests_total{code="UNAUTHENTICATED",method="ResolveRef"} 1.0',
+            'strata_hub_requests_total{code="RESOURCE_EXHAUSTED",method="ResolveRef"} 1.0',
+            "strata_hub_catalog_datasets 1.0",
+            'strata_hub_catalog_versions{state="live"} 1.0',
+            "strata_hub_active_streams",
+            "strata_hub_publish_duration_seconds_bucket",
+        ):
+            assert line in text, line
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=15)
+        assert process.returncode == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=10)
+
+
+def test_serve_refuses_bad_security_settings(tmp_path: Path, pki: Pki) -> None:
+    bad_tokens = tmp_path / "tokens.yaml"
+    bad_tokens.write_text('"short": "*"\n')
+    base = ["serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0"]
+    assert_one_line_error(run(*base, "--tls-cert", str(pki.server.cert)), "--tls-key")
+    assert_one_line_error(run(*base, "--tokens", str(bad_tokens)), "at least 16")
+    assert_one_line_error(run(*base, "--max-message-bytes", "10"), "below")

@@ -11,7 +11,7 @@ import pytest
 
 from hub.blobstore import LocalBlobStore
 from hub.blocks import block_digest
-from hub.catalog import Catalog, Tag
+from hub.catalog import Catalog, PublishSession, Tag
 from hub.errors import DataDirNotFound, InvalidArgument, InvalidName, SourceError
 from hub.manifest import EntryType, ManifestEntry
 from hub.publish import publish
@@ -258,18 +258,18 @@ def test_blocks_are_stored_before_the_catalog_changes(
     """Every block a committed manifest names is in the store, and synced first."""
     events: list[str] = []
     real_sync = LocalBlobStore.sync
-    real_add = Catalog.add_version
+    real_commit = PublishSession.commit
 
     def sync(self: LocalBlobStore) -> None:
         events.append("sync")
         real_sync(self)
 
-    def add_version(self: Catalog, *args: object, **kwargs: object) -> object:
+    def commit(self: PublishSession, *args: object, **kwargs: object) -> object:
         events.append("catalog")
-        return real_add(self, *args, **kwargs)  # type: ignore[arg-type]
+        return real_commit(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(LocalBlobStore, "sync", sync)
-    monkeypatch.setattr(Catalog, "add_version", add_version)
+    monkeypatch.setattr(PublishSession, "commit", commit)
     data = tmp_path / "data"
     publish(data, "f3", src, block_size=BLOCK)
     assert events == ["sync", "catalog"]

@@ -7,6 +7,14 @@ Vocabulary (see DESIGN.md): a dataset is a named series of snapshots
 (versions v1, v2, ...); a tag is a movable name for a version; a manifest
 is a snapshot's file tree; a block is a run of at most block_size file
 bytes, named by the xxh3-128 digest of its bytes (32 lowercase hex chars).
+
+Authentication: when the hub is configured with tokens, every call carries the
+metadata "authorization: Bearer <token>"; a missing or unknown token is answered
+UNAUTHENTICATED, a dataset outside the token's read scope PERMISSION_DENIED. A block
+is served only when a live version of a dataset the caller may read references it;
+any other digest is NOT_FOUND, exactly like an unknown one.
+Limits: a request over the hub's message size limit or naming more than
+4096 digests is answered RESOURCE_EXHAUSTED.
 """
 
 from collections import abc as _abc
@@ -43,6 +51,35 @@ ENTRY_TYPE_FILE: EntryType.ValueType  # 1
 ENTRY_TYPE_DIRECTORY: EntryType.ValueType  # 2
 ENTRY_TYPE_SYMLINK: EntryType.ValueType  # 3
 Global___EntryType: _TypeAlias = EntryType  # noqa: Y015
+
+class _EventKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _EventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EventKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    EVENT_KIND_UNSPECIFIED: _EventKind.ValueType  # 0
+    EVENT_KIND_VERSION_PUBLISHED: _EventKind.ValueType  # 1
+    """A new version: version, snapshot_id."""
+    EVENT_KIND_TAG_MOVED: _EventKind.ValueType  # 2
+    """A tag was created or moved: tag, version (now), previous_version (empty if new)."""
+    EVENT_KIND_TAG_REMOVED: _EventKind.ValueType  # 3
+    """A tag was removed (untag, or its version was revoked): tag, previous_version."""
+    EVENT_KIND_VERSION_REVOKED: _EventKind.ValueType  # 4
+    """A version was revoked: version, snapshot_id. It no longer resolves or serves blocks."""
+
+class EventKind(_EventKind, metaclass=_EventKindEnumTypeWrapper): ...
+
+EVENT_KIND_UNSPECIFIED: EventKind.ValueType  # 0
+EVENT_KIND_VERSION_PUBLISHED: EventKind.ValueType  # 1
+"""A new version: version, snapshot_id."""
+EVENT_KIND_TAG_MOVED: EventKind.ValueType  # 2
+"""A tag was created or moved: tag, version (now), previous_version (empty if new)."""
+EVENT_KIND_TAG_REMOVED: EventKind.ValueType  # 3
+"""A tag was removed (untag, or its version was revoked): tag, previous_version."""
+EVENT_KIND_VERSION_REVOKED: EventKind.ValueType  # 4
+"""A version was revoked: version, snapshot_id. It no longer resolves or serves blocks."""
+Global___EventKind: _TypeAlias = EventKind  # noqa: Y015
 
 @_typing.final
 class ListDatasetsRequest(_message.Message):
@@ -90,16 +127,22 @@ class ListDatasetsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DATASETS_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """Sequence number of the newest catalog event this answer reflects: Watch with
+    after_sequence = sequence to follow every later change (list, then watch).
+    """
     @_builtins.property
     def datasets(self) -> _containers.RepeatedCompositeFieldContainer[Global___Dataset]: ...
     def __init__(
         self,
         *,
         datasets: _abc.Iterable[Global___Dataset] | None = ...,
+        sequence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["datasets", b"datasets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["datasets", b"datasets", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -152,8 +195,13 @@ class ListVersionsResponse(_message.Message):
 
     VERSIONS_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """As in ListDatasetsResponse."""
     @_builtins.property
-    def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Snapshot]: ...
+    def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Snapshot]:
+        """The live versions, oldest first (revoked versions are not listed)."""
+
     @_builtins.property
     def tags(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tag]: ...
     def __init__(
@@ -161,10 +209,11 @@ class ListVersionsResponse(_message.Message):
         *,
         versions: _abc.Iterable[Global___Snapshot] | None = ...,
         tags: _abc.Iterable[Global___Tag] | None = ...,
+        sequence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tags", b"tags", "versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sequence", b"sequence", "tags", b"tags", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -204,6 +253,7 @@ class Snapshot(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     FILE_COUNT_FIELD_NUMBER: _builtins.int
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    ENTRY_COUNT_FIELD_NUMBER: _builtins.int
     dataset: _builtins.str
     version: _builtins.str
     snapshot_id: _builtins.str
@@ -215,6 +265,8 @@ class Snapshot(_message.Message):
     file_count: _builtins.int
     total_bytes: _builtins.int
     """Sum of regular file sizes, bytes."""
+    entry_count: _builtins.int
+    """Number of manifest entries (files, directories and symlinks)."""
     def __init__(
         self,
         *,
@@ -225,10 +277,11 @@ class Snapshot(_message.Message):
         block_size: _builtins.int = ...,
         file_count: _builtins.int = ...,
         total_bytes: _builtins.int = ...,
+        entry_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "created_ns", b"created_ns", "dataset", b"dataset", "file_count", b"file_count", "snapshot_id", b"snapshot_id", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "created_ns", b"created_ns", "dataset", b"dataset", "entry_count", b"entry_count", "file_count", b"file_count", "snapshot_id", b"snapshot_id", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -377,3 +430,145 @@ class BlockChunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BlockChunk: _TypeAlias = BlockChunk  # noqa: Y015
+
+@_typing.final
+class ListDirectoryRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: _builtins.int
+    REF_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    dataset: _builtins.str
+    ref: _builtins.str
+    """A version or a tag, as in ResolveRefRequest; read on the first page only (later
+    pages stay on the version the first page resolved, whatever the tag does).
+    """
+    path: _builtins.str
+    """The directory, relative to the snapshot root, "/"-separated, no leading or
+    trailing "/"; empty for the root.
+    """
+    page_size: _builtins.int
+    """Most entries to return: 0 means 1000; values above 10000 are treated as 10000."""
+    page_token: _builtins.str
+    """next_page_token of the previous page; empty for the first page."""
+    def __init__(
+        self,
+        *,
+        dataset: _builtins.str = ...,
+        ref: _builtins.str = ...,
+        path: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "page_size", b"page_size", "page_token", b"page_token", "path", b"path", "ref", b"ref"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDirectoryRequest: _TypeAlias = ListDirectoryRequest  # noqa: Y015
+
+@_typing.final
+class ListDirectoryResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as page_token to get the next page; empty on the last page."""
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ManifestEntry]:
+        """The directory's children in name order, with full paths as in GetManifest."""
+
+    @_builtins.property
+    def snapshot(self) -> Global___Snapshot:
+        """The version being listed."""
+
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___ManifestEntry] | None = ...,
+        next_page_token: _builtins.str = ...,
+        snapshot: Global___Snapshot | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "next_page_token", b"next_page_token", "snapshot", b"snapshot"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDirectoryResponse: _TypeAlias = ListDirectoryResponse  # noqa: Y015
+
+@_typing.final
+class WatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFTER_SEQUENCE_FIELD_NUMBER: _builtins.int
+    DATASETS_FIELD_NUMBER: _builtins.int
+    after_sequence: _builtins.int
+    """Send every event with a greater sequence number: 0 for all events kept, the last
+    sequence a client processed to resume after a disconnect, or a List*Response's
+    sequence to start from that answer.
+    """
+    @_builtins.property
+    def datasets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only events of these datasets; empty for every dataset the caller may read."""
+
+    def __init__(
+        self,
+        *,
+        after_sequence: _builtins.int = ...,
+        datasets: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_sequence", b"after_sequence", "datasets", b"datasets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRequest: _TypeAlias = WatchRequest  # noqa: Y015
+
+@_typing.final
+class CatalogEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    DATASET_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    TAG_FIELD_NUMBER: _builtins.int
+    PREVIOUS_VERSION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
+    TIME_NS_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """Position in the catalog's event log: from 1, gap-free, strictly increasing."""
+    kind: Global___EventKind.ValueType
+    dataset: _builtins.str
+    version: _builtins.str
+    tag: _builtins.str
+    previous_version: _builtins.str
+    snapshot_id: _builtins.str
+    time_ns: _builtins.int
+    """Commit time, nanoseconds since the Unix epoch."""
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        kind: Global___EventKind.ValueType = ...,
+        dataset: _builtins.str = ...,
+        version: _builtins.str = ...,
+        tag: _builtins.str = ...,
+        previous_version: _builtins.str = ...,
+        snapshot_id: _builtins.str = ...,
+        time_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "kind", b"kind", "previous_version", b"previous_version", "sequence", b"sequence", "snapshot_id", b"snapshot_id", "tag", b"tag", "time_ns", b"time_ns", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CatalogEvent: _TypeAlias = CatalogEvent  # noqa: Y015

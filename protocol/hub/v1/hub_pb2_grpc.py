@@ -59,6 +59,16 @@ class HubStub:
                 request_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.ReadBlocksRequest.SerializeToString,
                 response_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.BlockChunk.FromString,
                 _registered_method=True)
+        self.ListDirectory = channel.unary_unary(
+                '/protocol.hub.v1.Hub/ListDirectory',
+                request_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.ListDirectoryRequest.SerializeToString,
+                response_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.ListDirectoryResponse.FromString,
+                _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/protocol.hub.v1.Hub/Watch',
+                request_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.WatchRequest.SerializeToString,
+                response_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.CatalogEvent.FromString,
+                _registered_method=True)
 
 
 class HubServicer:
@@ -103,6 +113,25 @@ class HubServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDirectory(self, request, context):
+        """Lists one directory of a snapshot, a page at a time, in name order, without
+        reading the rest of the manifest. NOT_FOUND for an unknown path,
+        INVALID_ARGUMENT for a path that is not a directory or a malformed page token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Watch(self, request, context):
+        """Streams catalog events with a sequence number above after_sequence, oldest first,
+        then each new event as it is committed (also by other processes), until the client
+        cancels or the server shuts down (then the stream ends with OK). OUT_OF_RANGE when
+        after_sequence is older than the oldest event kept or newer than the newest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HubServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +159,16 @@ def add_HubServicer_to_server(servicer, server):
                     servicer.ReadBlocks,
                     request_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.ReadBlocksRequest.FromString,
                     response_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.BlockChunk.SerializeToString,
+            ),
+            'ListDirectory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDirectory,
+                    request_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.ListDirectoryRequest.FromString,
+                    response_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.ListDirectoryResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.WatchRequest.FromString,
+                    response_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.CatalogEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +306,60 @@ class Hub:
             '/protocol.hub.v1.Hub/ReadBlocks',
             protocol_dot_hub_dot_v1_dot_hub__pb2.ReadBlocksRequest.SerializeToString,
             protocol_dot_hub_dot_v1_dot_hub__pb2.BlockChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDirectory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/protocol.hub.v1.Hub/ListDirectory',
+            protocol_dot_hub_dot_v1_dot_hub__pb2.ListDirectoryRequest.SerializeToString,
+            protocol_dot_hub_dot_v1_dot_hub__pb2.ListDirectoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/protocol.hub.v1.Hub/Watch',
+            protocol_dot_hub_dot_v1_dot_hub__pb2.WatchRequest.SerializeToString,
+            protocol_dot_hub_dot_v1_dot_hub__pb2.CatalogEvent.FromString,
             options,
             channel_credentials,
             insecure,

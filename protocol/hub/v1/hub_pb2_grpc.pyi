@@ -7,6 +7,14 @@ Vocabulary (see DESIGN.md): a dataset is a named series of snapshots
 (versions v1, v2, ...); a tag is a movable name for a version; a manifest
 is a snapshot's file tree; a block is a run of at most block_size file
 bytes, named by the xxh3-128 digest of its bytes (32 lowercase hex chars).
+
+Authentication: when the hub is configured with tokens, every call carries the
+metadata "authorization: Bearer <token>"; a missing or unknown token is answered
+UNAUTHENTICATED, a dataset outside the token's read scope PERMISSION_DENIED. A block
+is served only when a live version of a dataset the caller may read references it;
+any other digest is NOT_FOUND, exactly like an unknown one.
+Limits: a request over the hub's message size limit or naming more than
+4096 digests is answered RESOURCE_EXHAUSTED.
 """
 
 from collections import abc as _abc
@@ -53,6 +61,17 @@ class HubStub:
     the last chunk of a block has last = true. NOT_FOUND for an unknown digest,
     INVALID_ARGUMENT for a malformed digest.
     """
+    ListDirectory: _grpc.UnaryUnaryMultiCallable[_hub_pb2.ListDirectoryRequest, _hub_pb2.ListDirectoryResponse]
+    """Lists one directory of a snapshot, a page at a time, in name order, without
+    reading the rest of the manifest. NOT_FOUND for an unknown path,
+    INVALID_ARGUMENT for a path that is not a directory or a malformed page token.
+    """
+    Watch: _grpc.UnaryStreamMultiCallable[_hub_pb2.WatchRequest, _hub_pb2.CatalogEvent]
+    """Streams catalog events with a sequence number above after_sequence, oldest first,
+    then each new event as it is committed (also by other processes), until the client
+    cancels or the server shuts down (then the stream ends with OK). OUT_OF_RANGE when
+    after_sequence is older than the oldest event kept or newer than the newest.
+    """
 
 @_typing.type_check_only
 class HubAsyncStub(HubStub):
@@ -72,6 +91,17 @@ class HubAsyncStub(HubStub):
     in request order, by one or more chunks (each under the message size limit);
     the last chunk of a block has last = true. NOT_FOUND for an unknown digest,
     INVALID_ARGUMENT for a malformed digest.
+    """
+    ListDirectory: _aio.UnaryUnaryMultiCallable[_hub_pb2.ListDirectoryRequest, _hub_pb2.ListDirectoryResponse]  # type: ignore[assignment]
+    """Lists one directory of a snapshot, a page at a time, in name order, without
+    reading the rest of the manifest. NOT_FOUND for an unknown path,
+    INVALID_ARGUMENT for a path that is not a directory or a malformed page token.
+    """
+    Watch: _aio.UnaryStreamMultiCallable[_hub_pb2.WatchRequest, _hub_pb2.CatalogEvent]  # type: ignore[assignment]
+    """Streams catalog events with a sequence number above after_sequence, oldest first,
+    then each new event as it is committed (also by other processes), until the client
+    cancels or the server shuts down (then the stream ends with OK). OUT_OF_RANGE when
+    after_sequence is older than the oldest event kept or newer than the newest.
     """
 
 class HubServicer(metaclass=_abc_1.ABCMeta):
@@ -119,6 +149,29 @@ class HubServicer(metaclass=_abc_1.ABCMeta):
         in request order, by one or more chunks (each under the message size limit);
         the last chunk of a block has last = true. NOT_FOUND for an unknown digest,
         INVALID_ARGUMENT for a malformed digest.
+        """
+
+    @_abc_1.abstractmethod
+    def ListDirectory(
+        self,
+        request: _hub_pb2.ListDirectoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_hub_pb2.ListDirectoryResponse, _abc.Awaitable[_hub_pb2.ListDirectoryResponse]]:
+        """Lists one directory of a snapshot, a page at a time, in name order, without
+        reading the rest of the manifest. NOT_FOUND for an unknown path,
+        INVALID_ARGUMENT for a path that is not a directory or a malformed page token.
+        """
+
+    @_abc_1.abstractmethod
+    def Watch(
+        self,
+        request: _hub_pb2.WatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_hub_pb2.CatalogEvent], _abc.AsyncIterator[_hub_pb2.CatalogEvent]]:
+        """Streams catalog events with a sequence number above after_sequence, oldest first,
+        then each new event as it is committed (also by other processes), until the client
+        cancels or the server shuts down (then the stream ends with OK). OUT_OF_RANGE when
+        after_sequence is older than the oldest event kept or newer than the newest.
         """
 
 def add_HubServicer_to_server(servicer: HubServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,264 @@
+"""Shared helpers for the hub's integration tests: certificates, an S3 server, clients.
+
+Everything listens on 127.0.0.1 with port 0; certificates are made fresh per session.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from hub.blocks import block_digest
+from hub.metrics import HubMetrics
+from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
+
+RPC_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Pem:
+    """A certificate and its key, as PEM files."""
+
+    cert: Path
+    key: Path
+
+    @property
+    def cert_bytes(self) -> bytes:
+        return self.cert.read_bytes()
+
+    @property
+    def key_bytes(self) -> bytes:
+        return self.key.read_bytes()
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _write(
+    directory: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey
+) -> Pem:
+    cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return Pem(cert_path, key_path)
+
+
+class CertificateAuthority:
+    """A throwaway CA that issues server and client certificates (ECDSA P-256)."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.directory = directory
+        self.name = name
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        self._cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(name))
+            .issuer_name(_name(name))
+            .public_key(self._key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(self._key, hashes.SHA256())
+        )
+        self.pem = _write(directory, name, self._cert, self._key)
+
+    def issue(self, stem: str, *, server: bool) -> Pem:
+        """A leaf certificate: for 127.0.0.1/localhost (server) or a client identity."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(stem))
+            .issuer_name(self._cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+        )
+        if server:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
+        cert = builder.sign(self._key, hashes.SHA256())
+        return _write(self.directory, stem, cert, key)
+
+
+@dataclass(frozen=True)
+class Pki:
+    """The hub's CA with a server and a client certificate, and a foreign CA's client."""
+
+    ca: CertificateAuthority
+    server: Pem
+    client: Pem
+    foreign_client: Pem
+
+
+@pytest.fixture(scope="session", name="pki")
+def pki_fixture(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A fresh PKI for the session (import ``pki_fixture`` to use the ``pki`` fixture)."""
+    directory = tmp_path_factory.mktemp("pki")
+    ca = CertificateAuthority(directory, "strata-test-ca")
+    foreign = CertificateAuthority(directory, "foreign-ca")
+    return Pki(
+        ca,
+        ca.issue("hub-server", server=True),
+        ca.issue("spoke-client", server=False),
+        foreign.issue("intruder", server=False),
+    )
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """An S3-compatible server (moto) on 127.0.0.1 and a fresh bucket URL maker."""
+
+    endpoint: str
+
+    def bucket(self, name: str) -> str:
+        """Creates a bucket; returns ``s3://name/blobs``."""
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+        client.create_bucket(Bucket=name)
+        return f"s3://{name}/blobs"
+
+
+@pytest.fixture(scope="session", name="s3_server")
+def s3_server_fixture() -> Iterator[S3Server]:
+    """moto in server mode on 127.0.0.1, port 0, with dummy credentials in the env."""
+    from moto.server import ThreadedMotoServer
+
+    saved = {key: os.environ.get(key) for key in _S3_ENV}
+    os.environ.update(_S3_ENV)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield S3Server(f"http://{host}:{port}")
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+_S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+S3_ENV = dict(_S3_ENV)
+"""Environment a child process needs to reach the test S3 server (dummy credentials)."""
+
+
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    """gRPC call metadata carrying a bearer token."""
+    return (("authorization", f"Bearer {token}"),)
+
+
+def sample(metrics: HubMetrics, method: str, code: str) -> float:
+    """``strata_hub_requests_total{method,code}``, 0 when never counted."""
+    value = metrics.registry.get_sample_value(
+        "strata_hub_requests_total", {"method": method, "code": code}
+    )
+    return value or 0.0
+
+
+def read_all(
+    stub: hub_pb2_grpc.HubStub,
+    digests: list[str],
+    metadata: tuple[tuple[str, str], ...] = (),
+) -> dict[str, bytes]:
+    """Reads whole blocks through ReadBlocks; checks offsets and digests."""
+    chunks = stub.ReadBlocks(
+        iter([hub_pb2.ReadBlocksRequest(digests=digests)]), timeout=RPC_TIMEOUT, metadata=metadata
+    )
+    blocks: dict[str, bytes] = {}
+    current = b""
+    for chunk in chunks:
+        assert chunk.offset == len(current)
+        current += chunk.data
+        if chunk.last:
+            assert block_digest(current) == chunk.digest
+            blocks[chunk.digest] = current
+            current = b""
+    return blocks
+
+
+def serves(stub: hub_pb2_grpc.HubStub, metadata: tuple[tuple[str, str], ...] = ()) -> bool:
+    """True when the hub still answers ListDatasets."""
+    stub.ListDatasets(hub_pb2.ListDatasetsRequest(), timeout=RPC_TIMEOUT, metadata=metadata)
+    return True
+
+
+def insecure_stub(port: int) -> tuple[grpc.Channel, hub_pb2_grpc.HubStub]:
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    return channel, hub_pb2_grpc.HubStub(channel)
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> Path:
+    """Writes ``files`` (relative path -> bytes) under ``root``; returns ``root``."""
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    return root
+
+
+def manifest(
+    stub: hub_pb2_grpc.HubStub,
+    dataset: str,
+    ref: str = "latest",
+    metadata: tuple[tuple[str, str], ...] = (),
+) -> dict[str, hub_pb2.ManifestEntry]:
+    """A snapshot's manifest by path."""
+    request = hub_pb2.GetManifestRequest(dataset=dataset, ref=ref)
+    return {
+        entry.path: entry
+        for entry in stub.GetManifest(request, timeout=RPC_TIMEOUT, metadata=metadata)
+    }

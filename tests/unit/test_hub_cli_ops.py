@@ -1,0 +1,113 @@
+"""``strata-hub`` tag, untag, revoke, gc, verify, publish --version and ls --all."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hub.catalog import Catalog
+from hub.cli import app, main
+
+
+@pytest.fixture
+def data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"first")
+    data = tmp_path / "data"
+    assert main(["publish", "--data-dir", str(data), "f3", str(src)]) == 0
+    (src / "a.txt").write_bytes(b"second")
+    assert main(["publish", "--data-dir", str(data), "f3", str(src)]) == 0
+    capsys.readouterr()
+    return data
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_help_documents_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    import typer
+
+    commands = set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    assert commands == {"serve", "publish", "tag", "untag", "revoke", "gc", "verify", "ls"}
+    for name in commands:
+        assert re.search(rf"│ {name}\s+\S", out), f"{name} has no help line"
+        code, sub, _ = run(capsys, name, "--help")
+        assert code == 0 and "--data-dir" in sub
+
+
+def test_tag_untag_revoke(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = str(data)
+    assert run(capsys, "tag", "--data-dir", d, "f3", "v1", "stable")[2] == (
+        "strata-hub: f3 stable -> v1\n"
+    )
+    assert run(capsys, "untag", "--data-dir", d, "f3", "stable")[2] == (
+        "strata-hub: f3: removed tag stable (was v1)\n"
+    )
+    code, _, err = run(capsys, "revoke", "--data-dir", d, "f3", "v2")
+    assert code == 0 and "revoked f3 v2 (tags removed: latest)" in err
+    code, out, _ = run(capsys, "ls", "--data-dir", d, "f3", "--all")
+    rows = [line.split() for line in out.splitlines()]
+    assert rows[0][-1] == "STATE"
+    assert [(row[0], row[-1]) for row in rows[1:]] == [("v1", "live"), ("v2", "revoked")]
+    code, out, _ = run(capsys, "ls", "--data-dir", d, "f3")
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["v1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["tag", "f3", "v9", "x"], "no version v9"),
+        (["tag", "f3", "v1", "v2"], "invalid tag name 'v2'"),
+        (["tag", "f3", "v1", "../x"], "invalid tag name"),
+        (["untag", "f3", "nope"], "no tag 'nope'"),
+        (["revoke", "f3", "latest"], "invalid version 'latest'"),
+        (["revoke", "f3", "v7"], "no version v7"),
+        (["revoke", "nope", "v1"], "unknown dataset 'nope'"),
+        (["verify", "f3", "v9"], "no version v9"),
+        (["publish", "f3", "{src}", "--version", "v1"], "f3 v1 is already published"),
+        (["publish", "f3", "{src}", "--version", "v5"], "the next version is v3, not v5"),
+        (["gc", "--blobs", "s3://"], "expected s3://BUCKET"),
+        (["gc", "--blobs", "{other}"], "keeps its blocks in"),
+    ],
+)
+def test_refusals_are_one_line_exit_2(
+    data: Path, capsys: pytest.CaptureFixture[str], args: list[str], fragment: str
+) -> None:
+    argv = [a.format(src=data.parent / "src", other=data.parent / "other") for a in args]
+    code, out, err = run(capsys, argv[0], "--data-dir", str(data), *argv[1:])
+    assert code == 2, err
+    assert out == "" and err.count("\n") == 1 and fragment in err, err
+
+
+def test_revoke_twice_is_refused(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "revoke", "--data-dir", str(data), "f3", "v1")[0] == 0
+    code, _, err = run(capsys, "revoke", "--data-dir", str(data), "f3", "v1")
+    assert code == 2 and "already revoked" in err
+
+
+def test_gc_and_verify(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = str(data)
+    code, out, _ = run(capsys, "verify", "--data-dir", d, "f3", "latest", "--blocks")
+    assert code == 0 and re.fullmatch(r"f3 v2 [0-9a-f]{32} ok, 1 blocks\n", out)
+    assert run(capsys, "revoke", "--data-dir", d, "f3", "v1")[0] == 0
+    code, _, err = run(capsys, "gc", "--data-dir", d, "--dry-run")
+    assert "scanned 2 blobs, would delete 1" in err
+    code, _, err = run(capsys, "gc", "--data-dir", d, "--keep-events", "1")
+    assert code == 0 and "scanned 2 blobs, deleted 1" in err and "events pruned" in err
+    assert run(capsys, "gc", "--data-dir", d)[2].startswith("strata-hub: gc: scanned 1 blobs")
+    with Catalog(data / "catalog") as catalog:
+        assert catalog.first_sequence() == catalog.last_sequence()
+    # A damaged block: verify fails with exit 1 and names it.
+    (blob,) = [p for p in (data / "blobs").rglob("*") if p.is_file()]
+    blob.write_bytes(b"tampered")
+    code, out, err = run(capsys, "verify", "--data-dir", d, "f3", "v2", "--blocks")
+    assert code == 1 and "1 corrupt blocks" in err and blob.name in err
+    assert run(capsys, "verify", "--data-dir", d, "f3", "v2")[0] == 0, "the manifest is intact"
