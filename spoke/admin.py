@@ -3,7 +3,9 @@
 ``/healthz``, ``/readyz`` and ``/metrics`` are open (probes and Prometheus); every ``/v1/``
 route needs ``Authorization: Bearer <token>`` when the daemon has a token file. Domain
 errors map to HTTP statuses here and nowhere else, always with a JSON body
-``{"detail": "..."}``: unknown dataset, ref, job or pin → 404; malformed request → 422;
+``{"detail": "..."}``: unknown dataset, ref, job or pin → 404; a request that is well formed
+but names something invalid (a ``..`` glob, a path that is not in the snapshot) → 400;
+a malformed body (FastAPI's own validation) → 422 with its list of problems;
 a pin that cannot fit → 409; hub unreachable with nothing usable cached → 503.
 """
 
@@ -17,7 +19,7 @@ from typing import Annotated, Any
 
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, Field
@@ -86,9 +88,15 @@ class EvictRequest(BaseModel):
 
 BEARER = HTTPBearer(auto_error=False)
 
+
+class ErrorBody(BaseModel):
+    """Every error this API raises itself: one line saying what is wrong."""
+
+    detail: str
+
 _HTTP_STATUS: tuple[tuple[type[SpokeError], int], ...] = (
     (NotFound, 404),
-    (InvalidRequest, 422),
+    (InvalidRequest, 400),
     (CapacityError, 409),
     (HubUnavailable, 503),
 )
@@ -150,10 +158,11 @@ def create_app(
 
     auth = [Depends(authorize)]
     errors: dict[int | str, dict[str, Any]] = {
-        401: {"description": "missing or wrong token"},
-        404: {"description": "unknown dataset, ref, job or pin"},
-        409: {"description": "does not fit beside existing pins"},
-        503: {"description": "hub unreachable and nothing usable cached"},
+        400: {"model": ErrorBody, "description": "invalid paths or arguments"},
+        401: {"model": ErrorBody, "description": "missing or wrong token"},
+        404: {"model": ErrorBody, "description": "unknown dataset, ref, job or pin"},
+        409: {"model": ErrorBody, "description": "does not fit beside existing pins"},
+        503: {"model": ErrorBody, "description": "hub unreachable and nothing usable cached"},
     }
 
     @app.post("/v1/prewarm", status_code=202, dependencies=auth, responses=errors)
@@ -310,7 +319,7 @@ def create_app(
             hub_up=_sample("strata_spoke_hub_up") == 1.0,
         )
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> Response:
         """Prometheus exposition of every ``strata_spoke_`` metric."""
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

@@ -63,8 +63,8 @@ def spoke(tmp_path: Path) -> Iterator[Spoke]:
     [
         ({"dataset": "nope", "paths": ["train/f00.bin"]}, 404),
         ({"dataset": "ds", "ref": "v9", "paths": ["train/f00.bin"]}, 404),
-        ({"dataset": "ds", "paths": ["train/missing.bin"]}, 422),
-        ({"dataset": "ds", "paths": ["train"]}, 422),  # a directory, not a file
+        ({"dataset": "ds", "paths": ["train/missing.bin"]}, 400),
+        ({"dataset": "ds", "paths": ["train"]}, 400),  # a directory, not a file
         ({"dataset": "ds", "paths": []}, 422),
         ({"dataset": "../ds", "paths": ["train/f00.bin"]}, 422),
     ],
