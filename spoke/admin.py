@@ -15,6 +15,7 @@ import contextlib
 import secrets
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import uvicorn
@@ -33,6 +34,7 @@ from spoke.hints import HintService
 from spoke.pins import PinRegistry
 from spoke.prewarm import CapacityError, PrewarmJobs
 from spoke.selection import MAX_GLOB_CHARS, MAX_GLOBS, select, unique_blocks, validate_globs
+from spoke.supervisor import is_mounted
 
 NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"  # dataset, version and tag names (the hub's rule)
 Globs = Annotated[
@@ -94,6 +96,7 @@ class ErrorBody(BaseModel):
 
     detail: str
 
+
 _HTTP_STATUS: tuple[tuple[type[SpokeError], int], ...] = (
     (NotFound, 404),
     (InvalidRequest, 400),
@@ -115,6 +118,10 @@ class CacheStats(BaseModel):
     hub_fetch_bytes: int
     hub: str
     hub_up: bool
+    pinned_bytes: int
+    datasets: dict[str, int] = Field(
+        description="cached bytes per dataset (a block shared by two datasets counts in both)"
+    )
 
 
 def _sample(name: str) -> float:
@@ -130,12 +137,14 @@ def create_app(
     pins: PinRegistry,
     token: str | None = None,
     hints: HintService | None = None,
+    mount: Path | None = None,
 ) -> FastAPI:
     """Build the admin app over the daemon's running components.
 
     Args:
         token: the bearer token every ``/v1/`` route requires; None disables the check
             (the API then relies on listening on 127.0.0.1 only).
+        mount: the spoke's mountpoint (resolved), checked by ``/readyz``.
     """
     app = FastAPI(title="Strata spoke admin API", version="1")
 
@@ -289,16 +298,18 @@ def create_app(
 
     @app.get("/readyz", responses={503: {"description": "not ready"}})
     def readyz() -> Any:
-        """Ready when the hub answered its last call or the cache can serve offline."""
+        """Ready once the mount is up (when this spoke has one) and the hub answered its
+        last call or the cache can serve offline."""
         hub_up = _sample("strata_spoke_hub_up") == 1.0
-        if hub_up or len(cache.policy) > 0:
-            return {"status": "ready", "hub_up": hub_up}
+        problems = []
+        if mount is not None and not is_mounted(mount):
+            problems.append(f"mount {mount} is not up")
+        if not hub_up and len(cache) == 0:
+            problems.append(f"hub {fetcher.hub.target} unreachable and the cache is empty")
+        if not problems:
+            return {"status": "ready", "hub_up": hub_up, "mount": str(mount) if mount else None}
         return JSONResponse(
-            status_code=503,
-            content={
-                "status": "not ready",
-                "detail": f"hub {fetcher.hub.target} unreachable and the cache is empty",
-            },
+            status_code=503, content={"status": "not ready", "detail": "; ".join(problems)}
         )
 
     @app.get("/v1/cache", response_model=CacheStats, dependencies=auth, responses=errors)
@@ -317,7 +328,21 @@ def create_app(
             hub_fetch_bytes=int(_sample("strata_spoke_hub_fetch_bytes_total")),
             hub=fetcher.hub.target,
             hub_up=_sample("strata_spoke_hub_up") == 1.0,
+            pinned_bytes=cache.pinned_bytes,
+            datasets=dataset_usage(),
         )
+
+    def dataset_usage() -> dict[str, int]:
+        usage: dict[str, dict[str, int]] = {}
+        for sid in catalog.stored_snapshots():
+            dataset = catalog.snapshot_dataset(sid)
+            if dataset is None:
+                continue
+            held = usage.setdefault(dataset, {})
+            for digest, size in unique_blocks(catalog.stored_manifest(sid)).items():
+                if cache.contains(digest):
+                    held[digest] = size
+        return {name: sum(blocks.values()) for name, blocks in sorted(usage.items())}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> Response:

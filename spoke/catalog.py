@@ -135,6 +135,12 @@ class SnapshotCatalog:
                     out.append(key[len(prefix) :].decode())
         return out
 
+    def snapshot_dataset(self, snapshot_id: str) -> str | None:
+        """The dataset a stored manifest was fetched for."""
+        with self._env.begin(db=self._catalog) as txn:
+            raw = txn.get(b"manifest-dataset/" + snapshot_id.encode())
+        return raw.decode() if raw else None
+
     def stored_manifest(self, snapshot_id: str) -> list[hub_pb2.ManifestEntry]:
         """A stored manifest by snapshot id (empty if none is stored)."""
         return self._load_manifest(snapshot_id.encode()) or []
@@ -168,6 +174,7 @@ class SnapshotCatalog:
                     sid + b"\0" + entry.path.encode(), entry.SerializeToString(), db=self._manifests
                 )
             txn.put(b"manifest-complete/" + sid, str(len(entries)).encode(), db=self._catalog)
+            txn.put(b"manifest-dataset/" + sid, dataset.encode(), db=self._catalog)
         return entries
 
     def _load_manifest(self, sid: bytes) -> list[hub_pb2.ManifestEntry] | None:

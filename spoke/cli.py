@@ -121,6 +121,9 @@ def daemon(
     policy: PolicyOpt = "arc",
     miss_deadline: DeadlineOpt = 60.0,
     admin_token_file: TokenOpt = None,
+    mount: Annotated[
+        Path | None, typer.Option("--mount", help="the mount /readyz reports on (resolved)")
+    ] = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run only the daemon (``run`` starts it for you)."""
@@ -134,6 +137,7 @@ def daemon(
         policy=policy,
         miss_deadline=miss_deadline,
         admin_token_file=admin_token_file,
+        mount=mount,
     )
     _logging(log_level, "strata-spoke-daemon")
     try:

@@ -107,7 +107,9 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         jobs = PrewarmJobs(catalog, cache, fetcher, pins)
         stack.push_async_callback(jobs.close)
         token = settings.admin_token_file.read_text().strip() if settings.admin_token_file else None
-        app = create_app(cache, fetcher, catalog, jobs, pins, token=token, hints=hints)
+        app = create_app(
+            cache, fetcher, catalog, jobs, pins, token=token, hints=hints, mount=settings.mount
+        )
         admin = AdminServer(uvicorn.Config(app, log_level="warning", lifespan="off"))
         admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]))
 

@@ -78,6 +78,9 @@ def test_prewarm_job_runs_to_done_and_counts_bytes(spoke: Spoke) -> None:
         assert job["rate_bytes_per_s"] > 0 and job["eta_s"] == 0
         stats = c.get("/v1/cache").json()
         assert stats["used_bytes"] == 2 * BLOCK and stats["hub_fetch_bytes"] == 2 * BLOCK
+        assert stats["datasets"] == {"ds": 2 * BLOCK} and stats["pinned_bytes"] == 0
+        ready = c.get("/readyz").json()
+        assert ready["status"] == "ready" and ready["mount"].endswith("mnt")
         assert c.get("/v1/jobs").json()[0]["id"] == job["id"]
 
 
