@@ -20,21 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from deploy.local import LocalStack, publish
-
-
-def drop_page_cache() -> bool:
-    """Write back dirty pages, then drop the kernel's page cache (root only).
-
-    Returns:
-        True when the cache was dropped.
-    """
-    os.sync()  # drop_caches only drops clean pages
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("1\n")
-    except OSError:
-        return False
-    return True
+from deploy.local import LocalStack, drop_page_cache, publish
 
 
 def read_all(paths: list[Path], chunk: int) -> int:

@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.local import LocalStack, publish
+from deploy.local import LocalStack, drop_page_cache, publish
 
 JOBS = 4
 
@@ -38,16 +38,6 @@ class Job:
     name: str
     args: tuple[str, ...]
     subdir: str
-
-
-def drop_page_cache() -> bool:
-    """``sync``, then drop the page cache, dentries and inodes (root only)."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        return False
-    return True
 
 
 def make_source(root: Path, seq_mib: int, small_files: int) -> None:
@@ -142,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
                 stdout=subprocess.DEVNULL,
                 check=True,
             )
-            dropped = drop_page_cache()
+            dropped = drop_page_cache(3)
             for job in jobs(seq_mib, small, runtime):
-                drop_page_cache()
+                drop_page_cache(3)
                 local = run_fio(job, work / "src")
-                drop_page_cache()
+                drop_page_cache(3)
                 mount = run_fio(job, mounted)
                 rows.append(
                     {

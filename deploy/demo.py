@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from deploy.local import LocalStack, StackError
+from deploy.local import LocalStack, StackError, drop_page_cache
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,15 +67,6 @@ def cache_stats(admin_url: str) -> dict[str, Any]:
     reply.raise_for_status()
     stats: dict[str, Any] = reply.json()
     return stats
-
-
-def drop_page_cache() -> bool:
-    """Drop the kernel's clean page cache (root only); True when it was dropped."""
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("1\n")
-    except OSError:
-        return False
-    return True
 
 
 def wait_for_hits(admin_url: str, above: int, timeout: float = 3.0) -> dict[str, Any]:

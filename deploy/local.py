@@ -72,6 +72,22 @@ def publish(data_dir: Path, dataset: str, src: Path, *extra: str) -> str:
     return proc.stdout.strip()
 
 
+def drop_page_cache(level: int = 1) -> bool:
+    """``sync``, then drop the kernel's page cache (level 1), dentries and inodes (2), or
+    both (3) through /proc/sys/vm/drop_caches (root only; Linux
+    Documentation/admin-guide/sysctl/vm.rst).
+
+    Returns:
+        True when dropped; False when not allowed (the caller decides what that means).
+    """
+    os.sync()  # only clean pages can be dropped
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text(f"{level}\n")
+    except OSError:
+        return False
+    return True
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for restarting on the same port)."""
     with socket.socket() as sock:

@@ -33,7 +33,7 @@ from spoke.fetcher import Fetcher
 from spoke.hints import HintService
 from spoke.pins import PinRegistry
 from spoke.prewarm import CapacityError, PrewarmJobs
-from spoke.selection import MAX_GLOB_CHARS, MAX_GLOBS, select, unique_blocks, validate_globs
+from spoke.selection import MAX_GLOB_CHARS, MAX_GLOBS, unique_blocks
 from spoke.supervisor import is_mounted
 
 NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"  # dataset, version and tag names (the hub's rule)
@@ -204,16 +204,8 @@ def create_app(
     @app.post("/v1/pins", status_code=201, dependencies=auth, responses=errors)
     async def add_pin(body: PinRequest) -> dict[str, object]:
         """Pin files of a snapshot (their blocks stay cached once fetched)."""
-        globs = validate_globs(body.paths)
-        snapshot = await catalog.resolve_ref(body.dataset, body.ref)
-        entries = select(await catalog.manifest(body.dataset, snapshot.version), globs)
-        if not entries:
-            raise InvalidRequest(f"no file of {body.dataset}@{body.ref} matches {globs}")
-        blocks = unique_blocks(entries)
-        room = cache.capacity_bytes - cache.pinned_bytes
-        new = sum(s for d, s in blocks.items() if not cache.is_pinned(d))
-        if new > room:
-            raise CapacityError(f"cannot pin {new:,} bytes: only {room:,} are not pinned")
+        snapshot, globs, _, blocks = await jobs.resolve(body.dataset, body.ref, body.paths)
+        jobs.check_pin_room(f"{body.dataset}@{body.ref}", blocks)
         return pins.add(body.dataset, body.ref, snapshot.version, globs, blocks).public()
 
     @app.post("/v1/hints", status_code=202, dependencies=auth, responses=errors)

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from protocol.hub.v1 import hub_pb2
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import InvalidRequest, SpokeError
@@ -108,21 +109,10 @@ class PrewarmJobs:
             HubUnavailable: the snapshot is not known here and the hub is unreachable.
             CapacityError: ``pin`` and the blocks cannot fit beside existing pins.
         """
-        globs = validate_globs(paths)
-        snapshot = await self._catalog.resolve_ref(dataset, ref)
-        entries = select(await self._catalog.manifest(dataset, snapshot.version), globs)
-        if not entries:
-            raise InvalidRequest(f"no file of {dataset}@{ref} matches {globs}")
-        blocks = unique_blocks(entries)
+        snapshot, globs, entries, blocks = await self.resolve(dataset, ref, paths)
         total = sum(blocks.values())
         if pin:
-            room = self._cache.capacity_bytes - self._cache.pinned_bytes
-            new = sum(s for d, s in blocks.items() if not self._cache.is_pinned(d))
-            if new > room:
-                raise CapacityError(
-                    f"cannot pin {new:,} bytes of {dataset}@{ref}: only {room:,} of the cache's "
-                    f"{self._cache.capacity_bytes:,} bytes are not pinned already"
-                )
+            self.check_pin_room(f"{dataset}@{ref}", blocks)
         job = Job(
             secrets.token_hex(8),
             dataset,
@@ -140,6 +130,36 @@ class PrewarmJobs:
         self._jobs[job.id] = job
         self._forget_old()
         return job
+
+    async def resolve(
+        self, dataset: str, ref: str, paths: list[str]
+    ) -> tuple[hub_pb2.Snapshot, list[str], list[hub_pb2.ManifestEntry], dict[str, int]]:
+        """The snapshot, validated globs, selected files and their distinct blocks.
+
+        Raises:
+            InvalidRequest: bad globs, or globs that match no file.
+            NotFound, HubUnavailable: as :meth:`SnapshotCatalog.resolve_ref`.
+        """
+        globs = validate_globs(paths)
+        snapshot = await self._catalog.resolve_ref(dataset, ref)
+        entries = select(await self._catalog.manifest(dataset, snapshot.version), globs)
+        if not entries:
+            raise InvalidRequest(f"no file of {dataset}@{ref} matches {globs}")
+        return snapshot, globs, entries, unique_blocks(entries)
+
+    def check_pin_room(self, what: str, blocks: dict[str, int]) -> None:
+        """Refuse a pin that cannot fit beside the pins already held.
+
+        Raises:
+            CapacityError: the not-yet-pinned bytes exceed the cache's unpinned room.
+        """
+        room = self._cache.capacity_bytes - self._cache.pinned_bytes
+        new = sum(s for d, s in blocks.items() if not self._cache.is_pinned(d))
+        if new > room:
+            raise CapacityError(
+                f"cannot pin {new:,} bytes of {what}: only {room:,} of the cache's "
+                f"{self._cache.capacity_bytes:,} bytes are not pinned already"
+            )
 
     def get(self, job_id: str) -> Job | None:
         """A job by id."""
