@@ -1,6 +1,8 @@
 # Strata: every target sets up what it needs on a fresh Debian machine first.
 #   make demo   — the main job: real F3 volume -> hub -> spoke cache -> FUSE mount -> trainer
 #   make test   — protocol freshness, lint, types, import contracts, the whole test suite
+#   make bench  — Strata side by side with local disk, copy-first, rclone and httpdirfs
+#                 over an emulated WAN (BENCH_ARGS="--size 2GiB" etc.; see BENCHMARKS.md)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -8,7 +10,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.strata-installed
 TORCH  := torch==2.13.0
 
-.PHONY: demo test check pytest system-deps setup gen clean
+.PHONY: demo test check pytest system-deps bench bench-deps setup gen clean
 
 demo: $(STAMP)
 	$(BIN)/strata-demo
@@ -26,6 +28,23 @@ pytest: $(STAMP)
 	$(BIN)/pytest
 
 setup: $(STAMP)
+
+bench: $(STAMP) bench-deps
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# The tools the benchmark compares against, from Debian: fio, rclone, httpdirfs. Only
+# `make bench` installs them; the smoke run in `make test` reports their scenarios as
+# skipped where they are missing, so CI does not pay for them.
+bench-deps:
+	@missing=; for tool in fio rclone httpdirfs; do \
+	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  echo "installing Debian packages:$$missing"; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
 
 # Debian packages the mount needs: fusermount3 at run time, libfuse3-dev and
 # pkg-config to build pyfuse3. Installed only when missing.
