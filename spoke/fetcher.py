@@ -34,6 +34,9 @@ from spoke.layout import block_digest
 
 log = logging.getLogger(__name__)
 
+ADMIT_AHEAD_BYTES = 16 << 20
+"""Most bytes of one stream's arrived blocks waiting for their disk writes at once."""
+
 
 class _Retryable(Exception):
     """A fetch attempt failed in a way another attempt may fix."""
@@ -72,6 +75,8 @@ class Fetcher:
         self._inflight: dict[str, asyncio.Future[bytes | None]] = {}
         self.prefetch_budget = prefetch_budget
         self._prefetch_inflight = 0  # bytes of prefetches not yet admitted
+        self._on_the_way: dict[str, int] = {}  # digest -> size, asked for and not arrived
+        self._on_the_way_bytes = 0
         self._prefetched: dict[str, int] = {}  # prefetched, not yet read: digest -> size
         cache.on_evict.append(self._evicted)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -93,7 +98,7 @@ class Fetcher:
         waits: list[tuple[str, asyncio.Future[bytes | None]]] = []
         to_fetch: list[str] = []
         loop = asyncio.get_running_loop()
-        for digest, _size in blocks:
+        for digest, size in blocks:
             if self.cache.contains(digest):
                 was_cached.append(True)
                 continue
@@ -103,6 +108,7 @@ class Fetcher:
             if future is None:
                 future = loop.create_future()
                 self._inflight[digest] = future
+                self._expect(digest, size)
                 to_fetch.append(digest)
             waits.append((digest, future))
         for start in range(0, len(to_fetch), self.batch_blocks):
@@ -138,6 +144,7 @@ class Fetcher:
             future: asyncio.Future[bytes | None] = loop.create_future()
             future.add_done_callback(functools.partial(self._prefetch_done, digest, size))
             self._inflight[digest] = future
+            self._expect(digest, size)
             started.append(digest)
         for start in range(0, len(started), self.batch_blocks):
             task = asyncio.create_task(self._fetch(started[start : start + self.batch_blocks]))
@@ -161,6 +168,23 @@ class Fetcher:
     def _evicted(self, digest: str, size: int) -> None:
         if self._prefetched.pop(digest, None) is not None:
             metrics.PREFETCH_WASTED_BYTES.inc(size)
+
+    def is_fetching(self, digest: str) -> bool:
+        """True while a fetch of ``digest`` is in flight."""
+        return digest in self._inflight
+
+    @property
+    def on_the_way_bytes(self) -> int:
+        """Bytes of blocks asked of the hub that have not arrived yet (demand misses and
+        prefetches; once a block arrives, the cache counts it as being admitted)."""
+        return self._on_the_way_bytes
+
+    def _expect(self, digest: str, size: int) -> None:
+        self._on_the_way[digest] = size
+        self._on_the_way_bytes += size
+
+    def _arrived(self, digest: str) -> None:
+        self._on_the_way_bytes -= self._on_the_way.pop(digest, 0)
 
     @property
     def inflight(self) -> int:
@@ -196,8 +220,15 @@ class Fetcher:
             metrics.INFLIGHT_FETCHES.set(len(self._inflight))
 
     async def _attempt(self, pending: list[str]) -> None:
-        """One ReadBlocks stream for ``pending``; removes each digest once it is admitted."""
+        """One ReadBlocks stream for ``pending``; removes each digest once it has arrived.
+
+        Arrived blocks are admitted by tasks of their own while the stream goes on (each
+        admission is a disk write in a worker thread; awaiting them one by one held every
+        stream to one block per thread hand-off), at most :data:`ADMIT_AHEAD_BYTES` of
+        them at once; the attempt returns when all of them are done.
+        """
         started = time.monotonic()
+        admitting: dict[asyncio.Task[None], int] = {}
         async with self._streams:
             try:
                 async for digest, data in self.hub.read_blocks(list(pending), self.stream_timeout):
@@ -207,14 +238,12 @@ class Fetcher:
                     metrics.HUB_FETCH_BYTES.inc(len(data))
                     metrics.HUB_FETCH_BLOCKS.inc()
                     pending.remove(digest)
-                    try:
-                        await self.cache.admit(digest, data)
-                    except CacheFull as err:
-                        log.warning("%s; streaming the block through uncached", err)
-                        metrics.STREAMED_THROUGH.inc()
-                        self._resolve(digest, None, data)
-                        continue
-                    self._resolve(digest, None)
+                    self._arrived(digest)
+                    while admitting and sum(admitting.values()) + len(data) > ADMIT_AHEAD_BYTES:
+                        await asyncio.wait(admitting, return_when=asyncio.FIRST_COMPLETED)
+                    task = asyncio.create_task(self._admit(digest, data))
+                    admitting[task] = len(data)
+                    task.add_done_callback(admitting.pop)
                 metrics.HUB_UP.set(1)
             except grpc.aio.AioRpcError as err:
                 code = err.code()
@@ -228,11 +257,34 @@ class Fetcher:
             except ValueError as err:
                 raise _Retryable(str(err)) from err
             finally:
+                if admitting:
+                    await asyncio.wait(list(admitting))
                 metrics.HUB_FETCH_SECONDS.observe(time.monotonic() - started)
         if pending:
             raise _Retryable(f"stream ended with {len(pending)} blocks missing")
 
+    async def _admit(self, digest: str, data: bytes) -> None:
+        """Cache a verified block and hand it to its waiters; never raises.
+
+        A block the cache cannot take (disk full with nothing evictable, or a failed
+        write) is handed to its waiters in memory instead, so their reads still succeed.
+        """
+        try:
+            await self.cache.admit(digest, data)
+        except CacheFull as err:
+            log.warning("%s; streaming the block through uncached", err)
+            metrics.STREAMED_THROUGH.inc()
+            self._resolve(digest, None, data)
+            return
+        except Exception:
+            log.exception("could not cache block %s; streaming it through uncached", digest)
+            metrics.STREAMED_THROUGH.inc()
+            self._resolve(digest, None, data)
+            return
+        self._resolve(digest, None)
+
     def _resolve(self, digest: str, error: BaseException | None, data: bytes | None = None) -> None:
+        self._arrived(digest)  # (a failed fetch never arrives)
         future = self._inflight.pop(digest, None)
         if future is None or future.done():
             return

@@ -38,6 +38,12 @@ class EvictionPolicy(ABC):
         """Change the capacity (pins taking or giving back room); evicts nothing itself."""
         self.capacity_bytes = max(0, capacity_bytes)
 
+    @property
+    def evict_on_demand(self) -> bool:
+        """True when victims should be chosen only as admissions need room, never in
+        batches ahead of time (the cache then skips its watermark band). False here."""
+        return False
+
     @abstractmethod
     def __contains__(self, key: object) -> bool:
         """True when ``key`` is resident (ghost entries do not count)."""

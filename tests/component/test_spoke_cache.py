@@ -154,3 +154,54 @@ def test_full_disk_with_everything_pinned_streams_through(tiny_fs: Path) -> None
             await cache.admit(d, data)
 
     asyncio.run(go())
+
+
+def test_concurrent_admissions_never_exceed_capacity(tmp_path: Path) -> None:
+    blocks = _blocks(30, 1000)
+
+    async def go() -> None:
+        cache = _cache(tmp_path, 10_000)
+        await asyncio.gather(*(cache.admit(d, data) for d, data in blocks))
+        assert cache.used_bytes <= 10_000 and _on_disk(tmp_path) == cache.used_bytes
+        assert cache.free_bytes == 10_000 - cache.used_bytes
+        cache.policy.check_invariants()
+
+    asyncio.run(go())
+
+
+def test_hinted_policy_evicts_on_demand_only(tmp_path: Path) -> None:
+    from spoke.hints import HintedPolicy
+
+    blocks = _blocks(12, 1000)
+
+    async def go() -> None:
+        layout = CacheLayout(tmp_path)
+        policy = HintedPolicy(make_policy("arc", 10_000))
+        cache = BlockCache(BlockStore(layout, open_index(layout)), policy, 10_000)
+        evictor = asyncio.create_task(cache.run_evictor())
+        policy.set_hint([d for d, _ in blocks])
+        for d, data in blocks:
+            await cache.admit(d, data)
+            await asyncio.sleep(0.01)  # the evictor could run here
+        # no watermark band: the cache stays full, evicting a block per admission
+        assert cache.used_bytes == 10_000 and len(cache) == 10
+        policy.clear_hint()
+        await cache.admit(*_blocks(13, 1000)[12])
+        await asyncio.sleep(0.05)
+        assert cache.used_bytes <= cache.low_bytes  # without a hint the band is back
+        evictor.cancel()
+
+    asyncio.run(go())
+
+
+def test_write_many_refuses_one_block_and_keeps_the_others(tmp_path: Path) -> None:
+    layout = CacheLayout(tmp_path)
+    store = BlockStore(layout, open_index(layout))
+    (a, da), (b, db) = _blocks(2, 100)
+    layout.block_path(b).parent.mkdir(parents=True, exist_ok=True)
+    layout.block_path(b).mkdir()  # a directory where b's file must go: the rename fails
+    errors = store.write_many([(a, da, 1), (b, db, 2)])
+    assert errors[0] is None and isinstance(errors[1], OSError)
+    assert layout.block_path(a).read_bytes() == da
+    assert {blk.digest for blk in store} == {a}  # only a is indexed
+    assert not [p for p in layout.block_path(b).parent.iterdir() if p.name.startswith(".tmp")]

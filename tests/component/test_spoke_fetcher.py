@@ -135,3 +135,46 @@ def test_unknown_block_is_not_found(tmp_path: Path) -> None:
 
     with pytest.raises(NotFound):
         asyncio.run(go())
+
+
+def test_a_failed_disk_write_streams_the_block_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub, cache, refs = _setup(tmp_path)
+
+    def broken(blocks: Sequence[tuple[str, bytes, int]]) -> list[OSError | None]:
+        return [OSError(5, "Input/output error") for _ in blocks]  # EIO, not ENOSPC
+
+    monkeypatch.setattr(cache.store, "write_many", broken)
+
+    async def go() -> tuple[list[bool], dict[str, bytes]]:
+        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        result = await asyncio.wait_for(fetcher.ensure(refs[:2]), 10)  # never hangs
+        assert fetcher.on_the_way_bytes == 0 and fetcher.inflight == 0
+        return result
+
+    was_cached, uncached = asyncio.run(go())
+    assert was_cached == [False, False]
+    assert uncached == {d: hub.blocks[d] for d, _ in refs[:2]}  # the bytes, verified
+    assert not cache.contains(refs[0][0]) and cache.used_bytes == 0
+
+
+def test_arrived_blocks_are_written_while_the_stream_goes_on(tmp_path: Path) -> None:
+    hub, cache, refs = _setup(tmp_path, n=12)
+    calls: list[int] = []
+    write_many = cache.store.write_many
+
+    def counting(blocks: Sequence[tuple[str, bytes, int]]) -> list[OSError | None]:
+        calls.append(len(blocks))
+        return write_many(blocks)
+
+    cache.store.write_many = counting  # type: ignore[method-assign]
+
+    async def go() -> None:
+        fetcher = Fetcher(hub, cache, batch_blocks=12)  # type: ignore[arg-type]
+        await fetcher.ensure(refs)
+        assert fetcher.on_the_way_bytes == 0
+
+    asyncio.run(go())
+    assert all(cache.contains(d) for d, _ in refs)
+    assert sum(calls) == 12 and len(calls) < 12  # batched: fewer writes than blocks
