@@ -29,7 +29,8 @@ from spoke.selection import select, unique_blocks, validate_globs
 log = logging.getLogger(__name__)
 
 State = Literal["running", "done", "failed", "cancelled"]
-BATCH_BLOCKS = 8  # blocks per fetch batch
+BATCH_BLOCKS = 16  # most blocks per fetch batch (one ReadBlocks stream)
+BATCH_BYTES = 32 << 20  # most bytes per fetch batch
 PARALLEL_BATCHES = 8  # batches in flight per job
 KEEP_FINISHED = 100  # finished jobs remembered
 
@@ -82,6 +83,30 @@ class Job:
             "error": self.error or None,
             "message": self.message or None,
         }
+
+
+def fetch_batches(
+    blocks: list[tuple[str, int]], most_blocks: int = BATCH_BLOCKS, most_bytes: int = BATCH_BYTES
+) -> list[list[tuple[str, int]]]:
+    """Split ``(digest, size)`` pairs, in order, into batches of at most ``most_blocks``
+    blocks and ``most_bytes`` bytes (a block larger than that is a batch of its own).
+
+    With :data:`PARALLEL_BATCHES` batches in flight a job keeps 8 MiB (64 KiB blocks)
+    to 256 MiB (4 MiB blocks) on the way, above the bandwidth-delay product of a
+    1 Gbit/s link at 50 ms RTT (6.25 MB).
+    """
+    batches: list[list[tuple[str, int]]] = []
+    batch: list[tuple[str, int]] = []
+    size = 0
+    for digest, nbytes in blocks:
+        if batch and (len(batch) >= most_blocks or size + nbytes > most_bytes):
+            batches.append(batch)
+            batch, size = [], 0
+        batch.append((digest, nbytes))
+        size += nbytes
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 class CapacityError(SpokeError):
@@ -186,8 +211,7 @@ class PrewarmJobs:
             await self.cancel(job.id)
 
     async def _run(self, job: Job) -> None:
-        todo = list(job.blocks.items())
-        batches = [todo[i : i + BATCH_BLOCKS] for i in range(0, len(todo), BATCH_BLOCKS)]
+        batches = fetch_batches(list(job.blocks.items()))
         queue: asyncio.Queue[list[tuple[str, int]]] = asyncio.Queue()
         for batch in batches:
             queue.put_nowait(batch)
