@@ -5,8 +5,14 @@ reads it, and again whenever its identity (inode, mtime, size) changes, so a blo
 was damaged on disk is never served. Open files are kept in an LRU table so a hit costs one
 ``fstat`` and one ``pread``. Entries are never closed explicitly: a dropped entry's file
 closes when the last thread using it lets go (CPython reference counting), so a descriptor
-number is never reused under a concurrent reader. An evicted block stays readable through a
-file opened before the eviction (its bytes are still the verified bytes of that digest).
+number is never reused under a concurrent reader.
+
+An evicted block is a miss, as in the daemon's accounting: an open entry whose file has been
+unlinked (``st_nlink == 0``, seen by the same ``fstat``) is dropped and the block looked up
+again by path. :meth:`BlockFiles.sweep` closes such entries even when nobody reads them, so
+evicted blocks do not keep their disk space (up to ``max_open`` blocks of it) past the
+cache's size. A read that already holds the descriptor when the eviction happens still
+finishes with the verified bytes of that digest.
 """
 
 from __future__ import annotations
@@ -69,9 +75,10 @@ class BlockFiles:
             if entry is not None:
                 self._open.move_to_end(digest)
         if entry is not None:
-            if _identity(entry.file.fileno()) == entry.identity:
+            st = os.fstat(entry.file.fileno())
+            if st.st_nlink and (st.st_ino, st.st_mtime_ns, st.st_size) == entry.identity:
                 return os.pread(entry.file.fileno(), size, offset)
-            self.forget(digest)  # changed under us: verify again
+            self._drop(digest, entry)  # evicted, or changed under us: look it up again
         try:
             file = FileIO(self.layout.block_path(digest), "r")
         except FileNotFoundError:
@@ -108,6 +115,31 @@ class BlockFiles:
         if entry is not None:
             os.posix_fadvise(entry.file.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
         return True
+
+    def sweep(self) -> int:
+        """Drop open entries whose block file was unlinked (evicted); returns how many.
+
+        One ``fstat`` per open entry; run it now and then from a worker thread.
+        """
+        with self._lock:
+            entries = list(self._open.items())
+        dropped = 0
+        for digest, entry in entries:
+            try:
+                gone = os.fstat(entry.file.fileno()).st_nlink == 0
+            except (OSError, ValueError):  # closed under us by a concurrent drop
+                continue
+            if gone:
+                self._drop(digest, entry)
+                dropped += 1
+        return dropped
+
+    def _drop(self, digest: str, entry: _OpenBlock) -> None:
+        """Forget ``digest`` if ``entry`` is still its open entry."""
+        with self._lock:
+            if self._open.get(digest) is entry:
+                del self._open[digest]
+                self._verified.pop(digest, None)
 
     def forget(self, digest: str) -> None:
         """Drop what is known about ``digest`` (it will be reopened and verified)."""

@@ -31,6 +31,7 @@ class DaemonClient:
     ) -> None:
         self.miss_deadline = miss_deadline
         self.catalog_timeout = catalog_timeout
+        self.prompt = False  # the daemon's last word: report hits as they happen
         self._channel = grpc.insecure_channel(
             f"unix:{socket_path}",
             options=[
@@ -96,6 +97,7 @@ class DaemonClient:
                 reply = self._stub.EnsureBlocks(
                     request, timeout=max(deadline - time.monotonic(), 0.001), wait_for_ready=True
                 )
+                self.prompt = bool(reply.prompt)
                 return {u.digest: u.data for u in reply.uncached}
             except grpc.RpcError as err:
                 # the daemon went away mid-call (killed, restarting): ask again until the
@@ -118,5 +120,12 @@ class DaemonClient:
         return int(reply.started)
 
     def record_access(self, digests: Sequence[str]) -> None:
-        """Report a batch of hits (best effort: a short deadline, never waits for a restart)."""
-        self._stub.RecordAccess(spoke_pb2.RecordAccessRequest(digests=list(digests)), timeout=2.0)
+        """Report a batch of hits (best effort: a short deadline, never waits for a restart).
+
+        Updates :attr:`prompt`, whether the daemon wants hits reported as they happen (a
+        read-order hint is installed), as every EnsureBlocks answer does.
+        """
+        reply = self._stub.RecordAccess(
+            spoke_pb2.RecordAccessRequest(digests=list(digests)), timeout=2.0
+        )
+        self.prompt = bool(reply.prompt)

@@ -27,6 +27,8 @@ from fusemount.tree import Node
 from spoke.layout import CacheLayout
 
 STREAMED_BLOCKS = 8  # streamed-through blocks kept in memory
+HIT_BATCH = 64  # hits that make a report go out before its interval is up
+FETCH_ATTEMPTS = 3  # a block evicted between its fetch and its read is fetched again
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class BlockReader:
         self._miss_limiter = trio.CapacityLimiter(64)
         self._lock = threading.Lock()
         self._hits: list[str] = []
+        self._hits_full = trio.Event()
         self.hits = 0
         self.misses = 0
 
@@ -108,29 +111,36 @@ class BlockReader:
             with self._lock:
                 self.hits += 1
                 self._hits.append(digest)
+                if len(self._hits) >= self._report_after():
+                    self._hits_full.set()
             return data
         streamed = self._streamed.get(digest)
         if streamed is not None:
             self._streamed.move_to_end(digest)
             return streamed[offset : offset + size]
         self.misses += 1
-        uncached = await trio.to_thread.run_sync(
-            self.client.ensure_blocks,
-            [(digest, block_len)],
-            [digest] if suspect else [],
-            limiter=self._miss_limiter,
+        for _attempt in range(FETCH_ATTEMPTS):
+            uncached = await trio.to_thread.run_sync(
+                self.client.ensure_blocks,
+                [(digest, block_len)],
+                [digest] if suspect else [],
+                limiter=self._miss_limiter,
+            )
+            suspect = False
+            if digest in uncached:
+                self._streamed[digest] = uncached[digest]
+                while len(self._streamed) > STREAMED_BLOCKS:
+                    self._streamed.popitem(last=False)
+                return uncached[digest][offset : offset + size]
+            data = await trio.to_thread.run_sync(
+                self.files.read, digest, offset, size, limiter=self._io_limiter
+            )
+            if data is not None:
+                return data
+            log.info("block %s was evicted before it could be read; fetching it again", digest)
+        raise MissingBlockError(
+            f"block {digest} was evicted {FETCH_ATTEMPTS} times between its fetch and its read"
         )
-        if digest in uncached:
-            self._streamed[digest] = uncached[digest]
-            while len(self._streamed) > STREAMED_BLOCKS:
-                self._streamed.popitem(last=False)
-            return uncached[digest][offset : offset + size]
-        data = await trio.to_thread.run_sync(
-            self.files.read, digest, offset, size, limiter=self._io_limiter
-        )
-        if data is None:
-            raise MissingBlockError(f"block {digest} vanished after it was fetched")
-        return data
 
     def cached_bytes(self, node: Node) -> int:
         """Bytes of ``node`` whose blocks are in the cache now (a stat per block)."""
@@ -156,11 +166,26 @@ class BlockReader:
         if missing:
             self.client.prefetch(missing)
 
-    async def flush_hits_forever(self, interval: float = 0.5) -> None:
-        """Report batched hits to the daemon every ``interval`` seconds (best effort)."""
+    async def flush_hits_forever(self, interval: float = 0.1, sweep_every: float = 0.5) -> None:
+        """Report batched hits to the daemon every ``interval`` seconds, or as soon as
+        :data:`HIT_BATCH` have gathered, and every ``sweep_every`` seconds close open
+        block files the daemon has evicted since (best effort).
+
+        While the daemon answers that a read-order hint is installed, hits go out as they
+        happen instead: one report in flight, the next carrying whatever gathered
+        meanwhile, so the hint's cursors follow the reads (a report 0.1 s late let a fast
+        reader's hits look unread, and the daemon kept their blocks in place of ones it
+        needed).
+        """
+        next_sweep = trio.current_time() + sweep_every
         while True:
-            await trio.sleep(interval)
+            with trio.move_on_after(interval):
+                await self._hits_full.wait()
+            self._hits_full = trio.Event()
             await self.flush_hits()
+            if trio.current_time() >= next_sweep:
+                next_sweep = trio.current_time() + sweep_every
+                await trio.to_thread.run_sync(self.files.sweep, limiter=self._io_limiter)
 
     async def flush_hits(self) -> None:
         """Report the hits gathered so far; a failed report is logged and dropped."""
@@ -171,3 +196,11 @@ class BlockReader:
             await trio.to_thread.run_sync(self.client.record_access, hits)
         except Exception as err:  # the daemon may be restarting; recency is advisory
             log.debug("could not report %d hits: %s", len(hits), err)
+            return
+        with self._lock:
+            if len(self._hits) >= self._report_after():
+                self._hits_full.set()
+
+    def _report_after(self) -> int:
+        """Hits that make a report go out now: 1 while the daemon asks for prompt reports."""
+        return 1 if getattr(self.client, "prompt", False) else HIT_BATCH

@@ -30,8 +30,8 @@ from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import HubUnavailable, InvalidRequest, NotFound, SpokeError
 from spoke.fetcher import Fetcher
-from spoke.hints import HintService
 from spoke.pins import PinRegistry
+from spoke.prefetch import HintService
 from spoke.prewarm import CapacityError, PrewarmJobs
 from spoke.selection import MAX_GLOB_CHARS, MAX_GLOBS, unique_blocks
 from spoke.supervisor import is_mounted
@@ -77,7 +77,13 @@ class HintRequest(BaseModel):
         max_length=MAX_HINT_PATHS,
         description="file paths relative to the snapshot root, in planned read order",
     )
-    append: bool = Field(default=False, description="extend the current hint, not replace it")
+    append: bool = Field(default=False, description="extend the stream's hint, not replace it")
+    stream: str = Field(
+        default="default",
+        pattern=NAME,
+        description="whose reads these are, e.g. one name per rank of a job; a post "
+        "replaces (or extends) only its own stream",
+    )
 
 
 class EvictRequest(BaseModel):
@@ -225,16 +231,27 @@ def create_app(
             if entry is None:
                 raise InvalidRequest(f"{path!r} is not a file of {body.dataset}@{body.ref}")
             blocks.extend((b.digest, b.size) for b in entry.blocks)
-        status = hints.install(blocks, append=body.append)
+        status, prefetching = hints.install(body.stream, blocks, append=body.append)
         return {
             "dataset": body.dataset,
             "version": snapshot.version,
             "paths": len(body.paths),
-            "blocks": status.blocks,
-            "hint_length": status.hint_length,
-            "cursor": status.cursor,
-            "prefetching": status.prefetching,
+            "blocks": len(blocks),
+            **status.public(),
+            "prefetching": prefetching,
         }
+
+    @app.get("/v1/hints", dependencies=auth, responses=errors)
+    def list_hints() -> list[dict[str, object]]:
+        """Every installed hint stream: planned reads, cursor, seconds since last used."""
+        return [s.public() for s in hints.status()] if hints is not None else []
+
+    @app.delete("/v1/hints/{stream}", dependencies=auth, responses=errors)
+    def delete_hint(stream: str) -> dict[str, object]:
+        """Remove a hint stream (a job that ended); eviction forgets its plan."""
+        if hints is None or not hints.remove(stream):
+            raise NotFound(f"no hint stream {stream!r}")
+        return {"stream": stream, "removed": True}
 
     @app.get("/v1/pins", dependencies=auth, responses=errors)
     def list_pins() -> list[dict[str, object]]:

@@ -25,13 +25,14 @@ from spoke.catalog import SnapshotCatalog
 from spoke.config import SpokeSettings
 from spoke.errors import HubUnavailable
 from spoke.fetcher import Fetcher
-from spoke.hints import HintedPolicy, HintService
+from spoke.hints import HintedPolicy
 from spoke.hubclient import HubClient
 from spoke.invalidation import Invalidator
 from spoke.layout import CacheLayout
 from spoke.localservice import SpokeLocalService
 from spoke.pins import PinRegistry
 from spoke.policy import make_policy
+from spoke.prefetch import HintService
 from spoke.prewarm import PrewarmJobs
 from spoke.store import BlockStore, open_index
 
@@ -60,8 +61,9 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         capacity = int(settings.cache_size)
         cache = BlockCache(
             BlockStore(layout, env),
-            # the configured policy until a job posts hints; protect the last 4 reads
-            HintedPolicy(make_policy(settings.policy, capacity), in_use=4),
+            # the configured policy until a job posts hints; per hint stream, the
+            # blocks of the last 2 reads are still being read (DESIGN.md: Hints)
+            HintedPolicy(make_policy(settings.policy, capacity), in_use=2),
             capacity,
             high_watermark=settings.high_watermark,
             low_watermark=settings.low_watermark,

@@ -1,4 +1,4 @@
-"""Clairvoyant caching from read-order hints: Belady's rule on a job's planned reads.
+"""Clairvoyant caching from read-order hints: Belady's rule on the planned reads of jobs.
 
 A training job with a seeded shuffling sampler knows, before an epoch starts, the order in
 which it will read every chunk. NoPFS (Dryden et al., "Clairvoyant Prefetching for
@@ -7,134 +7,115 @@ shuffle seed, to prefetch in read order and to evict the sample needed farthest 
 future. That eviction rule is Belady's MIN (Belady, "A study of replacement algorithms for
 a virtual-storage computer", IBM Systems Journal 1966), optimal for uniform block sizes.
 
-Two pieces:
+A hint is a **stream**: one reader's planned reads (one rank of a job; several ranks on a
+node post one stream each). Each :class:`HintStream` has a cursor that follows the reads
+the mount reports; reads may arrive out of order within ``tolerance`` positions
+(DataLoader workers, batched hit reports), and a repeated report of one read is not
+mistaken for the block's next hinted read.
 
-* :class:`HintedPolicy` wraps the configured policy (ARC or LRU). With no hint installed it
-  *is* that policy. With a hint (block digests in planned read order) it evicts blocks the
-  hint never reads again first (least recently used first), then the block whose next
-  hinted read is farthest. A cursor follows the reads the mount reports
-  (:meth:`HintedPolicy.observe`); reads may arrive out of order within ``tolerance``
-  positions (DataLoader workers, batched hit reports) and a repeated report of one read is
-  not mistaken for the block's next hinted read.
-* :class:`HintService` resolves the admin API's ``POST /v1/hints`` into blocks, installs
-  them in the policy and keeps prefetching a window of blocks ahead of the reads observed.
+:class:`HintedPolicy` wraps the configured policy (ARC or LRU). With no stream installed it
+*is* that policy. With streams it evicts blocks no stream reads again first (least
+recently used first), then the block whose next hinted read is farthest.
+
+Streams share one clock, counted in reads (every read that counts for some stream ticks
+it). Streams are assumed to read at the same speed, as the ranks of one DDP job do (they
+meet at every optimizer step): with ``n`` streams each is predicted to advance one
+position every ``n`` ticks, and a block's next use is the earliest prediction over the
+streams that read it. When a stream runs ahead of or behind its prediction by more than
+``2 x tolerance`` positions, every stream is predicted afresh from where it is and the
+next uses recomputed (at most once per ``max(tolerance, resident blocks / 16)`` reads, so
+the cost stays a few next-use lookups per read). Measuring each stream's speed instead was
+tried and lost: hit reports arrive in batches, so speeds measured over short windows are
+noise.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from spoke.policy import EvictionPolicy
 
-if TYPE_CHECKING:
-    from spoke.cache import BlockCache
-    from spoke.fetcher import Fetcher
-
-log = logging.getLogger(__name__)
-
-NEVER = 1 << 62  # "next use" of a block the hint does not read again
+NEVER = 1 << 62  # "next use" of a block no stream reads again
+BEING_READ = -1  # "next use" of a block a reader is reading right now
 DEFAULT_TOLERANCE = 32  # hinted positions a read may arrive out of order
+DEFAULT_STREAM = "default"
 
 
-class HintedPolicy(EvictionPolicy):
-    """Belady's farthest-next-use eviction over a read-order hint; ``inner`` otherwise.
-
-    Residency and byte accounting stay in ``inner``: every call is forwarded there, so the
-    wrapped policy keeps learning and takes over unchanged when the hint is cleared. Only
-    :meth:`pop_victim` differs while a hint is installed.
+class HintStream:
+    """One reader's planned reads: block digests in order, and how far they have been read.
 
     Args:
-        inner: the fallback policy (the daemon's ``--policy``).
-        tolerance: how far (in hinted positions) reads may be out of order; reads more than
-            this ahead of the oldest unread position move it forward (a skipped or
-            unreported read does not pin its block forever).
-        in_use: the blocks of this many latest reads count as still being read (next use
-            -1): a block the mount asked for must not be evicted by prefetches landing
-            before the mount has read it. 0 (pure Belady) in simulation.
+        name: the stream's name (e.g. ``fit-1a2b3c.rank0``).
+        tolerance: how far (in positions) reads may be out of order; a read more than this
+            ahead of the oldest unread position moves it forward, so a skipped or
+            unreported read does not hold the cursor forever.
+
+    Attributes:
+        cursor: every position before it has been read (or skipped).
+        frontier: one past the farthest position read.
+        rate: positions per clock tick (``1 / streams``); with :attr:`t0` (clock) and
+            :attr:`p0` (position) of the last prediction it says :meth:`when` a position
+            is read.
     """
 
-    def __init__(
-        self, inner: EvictionPolicy, tolerance: int = DEFAULT_TOLERANCE, in_use: int = 0
-    ) -> None:
-        super().__init__(inner.capacity_bytes)
-        if tolerance < 1 or in_use < 0:
-            raise ValueError("tolerance must be >= 1 and in_use >= 0")
-        self.in_use = in_use
-        self._recent: OrderedDict[str, None] = OrderedDict()  # last ``in_use`` blocks read
-        self.inner = inner
-        self.name = f"hinted+{inner.name}"
+    def __init__(self, name: str, tolerance: int = DEFAULT_TOLERANCE) -> None:
+        if tolerance < 1:
+            raise ValueError("tolerance must be >= 1")
+        self.name = name
         self.tolerance = tolerance
-        self._hint: list[str] = []
-        self._positions: dict[str, list[int]] = {}  # digest -> its hinted positions, ascending
-        self.cursor = 0  # every position before it has been read (or skipped)
-        self.frontier = 0  # one past the farthest position read
+        self.t0 = 0
+        self.p0 = 0
+        self.rate = 1.0
+        self.hint: list[str] = []
+        self._positions: dict[str, list[int]] = {}  # digest -> its positions, ascending
+        self.cursor = 0
+        self.frontier = 0
         self._ahead: set[int] = set()  # positions >= cursor already read (out of order)
-        self._last: dict[str, tuple[int, int]] = {}  # digest -> (last position read, _reads then)
+        self._last: dict[str, tuple[int, int]] = {}  # digest -> (last position read, reads then)
         self._reads = 0
-        self._next: dict[str, int] = {}  # resident digest -> next hinted use (finite only)
-        self._never: OrderedDict[str, None] = OrderedDict()  # resident, not read again; LRU first
-        self._heap: list[tuple[int, int, str]] = []  # (-next use, tiebreak, digest); lazy
-        self._seq = itertools.count()
 
-    # -- the hint --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.hint)
 
     @property
-    def active(self) -> bool:
-        """True while a hint is installed."""
-        return bool(self._hint)
+    def head(self) -> int:
+        """The next position the reader is expected at (past the farthest read)."""
+        return max(self.frontier, self.cursor)
 
     @property
-    def hint_length(self) -> int:
-        """Positions in the installed hint (read ones included)."""
-        return len(self._hint)
+    def remaining(self) -> int:
+        """Positions not yet read or skipped."""
+        return len(self.hint) - self.cursor
 
-    def set_hint(self, digests: Sequence[str], append: bool = False) -> None:
-        """Install ``digests`` as the planned read order (``append``: after the current one).
+    def digests(self) -> set[str]:
+        """Every digest the stream mentions (read positions included)."""
+        return set(self._positions)
 
-        Replacing starts the cursor at the first position. Appending keeps the cursor and
-        drops the read prefix once it is at least half of the hint.
-        """
-        if append and self._hint:
-            if self.cursor and self.cursor * 2 >= len(self._hint):
-                self._rebase(self.cursor)
-            start = len(self._hint)
-            self._hint.extend(digests)
-            for pos, digest in enumerate(digests, start):
-                self._positions.setdefault(digest, []).append(pos)
-        else:
-            self._hint = list(digests)
-            self._positions = {}
-            for pos, digest in enumerate(self._hint):
-                self._positions.setdefault(digest, []).append(pos)
-            self.cursor = self.frontier = self._reads = 0
-            self._ahead.clear()
-            self._recent.clear()
-            self._last.clear()
-        self._recompute_all()
+    def when(self, pos: int) -> float:
+        """The clock time at which position ``pos`` is expected to be read."""
+        return self.t0 + (pos - self.p0) / self.rate
 
-    def clear_hint(self) -> None:
-        """Forget the hint; eviction is the wrapped policy's again."""
-        self.set_hint([])
+    def predicted_head(self, now: int) -> float:
+        """Where :attr:`head` should be at clock time ``now``."""
+        return self.p0 + (now - self.t0) * self.rate
 
-    def upcoming(self, count: int) -> list[str]:
-        """Digests of the next ``count`` hinted positions after the farthest read (unread ones)."""
-        out: list[str] = []
-        pos = max(self.frontier, self.cursor)
-        while pos < len(self._hint) and len(out) < count:
-            if pos not in self._ahead:
-                out.append(self._hint[pos])
-            pos += 1
-        return out
+    def extend(self, digests: Sequence[str]) -> None:
+        """Append planned reads. Drops the read prefix first once it is half the hint
+        (predictions stay put: :attr:`p0` moves with the positions)."""
+        if self.cursor and self.cursor * 2 >= len(self.hint):
+            self._rebase(self.cursor)
+        start = len(self.hint)
+        self.hint.extend(digests)
+        for pos, digest in enumerate(digests, start):
+            self._positions.setdefault(digest, []).append(pos)
 
     def next_use(self, digest: str) -> int:
-        """Position of ``digest``'s next unread hinted read, or :data:`NEVER`."""
+        """Position of ``digest``'s next unread planned read, or :data:`NEVER`."""
         positions = self._positions.get(digest)
         if not positions:
             return NEVER
@@ -143,66 +124,294 @@ class HintedPolicy(EvictionPolicy):
             i += 1
         return positions[i] if i < len(positions) else NEVER
 
-    def observe(self, digest: str) -> bool:
-        """The job read ``digest`` (hit or miss): move the cursor. Returns whether it counted.
+    def distance(self, digest: str) -> int | None:
+        """How far ahead of :attr:`head` a read of ``digest`` now would count, or None
+        when it would not count (not planned within ``tolerance``, or a repeated report).
 
-        A read counts for the block's next unread hinted position if that lies within
-        ``tolerance`` of the farthest read so far. A report that repeats a read (several
-        FUSE reads of one block, a hit reported again) is recognised because far fewer reads
-        happened since the block's last counted read than the hint puts between the two.
+        A repeated report (several FUSE reads of one block, a hit reported again) is
+        recognised because far fewer reads happened since the block's last counted read
+        than the plan puts between the two.
         """
         pos = self.next_use(digest)
-        if pos >= max(self.frontier, self.cursor) + self.tolerance:
-            return False  # not planned here (NEVER included)
+        if pos >= self.head + self.tolerance:
+            return None  # not planned here (NEVER included)
         last = self._last.get(digest)
         if last is not None and self._reads - last[1] < (pos - last[0]) // 2:
-            return False
+            return None
+        return pos - self.head
+
+    def observe(self, digest: str) -> list[str] | None:
+        """Count a read of ``digest`` if :meth:`distance` allows it.
+
+        Returns:
+            The digests whose next use changed (the one read, and any skipped over), or
+            None when the read did not count.
+        """
+        if self.distance(digest) is None:
+            return None
+        pos = self.next_use(digest)
         self._reads += 1
         self._last[digest] = (pos, self._reads)
         self._ahead.add(pos)
         self.frontier = max(self.frontier, pos + 1)
-        if self.in_use:
-            self._recent[digest] = None
-            self._recent.move_to_end(digest)
-            while len(self._recent) > self.in_use:
-                old, _ = self._recent.popitem(last=False)
-                self._refresh(old)
-        self._refresh(digest)
-        self._advance()
-        return True
-
-    def _advance(self) -> None:
+        changed = [digest]
         while True:
             if self.cursor in self._ahead:
                 self._ahead.remove(self.cursor)
                 self.cursor += 1
             elif self.frontier - self.cursor > self.tolerance:  # a read never reported
-                skipped = self._hint[self.cursor]
+                skipped = self.hint[self.cursor]
                 self._last[skipped] = (self.cursor, self._reads)
                 self.cursor += 1
-                self._refresh(skipped)
+                changed.append(skipped)
             else:
-                return
+                return changed
+
+    def upcoming(self, count: int) -> list[tuple[int, str]]:
+        """The next ``count`` unread ``(position, digest)`` pairs from :attr:`head` on."""
+        out: list[tuple[int, str]] = []
+        pos = self.head
+        while pos < len(self.hint) and len(out) < count:
+            if pos not in self._ahead:
+                out.append((pos, self.hint[pos]))
+            pos += 1
+        return out
 
     def _rebase(self, offset: int) -> None:
-        self._hint = self._hint[offset:]
+        self.hint = self.hint[offset:]
         self._positions = {}
-        for pos, digest in enumerate(self._hint):
+        for pos, digest in enumerate(self.hint):
             self._positions.setdefault(digest, []).append(pos)
+        self.p0 -= offset
         self.cursor -= offset
         self.frontier -= offset
         self._ahead = {p - offset for p in self._ahead}
         self._last = {d: (p - offset, n) for d, (p, n) in self._last.items()}
 
+    def check_invariants(self) -> None:
+        """Cursor, frontier and out-of-order reads are consistent (used by tests)."""
+        assert all(p >= self.cursor for p in self._ahead), "read position behind cursor"
+        assert self.cursor <= self.head <= len(self.hint), "cursor past the hint"
+
+
+@dataclass(frozen=True)
+class Victim:
+    """A resident block in eviction order, with its next use on the streams' clock."""
+
+    digest: str
+    size: int
+    next_use: float
+
+
+class HintedPolicy(EvictionPolicy):
+    """Belady's farthest-next-use eviction over read-order hints; ``inner`` otherwise.
+
+    Residency and byte accounting stay in ``inner``: every call is forwarded there, so the
+    wrapped policy keeps learning and takes over unchanged when the last stream goes.
+    Only :meth:`pop_victim` differs while a stream is installed.
+
+    Args:
+        inner: the fallback policy (the daemon's ``--policy``).
+        tolerance: how far (in positions) each stream's reads may be out of order.
+        in_use: per stream, the blocks of this many latest reads count as still being read
+            (never victims): the mount reads a missed block from disk just after the
+            daemon admits it, and prefetches landing in between must not evict it.
+            0 (pure Belady) in simulation.
+    """
+
+    def __init__(
+        self, inner: EvictionPolicy, tolerance: int = DEFAULT_TOLERANCE, in_use: int = 0
+    ) -> None:
+        super().__init__(inner.capacity_bytes)
+        if tolerance < 1 or in_use < 0:
+            raise ValueError("tolerance must be >= 1 and in_use >= 0")
+        self.inner = inner
+        self.name = f"hinted+{inner.name}"
+        self.tolerance = tolerance
+        self.in_use = in_use
+        self.streams: dict[str, HintStream] = {}
+        self._recent: OrderedDict[str, None] = OrderedDict()  # latest reads, being read
+        self._held: dict[str, int] = {}  # digest -> readers waiting for it (hold/release)
+        self._sizes: dict[str, int] = {}  # resident digest -> size
+        self._next: dict[str, float] = {}  # resident digest -> next use (finite only)
+        self._never: OrderedDict[str, None] = OrderedDict()  # resident, not read again; LRU first
+        self._heap: list[tuple[float, int, str]] = []  # (-next use, tiebreak, digest); lazy
+        self._seq = itertools.count()
+        self.clock = 0  # reads counted for some stream
+        self._synced_at = 0  # clock of the last speed measurement
+
+    # -- streams ---------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """True while some stream is installed."""
+        return bool(self.streams)
+
+    def stream(self, name: str = DEFAULT_STREAM) -> HintStream | None:
+        """The installed stream ``name``, if any."""
+        return self.streams.get(name)
+
+    def set_hint(
+        self, digests: Sequence[str], append: bool = False, stream: str = DEFAULT_STREAM
+    ) -> HintStream | None:
+        """Install ``digests`` as stream ``stream``'s planned read order.
+
+        Replacing (or creating) starts the stream's cursor at its first position, expected
+        now; ``append`` extends the stream instead. An empty replacement removes the
+        stream. Every stream is predicted afresh from where it is.
+
+        Returns:
+            The stream, or None when it was removed.
+        """
+        current = self.streams.get(stream)
+        if append and current is not None:
+            current.extend(digests)
+        elif not digests:
+            self.streams.pop(stream, None)
+            current = None
+        else:
+            self.streams.pop(stream, None)
+            current = HintStream(stream, self.tolerance)
+            current.extend(digests)
+            self.streams[stream] = current
+        self._resync()
+        return current
+
+    def clear_hint(self, stream: str | None = None) -> bool:
+        """Remove one stream (None: all); returns whether anything was removed. With no
+        stream left, eviction is the wrapped policy's again."""
+        if stream is None:
+            removed = bool(self.streams)
+            self.streams.clear()
+        else:
+            removed = self.streams.pop(stream, None) is not None
+        if removed:
+            self._recent.clear()
+            self._recompute_all()
+        return removed
+
+    def next_use(self, digest: str) -> float:
+        """Clock time of ``digest``'s next planned read over every stream, or :data:`NEVER`."""
+        best: float = NEVER
+        for s in self.streams.values():
+            pos = s.next_use(digest)
+            if pos != NEVER:
+                best = min(best, s.when(pos))
+        return best
+
+    def upcoming(self, count: int) -> list[tuple[float, str]]:
+        """Up to ``count`` unread planned reads per stream as ``(clock time, digest)``,
+        soonest first, each digest once."""
+        merged = sorted(
+            (s.when(pos), digest)
+            for s in self.streams.values()
+            for pos, digest in s.upcoming(count)
+        )
+        seen: set[str] = set()
+        out: list[tuple[float, str]] = []
+        for when, digest in merged:
+            if digest not in seen:
+                seen.add(digest)
+                out.append((when, digest))
+        return out
+
+    def observe(self, digest: str) -> HintStream | None:
+        """A reader read ``digest`` (hit or miss): move the cursor of the stream whose plan
+        it matches best (the one that expects it soonest).
+
+        Returns:
+            The stream the read counted for, or None when it matched no stream's plan.
+        """
+        best: HintStream | None = None
+        best_distance = 0
+        for s in self.streams.values():
+            distance = s.distance(digest)
+            if distance is not None and (best is None or distance < best_distance):
+                best, best_distance = s, distance
+        if best is None:
+            return None
+        changed = best.observe(digest) or []
+        self.clock += 1
+        if self.in_use:
+            self._recent[digest] = None
+            self._recent.move_to_end(digest)
+            while len(self._recent) > self.in_use * len(self.streams):
+                old, _ = self._recent.popitem(last=False)
+                changed.append(old)
+        drift = abs(best.head - best.predicted_head(self.clock))
+        if drift > 2 * self.tolerance and self.clock - self._synced_at >= max(
+            self.tolerance, len(self._sizes) // 16
+        ):
+            self._resync()  # recomputes every next use
+        else:
+            for key in changed:
+                self._refresh(key)
+        return best
+
+    def hold(self, digests: Iterable[str]) -> None:
+        """Readers wait for these blocks: never evict them until :meth:`release`."""
+        for digest in digests:
+            self._held[digest] = self._held.get(digest, 0) + 1
+            self._refresh(digest)
+
+    def release(self, digests: Iterable[str]) -> None:
+        """Undo one :meth:`hold` of each digest."""
+        for digest in digests:
+            left = self._held.get(digest, 0) - 1
+            if left > 0:
+                self._held[digest] = left
+            else:
+                self._held.pop(digest, None)
+            self._refresh(digest)
+
+    def victims(self, want_bytes: int) -> list[Victim]:
+        """The blocks :meth:`pop_victim` would evict next, in order, until their sizes add
+        up to ``want_bytes`` (or none is left); nothing is evicted. Only meaningful while
+        a stream is installed."""
+        out: list[Victim] = []
+        total = 0
+        for digest in self._never:
+            if total >= want_bytes:
+                return out
+            out.append(Victim(digest, self._sizes.get(digest, 0), NEVER))
+            total += out[-1].size
+        popped: list[tuple[float, int, str]] = []
+        try:
+            while total < want_bytes and self._heap:
+                entry = heapq.heappop(self._heap)
+                neg, _, digest = entry
+                if self._next.get(digest) != -neg:
+                    continue  # stale
+                popped.append(entry)
+                if -neg == BEING_READ:
+                    break  # everything left is being read
+                out.append(Victim(digest, self._sizes.get(digest, 0), -neg))
+                total += out[-1].size
+        finally:
+            for entry in popped:
+                heapq.heappush(self._heap, entry)
+        return out
+
+    def _resync(self) -> None:
+        """Predict every stream from where it is now, at a fair share of the reads each,
+        and recompute every resident block's next use."""
+        now = self.clock
+        fair = 1.0 / max(1, len(self.streams))
+        for s in self.streams.values():
+            s.t0, s.p0, s.rate = now, s.head, fair
+        self._synced_at = now
+        self._recompute_all()
+
     # -- next-use bookkeeping ---------------------------------------------------------------
 
     def _refresh(self, digest: str) -> None:
-        """Recompute a resident block's next use (no-op for blocks not resident)."""
-        if digest not in self.inner:
+        """Recompute a resident block's next use (no-op for blocks not resident, and while
+        no stream is installed: :meth:`_recompute_all` places everything when one is)."""
+        if not self.streams or digest not in self._sizes:
             return
-        nxt = self.next_use(digest) if self._hint else NEVER
-        if digest in self._recent:
-            nxt = -1  # being read now
+        nxt = self.next_use(digest)
+        if digest in self._recent or digest in self._held:
+            nxt = BEING_READ
         if nxt == NEVER:
             self._next.pop(digest, None)
             if digest not in self._never:
@@ -222,6 +431,12 @@ class HintedPolicy(EvictionPolicy):
 
     # -- EvictionPolicy ----------------------------------------------------------------------
 
+    @property
+    def evict_on_demand(self) -> bool:
+        """While a stream is installed: Belady's rule picks each victim when an admission
+        needs its room, so the cache uses all of its capacity (no watermark band)."""
+        return bool(self.streams)
+
     def resize(self, capacity_bytes: int) -> None:
         """Resize the wrapped policy too."""
         super().resize(capacity_bytes)
@@ -237,13 +452,14 @@ class HintedPolicy(EvictionPolicy):
         """Admit ``key`` in the wrapped policy and place it by its next hinted use."""
         self.inner.insert(key, size)
         self.used_bytes = self.inner.used_bytes
-        if self._hint:
+        if key in self.inner:
+            self._sizes[key] = size
             self._refresh(key)
             if key in self._never:
                 self._never.move_to_end(key)
 
     def access(self, key: str) -> None:
-        """A hit (recency for the wrapped policy). Reads move the cursor via :meth:`observe`."""
+        """A hit (recency for the wrapped policy). Reads move cursors via :meth:`observe`."""
         self.inner.access(key)
         if key in self._never:
             self._never.move_to_end(key)
@@ -252,15 +468,19 @@ class HintedPolicy(EvictionPolicy):
         """Forget ``key`` here and in the wrapped policy."""
         self._next.pop(key, None)
         self._never.pop(key, None)
+        self._sizes.pop(key, None)
         size = self.inner.remove(key)
         self.used_bytes = self.inner.used_bytes
         return size
 
     def pop_victim(self, exclude: Iterable[str] = ()) -> tuple[str, int] | None:
-        """Without a hint, the wrapped policy's victim. With one: a block the hint does not
-        read again (least recently used first), else the one whose next read is farthest."""
-        if not self._hint:
+        """Without a stream, the wrapped policy's victim. With one: a block no stream
+        reads again (least recently used first), else the one read farthest ahead;
+        never a block being read."""
+        if not self.streams:
             victim = self.inner.pop_victim(exclude)
+            if victim is not None:
+                self._forget(victim[0])
             self.used_bytes = self.inner.used_bytes
             return victim
         skip = set(exclude)
@@ -271,15 +491,20 @@ class HintedPolicy(EvictionPolicy):
             return None
         return key, self.remove(key)
 
+    def _forget(self, key: str) -> None:
+        self._sizes.pop(key, None)
+        self._next.pop(key, None)
+        self._never.pop(key, None)
+
     def _pop_farthest(self, skip: set[str]) -> str | None:
-        held: list[tuple[int, int, str]] = []
+        held: list[tuple[float, int, str]] = []
         found: str | None = None
         while self._heap:
             entry = heapq.heappop(self._heap)
             neg, _, digest = entry
             if self._next.get(digest) != -neg:
                 continue  # stale
-            if digest in skip:
+            if digest in skip or -neg == BEING_READ:
                 held.append(entry)
                 continue
             found = digest
@@ -289,8 +514,8 @@ class HintedPolicy(EvictionPolicy):
         return found
 
     def resident(self) -> list[str]:
-        """Resident keys, the next victim first (by the hint when one is installed)."""
-        if not self._hint:
+        """Resident keys, the next victim first (by the hints when a stream is installed)."""
+        if not self.streams:
             return self.inner.resident()
         hinted = sorted(self._next, key=lambda d: -self._next[d])
         return [*self._never, *hinted]
@@ -299,88 +524,15 @@ class HintedPolicy(EvictionPolicy):
         """The wrapped policy's invariants; every resident key is placed exactly once."""
         self.inner.check_invariants()
         assert self.used_bytes == self.inner.used_bytes, "used_bytes out of sync"
-        if not self._hint:
-            return
         resident = set(self.inner.resident())
+        assert set(self._sizes) == resident, "sizes out of sync"
+        for s in self.streams.values():
+            s.check_invariants()
+        if not self.streams:
+            return
         assert set(self._next).isdisjoint(self._never), "a key both hinted and never"
         assert set(self._next) | set(self._never) == resident, "placement out of sync"
         for digest, nxt in self._next.items():
-            want = -1 if digest in self._recent else self.next_use(digest)
+            being_read = digest in self._recent or digest in self._held
+            want = BEING_READ if being_read else self.next_use(digest)
             assert nxt == want != NEVER, f"stale next use of {digest}"
-        assert all(p >= self.cursor for p in self._ahead), "read position behind cursor"
-        assert self.cursor <= max(self.frontier, self.cursor) <= len(self._hint)
-
-
-@dataclass(frozen=True)
-class HintStatus:
-    """What ``POST /v1/hints`` installed."""
-
-    blocks: int
-    hint_length: int
-    cursor: int
-    prefetching: int
-
-
-class HintService:
-    """Installs hints in the cache's :class:`HintedPolicy` and prefetches ahead of reads.
-
-    Args:
-        cache: its policy must be a :class:`HintedPolicy`.
-        fetcher: prefetches through :meth:`spoke.fetcher.Fetcher.prefetch`.
-        window_bytes: how far ahead of the farthest observed read to keep prefetched; at
-            most half the cache, so prefetched blocks never crowd out the ones being read.
-    """
-
-    def __init__(self, cache: BlockCache, fetcher: Fetcher, window_bytes: int = 64 << 20) -> None:
-        if not isinstance(cache.policy, HintedPolicy):
-            raise TypeError("hints need the cache's policy to be a HintedPolicy")
-        self.policy: HintedPolicy = cache.policy
-        self.cache = cache
-        self.fetcher = fetcher
-        self.window_bytes = max(0, min(window_bytes, cache.capacity_bytes // 2))
-        self._sizes: dict[str, int] = {}
-
-    def install(self, blocks: Sequence[tuple[str, int]], append: bool = False) -> HintStatus:
-        """Make ``(digest, size)`` in read order the hint and start prefetching its head."""
-        if not append or not self.policy.active:
-            self._sizes = {}
-        for digest, size in blocks:
-            self._sizes[digest] = size
-        self.policy.set_hint([d for d, _ in blocks], append=append)
-        log.info(
-            "hint: %d blocks installed (%s), %d hinted positions ahead",
-            len(blocks),
-            "appended" if append else "replaced",
-            self.policy.hint_length - self.policy.cursor,
-        )
-        return HintStatus(
-            blocks=len(blocks),
-            hint_length=self.policy.hint_length,
-            cursor=self.policy.cursor,
-            prefetching=self.prefetch_ahead(),
-        )
-
-    def observe(self, digests: Iterable[str]) -> None:
-        """The mount read these blocks: move the cursor and top up the prefetch window."""
-        if not self.policy.active:
-            return
-        moved = False
-        for digest in digests:
-            moved = self.policy.observe(digest) or moved
-        if moved:
-            self.prefetch_ahead()
-
-    def prefetch_ahead(self) -> int:
-        """Start fetching the window after the farthest read; returns fetches started."""
-        window: list[tuple[str, int]] = []
-        total = 0
-        seen: set[str] = set()
-        for digest in self.policy.upcoming(max(1, self.window_bytes // 4096)):
-            size = self._sizes.get(digest, 0)
-            if total + size > self.window_bytes:
-                break
-            total += size
-            if digest not in seen:
-                seen.add(digest)
-                window.append((digest, size))
-        return self.fetcher.prefetch(window) if window else 0

@@ -20,8 +20,8 @@ from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import CorruptBlock, HubUnavailable, InvalidRequest, NotFound, SpokeError
 from spoke.fetcher import Fetcher
-from spoke.hints import HintService
 from spoke.layout import is_digest
+from spoke.prefetch import HintService
 
 log = logging.getLogger(__name__)
 
@@ -124,15 +124,23 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
                 log.error("cached block %s failed verification; dropping and refetching", digest)
                 metrics.CORRUPT_BLOCKS.inc()
                 self._cache.drop(digest)
-        if self._hints is not None:  # before fetching: the cursor moves, prefetch follows
-            self._hints.observe(d for d, _ in refs)
-        was_cached, uncached = await self._fetcher.ensure(refs)
-        self._fetcher.note_read([d for d, _ in refs])
+        digests = [d for d, _ in refs]
+        if self._hints is None:
+            was_cached, uncached = await self._fetcher.ensure(refs)
+        else:  # the cursor moves before the fetch, so prefetch follows at once
+            self._hints.hold(digests)
+            try:
+                self._hints.observe(digests)
+                was_cached, uncached = await self._fetcher.ensure(refs)
+            finally:
+                self._hints.release(digests)
+        self._fetcher.note_read(digests)
         hits = sum(was_cached)
         if hits:
             metrics.CACHE_HITS.inc(hits)
             self._cache.record_access([d for (d, _), c in zip(refs, was_cached, strict=True) if c])
         return spoke_pb2.EnsureBlocksResponse(
+            prompt=self._hints is not None and self._hints.policy.active,
             was_cached=was_cached,
             uncached=[spoke_pb2.UncachedBlock(digest=d, data=b) for d, b in uncached.items()],
         )
@@ -146,7 +154,8 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
         self._fetcher.note_read(list(request.digests))
         if self._hints is not None:
             self._hints.observe(request.digests)
-        return spoke_pb2.RecordAccessResponse()
+        prompt = self._hints is not None and self._hints.policy.active
+        return spoke_pb2.RecordAccessResponse(prompt=prompt)
 
     @_unary
     async def Prefetch(

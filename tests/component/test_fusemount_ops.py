@@ -29,6 +29,7 @@ class FakeDaemon:
         self.ensured: list[str] = []
         self.suspects: list[str] = []
         self.fail_catalog = False
+        self.prompt = False  # as DaemonClient.prompt
 
     def list_datasets(self) -> list[str]:
         return ["ds"]
@@ -147,3 +148,55 @@ def test_error_boundary_turns_surprises_into_eio(ops: StrataOperations) -> None:
 
     trio.run(go)
     assert boundary.UNEXPECTED_ERRORS["lookup"] == before + 1
+
+
+def test_a_block_evicted_before_its_read_is_fetched_again(ops: StrataOperations) -> None:
+    daemon = ops.client
+    assert isinstance(daemon, FakeDaemon)
+    ensure = daemon.ensure_blocks
+    evict_next = [True]
+
+    def evicting(
+        blocks: Sequence[tuple[str, int]], suspect: Sequence[str] = ()
+    ) -> dict[str, bytes]:
+        out = ensure(blocks, suspect)
+        if evict_next[0]:  # evicted at once, before the mount could read it
+            evict_next[0] = False
+            for digest, _ in blocks:
+                daemon.layout.block_path(digest).unlink()
+        return out
+
+    daemon.ensure_blocks = evicting  # type: ignore[method-assign]
+
+    async def go() -> None:
+        attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
+        fi = await ops.open(attr.st_ino, os.O_RDONLY, CTX)
+        assert await ops.read(fi.fh, 0, 10) == b"\x00" * 10  # not EIO
+        first = daemon.ensured[0]
+        assert daemon.ensured == [first, first]
+
+    trio.run(go)
+
+
+def test_hits_are_reported_at_once_while_the_daemon_asks_for_it(ops: StrataOperations) -> None:
+    daemon = ops.client
+    assert isinstance(daemon, FakeDaemon)
+    reports: list[list[str]] = []
+    daemon.record_access = lambda digests: reports.append(list(digests))  # type: ignore[method-assign]
+
+    async def go() -> None:
+        attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
+        fi = await ops.open(attr.st_ino, os.O_RDONLY, CTX)
+        await ops.read(fi.fh, 0, 3000)  # three misses: the blocks are cached now
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ops.reader.flush_hits_forever, 10.0)  # a long interval
+            await ops.read(fi.fh, 0, 10)  # a hit: batched, not reported yet
+            await trio.sleep(0.05)
+            assert reports == []
+            daemon.prompt = True  # e.g. an EnsureBlocks answer said a hint is installed
+            await ops.read(fi.fh, 1000, 10)  # the next hit goes out at once
+            await trio.sleep(0.05)
+            assert len(reports) == 1 and len(reports[0]) == 2
+            nursery.cancel_scope.cancel()
+
+    trio.run(go)

@@ -60,11 +60,41 @@ def test_open_files_are_bounded_and_reopened_without_reverifying(tmp_path: Path)
     assert files.verifications == 10
 
 
-def test_evicted_block_stays_readable_through_an_open_file(tmp_path: Path) -> None:
+def test_an_evicted_block_is_a_miss_even_with_its_file_open(tmp_path: Path) -> None:
     layout = CacheLayout(tmp_path)
     data = os.urandom(4096)
     digest = _put(layout, data)
     files = BlockFiles(layout)
     assert files.read(digest, 0, 1) == data[:1]
-    layout.block_path(digest).unlink()
+    layout.block_path(digest).unlink()  # the daemon evicts it
+    assert files.read(digest, 100, 10) is None  # not served from the unlinked file
+    _put(layout, data)  # fetched again
     assert files.read(digest, 100, 10) == data[100:110]
+
+
+def test_sweep_closes_files_of_evicted_blocks(tmp_path: Path) -> None:
+    layout = CacheLayout(tmp_path)
+    blocks = [os.urandom(2048) for _ in range(3)]
+    digests = [_put(layout, b) for b in blocks]
+    files = BlockFiles(layout)
+    for d in digests:
+        assert files.read(d, 0, 1) is not None
+    layout.block_path(digests[0]).unlink()
+    layout.block_path(digests[2]).unlink()
+    assert len(_deleted_open_files(tmp_path)) == 2  # their disk space is still held
+    assert files.sweep() == 2
+    assert _deleted_open_files(tmp_path) == []  # closed: the space is free
+    assert files.sweep() == 0
+    assert files.read(digests[1], 0, 2) == blocks[1][:2]
+
+
+def _deleted_open_files(root: Path) -> list[str]:
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)) and target.endswith("(deleted)"):
+            links.append(target)
+    return links

@@ -76,7 +76,8 @@ def test_out_of_order_reads_within_tolerance_and_repeated_reports() -> None:
         p.insert(key, 1)
     for key in ["k1", "k0", "k0", "k3", "k2", "k2"]:  # workers out of order, repeats
         p.observe(key)
-    assert p.cursor == 4 and p.frontier == 4
+    s = p.stream()
+    assert s is not None and s.cursor == 4 and s.frontier == 4
     assert p.next_use("k0") == 8  # the repeat did not eat k0's second-epoch read
     assert p.next_use("k4") == 4
     assert not p.observe("k0")  # its next read (8) is beyond tolerance: not this soon
@@ -88,8 +89,9 @@ def test_unreported_reads_do_not_stall_the_cursor() -> None:
     p.set_hint([f"k{i}" for i in range(10)])
     for i in range(1, 6):  # k0 is never reported
         assert p.observe(f"k{i}")
-    assert p.cursor >= 1 and p.next_use("k0") == NEVER
-    assert p.upcoming(2) == ["k6", "k7"]
+    s = p.stream()
+    assert s is not None and s.cursor >= 1 and p.next_use("k0") == NEVER
+    assert p.upcoming(2) == [(6, "k6"), (7, "k7")]
 
 
 def test_append_keeps_the_cursor_and_rebases() -> None:
@@ -98,8 +100,9 @@ def test_append_keeps_the_cursor_and_rebases() -> None:
     p.insert("a", 1)
     p.observe("a")
     p.observe("b")
-    p.set_hint(["b", "a"], append=True)
-    assert p.cursor == 0 and p.hint_length == 2 and p.next_use("a") == 1
+    s = p.set_hint(["b", "a"], append=True)
+    assert s is not None and s.cursor == 0 and len(s) == 2
+    assert p.next_use("a") == 3  # position 1 of the rebased stream, on the shared clock
     p.check_invariants()
 
 
@@ -127,3 +130,103 @@ def test_hint_equal_to_the_trace_is_belady_optimal(keys: list[int], cache: int) 
     p = HintedPolicy(ARCPolicy(cache))
     p.set_hint([str(k) for k in keys])
     assert _replay(p, [str(k) for k in keys], cache) == pytest.approx(belady(keys, cache))
+
+
+def test_streams_share_a_clock_at_a_fair_share_each() -> None:
+    p = HintedPolicy(LRUPolicy(100))
+    p.set_hint(["a0", "a1", "a2", "a3"], stream="rank0")
+    p.set_hint(["b0", "b1", "b2", "b3"], stream="rank1")
+    # two streams: each is expected to advance one position every two reads
+    assert p.next_use("a2") == p.next_use("b2") == 4.0
+    p.set_hint(["a1"], stream="rank2")  # a1 is also rank2's first read, expected now
+    assert p.next_use("a1") == 0.0
+
+
+def test_a_read_counts_for_the_stream_that_expects_it_soonest() -> None:
+    p = HintedPolicy(LRUPolicy(100))
+    p.set_hint(["x", "a", "b"], stream="r0")
+    p.set_hint(["c", "d", "x"], stream="r1")
+    counted = p.observe("x")
+    assert counted is not None and counted.name == "r0"  # r0 has it at its head
+    r0, r1 = p.stream("r0"), p.stream("r1")
+    assert r0 is not None and r1 is not None and (r0.cursor, r1.cursor) == (1, 0)
+    assert p.observe("c") is r1 and p.observe("nowhere") is None
+    assert p.clock == 2
+
+
+def test_clearing_one_stream_keeps_the_others() -> None:
+    p = HintedPolicy(LRUPolicy(100))
+    for key in ["a", "b", "c"]:
+        p.insert(key, 1)
+    p.set_hint(["a", "b"], stream="r0")
+    p.set_hint(["c"], stream="r1")
+    assert p.clear_hint("r0") and not p.clear_hint("r0")
+    assert set(p.streams) == {"r1"} and p.next_use("a") == NEVER
+    assert p.pop_victim() in (("a", 1), ("b", 1))  # not read by any stream: first to go
+    p.check_invariants()
+    assert p.clear_hint() and not p.active and not p.evict_on_demand
+
+
+def test_held_and_just_read_blocks_are_never_victims() -> None:
+    p = HintedPolicy(LRUPolicy(100), in_use=1)
+    p.set_hint(["a", "b", "c"])
+    for key in ["a", "b", "c"]:
+        p.insert(key, 1)
+    p.hold(["c"])  # a reader waits for c
+    p.observe("a")  # a was just read: protected until the next read
+    assert [v.digest for v in p.victims(10)] == ["b"]
+    assert p.pop_victim() == ("b", 1) and p.pop_victim() is None
+    p.release(["c"])
+    p.observe("b")  # b's read ends a's protection (in_use=1); b is not resident
+    assert p.pop_victim() == ("a", 1)  # never read again
+    p.check_invariants()
+
+
+def test_victims_are_listed_in_eviction_order_without_evicting() -> None:
+    p = HintedPolicy(LRUPolicy(100))
+    p.set_hint(["a", "b", "c", "d"])
+    for key in ["d", "c", "b", "a", "z"]:
+        p.insert(key, 2)
+    order = [(v.digest, v.next_use) for v in p.victims(6)]
+    assert order == [("z", NEVER), ("d", 3.0), ("c", 2.0)]  # until 6 bytes are covered
+    assert len(p) == 5 and [v.digest for v in p.victims(100)] == ["z", "d", "c", "b", "a"]
+    p.check_invariants()
+
+
+def test_a_stream_that_drifts_is_predicted_again_from_where_it_is() -> None:
+    p = HintedPolicy(LRUPolicy(1000), tolerance=2)
+    p.set_hint([f"a{i}" for i in range(100)], stream="fast")
+    p.set_hint([f"b{i}" for i in range(100)], stream="slow")
+    for i in range(30):  # only "fast" reads
+        p.observe(f"a{i}")
+    fast, slow = p.stream("fast"), p.stream("slow")
+    assert fast is not None and slow is not None
+    # predicted afresh from where each was then (slow has not moved), at half a position
+    # per read: their next reads are both expected at that moment
+    assert fast.t0 == slow.t0 > 0 and fast.p0 > 0 and slow.p0 == 0
+    assert fast.when(fast.p0) == p.next_use("b0") == fast.t0
+    assert p.next_use("b1") == fast.t0 + 2
+    assert p.next_use(f"a{fast.p0 + 5}") == fast.t0 + 10
+
+
+@pytest.mark.parametrize("readers", [2, 4])
+def test_ranks_in_lockstep_match_belady(readers: int) -> None:
+    rng = random.Random(readers)
+    blocks, epochs, cache = 80, 4, 53  # data 1.5x the cache
+    shards: list[list[int]] = [[] for _ in range(readers)]
+    for _ in range(epochs):
+        order = list(range(blocks))
+        rng.shuffle(order)
+        for r in range(readers):
+            shards[r] += order[r::readers]
+    trace: list[int] = []
+    for step in range(0, len(shards[0]), 4):  # ranks meet every 4 reads, any order between
+        chunk = [(r, i) for r in range(readers) for i in shards[r][step : step + 4]]
+        rng.shuffle(chunk)
+        chunk.sort(key=lambda ri: shards[ri[0]].index(ri[1]))  # each rank in its own order
+        trace += [i for _, i in chunk]
+    p = HintedPolicy(ARCPolicy(cache), in_use=1)
+    for r in range(readers):
+        p.set_hint([str(k) for k in shards[r]], stream=f"rank{r}")
+    hinted = _replay(p, [str(k) for k in trace], cache)
+    assert hinted >= 0.95 * belady(trace, cache)

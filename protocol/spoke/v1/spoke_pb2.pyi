@@ -141,6 +141,9 @@ class EnsureBlocksResponse(_message.Message):
 
     WAS_CACHED_FIELD_NUMBER: _builtins.int
     UNCACHED_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    prompt: _builtins.bool
+    """As RecordAccessResponse.prompt."""
     @_builtins.property
     def was_cached(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
         """Per requested block, in request order: true when it was already cached."""
@@ -156,10 +159,11 @@ class EnsureBlocksResponse(_message.Message):
         *,
         was_cached: _abc.Iterable[_builtins.bool] | None = ...,
         uncached: _abc.Iterable[Global___UncachedBlock] | None = ...,
+        prompt: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["uncached", b"uncached", "was_cached", b"was_cached"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "uncached", b"uncached", "was_cached", b"was_cached"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -189,12 +193,20 @@ Global___RecordAccessRequest: _TypeAlias = RecordAccessRequest  # noqa: Y015
 class RecordAccessResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PROMPT_FIELD_NUMBER: _builtins.int
+    prompt: _builtins.bool
+    """True while a read-order hint is installed: the mount should report hits as they
+    happen (one report in flight at a time) instead of in batches, so the hint's
+    cursors follow the reads.
+    """
     def __init__(
         self,
+        *,
+        prompt: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

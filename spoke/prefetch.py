@@ -1,0 +1,240 @@
+"""Hint-driven prefetch: install read-order hints and keep fetching ahead of the readers.
+
+``POST /v1/hints`` resolves a job's planned file order into blocks and installs it as one
+stream of the cache's :class:`spoke.hints.HintedPolicy` (one stream per rank: a new post
+replaces only its own stream). As the mount reports reads, the cursors move and the
+service tops up a window of the soonest planned blocks not yet cached.
+
+Prefetching never costs a fetch that Belady's MIN would not make: a planned block is
+fetched early only into free room, or in place of a block whose next planned read comes
+*later* than its own; MIN would evict that block for it on the miss anyway. Anything
+else waits until it is nearer. (While a stream is installed the cache evicts only as
+admissions need room, :attr:`spoke.hints.HintedPolicy.evict_on_demand`, so it keeps all
+of its capacity.) (With uniform block sizes a prefetch schedule that follows this rule makes
+exactly MIN's fetches, only earlier; Cao, Felten, Karlin & Li, "A Study of Integrated
+Prefetching and Caching Strategies", SIGMETRICS 1995, rule "do no harm".)
+
+A stream nobody reads from or posts to for ``idle_s`` seconds is dropped (a job that
+ended without deleting its hint must not steer eviction forever).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from spoke.errors import InvalidRequest
+from spoke.hints import HintedPolicy, HintStream
+
+if TYPE_CHECKING:
+    from spoke.cache import BlockCache
+    from spoke.fetcher import Fetcher
+
+log = logging.getLogger(__name__)
+
+MAX_STREAMS = 64
+"""Hint streams installed at once (ranks of every job on one node)."""
+
+MAX_STREAM_POSITIONS = 4_000_000
+"""Most planned reads one stream holds (appends beyond it are refused)."""
+
+IDLE_S = 900.0
+"""A stream without a read or a post for this long is dropped, seconds."""
+
+
+@dataclass(frozen=True)
+class HintStatus:
+    """One stream as the admin API shows it."""
+
+    stream: str
+    hint_length: int
+    cursor: int
+    remaining: int
+    idle_s: float
+
+    def public(self) -> dict[str, object]:
+        """JSON-ready view."""
+        return {
+            "stream": self.stream,
+            "hint_length": self.hint_length,
+            "cursor": self.cursor,
+            "remaining": self.remaining,
+            "idle_s": round(self.idle_s, 3),
+        }
+
+
+class HintService:
+    """Installs hint streams in the cache's :class:`HintedPolicy` and prefetches ahead.
+
+    Args:
+        cache: its policy must be a :class:`HintedPolicy`.
+        fetcher: prefetches through :meth:`spoke.fetcher.Fetcher.prefetch`.
+        window_bytes: how many bytes of planned reads ahead of the readers to look at for
+            prefetch (cached ones included); at most half the cache. The default covers
+            2 s of a 1 Gbit/s link.
+        idle_s: streams idle this long are dropped, seconds.
+        clock: monotonic seconds (tests pass a fake).
+
+    Raises:
+        TypeError: the cache's policy is not a :class:`HintedPolicy`.
+    """
+
+    def __init__(
+        self,
+        cache: BlockCache,
+        fetcher: Fetcher,
+        window_bytes: int = 256 << 20,
+        idle_s: float = IDLE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not isinstance(cache.policy, HintedPolicy):
+            raise TypeError("hints need the cache's policy to be a HintedPolicy")
+        self.policy: HintedPolicy = cache.policy
+        self.cache = cache
+        self.fetcher = fetcher
+        self.window_bytes = max(0, min(window_bytes, cache.capacity_bytes // 2))
+        self.idle_s = idle_s
+        self._clock = clock
+        self._sizes: dict[str, int] = {}  # digest -> size, of every hinted block
+        self._active: dict[str, float] = {}  # stream -> last post or counted read
+        self._smallest = 1 << 62  # smallest hinted block, bytes
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def install(
+        self, stream: str, blocks: Sequence[tuple[str, int]], append: bool = False
+    ) -> tuple[HintStatus, int]:
+        """Make ``(digest, size)`` in read order stream ``stream``'s plan (``append``:
+        extend it) and start prefetching.
+
+        Returns:
+            The stream's status and how many prefetches started.
+
+        Raises:
+            InvalidRequest: too many streams, or the stream would grow too long.
+        """
+        self.expire()
+        current = self.policy.stream(stream)
+        if current is None and len(self.policy.streams) >= MAX_STREAMS:
+            raise InvalidRequest(
+                f"{MAX_STREAMS} hint streams are installed already; delete one "
+                f"(DELETE /v1/hints/{{stream}}) or reuse a stream name"
+            )
+        kept = current.remaining if append and current is not None else 0
+        if kept + len(blocks) > MAX_STREAM_POSITIONS:
+            raise InvalidRequest(
+                f"stream {stream!r} would hold {kept + len(blocks):,} planned reads; "
+                f"at most {MAX_STREAM_POSITIONS:,} are kept"
+            )
+        for digest, size in blocks:
+            self._sizes[digest] = size
+            self._smallest = min(self._smallest, max(1, size))
+        installed = self.policy.set_hint([d for d, _ in blocks], append=append, stream=stream)
+        self._active[stream] = self._clock()
+        self._forget_sizes()
+        assert installed is not None
+        log.info(
+            "hint stream %s: %d blocks %s, %d planned reads ahead",
+            stream,
+            len(blocks),
+            "appended" if append else "installed",
+            installed.remaining,
+        )
+        return self._status(installed), self.prefetch_ahead()
+
+    def remove(self, stream: str) -> bool:
+        """Drop a stream; returns whether it was installed."""
+        removed = self.policy.clear_hint(stream)
+        self._active.pop(stream, None)
+        self._forget_sizes()
+        return removed
+
+    def status(self) -> list[HintStatus]:
+        """Every installed stream, by name."""
+        self.expire()
+        return [self._status(s) for _, s in sorted(self.policy.streams.items())]
+
+    def expire(self) -> list[str]:
+        """Drop streams idle for ``idle_s`` seconds; returns their names."""
+        now = self._clock()
+        idle = [
+            name for name in self.policy.streams if now - self._active.get(name, now) >= self.idle_s
+        ]
+        for name in idle:
+            log.info("hint stream %s idle for %.0f s: dropped", name, self.idle_s)
+            self.remove(name)
+        return idle
+
+    def _status(self, s: HintStream) -> HintStatus:
+        idle = self._clock() - self._active.get(s.name, self._clock())
+        return HintStatus(s.name, len(s), s.cursor, s.remaining, idle)
+
+    def _forget_sizes(self) -> None:
+        if len(self._sizes) > 2 * sum(len(s) for s in self.policy.streams.values()) + 1024:
+            wanted: set[str] = set()
+            for s in self.policy.streams.values():
+                wanted |= s.digests()
+            self._sizes = {d: n for d, n in self._sizes.items() if d in wanted}
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def observe(self, digests: Iterable[str]) -> None:
+        """The mount read these blocks: move cursors and top up the prefetch window."""
+        if not self.policy.active:
+            return
+        moved = False
+        now = self._clock()
+        for digest in digests:
+            stream = self.policy.observe(digest)
+            if stream is not None:
+                self._active[stream.name] = now
+                moved = True
+        if moved:
+            self.prefetch_ahead()
+
+    def hold(self, digests: Sequence[str]) -> None:
+        """A reader waits for these blocks (see :meth:`HintedPolicy.hold`)."""
+        self.policy.hold(digests)
+
+    def release(self, digests: Sequence[str]) -> None:
+        """The reader has them."""
+        self.policy.release(digests)
+
+    # -- prefetch --------------------------------------------------------------------------
+
+    def plan(self) -> list[tuple[str, int]]:
+        """The planned blocks to fetch now, soonest first (see the module docstring)."""
+        window: list[tuple[float, str, int]] = []
+        total = 0
+        count = max(16, self.window_bytes // max(1, self._smallest))  # enough to fill it
+        for when, digest in self.policy.upcoming(count):
+            size = self._sizes.get(digest, 0)
+            if total + size > self.window_bytes:
+                break
+            total += size
+            if not self.cache.contains(digest) and not self.fetcher.is_fetching(digest):
+                window.append((when, digest, size))
+        if not window:
+            return []
+        room = self.cache.free_bytes - self.fetcher.on_the_way_bytes
+        want = sum(size for _, _, size in window) - room
+        victims = iter(self.policy.victims(want) if want > 0 else [])
+        victim = next(victims, None)
+        chosen: list[tuple[str, int]] = []
+        for when, digest, size in window:
+            while room < size and victim is not None and victim.next_use > when:
+                room += victim.size
+                victim = next(victims, None)
+            if room < size:
+                break
+            room -= size
+            chosen.append((digest, size))
+        return chosen
+
+    def prefetch_ahead(self) -> int:
+        """Start fetching :meth:`plan`; returns how many fetches started."""
+        chosen = self.plan()
+        return self.fetcher.prefetch(chosen) if chosen else 0
