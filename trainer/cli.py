@@ -243,6 +243,14 @@ def fit(
     hints_token_file: Annotated[
         Path | None, typer.Option("--hints-token-file", help="Bearer token for --hints.")
     ] = None,
+    hints_stream: Annotated[
+        str | None,
+        typer.Option(
+            "--hints-stream",
+            help="Base name of the run's hint streams (rank N posts as NAME.rankN). "
+            "Default: fit- and a hash of --out.",
+        ),
+    ] = None,
 ) -> None:
     """Train the 3D ViT masked autoencoder on random patches of a seismic volume.
 
@@ -275,7 +283,9 @@ def fit(
         scale=scale,
         clip_grad=clip_grad,
         amp=amp,
-        hints=_hint_target(hints, data, hints_dataset, hints_ref, hints_prefix, hints_token_file),
+        hints=_hint_target(
+            hints, data, hints_dataset, hints_ref, hints_prefix, hints_token_file, hints_stream
+        ),
     )
     try:
         run_fit(options, echo=typer.echo)
@@ -290,13 +300,16 @@ def _hint_target(
     ref: str | None,
     prefix: str | None,
     token_file: Path | None,
+    stream: str | None = None,
 ) -> HintTarget | None:
     if url is None:
         return None
     try:
-        return HintTarget.for_path(url, data, dataset, ref, prefix, token_file)
+        return HintTarget.for_path(url, data, dataset, ref, prefix, token_file, stream)
     except OSError as exc:
         _fail(f"--hints-token-file: {exc}")
+    except ValueError as exc:
+        _fail(f"--hints-stream: {exc}")
 
 
 @app.command("eval")

@@ -1,20 +1,42 @@
 """Opt-in prefetch hints: tell a cache service which chunk files an epoch will read, in order.
 
-With ``strata-train fit --hints URL``, rank 0 posts each upcoming epoch's planned read order
-(:func:`trainer.dataset.epoch_read_order`: store-relative chunk keys such as
-``amplitude/c/0/0/1``) as paths relative to the snapshot root, so a cache can prefetch them
-and evict by farthest next use, as NoPFS does from the shuffle seed (Dryden et al.,
-"Clairvoyant Prefetching for Distributed Machine Learning I/O", SC 2021). It is plain JSON
-over HTTP: the trainer still only knows a path, and a failed post never stops training.
+With ``strata-train fit --hints URL``, every rank posts each upcoming epoch's planned read
+order of its own shard (:func:`trainer.dataset.epoch_read_order`: store-relative chunk keys
+such as ``amplitude/c/0/0/1``) as paths relative to the snapshot root, as a stream of its
+own (``<stream>.rank<N>``), so a cache can prefetch them and evict by farthest next use, as
+NoPFS does from the shuffle seed (Dryden et al., "Clairvoyant Prefetching for Distributed
+Machine Learning I/O", SC 2021). When the run ends each rank deletes its stream. It is
+plain JSON over HTTP: the trainer still only knows a path, and a failed post never stops
+training.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+_STREAM_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,50}$")  # leaves room for ".rankN"
+
+
+def default_stream(out: Path) -> str:
+    """The stream name of a run writing to ``out``: ``fit-`` and 8 hex digits of its
+    resolved path, so a resumed run replaces its own streams and two runs never share."""
+    return "fit-" + hashlib.sha256(str(Path(out).resolve()).encode()).hexdigest()[:8]
+
+
+def check_stream(name: str) -> str:
+    """``name`` if it is a valid stream base name, else ValueError saying what is allowed."""
+    if not _STREAM_NAME.match(name):
+        raise ValueError(
+            f"hint stream {name!r}: use 1-51 characters a-z 0-9 . _ - starting with a "
+            "letter or digit"
+        )
+    return name
 
 
 @dataclass(frozen=True)
@@ -26,6 +48,8 @@ class HintTarget:
         dataset, ref: the dataset and version/tag the data path is a snapshot of.
         prefix: the store's path relative to the snapshot root (e.g. ``f3.mdio``).
         token: bearer token, or None.
+        stream: base name of the run's streams (rank N posts as ``<stream>.rankN``);
+            None: :func:`default_stream` of the run's output directory.
     """
 
     url: str
@@ -33,6 +57,7 @@ class HintTarget:
     ref: str
     prefix: str
     token: str | None = None
+    stream: str | None = None
 
     @classmethod
     def for_path(
@@ -43,11 +68,13 @@ class HintTarget:
         ref: str | None = None,
         prefix: str | None = None,
         token_file: Path | None = None,
+        stream: str | None = None,
     ) -> HintTarget:
         """Defaults read off a ``MOUNT/<dataset>/<ref>/<store>`` path, each overridable.
 
         Raises:
             OSError: the token file cannot be read.
+            ValueError: ``stream`` is not a valid name.
         """
         data = Path(data)
         token = token_file.read_text().strip() if token_file is not None else None
@@ -57,14 +84,25 @@ class HintTarget:
             ref=ref or data.parent.name,
             prefix=(prefix if prefix is not None else data.name).strip("/"),
             token=token,
+            stream=check_stream(stream) if stream is not None else None,
         )
 
 
 class HintPoster:
-    """Posts read orders; failures are reported through ``echo`` and otherwise ignored."""
+    """Posts one rank's read orders as its stream; failures are reported through ``echo``
+    and otherwise ignored.
 
-    def __init__(self, target: HintTarget, echo: Callable[[str], None] = print) -> None:
+    Args:
+        target: where to post.
+        stream: this rank's stream name (e.g. ``fit-1a2b3c4d.rank0``).
+        echo: where problems are reported.
+    """
+
+    def __init__(
+        self, target: HintTarget, stream: str, echo: Callable[[str], None] = print
+    ) -> None:
         self.target = target
+        self.stream = stream
         self.echo = echo
         headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
         self._client = httpx.Client(base_url=target.url, headers=headers, timeout=30.0)
@@ -78,6 +116,7 @@ class HintPoster:
             "ref": self.target.ref,
             "paths": [prefix + k for k in keys],
             "append": append,
+            "stream": self.stream,
         }
         try:
             reply = self._client.post("/v1/hints", json=body)
@@ -91,5 +130,14 @@ class HintPoster:
         return True
 
     def close(self) -> None:
-        """Close the HTTP client."""
-        self._client.close()
+        """Delete the stream if anything was posted (the plan ends with the run), then close
+        the HTTP client."""
+        try:
+            if self.posted:
+                reply = self._client.delete(f"/v1/hints/{self.stream}")
+                if not reply.is_success and reply.status_code != 404:
+                    self.echo(f"hints: stream not deleted ({reply.status_code})")
+        except httpx.HTTPError as exc:
+            self.echo(f"hints: stream not deleted ({exc})")
+        finally:
+            self._client.close()

@@ -72,7 +72,7 @@ from trainer.dataset import (
     volume_stats,
     worker_init,
 )
-from trainer.hints import HintPoster, HintTarget
+from trainer.hints import HintPoster, HintTarget, default_stream
 from trainer.model import MaskedAutoencoder3D
 from trainer.presets import MAEConfig, get_preset
 
@@ -715,7 +715,10 @@ def _run(tr: _Trainer) -> dict[str, Any]:
     sampler = EpochSampler(tr.plan, ctx.rank)
     epoch, offset = tr.plan.locate(start_step + 1)
     sampler.set_epoch(epoch, offset)
-    poster = HintPoster(opts.hints, tr.echo) if opts.hints is not None and ctx.is_main else None
+    poster = None
+    if opts.hints is not None:  # every rank posts its own shard's order as its own stream
+        base = opts.hints.stream or default_stream(tr.out)
+        poster = HintPoster(opts.hints, f"{base}.rank{ctx.rank}", tr.echo)
     if poster is not None:  # this epoch and the next, so the cache always sees ahead
         poster.post(epoch_read_order(tr.plan, tr.info, epoch, ctx.rank), append=False)
         poster.post(epoch_read_order(tr.plan, tr.info, epoch + 1, ctx.rank), append=True)

@@ -11,12 +11,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from http.server import HTTPServer
 from pathlib import Path
 
 import pytest
 import torch
 
-from trainer.dataset import build_plan, inspect_volume, positions_digest
+from tests.component.test_trainer_hints import _Recorder
+from trainer.dataset import build_plan, epoch_read_order, inspect_volume, positions_digest
 from trainer.model import MaskedAutoencoder3D
 from trainer.presets import MAEConfig
 from trainer.synth import SynthSpec, synth
@@ -105,3 +108,38 @@ def test_two_ranks_train_distinct_shards_to_identical_parameters(
     assert summary["epochs_started"] == 2
     metrics = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in metrics] == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_each_rank_posts_its_own_hint_stream(volume: Path, tmp_path: Path) -> None:
+    _Recorder.posts, _Recorder.deletes = [], []
+    httpd = HTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        proc = _torchrun(
+            "fit",
+            "--data", str(volume),
+            "--out", str(tmp_path / "run"),
+            "--steps", str(STEPS),
+            "--batch-size", str(BATCH),
+            "--epoch-size", str(EPOCH),
+            "--workers", "0",
+            "--seed", "1",
+            "--device", "cpu",
+            "--hints", f"http://127.0.0.1:{httpd.server_address[1]}",
+            "--hints-dataset", "synth",
+            "--hints-ref", "v1",
+            "--hints-stream", "ddp",
+        )  # fmt: skip
+    finally:
+        httpd.shutdown()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    info = inspect_volume(volume)
+    plan = build_plan(info, (16, 16, 32), epoch_size=EPOCH, batch_size=BATCH, seed=1, world_size=2)
+    for rank in (0, 1):
+        mine = [body for _, body, _ in _Recorder.posts if body["stream"] == f"ddp.rank{rank}"]
+        assert [b["append"] for b in mine] == [False, True, True]  # epochs 0, 1, then 2
+        for epoch, body in enumerate(mine):
+            want = ["synth.mdio/" + k for k in epoch_read_order(plan, info, epoch, rank)]
+            assert body["paths"] == want and body["dataset"] == "synth"
+    assert sorted(_Recorder.deletes) == ["/v1/hints/ddp.rank0", "/v1/hints/ddp.rank1"]
