@@ -193,6 +193,18 @@ class LocalStack:
         _wait_for(lambda: is_mounted(mount) and url_file.exists(), proc, "spoke", timeout)
         return url_file.read_text().strip()
 
+    def stop_spoke(self) -> None:
+        """Stop the latest spoke started (its mount first) and detach its mount."""
+        proc, self.spoke = self.spoke, None
+        if proc is None:
+            return
+        stop_process(proc)
+        if proc in self._procs:
+            self._procs.remove(proc)
+        mount = self._mounts.pop() if self._mounts else None
+        if mount is not None and is_mounted(mount):
+            lazy_unmount(mount)
+
     def close(self) -> None:
         """Stop every process, newest first, and detach any mount left behind."""
         while self._procs:

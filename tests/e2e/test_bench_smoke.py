@@ -78,3 +78,47 @@ def test_quick_bench_writes_json_table_and_plots(seismic: Path, tmp_path: Path) 
     text = markdown.read_text()
     assert "Hand-written notes stay." in text
     assert "| Strata cold |" in text
+
+
+def _bench(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_prewarm_link_bench_measures_the_link(tmp_path: Path) -> None:
+    out = tmp_path / "prewarm.json"
+    proc = _bench(
+        "bench.prewarm_link", "--size", "8MiB", "--only", "chunks,small", "--rtt-ms", "10",
+        "--json", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert [r["shape"] for r in results] == ["chunks", "small"]
+    for r in results:
+        assert r["state"] == "done" and r["bytes_total"] == 8 << 20
+        assert r["link_down_bytes"] >= r["bytes_total"]  # every byte crossed the link
+        assert 0 < r["link_utilisation"] <= 1.05
+    assert "| 64 KiB files | 128 |" in proc.stdout
+
+
+def test_hints_mount_bench_tabulates_every_policy(tmp_path: Path) -> None:
+    out = tmp_path / "hints.json"
+    proc = _bench(
+        "bench.hints_mount", "--files", "24", "--cache-blocks", "16", "--epochs", "2",
+        "--block-kib", "64", "--readers", "1,2", "--json", str(out),
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: target missed
+    rows = json.loads(out.read_text())
+    assert [r["readers"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["reads"] == 48
+        for mode in ("lru", "arc", "hinted"):
+            run = row["runs"][mode]
+            assert run["reads"] == 48 and 24 <= run["fetched_blocks"] <= 48 + 24
+        assert 0 < row["belady"] < 1 and set(row["sim"]) == {"lru", "arc", "hinted"}
+    assert "| LRU | ARC | hinted | Belady |" in proc.stdout
