@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import ByteSize, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from spoke.layout import CacheLayout
+
 
 def parse_hostport(value: str, what: str) -> tuple[str, int]:
     """Split ``HOST:PORT`` (IPv6 hosts in brackets).
@@ -20,6 +22,10 @@ def parse_hostport(value: str, what: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{what} must be HOST:PORT, got {value!r}")
     return host, int(port)
+
+
+MAX_SOCKET_PATH = 107
+"""Longest path of a UNIX socket, bytes (``sun_path`` is 108 bytes with its NUL; unix(7))."""
 
 
 class SpokeSettings(BaseSettings):
@@ -62,6 +68,18 @@ class SpokeSettings(BaseSettings):
     def _token(cls, v: Path | None) -> Path | None:
         if v is not None and not (v.is_file() and v.read_text().strip()):
             raise ValueError(f"--admin-token-file {v} is missing or empty")
+        return v
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _cache_dir(cls, v: Path) -> Path:
+        socket = str(CacheLayout(v.resolve()).socket_path)
+        if len(socket.encode()) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"--cache-dir {v} is too long: the daemon's socket {socket} would have "
+                f"{len(socket.encode())} bytes, UNIX sockets allow {MAX_SOCKET_PATH}; "
+                "use a shorter path"
+            )
         return v
 
     @field_validator("cache_size")
