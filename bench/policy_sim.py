@@ -9,17 +9,21 @@ Traces (uniform 4 MiB blocks, so ratios are the same in blocks or bytes):
 * ``shuffled epochs``: each epoch reads every block once in a new random order (how a
   training job with a shuffling sampler reads chunk files), at dataset/cache size ratios
   0.5, 1.0, 1.5 and 2.0;
-* ``zipf``: independent reads with Zipf-distributed popularity (exponent 0.9 and 1.1).
+* ``zipf``: independent reads with Zipf-distributed popularity (exponent 0.9 and 1.1);
+* ``2 ranks in lockstep``: shuffled epochs split between two ranks (as DistributedSampler
+  does) that meet every 4 reads, in any order in between; ``hinted`` gets one stream per
+  rank (each rank's own plan), not the interleaved trace.
 
 Belady's MIN (Belady, "A study of replacement algorithms for a virtual-storage computer",
 IBM Systems Journal 1966) evicts the block whose next use is farthest in the future; with
 uniform block sizes it is optimal, so it bounds every online policy from above.
 
-``hinted`` is :class:`spoke.hints.HintedPolicy` over ARC, given the trace itself as its
-read-order hint, as a training job posts its planned chunk order to ``POST /v1/hints``
-(NoPFS: Dryden et al., "Clairvoyant Prefetching for Distributed Machine Learning I/O",
-SC 2021). It sees each read as the mount reports it (``observe``) and evicts by Belady's
-rule; the target is ``hinted >= 0.95 x belady`` on shuffled epochs at data/cache 1.5.
+``hinted`` is :class:`spoke.hints.HintedPolicy` over ARC, given the trace itself (or each
+rank's part of it) as its read-order hint, as a training job posts its planned chunk
+order to ``POST /v1/hints`` (NoPFS: Dryden et al., "Clairvoyant Prefetching for
+Distributed Machine Learning I/O", SC 2021). It sees each read as the mount reports it
+(``observe``) and evicts by Belady's rule; the target is ``hinted >= 0.95 x belady`` on
+shuffled epochs at data/cache 1.5, with one rank and with two.
 """
 
 from __future__ import annotations
@@ -44,26 +48,35 @@ HINT_TRACE = "(data/cache 1.5)"
 
 @dataclass(frozen=True)
 class Trace:
-    """A named access trace and the cache size (in blocks) to replay it with."""
+    """A named access trace and the cache size (in blocks) to replay it with; ``streams``:
+    the readers' own plans, when several readers make the trace."""
 
     name: str
     keys: list[int]
     cache_blocks: int
+    streams: list[list[int]] | None = None
 
 
-def simulate(policy_name: str, keys: Sequence[int], cache_blocks: int) -> float:
+def simulate(
+    policy_name: str,
+    keys: Sequence[int],
+    cache_blocks: int,
+    streams: Sequence[Sequence[int]] | None = None,
+) -> float:
     """Hit ratio of ``policy_name`` on ``keys`` with room for ``cache_blocks`` blocks.
 
     The policy is driven as :class:`spoke.cache.BlockCache` drives it: a hit is an access;
     a miss admits the block and then evicts (never the block just admitted) until the cache
-    is within capacity. ``hinted`` gets ``keys`` as its hint and observes every read.
+    is within capacity. ``hinted`` gets ``keys`` as its hint (or each of ``streams`` as a
+    stream of its own) and observes every read.
     """
     capacity = cache_blocks * BLOCK
     policy: EvictionPolicy
     hinted: HintedPolicy | None = None
     if policy_name == HINTED:
         policy = hinted = HintedPolicy(ARCPolicy(capacity))
-        hinted.set_hint([str(k) for k in keys])
+        for r, plan in enumerate(streams or [keys]):
+            hinted.set_hint([str(k) for k in plan], stream=f"rank{r}")
     else:
         policy = make_policy(policy_name, capacity)
     hits = 0
@@ -124,6 +137,28 @@ def zipf(blocks: int, length: int, exponent: float, rng: random.Random) -> list[
     return rng.choices(ranks, weights=weights, k=length)
 
 
+def lockstep_ranks(
+    blocks: int, epochs: int, ranks: int, step: int, rng: random.Random
+) -> tuple[list[int], list[list[int]]]:
+    """Shuffled epochs split between ``ranks`` (rank r reads every r-th block of an epoch's
+    order) that meet every ``step`` reads, interleaved at random in between.
+
+    Returns:
+        The interleaved trace and each rank's own reads in order.
+    """
+    plans: list[list[int]] = [[] for _ in range(ranks)]
+    for order in (shuffled_epochs(blocks, 1, rng) for _ in range(epochs)):
+        for r in range(ranks):
+            plans[r] += order[r::ranks]
+    trace: list[int] = []
+    for start in range(0, max(len(p) for p in plans), step):
+        left = [list(p[start : start + step]) for p in plans]
+        while any(left):
+            r = rng.choice([r for r in range(ranks) if left[r]])
+            trace.append(left[r].pop(0))
+    return trace, plans
+
+
 def traces(blocks: int, epochs: int, seed: int) -> list[Trace]:
     """The standard trace set for a dataset of ``blocks`` blocks."""
     rng = random.Random(seed)
@@ -148,6 +183,12 @@ def traces(blocks: int, epochs: int, seed: int) -> list[Trace]:
                 max(1, blocks // 10),
             )
         )
+    trace, plans = lockstep_ranks(blocks, epochs, 2, 4, rng)
+    out.append(
+        Trace(
+            f"shuffled x{epochs}, 2 ranks in lockstep {HINT_TRACE}", trace, int(blocks / 1.5), plans
+        )
+    )
     return out
 
 
@@ -157,7 +198,7 @@ def run(blocks: int, epochs: int, seed: int) -> list[dict[str, float | str]]:
     for trace in traces(blocks, epochs, seed):
         row: dict[str, float | str] = {"trace": trace.name}
         for name in [*sorted(POLICIES), HINTED]:
-            row[name] = simulate(name, trace.keys, trace.cache_blocks)
+            row[name] = simulate(name, trace.keys, trace.cache_blocks, trace.streams)
         row["belady"] = belady(trace.keys, trace.cache_blocks)
         rows.append(row)
     return rows
@@ -205,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for row in rows:
         name = str(row["trace"])
-        if name.startswith("shuffled") and HINT_TRACE in name:
+        if name.startswith("shuffled") and HINT_TRACE in name:  # one rank and two
             ratio = hint_ratio(row)
             print(f"hinted / belady on {name}: {ratio:.3f} (target >= {HINT_TARGET})")
             if ratio < HINT_TARGET:
