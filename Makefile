@@ -2,7 +2,8 @@
 #   make demo   — the main job: real F3 volume -> hub -> spoke cache -> FUSE mount -> trainer
 #   make test   — protocol freshness, lint, types, import contracts, the whole test suite
 #   make bench  — Strata side by side with local disk, copy-first, rclone and httpdirfs
-#                 over an emulated WAN (BENCH_ARGS="--size 2GiB" etc.; see BENCHMARKS.md)
+#                 over an emulated WAN (BENCH_ARGS="--size 2GiB" etc.; see BENCHMARKS.md),
+#                 then prewarm link use and hinted hit ratios through a real mount
 
 PYTHON ?= python3
 VENV   := .venv
@@ -31,6 +32,8 @@ setup: $(STAMP)
 
 bench: $(STAMP) bench-deps
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+	$(BIN)/python -m bench.prewarm_link
+	$(BIN)/python -m bench.hints_mount
 
 # The tools the benchmark compares against, from Debian: fio, rclone, httpdirfs. Only
 # `make bench` installs them; the smoke run in `make test` reports their scenarios as

@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.policy_sim import HINTED, belady, simulate
+from bench.policy_sim import HINTED, belady, rank_plans, simulate
 from deploy.local import LocalStack, publish
 
 TARGET = 0.95
@@ -82,14 +82,7 @@ def make_files(src: Path, files: int, block: int, seed: int) -> dict[int, str]:
 def epoch_orders(files: int, epochs: int, readers: int, seed: int) -> list[list[int]]:
     """Per reader, its reads over ``epochs`` shuffled epochs (reader r takes every r-th
     file of each epoch's order, as DistributedSampler does)."""
-    rng = random.Random(seed)
-    orders: list[list[int]] = [[] for _ in range(readers)]
-    for _ in range(epochs):
-        epoch = list(range(files))
-        rng.shuffle(epoch)
-        for r in range(readers):
-            orders[r] += epoch[r::readers]
-    return orders
+    return rank_plans(files, epochs, readers, random.Random(seed))
 
 
 def path_of(i: int) -> str:

@@ -137,19 +137,27 @@ def zipf(blocks: int, length: int, exponent: float, rng: random.Random) -> list[
     return rng.choices(ranks, weights=weights, k=length)
 
 
+def rank_plans(blocks: int, epochs: int, ranks: int, rng: random.Random) -> list[list[int]]:
+    """Shuffled epochs split between ``ranks``, as DistributedSampler splits them: rank r
+    reads every r-th block of each epoch's order. Returns each rank's reads in order."""
+    plans: list[list[int]] = [[] for _ in range(ranks)]
+    for _ in range(epochs):
+        order = shuffled_epochs(blocks, 1, rng)
+        for r in range(ranks):
+            plans[r] += order[r::ranks]
+    return plans
+
+
 def lockstep_ranks(
     blocks: int, epochs: int, ranks: int, step: int, rng: random.Random
 ) -> tuple[list[int], list[list[int]]]:
-    """Shuffled epochs split between ``ranks`` (rank r reads every r-th block of an epoch's
-    order) that meet every ``step`` reads, interleaved at random in between.
+    """:func:`rank_plans` read by ranks that meet every ``step`` reads, interleaved at
+    random in between.
 
     Returns:
         The interleaved trace and each rank's own reads in order.
     """
-    plans: list[list[int]] = [[] for _ in range(ranks)]
-    for order in (shuffled_epochs(blocks, 1, rng) for _ in range(epochs)):
-        for r in range(ranks):
-            plans[r] += order[r::ranks]
+    plans = rank_plans(blocks, epochs, ranks, rng)
     trace: list[int] = []
     for start in range(0, max(len(p) for p in plans), step):
         left = [list(p[start : start + step]) for p in plans]

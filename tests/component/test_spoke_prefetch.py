@@ -12,7 +12,7 @@ from typing import cast
 
 import pytest
 
-from bench.policy_sim import belady
+from bench.policy_sim import belady, shuffled_epochs
 from spoke import prefetch
 from spoke.cache import BlockCache
 from spoke.errors import InvalidRequest
@@ -93,13 +93,7 @@ async def _replay(
 
 
 def _epochs(blocks: int, epochs: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    out: list[int] = []
-    for _ in range(epochs):
-        order = list(range(blocks))
-        rng.shuffle(order)
-        out += order
-    return out
+    return shuffled_epochs(blocks, epochs, random.Random(seed))
 
 
 @pytest.mark.parametrize(("blocks", "cache_blocks"), [(60, 40), (60, 30), (30, 45)])

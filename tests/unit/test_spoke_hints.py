@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.policy_sim import belady
+from bench.policy_sim import belady, lockstep_ranks
 from spoke.hints import NEVER, HintedPolicy
 from spoke.policy import ARCPolicy, LRUPolicy
 
@@ -211,22 +211,10 @@ def test_a_stream_that_drifts_is_predicted_again_from_where_it_is() -> None:
 
 @pytest.mark.parametrize("readers", [2, 4])
 def test_ranks_in_lockstep_match_belady(readers: int) -> None:
-    rng = random.Random(readers)
-    blocks, epochs, cache = 80, 4, 53  # data 1.5x the cache
-    shards: list[list[int]] = [[] for _ in range(readers)]
-    for _ in range(epochs):
-        order = list(range(blocks))
-        rng.shuffle(order)
-        for r in range(readers):
-            shards[r] += order[r::readers]
-    trace: list[int] = []
-    for step in range(0, len(shards[0]), 4):  # ranks meet every 4 reads, any order between
-        chunk = [(r, i) for r in range(readers) for i in shards[r][step : step + 4]]
-        rng.shuffle(chunk)
-        chunk.sort(key=lambda ri: shards[ri[0]].index(ri[1]))  # each rank in its own order
-        trace += [i for _, i in chunk]
+    blocks, cache = 80, 53  # data 1.5x the cache
+    trace, plans = lockstep_ranks(blocks, 4, readers, 4, random.Random(readers))
     p = HintedPolicy(ARCPolicy(cache), in_use=1)
-    for r in range(readers):
-        p.set_hint([str(k) for k in shards[r]], stream=f"rank{r}")
+    for r, plan in enumerate(plans):
+        p.set_hint([str(k) for k in plan], stream=f"rank{r}")
     hinted = _replay(p, [str(k) for k in trace], cache)
     assert hinted >= 0.95 * belady(trace, cache)
