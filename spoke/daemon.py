@@ -18,7 +18,7 @@ import grpc.aio
 import uvicorn
 
 from protocol.spoke.v1 import spoke_pb2_grpc
-from spoke import metrics
+from spoke import lock, metrics
 from spoke.admin import AdminServer, bind, create_app
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
@@ -46,6 +46,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
 
     Raises:
         OSError: the admin address or the socket could not be bound.
+        spoke.lock.CacheInUse: another daemon uses the cache directory.
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -55,7 +56,9 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
 
     layout = CacheLayout(settings.cache_dir)
     layout.root.mkdir(parents=True, exist_ok=True)
+    owner = lock.hold(layout.daemon_lock, "spoke daemon")  # before touching anything
     async with contextlib.AsyncExitStack() as stack:
+        stack.callback(os.close, owner)
         env = open_index(layout)
         stack.callback(env.close)
         capacity = int(settings.cache_size)
@@ -101,6 +104,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         )
         layout.socket_path.unlink(missing_ok=True)
         layout.daemon_pid_file.write_text(f"{os.getpid()}\n")
+        stack.callback(layout.daemon_pid_file.unlink, missing_ok=True)
         server.add_insecure_port(f"unix:{layout.socket_path}")
         await server.start()
         stack.push_async_callback(server.stop, 2.0)

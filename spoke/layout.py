@@ -73,6 +73,16 @@ class CacheLayout:
         return self.root / "mount.pid"
 
     @property
+    def spoke_lock(self) -> Path:
+        """Lock held by the running ``strata-spoke run`` (see :mod:`spoke.lock`)."""
+        return self.root / "spoke.lock"
+
+    @property
+    def daemon_lock(self) -> Path:
+        """Lock held by the running daemon (see :mod:`spoke.lock`)."""
+        return self.root / "daemon.lock"
+
+    @property
     def admin_url_file(self) -> Path:
         """File holding the admin API's base URL once it listens."""
         return self.root / "admin.url"

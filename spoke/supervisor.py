@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from spoke import lock
 from spoke.config import SpokeSettings
 from spoke.layout import CacheLayout
 
@@ -111,6 +112,7 @@ class Supervisor:
         self.daemon: subprocess.Popen[bytes] | None = None
         self.mount: subprocess.Popen[bytes] | None = None
         self._stop = False
+        self._lock: int | None = None  # CACHE_DIR/spoke.lock while running
 
     def _daemon_cmd(self) -> list[str]:
         s = self.settings
@@ -164,11 +166,14 @@ class Supervisor:
         Raises:
             StartupError: the spoke could not start (one-line reason); nothing is left running.
         """
-        check_mountpoint(self.mountpoint)
         try:
             self.layout.root.mkdir(parents=True, exist_ok=True)
+            self._lock = lock.hold(self.layout.spoke_lock, "strata-spoke run")
+        except lock.CacheInUse as err:
+            raise StartupError(str(err.strerror)) from None
         except OSError as err:
             raise StartupError(f"cache dir {self.layout.root}: {err.strerror}") from None
+        check_mountpoint(self.mountpoint)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._start_daemon()
@@ -209,6 +214,10 @@ class Supervisor:
         if self.daemon is not None:
             _terminate(self.daemon)
             self.daemon = None
+        self.layout.mount_pid_file.unlink(missing_ok=True)  # the mount's, now stopped
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
 
 def _terminate(proc: subprocess.Popen[bytes]) -> None:

@@ -155,3 +155,40 @@ def test_stale_mount_is_cleaned_up_at_start(tmp_path: Path, src: Path, stack: Lo
     assert info.value.errno == errno.ENOTCONN
     stack.start_spoke(hub, cache, mnt, "64MiB")
     assert tree_digests(mnt / "ds" / "v1") == tree_digests(src)
+
+
+def test_a_second_spoke_on_the_same_cache_dir_is_refused(
+    tmp_path: Path, src: Path, stack: LocalStack
+) -> None:
+    hub = stack.start_hub(tmp_path / "hub")
+    cache, mnt = tmp_path / "cache", tmp_path / "mnt"
+    stack.start_spoke(hub, cache, mnt, "64MiB")
+    layout = CacheLayout(cache)
+    assert tree_digests(mnt / "ds" / "v1") == tree_digests(src)
+    (tmp_path / "mnt2").mkdir()
+    base = [sys.executable, "-m", "spoke"]
+    run = [*base, "run", "--hub", hub, "--cache-dir", str(cache), "--cache-size", "64MiB"]
+    second = subprocess.run(
+        [*run, "--mount", str(tmp_path / "mnt2"), "--admin", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 1
+    assert second.stderr.strip().splitlines() == [
+        f"strata-spoke: error: cache dir {cache} is in use by another strata-spoke run "
+        f"(pid {stack.spoke.pid if stack.spoke else '?'})"
+    ]
+    daemon = subprocess.run(
+        [*base, "daemon", "--hub", hub, "--cache-dir", str(cache), "--cache-size", "64MiB",
+         "--admin", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert daemon.returncode == 2 and "in use by another spoke daemon (pid" in daemon.stderr
+    assert not is_mounted(tmp_path / "mnt2")
+    assert layout.socket_path.exists()  # the running spoke's socket was left alone
+    assert tree_digests(mnt / "ds" / "v1") == tree_digests(src)  # and it still serves
+    stack.stop_spoke()
+    assert not layout.daemon_pid_file.exists() and not layout.mount_pid_file.exists()
