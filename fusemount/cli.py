@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         default=1024,
         help="kernel readahead window of the mount, KiB (0 leaves it)",
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR")
+    )
     ns = parser.parse_args(argv)
     logging.basicConfig(
         level=ns.log_level.upper(),

@@ -23,9 +23,8 @@ from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from protocol.hub.v1 import hub_pb2
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import HubUnavailable, InvalidRequest, NotFound, SpokeError
@@ -33,9 +32,10 @@ from spoke.fetcher import Fetcher
 from spoke.pins import PinRegistry
 from spoke.prefetch import HintService
 from spoke.prewarm import CapacityError, PrewarmJobs
-from spoke.selection import MAX_GLOB_CHARS, MAX_GLOBS, unique_blocks
+from spoke.selection import MAX_GLOB_CHARS, MAX_GLOBS, planned_blocks, unique_blocks
 from spoke.supervisor import is_mounted
 
+STRICT = ConfigDict(extra="forbid", strict=True)  # unknown fields and "yes" for true: 422
 NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"  # dataset, version and tag names (the hub's rule)
 Globs = Annotated[
     list[Annotated[str, Field(min_length=1, max_length=MAX_GLOB_CHARS)]],
@@ -50,6 +50,8 @@ Globs = Annotated[
 class PrewarmRequest(BaseModel):
     """``POST /v1/prewarm``."""
 
+    model_config = STRICT
+
     dataset: str = Field(pattern=NAME)
     ref: str = Field(default="latest", pattern=NAME, description="a version or a tag")
     paths: Globs
@@ -58,6 +60,8 @@ class PrewarmRequest(BaseModel):
 
 class PinRequest(BaseModel):
     """``POST /v1/pins``: keep these files' blocks out of eviction."""
+
+    model_config = STRICT
 
     dataset: str = Field(pattern=NAME)
     ref: str = Field(default="latest", pattern=NAME)
@@ -69,6 +73,8 @@ MAX_HINT_PATHS = 1_000_000
 
 class HintRequest(BaseModel):
     """``POST /v1/hints``: files in the order the job will read them (NoPFS-style hints)."""
+
+    model_config = STRICT
 
     dataset: str = Field(pattern=NAME)
     ref: str = Field(default="latest", pattern=NAME)
@@ -88,6 +94,8 @@ class HintRequest(BaseModel):
 
 class EvictRequest(BaseModel):
     """``POST /v1/evict``: a dataset, one version (or tag) of it, or everything."""
+
+    model_config = STRICT
 
     dataset: str | None = Field(default=None, pattern=NAME)
     ref: str | None = Field(default=None, pattern=NAME)
@@ -220,18 +228,11 @@ def create_app(
         if hints is None:
             raise InvalidRequest("this spoke was started without hint support")
         snapshot = await catalog.resolve_ref(body.dataset, body.ref)
-        files = {
-            e.path: e
-            for e in await catalog.manifest(body.dataset, snapshot.version)
-            if e.type == hub_pb2.ENTRY_TYPE_FILE
-        }
-        blocks: list[tuple[str, int]] = []
-        for path in body.paths:
-            entry = files.get(path.strip("/"))
-            if entry is None:
-                raise InvalidRequest(f"{path!r} is not a file of {body.dataset}@{body.ref}")
-            blocks.extend((b.digest, b.size) for b in entry.blocks)
-        status, prefetching = hints.install(body.stream, blocks, append=body.append)
+        manifest = await catalog.manifest(body.dataset, snapshot.version)
+        blocks = planned_blocks(manifest, body.paths, f"{body.dataset}@{body.ref}")
+        status, prefetching = hints.install(
+            body.stream, blocks, append=body.append, source=f"{body.dataset}@{snapshot.version}"
+        )
         return {
             "dataset": body.dataset,
             "version": snapshot.version,

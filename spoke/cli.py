@@ -67,7 +67,12 @@ def _settings(**values: object) -> SpokeSettings:
         _fail(message if message.startswith("--") else f"--{where}: {message}")
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
 def _logging(level: str, who: str) -> None:
+    if level.upper() not in LOG_LEVELS:
+        _fail(f"--log-level: {level!r} is not one of {', '.join(LOG_LEVELS)}")
     logging.basicConfig(
         level=level.upper(), format=f"%(asctime)s {who} %(levelname)s %(name)s: %(message)s"
     )
@@ -128,6 +133,7 @@ def daemon(
 ) -> None:
     """Run only the daemon (``run`` starts it for you)."""
     from spoke.daemon import run_daemon  # grpc.aio and uvicorn only in this process
+    from spoke.lock import CacheInUse
 
     settings = _settings(
         hub=hub,
@@ -142,6 +148,8 @@ def daemon(
     _logging(log_level, "strata-spoke-daemon")
     try:
         asyncio.run(run_daemon(settings))
+    except CacheInUse as err:
+        _fail(f"daemon: {err.strerror}")
     except OSError as err:
         _fail(f"daemon: {err.strerror or err} ({admin})")
 
@@ -164,6 +172,10 @@ def _check(reply: httpx.Response) -> Any:
         detail = reply.json().get("detail", reply.text)
     except ValueError:
         detail = reply.text
+    if isinstance(detail, list):  # FastAPI's 422: a list of problems; the first says enough
+        first = detail[0] if detail and isinstance(detail[0], dict) else {}
+        where = ".".join(str(p) for p in first.get("loc", [])[1:]) or "request"
+        detail = f"{where}: {first.get('msg', detail)}"
     _fail(f"admin API {reply.request.url.path}: {reply.status_code} {detail}", 1)
 
 
@@ -189,7 +201,9 @@ def prewarm(
     token_file: TokenFileOpt = None,
 ) -> None:
     """Fetch a snapshot's files (all, or those matching GLOBs) into the spoke's cache."""
-    dataset, _, ref = target.partition("@")
+    dataset, at, ref = target.partition("@")
+    if at and not ref:
+        _fail(f"{target!r}: give a version or tag after '@', or leave '@' out for latest")
     body = {"dataset": dataset, "ref": ref or "latest", "paths": paths or [], "pin": pin}
     try:
         with _client(admin, token_file) as client:

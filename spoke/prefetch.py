@@ -41,6 +41,9 @@ MAX_STREAMS = 64
 MAX_STREAM_POSITIONS = 4_000_000
 """Most planned reads one stream holds (appends beyond it are refused)."""
 
+MAX_LOOKAHEAD = 1024
+"""Most planned positions per stream a prefetch plan looks at."""
+
 IDLE_S = 900.0
 """A stream without a read or a post for this long is dropped, seconds."""
 
@@ -50,6 +53,7 @@ class HintStatus:
     """One stream as the admin API shows it."""
 
     stream: str
+    source: str
     hint_length: int
     cursor: int
     remaining: int
@@ -59,6 +63,7 @@ class HintStatus:
         """JSON-ready view."""
         return {
             "stream": self.stream,
+            "source": self.source,
             "hint_length": self.hint_length,
             "cursor": self.cursor,
             "remaining": self.remaining,
@@ -101,14 +106,20 @@ class HintService:
         self._sizes: dict[str, int] = {}  # digest -> size, of every hinted block
         self._active: dict[str, float] = {}  # stream -> last post or counted read
         self._smallest = 1 << 62  # smallest hinted block, bytes
+        self._sources: dict[str, list[str]] = {}  # stream -> snapshots its plan reads
 
     # -- streams ---------------------------------------------------------------------------
 
     def install(
-        self, stream: str, blocks: Sequence[tuple[str, int]], append: bool = False
+        self,
+        stream: str,
+        blocks: Sequence[tuple[str, int]],
+        append: bool = False,
+        source: str = "",
     ) -> tuple[HintStatus, int]:
         """Make ``(digest, size)`` in read order stream ``stream``'s plan (``append``:
-        extend it) and start prefetching.
+        extend it; a stream that does not exist yet is started) and start prefetching.
+        ``source`` says what the blocks are of (e.g. ``f3@v1``), for :meth:`status`.
 
         Returns:
             The stream's status and how many prefetches started.
@@ -134,6 +145,8 @@ class HintService:
             self._smallest = min(self._smallest, max(1, size))
         installed = self.policy.set_hint([d for d, _ in blocks], append=append, stream=stream)
         self._active[stream] = self._clock()
+        sources = self._sources.get(stream, []) if append and current is not None else []
+        self._sources[stream] = sources if source in sources else [*sources, source]
         self._forget_sizes()
         assert installed is not None
         log.info(
@@ -149,6 +162,7 @@ class HintService:
         """Drop a stream; returns whether it was installed."""
         removed = self.policy.clear_hint(stream)
         self._active.pop(stream, None)
+        self._sources.pop(stream, None)
         self._forget_sizes()
         return removed
 
@@ -170,7 +184,8 @@ class HintService:
 
     def _status(self, s: HintStream) -> HintStatus:
         idle = self._clock() - self._active.get(s.name, self._clock())
-        return HintStatus(s.name, len(s), s.cursor, s.remaining, idle)
+        source = ", ".join(x for x in self._sources.get(s.name, []) if x)
+        return HintStatus(s.name, source, len(s), s.cursor, s.remaining, idle)
 
     def _forget_sizes(self) -> None:
         if len(self._sizes) > 2 * sum(len(s) for s in self.policy.streams.values()) + 1024:
@@ -209,7 +224,9 @@ class HintService:
         """The planned blocks to fetch now, soonest first (see the module docstring)."""
         window: list[tuple[float, str, int]] = []
         total = 0
-        count = max(16, self.window_bytes // max(1, self._smallest))  # enough to fill it
+        # enough positions per stream to fill the window, within reason (each plan runs
+        # on every reported read)
+        count = min(MAX_LOOKAHEAD, max(16, self.window_bytes // max(1, self._smallest)))
         for when, digest in self.policy.upcoming(count):
             size = self._sizes.get(digest, 0)
             if total + size > self.window_bytes:

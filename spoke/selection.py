@@ -1,8 +1,9 @@
-"""Which files of a snapshot a prewarm, pin or evict request means: validated globs.
+"""Which files of a snapshot a request means: validated globs (prewarm, pin, evict) and
+validated exact paths (hints).
 
 A glob is matched against manifest paths (``/``-separated, relative to the snapshot root)
 with :func:`fnmatch.fnmatchcase` (``*`` also crosses ``/``); a glob that names a directory
-selects everything under it.
+selects everything under it. A hint names files exactly, as the manifest spells them.
 """
 
 from __future__ import annotations
@@ -65,3 +66,36 @@ def unique_blocks(entries: Iterable[hub_pb2.ManifestEntry]) -> dict[str, int]:
         for block in entry.blocks:
             out.setdefault(block.digest, block.size)
     return out
+
+
+def planned_blocks(
+    entries: Iterable[hub_pb2.ManifestEntry], paths: Sequence[str], what: str
+) -> list[tuple[str, int]]:
+    """The blocks of the files ``paths`` names, in that order (``(digest, size)``; a file
+    read twice is listed twice).
+
+    Args:
+        entries: the snapshot's manifest.
+        paths: exact file paths, relative to the snapshot root.
+        what: the snapshot, for messages (e.g. ``ds@v1``).
+
+    Raises:
+        InvalidRequest: a path is absolute, has an empty, ``.`` or ``..`` component or a
+            NUL, or is not a regular file of the snapshot.
+    """
+    files = {e.path: e for e in entries if e.type == hub_pb2.ENTRY_TYPE_FILE}
+    blocks: list[tuple[str, int]] = []
+    for path in paths:
+        if path.startswith("/"):
+            raise InvalidRequest(
+                f"path {path!r} is absolute; paths are relative to the snapshot root"
+            )
+        if "\0" in path or any(part in ("", ".", "..") for part in path.split("/")):
+            raise InvalidRequest(
+                f"path {path!r} is not a plain relative path (empty, '.' or '..' part)"
+            )
+        entry = files.get(path)
+        if entry is None:
+            raise InvalidRequest(f"{path!r} is not a file of {what}")
+        blocks.extend((b.digest, b.size) for b in entry.blocks)
+    return blocks

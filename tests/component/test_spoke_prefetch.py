@@ -139,10 +139,14 @@ def test_a_post_replaces_only_its_own_stream(tmp_path: Path) -> None:
     cache, _, service, _ = _setup(tmp_path, 8)
     a = [(block_digest(_data(i)), SIZE) for i in range(4)]
     b = [(block_digest(_data(i)), SIZE) for i in range(4, 8)]
-    service.install("rank0", a)
-    service.install("rank1", b)
-    service.install("rank0", a[:2])
-    assert [(s.stream, s.hint_length) for s in service.status()] == [("rank0", 2), ("rank1", 4)]
+    service.install("rank0", a, source="ds@v1")
+    service.install("rank1", b, source="ds@v1")
+    service.install("rank1", a, append=True, source="other@v3")
+    service.install("rank0", a[:2], source="ds@v2")
+    assert [(s.stream, s.source, s.hint_length) for s in service.status()] == [
+        ("rank0", "ds@v2", 2),
+        ("rank1", "ds@v1, other@v3", 8),
+    ]
     assert service.remove("rank1") and not service.remove("rank1")
     assert [s.stream for s in service.status()] == ["rank0"]
     assert cache.policy.evict_on_demand

@@ -65,6 +65,12 @@ def spoke(tmp_path: Path) -> Iterator[Spoke]:
         ({"dataset": "ds", "paths": ["train"]}, 400),  # a directory, not a file
         ({"dataset": "ds", "paths": ["../../etc/passwd"]}, 400),
         ({"dataset": "ds", "paths": ["/etc/passwd"]}, 400),
+        ({"dataset": "ds", "paths": ["/" + path_of(0)]}, 400),  # absolute, even if it exists
+        ({"dataset": "ds", "paths": [path_of(0).replace("/", "//")]}, 400),
+        ({"dataset": "ds", "paths": [path_of(0) + "/"]}, 400),
+        ({"dataset": "ds", "paths": ["./" + path_of(0)]}, 400),
+        ({"dataset": "ds", "paths": [path_of(0)], "bogus": 1}, 422),  # unknown field
+        ({"dataset": "ds", "paths": [path_of(0)], "append": "yes"}, 422),  # not a bool
         ({"dataset": "ds", "paths": []}, 422),
         ({"dataset": "../ds", "paths": [path_of(0)]}, 422),
         ({"dataset": "ds", "paths": [path_of(0)], "stream": "Rank/0"}, 422),
@@ -99,7 +105,10 @@ def test_two_readers_hinted_come_close_to_belady(spoke: Spoke) -> None:
             assert answer["stream"] == f"rank{r}" and answer["version"] == "v1"
             assert answer["blocks"] == answer["hint_length"] == len(order)
         listed = c.get("/v1/hints").json()
-        assert [s["stream"] for s in listed] == ["rank0", "rank1"]
+        assert [(s["stream"], s["source"]) for s in listed] == [
+            ("rank0", "ds@v1"),
+            ("rank1", "ds@v1"),
+        ]
         trace, who = read_all(spoke.mnt / "ds" / "v1", orders, spoke.sha, step=4)  # bytes checked
         fetched = _fetched(c) - before
         stats = c.get("/v1/cache").json()

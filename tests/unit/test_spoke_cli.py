@@ -21,6 +21,7 @@ def _spoke(*args: str) -> subprocess.CompletedProcess[str]:
         ({"--cache-dir": "LONG"}, "is too long: the daemon's socket"),
         ({"--cache-size": "0"}, "--cache-size must be positive"),
         ({"--hub": "nohost"}, "--hub must be HOST:PORT"),
+        ({"--log-level": "bogus"}, "--log-level: 'bogus' is not one of DEBUG"),
     ],
 )
 def test_bad_settings_are_one_line_errors(
@@ -40,3 +41,11 @@ def test_bad_settings_are_one_line_errors(
     assert len(lines) == 1 and lines[0].startswith("strata-spoke: error:")
     assert message in lines[0]
     assert not cache.exists()  # nothing started, nothing written
+
+
+def test_prewarm_with_an_empty_ref_is_refused_before_any_request() -> None:
+    proc = _spoke("prewarm", "--admin", "http://127.0.0.1:9", "ds@")  # discard port: refused
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "strata-spoke: error: 'ds@': give a version or tag after '@', or leave '@' out for latest"
+    )
