@@ -203,4 +203,4 @@ class BlockReader:
 
     def _report_after(self) -> int:
         """Hits that make a report go out now: 1 while the daemon asks for prompt reports."""
-        return 1 if getattr(self.client, "prompt", False) else HIT_BATCH
+        return 1 if self.client.prompt else HIT_BATCH

@@ -89,6 +89,7 @@ class BlockWriter:
             except asyncio.CancelledError:
                 for *_, future in batch + self._queue:
                     future.cancel()
+                self._queue = []
                 raise
             except Exception as err:
                 for *_, future in batch:

@@ -37,12 +37,12 @@ def hold(path: Path, what: str) -> int:
         if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
             os.close(fd)
             raise
-        with contextlib.suppress(OSError, ValueError):
-            holder = int(os.pread(fd, 32, 0).split()[0])
+        holder = ""
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            holder = f" (pid {int(os.pread(fd, 32, 0).split()[0])})"
         os.close(fd)
-        who = f" (pid {holder})" if "holder" in locals() else ""
         raise CacheInUse(
-            errno.EBUSY, f"cache dir {path.parent} is in use by another {what}{who}"
+            errno.EBUSY, f"cache dir {path.parent} is in use by another {what}{holder}"
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

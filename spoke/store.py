@@ -108,10 +108,11 @@ class BlockStore:
                 errors.append(err)
             else:
                 errors.append(None)
-        with self._env.begin(write=True, db=self._db) as txn:
-            for (digest, data, tick), error in zip(blocks, errors, strict=True):
-                if error is None:
-                    txn.put(digest.encode(), _ENTRY.pack(len(data), tick))
+        if any(error is None for error in errors):
+            with self._env.begin(write=True, db=self._db) as txn:
+                for (digest, data, tick), error in zip(blocks, errors, strict=True):
+                    if error is None:
+                        txn.put(digest.encode(), _ENTRY.pack(len(data), tick))
         return errors
 
     def _write_file(self, digest: str, data: bytes) -> None:
