@@ -8,5 +8,6 @@ MDIO), :mod:`trainer.synth` (synthetic volumes), :mod:`trainer.dataset`
 (patches, epoch plans, planned read order), :mod:`trainer.model` (MAE),
 :mod:`trainer.train` (loop, checkpoints, DDP, measurements),
 :mod:`trainer.evaluate` (PSNR and section plots), :mod:`trainer.cli`
-(``strata-train``).
+(``strata-train``), :mod:`trainer.command` (its ``fit`` command line, for programs that
+run the trainer).
 """
