@@ -1,7 +1,7 @@
 """The training loop (``strata-train fit``): AdamW, warm-up + cosine, checkpoints, DDP.
 
 One run: inspect the store, take the normalisation statistics, build the epoch
-plan (:class:`trainer.dataset.EpochPlan`: a fixed, seeded list of patch corners
+plan (:class:`trainer.plan.EpochPlan`: a fixed, seeded list of patch corners
 per epoch, split into one shard per rank), then train the masked autoencoder
 for ``steps`` optimiser steps, epoch after epoch.
 
@@ -56,25 +56,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from trainer.dataset import (
-    STREAM_MASK,
-    DataError,
-    EpochPlan,
-    EpochSampler,
-    PatchDataset,
-    VolumeInfo,
-    VolumeStats,
-    build_plan,
-    check_fits,
-    derive_seed,
-    epoch_read_order,
-    inspect_volume,
-    volume_stats,
-    worker_init,
-)
+from trainer.dataset import PatchDataset, worker_init
 from trainer.hints import HintPoster, HintTarget, default_stream
 from trainer.model import MaskedAutoencoder3D
+from trainer.plan import STREAM_MASK, EpochPlan, EpochSampler, build_plan, derive_seed
 from trainer.presets import MAEConfig, get_preset
+from trainer.readorder import epoch_read_order
+from trainer.stats import VolumeStats, volume_stats
+from trainer.volume import DataError, VolumeInfo, check_fits, inspect_volume
 
 DEFAULT_OUT = Path("strata-train-out")
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -560,7 +549,7 @@ def build_dataset(
         The volume description, the dataset and the plan.
 
     Raises:
-        DataError: If the store cannot be used (see :mod:`trainer.dataset`).
+        DataError: If the store cannot be used (see :mod:`trainer.volume`).
         FitError: If an epoch is smaller than one batch on every rank.
     """
     info = inspect_volume(opts.data)
