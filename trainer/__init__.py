@@ -8,7 +8,11 @@ MDIO), :mod:`trainer.synth` (synthetic volumes), :mod:`trainer.volume`
 (inspection, trace mask), :mod:`trainer.stats` (normalisation), :mod:`trainer.plan`
 (seeds, sampler, epoch plan), :mod:`trainer.readorder` (chunk keys for hints),
 :mod:`trainer.dataset` (the patch dataset), :mod:`trainer.model` (MAE),
-:mod:`trainer.train` (loop, checkpoints, DDP, measurements),
+:mod:`trainer.train` (the :class:`~trainer.train.Trainer` and its loop),
+:mod:`trainer.options` (what a run is asked), :mod:`trainer.schedule` (AdamW, warm-up +
+cosine), :mod:`trainer.checkpoint` (save, load, RNG state, resumability),
+:mod:`trainer.distributed` (ranks, devices, collectives), :mod:`trainer.report`
+(metrics, summary),
 :mod:`trainer.evaluate` (PSNR and section plots), :mod:`trainer.cli`
 (``strata-train``), :mod:`trainer.command` (its ``fit`` command line, for programs that
 run the trainer).

@@ -36,19 +36,15 @@ import numpy as np
 import torch
 import zarr
 
+from trainer.checkpoint import load_checkpoint
 from trainer.dataset import PatchDataset
+from trainer.distributed import select_device
 from trainer.model import MaskedAutoencoder3D, patchify, unpatchify
+from trainer.options import FitError, check_out_dir
 from trainer.plan import STREAM_EVAL, EpochPlan, PlanSpec, PositionSampler, derive_seed
 from trainer.presets import MAEConfig, Shape3
 from trainer.stats import volume_stats
-from trainer.train import (
-    FitError,
-    autocast,
-    check_out_dir,
-    default_threads,
-    load_checkpoint,
-    select_device,
-)
+from trainer.train import autocast, default_threads
 from trainer.volume import (
     BoolArray,
     DataError,
