@@ -18,7 +18,7 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
     "sieve": SIEVEPolicy,
 }
 
-DEFAULT_POLICY = "arc"
+DEFAULT_POLICY = "sieve"  # chosen by measurement: spoke/DESIGN.md
 
 
 def make_policy(name: str, capacity_bytes: int) -> EvictionPolicy:
