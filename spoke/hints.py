@@ -13,10 +13,9 @@ the mount reports; reads may arrive out of order within ``tolerance`` positions
 (DataLoader workers, batched hit reports), and a repeated report of one read is not
 mistaken for the block's next hinted read.
 
-:class:`HintedPolicy` wraps the configured policy (ARC, LRU, SIEVE or S3-FIFO). With no
+:class:`HintedPolicy` wraps the configured policy (SIEVE, ARC, LRU or S3-FIFO). With no
 stream installed it *is* that policy. With streams it evicts blocks no stream reads again
-first (least recently used first), then the block whose next hinted read is
-farthest.
+first (least recently used first), then the block whose next hinted read is farthest.
 
 Streams share one clock, counted in reads (every read that counts for some stream ticks
 it). Streams are assumed to read at the same speed, as the ranks of one DDP job do (they
