@@ -41,7 +41,9 @@ CacheSizeOpt = Annotated[
 AdminOpt = Annotated[
     str, typer.Option("--admin", help="admin API HOST:PORT (port 0 picks a free one)")
 ]
-PolicyOpt = Annotated[str, typer.Option("--policy", help="eviction policy: arc or lru")]
+PolicyOpt = Annotated[
+    str, typer.Option("--policy", help="eviction policy: arc, lru, s3fifo or sieve")
+]
 DeadlineOpt = Annotated[
     float, typer.Option("--miss-deadline", help="seconds a miss may wait for the hub, then EIO")
 ]
@@ -85,7 +87,7 @@ def run(
     cache_size: CacheSizeOpt,
     mount: Annotated[Path, typer.Option("--mount", help="mountpoint (an existing directory)")],
     admin: AdminOpt = "127.0.0.1:7878",
-    policy: PolicyOpt = "arc",
+    policy: PolicyOpt = "sieve",
     miss_deadline: DeadlineOpt = 60.0,
     allow_other: Annotated[
         bool, typer.Option("--allow-other", help="let other users read the mount")
@@ -123,7 +125,7 @@ def daemon(
     cache_dir: CacheDirOpt,
     cache_size: CacheSizeOpt,
     admin: AdminOpt = "127.0.0.1:7878",
-    policy: PolicyOpt = "arc",
+    policy: PolicyOpt = "sieve",
     miss_deadline: DeadlineOpt = 60.0,
     admin_token_file: TokenOpt = None,
     mount: Annotated[

@@ -41,7 +41,9 @@ class SpokeSettings(BaseSettings):
     cache_size: ByteSize = Field(description="most bytes of blocks kept on disk")
     mount: Path | None = Field(default=None, description="mountpoint of the read-only tree")
     admin: str = Field(default="127.0.0.1:7878", description="admin API HOST:PORT")
-    policy: Literal["arc", "lru"] = Field(default="arc", description="eviction policy")
+    policy: Literal["arc", "lru", "s3fifo", "sieve"] = Field(
+        default="sieve", description="eviction policy"
+    )
     high_watermark: float = Field(default=0.95, gt=0, le=1, description="start evicting above")
     low_watermark: float = Field(default=0.90, gt=0, le=1, description="evict down to")
     miss_deadline: float = Field(default=60.0, gt=0, description="longest wait of a miss")

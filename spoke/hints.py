@@ -13,9 +13,9 @@ the mount reports; reads may arrive out of order within ``tolerance`` positions
 (DataLoader workers, batched hit reports), and a repeated report of one read is not
 mistaken for the block's next hinted read.
 
-:class:`HintedPolicy` wraps the configured policy (ARC or LRU). With no stream installed it
-*is* that policy. With streams it evicts blocks no stream reads again first (least
-recently used first), then the block whose next hinted read is farthest.
+:class:`HintedPolicy` wraps the configured policy (SIEVE, ARC, LRU or S3-FIFO). With no
+stream installed it *is* that policy. With streams it evicts blocks no stream reads again
+first (least recently used first), then the block whose next hinted read is farthest.
 
 Streams share one clock, counted in reads (every read that counts for some stream ticks
 it). Streams are assumed to read at the same speed, as the ranks of one DDP job do (they
@@ -206,7 +206,8 @@ class Victim:
 class HintedPolicy(EvictionPolicy):
     """Belady's farthest-next-use eviction over read-order hints; ``inner`` otherwise.
 
-    Residency and byte accounting stay in ``inner``: every call is forwarded there, so the
+    Residency and byte accounting stay in ``inner`` (:attr:`used_bytes` and
+    :meth:`size_of` read it, no copy is kept here): every call is forwarded there, so the
     wrapped policy keeps learning and takes over unchanged when the last stream goes.
     Only :meth:`pop_victim` differs while a stream is installed.
 
@@ -232,7 +233,6 @@ class HintedPolicy(EvictionPolicy):
         self.streams: dict[str, HintStream] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()  # latest reads, being read
         self._held: dict[str, int] = {}  # digest -> readers waiting for it (hold/release)
-        self._sizes: dict[str, int] = {}  # resident digest -> size
         self._next: dict[str, float] = {}  # resident digest -> next use (finite only)
         self._never: OrderedDict[str, None] = OrderedDict()  # resident, not read again; LRU first
         self._heap: list[tuple[float, int, str]] = []  # (-next use, tiebreak, digest); lazy
@@ -340,7 +340,7 @@ class HintedPolicy(EvictionPolicy):
                 changed.append(old)
         drift = abs(best.head - best.predicted_head(self.clock))
         if drift > 2 * self.tolerance and self.clock - self._synced_at >= max(
-            self.tolerance, len(self._sizes) // 16
+            self.tolerance, len(self.inner) // 16
         ):
             self._resync()  # recomputes every next use
         else:
@@ -373,7 +373,7 @@ class HintedPolicy(EvictionPolicy):
         for digest in self._never:
             if total >= want_bytes:
                 return out
-            out.append(Victim(digest, self._sizes.get(digest, 0), NEVER))
+            out.append(Victim(digest, self.inner.size_of(digest), NEVER))
             total += out[-1].size
         popped: list[tuple[float, int, str]] = []
         try:
@@ -385,7 +385,7 @@ class HintedPolicy(EvictionPolicy):
                 popped.append(entry)
                 if -neg == BEING_READ:
                     break  # everything left is being read
-                out.append(Victim(digest, self._sizes.get(digest, 0), -neg))
+                out.append(Victim(digest, self.inner.size_of(digest), -neg))
                 total += out[-1].size
         finally:
             for entry in popped:
@@ -407,7 +407,7 @@ class HintedPolicy(EvictionPolicy):
     def _refresh(self, digest: str) -> None:
         """Recompute a resident block's next use (no-op for blocks not resident, and while
         no stream is installed: :meth:`_recompute_all` places everything when one is)."""
-        if not self.streams or digest not in self._sizes:
+        if not self.streams or digest not in self.inner:
             return
         nxt = self.next_use(digest)
         if digest in self._recent or digest in self._held:
@@ -442,6 +442,15 @@ class HintedPolicy(EvictionPolicy):
         super().resize(capacity_bytes)
         self.inner.resize(capacity_bytes)
 
+    @property
+    def used_bytes(self) -> int:
+        """The wrapped policy's resident bytes (its accounting is the only one)."""
+        return self.inner.used_bytes
+
+    def size_of(self, key: str) -> int:
+        """The wrapped policy's size of ``key`` (0 when not resident)."""
+        return self.inner.size_of(key)
+
     def __contains__(self, key: object) -> bool:
         return key in self.inner
 
@@ -451,9 +460,7 @@ class HintedPolicy(EvictionPolicy):
     def insert(self, key: str, size: int) -> None:
         """Admit ``key`` in the wrapped policy and place it by its next hinted use."""
         self.inner.insert(key, size)
-        self.used_bytes = self.inner.used_bytes
         if key in self.inner:
-            self._sizes[key] = size
             self._refresh(key)
             if key in self._never:
                 self._never.move_to_end(key)
@@ -468,10 +475,7 @@ class HintedPolicy(EvictionPolicy):
         """Forget ``key`` here and in the wrapped policy."""
         self._next.pop(key, None)
         self._never.pop(key, None)
-        self._sizes.pop(key, None)
-        size = self.inner.remove(key)
-        self.used_bytes = self.inner.used_bytes
-        return size
+        return self.inner.remove(key)
 
     def pop_victim(self, exclude: Iterable[str] = ()) -> tuple[str, int] | None:
         """Without a stream, the wrapped policy's victim. With one: a block no stream
@@ -481,7 +485,6 @@ class HintedPolicy(EvictionPolicy):
             victim = self.inner.pop_victim(exclude)
             if victim is not None:
                 self._forget(victim[0])
-            self.used_bytes = self.inner.used_bytes
             return victim
         skip = set(exclude)
         key = next((k for k in self._never if k not in skip), None)
@@ -492,7 +495,6 @@ class HintedPolicy(EvictionPolicy):
         return key, self.remove(key)
 
     def _forget(self, key: str) -> None:
-        self._sizes.pop(key, None)
         self._next.pop(key, None)
         self._never.pop(key, None)
 
@@ -523,12 +525,11 @@ class HintedPolicy(EvictionPolicy):
     def check_invariants(self) -> None:
         """The wrapped policy's invariants; every resident key is placed exactly once."""
         self.inner.check_invariants()
-        assert self.used_bytes == self.inner.used_bytes, "used_bytes out of sync"
         resident = set(self.inner.resident())
-        assert set(self._sizes) == resident, "sizes out of sync"
         for s in self.streams.values():
             s.check_invariants()
         if not self.streams:
+            assert not self._next and not self._never, "placements kept without a stream"
             return
         assert set(self._next).isdisjoint(self._never), "a key both hinted and never"
         assert set(self._next) | set(self._never) == resident, "placement out of sync"

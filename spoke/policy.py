@@ -4,8 +4,16 @@ A policy tracks keys, their sizes and their recency; it owns no bytes. The cache
 (:mod:`spoke.cache`) admits blocks with :meth:`EvictionPolicy.insert`, reports hits with
 :meth:`~EvictionPolicy.access`, and calls :meth:`~EvictionPolicy.pop_victim` until it is
 under its capacity. Pinned blocks are kept out of the policy altogether while pinned, so a
-policy never has to skip them. Byte accounting lives in the base class (the cachetools
-shape): a policy is "what an access does" plus "which key goes next".
+policy never has to skip them.
+
+Byte accounting lives in one base class, :class:`ByteWeightedPolicy` (the cachetools
+shape): it alone keeps each resident key's size and :attr:`~EvictionPolicy.used_bytes`; a
+policy subclasses it with "what an admission does" (:meth:`~ByteWeightedPolicy._admit`),
+"what a hit does" (:meth:`~ByteWeightedPolicy._hit`) and "which key goes next"
+(:meth:`~ByteWeightedPolicy._evict`). LRU and ARC live here; SIEVE in :mod:`spoke.sieve`,
+S3-FIFO in :mod:`spoke.s3fifo`; :mod:`spoke.policies` names them for ``--policy``.
+:class:`spoke.hints.HintedPolicy` wraps one of them and reads its accounting instead of
+keeping a copy.
 """
 
 from __future__ import annotations
@@ -16,14 +24,14 @@ from collections.abc import Iterable
 
 
 class EvictionPolicy(ABC):
-    """Byte-weighted bookkeeping shared by every policy.
+    """What the cache asks of a policy.
 
     Args:
         capacity_bytes: the bytes the policy may keep resident (its ``c``); the cache
             updates it when pins change how much is left for evictable blocks.
 
-    Attributes:
-        used_bytes: sum of the sizes of the resident keys, bytes.
+    Raises:
+        ValueError: ``capacity_bytes`` is negative.
     """
 
     name = "base"
@@ -32,7 +40,6 @@ class EvictionPolicy(ABC):
         if capacity_bytes < 0:
             raise ValueError("capacity must be >= 0")
         self.capacity_bytes = capacity_bytes
-        self.used_bytes = 0
 
     def resize(self, capacity_bytes: int) -> None:
         """Change the capacity (pins taking or giving back room); evicts nothing itself."""
@@ -44,6 +51,15 @@ class EvictionPolicy(ABC):
         batches ahead of time (the cache then skips its watermark band). False here."""
         return False
 
+    @property
+    @abstractmethod
+    def used_bytes(self) -> int:
+        """Sum of the sizes of the resident keys, bytes."""
+
+    @abstractmethod
+    def size_of(self, key: str) -> int:
+        """Resident size of ``key`` in bytes (0 when not resident)."""
+
     @abstractmethod
     def __contains__(self, key: object) -> bool:
         """True when ``key`` is resident (ghost entries do not count)."""
@@ -54,7 +70,11 @@ class EvictionPolicy(ABC):
 
     @abstractmethod
     def insert(self, key: str, size: int) -> None:
-        """Admit a new resident ``key`` of ``size`` bytes after a miss (no-op if resident)."""
+        """Admit a new resident ``key`` of ``size`` bytes after a miss (a hit if resident).
+
+        Raises:
+            ValueError: ``size`` is negative.
+        """
 
     @abstractmethod
     def access(self, key: str) -> None:
@@ -77,14 +97,33 @@ class EvictionPolicy(ABC):
         """Raise AssertionError when internal bookkeeping is inconsistent (used by tests)."""
 
 
-class LRUPolicy(EvictionPolicy):
-    """Byte-weighted least-recently-used: evicts the key whose last access is oldest."""
+class ByteWeightedPolicy(EvictionPolicy):
+    """The one place sizes are kept: resident key -> size, and their sum.
 
-    name = "lru"
+    The public methods do the accounting and call the subclass's hooks, which only move
+    keys between the policy's own lists: :meth:`_admit` places a new resident key,
+    :meth:`_hit` records a hit, :meth:`_discard` forgets a key (resident or ghost), and
+    :meth:`_evict` takes the next victim out of the lists. A hook may read a resident
+    key's size with :meth:`size_of`; the size is still there while :meth:`_evict` and
+    :meth:`_discard` run.
 
-    def __init__(self, capacity_bytes: int = 0) -> None:
+    Attributes:
+        used_bytes: sum of the sizes of the resident keys, bytes (read-only).
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
         super().__init__(capacity_bytes)
-        self._sizes: OrderedDict[str, int] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self._used = 0
+
+    @property
+    def used_bytes(self) -> int:
+        """Sum of the sizes of the resident keys, bytes."""
+        return self._used
+
+    def size_of(self, key: str) -> int:
+        """Resident size of ``key`` in bytes (0 when not resident)."""
+        return self._sizes.get(key, 0)
 
     def __contains__(self, key: object) -> bool:
         return key in self._sizes
@@ -93,44 +132,99 @@ class LRUPolicy(EvictionPolicy):
         return len(self._sizes)
 
     def insert(self, key: str, size: int) -> None:
-        """Admit ``key`` as the most recently used entry."""
-        _check_size(key, size)
+        """Admit ``key`` after a miss; a key already resident counts as a hit.
+
+        Raises:
+            ValueError: ``size`` is negative.
+        """
+        if size < 0:
+            raise ValueError(f"negative size {size} for {key}")
         if key in self._sizes:
-            self._sizes.move_to_end(key)
+            self._hit(key)
             return
         self._sizes[key] = size
-        self.used_bytes += size
+        self._used += size
+        self._admit(key, size)
 
     def access(self, key: str) -> None:
-        """Move ``key`` to the most recently used end."""
+        """Record a hit on ``key`` (ignored when not resident)."""
         if key in self._sizes:
-            self._sizes.move_to_end(key)
+            self._hit(key)
 
     def remove(self, key: str) -> int:
-        """Forget ``key``; returns its size in bytes."""
+        """Forget ``key`` (ghosts included); returns its resident size (0 if none)."""
+        self._discard(key)
         size = self._sizes.pop(key, 0)
-        self.used_bytes -= size
+        self._used -= size
         return size
 
     def pop_victim(self, exclude: Iterable[str] = ()) -> tuple[str, int] | None:
-        """Evict the least recently used key outside ``exclude``."""
-        skip = set(exclude)
-        for key in self._sizes:
-            if key not in skip:
-                return key, self.remove(key)
-        return None
+        """Evict the policy's next victim outside ``exclude``; returns ``(key, size)``."""
+        key = self._evict(set(exclude))
+        if key is None:
+            return None
+        size = self._sizes.pop(key)
+        self._used -= size
+        return key, size
+
+    @abstractmethod
+    def _admit(self, key: str, size: int) -> None:
+        """Place a new resident ``key`` (already counted) in the policy's lists."""
+
+    @abstractmethod
+    def _hit(self, key: str) -> None:
+        """Record a hit on resident ``key``."""
+
+    @abstractmethod
+    def _discard(self, key: str) -> None:
+        """Drop ``key`` from every list, ghost lists included (it may be in none)."""
+
+    @abstractmethod
+    def _evict(self, skip: set[str]) -> str | None:
+        """Take the next victim outside ``skip`` out of the resident lists (into a ghost
+        list if the policy keeps one); None when every resident key is in ``skip``."""
+
+    def check_invariants(self) -> None:
+        """Sizes are non-negative and ``used_bytes`` is their sum; subclasses add theirs."""
+        assert all(s >= 0 for s in self._sizes.values()), "negative size"
+        assert self._used == sum(self._sizes.values()), "used_bytes out of sync"
+
+
+class LRUPolicy(ByteWeightedPolicy):
+    """Byte-weighted least-recently-used: evicts the key whose last access is oldest."""
+
+    name = "lru"
+
+    def __init__(self, capacity_bytes: int = 0) -> None:
+        super().__init__(capacity_bytes)
+        self._order: OrderedDict[str, None] = OrderedDict()  # LRU first
+
+    def _admit(self, key: str, size: int) -> None:
+        self._order[key] = None
+
+    def _hit(self, key: str) -> None:
+        self._order.move_to_end(key)
+
+    def _discard(self, key: str) -> None:
+        self._order.pop(key, None)
+
+    def _evict(self, skip: set[str]) -> str | None:
+        key = next((k for k in self._order if k not in skip), None)
+        if key is not None:
+            del self._order[key]
+        return key
 
     def resident(self) -> list[str]:
         """Keys from least to most recently used."""
-        return list(self._sizes)
+        return list(self._order)
 
     def check_invariants(self) -> None:
-        """``used_bytes`` equals the sum of resident sizes; sizes are non-negative."""
-        assert all(s >= 0 for s in self._sizes.values()), "negative size"
-        assert self.used_bytes == sum(self._sizes.values()), "used_bytes out of sync"
+        """The base class's, and the recency order holds exactly the resident keys."""
+        super().check_invariants()
+        assert set(self._order) == set(self._sizes), "recency order out of sync"
 
 
-class ARCPolicy(EvictionPolicy):
+class ARCPolicy(ByteWeightedPolicy):
     """Adaptive Replacement Cache, byte-weighted.
 
     Megiddo & Modha, "ARC: A Self-Tuning, Low Overhead Replacement Cache", FAST 2003
@@ -147,72 +241,62 @@ class ARCPolicy(EvictionPolicy):
 
     def __init__(self, capacity_bytes: int) -> None:
         super().__init__(capacity_bytes)
-        self.t1: OrderedDict[str, int] = OrderedDict()
-        self.t2: OrderedDict[str, int] = OrderedDict()
-        self.b1: OrderedDict[str, int] = OrderedDict()
+        self.t1: OrderedDict[str, None] = OrderedDict()  # resident: sizes in the base class
+        self.t2: OrderedDict[str, None] = OrderedDict()
+        self.b1: OrderedDict[str, int] = OrderedDict()  # ghosts: key -> size when evicted
         self.b2: OrderedDict[str, int] = OrderedDict()
         self.t1_bytes = self.t2_bytes = self.b1_bytes = self.b2_bytes = 0
         self.p = 0.0  # target bytes of T1
         self._last_from_b2 = False
 
-    def __contains__(self, key: object) -> bool:
-        return key in self.t1 or key in self.t2
-
-    def __len__(self) -> int:
-        return len(self.t1) + len(self.t2)
-
-    def insert(self, key: str, size: int) -> None:
-        """Admit ``key`` after a miss: from a ghost list into T2 (adapting ``p``), else T1."""
-        _check_size(key, size)
-        if key in self:
-            self.access(key)
-            return
+    def _admit(self, key: str, size: int) -> None:
+        """A miss: from a ghost list into T2 (adapting ``p``), else into T1."""
         c = self.capacity_bytes
         self._last_from_b2 = False
         if key in self.b1:  # Case II: T1 was too small
             delta = size * max(1.0, self.b2_bytes / max(self.b1_bytes, 1))
             self.p = min(float(c), self.p + delta)
             self.b1_bytes -= self.b1.pop(key)
-            self._add(self.t2, key, size, "t2")
+            self.t2[key] = None
+            self.t2_bytes += size
         elif key in self.b2:  # Case III: T2 was too small
             delta = size * max(1.0, self.b1_bytes / max(self.b2_bytes, 1))
             self.p = max(0.0, self.p - delta)
             self.b2_bytes -= self.b2.pop(key)
-            self._add(self.t2, key, size, "t2")
+            self.t2[key] = None
+            self.t2_bytes += size
             self._last_from_b2 = True
         else:  # Case IV: a new key; keep the directory within 2c (L1 <= c, L1 + L2 <= 2c)
-            self._add(self.t1, key, size, "t1")
+            self.t1[key] = None
+            self.t1_bytes += size
             self._trim_ghosts()
 
-    def access(self, key: str) -> None:
+    def _hit(self, key: str) -> None:
         """Case I: a hit moves the key to T2's MRU end."""
         if key in self.t1:
-            size = self.t1.pop(key)
+            del self.t1[key]
+            size = self.size_of(key)
             self.t1_bytes -= size
-            self.t2[key] = size
+            self.t2[key] = None
             self.t2_bytes += size
-        elif key in self.t2:
+        else:
             self.t2.move_to_end(key)
 
-    def remove(self, key: str) -> int:
+    def _discard(self, key: str) -> None:
         """Forget ``key`` from every list (e.g. a corrupt or purged block)."""
-        size = 0
         if key in self.t1:
-            size = self.t1.pop(key)
-            self.t1_bytes -= size
+            del self.t1[key]
+            self.t1_bytes -= self.size_of(key)
         elif key in self.t2:
-            size = self.t2.pop(key)
-            self.t2_bytes -= size
+            del self.t2[key]
+            self.t2_bytes -= self.size_of(key)
         if key in self.b1:
             self.b1_bytes -= self.b1.pop(key)
         if key in self.b2:
             self.b2_bytes -= self.b2.pop(key)
-        self.used_bytes -= size
-        return size
 
-    def pop_victim(self, exclude: Iterable[str] = ()) -> tuple[str, int] | None:
+    def _evict(self, skip: set[str]) -> str | None:
         """REPLACE: evict T1's LRU key into B1 when T1 is over its target, else T2's into B2."""
-        skip = set(exclude)
         take_t1 = self.t1_bytes > 0 and (
             self.t1_bytes > self.p or (self._last_from_b2 and self.t1_bytes >= self.p)
         )
@@ -221,7 +305,8 @@ class ARCPolicy(EvictionPolicy):
             key = next((k for k in resident if k not in skip), None)
             if key is None:
                 continue
-            size = resident.pop(key)
+            del resident[key]
+            size = self.size_of(key)
             if from_t1:
                 self.t1_bytes -= size
                 self.b1[key] = size
@@ -230,9 +315,8 @@ class ARCPolicy(EvictionPolicy):
                 self.t2_bytes -= size
                 self.b2[key] = size
                 self.b2_bytes += size
-            self.used_bytes -= size
             self._trim_ghosts()
-            return key, size
+            return key
         return None
 
     def resident(self) -> list[str]:
@@ -249,14 +333,6 @@ class ARCPolicy(EvictionPolicy):
         """Ghost keys: B1 then B2, LRU first."""
         return [*self.b1, *self.b2]
 
-    def _add(self, lst: OrderedDict[str, int], key: str, size: int, which: str) -> None:
-        lst[key] = size
-        if which == "t1":
-            self.t1_bytes += size
-        else:
-            self.t2_bytes += size
-        self.used_bytes += size
-
     def _trim_ghosts(self) -> None:
         """Drop LRU ghosts so that |T1| + |B1| <= c and |T1|+|T2|+|B1|+|B2| <= 2c (bytes)."""
         c = self.capacity_bytes
@@ -269,17 +345,18 @@ class ARCPolicy(EvictionPolicy):
 
     def check_invariants(self) -> None:
         """Byte totals match their lists; lists are disjoint; 0 <= p <= c; ghost bounds hold."""
-        for lst, total, name in (
-            (self.t1, self.t1_bytes, "T1"),
-            (self.t2, self.t2_bytes, "T2"),
-            (self.b1, self.b1_bytes, "B1"),
-            (self.b2, self.b2_bytes, "B2"),
+        super().check_invariants()
+        for total, want, name in (
+            (self.t1_bytes, sum(self.size_of(k) for k in self.t1), "T1"),
+            (self.t2_bytes, sum(self.size_of(k) for k in self.t2), "T2"),
+            (self.b1_bytes, sum(self.b1.values()), "B1"),
+            (self.b2_bytes, sum(self.b2.values()), "B2"),
         ):
-            assert total == sum(lst.values()), f"{name} byte total out of sync"
-            assert all(s >= 0 for s in lst.values()), f"negative size in {name}"
+            assert total == want, f"{name} byte total out of sync"
+        assert all(s >= 0 for s in [*self.b1.values(), *self.b2.values()]), "negative ghost"
         keys = [*self.t1, *self.t2, *self.b1, *self.b2]
         assert len(keys) == len(set(keys)), "a key is in two ARC lists"
-        assert self.used_bytes == self.t1_bytes + self.t2_bytes, "used_bytes out of sync"
+        assert set(self.t1) | set(self.t2) == set(self._sizes), "T1 + T2 != resident keys"
         assert 0.0 <= self.p <= max(self.capacity_bytes, 0), f"p={self.p} outside [0, c]"
         c = self.capacity_bytes
         assert not self.b1 or self.t1_bytes + self.b1_bytes <= c, "|T1|+|B1| > c"
@@ -288,21 +365,14 @@ class ARCPolicy(EvictionPolicy):
         ), "directory > 2c"
 
 
-def _check_size(key: str, size: int) -> None:
-    if size < 0:
-        raise ValueError(f"negative size {size} for {key}")
-
-
-POLICIES: dict[str, type[EvictionPolicy]] = {"arc": ARCPolicy, "lru": LRUPolicy}
-
-
 def make_policy(name: str, capacity_bytes: int) -> EvictionPolicy:
-    """Build a policy by its command-line name (``arc`` or ``lru``).
+    """Build a policy by its ``--policy`` name: :func:`spoke.policies.make_policy`, kept
+    here for callers of this module (the registry imports this module, hence the late
+    import).
 
     Raises:
-        ValueError: unknown policy name.
+        ValueError: unknown policy name, or a negative capacity.
     """
-    try:
-        return POLICIES[name](capacity_bytes)
-    except KeyError:
-        raise ValueError(f"unknown cache policy {name!r} (choose: arc, lru)") from None
+    from spoke.policies import make_policy as build
+
+    return build(name, capacity_bytes)

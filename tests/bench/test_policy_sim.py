@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import random
 
-from bench.policy_sim import belady, main, shuffled_epochs, simulate, zipf
+import pytest
+
+from bench.policy_sim import (
+    ONLINE,
+    belady,
+    default_gap,
+    main,
+    scan_polluted,
+    shuffled_epochs,
+    simulate,
+    traces,
+    two_jobs,
+    zipf,
+)
 
 
 def test_belady_hand_checked() -> None:
@@ -25,12 +38,44 @@ def test_min_bounds_every_policy() -> None:
     rng = random.Random(1)
     for keys in (shuffled_epochs(100, 4, rng), zipf(100, 600, 1.0, rng)):
         best = belady(keys, 40)
-        for name in ("arc", "lru"):
+        for name in ONLINE:
             assert simulate(name, keys, 40) <= best + 1e-12
 
 
-def test_cli_prints_the_table() -> None:
+def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--blocks", "200", "--epochs", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "| trace | DL | lru | arc | sieve | s3fifo | hinted | belady |" in out
+    assert "2 jobs:" in out and "scan-polluted:" in out and "targets: " in out
+
+
+def test_cli_refuses_a_dataset_of_one_block() -> None:
+    with pytest.raises(SystemExit) as err:
+        main(["--blocks", "1"])
+    assert err.value.code == 2
+
+
+def test_mixed_traces_keep_each_jobs_order_and_count() -> None:
+    rng = random.Random(2)
+    trace, train = two_jobs(100, 3, rng)
+    assert len(trace) == 600 and [k for k in trace if k < 100] == train
+    assert all(100 <= k < 150 for k in trace if k >= 100)
+    trace, train = scan_polluted(50, 4, rng)
+    scan = [k for k in trace if k >= 50]
+    assert [k for k in trace if k < 50] == train and scan == list(range(50, 250))
+
+
+def test_every_dl_trace_is_marked_and_the_default_gap_is_computed() -> None:
+    names = {t.name: t.dl for t in traces(60, 2, 0)}
+    assert [n for n, dl in names.items() if not dl] == [
+        "scan (cache = 0.5x data)",
+        "loop x4 (data/cache 1.5)",
+        "zipf s=0.9 (cache = 0.1x data)",
+        "zipf s=1.1 (cache = 0.1x data)",
+    ]
+    row: dict[str, float | str | bool] = {"lru": 0.2, "arc": 0.25, "sieve": 0.34, "s3fifo": 0.3}
+    assert default_gap(row, "arc") == pytest.approx(9.0)
+    assert default_gap(row, "sieve") == 0.0
 
 
 def test_hinted_column_reaches_belady_on_shuffled_epochs() -> None:

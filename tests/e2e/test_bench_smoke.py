@@ -114,11 +114,14 @@ def test_hints_mount_bench_tabulates_every_policy(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())
-    assert [r["readers"] for r in rows] == [1, 2]
-    for row in rows:
-        assert row["reads"] == 48
-        for mode in ("lru", "arc", "hinted"):
+    assert [r["readers"] for r in rows] == [1, 2, 2, 2]
+    assert [r["all_hinted"] for r in rows] == [True, True, False, False]
+    modes = ("lru", "arc", "sieve", "s3fifo", "hinted")
+    for row, reads, files in zip(rows, (48, 48, 96, 32), (24, 24, 36, 24), strict=True):
+        assert row["reads"] == reads and row["files"] == files
+        for mode in modes:
             run = row["runs"][mode]
-            assert run["reads"] == 48 and 24 <= run["fetched_blocks"] <= 48 + 24
-        assert 0 < row["belady"] < 1 and set(row["sim"]) == {"lru", "arc", "hinted"}
-    assert "| LRU | ARC | hinted | Belady |" in proc.stdout
+            assert run["reads"] == reads and 0 < run["fetched_blocks"] <= reads + files
+        assert 0 < row["belady"] < 1 and set(row["sim"]) == set(modes)
+    assert "| LRU | ARC | SIEVE | S3-FIFO | hinted | Belady |" in proc.stdout
+    assert "mean hit ratio over the traces: LRU " in proc.stdout

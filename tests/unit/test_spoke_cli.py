@@ -22,6 +22,7 @@ def _spoke(*args: str) -> subprocess.CompletedProcess[str]:
         ({"--cache-size": "0"}, "--cache-size must be positive"),
         ({"--hub": "nohost"}, "--hub must be HOST:PORT"),
         ({"--log-level": "bogus"}, "--log-level: 'bogus' is not one of DEBUG"),
+        ({"--policy": "fifo"}, "--policy: Input should be 'arc', 'lru', 's3fifo' or 'sieve'"),
     ],
 )
 def test_bad_settings_are_one_line_errors(
@@ -49,3 +50,20 @@ def test_prewarm_with_an_empty_ref_is_refused_before_any_request() -> None:
     assert proc.stderr.strip() == (
         "strata-spoke: error: 'ds@': give a version or tag after '@', or leave '@' out for latest"
     )
+
+
+def test_every_policy_is_a_choice_and_the_default_is_the_registrys() -> None:
+    """The CLI and the settings offer exactly the policies spoke.policies builds, and
+    default to the one spoke/DESIGN.md says was chosen by measurement."""
+    import inspect
+    import typing
+
+    from spoke import cli
+    from spoke.config import SpokeSettings
+    from spoke.policies import DEFAULT_POLICY, POLICIES
+
+    field = SpokeSettings.model_fields["policy"]
+    assert set(typing.get_args(field.annotation)) == set(POLICIES)
+    assert field.default == DEFAULT_POLICY
+    for command in (cli.run, cli.daemon):
+        assert inspect.signature(command).parameters["policy"].default == DEFAULT_POLICY

@@ -1,5 +1,8 @@
-"""Eviction policies: one contract suite for every policy, ARC's own behaviour, and a
-hypothesis state machine against naive reference models (plain lists, sums recomputed)."""
+"""Eviction policies: one contract suite for every policy (LRU, ARC, SIEVE, S3-FIFO, and
+HintedPolicy over each), ARC's own behaviour, a hypothesis state machine that keeps every
+policy's invariants through random operations, and state machines against naive reference
+models of LRU and ARC (plain lists, sums recomputed). SIEVE's and S3-FIFO's own behaviour
+and references: test_spoke_policy_fifo.py."""
 
 from __future__ import annotations
 
@@ -11,16 +14,21 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from spoke.hints import HintedPolicy
-from spoke.policy import POLICIES, ARCPolicy, EvictionPolicy, LRUPolicy
+from spoke.policies import POLICIES
+from spoke.policy import ARCPolicy, EvictionPolicy, LRUPolicy
 from spoke.policy import make_policy as _make_named
 
 ALL = [*sorted(POLICIES), "hinted"]  # hinted: HintedPolicy over ARC, no hint installed
+WRAPPED = [f"hinted+{name}" for name in sorted(POLICIES)]  # HintedPolicy over each
 
 
 def make_policy(name: str, capacity: int) -> EvictionPolicy:
-    """A policy by name; ``hinted`` wraps ARC (and must behave exactly like it unhinted)."""
+    """A policy by name; ``hinted`` wraps ARC (and must behave exactly like it unhinted),
+    ``hinted+NAME`` wraps NAME."""
     if name == "hinted":
         return HintedPolicy(ARCPolicy(capacity))
+    if name.startswith("hinted+"):
+        return HintedPolicy(_make_named(name.removeprefix("hinted+"), capacity))
     return _make_named(name, capacity)
 
 
@@ -82,7 +90,7 @@ def test_reinsert_is_harmless_and_sizes_validated(name: str) -> None:
         p.insert("b", -1)
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", ["arc", "lru", "sieve", "hinted"])  # S3-FIFO: two hits
 def test_recently_used_outlives_least_recently_used(name: str) -> None:
     p = make_policy(name, 30)
     _fill(p, ["a", "b", "c"])
@@ -91,8 +99,72 @@ def test_recently_used_outlives_least_recently_used(name: str) -> None:
     assert _evict_to(p, 30, protect="d") == ["b"]
 
 
+@pytest.mark.parametrize("name", ALL + WRAPPED)
+def test_admitting_a_block_larger_than_the_free_room_evicts_just_enough(name: str) -> None:
+    p = make_policy(name, 100)
+    _fill(p, [f"k{i}" for i in range(6)], size=15)  # 90 bytes: 10 free
+    p.insert("big", 40)  # needs 30 more than is free: two 15-byte victims
+    p.check_invariants()
+    victims = _evict_to(p, 100, protect="big")
+    assert len(victims) == 2 and "big" in p and "big" not in victims
+    assert p.used_bytes == 100 and len(p) == 5
+    assert all(k not in p and p.size_of(k) == 0 for k in victims)
+    assert p.size_of("big") == 40
+    p.insert("huge", 150)  # larger than the whole capacity: everything else goes
+    evicted = _evict_to(p, 100, protect="huge")
+    assert set(evicted) == {f"k{i}" for i in range(6)} - set(victims) | {"big"}
+    assert p.resident() == ["huge"] and p.used_bytes == 150
+    assert p.pop_victim(exclude=["huge"]) is None  # the cache streams such a block through
+    p.check_invariants()
+
+
+@pytest.mark.parametrize("name", ALL + WRAPPED)
+def test_pinned_keys_leave_the_policy_and_come_back(name: str) -> None:
+    """As the cache pins: remove the key, shrink the capacity by its size; unpin: resize
+    back and insert again."""
+    p = make_policy(name, 100)
+    _fill(p, [f"k{i}" for i in range(10)])
+    pinned = ["k0", "k5"]
+    for k in pinned:
+        assert p.remove(k) == 10
+    p.resize(100 - 20)
+    p.check_invariants()
+    assert p.used_bytes == 80 and all(k not in p for k in pinned)
+    for i in range(10, 30):  # churn: pinned keys are never victims, room is 80
+        p.insert(f"k{i}", 10)
+        victims = _evict_to(p, 80, protect=f"k{i}")
+        assert not set(victims) & set(pinned)
+        assert p.used_bytes <= 80
+    p.resize(100)
+    for k in pinned:
+        p.insert(k, 10)
+        p.check_invariants()
+    assert all(k in p for k in pinned) and p.used_bytes == 100
+
+
+@pytest.mark.parametrize("name", ALL + WRAPPED)
+def test_resize_smaller_evicts_down_and_larger_keeps_everything(name: str) -> None:
+    p = make_policy(name, 100)
+    _fill(p, [f"k{i}" for i in range(10)])
+    p.resize(40)
+    p.check_invariants()
+    assert p.used_bytes == 100  # resize evicts nothing itself
+    victims = _evict_to(p, 40)
+    assert len(victims) == 6 and p.used_bytes == 40 and len(p) == 4
+    p.resize(0)
+    p.check_invariants()
+    assert len(_evict_to(p, 0)) == 4 and p.used_bytes == 0
+    p.resize(1000)
+    _fill(p, [f"n{i}" for i in range(20)])
+    assert _evict_to(p, 1000) == [] and p.used_bytes == 200
+    with pytest.raises(ValueError):
+        type(p.inner if isinstance(p, HintedPolicy) else p)(-1)
+
+
 def test_unknown_policy_name() -> None:
-    with pytest.raises(ValueError, match="unknown cache policy"):
+    with pytest.raises(
+        ValueError, match="unknown cache policy 'fifo' \\(choose: arc, lru, s3fifo, sieve\\)"
+    ):
         _make_named("fifo", 10)
 
 
@@ -344,3 +416,110 @@ def _machine(name: str, ref: Callable[[int], RefLRU | RefARC]) -> type[RuleBased
 TestLRUAgainstReference = _machine("lru", RefLRU).TestCase
 TestARCAgainstReference = _machine("arc", RefARC).TestCase
 TestUnhintedAgainstARCReference = _machine("hinted", RefARC).TestCase
+
+
+# -- hypothesis: every policy keeps its invariants through random operations ------------
+
+
+def _invariant_machine(name: str) -> type[RuleBasedStateMachine]:
+    """Random misses, hits, removals, pins, resizes and evictions (and, for HintedPolicy,
+    hint streams installed, read along and cleared); every policy invariant is checked
+    after every step, and byte accounting against a model that only sums sizes."""
+
+    class InvariantMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.capacity = 10
+            self.policy = make_policy(name, self.capacity)
+            self.sizes: dict[str, int] = {}  # what should be resident -> size
+
+        def _settle(self, protect: str | None) -> None:
+            exclude = () if protect is None else (protect,)
+            while self.policy.used_bytes > self.capacity:
+                victim = self.policy.pop_victim(exclude)
+                if victim is None:
+                    assert set(self.sizes) <= set(exclude)  # only the protected key left
+                    break
+                key, size = victim
+                assert key not in exclude and self.sizes.pop(key) == size
+                self.policy.check_invariants()
+
+        @rule(key=KEYS)
+        def miss(self, key: str) -> None:
+            self.policy.insert(key, _size(key))
+            self.sizes[key] = _size(key)
+            self.policy.check_invariants()
+            self._settle(protect=key)
+
+        @rule(key=KEYS)
+        def hit(self, key: str) -> None:
+            self.policy.access(key)
+
+        @rule(key=KEYS)
+        def drop(self, key: str) -> None:
+            assert self.policy.remove(key) == self.sizes.pop(key, 0)
+
+        @rule(key=KEYS)
+        def pin_and_unpin(self, key: str) -> None:
+            size = self.policy.remove(key)
+            assert size == self.sizes.pop(key, 0)
+            self.policy.resize(max(0, self.capacity - size))
+            self.policy.check_invariants()
+            self.policy.resize(self.capacity)
+            if size:
+                self.policy.insert(key, size)
+                self.sizes[key] = size
+
+        @rule(capacity=st.integers(min_value=0, max_value=16))
+        def resize(self, capacity: int) -> None:
+            self.capacity = capacity
+            self.policy.resize(capacity)
+            self.policy.check_invariants()
+            self._settle(protect=None)
+
+        @rule(exclude=st.sets(KEYS, max_size=4))
+        def evict_one(self, exclude: set[str]) -> None:
+            victim = self.policy.pop_victim(exclude)
+            if victim is None:
+                assert set(self.sizes) <= exclude
+            else:
+                assert victim[0] not in exclude and self.sizes.pop(victim[0]) == victim[1]
+
+        @rule(plan=st.lists(KEYS, max_size=20), stream=st.sampled_from(["r0", "r1"]))
+        def hint(self, plan: list[str], stream: str) -> None:
+            if isinstance(self.policy, HintedPolicy):
+                self.policy.set_hint(plan, stream=stream)
+
+        @rule(key=KEYS)
+        def observe(self, key: str) -> None:
+            if isinstance(self.policy, HintedPolicy):
+                self.policy.observe(key)
+
+        @rule()
+        def clear(self) -> None:
+            if isinstance(self.policy, HintedPolicy):
+                self.policy.clear_hint()
+
+        @invariant()
+        def consistent(self) -> None:
+            p = self.policy
+            p.check_invariants()
+            resident = p.resident()
+            assert sorted(resident) == sorted(self.sizes), "resident keys"
+            assert len(p) == len(resident) and all(k in p for k in resident)
+            assert p.used_bytes == sum(self.sizes.values()) == sum(map(p.size_of, resident))
+
+    InvariantMachine.TestCase.settings = settings(
+        max_examples=100, stateful_step_count=60, deadline=None
+    )
+    return InvariantMachine
+
+
+TestLRUInvariants = _invariant_machine("lru").TestCase
+TestARCInvariants = _invariant_machine("arc").TestCase
+TestSIEVEInvariants = _invariant_machine("sieve").TestCase
+TestS3FIFOInvariants = _invariant_machine("s3fifo").TestCase
+TestHintedLRUInvariants = _invariant_machine("hinted+lru").TestCase
+TestHintedARCInvariants = _invariant_machine("hinted+arc").TestCase
+TestHintedSIEVEInvariants = _invariant_machine("hinted+sieve").TestCase
+TestHintedS3FIFOInvariants = _invariant_machine("hinted+s3fifo").TestCase
