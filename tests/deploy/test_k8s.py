@@ -187,8 +187,10 @@ def _mount_for(container: Obj, pod: Obj, path: str) -> tuple[Obj, Obj]:
 def test_spoke_daemonset(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
     pod = _spoke(objects)["spec"]["template"]["spec"]
     (spoke,) = pod["containers"]
+    (init,) = pod["initContainers"]
     args = spoke["args"]
     assert spoke["securityContext"]["privileged"] is True, "Bidirectional needs privileged"
+    assert spoke["securityContext"]["runAsUser"] == 0, "the image's own user is not root"
     cache_mount, cache_volume = _mount_for(spoke, pod, _flag(args, "--cache-dir"))
     assert "hostPath" in cache_volume, "the cache must be on the node's own disk"
     assert "mountPropagation" not in cache_mount
@@ -197,6 +199,9 @@ def test_spoke_daemonset(objects: dict[str, dict[tuple[str, str, str], Obj]]) ->
     assert root_mount["mountPropagation"] == "Bidirectional"
     assert root_mount["mountPath"] != mountpoint, "mount below the shared root, not on it"
     assert root_volume["hostPath"]["path"] == "/mnt/strata"
+    init_mount, init_volume = _mount_for(init, pod, mountpoint)
+    assert init_volume is root_volume and init_mount["mountPropagation"] == "Bidirectional"
+    assert init["command"][-1].endswith(f"mkdir -p {mountpoint}"), "the spoke needs its mountpoint"
     _, fuse_volume = _mount_for(spoke, pod, "/dev/fuse")
     assert fuse_volume["hostPath"] == {"path": "/dev/fuse", "type": "CharDevice"}
     assert spoke["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -280,4 +285,4 @@ def test_images_are_pinned_and_resources_set(
                 assert tag != "latest", (key, image)
                 limits: dict[str, Any] = container["resources"]["limits"]
                 assert "memory" in limits, f"{key} {container['name']} has no memory limit"
-    assert seen == 3
+    assert seen == 4
