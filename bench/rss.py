@@ -1,6 +1,7 @@
 """Peak memory of a hub and a spoke under load: what the Kubernetes limits are sized from.
 
     python -m bench.rss [--size 1GiB] [--files 64] [--cache-size 512MiB] [--json FILE]
+                        [--blobs s3://BUCKET/PREFIX --s3-endpoint URL]
 
 Publishes ``--files`` random files totalling ``--size`` bytes (4 MiB blocks, the default),
 starts a hub and a spoke (daemon + mount) on 127.0.0.1, and reads every file through the
@@ -11,7 +12,9 @@ and the spoke's process trees from ``/proc`` every 50 ms and keeps the peak of e
 tree's sum (a page shared by two processes of a tree counts twice: an upper bound).
 
 The numbers feed ``resources`` in deploy/k8s/base/{hub,spoke}/: the request is the peak
-rounded up, the limit about twice that. Needs /dev/fuse.
+rounded up, the limit about twice that. With ``--blobs s3://...`` the hub keeps its
+blocks in that bucket (credentials from the usual AWS environment variables), as the
+Kubernetes hub does. Needs /dev/fuse.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def _read_all(root: Path) -> int:
     return total
 
 
-def run(size: int, files: int, cache_size: int) -> Result:
+def run(size: int, files: int, cache_size: int, blobs: str | None = None) -> Result:
     """One measurement (see the module docstring)."""
     tmp = Path(tempfile.mkdtemp(prefix="strata-rss-"))
     try:
@@ -118,7 +121,7 @@ def run(size: int, files: int, cache_size: int) -> Result:
         src.mkdir()
         for index in range(files):
             (src / f"part-{index:04d}.bin").write_bytes(os.urandom(size // files))
-        publish(tmp / "hub", "rss", src)
+        publish(tmp / "hub", "rss", src, *(["--blobs", blobs] if blobs else []))
         with LocalStack() as stack:
             hub = stack.start_hub(tmp / "hub")
             stack.start_spoke(hub, tmp / "cache", tmp / "mnt", str(cache_size))
@@ -147,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=64, help="files (default 64)")
     parser.add_argument("--cache-size", default="512MiB", help="spoke cache (default 512MiB)")
     parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument("--blobs", help="the hub's blob store, e.g. s3://bucket/blobs")
+    parser.add_argument("--s3-endpoint", help="S3 endpoint URL for --blobs s3://...")
     args = parser.parse_args(argv)
     try:
         size, cache = parse_size(args.size), parse_size(args.cache_size)
@@ -156,9 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.files < 1 or size < args.files:
         print("bench.rss: error: --files must be between 1 and --size bytes", file=sys.stderr)
         return 2
-    result = run(size, args.files, cache)
+    if args.s3_endpoint:  # read by publish and by the hub it starts
+        os.environ["STRATA_HUB_S3_ENDPOINT"] = args.s3_endpoint
+    result = run(size, args.files, cache, args.blobs)
     print(
-        f"dataset {size / MiB:.0f} MiB, cache {cache / MiB:.0f} MiB, read "
+        f"blobs {args.blobs or 'local'}: dataset {size / MiB:.0f} MiB, "
+        f"cache {cache / MiB:.0f} MiB, read "
         f"{result.read_bytes / MiB:.0f} MiB: hub idle {result.hub_idle_mib} MiB, "
         f"peak {result.hub_peak_mib} MiB; spoke (supervisor+daemon+mount) idle "
         f"{result.spoke_idle_mib} MiB, peak {result.spoke_peak_mib} MiB"

@@ -9,7 +9,7 @@ Three steps, each skipped when its output is already there:
    tarball, ``podman import`` turns it into an image;
 2. wheels of Strata and its dependencies, built on this machine by ``pip wheel`` into
    ``CONTEXT/wheels`` (``CONTEXT/wheels-train`` for the trainer: with the ``train`` extra
-   and the CPU build of torch); later runs reuse what is there;
+   and torch, from ``$STRATA_TORCH_INDEX`` if set); later runs reuse what is there;
 3. ``podman build --network=host`` of deploy/Containerfile's ``--target`` stage,
    tagged ``localhost/strata:TAG`` (``localhost/strata-train:TAG`` for the trainer).
 
@@ -22,6 +22,7 @@ missing.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shutil
 import subprocess
@@ -35,7 +36,9 @@ BASE = "localhost/strata-base:bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "fuse3", "ca-certificates")
 MIRROR = "http://deb.debian.org/debian"
 TORCH = "torch==2.13.0"
-TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+"""The trainer's torch, as the Makefile pins it. Where it comes from is pip's own
+configuration; set ``$STRATA_TORCH_INDEX`` (e.g. https://download.pytorch.org/whl/cpu)
+to add an index, so that pip does not pick a multi-GB CUDA build by default."""
 VERSION = "0.1.0"
 
 
@@ -100,7 +103,9 @@ def build_wheels(context: Path, trainer: bool) -> Path:
     args = [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels)]
     args += ["--find-links", str(wheels)]
     if trainer:
-        args += ["--extra-index-url", TORCH_INDEX, f"{REPO}[train]", TORCH]
+        if index := os.environ.get("STRATA_TORCH_INDEX"):
+            args += ["--extra-index-url", index]
+        args += [f"{REPO}[train]", TORCH]
     else:
         args += [str(REPO)]
     _run(args)
