@@ -126,8 +126,8 @@ def test_hub_and_spoke_containers_serve_files(image: str, tmp_path: Path) -> Non
             "--cache-dir=/var/lib/strata/cache", "--cache-size=64MiB",
             "--mount=/mnt/strata/data", f"--admin=127.0.0.1:{admin_port}", "--allow-other",
         ]  # fmt: skip
-        spoke_args = (
-            "--privileged", "--user=0", "--device=/dev/fuse",
+        spoke_args = (  # --pid=host: the DaemonSet's hostPID, which the preStop drain needs
+            "--privileged", "--user=0", "--device=/dev/fuse", "--pid=host",
             "-v", f"{cache}:/var/lib/strata/cache", "-v", f"{root}:/mnt/strata:rshared",
         )  # fmt: skip
         cache.mkdir()
@@ -137,4 +137,12 @@ def test_hub_and_spoke_containers_serve_files(image: str, tmp_path: Path) -> Non
             assert (root / "data" / "demo" / "latest").resolve().name == "v1"
             ready = httpx.get(f"http://127.0.0.1:{admin_port}/readyz", timeout=10)
             assert ready.status_code == 200, ready.text
+            # the preStop hook, inside the image: this process's open file keeps it waiting
+            drain = ["exec", spoke, "python3", "-m", "deploy.drain", "--mount=/mnt/strata/data"]
+            with open(root / "data" / "demo" / "v1" / "big.bin", "rb") as held:
+                held.read(10)
+                busy = _podman(*drain, "--timeout=0.5", "--interval=0.1")
+            assert busy.returncode == 1 and f"pid {os.getpid()} " in busy.stderr, busy.stderr
+            idle = _podman(*drain, "--timeout=0")
+            assert idle.returncode == 0 and "is idle" in idle.stderr, idle.stderr
         assert not is_mounted(root / "data"), "a stopped spoke container unmounts"
