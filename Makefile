@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.strata-installed
 TORCH  := torch==2.13.0
 
-.PHONY: demo test check pytest system-deps bench bench-deps setup gen clean
+.PHONY: demo test check pytest system-deps deploy-deps bench bench-deps setup gen clean
 
 demo: $(STAMP)
 	$(BIN)/strata-demo
@@ -25,7 +25,7 @@ check: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-pytest: $(STAMP)
+pytest: $(STAMP) deploy-deps
 	$(BIN)/pytest
 
 setup: $(STAMP)
@@ -41,6 +41,24 @@ bench: $(STAMP) bench-deps
 bench-deps:
 	@missing=; for tool in fio rclone httpdirfs; do \
 	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  echo "installing Debian packages:$$missing"; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+# Debian packages the deploy checks run (tests/deploy): promtool and prometheus, and
+# systemd-analyze; with STRATA_DEPLOY_TESTS=1 (.ci/run) also what builds and runs the
+# container image. Installed only when missing.
+DEPLOY_TOOLS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd
+ifeq ($(STRATA_DEPLOY_TESTS),1)
+DEPLOY_TOOLS += podman:podman buildah:buildah mmdebstrap:mmdebstrap runc:runc
+endif
+deploy-deps:
+	@missing=; for pair in $(DEPLOY_TOOLS); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

@@ -1,13 +1,15 @@
 """The blob store interface against both backends, and a hub whose blocks live in S3.
 
-The S3 side runs against a real S3-compatible server (moto in server mode) that the
-tests start on 127.0.0.1 with port 0.
+The S3 side runs against two S3-compatible servers the tests start on 127.0.0.1: moto
+in server mode (quick, but it accepts any credentials) and SeaweedFS, a real object
+store that enforces them (tests/integration/seaweedfs.py).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,36 +20,55 @@ from hub.blobstore import BlobStore, LocalBlobStore, S3BlobStore, open_blob_stor
 from hub.blocks import block_digest
 from hub.catalog import Catalog
 from hub.cli import main
-from hub.errors import BlockNotFound, ConfigError, CorruptBlob, InvalidDigest
+from hub.errors import BlockNotFound, ConfigError, CorruptBlob, InvalidDigest, StorageError
 from hub.gc import collect
 from hub.publish import publish
 from hub.server import ServerConfig, ServerThread
 from hub.verify import verify
 from protocol.hub.v1 import hub_pb2_grpc
 from tests.integration.hub_support import (
+    S3_ENV,
     S3Server,
     manifest,
     read_all,
-    s3_server_fixture,  # noqa: F401  (the s3_server fixture)
+    s3_server_fixture,  # noqa: F401  (the s3_server fixture: moto)
     write_tree,
 )
+from tests.integration.seaweedfs import seaweedfs_fixture  # noqa: F401  (seaweedfs)
 
 _buckets = itertools.count()
 
 
+def _s3(request: pytest.FixtureRequest, backend: str, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    for key, value in S3_ENV.items():  # the credentials both servers know
+        monkeypatch.setenv(key, value)
+    server: S3Server = request.getfixturevalue(
+        {"moto": "s3_server", "seaweedfs": "seaweedfs"}[backend]
+    )
+    return server
+
+
+@pytest.fixture(params=["moto", "seaweedfs"])
+def s3(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """An S3-compatible server: moto, then SeaweedFS."""
+    return _s3(request, request.param, monkeypatch)
+
+
 @pytest.fixture
-def bucket(s3_server: S3Server) -> str:
-    return s3_server.bucket(f"strata-{os.getpid()}-{next(_buckets)}")
+def bucket(s3: S3Server) -> str:
+    return s3.bucket(f"strata-{os.getpid()}-{next(_buckets)}")
 
 
-@pytest.fixture(params=["local", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobStore]:
+@pytest.fixture(params=["local", "moto", "seaweedfs"])
+def store(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[BlobStore]:
     if request.param == "local":
         yield LocalBlobStore(tmp_path / "blobs")
     else:
-        s3: S3Server = request.getfixturevalue("s3_server")
-        url = s3.bucket(f"contract-{os.getpid()}-{next(_buckets)}")
-        yield S3BlobStore(url, endpoint_url=s3.endpoint)
+        server = _s3(request, request.param, monkeypatch)
+        url = server.bucket(f"contract-{os.getpid()}-{next(_buckets)}")
+        yield S3BlobStore(url, endpoint_url=server.endpoint)
 
 
 def test_blob_store_contract(store: BlobStore) -> None:
@@ -85,18 +106,18 @@ def test_bad_store_urls(url: str) -> None:
         open_blob_store(url)
 
 
-def test_a_hub_on_s3(tmp_path: Path, s3_server: S3Server, bucket: str) -> None:
+def test_a_hub_on_s3(tmp_path: Path, s3: S3Server, bucket: str) -> None:
     data = tmp_path / "data"
     files = {"same.bin": os.urandom(5000), "edit.bin": os.urandom(3000)}
     src = write_tree(tmp_path / "src", files)
-    first = publish(data, "f3", src, block_size=1024, blobs=bucket, s3_endpoint=s3_server.endpoint)
+    first = publish(data, "f3", src, block_size=1024, blobs=bucket, s3_endpoint=s3.endpoint)
     assert (first.new_blocks, first.new_bytes) == (8, 8000)
     assert not (data / "blobs").exists(), "no block was written locally"
     (src / "edit.bin").write_bytes(os.urandom(3000))
     # The catalog remembers the store: no --blobs needed from now on.
-    second = publish(data, "f3", src, block_size=1024, s3_endpoint=s3_server.endpoint)
+    second = publish(data, "f3", src, block_size=1024, s3_endpoint=s3.endpoint)
     assert (second.new_blocks, second.new_bytes) == (3, 3000)
-    config = ServerConfig(s3_endpoint=s3_server.endpoint)
+    config = ServerConfig(s3_endpoint=s3.endpoint)
     with (
         ServerThread(data, config=config) as server,
         grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel,
@@ -106,7 +127,7 @@ def test_a_hub_on_s3(tmp_path: Path, s3_server: S3Server, bucket: str) -> None:
             blocks = read_all(stub, [block.digest for block in entry.blocks])
             content = b"".join(blocks[block.digest] for block in entry.blocks)
             assert content == (src / name).read_bytes()
-    store = S3BlobStore(bucket, endpoint_url=s3_server.endpoint)
+    store = S3BlobStore(bucket, endpoint_url=s3.endpoint)
     with Catalog(data / "catalog") as catalog:
         catalog.revoke("f3", "v1")
         assert collect(catalog, store).blobs_deleted == 3
@@ -115,10 +136,10 @@ def test_a_hub_on_s3(tmp_path: Path, s3_server: S3Server, bucket: str) -> None:
 
 
 def test_cli_with_s3(
-    tmp_path: Path, s3_server: S3Server, bucket: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, s3: S3Server, bucket: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data, src = str(tmp_path / "data"), str(write_tree(tmp_path / "src", {"a": b"abc"}))
-    endpoint = ["--s3-endpoint", s3_server.endpoint]
+    endpoint = ["--s3-endpoint", s3.endpoint]
     assert main(["publish", "--data-dir", data, "f3", src, "--blobs", bucket, *endpoint]) == 0
     assert main(["verify", "--data-dir", data, "f3", "v1", "--blocks", *endpoint]) == 0
     assert capsys.readouterr().out.endswith("ok, 1 blocks\n")
@@ -126,3 +147,36 @@ def test_cli_with_s3(
     assert "scanned 1 blobs, deleted 0" in capsys.readouterr().err
     assert main(["publish", "--data-dir", data, "f3", src, "--blobs", "elsewhere"]) == 2
     assert "keeps its blocks in s3://" in capsys.readouterr().err
+
+
+def test_seaweedfs_refuses_wrong_credentials(
+    tmp_path: Path,
+    seaweedfs: S3Server,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A real object store checks signatures (moto does not): a wrong secret or an unknown
+    key is a clear StorageError and a one-line CLI error, and nothing is written."""
+    for key, value in S3_ENV.items():
+        monkeypatch.setenv(key, value)
+    url = seaweedfs.bucket(f"guarded-{os.getpid()}-{next(_buckets)}")
+    good = S3BlobStore(url, endpoint_url=seaweedfs.endpoint)
+    data = b"guarded block"
+    good.put(block_digest(data), data)
+    for key, value in (("AWS_SECRET_ACCESS_KEY", "wrong-secret"), ("AWS_ACCESS_KEY_ID", "nobody")):
+        monkeypatch.setenv(key, value)
+        bad = S3BlobStore(url, endpoint_url=seaweedfs.endpoint)
+        with pytest.raises(StorageError, match=re.escape(url)):
+            bad.read(block_digest(data))
+        with pytest.raises(StorageError, match=re.escape(url)):
+            bad.put(block_digest(b"intruder"), b"intruder")
+        with pytest.raises(StorageError, match=re.escape(url)):
+            list(bad.iter_digests())
+        src = write_tree(tmp_path / f"src-{key}", {"a": b"abc"})
+        data_dir = str(tmp_path / f"data-{key}")
+        args = ["publish", "--data-dir", data_dir, "f3", str(src), "--blobs", url]
+        assert main([*args, "--s3-endpoint", seaweedfs.endpoint]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("strata-hub: error:") and err.count("\n") == 1, err
+        monkeypatch.setenv(key, S3_ENV[key])
+    assert list(good.iter_digests()) == [block_digest(data)], "nothing else was written"

@@ -1,0 +1,128 @@
+"""Wait until no other process has a file open on a mount: the spoke pod's preStop hook.
+
+    python -m deploy.drain --mount /mnt/strata/data [--timeout 3500] [--interval 5]
+
+A spoke that stops unmounts its FUSE mount; every file a training job still has open on
+it then fails with ``ENOTCONN`` (DESIGN.md, "Process model"). Kubernetes runs a pod's
+preStop hook before it sends SIGTERM, so the spoke DaemonSet runs this first: it polls
+``/proc/*/fd`` and ``/proc/*/cwd`` of every process it can see (the pod runs with
+``hostPID: true``, so that is every process on the node) and returns once none of them
+holds a file or a working directory on the mount (the spoke's own processes never do:
+nothing in them touches the mountpoint). A file is
+on the mount when ``stat`` of the descriptor gives the mount's device number, which does
+not depend on where the mount appears in the other process's mount namespace.
+
+Exit status: 0 when the mount is idle (or not mounted: nothing to protect); 1 when
+``--timeout`` seconds pass first (the busy processes are listed on stderr; Kubernetes
+then stops the spoke anyway, at the end of ``terminationGracePeriodSeconds``); 2 for
+bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PROG = "deploy.drain"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process with something open on the mount."""
+
+    pid: int
+    command: str
+    path: str
+
+
+def _entries(pid: int) -> Iterator[Path]:
+    yield Path(f"/proc/{pid}/cwd")
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return
+    for name in names:
+        yield Path(f"/proc/{pid}/fd/{name}")
+
+
+def holders(mount: Path, exclude: set[int]) -> list[Holder]:
+    """Processes other than ``exclude`` with a descriptor or cwd on ``mount``'s device.
+
+    Raises:
+        OSError: ``mount`` cannot be stat'ed.
+    """
+    device = os.stat(mount).st_dev
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        pid = int(entry)
+        for link in _entries(pid):
+            try:
+                if os.stat(link).st_dev != device:
+                    continue
+                target = os.readlink(link)
+                command = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:  # gone, or a descriptor we may not follow
+                continue
+            found.append(Holder(pid, command, target))
+            break
+    return found
+
+
+def _mounted(mount: Path) -> bool:
+    try:
+        return os.path.ismount(mount)
+    except OSError:  # a dead FUSE mount: ENOTCONN — nothing left to protect
+        return False
+
+
+def drain(mount: Path, timeout: float, interval: float) -> list[Holder]:
+    """Polls :func:`holders` until none are left or ``timeout`` seconds pass.
+
+    Returns:
+        The holders at the end: empty when the mount became idle (or is not mounted).
+    """
+    deadline = time.monotonic() + timeout
+    exclude = {os.getpid()}
+    while True:
+        if not _mounted(mount):
+            return []
+        try:
+            busy = holders(mount, exclude)
+        except OSError:
+            return []
+        if not busy or time.monotonic() >= deadline:
+            return busy
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__)
+    parser.add_argument("--mount", type=Path, required=True, help="the spoke's mountpoint")
+    parser.add_argument("--timeout", type=float, default=3500.0, help="seconds (3500)")
+    parser.add_argument("--interval", type=float, default=5.0, help="poll period, s (5)")
+    args = parser.parse_args(argv)
+    if args.timeout < 0 or args.interval <= 0:
+        print(f"{PROG}: error: --timeout must be >= 0 and --interval > 0", file=sys.stderr)
+        return 2
+    busy = drain(args.mount, args.timeout, args.interval)
+    if busy:
+        for holder in busy:
+            print(
+                f"{PROG}: pid {holder.pid} ({holder.command}) still has {holder.path} open",
+                file=sys.stderr,
+            )
+        print(f"{PROG}: {args.mount} still busy after {args.timeout:.0f} s", file=sys.stderr)
+        return 1
+    print(f"{PROG}: {args.mount} is idle", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

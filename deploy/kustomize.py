@@ -1,0 +1,234 @@
+"""Render deploy/k8s overlays without kubectl: the subset of kustomize they use.
+
+    python -m deploy.kustomize deploy/k8s/overlays/gpu-region > gpu-region.yaml
+
+``kubectl kustomize`` is the reference; this renderer exists so that ``make test`` can
+render and validate the manifests on a machine without kubectl, and a test checks that
+both give the same objects where kubectl is present. It understands exactly the fields
+Strata's kustomizations use (https://kubectl.docs.kubernetes.io/references/kustomize/
+kustomization/) and refuses any other with :class:`KustomizeError`, so it can never
+silently render something different:
+
+* ``resources``: YAML files (one or more documents) and directories holding a
+  ``kustomization.yaml``, rendered first, in order;
+* ``namespace``: set on every namespaced object;
+* ``labels``: ``pairs`` added to each object's ``metadata.labels`` (neither selectors
+  nor templates: ``includeSelectors``/``includeTemplates`` false);
+* ``images``: ``newName``/``newTag``/``digest`` for containers whose image name matches;
+* ``secretGenerator``: ``files`` (``key=path`` or ``path``), ``envs`` and ``literals``,
+  with ``generatorOptions.disableNameSuffixHash: true`` (the hash suffix is not done);
+* ``patches``: RFC 6902 JSON patches (add, replace, remove) on a target kind and name.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+Obj = dict[str, Any]
+
+KNOWN_FIELDS = {
+    "apiVersion",
+    "kind",
+    "resources",
+    "namespace",
+    "labels",
+    "images",
+    "secretGenerator",
+    "generatorOptions",
+    "patches",
+}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "PersistentVolume",
+    "PriorityClass",
+    "StorageClass",
+}
+
+
+class KustomizeError(ValueError):
+    """A kustomization this renderer cannot render (the message says what and where)."""
+
+
+def _load_yaml(path: Path) -> list[Obj]:
+    try:
+        docs = list(yaml.safe_load_all(path.read_text()))
+    except (OSError, yaml.YAMLError) as exc:
+        raise KustomizeError(f"{path}: {exc}") from exc
+    return [doc for doc in docs if doc is not None]
+
+
+def _read(base: Path, name: str) -> bytes:
+    path = base / name
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise KustomizeError(f"{path}: {exc.strerror}") from exc
+
+
+def _secret(base: Path, spec: Obj) -> Obj:
+    data: dict[str, str] = {}
+    for entry in spec.get("files", []):
+        key, _, name = entry.rpartition("=")
+        data[key or Path(name).name] = base64.b64encode(_read(base, name)).decode()
+    for env in spec.get("envs", []):
+        for line in _read(base, env).decode().splitlines():
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise KustomizeError(f"{base / env}: {line!r} is not KEY=VALUE")
+            data[key] = base64.b64encode(value.encode()).decode()
+    for literal in spec.get("literals", []):
+        key, _, value = literal.partition("=")
+        data[key] = base64.b64encode(value.encode()).decode()
+    unknown = set(spec) - {"name", "files", "envs", "literals", "type"}
+    if unknown:
+        raise KustomizeError(f"{base}: secretGenerator fields not supported: {sorted(unknown)}")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": spec["name"]},
+        "type": spec.get("type", "Opaque"),
+        "data": dict(sorted(data.items())),
+    }
+
+
+def _pointer(doc: Any, path: str) -> tuple[Any, str | int]:
+    """The parent container of an RFC 6901 pointer and the last token."""
+    tokens = [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
+    if not tokens:
+        raise KustomizeError(f"patch path {path!r} names the whole object")
+    for token in tokens[:-1]:
+        doc = doc[int(token)] if isinstance(doc, list) else doc[token]
+    last = tokens[-1]
+    return doc, (len(doc) if last == "-" else int(last)) if isinstance(doc, list) else last
+
+
+def _json_patch(obj: Obj, ops: list[Obj]) -> None:
+    """Applies RFC 6902 ``add``/``replace``/``remove`` operations in place."""
+    for op in ops:
+        try:
+            parent, key = _pointer(obj, op["path"])
+            if op["op"] == "add" and isinstance(parent, list):
+                parent.insert(int(key), op["value"])
+            elif op["op"] in ("add", "replace"):
+                if op["op"] == "replace":
+                    _ = parent[key]  # replace needs an existing target: KeyError, IndexError
+                parent[key] = op["value"]
+            elif op["op"] == "remove":
+                del parent[key]
+            else:
+                raise KustomizeError(f"patch op {op['op']!r} not supported")
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            raise KustomizeError(f"patch {op} does not apply: {exc!r}") from exc
+
+
+def _containers(node: Any) -> Iterator[Obj]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("containers", "initContainers") and isinstance(value, list):
+                yield from (c for c in value if isinstance(c, dict))
+            else:
+                yield from _containers(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _containers(item)
+
+
+def _set_images(obj: Obj, images: list[Obj]) -> None:
+    for container in _containers(obj):
+        image = container.get("image", "")
+        name = image.split("@")[0]
+        if ":" in name.rpartition("/")[2]:
+            name = name.rpartition(":")[0]
+        for rule in images:
+            if rule["name"] != name:
+                continue
+            new = rule.get("newName", name)
+            if "digest" in rule:
+                container["image"] = f"{new}@{rule['digest']}"
+            elif "newTag" in rule:
+                container["image"] = f"{new}:{rule['newTag']}"
+            else:
+                container["image"] = image.replace(name, new, 1)
+
+
+def render(directory: Path) -> list[Obj]:
+    """The objects ``kubectl kustomize DIRECTORY`` would print (see the module docstring).
+
+    Raises:
+        KustomizeError: a field or form this renderer does not support, a missing file,
+            or a patch that does not apply.
+    """
+    path = directory / "kustomization.yaml"
+    docs = _load_yaml(path)
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        raise KustomizeError(f"{path}: expected one mapping")
+    spec: Obj = docs[0]
+    unknown = set(spec) - KNOWN_FIELDS
+    if unknown:
+        raise KustomizeError(f"{path}: fields not supported: {sorted(unknown)}")
+    objects: list[Obj] = []
+    for entry in spec.get("resources", []):
+        target = directory / entry
+        objects.extend(render(target) if target.is_dir() else _load_yaml(target))
+    if spec.get("secretGenerator"):
+        if not spec.get("generatorOptions", {}).get("disableNameSuffixHash"):
+            raise KustomizeError(f"{path}: name suffix hashes not supported")
+        objects.extend(_secret(directory, s) for s in spec["secretGenerator"])
+    objects = copy.deepcopy(objects)
+    for patch in spec.get("patches", []):
+        target = patch.get("target", {})
+        ops = yaml.safe_load(patch["patch"])
+        if set(target) - {"kind", "name"} or not isinstance(ops, list):
+            raise KustomizeError(f"{path}: only JSON patches on a kind and name are supported")
+        matched = [
+            o
+            for o in objects
+            if o.get("kind") == target.get("kind", o.get("kind"))
+            and o["metadata"]["name"] == target.get("name", o["metadata"]["name"])
+        ]
+        if not matched:
+            raise KustomizeError(f"{path}: patch target {target} matches nothing")
+        for obj in matched:
+            _json_patch(obj, ops)
+    for obj in objects:
+        meta = obj.setdefault("metadata", {})
+        if "namespace" in spec and obj.get("kind") not in CLUSTER_SCOPED:
+            meta["namespace"] = spec["namespace"]
+        for label in spec.get("labels", []):
+            if label.get("includeSelectors") or label.get("includeTemplates"):
+                raise KustomizeError(f"{path}: labels on selectors/templates not supported")
+            meta.setdefault("labels", {}).update(label["pairs"])
+        _set_images(obj, spec.get("images", []))
+    return objects
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m deploy.kustomize DIR``: print the rendered objects as YAML documents."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m deploy.kustomize DIR", file=sys.stderr)
+        return 2
+    try:
+        objects = render(Path(args[0]))
+    except KustomizeError as exc:
+        print(f"deploy.kustomize: error: {exc}", file=sys.stderr)
+        return 2
+    yaml.safe_dump_all(objects, sys.stdout, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Render deploy/k8s overlays for tests: secrets made fresh, kubectl where present."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from deploy.kustomize import render
+from tests.conftest import REPO_ROOT
+from tests.integration.hub_support import CertificateAuthority
+
+K8S = REPO_ROOT / "deploy" / "k8s"
+OVERLAYS = ("hub-region", "gpu-region")
+
+Obj = dict[str, Any]
+
+
+def make_secrets(root: Path) -> None:
+    """The secret files each overlay's secretGenerator reads, as an operator makes them
+    (docs/deploy.md): a CA, the hub's server certificate, a spoke client certificate,
+    tokens and S3 credentials."""
+    pki = root / "pki"
+    pki.mkdir()
+    ca = CertificateAuthority(pki, "strata-ca")
+    hub, spoke = ca.issue("hub", server=True), ca.issue("spoke", server=False)
+    token, admin = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
+    secrets = root / "overlays" / "hub-region" / "secrets"
+    secrets.mkdir()
+    shutil.copy(hub.cert, secrets / "hub.crt")
+    shutil.copy(hub.key, secrets / "hub.key")
+    shutil.copy(ca.pem.cert, secrets / "ca.crt")
+    (secrets / "tokens.yaml").write_text(f'"{token}": ["f3", "f3-*"]\n')
+    (secrets / "s3.env").write_text(
+        "AWS_ACCESS_KEY_ID=strata\nAWS_SECRET_ACCESS_KEY=not-a-real-key\nAWS_DEFAULT_REGION=a\n"
+    )
+    secrets = root / "overlays" / "gpu-region" / "secrets"
+    secrets.mkdir()
+    shutil.copy(ca.pem.cert, secrets / "ca.crt")
+    shutil.copy(spoke.cert, secrets / "spoke.crt")
+    shutil.copy(spoke.key, secrets / "spoke.key")
+    (secrets / "hub-token").write_text(token + "\n")
+    (secrets / "admin-token").write_text(admin + "\n")
+
+
+def copy_tree(tmp: Path) -> Path:
+    """deploy/k8s copied to ``tmp`` with its secret files made; returns the copy."""
+    root = tmp / "k8s"
+    shutil.copytree(K8S, root, ignore=shutil.ignore_patterns("secrets"))
+    make_secrets(root)
+    return root
+
+
+def kubectl_render(directory: Path) -> list[Obj] | None:
+    """``kubectl kustomize DIRECTORY`` parsed, or None when kubectl is not installed."""
+    if shutil.which("kubectl") is None:
+        return None
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def by_key(objects: list[Obj]) -> dict[tuple[str, str, str], Obj]:
+    """Objects by (kind, namespace, name); fails on duplicates."""
+    out: dict[tuple[str, str, str], Obj] = {}
+    for obj in objects:
+        meta = obj["metadata"]
+        key = (obj["kind"], meta.get("namespace", ""), meta["name"])
+        assert key not in out, f"duplicate object {key}"
+        out[key] = obj
+    return out
+
+
+def rendered(root: Path, overlay: str) -> list[Obj]:
+    """The overlay's objects: the Python renderer's (the same as kubectl's, tested)."""
+    return render(root / "overlays" / overlay)

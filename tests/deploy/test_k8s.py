@@ -1,0 +1,288 @@
+"""deploy/k8s: rendered by kustomize, every object valid for Kubernetes (strict), and the
+properties schemas cannot see: mount propagation, the node's disk, probes, no `latest`."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from deploy.kustomize import KustomizeError, render
+from tests.deploy.k8s_support import (
+    OVERLAYS,
+    Obj,
+    by_key,
+    copy_tree,
+    kubectl_render,
+    rendered,
+)
+
+KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")
+"""The oldest Kubernetes the manifests promise to work on, and the newest schema known."""
+
+# The part of prometheus-operator's ServiceMonitor CRD (monitoring.coreos.com/v1,
+# https://prometheus-operator.dev/docs/api-reference/api/#monitoring.coreos.com/v1.ServiceMonitor)
+# the manifests use, strict like kubernetes-validate --strict: kubernetes-validate knows
+# no CRDs, and a typo here would otherwise pass unnoticed.
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+SERVICE_MONITOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "namespace": {"type": "string"},
+                "labels": _STRINGS,
+            },
+        },
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["selector", "endpoints"],
+            "properties": {
+                "selector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"matchLabels": _STRINGS},
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["port"],
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string", "pattern": "^/"},
+                            "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                            "relabelings": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "sourceLabels": {
+                                            "type": "array",
+                                            "items": {"type": "string"},
+                                        },
+                                        "targetLabel": {"type": "string"},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def k8s(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_tree(tmp_path_factory.mktemp("deploy"))
+
+
+@pytest.fixture(scope="module")
+def objects(k8s: Path) -> dict[str, dict[tuple[str, str, str], Obj]]:
+    return {overlay: by_key(rendered(k8s, overlay)) for overlay in OVERLAYS}
+
+
+def validate(obj: Obj, version: str) -> None:
+    """Raises when ``obj`` is not a valid object of its kind (unknown fields included)."""
+    if obj["kind"] == "ServiceMonitor":
+        jsonschema.validate(obj, SERVICE_MONITOR)
+    else:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_python_renderer_matches_kubectl(k8s: Path, overlay: str) -> None:
+    reference = kubectl_render(k8s / "overlays" / overlay)
+    if reference is None:
+        pytest.skip("kubectl is not installed: the Python renderer stands alone")
+    ours = by_key(render(k8s / "overlays" / overlay))
+    assert _decoded(ours) == _decoded(by_key(reference))
+
+
+def _decoded(objects: dict[tuple[str, str, str], Obj]) -> dict[tuple[str, str, str], Obj]:
+    """Secret data as bytes: kubectl folds long base64 lines, which means the same."""
+    out = copy.deepcopy(objects)
+    for obj in out.values():
+        if obj["kind"] == "Secret":
+            obj["data"] = {k: base64.b64decode(v) for k, v in obj["data"].items()}
+    return out
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_is_valid(
+    objects: dict[str, dict[tuple[str, str, str], Obj]], overlay: str, version: str
+) -> None:
+    assert objects[overlay], "the overlay renders to nothing"
+    for key, obj in objects[overlay].items():
+        try:
+            validate(obj, version)
+        except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as exc:
+            pytest.fail(f"{overlay} {key} on {version}: {exc.message}")
+
+
+def _spoke(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> Obj:
+    return objects["gpu-region"][("DaemonSet", "strata", "strata-spoke")]
+
+
+def test_the_validators_reject_a_typo(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
+    """The checks above can fail: a misspelt field and a wrong type are both caught."""
+    spoke = copy.deepcopy(_spoke(objects))
+    mount = spoke["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][1]
+    mount["mountPropogation"] = mount.pop("mountPropagation")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(spoke, KUBERNETES_VERSIONS[-1])
+    monitor = copy.deepcopy(objects["gpu-region"][("ServiceMonitor", "strata", "strata-spoke")])
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(monitor, KUBERNETES_VERSIONS[-1])
+
+
+def test_renderer_refuses_what_it_does_not_know(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text("resources: []\nreplicas: []\n")
+    with pytest.raises(KustomizeError, match="replicas"):
+        render(tmp_path)
+
+
+def _containers(obj: Obj) -> list[Obj]:
+    spec = obj.get("spec", {}).get("template", {}).get("spec", {})
+    return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+def _flag(args: list[str], name: str) -> str:
+    values = [a.partition("=")[2] for a in args if a.startswith(f"{name}=")]
+    assert len(values) == 1, f"{name} given {len(values)} times in {args}"
+    return values[0]
+
+
+def _mount_for(container: Obj, pod: Obj, path: str) -> tuple[Obj, Obj]:
+    """The volumeMount holding ``path`` (the deepest) and its volume."""
+    mounts = [m for m in container["volumeMounts"] if (path + "/").startswith(m["mountPath"] + "/")]
+    assert mounts, f"{path} is on no volume: it would be in the container's overlay"
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    return mount, volume
+
+
+def test_spoke_daemonset(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
+    pod = _spoke(objects)["spec"]["template"]["spec"]
+    (spoke,) = pod["containers"]
+    (init,) = pod["initContainers"]
+    args = spoke["args"]
+    assert spoke["securityContext"]["privileged"] is True, "Bidirectional needs privileged"
+    assert spoke["securityContext"]["runAsUser"] == 0, "the image's own user is not root"
+    cache_mount, cache_volume = _mount_for(spoke, pod, _flag(args, "--cache-dir"))
+    assert "hostPath" in cache_volume, "the cache must be on the node's own disk"
+    assert "mountPropagation" not in cache_mount
+    mountpoint = _flag(args, "--mount")
+    root_mount, root_volume = _mount_for(spoke, pod, mountpoint)
+    assert root_mount["mountPropagation"] == "Bidirectional"
+    assert root_mount["mountPath"] != mountpoint, "mount below the shared root, not on it"
+    assert root_volume["hostPath"]["path"] == "/mnt/strata"
+    init_mount, init_volume = _mount_for(init, pod, mountpoint)
+    assert init_volume is root_volume and init_mount["mountPropagation"] == "Bidirectional"
+    assert init["command"][-1].endswith(f"mkdir -p {mountpoint}"), "the spoke needs its mountpoint"
+    _, fuse_volume = _mount_for(spoke, pod, "/dev/fuse")
+    assert fuse_volume["hostPath"] == {"path": "/dev/fuse", "type": "CharDevice"}
+    assert spoke["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert spoke["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    admin_port = int(_flag(args, "--admin").rpartition(":")[2])
+    ports = {p["name"]: p["containerPort"] for p in spoke["ports"]}
+    assert ports[spoke["readinessProbe"]["httpGet"]["port"]] == admin_port
+    pre_stop = spoke["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[:3] == ["python3", "-m", "deploy.drain"]
+    assert _flag(pre_stop, "--mount") == mountpoint, "the drain watches the spoke's mount"
+    assert pod["hostPID"] is True, "the drain must see the training pods' processes"
+    assert float(_flag(pre_stop, "--timeout")) < pod["terminationGracePeriodSeconds"]
+    assert not any(a.startswith("--hub=") and "example" in a for a in args)
+
+
+def test_training_job_reads_the_mount(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
+    spoke_pod = _spoke(objects)["spec"]["template"]["spec"]
+    (spoke,) = spoke_pod["containers"]
+    spoke_mount = _flag(spoke["args"], "--mount")
+    root_mount, root_volume = _mount_for(spoke, spoke_pod, spoke_mount)
+    job = objects["gpu-region"][("Job", "strata", "strata-train-f3")]
+    pod = job["spec"]["template"]["spec"]
+    (train,) = pod["containers"]
+    assert train["command"] == ["torchrun"]
+    data = _flag(train["args"], "--data")
+    mount, volume = _mount_for(train, pod, data)
+    assert mount["mountPropagation"] == "HostToContainer"
+    assert mount.get("readOnly") is True
+    assert volume["hostPath"]["path"] == root_volume["hostPath"]["path"]
+    # the same file, seen from the node: under the spoke's mountpoint
+    node_path = root_volume["hostPath"]["path"] + data.removeprefix(mount["mountPath"])
+    spoke_node_mount = root_volume["hostPath"]["path"] + spoke_mount.removeprefix(
+        root_mount["mountPath"]
+    )
+    assert node_path.startswith(spoke_node_mount + "/")
+    assert "privileged" not in train.get("securityContext", {})
+
+
+def test_hub_deployment(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
+    hub_objects = objects["hub-region"]
+    deployment = hub_objects[("Deployment", "strata", "strata-hub")]
+    assert deployment["spec"]["strategy"]["type"] == "Recreate", "one catalog writer"
+    pod = deployment["spec"]["template"]["spec"]
+    (hub,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in hub["env"]}
+    assert env["STRATA_HUB_BLOBS"].startswith("s3://")
+    secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    secrets |= {e["secretRef"]["name"] for e in hub.get("envFrom", [])}
+    for name in secrets:
+        assert ("Secret", "strata", name) in hub_objects, f"Secret {name} is not generated"
+    tls = next(v for v in pod["volumes"] if v["name"] == "tls")
+    files = hub_objects[("Secret", "strata", tls["secret"]["secretName"])]["data"]
+    tls_mount, _ = _mount_for(hub, pod, _flag(hub["args"], "--tls-cert"))
+    for flag in ("--tls-cert", "--tls-key", "--client-ca"):
+        assert _flag(hub["args"], flag).removeprefix(tls_mount["mountPath"] + "/") in files
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert probe in hub
+    service = hub_objects[("Service", "strata", "strata-hub")]
+    ports = {p["name"] for p in hub["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
+    pdb = hub_objects[("PodDisruptionBudget", "strata", "strata-hub")]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels(deployment).items()
+
+
+def pod_labels(obj: Obj) -> dict[str, str]:
+    labels: dict[str, str] = obj["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def test_images_are_pinned_and_resources_set(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    seen = 0
+    for overlay in OVERLAYS:
+        for key, obj in objects[overlay].items():
+            for container in _containers(obj):
+                seen += 1
+                image: str = container["image"]
+                tag = image.rpartition("/")[2].partition(":")[2]
+                assert "@sha256:" in image or re.fullmatch(r"[0-9][\w.-]*", tag), (key, image)
+                assert tag != "latest", (key, image)
+                limits: dict[str, Any] = container["resources"]["limits"]
+                assert "memory" in limits, f"{key} {container['name']} has no memory limit"
+    assert seen == 4

@@ -1,0 +1,100 @@
+"""deploy/systemd: both units pass `systemd-analyze verify` with nothing on stderr (a bad
+value there is only a warning), are sandboxed (`systemd-analyze security --offline`),
+and the spoke's sandbox keeps its mount visible to the host."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+UNITS = REPO_ROOT / "deploy" / "systemd"
+EXPOSURE = {"strata-hub.service": 2.0, "strata-spoke.service": 5.0}
+"""Highest exposure level each unit may have, on systemd's 0 (safe) to 10 scale."""
+MOUNT_NAMESPACE = (
+    "ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "PrivateMounts",
+    "ReadWritePaths", "ReadOnlyPaths", "InaccessiblePaths", "TemporaryFileSystem",
+    "BindPaths", "BindReadOnlyPaths", "ProtectKernelTunables", "ProtectKernelModules",
+    "ProtectKernelLogs", "ProtectControlGroups", "ProtectProc", "MountFlags",
+)  # fmt: skip
+"""Directives that give a service its own mount namespace (systemd.exec(5))."""
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed"
+)
+
+
+@pytest.fixture(scope="module")
+def units(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The units with /opt/strata/bin (where docs/deploy.md installs the venv) pointing at
+    this venv: verify checks that every command it names exists and is executable."""
+    out = tmp_path_factory.mktemp("systemd")
+    for unit in UNITS.glob("*.service"):
+        text = unit.read_text().replace("/opt/strata/bin/", f"{Path(sys.executable).parent}/")
+        (out / unit.name).write_text(text)
+    return out
+
+
+def _analyze(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["systemd-analyze", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_units_verify_cleanly(units: Path) -> None:
+    names = sorted(str(p) for p in units.glob("*.service"))
+    assert [Path(n).name for n in names] == sorted(EXPOSURE)
+    result = _analyze("verify", "--man=no", *names)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_verify_reports_what_it_only_warns_about(units: Path, tmp_path: Path) -> None:
+    """The check above can fail: a misspelt key and a bad value reach stderr (exit 0)."""
+    text = (units / "strata-hub.service").read_text()
+    bad = tmp_path / "strata-hub.service"
+    bad.write_text(
+        text.replace("NoNewPrivileges=yes", "NoNewPrivilege=yes").replace(
+            "ProtectSystem=strict", "ProtectSystem=strickt"
+        )
+    )
+    result = _analyze("verify", "--man=no", str(bad))
+    assert "Unknown key 'NoNewPrivilege'" in result.stderr
+    assert "strickt" in result.stderr
+
+
+@pytest.mark.parametrize("unit", sorted(EXPOSURE))
+def test_units_are_sandboxed(units: Path, unit: str) -> None:
+    threshold = round(EXPOSURE[unit] * 10)  # systemd compares tenths
+    result = _analyze("security", "--offline=yes", f"--threshold={threshold}", str(units / unit))
+    level = re.search(r"Overall exposure level for \S+: ([0-9.]+)", result.stdout)
+    assert level, result.stdout[-500:] + result.stderr
+    assert result.returncode == 0, f"{unit}: exposure {level.group(1)} > {EXPOSURE[unit]}"
+
+
+def _directives(unit: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    joined = unit.read_text().replace("\\\n", " ")
+    for line in joined.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith(("#", "[")):
+            out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def test_spoke_mount_reaches_the_host() -> None:
+    spoke = _directives(UNITS / "strata-spoke.service")
+    assert not set(spoke) & set(MOUNT_NAMESPACE), "the FUSE mount would stay in the unit"
+    assert spoke["DeviceAllow"] == ["/dev/fuse rw"] and spoke["DevicePolicy"] == ["closed"]
+    (start,) = spoke["ExecStart"]
+    (stop,) = spoke["ExecStop"]
+    assert "--mount=${STRATA_MOUNT}" in start and "--mount=${STRATA_MOUNT}" in stop
+    assert "deploy.drain" in stop, "stopping waits for open files first"
+    hub = _directives(UNITS / "strata-hub.service")
+    assert hub["DynamicUser"] == ["yes"] and hub["ProtectSystem"] == ["strict"]
+    assert "--data-dir=${STATE_DIRECTORY}" in hub["ExecStart"][0]
