@@ -2,7 +2,7 @@
 
 ```
 strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--port-file PATH]
-                   [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE]
+                   [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE [--insecure]]
                    [--max-message-bytes N] [--grace SECONDS] [--blobs DIR|s3://B/P]
 strata-hub publish --data-dir DIR DATASET SRC_DIR [--tag latest] [--block-size BYTES]
                    [--version vN] [--blobs DIR|s3://B/P]
@@ -12,6 +12,7 @@ strata-hub revoke  --data-dir DIR DATASET VERSION
 strata-hub gc      --data-dir DIR [--dry-run] [--keep-events N] [--stale-after SECONDS]
 strata-hub verify  --data-dir DIR DATASET REF [--blocks]
 strata-hub ls      --data-dir DIR [DATASET] [--all]
+strata-hub token   create|list|revoke|migrate --tokens FILE ...   (see hub/tokencli.py)
 ```
 
 Output contract: ``serve`` prints exactly one line, ``strata-hub: serving DIR on HOST:PORT``
@@ -46,6 +47,7 @@ from hub.gc import STALE_AFTER_SECONDS, collect
 from hub.metrics import HubMetrics, MetricsEndpoint
 from hub.publish import publish as publish_tree
 from hub.server import GRACE_SECONDS, MAX_MESSAGE_BYTES, HubServer, ServerConfig
+from hub.tokencli import token_app
 from hub.verify import verify as verify_version
 
 PROG = "strata-hub"
@@ -58,6 +60,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(token_app)
 
 DataDirOption = Annotated[
     Path,
@@ -181,6 +184,10 @@ def serve(
             'globs (or "*").',
         ),
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option("--insecure", help="Allow --tokens without TLS (tokens travel in cleartext)."),
+    ] = False,
     max_message_bytes: Annotated[
         int,
         typer.Option("--max-message-bytes", help="Largest gRPC message sent or received."),
@@ -202,6 +209,7 @@ def serve(
         tls_key=tls_key,
         client_ca=client_ca,
         tokens=tokens,
+        insecure=insecure,
         max_message_bytes=max_message_bytes,
         blobs=blobs,
         s3_endpoint=s3_endpoint,

@@ -32,7 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[i
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from hub.address import Address
-from hub.auth import TokenTable
+from hub.auth import TokenFile
 from hub.blocks import MiB
 from hub.catalog import Catalog
 from hub.datadir import DataDir
@@ -67,7 +67,9 @@ class ServerConfig:
         tls_key: PEM private key of ``tls_cert``.
         client_ca: PEM CA bundle; when set, clients must present a certificate it
             signed (mutual TLS). Needs ``tls_cert``.
-        tokens: Token file (:mod:`hub.auth`); None serves everyone without tokens.
+        tokens: Token file (:mod:`hub.auth`, re-read on change); None serves everyone
+            without tokens. Refused without TLS unless ``insecure``.
+        insecure: Allow ``tokens`` over plaintext (trusted networks, tests).
         max_message_bytes: Largest gRPC message received or sent, bytes.
         blobs: The blob store (a path or ``s3://BUCKET/PREFIX``); None for the recorded
             one, else ``DATA_DIR/blobs``.
@@ -79,6 +81,7 @@ class ServerConfig:
     tls_key: Path | None = None
     client_ca: Path | None = None
     tokens: Path | None = None
+    insecure: bool = False
     max_message_bytes: int = MAX_MESSAGE_BYTES
     blobs: str | None = None
     s3_endpoint: str | None = None
@@ -256,7 +259,13 @@ class HubServer:
         address = Address.parse(listen)
         layout = DataDir.open(data_dir, create=False)
         credentials = config.credentials()
-        tokens = TokenTable.load(config.tokens) if config.tokens is not None else None
+        tokens = TokenFile(config.tokens) if config.tokens is not None else None
+        if tokens is not None and credentials is None and not config.insecure:
+            raise ConfigError(
+                "--tokens without TLS would send every bearer token in cleartext, readable "
+                "and replayable by anyone on the path: add --tls-cert/--tls-key, or "
+                "--insecure to allow it on a trusted network"
+            )
         check_bindable(address)
         metrics = metrics if metrics is not None else HubMetrics()
         catalog = Catalog(layout.catalog_path, create=True)

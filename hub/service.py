@@ -33,7 +33,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from hub.auth import ANONYMOUS, Principal, TokenTable
+from hub.auth import ANONYMOUS, Principal, TokenFile, TokenTable
 from hub.blobstore import BlobStore
 from hub.blocks import MiB
 from hub.catalog import Catalog, Snapshot, Tag
@@ -409,7 +409,7 @@ class HubService(hub_pb2_grpc.HubServicer):
         metrics: HubMetrics | None = None,
         chunk_bytes: int = CHUNK_BYTES,
         *,
-        tokens: TokenTable | None = None,
+        tokens: TokenTable | TokenFile | None = None,
         watcher: CatalogWatcher | None = None,
     ) -> None:
         if chunk_bytes < 1:

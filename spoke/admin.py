@@ -6,7 +6,9 @@ errors map to HTTP statuses here and nowhere else, always with a JSON body
 ``{"detail": "..."}``: unknown dataset, ref, job or pin → 404; a request that is well formed
 but names something invalid (a ``..`` glob, a path that is not in the snapshot) → 400;
 a malformed body (FastAPI's own validation) → 422 with its list of problems;
-a pin that cannot fit → 409; hub unreachable with nothing usable cached → 503.
+a pin that cannot fit → 409; a dataset the hub token may not read → 403; a manifest that
+does not hash to its snapshot id → 502; hub unreachable (or refusing this spoke's token or
+certificate) with nothing usable cached → 503.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
-from spoke.errors import HubUnavailable, InvalidRequest, NotFound, SpokeError
+from spoke.errors import (
+    AccessDenied,
+    CorruptManifest,
+    HubUnavailable,
+    InvalidRequest,
+    NotFound,
+    SpokeError,
+)
 from spoke.fetcher import Fetcher
 from spoke.pins import PinRegistry
 from spoke.prefetch import HintService
@@ -115,6 +124,8 @@ _HTTP_STATUS: tuple[tuple[type[SpokeError], int], ...] = (
     (NotFound, 404),
     (InvalidRequest, 400),
     (CapacityError, 409),
+    (AccessDenied, 403),
+    (CorruptManifest, 502),
     (HubUnavailable, 503),
 )
 
@@ -183,8 +194,10 @@ def create_app(
     errors: dict[int | str, dict[str, Any]] = {
         400: {"model": ErrorBody, "description": "invalid paths or arguments"},
         401: {"model": ErrorBody, "description": "missing or wrong token"},
+        403: {"model": ErrorBody, "description": "the hub's token may not read the dataset"},
         404: {"model": ErrorBody, "description": "unknown dataset, ref, job or pin"},
         409: {"model": ErrorBody, "description": "does not fit beside existing pins"},
+        502: {"model": ErrorBody, "description": "the hub sent a manifest that fails its id"},
         503: {"model": ErrorBody, "description": "hub unreachable and nothing usable cached"},
     }
 
@@ -314,7 +327,9 @@ def create_app(
         problems = []
         if mount is not None and not is_mounted(mount):
             problems.append(f"mount {mount} is not up")
-        if not hub_up and len(cache) == 0:
+        if fetcher.hub.refused is not None:
+            problems.append(fetcher.hub.refused)
+        elif not hub_up and len(cache) == 0:
             problems.append(f"hub {fetcher.hub.target} unreachable and the cache is empty")
         if not problems:
             return {"status": "ready", "hub_up": hub_up, "mount": str(mount) if mount else None}

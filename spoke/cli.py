@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from spoke.config import SpokeSettings
+from spoke.config import CONFIG_ENV, SpokeSettings
 from spoke.supervisor import StartupError, Supervisor
 
 app = typer.Typer(
@@ -48,7 +49,36 @@ DeadlineOpt = Annotated[
 LogOpt = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR")]
 TokenOpt = Annotated[
     Path | None,
-    typer.Option("--admin-token-file", help="file with the admin API's bearer token"),
+    typer.Option(
+        "--admin-token-file",
+        help="file with the admin API's bearer token (default: made at first start, "
+        "CACHE_DIR/admin.token)",
+    ),
+]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", help=f"TOML file of settings (or ${CONFIG_ENV}); flags win"),
+]
+HubCaOpt = Annotated[
+    Path | None, typer.Option("--hub-ca", help="PEM CA bundle the hub's certificate is from")
+]
+HubNameOpt = Annotated[
+    str | None,
+    typer.Option("--hub-server-name", help="name in the hub's certificate, if not its host"),
+]
+HubCertOpt = Annotated[
+    Path | None, typer.Option("--hub-cert", help="PEM client certificate for mutual TLS")
+]
+HubKeyOpt = Annotated[Path | None, typer.Option("--hub-key", help="PEM key of --hub-cert")]
+HubTokenOpt = Annotated[
+    Path | None, typer.Option("--hub-token-file", help="file with the hub's bearer token")
+]
+HubTlsOpt = Annotated[
+    bool | None, typer.Option("--hub-tls", help="TLS to the hub with the system's CA roots")
+]
+HubInsecureOpt = Annotated[
+    bool | None,
+    typer.Option("--hub-insecure", help="allow a hub token without TLS (trusted networks only)"),
 ]
 
 
@@ -57,14 +87,23 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _settings(**values: object) -> SpokeSettings:
+def _settings(config: Path | None = None, **values: object) -> SpokeSettings:
+    """Settings from the flags given (None: not given), the environment and the config file."""
+    if config is not None:
+        if not config.is_file():
+            _fail(f"--config {config}: no such file")
+        os.environ[CONFIG_ENV] = str(config)
     try:
-        return SpokeSettings(**values)  # type: ignore[arg-type]
+        return SpokeSettings(**{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]).replace("_", "-")
         message = str(first["msg"]).removeprefix("Value error, ")
+        if not where:
+            _fail(message)
         _fail(message if message.startswith("--") else f"--{where}: {message}")
+    except (OSError, ValueError) as err:  # an unreadable or malformed config file
+        _fail(f"config file {os.environ.get(CONFIG_ENV)}: {err}")
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -80,24 +119,47 @@ def _logging(level: str, who: str) -> None:
 
 @app.command()
 def run(
-    hub: HubOpt,
-    cache_dir: CacheDirOpt,
-    cache_size: CacheSizeOpt,
-    mount: Annotated[Path, typer.Option("--mount", help="mountpoint (an existing directory)")],
-    admin: AdminOpt = "127.0.0.1:7878",
-    policy: PolicyOpt = "arc",
-    miss_deadline: DeadlineOpt = 60.0,
+    hub: Annotated[str | None, typer.Option("--hub", help="the hub's HOST:PORT")] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option("--cache-dir", help="block cache directory")
+    ] = None,
+    cache_size: Annotated[
+        str | None, typer.Option("--cache-size", help="most bytes of blocks kept, e.g. 10GiB")
+    ] = None,
+    mount: Annotated[
+        Path | None, typer.Option("--mount", help="mountpoint (an existing directory)")
+    ] = None,
+    admin: Annotated[
+        str | None,
+        typer.Option("--admin", help="admin API HOST:PORT, default 127.0.0.1:7878 (0: any port)"),
+    ] = None,
+    policy: Annotated[
+        str | None, typer.Option("--policy", help="eviction policy: arc, lru")
+    ] = None,
+    miss_deadline: Annotated[
+        float | None,
+        typer.Option("--miss-deadline", help="seconds a miss may wait for the hub (60), then EIO"),
+    ] = None,
     allow_other: Annotated[
-        bool, typer.Option("--allow-other", help="let other users read the mount")
-    ] = False,
+        bool | None, typer.Option("--allow-other", help="let other users read the mount")
+    ] = None,
     read_ahead_kb: Annotated[
-        int, typer.Option("--read-ahead-kb", help="kernel readahead of the mount, KiB")
-    ] = 1024,
+        int | None, typer.Option("--read-ahead-kb", help="kernel readahead of the mount, KiB")
+    ] = None,
     admin_token_file: TokenOpt = None,
+    hub_ca: HubCaOpt = None,
+    hub_server_name: HubNameOpt = None,
+    hub_cert: HubCertOpt = None,
+    hub_key: HubKeyOpt = None,
+    hub_token_file: HubTokenOpt = None,
+    hub_tls: HubTlsOpt = None,
+    hub_insecure: HubInsecureOpt = None,
+    config: ConfigOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Start the spoke daemon and its mount; stop both on SIGINT/SIGTERM."""
     settings = _settings(
+        config,
         hub=hub,
         cache_dir=cache_dir,
         cache_size=cache_size,
@@ -108,6 +170,13 @@ def run(
         allow_other=allow_other,
         read_ahead_kb=read_ahead_kb,
         admin_token_file=admin_token_file,
+        hub_ca=hub_ca,
+        hub_server_name=hub_server_name,
+        hub_cert=hub_cert,
+        hub_key=hub_key,
+        hub_token_file=hub_token_file,
+        hub_tls=hub_tls,
+        hub_insecure=hub_insecure,
     )
     _logging(log_level, "strata-spoke")
     try:
@@ -129,6 +198,13 @@ def daemon(
     mount: Annotated[
         Path | None, typer.Option("--mount", help="the mount /readyz reports on (resolved)")
     ] = None,
+    hub_ca: HubCaOpt = None,
+    hub_server_name: HubNameOpt = None,
+    hub_cert: HubCertOpt = None,
+    hub_key: HubKeyOpt = None,
+    hub_token_file: HubTokenOpt = None,
+    hub_tls: HubTlsOpt = None,
+    hub_insecure: HubInsecureOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run only the daemon (``run`` starts it for you)."""
@@ -144,6 +220,13 @@ def daemon(
         miss_deadline=miss_deadline,
         admin_token_file=admin_token_file,
         mount=mount,
+        hub_ca=hub_ca,
+        hub_server_name=hub_server_name,
+        hub_cert=hub_cert,
+        hub_key=hub_key,
+        hub_token_file=hub_token_file,
+        hub_tls=hub_tls,
+        hub_insecure=hub_insecure,
     )
     _logging(log_level, "strata-spoke-daemon")
     try:

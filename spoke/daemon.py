@@ -71,7 +71,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             high_watermark=settings.high_watermark,
             low_watermark=settings.low_watermark,
         )
-        hub = HubClient(settings.hub)
+        hub = HubClient(settings.hub, credentials=settings.hub_credentials())
         stack.push_async_callback(hub.close)
         catalog = SnapshotCatalog(hub, env)
         fetcher = Fetcher(hub, cache, miss_deadline=settings.miss_deadline)
@@ -136,7 +136,8 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             log.info("hub %s reachable: %d datasets", settings.hub, len(found.datasets))
         except HubUnavailable as err:
             metrics.HUB_UP.set(0)
-            log.warning("%s; serving cached data and retrying", err)
+            if hub.refused is None:  # a refusal was logged as an error by the client
+                log.warning("%s; serving cached data and retrying", err)
         log.info("daemon ready: socket %s, admin %s", layout.socket_path, url)
         await stop.wait()
         log.info("daemon stopping")

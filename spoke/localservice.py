@@ -18,7 +18,15 @@ from protocol.spoke.v1 import spoke_pb2, spoke_pb2_grpc
 from spoke import metrics
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
-from spoke.errors import CorruptBlock, HubUnavailable, InvalidRequest, NotFound, SpokeError
+from spoke.errors import (
+    AccessDenied,
+    CorruptBlock,
+    CorruptManifest,
+    HubUnavailable,
+    InvalidRequest,
+    NotFound,
+    SpokeError,
+)
 from spoke.fetcher import Fetcher
 from spoke.layout import is_digest
 from spoke.prefetch import HintService
@@ -35,6 +43,8 @@ _CODES: dict[type[SpokeError], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     HubUnavailable: grpc.StatusCode.UNAVAILABLE,
     CorruptBlock: grpc.StatusCode.DATA_LOSS,
+    CorruptManifest: grpc.StatusCode.DATA_LOSS,
+    AccessDenied: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

@@ -122,7 +122,7 @@ class Supervisor:
         cmd += ["--miss-deadline", str(s.miss_deadline), "--log-level", self.log_level]
         if s.admin_token_file is not None:
             cmd += ["--admin-token-file", str(s.admin_token_file.resolve())]
-        return [*cmd, "--mount", str(self.mountpoint)]
+        return [*cmd, *s.hub_args(), "--mount", str(self.mountpoint)]
 
     def _mount_cmd(self) -> list[str]:
         s = self.settings

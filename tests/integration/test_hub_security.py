@@ -55,7 +55,8 @@ def metrics() -> HubMetrics:
 
 @pytest.fixture(scope="module")
 def token_port(data: Path, tokens_file: Path, metrics: HubMetrics) -> Iterator[int]:
-    with ServerThread(data, metrics=metrics, config=ServerConfig(tokens=tokens_file)) as server:
+    config = ServerConfig(tokens=tokens_file, insecure=True)
+    with ServerThread(data, metrics=metrics, config=config) as server:
         yield server.port
 
 
