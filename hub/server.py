@@ -32,6 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[i
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from hub.address import Address
+from hub.audit import AuditLog
 from hub.auth import TokenFile
 from hub.blocks import MiB
 from hub.catalog import Catalog
@@ -70,6 +71,7 @@ class ServerConfig:
         tokens: Token file (:mod:`hub.auth`, re-read on change); None serves everyone
             without tokens. Refused without TLS unless ``insecure``.
         insecure: Allow ``tokens`` over plaintext (trusted networks, tests).
+        audit_log: JSON-lines audit file (:mod:`hub.audit`); ``DATA_DIR/audit.jsonl``.
         max_message_bytes: Largest gRPC message received or sent, bytes.
         blobs: The blob store (a path or ``s3://BUCKET/PREFIX``); None for the recorded
             one, else ``DATA_DIR/blobs``.
@@ -82,6 +84,7 @@ class ServerConfig:
     client_ca: Path | None = None
     tokens: Path | None = None
     insecure: bool = False
+    audit_log: Path | None = None
     max_message_bytes: int = MAX_MESSAGE_BYTES
     blobs: str | None = None
     s3_endpoint: str | None = None
@@ -268,6 +271,7 @@ class HubServer:
             )
         check_bindable(address)
         metrics = metrics if metrics is not None else HubMetrics()
+        audit = AuditLog(config.audit_log or layout.root / "audit.jsonl")
         catalog = Catalog(layout.catalog_path, create=True)
         watcher: CatalogWatcher | None = None
         try:
@@ -285,6 +289,7 @@ class HubServer:
                 chunk_bytes=min(CHUNK_BYTES, config.max_message_bytes // 2),
                 tokens=tokens,
                 watcher=watcher,
+                audit=audit,
             )
             hub_pb2_grpc.add_HubServicer_to_server(service, server)
             health_servicer = health.aio.HealthServicer()

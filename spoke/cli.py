@@ -55,6 +55,18 @@ TokenOpt = Annotated[
         "CACHE_DIR/admin.token)",
     ),
 ]
+NoAdminTokenOpt = Annotated[
+    bool | None,
+    typer.Option("--no-admin-token", help="admin API without a token (any local user may use it)"),
+]
+RetentionOpt = Annotated[
+    str | None,
+    typer.Option("--retention", help="evict snapshots nobody read for this long, e.g. 7d"),
+]
+AuditLogOpt = Annotated[
+    Path | None,
+    typer.Option("--audit-log", help="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"),
+]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option("--config", help=f"TOML file of settings (or ${CONFIG_ENV}); flags win"),
@@ -154,6 +166,9 @@ def run(
     hub_token_file: HubTokenOpt = None,
     hub_tls: HubTlsOpt = None,
     hub_insecure: HubInsecureOpt = None,
+    no_admin_token: NoAdminTokenOpt = None,
+    audit_log: AuditLogOpt = None,
+    retention: RetentionOpt = None,
     config: ConfigOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
@@ -177,6 +192,9 @@ def run(
         hub_token_file=hub_token_file,
         hub_tls=hub_tls,
         hub_insecure=hub_insecure,
+        no_admin_token=no_admin_token,
+        audit_log=audit_log,
+        retention=retention,
     )
     _logging(log_level, "strata-spoke")
     try:
@@ -205,6 +223,9 @@ def daemon(
     hub_token_file: HubTokenOpt = None,
     hub_tls: HubTlsOpt = None,
     hub_insecure: HubInsecureOpt = None,
+    no_admin_token: NoAdminTokenOpt = None,
+    audit_log: AuditLogOpt = None,
+    retention: RetentionOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run only the daemon (``run`` starts it for you)."""
@@ -227,6 +248,9 @@ def daemon(
         hub_token_file=hub_token_file,
         hub_tls=hub_tls,
         hub_insecure=hub_insecure,
+        no_admin_token=no_admin_token,
+        audit_log=audit_log,
+        retention=retention,
     )
     _logging(log_level, "strata-spoke-daemon")
     try:
@@ -237,14 +261,29 @@ def daemon(
         _fail(f"daemon: {err.strerror or err} ({admin})")
 
 
-def _client(admin: str, token_file: Path | None) -> httpx.Client:
+def _client(admin: str | None, token_file: Path | None, cache_dir: Path | None) -> httpx.Client:
+    """An admin API client: URL from ``--admin`` or ``CACHE_DIR/admin.url``; token from
+    ``--admin-token-file`` or the one the daemon generated, ``CACHE_DIR/admin.token``."""
+    from spoke.hardening import admin_token_path
+    from spoke.layout import CacheLayout
+
+    layout = CacheLayout(cache_dir) if cache_dir is not None else None
+    if admin is None:
+        if layout is None:
+            _fail("give --admin URL or --cache-dir DIR (of a running spoke)")
+        try:
+            admin = layout.admin_url_file.read_text().strip()
+        except OSError as err:
+            _fail(f"--cache-dir {cache_dir}: no running spoke ({err.strerror})")
+    if token_file is None and layout is not None and admin_token_path(layout).exists():
+        token_file = admin_token_path(layout)
     url = admin if admin.startswith("http") else f"http://{admin}"
     headers = {}
     if token_file is not None:
         try:
             headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
         except OSError as err:
-            _fail(f"--token-file {token_file}: {err.strerror}")
+            _fail(f"--admin-token-file {token_file}: {err.strerror}")
     return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30.0)
 
 
@@ -263,16 +302,27 @@ def _check(reply: httpx.Response) -> Any:
 
 
 AdminUrlOpt = Annotated[
-    str, typer.Option("--admin", help="admin API URL, e.g. http://127.0.0.1:7878")
+    str | None,
+    typer.Option("--admin", help="admin API URL, e.g. http://127.0.0.1:7878 (or --cache-dir)"),
 ]
 TokenFileOpt = Annotated[
-    Path | None, typer.Option("--token-file", help="file with the admin API's bearer token")
+    Path | None,
+    typer.Option(
+        "--admin-token-file",
+        help="file with the admin API's bearer token (default: CACHE_DIR/admin.token)",
+    ),
+]
+OldTokenFileOpt = Annotated[
+    Path | None, typer.Option("--token-file", hidden=True, help="old name of --admin-token-file")
+]
+ClientCacheDirOpt = Annotated[
+    Path | None,
+    typer.Option("--cache-dir", help="the spoke's cache dir: finds its admin URL and token"),
 ]
 
 
 @app.command()
 def prewarm(
-    admin: AdminUrlOpt,
     target: Annotated[str, typer.Argument(help="DATASET or DATASET@REF (a version or tag)")],
     paths: Annotated[
         list[str] | None, typer.Argument(help="globs relative to the snapshot root")
@@ -281,7 +331,10 @@ def prewarm(
     wait: Annotated[
         bool, typer.Option("--wait", help="show progress until done; non-zero exit on failure")
     ] = False,
-    token_file: TokenFileOpt = None,
+    admin: AdminUrlOpt = None,
+    admin_token_file: TokenFileOpt = None,
+    token_file: OldTokenFileOpt = None,
+    cache_dir: ClientCacheDirOpt = None,
 ) -> None:
     """Fetch a snapshot's files (all, or those matching GLOBs) into the spoke's cache."""
     dataset, at, ref = target.partition("@")
@@ -289,7 +342,7 @@ def prewarm(
         _fail(f"{target!r}: give a version or tag after '@', or leave '@' out for latest")
     body = {"dataset": dataset, "ref": ref or "latest", "paths": paths or [], "pin": pin}
     try:
-        with _client(admin, token_file) as client:
+        with _client(admin, admin_token_file or token_file, cache_dir) as client:
             job = _check(client.post("/v1/prewarm", json=body))
             typer.echo(
                 f"prewarm job {job['id']}: {job['files']} files, "
@@ -320,10 +373,15 @@ def prewarm(
 
 
 @app.command()
-def status(admin: AdminUrlOpt, token_file: TokenFileOpt = None) -> None:
+def status(
+    admin: AdminUrlOpt = None,
+    admin_token_file: TokenFileOpt = None,
+    token_file: OldTokenFileOpt = None,
+    cache_dir: ClientCacheDirOpt = None,
+) -> None:
     """Print the cache statistics of a running spoke as JSON."""
     try:
-        with _client(admin, token_file) as client:
+        with _client(admin, admin_token_file or token_file, cache_dir) as client:
             stats = _check(client.get("/v1/cache"))
     except httpx.HTTPError as err:
         _fail(f"admin API {admin}: {err}", 1)

@@ -16,6 +16,7 @@ The config file holds the same names as the flags, with ``_`` for ``-``::
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -32,6 +33,25 @@ from spoke.layout import CacheLayout
 
 CONFIG_ENV = "STRATA_SPOKE_CONFIG"
 """Variable naming the TOML config file when ``--config`` is not given."""
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(value: str) -> float:
+    """``90s``, ``30m``, ``12h``, ``7d``, ``2w`` (or a sum such as ``1d12h``) in seconds.
+
+    Raises:
+        ValueError: not such a duration, or not positive.
+    """
+    text = value.strip().lower()
+    parts = re.findall(r"(\d+)([smhdw])", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"--retention: {value!r} is not a duration such as 12h, 7d or 2w")
+    seconds = sum(int(n) * _UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise ValueError(f"--retention: {value!r} must be positive")
+    return float(seconds)
 
 
 def parse_hostport(value: str, what: str) -> tuple[str, int]:
@@ -84,6 +104,15 @@ class SpokeSettings(BaseSettings):
     hub_insecure: bool = Field(
         default=False, description="allow sending the hub token without TLS (testing only)"
     )
+    no_admin_token: bool = Field(
+        default=False, description="admin API without a token: any local user may use it"
+    )
+    retention: str | None = Field(
+        default=None, description="evict snapshots nobody read for this long, e.g. 7d"
+    )
+    audit_log: Path | None = Field(
+        default=None, description="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -116,9 +145,15 @@ class SpokeSettings(BaseSettings):
             tls=self.hub_tls,
         )
 
-    def hub_args(self) -> list[str]:
-        """The hub flags that give a child process these same credentials."""
+    def security_args(self) -> list[str]:
+        """The flags that give a child daemon these same credentials and audit settings."""
         args: list[str] = []
+        if self.no_admin_token:
+            args.append("--no-admin-token")
+        if self.audit_log is not None:
+            args += ["--audit-log", str(self.audit_log.resolve())]
+        if self.retention is not None:
+            args += ["--retention", self.retention]
         for flag, path in (
             ("--hub-ca", self.hub_ca),
             ("--hub-cert", self.hub_cert),
@@ -134,6 +169,17 @@ class SpokeSettings(BaseSettings):
         if self.hub_insecure:
             args.append("--hub-insecure")
         return args
+
+    @field_validator("retention")
+    @classmethod
+    def _retention(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_duration(v)
+        return v
+
+    def retention_seconds(self) -> float | None:
+        """``retention`` in seconds (None: keep blocks until evicted for room)."""
+        return parse_duration(self.retention) if self.retention is not None else None
 
     @model_validator(mode="after")
     def _hub_credentials(self) -> SpokeSettings:

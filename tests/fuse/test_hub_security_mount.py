@@ -121,7 +121,7 @@ def test_mtls_token_mount_and_rotation_while_reading(
     args = spoke_args(pki, tmp_path / "creds", token)
     with LocalStack() as stack:
         admin = stack.start_spoke(
-            hub.address, tmp_path / "cache", tmp_path / "mnt", "64MiB", extra=args
+            hub.address, tmp_path / "cache", tmp_path / "mnt", "64MiB", extra=args, admin_token=True
         )
         root = tmp_path / "mnt" / "alpha" / "v1"
         assert sorted(os.listdir(tmp_path / "mnt")) == ["alpha"], "the token's scope only"
@@ -186,7 +186,7 @@ def test_mtls_token_mount_and_rotation_while_reading(
 def _refused(tmp_path: Path, hub: SecureHub, args: tuple[str, ...]) -> tuple[str, LocalStack]:
     stack = LocalStack()
     admin = stack.start_spoke(
-        hub.address, tmp_path / "cache", tmp_path / "mnt", "64MiB", extra=args
+        hub.address, tmp_path / "cache", tmp_path / "mnt", "64MiB", extra=args, admin_token=True
     )
     return admin, stack
 
@@ -231,7 +231,12 @@ def test_token_for_another_dataset(tmp_path: Path, pki: Pki, hub: SecureHub) -> 
         with pytest.raises(OSError) as caught:
             os.stat(tmp_path / "mnt" / "alpha")
         assert caught.value.errno in (errno.ENOENT, errno.EACCES)
-        reply = httpx.post(f"{admin}/v1/prewarm", json={"dataset": "alpha"}, timeout=10)
+        auth = {
+            "Authorization": f"Bearer {(tmp_path / 'cache' / 'admin.token').read_text().strip()}"
+        }
+        reply = httpx.post(
+            f"{admin}/v1/prewarm", json={"dataset": "alpha"}, headers=auth, timeout=10
+        )
         assert reply.status_code == 403
         assert "may not read dataset 'alpha'" in reply.json()["detail"]
         assert sample(hub.metrics, "ResolveRef", "PERMISSION_DENIED") >= 1

@@ -79,14 +79,23 @@ def test_a_rewritten_manifest_entry_is_refused(
 ) -> None:
     with LocalStack() as stack:
         admin = stack.start_spoke(
-            proxy, tmp_path / "cache", tmp_path / "mnt", "16MiB", extra=("--miss-deadline", "5")
+            proxy,
+            tmp_path / "cache",
+            tmp_path / "mnt",
+            "16MiB",
+            extra=("--miss-deadline", "5"),
+            admin_token=True,
         )
         mnt = tmp_path / "mnt"
         assert (mnt / "good" / "v1" / "a.bin").read_bytes() == b"good bytes"
         with pytest.raises(OSError) as caught:
             os.listdir(mnt / "bad" / "v1")
         assert caught.value.errno == errno.EIO
-        reply = httpx.post(f"{admin}/v1/prewarm", json={"dataset": "bad"}, timeout=10)
+        auth = {
+            "Authorization": f"Bearer {(tmp_path / 'cache' / 'admin.token').read_text().strip()}"
+        }
+        assert httpx.post(f"{admin}/v1/prewarm", json={"dataset": "bad"}).status_code == 401
+        reply = httpx.post(f"{admin}/v1/prewarm", json={"dataset": "bad"}, headers=auth, timeout=10)
         assert reply.status_code == 502
         assert "manifest of bad v1 refused" in reply.json()["detail"]
         text = httpx.get(f"{admin}/metrics", timeout=10).text
@@ -96,6 +105,6 @@ def test_a_rewritten_manifest_entry_is_refused(
             if line.startswith("strata_spoke_manifest_mismatches_total ")
         )
         assert count >= 2  # the mount's lookup and the prewarm; nothing was stored
-        stats = httpx.get(f"{admin}/v1/cache", timeout=10).json()
+        stats = httpx.get(f"{admin}/v1/cache", headers=auth, timeout=10).json()
         assert "bad" not in stats["datasets"]
     assert "manifest of bad v1 refused: it hashes to" in capfd.readouterr().err

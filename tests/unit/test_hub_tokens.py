@@ -124,3 +124,19 @@ def test_cli_prints_the_secret_once(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert (
         main(["token", "create", "--tokens", str(path), "--dataset", "f3", "--expires", "x"]) == 2
     )
+
+
+def test_token_commands_are_audited_without_secrets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    path = tmp_path / "t.yaml"
+    assert main(["token", "create", "--tokens", str(path), "--dataset", "f3"]) == 0
+    secret = capsys.readouterr().out.strip()
+    assert main(["token", "revoke", "--tokens", str(path), "tok-none"]) == 2
+    records = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [r["outcome"] for r in records] == ["ok", "error: no token 'tok-none' in " + str(path)]
+    assert records[0]["what"].startswith("strata-hub token create --tokens")
+    assert records[0]["who"]
+    assert secret not in (tmp_path / "audit.jsonl").read_text()

@@ -96,7 +96,7 @@ def test_config_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert settings.hub == "hub.example:7070"
     assert int(settings.cache_size) == 4 << 30  # flags win
     assert settings.policy == "arc"  # then variables, then the file
-    assert "--hub-token-file" in settings.hub_args()
+    assert "--hub-token-file" in settings.security_args()
     creds = settings.hub_credentials()
     assert creds.tls and creds.metadata() == (("authorization", "Bearer first-token-0123456789"),)
     token.write_text("second-token-0123456789\n")
