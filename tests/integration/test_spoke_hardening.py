@@ -202,3 +202,25 @@ def test_peers_with_another_uid_are_refused_even_if_modes_are_loosened(daemon: D
         os.chmod(daemon.layout.socket_path, 0o600)
     records = (root / "audit.jsonl").read_text().splitlines()
     assert any(f'"who":"uid {other.pw_uid}' in r and '"outcome":"denied"' in r for r in records)
+
+
+def test_commands_find_the_generated_admin_token(daemon: Daemon) -> None:
+    import json
+
+    cmd = [sys.executable, "-m", "spoke", "status", "--cache-dir", str(daemon.layout.root)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["capacity_bytes"] == 64 << 20
+    bad = daemon.layout.root.parent / "wrong-token"
+    bad.write_text("not-the-token\n")
+    for flag in ("--admin-token-file", "--token-file"):  # the old name still works
+        done = subprocess.run(
+            [*cmd[:4], "--admin", daemon.admin, flag, str(bad)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1
+        assert done.stderr.strip() == (
+            "strata-spoke: error: admin API /v1/cache: 401 missing or wrong bearer token"
+        )
