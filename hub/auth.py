@@ -110,11 +110,15 @@ def _scopes(token_number: int, value: object) -> tuple[str, ...]:
         return ("*",)
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
         raise ConfigError(
-            f'token {token_number}: expected a list of dataset globs or "*", got {value!r}'
+            f'token {token_number}: expected a list of dataset globs or "*", '
+            f"got {type(value).__name__}"
         )
-    for scope in value:
-        if not _SCOPE_PATTERN.fullmatch(scope):
-            raise ConfigError(f"token {token_number}: invalid dataset glob {scope!r}")
+    for position, scope in enumerate(value, start=1):
+        if not _SCOPE_PATTERN.fullmatch(scope):  # not echoed: it could be a misplaced secret
+            raise ConfigError(
+                f"token {token_number}: dataset glob {position} is not a valid glob "
+                "(1-64 of a-z 0-9 . _ - * ? [ ] !)"
+            )
     return tuple(value)
 
 

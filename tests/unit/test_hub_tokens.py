@@ -140,3 +140,15 @@ def test_token_commands_are_audited_without_secrets(
     assert records[0]["what"].startswith("strata-hub token create --tokens")
     assert records[0]["who"]
     assert secret not in (tmp_path / "audit.jsonl").read_text()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [f'"some-token-0123456789": "{PLAIN}"\n', f'"some-token-0123456789": ["{PLAIN}/X"]\n'],
+)
+def test_a_misplaced_secret_is_not_echoed(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "tokens.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        TokenTable.load(path)
+    assert PLAIN not in str(caught.value) and "some-token" not in str(caught.value)
