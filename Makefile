@@ -10,8 +10,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.strata-installed
 TORCH  := torch==2.13.0
+# Every other package comes from this lock, pinned with hashes (regenerate: make lock)
+LOCK   := requirements-dev.lock
 
-.PHONY: demo test check pytest system-deps deploy-deps bench bench-deps setup gen clean
+.PHONY: demo test check pytest system-deps deploy-deps bench bench-deps setup gen lock clean
 
 demo: $(STAMP)
 	$(BIN)/strata-demo
@@ -77,12 +79,30 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 libfuse3-dev pkg-config; \
 	fi
 
-$(STAMP): pyproject.toml | system-deps
+# torch first (the CPU build; not in the lock), then exactly the locked versions, hashes
+# checked, then Strata itself without resolving anything again.
+$(STAMP): pyproject.toml $(LOCK) | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[train,dev]'
+	$(BIN)/pip install -q --require-hashes --no-deps -r $(LOCK)
+	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip check
 	touch $(STAMP)
+
+# Re-resolve both locks after a change of pyproject.toml (runtime: requirements.lock, for
+# images; everything make installs: requirements-dev.lock). Needs network access; uv runs
+# from a throwaway venv. torch is resolved as its CPU build (a local wheel directory, or
+# TORCH_WHEELS=https://download.pytorch.org/whl/cpu/torch) and left out of the locks.
+TORCH_WHEELS ?= /opt/wheels
+UV_COMPILE = compile pyproject.toml --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28 --override requirements-overrides.txt \
+	--find-links $(TORCH_WHEELS) --no-emit-package torch --custom-compile-command "make lock"
+lock:
+	$(PYTHON) -m venv .lock-venv && .lock-venv/bin/pip install -q uv
+	.lock-venv/bin/uv pip $(UV_COMPILE) -o requirements.lock
+	.lock-venv/bin/uv pip $(UV_COMPILE) --extra train --extra dev -o requirements-dev.lock
+	rm -rf .lock-venv
 
 gen: $(STAMP)
 	$(BIN)/python -m protocol.gen

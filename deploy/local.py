@@ -150,8 +150,14 @@ class LocalStack:
         cache_size: str,
         timeout: float = 60.0,
         extra: tuple[str, ...] = (),
+        admin_token: bool = False,
     ) -> str:
-        """Run ``strata-spoke run`` and wait until the mount is up; returns the admin URL."""
+        """Run ``strata-spoke run`` and wait until the mount is up; returns the admin URL.
+
+        With ``admin_token`` the admin API needs the token the spoke generates in
+        ``CACHE_DIR/admin.token`` (the spoke's default); without, the stack runs it open
+        (``--no-admin-token``) for the local callers that do not send one yet.
+        """
         mount = resolve_mountpoint(mount)  # it may be a dead (ENOTCONN) mount
         with contextlib.suppress(FileExistsError):
             mount.mkdir(parents=True)
@@ -173,6 +179,7 @@ class LocalStack:
                 "127.0.0.1:0",
                 "--log-level",
                 self.log_level,
+                *(() if admin_token or "--admin-token-file" in extra else ("--no-admin-token",)),
                 *extra,
             ]
         )

@@ -2,7 +2,7 @@
 
 ```
 strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--port-file PATH]
-                   [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE]
+                   [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE [--insecure]]
                    [--max-message-bytes N] [--grace SECONDS] [--blobs DIR|s3://B/P]
 strata-hub publish --data-dir DIR DATASET SRC_DIR [--tag latest] [--block-size BYTES]
                    [--version vN] [--blobs DIR|s3://B/P]
@@ -12,6 +12,7 @@ strata-hub revoke  --data-dir DIR DATASET VERSION
 strata-hub gc      --data-dir DIR [--dry-run] [--keep-events N] [--stale-after SECONDS]
 strata-hub verify  --data-dir DIR DATASET REF [--blocks]
 strata-hub ls      --data-dir DIR [DATASET [REF [PATH]]] [--all]
+strata-hub token   create|list|revoke|migrate --tokens FILE ...   (see hub/tokencli.py)
 ```
 
 Output contract: ``serve`` prints exactly one line, ``strata-hub: serving DIR on HOST:PORT``
@@ -38,6 +39,7 @@ from typing import Annotated
 
 import typer
 
+from hub.audit import AuditLog, operator
 from hub.blocks import DEFAULT_BLOCK_SIZE
 from hub.catalog import Catalog
 from hub.datadir import DataDir
@@ -47,6 +49,7 @@ from hub.manifest import EntryType
 from hub.metrics import HubMetrics, MetricsEndpoint
 from hub.publish import publish as publish_tree
 from hub.server import GRACE_SECONDS, MAX_MESSAGE_BYTES, HubServer, ServerConfig
+from hub.tokencli import token_app
 from hub.verify import verify as verify_version
 
 PROG = "strata-hub"
@@ -61,6 +64,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(token_app)
 
 DataDirOption = Annotated[
     Path,
@@ -184,6 +188,10 @@ def serve(
             'globs (or "*").',
         ),
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option("--insecure", help="Allow --tokens without TLS (tokens travel in cleartext)."),
+    ] = False,
     max_message_bytes: Annotated[
         int,
         typer.Option("--max-message-bytes", help="Largest gRPC message sent or received."),
@@ -205,6 +213,7 @@ def serve(
         tls_key=tls_key,
         client_ca=client_ca,
         tokens=tokens,
+        insecure=insecure,
         max_message_bytes=max_message_bytes,
         blobs=blobs,
         s3_endpoint=s3_endpoint,
@@ -496,27 +505,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         stream=sys.stderr, level=logging.WARNING, format=f"{PROG}: %(levelname)s: %(message)s"
     )
+    args = list(argv) if argv is not None else sys.argv[1:]
+    code, outcome = _run(args)
+    audit = _audit_target(args)
+    if audit is not None:
+        audit.record(who=operator(), what=" ".join([PROG, *args]), outcome=outcome)
+    return code
+
+
+_AUDITED = {"publish", "tag", "untag", "revoke", "gc", "token"}
+
+
+def _option(args: list[str], name: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.partition("=")[2]
+    return None
+
+
+def _audit_target(args: list[str]) -> AuditLog | None:
+    """The audit log of a command that changes the catalog or the tokens (None for others):
+    ``DATA_DIR/audit.jsonl``, or next to the token file for ``token``."""
+    if not args or args[0] not in _AUDITED or "--help" in args:
+        return None
+    if args[0] == "token":
+        if len(args) < 2 or args[1] == "list":
+            return None
+        tokens = _option(args, "--tokens") or os.environ.get("STRATA_HUB_TOKENS")
+        return AuditLog(Path(tokens).parent / "audit.jsonl") if tokens else None
+    data_dir = _option(args, "--data-dir") or os.environ.get("STRATA_HUB_DATA_DIR")
+    if not data_dir or not Path(data_dir).is_dir():
+        return None
+    return AuditLog(Path(data_dir) / "audit.jsonl")
+
+
+def _run(args: list[str]) -> tuple[int, str]:
+    """Runs the command; returns the exit code and the outcome for the audit log."""
     command = typer.main.get_command(app)
     try:
-        result = command.main(
-            args=list(argv) if argv is not None else None, prog_name=PROG, standalone_mode=False
-        )
+        result = command.main(args=args, prog_name=PROG, standalone_mode=False)
     except typer.TyperException as exc:  # usage errors: unknown command, missing option, ...
         _say(f"error: {exc.format_message()} (see {PROG} --help)")
-        return EXIT_USAGE
+        return EXIT_USAGE, f"usage error: {exc.format_message()}"
     except typer.Abort:
         _say("error: aborted")
-        return EXIT_FAILURE
+        return EXIT_FAILURE, "aborted"
     except (StorageError, CorruptBlob, CorruptCatalog) as exc:
         _say(f"error: {exc}")
-        return EXIT_FAILURE
+        return EXIT_FAILURE, f"error: {exc}"
     except HubError as exc:
         _say(f"error: {exc}")
-        return EXIT_USAGE
+        return EXIT_USAGE, f"error: {exc}"
     except OSError as exc:
         _say(f"error: {exc}")
-        return EXIT_FAILURE
-    return result if isinstance(result, int) else 0
+        return EXIT_FAILURE, f"error: {exc}"
+    code = result if isinstance(result, int) else 0
+    return code, "ok" if code == 0 else f"exit {code}"
 
 
 if __name__ == "__main__":

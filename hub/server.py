@@ -32,7 +32,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[i
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from hub.address import Address
-from hub.auth import TokenTable
+from hub.audit import AuditLog
+from hub.auth import TokenFile
 from hub.blocks import MiB
 from hub.catalog import Catalog
 from hub.datadir import DataDir
@@ -68,7 +69,10 @@ class ServerConfig:
         tls_key: PEM private key of ``tls_cert``.
         client_ca: PEM CA bundle; when set, clients must present a certificate it
             signed (mutual TLS). Needs ``tls_cert``.
-        tokens: Token file (:mod:`hub.auth`); None serves everyone without tokens.
+        tokens: Token file (:mod:`hub.auth`, re-read on change); None serves everyone
+            without tokens. Refused without TLS unless ``insecure``.
+        insecure: Allow ``tokens`` over plaintext (trusted networks, tests).
+        audit_log: JSON-lines audit file (:mod:`hub.audit`); ``DATA_DIR/audit.jsonl``.
         max_message_bytes: Largest gRPC message received or sent, bytes.
         blobs: The blob store (a path or ``s3://BUCKET/PREFIX``); None for the recorded
             one, else ``DATA_DIR/blobs``.
@@ -80,6 +84,8 @@ class ServerConfig:
     tls_key: Path | None = None
     client_ca: Path | None = None
     tokens: Path | None = None
+    insecure: bool = False
+    audit_log: Path | None = None
     max_message_bytes: int = MAX_MESSAGE_BYTES
     blobs: str | None = None
     s3_endpoint: str | None = None
@@ -257,9 +263,16 @@ class HubServer:
         address = Address.parse(listen)
         layout = DataDir.open(data_dir, create=False)
         credentials = config.credentials()
-        tokens = TokenTable.load(config.tokens) if config.tokens is not None else None
+        tokens = TokenFile(config.tokens) if config.tokens is not None else None
+        if tokens is not None and credentials is None and not config.insecure:
+            raise ConfigError(
+                "--tokens without TLS would send every bearer token in cleartext, readable "
+                "and replayable by anyone on the path: add --tls-cert/--tls-key, or "
+                "--insecure to allow it on a trusted network"
+            )
         check_bindable(address)
         metrics = metrics if metrics is not None else HubMetrics()
+        audit = AuditLog(config.audit_log or layout.root / "audit.jsonl")
         catalog = Catalog(layout.catalog_path, create=True)
         watcher: CatalogWatcher | None = None
         try:
@@ -277,6 +290,7 @@ class HubServer:
                 chunk_bytes=min(CHUNK_BYTES, config.max_message_bytes // 2),
                 tokens=tokens,
                 watcher=watcher,
+                audit=audit,
             )
             hub_pb2_grpc.add_HubServicer_to_server(service, server)
             health_servicer = health.aio.HealthServicer()

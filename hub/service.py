@@ -29,7 +29,8 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from hub.auth import ANONYMOUS, Principal, TokenTable
+from hub.audit import AuditLog
+from hub.auth import ANONYMOUS, Principal, TokenFile, TokenTable
 from hub.blobstore import BlobStore
 from hub.catalog import Catalog, Snapshot, Tag
 from hub.errors import (
@@ -145,6 +146,9 @@ def _streaming(
     return handler
 
 
+_AUDITED_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
 class HubService(hub_pb2_grpc.HubServicer):
     """Implements ``protocol.hub.v1.Hub`` over a catalog and a blob store.
 
@@ -159,6 +163,7 @@ class HubService(hub_pb2_grpc.HubServicer):
         tokens: Accepted bearer tokens; None serves everyone (no authentication).
         watcher: Wakes ``Watch`` streams on catalog changes; None makes ``Watch`` send
             the events kept and end.
+        audit: Where refused calls (UNAUTHENTICATED, PERMISSION_DENIED) are recorded.
     """
 
     def __init__(
@@ -168,8 +173,9 @@ class HubService(hub_pb2_grpc.HubServicer):
         metrics: HubMetrics | None = None,
         chunk_bytes: int = CHUNK_BYTES,
         *,
-        tokens: TokenTable | None = None,
+        tokens: TokenTable | TokenFile | None = None,
         watcher: CatalogWatcher | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -179,6 +185,7 @@ class HubService(hub_pb2_grpc.HubServicer):
         self._chunk_bytes = chunk_bytes
         self._tokens = tokens
         self._watcher = watcher
+        self._audit = audit
 
     def _count(self, method: str, code: grpc.StatusCode) -> None:
         self._metrics.requests.labels(method=method, code=code.name).inc()
@@ -196,6 +203,10 @@ class HubService(hub_pb2_grpc.HubServicer):
             logger.exception("%s failed", method, exc_info=error)
             code, details = grpc.StatusCode.INTERNAL, f"internal error in {method}"
         self._count(method, code)
+        if self._audit is not None and code in _AUDITED_CODES:
+            self._audit.record(
+                who=str(context.peer()), what=method, outcome=code.name, detail=details
+            )
         await context.abort(code, details)
         raise AssertionError("context.abort() returned")  # it always raises
 

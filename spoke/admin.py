@@ -6,7 +6,9 @@ errors map to HTTP statuses here and nowhere else, always with a JSON body
 ``{"detail": "..."}``: unknown dataset, ref, job or pin → 404; a request that is well formed
 but names something invalid (a ``..`` glob, a path that is not in the snapshot) → 400;
 a malformed body (FastAPI's own validation) → 422 with its list of problems;
-a pin that cannot fit → 409; hub unreachable with nothing usable cached → 503.
+a pin that cannot fit → 409; a dataset the hub token may not read → 403; a manifest that
+does not hash to its snapshot id → 502; hub unreachable (or refusing this spoke's token or
+certificate) with nothing usable cached → 503.
 """
 
 from __future__ import annotations
@@ -20,15 +22,23 @@ from typing import Annotated, Any
 
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.address import parse_hostport
+from spoke import admindocs
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
-from spoke.errors import HubUnavailable, InvalidRequest, NotFound, SpokeError
+from spoke.errors import (
+    AccessDenied,
+    CorruptManifest,
+    HubUnavailable,
+    InvalidRequest,
+    NotFound,
+    SpokeError,
+)
 from spoke.fetcher import Fetcher
 from spoke.pins import PinRegistry
 from spoke.prefetch import HintService
@@ -105,6 +115,16 @@ class EvictRequest(BaseModel):
 
 BEARER = HTTPBearer(auto_error=False)
 
+MAX_PINS = 1000
+"""Most pins a spoke keeps (each is a row in the index and a set the cache checks)."""
+
+MAX_RUNNING_JOBS = 16
+"""Most prewarm jobs running at once; more are refused with 429."""
+
+
+class LimitReached(SpokeError):
+    """Too many pins or running jobs; the message says which limit and what to do."""
+
 
 class ErrorBody(BaseModel):
     """Every error this API raises itself: one line saying what is wrong."""
@@ -116,6 +136,9 @@ _HTTP_STATUS: tuple[tuple[type[SpokeError], int], ...] = (
     (NotFound, 404),
     (InvalidRequest, 400),
     (CapacityError, 409),
+    (LimitReached, 429),
+    (AccessDenied, 403),
+    (CorruptManifest, 502),
     (HubUnavailable, 503),
 )
 
@@ -161,7 +184,12 @@ def create_app(
             (the API then relies on listening on 127.0.0.1 only).
         mount: the spoke's mountpoint (resolved), checked by ``/readyz``.
     """
-    app = FastAPI(title="Strata spoke admin API", version="1")
+    app = FastAPI(title="Strata spoke admin API", version="1", docs_url=None, redoc_url=None)
+
+    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+    def docs() -> HTMLResponse:
+        """The API description as one static page (works offline, no CDN)."""
+        return HTMLResponse(admindocs.render(app.openapi()))
 
     def authorize(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
@@ -184,14 +212,26 @@ def create_app(
     errors: dict[int | str, dict[str, Any]] = {
         400: {"model": ErrorBody, "description": "invalid paths or arguments"},
         401: {"model": ErrorBody, "description": "missing or wrong token"},
+        403: {"model": ErrorBody, "description": "the hub's token may not read the dataset"},
         404: {"model": ErrorBody, "description": "unknown dataset, ref, job or pin"},
         409: {"model": ErrorBody, "description": "does not fit beside existing pins"},
+        413: {"model": ErrorBody, "description": "request body too large"},
+        429: {"model": ErrorBody, "description": "too many pins or running jobs"},
+        502: {"model": ErrorBody, "description": "the hub sent a manifest that fails its id"},
         503: {"model": ErrorBody, "description": "hub unreachable and nothing usable cached"},
     }
 
     @app.post("/v1/prewarm", status_code=202, dependencies=auth, responses=errors)
     async def prewarm(body: PrewarmRequest) -> dict[str, object]:
         """Start fetching a snapshot's files into the cache; returns the job."""
+        running = sum(1 for j in jobs.all() if j.state == "running")
+        if running >= MAX_RUNNING_JOBS:
+            raise LimitReached(
+                f"{running} prewarm jobs are running (at most {MAX_RUNNING_JOBS}); "
+                "wait for one or cancel it (DELETE /v1/jobs/ID)"
+            )
+        if body.pin and len(pins.all()) >= MAX_PINS:
+            raise LimitReached(f"{MAX_PINS} pins exist; remove some (DELETE /v1/pins/ID)")
         job = await jobs.start(body.dataset, body.ref, body.paths, body.pin)
         return job.public()
 
@@ -219,6 +259,8 @@ def create_app(
     @app.post("/v1/pins", status_code=201, dependencies=auth, responses=errors)
     async def add_pin(body: PinRequest) -> dict[str, object]:
         """Pin files of a snapshot (their blocks stay cached once fetched)."""
+        if len(pins.all()) >= MAX_PINS:
+            raise LimitReached(f"{MAX_PINS} pins exist; remove some (DELETE /v1/pins/ID)")
         snapshot, globs, _, blocks = await jobs.resolve(body.dataset, body.ref, body.paths)
         jobs.check_pin_room(f"{body.dataset}@{body.ref}", blocks)
         return pins.add(body.dataset, body.ref, snapshot.version, globs, blocks).public()
@@ -315,7 +357,9 @@ def create_app(
         problems = []
         if mount is not None and not is_mounted(mount):
             problems.append(f"mount {mount} is not up")
-        if not hub_up and len(cache) == 0:
+        if fetcher.hub.refused is not None:
+            problems.append(fetcher.hub.refused)
+        elif not hub_up and len(cache) == 0:
             problems.append(f"hub {fetcher.hub.target} unreachable and the cache is empty")
         if not problems:
             return {"status": "ready", "hub_up": hub_up, "mount": str(mount) if mount else None}

@@ -19,8 +19,9 @@ from google.protobuf.message import Message
 
 from protocol.hub.v1 import hub_pb2
 from spoke import metrics
-from spoke.errors import HubUnavailable, InvalidRequest, NotFound
+from spoke.errors import AccessDenied, CorruptManifest, HubUnavailable, InvalidRequest, NotFound
 from spoke.hubclient import HubClient
+from spoke.manifestcheck import snapshot_id
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,7 @@ class SnapshotCatalog:
         if stored is not None:
             return stored
         entries = await self._call(lambda: self._hub.get_manifest(dataset, snapshot.version))
+        self._verify(dataset, snapshot, entries)
         with self._env.begin(write=True) as txn:
             for entry in entries:
                 txn.put(
@@ -176,6 +178,28 @@ class SnapshotCatalog:
             txn.put(b"manifest-complete/" + sid, str(len(entries)).encode(), db=self._catalog)
             txn.put(b"manifest-dataset/" + sid, dataset.encode(), db=self._catalog)
         return entries
+
+    @staticmethod
+    def _verify(
+        dataset: str, snapshot: hub_pb2.Snapshot, entries: list[hub_pb2.ManifestEntry]
+    ) -> None:
+        """Refuse a manifest that does not hash to its snapshot id (nothing is stored).
+
+        Raises:
+            CorruptManifest: the recomputed id differs, or the entries are malformed.
+        """
+        try:
+            got = snapshot_id(snapshot.block_size, entries)
+        except ValueError as err:
+            got = f"unhashable ({err})"
+        if got != snapshot.snapshot_id:
+            metrics.MANIFEST_MISMATCHES.inc()
+            message = (
+                f"manifest of {dataset} {snapshot.version} refused: it hashes to {got}, "
+                f"not to its snapshot id {snapshot.snapshot_id}"
+            )
+            log.error("%s", message)
+            raise CorruptManifest(message)
 
     def _load_manifest(self, sid: bytes) -> list[hub_pb2.ManifestEntry] | None:
         with self._env.begin() as txn:
@@ -213,13 +237,18 @@ class SnapshotCatalog:
             if code in _OFFLINE_CODES:
                 metrics.HUB_UP.set(0)
                 raise HubUnavailable(
-                    f"hub {self._hub.target} unavailable: {err.details()}"
+                    self._hub.refused or f"hub {self._hub.target} unavailable: {err.details()}"
                 ) from err
             metrics.HUB_UP.set(1)
             if code == grpc.StatusCode.NOT_FOUND:
                 raise NotFound(err.details() or "not found") from err
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise InvalidRequest(err.details() or "invalid request") from err
+            if code == grpc.StatusCode.PERMISSION_DENIED:
+                raise AccessDenied(err.details() or "permission denied") from err
+            if self._hub.refused is not None:  # token or TLS refused: not usable now
+                metrics.HUB_UP.set(0)
+                raise HubUnavailable(self._hub.refused) from err
             raise HubUnavailable(
                 f"hub {self._hub.target} error {code.name}: {err.details()}"
             ) from err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from spoke.config import SpokeSettings
+from spoke.config import CONFIG_ENV, SpokeSettings
 from spoke.supervisor import StartupError, Supervisor
 
 app = typer.Typer(
@@ -50,7 +51,48 @@ DeadlineOpt = Annotated[
 LogOpt = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR")]
 TokenOpt = Annotated[
     Path | None,
-    typer.Option("--admin-token-file", help="file with the admin API's bearer token"),
+    typer.Option(
+        "--admin-token-file",
+        help="file with the admin API's bearer token (default: made at first start, "
+        "CACHE_DIR/admin.token)",
+    ),
+]
+NoAdminTokenOpt = Annotated[
+    bool | None,
+    typer.Option("--no-admin-token", help="admin API without a token (any local user may use it)"),
+]
+RetentionOpt = Annotated[
+    str | None,
+    typer.Option("--retention", help="evict snapshots nobody read for this long, e.g. 7d"),
+]
+AuditLogOpt = Annotated[
+    Path | None,
+    typer.Option("--audit-log", help="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"),
+]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", help=f"TOML file of settings (or ${CONFIG_ENV}); flags win"),
+]
+HubCaOpt = Annotated[
+    Path | None, typer.Option("--hub-ca", help="PEM CA bundle the hub's certificate is from")
+]
+HubNameOpt = Annotated[
+    str | None,
+    typer.Option("--hub-server-name", help="name in the hub's certificate, if not its host"),
+]
+HubCertOpt = Annotated[
+    Path | None, typer.Option("--hub-cert", help="PEM client certificate for mutual TLS")
+]
+HubKeyOpt = Annotated[Path | None, typer.Option("--hub-key", help="PEM key of --hub-cert")]
+HubTokenOpt = Annotated[
+    Path | None, typer.Option("--hub-token-file", help="file with the hub's bearer token")
+]
+HubTlsOpt = Annotated[
+    bool | None, typer.Option("--hub-tls", help="TLS to the hub with the system's CA roots")
+]
+HubInsecureOpt = Annotated[
+    bool | None,
+    typer.Option("--hub-insecure", help="allow a hub token without TLS (trusted networks only)"),
 ]
 
 
@@ -59,14 +101,23 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _settings(**values: object) -> SpokeSettings:
+def _settings(config: Path | None = None, **values: object) -> SpokeSettings:
+    """Settings from the flags given (None: not given), the environment and the config file."""
+    if config is not None:
+        if not config.is_file():
+            _fail(f"--config {config}: no such file")
+        os.environ[CONFIG_ENV] = str(config)
     try:
-        return SpokeSettings(**values)  # type: ignore[arg-type]
+        return SpokeSettings(**{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]).replace("_", "-")
         message = str(first["msg"]).removeprefix("Value error, ")
+        if not where:
+            _fail(message)
         _fail(message if message.startswith("--") else f"--{where}: {message}")
+    except (OSError, ValueError) as err:  # an unreadable or malformed config file
+        _fail(f"config file {os.environ.get(CONFIG_ENV)}: {err}")
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -82,24 +133,51 @@ def _logging(level: str, who: str) -> None:
 
 @app.command()
 def run(
-    hub: HubOpt,
-    cache_dir: CacheDirOpt,
-    cache_size: CacheSizeOpt,
-    mount: Annotated[Path, typer.Option("--mount", help="mountpoint (an existing directory)")],
-    admin: AdminOpt = "127.0.0.1:7878",
-    policy: PolicyOpt = "sieve",
-    miss_deadline: DeadlineOpt = 60.0,
+    hub: Annotated[str | None, typer.Option("--hub", help="the hub's HOST:PORT")] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option("--cache-dir", help="block cache directory")
+    ] = None,
+    cache_size: Annotated[
+        str | None, typer.Option("--cache-size", help="most bytes of blocks kept, e.g. 10GiB")
+    ] = None,
+    mount: Annotated[
+        Path | None, typer.Option("--mount", help="mountpoint (an existing directory)")
+    ] = None,
+    admin: Annotated[
+        str | None,
+        typer.Option("--admin", help="admin API HOST:PORT, default 127.0.0.1:7878 (0: any port)"),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option("--policy", help="eviction policy: sieve (default), arc, lru, s3fifo"),
+    ] = None,
+    miss_deadline: Annotated[
+        float | None,
+        typer.Option("--miss-deadline", help="seconds a miss may wait for the hub (60), then EIO"),
+    ] = None,
     allow_other: Annotated[
-        bool, typer.Option("--allow-other", help="let other users read the mount")
-    ] = False,
+        bool | None, typer.Option("--allow-other", help="let other users read the mount")
+    ] = None,
     read_ahead_kb: Annotated[
-        int, typer.Option("--read-ahead-kb", help="kernel readahead of the mount, KiB")
-    ] = 1024,
+        int | None, typer.Option("--read-ahead-kb", help="kernel readahead of the mount, KiB")
+    ] = None,
     admin_token_file: TokenOpt = None,
+    hub_ca: HubCaOpt = None,
+    hub_server_name: HubNameOpt = None,
+    hub_cert: HubCertOpt = None,
+    hub_key: HubKeyOpt = None,
+    hub_token_file: HubTokenOpt = None,
+    hub_tls: HubTlsOpt = None,
+    hub_insecure: HubInsecureOpt = None,
+    no_admin_token: NoAdminTokenOpt = None,
+    audit_log: AuditLogOpt = None,
+    retention: RetentionOpt = None,
+    config: ConfigOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Start the spoke daemon and its mount; stop both on SIGINT/SIGTERM."""
     settings = _settings(
+        config,
         hub=hub,
         cache_dir=cache_dir,
         cache_size=cache_size,
@@ -110,6 +188,16 @@ def run(
         allow_other=allow_other,
         read_ahead_kb=read_ahead_kb,
         admin_token_file=admin_token_file,
+        hub_ca=hub_ca,
+        hub_server_name=hub_server_name,
+        hub_cert=hub_cert,
+        hub_key=hub_key,
+        hub_token_file=hub_token_file,
+        hub_tls=hub_tls,
+        hub_insecure=hub_insecure,
+        no_admin_token=no_admin_token,
+        audit_log=audit_log,
+        retention=retention,
     )
     _logging(log_level, "strata-spoke")
     try:
@@ -131,6 +219,16 @@ def daemon(
     mount: Annotated[
         Path | None, typer.Option("--mount", help="the mount /readyz reports on (resolved)")
     ] = None,
+    hub_ca: HubCaOpt = None,
+    hub_server_name: HubNameOpt = None,
+    hub_cert: HubCertOpt = None,
+    hub_key: HubKeyOpt = None,
+    hub_token_file: HubTokenOpt = None,
+    hub_tls: HubTlsOpt = None,
+    hub_insecure: HubInsecureOpt = None,
+    no_admin_token: NoAdminTokenOpt = None,
+    audit_log: AuditLogOpt = None,
+    retention: RetentionOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run only the daemon (``run`` starts it for you)."""
@@ -146,6 +244,16 @@ def daemon(
         miss_deadline=miss_deadline,
         admin_token_file=admin_token_file,
         mount=mount,
+        hub_ca=hub_ca,
+        hub_server_name=hub_server_name,
+        hub_cert=hub_cert,
+        hub_key=hub_key,
+        hub_token_file=hub_token_file,
+        hub_tls=hub_tls,
+        hub_insecure=hub_insecure,
+        no_admin_token=no_admin_token,
+        audit_log=audit_log,
+        retention=retention,
     )
     _logging(log_level, "strata-spoke-daemon")
     try:
@@ -156,14 +264,29 @@ def daemon(
         _fail(f"daemon: {err.strerror or err} ({admin})")
 
 
-def _client(admin: str, token_file: Path | None) -> httpx.Client:
+def _client(admin: str | None, token_file: Path | None, cache_dir: Path | None) -> httpx.Client:
+    """An admin API client: URL from ``--admin`` or ``CACHE_DIR/admin.url``; token from
+    ``--admin-token-file`` or the one the daemon generated, ``CACHE_DIR/admin.token``."""
+    from spoke.hardening import admin_token_path
+    from spoke.layout import CacheLayout
+
+    layout = CacheLayout(cache_dir) if cache_dir is not None else None
+    if admin is None:
+        if layout is None:
+            _fail("give --admin URL or --cache-dir DIR (of a running spoke)")
+        try:
+            admin = layout.admin_url_file.read_text().strip()
+        except OSError as err:
+            _fail(f"--cache-dir {cache_dir}: no running spoke ({err.strerror})")
+    if token_file is None and layout is not None and admin_token_path(layout).exists():
+        token_file = admin_token_path(layout)
     url = admin if admin.startswith("http") else f"http://{admin}"
     headers = {}
     if token_file is not None:
         try:
             headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
         except OSError as err:
-            _fail(f"--token-file {token_file}: {err.strerror}")
+            _fail(f"--admin-token-file {token_file}: {err.strerror}")
     return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30.0)
 
 
@@ -182,16 +305,27 @@ def _check(reply: httpx.Response) -> Any:
 
 
 AdminUrlOpt = Annotated[
-    str, typer.Option("--admin", help="admin API URL, e.g. http://127.0.0.1:7878")
+    str | None,
+    typer.Option("--admin", help="admin API URL, e.g. http://127.0.0.1:7878 (or --cache-dir)"),
 ]
 TokenFileOpt = Annotated[
-    Path | None, typer.Option("--token-file", help="file with the admin API's bearer token")
+    Path | None,
+    typer.Option(
+        "--admin-token-file",
+        help="file with the admin API's bearer token (default: CACHE_DIR/admin.token)",
+    ),
+]
+OldTokenFileOpt = Annotated[
+    Path | None, typer.Option("--token-file", hidden=True, help="old name of --admin-token-file")
+]
+ClientCacheDirOpt = Annotated[
+    Path | None,
+    typer.Option("--cache-dir", help="the spoke's cache dir: finds its admin URL and token"),
 ]
 
 
 @app.command()
 def prewarm(
-    admin: AdminUrlOpt,
     target: Annotated[str, typer.Argument(help="DATASET or DATASET@REF (a version or tag)")],
     paths: Annotated[
         list[str] | None, typer.Argument(help="globs relative to the snapshot root")
@@ -200,7 +334,10 @@ def prewarm(
     wait: Annotated[
         bool, typer.Option("--wait", help="show progress until done; non-zero exit on failure")
     ] = False,
-    token_file: TokenFileOpt = None,
+    admin: AdminUrlOpt = None,
+    admin_token_file: TokenFileOpt = None,
+    token_file: OldTokenFileOpt = None,
+    cache_dir: ClientCacheDirOpt = None,
 ) -> None:
     """Fetch a snapshot's files (all, or those matching GLOBs) into the spoke's cache."""
     dataset, at, ref = target.partition("@")
@@ -208,7 +345,7 @@ def prewarm(
         _fail(f"{target!r}: give a version or tag after '@', or leave '@' out for latest")
     body = {"dataset": dataset, "ref": ref or "latest", "paths": paths or [], "pin": pin}
     try:
-        with _client(admin, token_file) as client:
+        with _client(admin, admin_token_file or token_file, cache_dir) as client:
             job = _check(client.post("/v1/prewarm", json=body))
             typer.echo(
                 f"prewarm job {job['id']}: {job['files']} files, "
@@ -239,10 +376,15 @@ def prewarm(
 
 
 @app.command()
-def status(admin: AdminUrlOpt, token_file: TokenFileOpt = None) -> None:
+def status(
+    admin: AdminUrlOpt = None,
+    admin_token_file: TokenFileOpt = None,
+    token_file: OldTokenFileOpt = None,
+    cache_dir: ClientCacheDirOpt = None,
+) -> None:
     """Print the cache statistics of a running spoke as JSON."""
     try:
-        with _client(admin, token_file) as client:
+        with _client(admin, admin_token_file or token_file, cache_dir) as client:
             stats = _check(client.get("/v1/cache"))
     except httpx.HTTPError as err:
         _fail(f"admin API {admin}: {err}", 1)

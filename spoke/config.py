@@ -1,15 +1,58 @@
-"""Spoke settings (pydantic-settings): command-line flags, or ``STRATA_SPOKE_*`` variables."""
+"""Spoke settings (pydantic-settings): command-line flags, ``STRATA_SPOKE_*`` variables, or a
+TOML config file (``--config FILE`` / ``STRATA_SPOKE_CONFIG``), in that order of precedence.
+
+The config file holds the same names as the flags, with ``_`` for ``-``::
+
+    # /etc/strata/spoke.toml
+    hub = "hub.example.org:7070"
+    hub_ca = "/etc/strata/hub-ca.pem"
+    hub_cert = "/etc/strata/spoke.pem"
+    hub_key = "/etc/strata/spoke.key"
+    hub_token_file = "/etc/strata/hub-token"
+    cache_dir = "/var/cache/strata"
+    cache_size = "500GiB"
+"""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ByteSize, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import ByteSize, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from protocol import address
+from spoke.hubauth import CredentialError, HubCredentials
 from spoke.layout import CacheLayout
+
+CONFIG_ENV = "STRATA_SPOKE_CONFIG"
+"""Variable naming the TOML config file when ``--config`` is not given."""
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(value: str) -> float:
+    """``90s``, ``30m``, ``12h``, ``7d``, ``2w`` (or a sum such as ``1d12h``) in seconds.
+
+    Raises:
+        ValueError: not such a duration, or not positive.
+    """
+    text = value.strip().lower()
+    parts = re.findall(r"(\d+)([smhdw])", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"--retention: {value!r} is not a duration such as 12h, 7d or 2w")
+    seconds = sum(int(n) * _UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise ValueError(f"--retention: {value!r} must be positive")
+    return float(seconds)
 
 
 def parse_hostport(value: str, what: str) -> tuple[str, int]:
@@ -34,7 +77,7 @@ class SpokeSettings(BaseSettings):
     Sizes accept units (``10GiB``, ``512MB``); times are seconds.
     """
 
-    model_config = SettingsConfigDict(env_prefix="STRATA_SPOKE_")
+    model_config = SettingsConfigDict(env_prefix="STRATA_SPOKE_", extra="forbid")
 
     hub: str = Field(description="the hub's HOST:PORT")
     cache_dir: Path = Field(description="directory of the block cache")
@@ -52,6 +95,106 @@ class SpokeSettings(BaseSettings):
         default=None, description="file holding the admin API's bearer token"
     )
     read_ahead_kb: int = Field(default=1024, ge=0, description="kernel readahead of the mount")
+    hub_ca: Path | None = Field(default=None, description="PEM CA bundle the hub's cert is from")
+    hub_server_name: str | None = Field(
+        default=None, description="name in the hub's certificate, if not the --hub host"
+    )
+    hub_cert: Path | None = Field(default=None, description="PEM client certificate (mTLS)")
+    hub_key: Path | None = Field(default=None, description="PEM private key of --hub-cert")
+    hub_token_file: Path | None = Field(default=None, description="file with the hub token")
+    hub_tls: bool = Field(default=False, description="TLS with the system's CA roots")
+    hub_insecure: bool = Field(
+        default=False, description="allow sending the hub token without TLS (testing only)"
+    )
+    no_admin_token: bool = Field(
+        default=False, description="admin API without a token: any local user may use it"
+    )
+    retention: str | None = Field(
+        default=None, description="evict snapshots nobody read for this long, e.g. 7d"
+    )
+    audit_log: Path | None = Field(
+        default=None, description="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags, then ``STRATA_SPOKE_*`` variables, then the TOML file of ``CONFIG_ENV``."""
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config = os.environ.get(CONFIG_ENV)
+        if config:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config)))
+        return tuple(sources)
+
+    def hub_credentials(self) -> HubCredentials:
+        """The credentials for the hub, loaded now.
+
+        Raises:
+            CredentialError: a file is missing, malformed, expired or mismatched.
+        """
+        return HubCredentials(
+            ca=self.hub_ca,
+            cert=self.hub_cert,
+            key=self.hub_key,
+            token_file=self.hub_token_file,
+            server_name=self.hub_server_name,
+            tls=self.hub_tls,
+        )
+
+    def security_args(self) -> list[str]:
+        """The flags that give a child daemon these same credentials and audit settings."""
+        args: list[str] = []
+        if self.no_admin_token:
+            args.append("--no-admin-token")
+        if self.audit_log is not None:
+            args += ["--audit-log", str(self.audit_log.resolve())]
+        if self.retention is not None:
+            args += ["--retention", self.retention]
+        for flag, path in (
+            ("--hub-ca", self.hub_ca),
+            ("--hub-cert", self.hub_cert),
+            ("--hub-key", self.hub_key),
+            ("--hub-token-file", self.hub_token_file),
+        ):
+            if path is not None:
+                args += [flag, str(path.resolve())]
+        if self.hub_server_name is not None:
+            args += ["--hub-server-name", self.hub_server_name]
+        if self.hub_tls:
+            args.append("--hub-tls")
+        if self.hub_insecure:
+            args.append("--hub-insecure")
+        return args
+
+    @field_validator("retention")
+    @classmethod
+    def _retention(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_duration(v)
+        return v
+
+    def retention_seconds(self) -> float | None:
+        """``retention`` in seconds (None: keep blocks until evicted for room)."""
+        return parse_duration(self.retention) if self.retention is not None else None
+
+    @model_validator(mode="after")
+    def _hub_credentials(self) -> SpokeSettings:
+        try:
+            creds = self.hub_credentials()
+        except CredentialError as err:
+            raise ValueError(str(err)) from None
+        if creds.token_file is not None and not creds.tls and not self.hub_insecure:
+            raise ValueError(
+                "--hub-token-file without TLS would send the token in cleartext: add "
+                "--hub-ca (or --hub-tls), or --hub-insecure on a trusted network"
+            )
+        return self
 
     @field_validator("hub")
     @classmethod

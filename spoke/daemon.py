@@ -20,20 +20,25 @@ import uvicorn
 from protocol.spoke.v1 import spoke_pb2_grpc
 from spoke import lock, metrics
 from spoke.admin import AdminServer, bind, create_app
+from spoke.adminguard import AdminGuard
+from spoke.audit import AuditLog
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.config import SpokeSettings
 from spoke.errors import HubUnavailable
 from spoke.fetcher import Fetcher
+from spoke.hardening import ensure_admin_token, private_umask, secure_cache_dir
 from spoke.hints import HintedPolicy
 from spoke.hubclient import HubClient
 from spoke.invalidation import Invalidator
 from spoke.layout import CacheLayout
 from spoke.localservice import SpokeLocalService
+from spoke.peercheck import PeerCheckedSocket
 from spoke.pins import PinRegistry
 from spoke.policy import make_policy
 from spoke.prefetch import HintService
 from spoke.prewarm import PrewarmJobs
+from spoke.retention import ReadClock, Retention
 from spoke.store import BlockStore, open_index
 
 log = logging.getLogger(__name__)
@@ -55,10 +60,14 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             loop.add_signal_handler(sig, stop.set)
 
     layout = CacheLayout(settings.cache_dir)
+    private_umask()  # 0700 directories, 0600 files and socket, whatever the caller's umask
     layout.root.mkdir(parents=True, exist_ok=True)
     owner = lock.hold(layout.daemon_lock, "spoke daemon")  # before touching anything
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(os.close, owner)
+        secure_cache_dir(layout)  # what an older version or another umask left behind
+        audit = AuditLog(settings.audit_log or layout.root / "audit.jsonl")
+        stack.callback(audit.close)
         env = open_index(layout)
         stack.callback(env.close)
         capacity = int(settings.cache_size)
@@ -71,17 +80,23 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             high_watermark=settings.high_watermark,
             low_watermark=settings.low_watermark,
         )
-        hub = HubClient(settings.hub)
+        hub = HubClient(settings.hub, credentials=settings.hub_credentials())
         stack.push_async_callback(hub.close)
         catalog = SnapshotCatalog(hub, env)
         fetcher = Fetcher(hub, cache, miss_deadline=settings.miss_deadline)
         stack.push_async_callback(fetcher.close)
         hints = HintService(cache, fetcher)
+        pins = PinRegistry(env, cache)
 
+        clock = ReadClock()
         background = [
             asyncio.create_task(cache.run_evictor()),
-            asyncio.create_task(Invalidator(hub, catalog, cache).run()),
+            asyncio.create_task(Invalidator(hub, catalog, cache, pins).run()),
         ]
+        retention_s = settings.retention_seconds()
+        if retention_s is not None:
+            retention = Retention(catalog, cache, clock, retention_s, audit)
+            background.append(asyncio.create_task(retention.run()))
 
         async def stop_background() -> None:
             for task in background:
@@ -100,23 +115,34 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             ]
         )
         spoke_pb2_grpc.add_SpokeLocalServicer_to_server(  # type: ignore[no-untyped-call]
-            SpokeLocalService(catalog, cache, fetcher, hints), server
+            SpokeLocalService(catalog, cache, fetcher, hints, on_read=clock.read), server
         )
-        layout.socket_path.unlink(missing_ok=True)
+        backend = layout.root / ".grpc.sock"  # gRPC itself; the mount dials the front door
+        backend.unlink(missing_ok=True)
         layout.daemon_pid_file.write_text(f"{os.getpid()}\n")
         stack.callback(layout.daemon_pid_file.unlink, missing_ok=True)
-        server.add_insecure_port(f"unix:{layout.socket_path}")
+        server.add_insecure_port(f"unix:{backend}")
         await server.start()
+        os.chmod(backend, 0o600)
         stack.push_async_callback(server.stop, 2.0)
+        front = PeerCheckedSocket(layout.socket_path, backend, audit)  # own uid and root only
+        stack.callback(front.close)
 
-        pins = PinRegistry(env, cache)
         jobs = PrewarmJobs(catalog, cache, fetcher, pins)
         stack.push_async_callback(jobs.close)
-        token = settings.admin_token_file.read_text().strip() if settings.admin_token_file else None
+        token: str | None
+        if settings.admin_token_file is not None:
+            token = settings.admin_token_file.read_text().strip()
+        elif settings.no_admin_token:
+            token = None
+            log.warning("admin API without a token (--no-admin-token): any local user may use it")
+        else:
+            token = ensure_admin_token(layout)
         app = create_app(
             cache, fetcher, catalog, jobs, pins, token=token, hints=hints, mount=settings.mount
         )
-        admin = AdminServer(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        guarded = AdminGuard(app, token, audit)
+        admin = AdminServer(uvicorn.Config(guarded, log_level="warning", lifespan="off"))
         admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]))
 
         async def stop_admin() -> None:
@@ -136,7 +162,8 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             log.info("hub %s reachable: %d datasets", settings.hub, len(found.datasets))
         except HubUnavailable as err:
             metrics.HUB_UP.set(0)
-            log.warning("%s; serving cached data and retrying", err)
+            if hub.refused is None:  # a refusal was logged as an error by the client
+                log.warning("%s; serving cached data and retrying", err)
         log.info("daemon ready: socket %s, admin %s", layout.socket_path, url)
         await stop.wait()
         log.info("daemon stopping")

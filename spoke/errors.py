@@ -21,3 +21,11 @@ class HubUnavailable(SpokeError):
 
 class CorruptBlock(SpokeError):
     """Bytes did not match their digest (from the hub, or read back from disk)."""
+
+
+class AccessDenied(SpokeError):
+    """The hub refused this spoke's token for the dataset (outside the token's scope)."""
+
+
+class CorruptManifest(SpokeError):
+    """A manifest from the hub does not hash to the snapshot id it was resolved as."""

@@ -3,17 +3,31 @@
 Unary calls are retried by gRPC's own retry policy (UNAVAILABLE, exponential backoff with
 jitter; gRFC A6). Streams are retried by their callers (the fetcher), which know how much of
 a stream already arrived.
+
+Every call carries the spoke's token and goes over a channel built from its current TLS
+credentials (:mod:`spoke.hubauth`). When the certificate files change, new calls go to a new
+channel; the old one is closed only after :data:`OLD_CHANNEL_GRACE` seconds, so a block
+stream in flight finishes on it. A call the hub refuses (token, scope, TLS) records the
+reason in :attr:`HubClient.refused` (read by ``/readyz``); any successful call clears it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 import grpc.aio
 
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
+from spoke.hubauth import HubCredentials, refusal
+
+log = logging.getLogger(__name__)
+
+OLD_CHANNEL_GRACE = 120.0
+"""Seconds calls in flight on a replaced channel get to finish before it closes."""
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
@@ -44,67 +58,147 @@ class HubClient:
     Args:
         target: ``HOST:PORT`` of the hub.
         timeout: per-call deadline for unary calls and manifests, seconds.
+        credentials: TLS and token; None for plaintext without a token.
     """
 
-    def __init__(self, target: str, timeout: float = 10.0) -> None:
+    def __init__(
+        self, target: str, timeout: float = 10.0, credentials: HubCredentials | None = None
+    ) -> None:
         self.target = target
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(
-            target,
-            options=[
-                ("grpc.service_config", _SERVICE_CONFIG),
-                ("grpc.enable_retries", 1),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.keepalive_time_ms", 30_000),
-                ("grpc.initial_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", 2_000),
-            ],
-        )
+        self.credentials = credentials if credentials is not None else HubCredentials()
+        self.refused: str | None = None
+        self._old: set[asyncio.Task[None]] = set()
+        self._channel = self._open()
         self._stub = hub_pb2_grpc.HubStub(self._channel)
 
+    def _open(self) -> grpc.aio.Channel:
+        options = [
+            ("grpc.service_config", _SERVICE_CONFIG),
+            ("grpc.enable_retries", 1),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2_000),
+            *self.credentials.channel_options(),
+        ]
+        material = self.credentials.material
+        if material is None:
+            return grpc.aio.insecure_channel(self.target, options=options)
+        return grpc.aio.secure_channel(self.target, material.credentials(), options=options)
+
+    def _call(self) -> tuple[hub_pb2_grpc.HubStub, tuple[tuple[str, str], ...]]:
+        """The stub to use now and the metadata to send (fresh credentials)."""
+        if self.credentials.refresh_tls() is not None:
+            old = self._channel
+            self._channel = self._open()
+            self._stub = hub_pb2_grpc.HubStub(self._channel)
+            task = asyncio.get_running_loop().create_task(old.close(OLD_CHANNEL_GRACE))
+            self._old.add(task)
+            task.add_done_callback(self._old.discard)
+        return self._stub, self.credentials.metadata()
+
+    def _failed(self, err: grpc.aio.AioRpcError) -> None:
+        """Record why a call failed: a refusal of this spoke (token, TLS) is kept for
+        ``/readyz`` until a call succeeds; a dataset outside the token's scope is only
+        that call's error."""
+        reason = refusal(err, self.target)
+        if err.code() == grpc.StatusCode.PERMISSION_DENIED:
+            log.warning("%s", reason)
+            return
+        if reason is not None and reason != self.refused:
+            log.error("%s", reason)
+        self.refused = reason
+
+    def _ok(self) -> None:
+        if self.refused is not None:
+            log.info("hub %s accepts this spoke again", self.target)
+        self.refused = None
+
     async def close(self) -> None:
-        """Close the channel, cancelling calls in flight."""
+        """Close the channel, cancelling calls in flight (on replaced channels too)."""
         await self._channel.close()
+        for task in list(self._old):
+            task.cancel()
+        await asyncio.gather(*self._old, return_exceptions=True)
 
     async def list_datasets(self) -> hub_pb2.ListDatasetsResponse:
-        """Every dataset the hub has."""
-        reply: hub_pb2.ListDatasetsResponse = await self._stub.ListDatasets(
-            hub_pb2.ListDatasetsRequest(), timeout=self.timeout
-        )
+        """Every dataset the hub has (that the token may read)."""
+        stub, metadata = self._call()
+        try:
+            reply: hub_pb2.ListDatasetsResponse = await stub.ListDatasets(
+                hub_pb2.ListDatasetsRequest(), timeout=self.timeout, metadata=metadata
+            )
+        except grpc.aio.AioRpcError as err:
+            self._failed(err)
+            raise
+        self._ok()
         return reply
 
     async def list_versions(self, dataset: str) -> hub_pb2.ListVersionsResponse:
         """A dataset's versions and tags. Raises grpc.aio.AioRpcError (NOT_FOUND, …)."""
-        reply: hub_pb2.ListVersionsResponse = await self._stub.ListVersions(
-            hub_pb2.ListVersionsRequest(dataset=dataset), timeout=self.timeout
-        )
+        stub, metadata = self._call()
+        try:
+            reply: hub_pb2.ListVersionsResponse = await stub.ListVersions(
+                hub_pb2.ListVersionsRequest(dataset=dataset),
+                timeout=self.timeout,
+                metadata=metadata,
+            )
+        except grpc.aio.AioRpcError as err:
+            self._failed(err)
+            raise
+        self._ok()
         return reply
 
     async def resolve_ref(self, dataset: str, ref: str) -> hub_pb2.Snapshot:
         """Resolve a version or tag to its snapshot. Raises grpc.aio.AioRpcError."""
-        reply: hub_pb2.Snapshot = await self._stub.ResolveRef(
-            hub_pb2.ResolveRefRequest(dataset=dataset, ref=ref), timeout=self.timeout
-        )
+        stub, metadata = self._call()
+        try:
+            reply: hub_pb2.Snapshot = await stub.ResolveRef(
+                hub_pb2.ResolveRefRequest(dataset=dataset, ref=ref),
+                timeout=self.timeout,
+                metadata=metadata,
+            )
+        except grpc.aio.AioRpcError as err:
+            self._failed(err)
+            raise
+        self._ok()
         return reply
 
     async def get_manifest(self, dataset: str, ref: str) -> list[hub_pb2.ManifestEntry]:
         """A snapshot's whole manifest, in path order. Raises grpc.aio.AioRpcError."""
-        call = self._stub.GetManifest(
-            hub_pb2.GetManifestRequest(dataset=dataset, ref=ref), timeout=self.timeout * 6
+        stub, metadata = self._call()
+        call = stub.GetManifest(
+            hub_pb2.GetManifestRequest(dataset=dataset, ref=ref),
+            timeout=self.timeout * 6,
+            metadata=metadata,
         )
-        return [entry async for entry in call]
+        try:
+            entries = [entry async for entry in call]
+        except grpc.aio.AioRpcError as err:
+            self._failed(err)
+            raise
+        self._ok()
+        return entries
 
     async def watch(self, after_sequence: int) -> AsyncIterator[hub_pb2.CatalogEvent]:
         """Catalog events after ``after_sequence``, then each new one as it happens.
 
         Raises:
             grpc.aio.AioRpcError: the stream broke (UNAVAILABLE: reconnect and resume;
-                OUT_OF_RANGE: the sequence is no longer kept, resynchronise).
+                OUT_OF_RANGE: the sequence is no longer kept, resynchronise;
+                UNAUTHENTICATED: the token was refused).
         """
-        call = self._stub.Watch(hub_pb2.WatchRequest(after_sequence=after_sequence))
-        async for event in call:
-            yield event
+        stub, metadata = self._call()
+        call = stub.Watch(hub_pb2.WatchRequest(after_sequence=after_sequence), metadata=metadata)
+        try:
+            async for event in call:
+                yield event
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.CANCELLED:
+                self._failed(err)
+            raise
 
     async def read_blocks(
         self, digests: Sequence[str], timeout: float
@@ -117,23 +211,31 @@ class HubClient:
             grpc.aio.AioRpcError: the stream failed (the caller retries what is left).
             ValueError: the hub answered out of order or with inconsistent chunk offsets.
         """
-        call = self._stub.ReadBlocks(
-            iter([hub_pb2.ReadBlocksRequest(digests=list(digests))]), timeout=timeout
+        stub, metadata = self._call()
+        call = stub.ReadBlocks(
+            iter([hub_pb2.ReadBlocksRequest(digests=list(digests))]),
+            timeout=timeout,
+            metadata=metadata,
         )
         expected = iter(digests)
         buf = bytearray()
         current: str | None = None
-        async for chunk in call:
-            if current is None:
-                current = next(expected, "")
-                buf = bytearray()
-            if chunk.digest != current or chunk.offset != len(buf):
-                call.cancel()
-                raise ValueError(
-                    f"hub stream out of order: got {chunk.digest}@{chunk.offset}, "
-                    f"expected {current}@{len(buf)}"
-                )
-            buf += chunk.data
-            if chunk.last:
-                yield current, bytes(buf)
-                current = None
+        try:
+            async for chunk in call:
+                if current is None:
+                    current = next(expected, "")
+                    buf = bytearray()
+                if chunk.digest != current or chunk.offset != len(buf):
+                    call.cancel()
+                    raise ValueError(
+                        f"hub stream out of order: got {chunk.digest}@{chunk.offset}, "
+                        f"expected {current}@{len(buf)}"
+                    )
+                buf += chunk.data
+                if chunk.last:
+                    self._ok()
+                    yield current, bytes(buf)
+                    current = None
+        except grpc.aio.AioRpcError as err:
+            self._failed(err)
+            raise

@@ -5,7 +5,8 @@ The daemon keeps one ``Watch`` stream open, resuming from the last sequence it a
 version or a moved or removed tag it drops its stored answers about that dataset (the next
 question goes to the hub); on a revoked version it also remembers the revocation (the
 version stops resolving here, even with the hub down) and purges the cached blocks that no
-other stored, live snapshot shares. The mount sees the changes through its one-second
+other stored, live snapshot shares, after removing the pins of that version (a pin never
+keeps revoked bytes). The mount sees the changes through its one-second
 listing refreshes.
 """
 
@@ -24,6 +25,7 @@ from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import SpokeError
 from spoke.hubclient import HubClient
+from spoke.pins import PinRegistry
 from spoke.selection import unique_blocks
 
 log = logging.getLogger(__name__)
@@ -34,10 +36,17 @@ RETRY_MAX = 5.0  # seconds between reconnection attempts, at most
 class Invalidator:
     """Applies the hub's catalog events to the spoke's catalog and cache."""
 
-    def __init__(self, hub: HubClient, catalog: SnapshotCatalog, cache: BlockCache) -> None:
+    def __init__(
+        self,
+        hub: HubClient,
+        catalog: SnapshotCatalog,
+        cache: BlockCache,
+        pins: PinRegistry | None = None,
+    ) -> None:
         self.hub = hub
         self.catalog = catalog
         self.cache = cache
+        self.pins = pins
         self.sequence = catalog.get_sequence()
 
     async def run(self) -> None:
@@ -75,11 +84,23 @@ class Invalidator:
         self.catalog.forget_refs(event.dataset)
         if event.kind == hub_pb2.EVENT_KIND_VERSION_REVOKED:
             self.catalog.mark_revoked(event.dataset, event.version, event.snapshot_id)
+            self.unpin(event.dataset, event.version)
             purged = await self.purge(event.dataset, event.snapshot_id)
             log.info("%s %s revoked: %d cached blocks purged", event.dataset, event.version, purged)
         self.sequence = event.sequence
         self.catalog.set_sequence(event.sequence)
         metrics.WATCH_SEQUENCE.set(event.sequence)
+
+    def unpin(self, dataset: str, version: str) -> int:
+        """Remove every pin of a revoked version; returns how many."""
+        if self.pins is None:
+            return 0
+        doomed = [p for p in self.pins.all() if p.dataset == dataset and p.version == version]
+        for pin in doomed:
+            self.pins.remove(pin.id)
+        if doomed:
+            log.info("%s %s revoked: %d pins removed", dataset, version, len(doomed))
+        return len(doomed)
 
     async def purge(self, dataset: str, snapshot_id: str) -> int:
         """Drop cached blocks of a revoked snapshot that no live snapshot stored here uses.

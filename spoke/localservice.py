@@ -18,7 +18,15 @@ from protocol.spoke.v1 import spoke_pb2, spoke_pb2_grpc
 from spoke import metrics
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
-from spoke.errors import CorruptBlock, HubUnavailable, InvalidRequest, NotFound, SpokeError
+from spoke.errors import (
+    AccessDenied,
+    CorruptBlock,
+    CorruptManifest,
+    HubUnavailable,
+    InvalidRequest,
+    NotFound,
+    SpokeError,
+)
 from spoke.fetcher import Fetcher
 from spoke.layout import is_digest
 from spoke.prefetch import HintService
@@ -35,6 +43,8 @@ _CODES: dict[type[SpokeError], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     HubUnavailable: grpc.StatusCode.UNAVAILABLE,
     CorruptBlock: grpc.StatusCode.DATA_LOSS,
+    CorruptManifest: grpc.StatusCode.DATA_LOSS,
+    AccessDenied: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 
@@ -68,11 +78,13 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
         cache: BlockCache,
         fetcher: Fetcher,
         hints: HintService | None = None,
+        on_read: Callable[[list[str]], None] | None = None,
     ) -> None:
         self._catalog = catalog
         self._cache = cache
         self._fetcher = fetcher
         self._hints = hints
+        self._on_read = on_read or (lambda digests: None)  # retention's read clock
 
     @_unary
     async def ListDatasets(
@@ -135,6 +147,7 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
             finally:
                 self._hints.release(digests)
         self._fetcher.note_read(digests)
+        self._on_read(digests)
         hits = sum(was_cached)
         if hits:
             metrics.CACHE_HITS.inc(hits)
@@ -152,6 +165,7 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
         metrics.CACHE_HITS.inc(len(request.digests))
         self._cache.record_access(list(request.digests))
         self._fetcher.note_read(list(request.digests))
+        self._on_read(list(request.digests))
         if self._hints is not None:
             self._hints.observe(request.digests)
         prompt = self._hints is not None and self._hints.policy.active

@@ -55,3 +55,12 @@ PREFETCH_WASTED_BYTES = Counter(
 WATCH_SEQUENCE = Gauge(
     "strata_spoke_watch_sequence", "Last hub catalog event applied by invalidation"
 )
+MANIFEST_MISMATCHES = Counter(
+    "strata_spoke_manifest_mismatches",
+    "Manifests from the hub refused because they did not hash to their snapshot id",
+)
+HUB_CREDENTIAL_RELOADS = Counter(
+    "strata_spoke_hub_credential_reloads",
+    "Hub credentials re-read after their files changed (what: tls or token)",
+    ["what"],
+)

@@ -22,6 +22,7 @@ from types import FrameType
 
 from spoke import lock
 from spoke.config import SpokeSettings
+from spoke.hardening import private_umask
 from spoke.layout import CacheLayout
 from spoke.mountinfo import mounts
 from spoke.process import stop_process
@@ -117,7 +118,7 @@ class Supervisor:
         cmd += ["--miss-deadline", str(s.miss_deadline), "--log-level", self.log_level]
         if s.admin_token_file is not None:
             cmd += ["--admin-token-file", str(s.admin_token_file.resolve())]
-        return [*cmd, "--mount", str(self.mountpoint)]
+        return [*cmd, *s.security_args(), "--mount", str(self.mountpoint)]
 
     def _mount_cmd(self) -> list[str]:
         s = self.settings
@@ -161,6 +162,7 @@ class Supervisor:
         Raises:
             StartupError: the spoke could not start (one-line reason); nothing is left running.
         """
+        private_umask()  # the cache dir, pid files and both children: owner only
         try:
             self.layout.root.mkdir(parents=True, exist_ok=True)
             self._lock = lock.hold(self.layout.spoke_lock, "strata-spoke run")

@@ -320,3 +320,10 @@ def test_serve_refuses_bad_security_settings(tmp_path: Path, pki: Pki) -> None:
     assert_one_line_error(run(*base, "--tls-cert", str(pki.server.cert)), "--tls-key")
     assert_one_line_error(run(*base, "--tokens", str(bad_tokens)), "at least 16")
     assert_one_line_error(run(*base, "--max-message-bytes", "10"), "below")
+
+
+def test_serve_refuses_tokens_without_tls(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text('"a-token-of-sixteen-chars-or-more": "*"\n')
+    base = ["serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0"]
+    assert_one_line_error(run(*base, "--tokens", str(tokens)), "cleartext")

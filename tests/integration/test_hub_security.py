@@ -55,7 +55,8 @@ def metrics() -> HubMetrics:
 
 @pytest.fixture(scope="module")
 def token_port(data: Path, tokens_file: Path, metrics: HubMetrics) -> Iterator[int]:
-    with ServerThread(data, metrics=metrics, config=ServerConfig(tokens=tokens_file)) as server:
+    config = ServerConfig(tokens=tokens_file, insecure=True)
+    with ServerThread(data, metrics=metrics, config=config) as server:
         yield server.port
 
 
@@ -275,3 +276,19 @@ def test_tls_configuration_errors(data: Path, pki: Pki) -> None:
     ]:
         with pytest.raises(ConfigError, match=message):
             ServerThread(data, config=config).start()
+
+
+def test_refused_calls_are_in_the_audit_log(token_hub: hub_pb2_grpc.HubStub, data: Path) -> None:
+    import json
+
+    with pytest.raises(grpc.RpcError):
+        resolve(token_hub, "alpha", bearer("an-unknown-token-0123456789"))
+    with pytest.raises(grpc.RpcError):
+        resolve(token_hub, "beta", bearer(ALPHA_TOKEN))
+    records = [json.loads(line) for line in (data / "audit.jsonl").read_text().splitlines()]
+    outcomes = {(r["what"], r["outcome"]) for r in records}
+    assert ("ResolveRef", "UNAUTHENTICATED") in outcomes
+    assert ("ResolveRef", "PERMISSION_DENIED") in outcomes
+    assert all(r["who"].startswith("ipv4:127.0.0.1:") for r in records)
+    text = (data / "audit.jsonl").read_text()
+    assert ALPHA_TOKEN not in text and "an-unknown-token" not in text

@@ -61,7 +61,7 @@ def test_authentication_failures(metadata: list[tuple[str, str]], message: str) 
         ('"short": "*"\n', "at least 16"),
         (f'"{A}": []\n', "list of dataset globs"),
         (f'"{A}": "f3"\n', "list of dataset globs"),
-        (f'"{A}": ["../x"]\n', "invalid dataset glob"),
+        (f'"{A}": ["../x"]\n', "is not a valid glob"),
         (f'"{A}": [1]\n', "list of dataset globs"),
         ('"a": [\n', "cannot parse"),
     ],

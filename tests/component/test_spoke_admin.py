@@ -1,0 +1,208 @@
+"""The admin API in-process (httpx.ASGITransport over the guarded app): token checked before
+any body is read, bodies capped (413 JSON), caps on pins and running jobs (429), /docs with
+no CDN, and an audit record for each action and refused token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from hub.publish import publish
+from hub.server import ServerThread
+from spoke import admin as admin_module
+from spoke.admin import create_app
+from spoke.adminguard import MAX_BODY_BYTES, AdminGuard
+from spoke.audit import AuditLog
+from spoke.cache import BlockCache
+from spoke.catalog import SnapshotCatalog
+from spoke.fetcher import Fetcher
+from spoke.hubclient import HubClient
+from spoke.layout import CacheLayout
+from spoke.pins import PinRegistry
+from spoke.policy import make_policy
+from spoke.prewarm import PrewarmJobs
+from spoke.store import BlockStore, open_index
+from tests.integration.hub_support import write_tree
+
+TOKEN = "admin-secret-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def hub_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    base = tmp_path_factory.mktemp("adminhub")
+    files = {f"f{i}.bin": bytes([i]) * 1000 for i in range(5)}
+    publish(base / "data", "ds", write_tree(base / "src", files))
+    with ServerThread(base / "data") as hub:
+        yield hub.port
+
+
+Scenario = Callable[[httpx.AsyncClient, Path], Awaitable[None]]
+
+
+def run(tmp_path: Path, port: int, scenario: Scenario) -> None:
+    async def main() -> None:
+        layout = CacheLayout(tmp_path / "cache")
+        layout.root.mkdir()
+        env = open_index(layout)
+        hub = HubClient(f"127.0.0.1:{port}")
+        cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 24), 1 << 24)
+        catalog = SnapshotCatalog(hub, env)
+        fetcher = Fetcher(hub, cache, miss_deadline=5)
+        pins = PinRegistry(env, cache)
+        jobs = PrewarmJobs(catalog, cache, fetcher, pins)
+        audit = AuditLog(tmp_path / "audit.jsonl")
+        app = AdminGuard(create_app(cache, fetcher, catalog, jobs, pins, token=TOKEN), TOKEN, audit)
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 4242))  # type: ignore[arg-type]
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://spoke") as client:
+                await scenario(client, tmp_path / "audit.jsonl")
+        finally:
+            await jobs.close()
+            await fetcher.close()
+            await hub.close()
+            audit.close()
+            env.close()
+
+    asyncio.run(main())
+
+
+def audit_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_token_is_checked_before_the_body_is_read(tmp_path: Path, hub_port: int) -> None:
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        read = 0
+
+        async def body() -> AsyncIterator[bytes]:
+            nonlocal read
+            for _ in range(64):
+                read += 1
+                yield b"x" * 65536
+
+        reply = await client.post("/v1/prewarm", content=body())
+        assert reply.status_code == 401
+        assert reply.json() == {"detail": "missing or wrong bearer token"}
+        assert read <= 1, "an unauthenticated body must not be read"
+        wrong = {"Authorization": "Bearer nope"}
+        assert (await client.get("/v1/cache", headers=wrong)).status_code == 401
+        assert (await client.get("/healthz")).status_code == 200  # probes stay open
+        (first, second) = audit_lines(audit)
+        assert first["what"] == "POST /v1/prewarm" and first["outcome"].startswith("denied")
+        assert first["who"] == "127.0.0.1:4242"
+        assert second["what"] == "GET /v1/cache"
+        assert TOKEN not in audit.read_text() and "nope" not in audit.read_text()
+
+    run(tmp_path, hub_port, scenario)
+
+
+def test_bodies_are_capped_with_413_json(tmp_path: Path, hub_port: int) -> None:
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        declared = await client.post(
+            "/v1/hints",
+            headers={**AUTH, "Content-Length": str(100 << 20)},
+            content=b"{}",  # what is declared is refused before anything is read
+        )
+        assert declared.status_code == 413
+        assert declared.json()["detail"] == f"request body larger than {MAX_BODY_BYTES} bytes"
+        sent = 0
+
+        async def stream() -> AsyncIterator[bytes]:
+            nonlocal sent
+            for _ in range(200):  # 200 x 1 MiB, no Content-Length
+                sent += 1
+                yield b" " * (1 << 20)
+
+        chunked = await client.post("/v1/hints", headers=AUTH, content=stream())
+        assert chunked.status_code == 413
+        assert sent <= MAX_BODY_BYTES // (1 << 20) + 2, "reading stops at the cap"
+        outcomes = [line["outcome"] for line in audit_lines(audit)]
+        assert outcomes == ["refused: body too large"] * 2
+
+    run(tmp_path, hub_port, scenario)
+
+
+def test_pin_and_job_caps(tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admin_module, "MAX_PINS", 3)
+    monkeypatch.setattr(admin_module, "MAX_RUNNING_JOBS", 0)
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        for i in range(3):
+            body = {"dataset": "ds", "paths": [f"f{i}.bin"]}
+            reply = await client.post("/v1/pins", json=body, headers=AUTH)
+            assert reply.status_code == 201, reply.text
+        refused = await client.post("/v1/pins", json={"dataset": "ds"}, headers=AUTH)
+        assert refused.status_code == 429
+        assert refused.json()["detail"] == "3 pins exist; remove some (DELETE /v1/pins/ID)"
+        job = await client.post("/v1/prewarm", json={"dataset": "ds"}, headers=AUTH)
+        assert job.status_code == 429
+        assert "prewarm jobs are running (at most 0)" in job.json()["detail"]
+        records = audit_lines(audit)
+        assert [(r["what"], r["outcome"]) for r in records] == [
+            ("POST /v1/pins", "201"),
+            ("POST /v1/pins", "201"),
+            ("POST /v1/pins", "201"),
+            ("POST /v1/pins", "429"),
+            ("POST /v1/prewarm", "429"),
+        ]
+        assert records[0]["dataset"] == "ds" and records[0]["paths"] == 1
+
+    run(tmp_path, hub_port, scenario)
+
+
+def test_docs_work_offline(tmp_path: Path, hub_port: int) -> None:
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        page = await client.get("/docs")
+        assert page.status_code == 200
+        assert "<script" not in page.text and "http" not in page.text.replace("/openapi.json", "")
+        for route in ("POST /v1/prewarm", "POST /v1/pins", "POST /v1/evict", "GET /readyz"):
+            assert route in page.text, route
+        assert "PrewarmRequest" in page.text or '"dataset"' in page.text
+
+    run(tmp_path, hub_port, scenario)
+
+
+def test_pins_of_a_revoked_version_go_with_it(tmp_path: Path, hub_port: int) -> None:
+    from protocol.hub.v1 import hub_pb2
+    from spoke.invalidation import Invalidator
+
+    async def main() -> None:
+        layout = CacheLayout(tmp_path / "cache")
+        layout.root.mkdir()
+        env = open_index(layout)
+        hub = HubClient(f"127.0.0.1:{hub_port}")
+        cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 24), 1 << 24)
+        catalog = SnapshotCatalog(hub, env)
+        fetcher = Fetcher(hub, cache, miss_deadline=5)
+        pins = PinRegistry(env, cache)
+        jobs = PrewarmJobs(catalog, cache, fetcher, pins)
+        try:
+            snapshot, globs, _, blocks = await jobs.resolve("ds", "v1", [])
+            kept = pins.add("other", "v1", "v1", [], {})
+            pin = pins.add("ds", "v1", snapshot.version, globs, blocks)
+            assert all(cache.is_pinned(d) for d in blocks)
+            event = hub_pb2.CatalogEvent(
+                sequence=7,
+                kind=hub_pb2.EVENT_KIND_VERSION_REVOKED,
+                dataset="ds",
+                version="v1",
+                snapshot_id=snapshot.snapshot_id,
+            )
+            await Invalidator(hub, catalog, cache, pins).apply(event)
+            assert pins.get(pin.id) is None and pins.get(kept.id) is not None
+            assert not any(cache.is_pinned(d) for d in blocks)
+            assert [p.id for p in PinRegistry(env, cache).all()] == [kept.id]  # persisted
+        finally:
+            await jobs.close()
+            await fetcher.close()
+            await hub.close()
+            env.close()
+
+    asyncio.run(main())
