@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 from collections.abc import Callable, Iterable
 
 from spoke import metrics
@@ -291,6 +292,27 @@ class BlockCache:
         self.store.delete(digest)
         self._update_gauges()
         return was
+
+    def confirm_resident(self, digests: Iterable[str]) -> int:
+        """Drop every one of ``digests`` the index holds whose block file is gone or cannot
+        be examined (a failed or replaced cache disk, a file deleted by hand), so that it is
+        a miss again and gets refetched; one ``stat`` per resident digest.
+
+        Returns:
+            How many were dropped (each counted in ``strata_spoke_lost_blocks_total``).
+        """
+        lost = 0
+        for digest in digests:
+            if not self.contains(digest):
+                continue
+            try:
+                os.stat(self.store.layout.block_path(digest))
+            except OSError as err:
+                log.error("cached block %s is lost from the disk (%s); refetching it", digest, err)
+                metrics.LOST_BLOCKS.inc()
+                self.drop(digest)
+                lost += 1
+        return lost
 
     # -- pins ----------------------------------------------------------------------------
 

@@ -125,6 +125,7 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
                 metrics.CORRUPT_BLOCKS.inc()
                 self._cache.drop(digest)
         digests = [d for d, _ in refs]
+        self._cache.confirm_resident(digests)  # the mount asks for what it could not read
         if self._hints is None:
             was_cached, uncached = await self._fetcher.ensure(refs)
         else:  # the cursor moves before the fetch, so prefetch follows at once

@@ -55,3 +55,7 @@ PREFETCH_WASTED_BYTES = Counter(
 WATCH_SEQUENCE = Gauge(
     "strata_spoke_watch_sequence", "Last hub catalog event applied by invalidation"
 )
+LOST_BLOCKS = Counter(
+    "strata_spoke_lost_blocks",
+    "Blocks the index held whose file was gone from the cache disk (dropped and refetched)",
+)

@@ -163,10 +163,11 @@ class BlockStore:
                 txn.delete(digest.encode())
 
     def verify(self, digest: str) -> bool:
-        """Re-read a cached block and check it against its digest (False if absent or bad)."""
+        """Re-read a cached block and check it against its digest (False if absent, bad or
+        unreadable)."""
         try:
             data = self.layout.block_path(digest).read_bytes()
-        except FileNotFoundError:
+        except OSError:
             return False
         return block_digest(data) == digest
 

@@ -254,3 +254,24 @@ def test_a_cache_almost_fully_pinned_keeps_the_rest_within_its_size(tmp_path: Pa
         assert cache.used_bytes <= 6_500 and _on_disk(tmp_path) == cache.used_bytes
 
     asyncio.run(go())
+
+
+def test_block_files_gone_from_the_disk_are_dropped_as_misses(tmp_path: Path) -> None:
+    blocks = _blocks(5, 1000)
+    hub = FakeHub(dict(blocks))
+
+    async def go() -> None:
+        cache = _cache(tmp_path, 10_000)
+        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        refs = [(d, len(b)) for d, b in blocks]
+        await fetcher.ensure(refs)
+        for d, _ in blocks[:2]:
+            cache.store.layout.block_path(d).unlink()
+        assert cache.confirm_resident(d for d, _ in refs) == 2
+        assert len(cache) == 3 and cache.used_bytes == 3_000
+        assert {b.digest for b in cache.store} == {d for d, _ in blocks[2:]}
+        was_cached, _ = await fetcher.ensure(refs)
+        assert was_cached == [False, False, True, True, True]
+        assert _on_disk(tmp_path) == cache.used_bytes == 5_000
+
+    asyncio.run(go())
