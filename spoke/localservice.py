@@ -78,25 +78,25 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
     async def ListDatasets(
         self, request: hub_pb2.ListDatasetsRequest, context: grpc.aio.ServicerContext
     ) -> hub_pb2.ListDatasetsResponse:
-        return await self._catalog.list_datasets()
+        return await self._catalog.list_datasets(stale_ok=True)
 
     @_unary
     async def ListVersions(
         self, request: hub_pb2.ListVersionsRequest, context: grpc.aio.ServicerContext
     ) -> hub_pb2.ListVersionsResponse:
-        return await self._catalog.list_versions(request.dataset)
+        return await self._catalog.list_versions(request.dataset, stale_ok=True)
 
     @_unary
     async def ResolveRef(
         self, request: hub_pb2.ResolveRefRequest, context: grpc.aio.ServicerContext
     ) -> hub_pb2.Snapshot:
-        return await self._catalog.resolve_ref(request.dataset, request.ref)
+        return await self._catalog.resolve_ref(request.dataset, request.ref, stale_ok=True)
 
     async def GetManifest(
         self, request: hub_pb2.GetManifestRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[spoke_pb2.ManifestPage]:
         try:
-            entries = await self._catalog.manifest(request.dataset, request.ref)
+            entries = await self._catalog.manifest(request.dataset, request.ref, stale_ok=True)
         except SpokeError as err:
             await context.abort(_status_for(err), str(err))
             return

@@ -3,14 +3,16 @@ a cache full of pins, block files lost from the cache disk, a blackholed hub."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from bench.wan import CutMode, LinkSpec, WanProxy
 from deploy.local import LocalStack
 from spoke.layout import CacheLayout
 from tests.support import publish, requires_fuse
@@ -127,3 +129,51 @@ def test_block_files_lost_from_the_cache_disk_are_refetched(
     assert _metric(admin, "strata_spoke_hub_fetch_blocks_total") == fetched + len(lost)
     stats = httpx.get(f"{admin}/v1/cache", timeout=30).json()
     assert stats["blocks"] == 9 and stats["used_bytes"] == sum(before.values())
+
+
+def _timed(op: Callable[[], object]) -> float:
+    start = time.monotonic()
+    op()
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize("mode", ["blackhole", "reset"])
+def test_a_cut_hub_never_stalls_lookups_of_cached_files(
+    tmp_path: Path, stack: LocalStack, mode: CutMode
+) -> None:
+    """Item 3: with the hub link cut (silently, or refusing), lookups and reads of cached
+    files go on at local speed: no lookup waits for the hub's 10 s timeout."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):
+        (src / f"f{i}.bin").write_bytes(os.urandom(2 * BLOCK))
+    publish(tmp_path / "hub", "ds", src, "--block-size", str(BLOCK))
+    hub = stack.start_hub(tmp_path / "hub")
+    host, port = hub.rsplit(":", 1)
+    with WanProxy((host, int(port)), LinkSpec(rtt_s=0.0, rate_bps=math.inf)) as wan:
+        mnt = tmp_path / "mnt"
+        stack.start_spoke(wan.address, tmp_path / "cache", mnt, "64MiB")
+        for tree in ("v1", "latest"):
+            for i in range(4):
+                assert (
+                    _read_direct(mnt / "ds" / tree / f"f{i}.bin")
+                    == (src / f"f{i}.bin").read_bytes()
+                )
+        wan.cut(mode)
+        slowest = 0.0
+        deadline = time.monotonic() + 3.5  # several 1 s listing lifetimes
+        i = 0
+        while time.monotonic() < deadline:
+            path = mnt / "ds" / ("v1", "latest")[i % 2] / f"f{i % 4}.bin"
+            slowest = max(
+                slowest,
+                _timed(lambda: os.listdir(mnt / "ds")),
+                _timed(lambda p=path: os.stat(p)),  # type: ignore[misc]
+                _timed(lambda p=path: _read_direct(p)),  # type: ignore[misc]
+            )
+            i += 1
+            time.sleep(0.2)
+        assert slowest < 4.0, f"a lookup of a cached file waited {slowest:.1f} s on the hub"
+        wan.restore()
+        assert _read_direct(mnt / "ds" / "latest" / "f0.bin") == (src / "f0.bin").read_bytes()
+        stack.stop_spoke()
