@@ -21,3 +21,8 @@ class HubUnavailable(SpokeError):
 
 class CorruptBlock(SpokeError):
     """Bytes did not match their digest (from the hub, or read back from disk)."""
+
+
+class MissDeadline(HubUnavailable):
+    """A miss gave up: the hub did not deliver before ``--miss-deadline`` (a read then fails
+    with EIO at once: the mount does not retry it, unlike a daemon it cannot reach)."""

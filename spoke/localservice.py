@@ -18,7 +18,14 @@ from protocol.spoke.v1 import spoke_pb2, spoke_pb2_grpc
 from spoke import metrics
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
-from spoke.errors import CorruptBlock, HubUnavailable, InvalidRequest, NotFound, SpokeError
+from spoke.errors import (
+    CorruptBlock,
+    HubUnavailable,
+    InvalidRequest,
+    MissDeadline,
+    NotFound,
+    SpokeError,
+)
 from spoke.fetcher import Fetcher
 from spoke.layout import is_digest
 from spoke.prefetch import HintService
@@ -30,7 +37,8 @@ T = TypeVar("T")
 MANIFEST_PAGE_ENTRIES = 2048  # most entries per ManifestPage message
 MANIFEST_PAGE_BYTES = 1 << 20  # a page closes once its entries reach this size
 
-_CODES: dict[type[SpokeError], grpc.StatusCode] = {
+_CODES: dict[type[SpokeError], grpc.StatusCode] = {  # first match wins: subclasses first
+    MissDeadline: grpc.StatusCode.DEADLINE_EXCEEDED,
     NotFound: grpc.StatusCode.NOT_FOUND,
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     HubUnavailable: grpc.StatusCode.UNAVAILABLE,

@@ -3,6 +3,7 @@ a cache full of pins, block files lost from the cache disk, a blackholed hub."""
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import time
@@ -177,3 +178,38 @@ def test_a_cut_hub_never_stalls_lookups_of_cached_files(
         wan.restore()
         assert _read_direct(mnt / "ds" / "latest" / "f0.bin") == (src / "f0.bin").read_bytes()
         stack.stop_spoke()
+
+
+def test_a_failed_miss_takes_one_miss_deadline(
+    tmp_path: Path, stack: LocalStack, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Item 4: a buffered read the hub cannot serve (a silent link) fails with EIO after one
+    --miss-deadline, although the kernel asks again for the failed readahead page; the
+    daemon logs no unretrieved future; reads work again once the link is back."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "seen.bin").write_bytes(os.urandom(BLOCK))
+    (src / "unseen.bin").write_bytes(os.urandom(8 * BLOCK))
+    publish(tmp_path / "hub", "ds", src, "--block-size", str(BLOCK))
+    hub = stack.start_hub(tmp_path / "hub")
+    host, port = hub.rsplit(":", 1)
+    deadline = 3.0
+    with WanProxy((host, int(port)), LinkSpec(rtt_s=0.0, rate_bps=math.inf)) as wan:
+        mnt = tmp_path / "mnt"
+        stack.start_spoke(
+            wan.address, tmp_path / "cache", mnt, "64MiB", extra=("--miss-deadline", "3")
+        )
+        v1 = mnt / "ds" / "v1"
+        assert (v1 / "seen.bin").read_bytes() == (src / "seen.bin").read_bytes()
+        os.stat(v1 / "unseen.bin")
+        wan.cut("blackhole")
+        start = time.monotonic()
+        with open(v1 / "unseen.bin", "rb", buffering=0) as f, pytest.raises(OSError) as info:
+            f.read(4096)
+        took = time.monotonic() - start
+        assert info.value.errno == errno.EIO
+        assert took < 1.5 * deadline, f"a failed miss took {took:.1f} s, deadline {deadline} s"
+        wan.restore()
+        assert (v1 / "unseen.bin").read_bytes() == (src / "unseen.bin").read_bytes()
+        stack.stop_spoke()
+    assert "never retrieved" not in capfd.readouterr().err
