@@ -57,6 +57,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
     layout = CacheLayout(settings.cache_dir)
     layout.root.mkdir(parents=True, exist_ok=True)
     owner = lock.hold(layout.daemon_lock, "spoke daemon")  # before touching anything
+    metrics.MOUNT_RESTARTS.path = layout.mount_restarts_file
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(os.close, owner)
         env = open_index(layout)
