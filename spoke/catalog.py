@@ -92,7 +92,7 @@ class SnapshotCatalog:
             lambda: self._hub.list_versions(dataset),
             stale_ok,
         )
-        live = [v for v in reply.versions if not self.is_revoked(dataset, v.version)]
+        live = [v for v in reply.versions if not self.is_revoked(dataset, v.version, v.snapshot_id)]
         if len(live) != len(reply.versions):
             names = {v.version for v in live}
             return hub_pb2.ListVersionsResponse(
@@ -112,7 +112,7 @@ class SnapshotCatalog:
             lambda: self._hub.resolve_ref(dataset, ref),
             stale_ok,
         )
-        if self.is_revoked(dataset, snapshot.version):
+        if self.is_revoked(dataset, snapshot.version, snapshot.snapshot_id):
             raise NotFound(f"{dataset} {snapshot.version} was revoked")
         return snapshot
 
@@ -137,10 +137,19 @@ class SnapshotCatalog:
         with self._env.begin(write=True, db=self._catalog) as txn:
             txn.put(f"revoked/{dataset}/{version}".encode(), snapshot_id.encode())
 
-    def is_revoked(self, dataset: str, version: str) -> bool:
-        """True once the hub said ``dataset`` ``version`` was revoked."""
+    def is_revoked(self, dataset: str, version: str, snapshot_id: str | None = None) -> bool:
+        """True once the hub said ``dataset`` ``version`` was revoked.
+
+        Args:
+            snapshot_id: the version's snapshot id now; a revocation recorded for another
+                snapshot id does not count (the hub was replaced by one with another
+                catalog under the same address, where that version is something else).
+        """
         with self._env.begin(db=self._catalog) as txn:
-            return txn.get(f"revoked/{dataset}/{version}".encode()) is not None
+            raw = txn.get(f"revoked/{dataset}/{version}".encode())
+        if raw is None:
+            return False
+        return snapshot_id is None or not raw or raw.decode() == snapshot_id
 
     def revoked_snapshots(self) -> set[str]:
         """Snapshot ids of every version known to be revoked."""

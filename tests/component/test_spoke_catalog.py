@@ -11,7 +11,7 @@ import pytest
 
 from protocol.hub.v1 import hub_pb2
 from spoke.catalog import SnapshotCatalog
-from spoke.errors import HubUnavailable
+from spoke.errors import HubUnavailable, NotFound
 from spoke.layout import CacheLayout
 from spoke.store import open_index
 
@@ -27,6 +27,7 @@ class SilentHub:
         self.open = asyncio.Event()
         self.open.set()
         self.refuse = False
+        self.snapshot_suffix = ""
 
     async def _answer(self) -> None:
         self.calls += 1
@@ -39,7 +40,12 @@ class SilentHub:
     async def list_versions(self, dataset: str) -> hub_pb2.ListVersionsResponse:
         await self._answer()
         return hub_pb2.ListVersionsResponse(
-            versions=[hub_pb2.Snapshot(dataset=dataset, version=v) for v in self.versions],
+            versions=[
+                hub_pb2.Snapshot(
+                    dataset=dataset, version=v, snapshot_id=f"id-{v}{self.snapshot_suffix}"
+                )
+                for v in self.versions
+            ],
             tags=[hub_pb2.Tag(name="latest", version=self.versions[-1])],
         )
 
@@ -50,7 +56,9 @@ class SilentHub:
     async def resolve_ref(self, dataset: str, ref: str) -> hub_pb2.Snapshot:
         await self._answer()
         version = self.versions[-1] if ref == "latest" else ref
-        return hub_pb2.Snapshot(dataset=dataset, version=version, snapshot_id=f"id-{version}")
+        return hub_pb2.Snapshot(
+            dataset=dataset, version=version, snapshot_id=f"id-{version}{self.snapshot_suffix}"
+        )
 
 
 def _catalog(tmp_path: Path, hub: SilentHub) -> SnapshotCatalog:
@@ -124,6 +132,25 @@ def test_without_stale_ok_the_hub_is_asked_and_its_absence_falls_back(tmp_path: 
         assert _names(await catalog.list_versions("ds")) == ["v1", "v2"]  # asked: fresh
         hub.refuse = True
         assert _names(await catalog.list_versions("ds")) == ["v1", "v2"]  # stored
+        await catalog.close()
+
+    asyncio.run(go())
+
+
+def test_a_revocation_holds_for_its_snapshot_only(tmp_path: Path) -> None:
+    """A hub replaced by one with another catalog under the same address: its v1 is another
+    snapshot, which a revocation of the old v1 must not hide."""
+    hub = SilentHub()
+
+    async def go() -> None:
+        catalog = _catalog(tmp_path, hub)
+        catalog.mark_revoked("ds", "v1", "id-v1")
+        with pytest.raises(NotFound):
+            await catalog.resolve_ref("ds", "v1")
+        assert _names(await catalog.list_versions("ds")) == []
+        hub.snapshot_suffix = "-other-hub"
+        assert (await catalog.resolve_ref("ds", "v1")).snapshot_id == "id-v1-other-hub"
+        assert _names(await catalog.list_versions("ds")) == ["v1"]
         await catalog.close()
 
     asyncio.run(go())
