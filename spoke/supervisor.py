@@ -32,7 +32,7 @@ from types import FrameType
 from spoke import lock
 from spoke.config import SpokeSettings
 from spoke.layout import CacheLayout
-from spoke.processes import Process, find, find_daemon, read_pid, same_settings
+from spoke.processes import Process, cmdline, find, find_daemon, read_pid, same_settings
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +104,23 @@ def check_mountpoint(path: Path) -> None:
     if not path.is_dir():
         raise StartupError(f"mountpoint {path} is not a directory")
     if is_mounted(path):
+        owners = mount_processes(path)
+        by = f" (strata mount pid {', '.join(map(str, owners))})" if owners else ""
         raise StartupError(
             f"mountpoint {path} is busy: something other than this cache dir's mount is "
-            "mounted there"
+            f"mounted there{by}"
         )
+
+
+def mount_processes(path: Path) -> list[int]:
+    """Pids of strata mount processes serving ``path`` (by their command lines)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            args = cmdline(int(entry.name)) or []
+            if "fusemount" in args and args[-1:] == [str(path)]:
+                pids.append(int(entry.name))
+    return sorted(pids)
 
 
 class _Restarts:
@@ -156,6 +169,7 @@ class Supervisor:
         self._leave = False  # SIGUSR1: exit, leaving both serving
         self._reload = False  # SIGHUP: re-exec, keep the mount, restart the daemon
         self._lock: int | None = None  # CACHE_DIR/spoke.lock while running
+        self._mounted = False  # a mount of ours was (or is) on the mountpoint
         self._daemon_restarts = _Restarts()
         self._mount_restarts = _Restarts()
 
@@ -186,6 +200,7 @@ class Supervisor:
 
     def _start_mount(self) -> None:
         self.mount = subprocess.Popen(self._mount_cmd(), start_new_session=True)
+        self._mounted = True
         self._wait(self.mount, "mount", lambda: is_mounted(self.mountpoint))
         self._mount_restarts.up()
 
@@ -289,6 +304,7 @@ class Supervisor:
         if mount is not None and args is not None:
             if same_settings(args, expected) and is_mounted(self.mountpoint):
                 self.mount = mount
+                self._mounted = True
                 self._mount_restarts.up()
                 done.append(f"adopted mount pid {mount.pid}")
             else:
@@ -359,7 +375,7 @@ class Supervisor:
         if self.mount is not None:
             _terminate(self.mount)
             self.mount = None
-        if is_mounted(self.mountpoint):
+        if self._mounted and is_mounted(self.mountpoint):  # never another spoke's mount
             lazy_unmount(self.mountpoint)
         if self.daemon is not None:
             _terminate(self.daemon)

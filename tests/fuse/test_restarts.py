@@ -295,3 +295,23 @@ def test_a_hand_over_to_a_new_supervisor_keeps_open_files_working(
                 second.kill()
     finally:
         reader.close()
+
+
+def test_a_mountpoint_busy_with_another_spokes_mount_is_refused_naming_it(
+    tmp_path: Path, src: Path, stack: LocalStack
+) -> None:
+    hub = stack.start_hub(tmp_path / "hub")
+    stack.start_spoke(hub, tmp_path / "cache", tmp_path / "mnt", SIZE)
+    mount = read_pid(CacheLayout(tmp_path / "cache").mount_pid_file)
+    other = subprocess.run(
+        [*_run_args(hub, tmp_path)[:7], str(tmp_path / "cache2"), *_run_args(hub, tmp_path)[8:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert other.returncode == 1
+    assert other.stderr.strip().splitlines() == [
+        f"strata-spoke: error: mountpoint {(tmp_path / 'mnt').resolve()} is busy: something "
+        f"other than this cache dir's mount is mounted there (strata mount pid {mount})"
+    ]
+    assert (tmp_path / "mnt" / "ds" / "v1" / "small.txt").read_text() == "hello strata\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,26 @@ def test_prewarm_with_an_empty_ref_is_refused_before_any_request() -> None:
     assert proc.stderr.strip() == (
         "strata-spoke: error: 'ds@': give a version or tag after '@', or leave '@' out for latest"
     )
+
+
+def test_lock_holder_names_a_live_holder_only(tmp_path: Path) -> None:
+    from spoke import lock
+
+    path = tmp_path / "daemon.lock"
+    assert lock.holder(path) is None  # no file
+    fd = lock.hold(path, "test")
+    os.close(fd)
+    assert lock.holder(path) is None  # the file names a pid, but nobody holds it
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path; from spoke import lock; "
+         f"lock.hold(Path({str(path)!r}), 'x'); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "held\n"
+        assert lock.holder(path) == child.pid
+    finally:
+        child.kill()
+        child.wait()
+    assert lock.holder(path) is None
