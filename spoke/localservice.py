@@ -174,4 +174,5 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
         bad = [d for d, _ in refs if not is_digest(d)]
         if bad:
             raise InvalidRequest(f"malformed block digest {bad[0]!r}")
+        self._cache.confirm_resident(d for d, _ in refs)  # the mount found these missing
         return spoke_pb2.PrefetchResponse(started=self._fetcher.prefetch(refs))
