@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -55,6 +56,37 @@ def set_read_ahead(mountpoint: Path, kib: int) -> bool:
         return False
     log.info("read_ahead_kb of %s (bdi %s) = %d", mountpoint, device, kib)
     return True
+
+
+OPEN_FILES_WANTED = 4096
+"""Open files the mount wants: its table of open block files (1024), FUSE, sockets."""
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit.
+
+    systemd and many container runtimes start services with a soft limit of 1024, which
+    the mount's table of open block files alone reaches: every block file opened past it
+    failed with EMFILE, i.e. EIO for the reader (getrlimit(2)).
+
+    Returns:
+        The soft limit now.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard  # fs.nr_open's default
+    if soft != resource.RLIM_INFINITY and target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as err:
+            log.warning("could not raise the open file limit from %d: %s", soft, err)
+    if soft != resource.RLIM_INFINITY and soft < OPEN_FILES_WANTED:
+        log.warning(
+            "open file limit is %d (hard limit); the mount wants %d: raise LimitNOFILE",
+            soft,
+            OPEN_FILES_WANTED,
+        )
+    return soft
 
 
 def mount_options(allow_other: bool = False) -> set[str]:
@@ -128,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         level=ns.log_level.upper(),
         format="%(asctime)s strata-mount %(levelname)s %(name)s: %(message)s",
     )
+    raise_open_file_limit()
     mountpoint: Path = ns.mountpoint.resolve()  # before mounting: never stat it afterwards
     if not mountpoint.is_dir():
         print(f"strata-mount: error: mountpoint {mountpoint} is not a directory", file=sys.stderr)

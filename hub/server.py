@@ -155,6 +155,10 @@ def server_options(max_message_bytes: int) -> tuple[tuple[str, int], ...]:
         ),
         # Without this a second server could bind the same port and steal half the calls.
         ("grpc.so_reuseport", 0),
+        # Spokes ping every 10 s, idle Watch streams included, to find dead links (their
+        # HubClient): allow it rather than answer with GOAWAY "too_many_pings".
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
     )
 
 

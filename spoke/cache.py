@@ -15,7 +15,9 @@ hand-off and one index commit per batch (:class:`BlockWriter`). Capacity rules:
   the policy's capacity is what pins leave over.
 * When the cache filesystem is full (``ENOSPC``) the cache evicts until the write fits; if
   nothing can be evicted it raises :class:`CacheFull` and the caller streams the block
-  through without caching it.
+  through without caching it. So it does when the room within ``--cache-size`` is taken
+  by pins (or blocks readers wait for): a block is never admitted only to be evicted by
+  the next admission before its reader gets to it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 from collections.abc import Callable, Iterable
 
 from spoke import metrics
@@ -141,6 +144,7 @@ class BlockCache:
         self._pin_refs: dict[str, int] = {}  # digest -> number of pins holding it
         self._tick = 0
         self._reserved = 0  # bytes of admissions being written
+        self._landed: asyncio.Event | None = None  # set when an admission's write ends
         self._wake: asyncio.Event | None = None
         self.on_evict: list[Callable[[str, int], None]] = []  # called per evicted block
         policy.resize(capacity_bytes)
@@ -191,15 +195,21 @@ class BlockCache:
     async def admit(self, digest: str, data: bytes) -> None:
         """Write a verified block to disk and account for it.
 
+        The block is written only when it fits within ``capacity_bytes`` next to the
+        resident blocks and the admissions being written, after evicting what the policy
+        allows; pinned blocks are never evicted for it, so when pins fill the cache it is
+        refused (the caller streams it through) instead of being admitted and evicted at
+        once by the next admission.
+
         Raises:
-            CacheFull: the filesystem is full and nothing is evictable; nothing was written.
+            CacheFull: no room within the cache size or on the filesystem, and nothing
+                evictable (everything pinned or held); nothing was written.
             OSError: another write failure; the cache is unchanged.
         """
         if self.contains(digest):
             return
         size = len(data)
-        # the hard limit, counting the admissions still being written
-        self._evict_down_to(self.capacity_bytes - self._reserved - size)
+        await self._make_room(digest, size, wait=True)
         self._reserved += size
         self._tick += 1
         try:
@@ -211,28 +221,51 @@ class BlockCache:
                     if err.errno not in (errno.ENOSPC, errno.EDQUOT):
                         raise
                     if not self._evict_bytes(2 * size):
-                        metrics.CACHE_FULL.inc()
-                        raise CacheFull(
-                            errno.ENOSPC, f"cache filesystem full and nothing evictable ({digest})"
-                        ) from err
+                        raise self._full(digest, "cache filesystem full") from err
                     log.warning("cache filesystem full: evicted to make room for %s", digest)
         finally:
             self._reserved -= size
-        # admissions that landed meanwhile may have filled the room: make it again (the
-        # block is not in the policy yet, so it is never its own victim)
-        self._evict_down_to(self.capacity_bytes - self._reserved - size)
+            landed, self._landed = self._landed, None
+            if landed is not None:
+                landed.set()
+        # pins taken meanwhile may have shrunk the evictable room: make it again (the
+        # block is not in the policy yet, so it is never its own victim), or give it up
+        try:
+            await self._make_room(digest, size, wait=False)
+        except CacheFull:
+            self.store.delete(digest)
+            raise
         if digest in self._pin_refs:
             self._pinned[digest] = size
             self._resize_policy()
         else:
             self.policy.insert(digest, size)
         self._update_gauges()
-        if (
-            self.used_bytes > self.high_bytes
-            and self._wake is not None
-            and not self.policy.evict_on_demand
-        ):
-            self._wake.set()
+        self._wake_evictor()
+
+    async def _make_room(self, digest: str, size: int, wait: bool) -> None:
+        """Evict until ``size`` more bytes fit next to the residents and the admissions
+        being written (the hard limit). When only admissions being written are in the way,
+        wait (``wait``) for one to land: it is then evictable like any other block.
+
+        Raises:
+            CacheFull: they cannot fit: what is left is pinned or held by readers.
+        """
+        while True:
+            if self.pinned_bytes + self._reserved + size <= self.capacity_bytes:
+                self._evict_down_to(self.capacity_bytes - self._reserved - size)
+                if self.used_bytes + self._reserved + size <= self.capacity_bytes:
+                    return
+            if not wait or not self._reserved or self.pinned_bytes + size > self.capacity_bytes:
+                raise self._full(digest, f"cache of {self.capacity_bytes:,} bytes full")
+            if self._landed is None:
+                self._landed = asyncio.Event()
+            await self._landed.wait()
+
+    @staticmethod
+    def _full(digest: str, why: str) -> CacheFull:
+        metrics.CACHE_FULL.inc()
+        return CacheFull(errno.ENOSPC, f"{why} and nothing evictable ({digest})")
 
     def record_access(self, digests: Iterable[str]) -> int:
         """Apply a batch of hits to the policy and persist their recency.
@@ -260,6 +293,27 @@ class BlockCache:
         self._update_gauges()
         return was
 
+    def confirm_resident(self, digests: Iterable[str]) -> int:
+        """Drop every one of ``digests`` the index holds whose block file is gone or cannot
+        be examined (a failed or replaced cache disk, a file deleted by hand), so that it is
+        a miss again and gets refetched; one ``stat`` per resident digest.
+
+        Returns:
+            How many were dropped (each counted in ``strata_spoke_lost_blocks_total``).
+        """
+        lost = 0
+        for digest in digests:
+            if not self.contains(digest):
+                continue
+            try:
+                os.stat(self.store.layout.block_path(digest))
+            except OSError as err:
+                log.error("cached block %s is lost from the disk (%s); refetching it", digest, err)
+                metrics.LOST_BLOCKS.inc()
+                self.drop(digest)
+                lost += 1
+        return lost
+
     # -- pins ----------------------------------------------------------------------------
 
     def pin(self, digests: Iterable[str]) -> None:
@@ -284,12 +338,7 @@ class BlockCache:
                 self.policy.insert(digest, size)
         self._resize_policy()
         self._update_gauges()
-        if (
-            self.used_bytes > self.high_bytes
-            and self._wake is not None
-            and not self.policy.evict_on_demand
-        ):
-            self._wake.set()
+        self._wake_evictor()
 
     def is_pinned(self, digest: str) -> bool:
         """True when some pin holds ``digest``."""
@@ -309,21 +358,24 @@ class BlockCache:
                     break
                 await asyncio.sleep(0)  # let fetches and access records in between
 
+    def _wake_evictor(self) -> None:
+        if (
+            self.used_bytes > self.high_bytes
+            and self._wake is not None
+            and not self.policy.evict_on_demand
+        ):
+            self._wake.set()
+
     def _evict_down_to(self, target: int) -> None:
         while self.used_bytes > max(target, 0):
             if self._evict_batch(target, EVICT_BATCH) == 0:
                 return
 
     def _evict_bytes(self, want: int) -> int:
-        freed = 0
-        while freed < want:
-            victim = self.policy.pop_victim()
-            if victim is None:
-                break
-            self._delete_evicted([victim])
-            freed += victim[1]
-        self._update_gauges()
-        return freed
+        """Evict at least ``want`` bytes if the policy has them; returns the bytes freed."""
+        before = self.used_bytes
+        self._evict_down_to(before - want)
+        return before - self.used_bytes
 
     def _evict_batch(self, target: int, most: int) -> int:
         victims: list[tuple[str, int]] = []

@@ -4,10 +4,18 @@ when the hub is down.
 Manifests are immutable (a snapshot id names exactly one manifest), so once one is stored it
 is always served from the local index. Tags are the only mutable names: they are resolved at
 the hub when it answers, and from the last answer stored when it does not.
+
+Callers on the read path (the mount, ``stale_ok=True``) never wait on the hub for a question
+answered before: they get the stored answer at once, and one background refresh per question
+brings it up to date for the next asker (stale-while-revalidate, RFC 5861). A blackholed hub
+(packets silently dropped) would otherwise hold every such question for the hub timeout. The
+hub's catalog events (:mod:`spoke.invalidation`) drop stored answers that changed, so a moved
+tag is asked of the hub again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -49,15 +57,32 @@ class SnapshotCatalog:
         self._env = env
         self._catalog = env.open_db(b"catalog")
         self._manifests = env.open_db(b"manifests")
+        self._refreshing: dict[bytes, asyncio.Task[None]] = {}  # key -> background refresh
+        self._generation = 0  # bumped by forget_refs: older refreshes must not store
 
-    async def list_datasets(self) -> hub_pb2.ListDatasetsResponse:
-        """Datasets known to the hub (or last known). Raises HubUnavailable."""
+    async def close(self) -> None:
+        """Cancel background refreshes."""
+        tasks = list(self._refreshing.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def list_datasets(self, stale_ok: bool = False) -> hub_pb2.ListDatasetsResponse:
+        """Datasets known to the hub (or last known). Raises HubUnavailable.
+
+        Args:
+            stale_ok: answer from the index at once when an answer is stored, refreshing it
+                in the background (the read path: never wait on the hub).
+        """
         return await self._cached(
-            b"datasets", hub_pb2.ListDatasetsResponse, self._hub.list_datasets
+            b"datasets", hub_pb2.ListDatasetsResponse, self._hub.list_datasets, stale_ok
         )
 
-    async def list_versions(self, dataset: str) -> hub_pb2.ListVersionsResponse:
-        """A dataset's versions and tags (revoked ones left out).
+    async def list_versions(
+        self, dataset: str, stale_ok: bool = False
+    ) -> hub_pb2.ListVersionsResponse:
+        """A dataset's versions and tags (revoked ones left out); ``stale_ok`` as in
+        :meth:`list_datasets`.
 
         Raises:
             NotFound, InvalidRequest, HubUnavailable.
@@ -66,8 +91,9 @@ class SnapshotCatalog:
             b"versions/" + dataset.encode(),
             hub_pb2.ListVersionsResponse,
             lambda: self._hub.list_versions(dataset),
+            stale_ok,
         )
-        live = [v for v in reply.versions if not self.is_revoked(dataset, v.version)]
+        live = [v for v in reply.versions if not self.is_revoked(dataset, v.version, v.snapshot_id)]
         if len(live) != len(reply.versions):
             names = {v.version for v in live}
             return hub_pb2.ListVersionsResponse(
@@ -75,14 +101,19 @@ class SnapshotCatalog:
             )
         return reply
 
-    async def resolve_ref(self, dataset: str, ref: str) -> hub_pb2.Snapshot:
-        """A version or tag's snapshot. Raises NotFound, InvalidRequest, HubUnavailable."""
+    async def resolve_ref(self, dataset: str, ref: str, stale_ok: bool = False) -> hub_pb2.Snapshot:
+        """A version or tag's snapshot; ``stale_ok`` as in :meth:`list_datasets`.
+
+        Raises:
+            NotFound, InvalidRequest, HubUnavailable.
+        """
         snapshot = await self._cached(
             f"ref/{dataset}@{ref}".encode(),
             hub_pb2.Snapshot,
             lambda: self._hub.resolve_ref(dataset, ref),
+            stale_ok,
         )
-        if self.is_revoked(dataset, snapshot.version):
+        if self.is_revoked(dataset, snapshot.version, snapshot.snapshot_id):
             raise NotFound(f"{dataset} {snapshot.version} was revoked")
         return snapshot
 
@@ -90,6 +121,7 @@ class SnapshotCatalog:
         """Drop stored answers about a dataset's versions and tags (every dataset's when
         ``dataset`` is None): they changed at the hub, so the next question goes there."""
         prefixes = [b"versions/", b"ref/"] if dataset is None else [f"ref/{dataset}@".encode()]
+        self._generation += 1
         with self._env.begin(write=True, db=self._catalog) as txn:
             if dataset is not None:
                 txn.delete(b"versions/" + dataset.encode())
@@ -106,10 +138,19 @@ class SnapshotCatalog:
         with self._env.begin(write=True, db=self._catalog) as txn:
             txn.put(f"revoked/{dataset}/{version}".encode(), snapshot_id.encode())
 
-    def is_revoked(self, dataset: str, version: str) -> bool:
-        """True once the hub said ``dataset`` ``version`` was revoked."""
+    def is_revoked(self, dataset: str, version: str, snapshot_id: str | None = None) -> bool:
+        """True once the hub said ``dataset`` ``version`` was revoked.
+
+        Args:
+            snapshot_id: the version's snapshot id now; a revocation recorded for another
+                snapshot id does not count (the hub was replaced by one with another
+                catalog under the same address, where that version is something else).
+        """
         with self._env.begin(db=self._catalog) as txn:
-            return txn.get(f"revoked/{dataset}/{version}".encode()) is not None
+            raw = txn.get(f"revoked/{dataset}/{version}".encode())
+        if raw is None:
+            return False
+        return snapshot_id is None or not raw or raw.decode() == snapshot_id
 
     def revoked_snapshots(self) -> set[str]:
         """Snapshot ids of every version known to be revoked."""
@@ -157,13 +198,16 @@ class SnapshotCatalog:
         with self._env.begin(write=True, db=self._catalog) as txn:
             txn.put(b"watch-sequence", str(sequence).encode())
 
-    async def manifest(self, dataset: str, ref: str) -> list[hub_pb2.ManifestEntry]:
-        """The snapshot's manifest in path order, from the index when seen before.
+    async def manifest(
+        self, dataset: str, ref: str, stale_ok: bool = False
+    ) -> list[hub_pb2.ManifestEntry]:
+        """The snapshot's manifest in path order, from the index when seen before;
+        ``stale_ok`` as in :meth:`list_datasets` (for resolving ``ref``).
 
         Raises:
             NotFound, InvalidRequest, HubUnavailable.
         """
-        snapshot = await self.resolve_ref(dataset, ref)
+        snapshot = await self.resolve_ref(dataset, ref, stale_ok)
         sid = snapshot.snapshot_id.encode()
         stored = self._load_manifest(sid)
         if stored is not None:
@@ -215,19 +259,54 @@ class SnapshotCatalog:
                     out.append(hub_pb2.ManifestEntry.FromString(value))
             return out
 
-    async def _cached(self, key: bytes, kind: type[M], fetch: Callable[[], Awaitable[M]]) -> M:
+    async def _cached(
+        self, key: bytes, kind: type[M], fetch: Callable[[], Awaitable[M]], stale_ok: bool
+    ) -> M:
+        if stale_ok:
+            stored = self._stored(key, kind)
+            if stored is not None:
+                if key not in self._refreshing:
+                    task = asyncio.create_task(self._refresh(key, fetch, self._generation))
+                    self._refreshing[key] = task
+                    task.add_done_callback(lambda _: self._refreshing.pop(key, None))
+                return stored
         try:
             fresh = await self._call(fetch)
         except HubUnavailable:
-            with self._env.begin(db=self._catalog) as txn:
-                raw = txn.get(key)
-            if raw is None:
+            stored = self._stored(key, kind)
+            if stored is None:
                 raise
             log.debug("hub unavailable: serving %s from the local index", key.decode())
-            return kind.FromString(raw)
-        with self._env.begin(write=True, db=self._catalog) as txn:
-            txn.put(key, fresh.SerializeToString())
+            return stored
+        self._store(key, fresh)
         return fresh
+
+    def _stored(self, key: bytes, kind: type[M]) -> M | None:
+        with self._env.begin(db=self._catalog) as txn:
+            raw = txn.get(key)
+        return None if raw is None else kind.FromString(raw)
+
+    def _store(self, key: bytes, answer: Message) -> None:
+        with self._env.begin(write=True, db=self._catalog) as txn:
+            txn.put(key, answer.SerializeToString())
+
+    async def _refresh(
+        self, key: bytes, fetch: Callable[[], Awaitable[Message]], generation: int
+    ) -> None:
+        """Ask the hub again for a stored answer; keep it unless the hub says otherwise.
+        Nothing is stored if a catalog event (``forget_refs``) came after ``generation``."""
+        try:
+            fresh = await self._call(fetch)
+        except HubUnavailable as err:
+            log.debug("refresh of %s: %s; keeping the stored answer", key.decode(), err)
+            return
+        except (NotFound, InvalidRequest):  # gone at the hub: the next asker learns it there
+            if generation == self._generation:
+                with self._env.begin(write=True, db=self._catalog) as txn:
+                    txn.delete(key)
+            return
+        if generation == self._generation:  # no catalog event made it stale meanwhile
+            self._store(key, fresh)
 
     async def _call(self, fetch: Callable[[], Awaitable[R]]) -> R:
         try:

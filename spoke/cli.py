@@ -131,6 +131,15 @@ def _logging(level: str, who: str) -> None:
     )
 
 
+def _configure(who: str, options: dict[str, Any]) -> SpokeSettings:
+    """Validated settings from a command's options (its ``locals()``), and logging set up
+    for ``who`` at the ``log_level`` among them; a bad value exits with a one-line error."""
+    values = {k: v for k, v in options.items() if k != "log_level"}
+    settings = _settings(**values)
+    _logging(options["log_level"], who)
+    return settings
+
+
 @app.command()
 def run(
     hub: Annotated[str | None, typer.Option("--hub", help="the hub's HOST:PORT")] = None,
@@ -175,31 +184,12 @@ def run(
     config: ConfigOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
-    """Start the spoke daemon and its mount; stop both on SIGINT/SIGTERM."""
-    settings = _settings(
-        config,
-        hub=hub,
-        cache_dir=cache_dir,
-        cache_size=cache_size,
-        mount=mount,
-        admin=admin,
-        policy=policy,
-        miss_deadline=miss_deadline,
-        allow_other=allow_other,
-        read_ahead_kb=read_ahead_kb,
-        admin_token_file=admin_token_file,
-        hub_ca=hub_ca,
-        hub_server_name=hub_server_name,
-        hub_cert=hub_cert,
-        hub_key=hub_key,
-        hub_token_file=hub_token_file,
-        hub_tls=hub_tls,
-        hub_insecure=hub_insecure,
-        no_admin_token=no_admin_token,
-        audit_log=audit_log,
-        retention=retention,
-    )
-    _logging(log_level, "strata-spoke")
+    """Start the spoke daemon and its mount; stop both on SIGINT/SIGTERM.
+
+    SIGHUP upgrades in place (new supervisor and daemon code; the mount process and its
+    open files stay); SIGUSR1 exits leaving both serving for the next ``run`` to adopt.
+    """
+    settings = _configure("strata-spoke", locals())  # first: locals() = the options
     try:
         code = Supervisor(settings, log_level).run()
     except StartupError as err:
@@ -232,30 +222,10 @@ def daemon(
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run only the daemon (``run`` starts it for you)."""
+    settings = _configure("strata-spoke-daemon", locals())  # first: locals() = the options
     from spoke.daemon import run_daemon  # grpc.aio and uvicorn only in this process
     from spoke.lock import CacheInUse
 
-    settings = _settings(
-        hub=hub,
-        cache_dir=cache_dir,
-        cache_size=cache_size,
-        admin=admin,
-        policy=policy,
-        miss_deadline=miss_deadline,
-        admin_token_file=admin_token_file,
-        mount=mount,
-        hub_ca=hub_ca,
-        hub_server_name=hub_server_name,
-        hub_cert=hub_cert,
-        hub_key=hub_key,
-        hub_token_file=hub_token_file,
-        hub_tls=hub_tls,
-        hub_insecure=hub_insecure,
-        no_admin_token=no_admin_token,
-        audit_log=audit_log,
-        retention=retention,
-    )
-    _logging(log_level, "strata-spoke-daemon")
     try:
         asyncio.run(run_daemon(settings))
     except CacheInUse as err:

@@ -63,6 +63,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
     private_umask()  # 0700 directories, 0600 files and socket, whatever the caller's umask
     layout.root.mkdir(parents=True, exist_ok=True)
     owner = lock.hold(layout.daemon_lock, "spoke daemon")  # before touching anything
+    metrics.MOUNT_RESTARTS.path = layout.mount_restarts_file
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(os.close, owner)
         secure_cache_dir(layout)  # what an older version or another umask left behind
@@ -83,6 +84,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         hub = HubClient(settings.hub, credentials=settings.hub_credentials())
         stack.push_async_callback(hub.close)
         catalog = SnapshotCatalog(hub, env)
+        stack.push_async_callback(catalog.close)
         fetcher = Fetcher(hub, cache, miss_deadline=settings.miss_deadline)
         stack.push_async_callback(fetcher.close)
         hints = HintService(cache, fetcher)

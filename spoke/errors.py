@@ -29,3 +29,8 @@ class AccessDenied(SpokeError):
 
 class CorruptManifest(SpokeError):
     """A manifest from the hub does not hash to the snapshot id it was resolved as."""
+
+
+class MissDeadline(HubUnavailable):
+    """A miss gave up: the hub did not deliver before ``--miss-deadline`` (a read then fails
+    with EIO at once: the mount does not retry it, unlike a daemon it cannot reach)."""

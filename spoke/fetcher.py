@@ -28,7 +28,7 @@ from tenacity import (
 
 from spoke import metrics
 from spoke.cache import BlockCache, CacheFull
-from spoke.errors import CorruptBlock, HubUnavailable, NotFound
+from spoke.errors import CorruptBlock, HubUnavailable, MissDeadline, NotFound
 from spoke.hubclient import HubClient
 from spoke.layout import block_digest
 
@@ -36,6 +36,15 @@ log = logging.getLogger(__name__)
 
 ADMIT_AHEAD_BYTES = 16 << 20
 """Most bytes of one stream's arrived blocks waiting for their disk writes at once."""
+
+GAVE_UP_MEMORY_S = 5.0
+"""How long a miss that gave up at its deadline shortens new misses of that block to a
+probe, while nothing has arrived from the hub since (the kernel asks again at once for a
+failed readahead page: without this every failed read took two miss deadlines)."""
+
+PROBE_S = 1.0
+"""Longest wait of such a probe (at most a quarter of the miss deadline): its fetch goes on
+with the full deadline for later readers, and a hub that came back answers it in time."""
 
 
 class _Retryable(Exception):
@@ -80,6 +89,8 @@ class Fetcher:
         self._prefetched: dict[str, int] = {}  # prefetched, not yet read: digest -> size
         cache.on_evict.append(self._evicted)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._gave_up: dict[str, tuple[float, MissDeadline]] = {}  # digest -> when, why
+        self._last_arrival = float("-inf")  # monotonic time a block last came from the hub
 
     async def ensure(
         self, blocks: Sequence[tuple[str, int]]
@@ -91,13 +102,23 @@ class Fetcher:
             be cached (streamed through), by digest.
 
         Raises:
-            HubUnavailable: the hub could not deliver before the miss deadline.
+            MissDeadline: the hub could not deliver before the miss deadline (or, when a
+                miss of one of these blocks just gave up and nothing arrived from the hub
+                since, within a short probe: :data:`PROBE_S`).
             NotFound: the hub does not have a block.
         """
         was_cached: list[bool] = []
         waits: list[tuple[str, asyncio.Future[bytes | None]]] = []
         to_fetch: list[str] = []
         loop = asyncio.get_running_loop()
+        gave_up = next(
+            (
+                error
+                for digest, _ in blocks
+                if not self.cache.contains(digest) and (error := self._gave_up_on(digest))
+            ),
+            None,
+        )
         for digest, size in blocks:
             if self.cache.contains(digest):
                 was_cached.append(True)
@@ -107,6 +128,7 @@ class Fetcher:
             future = self._inflight.get(digest)
             if future is None:
                 future = loop.create_future()
+                future.add_done_callback(_retrieve)  # its waiters may all have given up
                 self._inflight[digest] = future
                 self._expect(digest, size)
                 to_fetch.append(digest)
@@ -117,12 +139,34 @@ class Fetcher:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         uncached: dict[str, bytes] = {}
+        probe_end = loop.time() + min(PROBE_S, self.miss_deadline / 4)
         for digest, future in waits:
             # shield: a caller giving up must not cancel a fetch others wait on
-            data = await asyncio.shield(future)
+            if gave_up is None:
+                data = await asyncio.shield(future)
+            else:
+                try:
+                    data = await asyncio.wait_for(
+                        asyncio.shield(future), max(probe_end - loop.time(), 0)
+                    )
+                except TimeoutError:
+                    raise gave_up from None
             if data is not None:
                 uncached[digest] = data
         return was_cached, uncached
+
+    def _gave_up_on(self, digest: str) -> MissDeadline | None:
+        """The error of a recent miss of ``digest`` that gave up at its deadline, if the
+        hub has delivered nothing since; else None."""
+        gave_up = self._gave_up.get(digest)
+        if gave_up is None:
+            return None
+        when, error = gave_up
+        now = time.monotonic()
+        if now - when < min(GAVE_UP_MEMORY_S, self.miss_deadline) and when > self._last_arrival:
+            return error
+        del self._gave_up[digest]
+        return None
 
     def prefetch(self, blocks: Sequence[tuple[str, int]]) -> int:
         """Start fetching blocks nobody waits for yet (readahead, prewarm); returns at once.
@@ -199,6 +243,7 @@ class Fetcher:
 
     async def _fetch(self, digests: list[str]) -> None:
         pending = list(digests)
+        deadline = time.monotonic() + self.miss_deadline
         metrics.INFLIGHT_FETCHES.set(len(self._inflight))
         try:
             async for attempt in AsyncRetrying(
@@ -207,10 +252,19 @@ class Fetcher:
                 retry=retry_if_exception_type(_Retryable),
                 reraise=True,
             ):
-                with attempt:
-                    await self._attempt(pending)
+                with attempt:  # no attempt outlives the miss deadline (a silent link)
+                    left = deadline - time.monotonic()
+                    await self._attempt(pending, max(min(self.stream_timeout, left), 0.05))
         except _Retryable as err:
-            self._fail(pending, HubUnavailable(f"hub {self.hub.target}: {err}"))
+            error = MissDeadline(
+                f"hub {self.hub.target} did not deliver within {self.miss_deadline:g} s: {err}"
+            )
+            now = time.monotonic()
+            for digest in pending:
+                self._gave_up[digest] = (now, error)
+            while len(self._gave_up) > 4096:  # oldest first
+                del self._gave_up[next(iter(self._gave_up))]
+            self._fail(pending, error)
         except NotFound as err:
             self._fail(pending, err)
         except Exception as err:  # never leave a waiter hanging
@@ -219,8 +273,9 @@ class Fetcher:
         finally:
             metrics.INFLIGHT_FETCHES.set(len(self._inflight))
 
-    async def _attempt(self, pending: list[str]) -> None:
-        """One ReadBlocks stream for ``pending``; removes each digest once it has arrived.
+    async def _attempt(self, pending: list[str], timeout: float) -> None:
+        """One ReadBlocks stream for ``pending`` (deadline ``timeout`` seconds); removes each
+        digest once it has arrived.
 
         Arrived blocks are admitted by tasks of their own while the stream goes on (each
         admission is a disk write in a worker thread; awaiting them one by one held every
@@ -231,12 +286,13 @@ class Fetcher:
         admitting: dict[asyncio.Task[None], int] = {}
         async with self._streams:
             try:
-                async for digest, data in self.hub.read_blocks(list(pending), self.stream_timeout):
+                async for digest, data in self.hub.read_blocks(list(pending), timeout):
                     if block_digest(data) != digest:
                         metrics.CORRUPT_BLOCKS.inc()
                         raise _Retryable(str(CorruptBlock(f"block {digest} failed verification")))
                     metrics.HUB_FETCH_BYTES.inc(len(data))
                     metrics.HUB_FETCH_BLOCKS.inc()
+                    self._last_arrival = time.monotonic()
                     pending.remove(digest)
                     self._arrived(digest)
                     while admitting and sum(admitting.values()) + len(data) > ADMIT_AHEAD_BYTES:
@@ -296,3 +352,10 @@ class Fetcher:
     def _fail(self, digests: list[str], error: BaseException) -> None:
         for digest in digests:
             self._resolve(digest, error)
+
+
+def _retrieve(future: asyncio.Future[bytes | None]) -> None:
+    """Mark a fetch's outcome as seen, so a failure nobody waits for any more (every
+    reader gave up) is not logged as "Future exception was never retrieved"."""
+    if not future.cancelled():
+        future.exception()

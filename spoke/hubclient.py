@@ -55,17 +55,31 @@ _SERVICE_CONFIG = json.dumps(
 class HubClient:
     """A connection to one hub.
 
+    A connection that stops answering (a blackholed link) is found dead by keepalive
+    pings (HTTP/2 PING every ``keepalive`` seconds, even on idle streams, dead after
+    ``keepalive_timeout`` without an answer) and replaced, so calls in flight fail with
+    UNAVAILABLE and are retried on a new connection instead of waiting for their deadline.
+
     Args:
         target: ``HOST:PORT`` of the hub.
         timeout: per-call deadline for unary calls and manifests, seconds.
         credentials: TLS and token; None for plaintext without a token.
+        keepalive, keepalive_timeout: seconds between pings, and before an unanswered
+            one closes the connection.
     """
 
     def __init__(
-        self, target: str, timeout: float = 10.0, credentials: HubCredentials | None = None
+        self,
+        target: str,
+        timeout: float = 10.0,
+        credentials: HubCredentials | None = None,
+        keepalive: float = 10.0,
+        keepalive_timeout: float = 5.0,
     ) -> None:
         self.target = target
         self.timeout = timeout
+        self.keepalive = keepalive
+        self.keepalive_timeout = keepalive_timeout
         self.credentials = credentials if credentials is not None else HubCredentials()
         self.refused: str | None = None
         self._old: set[asyncio.Task[None]] = set()
@@ -78,7 +92,11 @@ class HubClient:
             ("grpc.enable_retries", 1),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_time_ms", int(self.keepalive * 1000)),
+            ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),  # keep pinging idle streams
+            ("grpc.http2.ping_timeout_ms", int(self.keepalive_timeout * 1000)),
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 2_000),
             *self.credentials.channel_options(),

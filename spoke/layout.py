@@ -10,6 +10,7 @@ hits straight from block files, with no daemon round trip)::
       daemon.sock                  the daemon's local gRPC socket (SpokeLocal)
       admin.url                    the admin API's base URL, written once it listens
       daemon.pid, mount.pid        process ids of the running daemon and mount
+      mount-restarts               remounts of a mount that died, counted by supervisors
 
 A block file is only ever visible complete: the daemon writes it under a temporary name
 and renames it into place (rename(2) is atomic within one filesystem).
@@ -71,6 +72,11 @@ class CacheLayout:
     def mount_pid_file(self) -> Path:
         """Process id of the running mount."""
         return self.root / "mount.pid"
+
+    @property
+    def mount_restarts_file(self) -> Path:
+        """How many times a supervisor remounted a mount that died (a counter)."""
+        return self.root / "mount-restarts"
 
     @property
     def spoke_lock(self) -> Path:

@@ -24,6 +24,7 @@ from spoke.errors import (
     CorruptManifest,
     HubUnavailable,
     InvalidRequest,
+    MissDeadline,
     NotFound,
     SpokeError,
 )
@@ -38,7 +39,8 @@ T = TypeVar("T")
 MANIFEST_PAGE_ENTRIES = 2048  # most entries per ManifestPage message
 MANIFEST_PAGE_BYTES = 1 << 20  # a page closes once its entries reach this size
 
-_CODES: dict[type[SpokeError], grpc.StatusCode] = {
+_CODES: dict[type[SpokeError], grpc.StatusCode] = {  # first match wins: subclasses first
+    MissDeadline: grpc.StatusCode.DEADLINE_EXCEEDED,
     NotFound: grpc.StatusCode.NOT_FOUND,
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     HubUnavailable: grpc.StatusCode.UNAVAILABLE,
@@ -90,25 +92,25 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
     async def ListDatasets(
         self, request: hub_pb2.ListDatasetsRequest, context: grpc.aio.ServicerContext
     ) -> hub_pb2.ListDatasetsResponse:
-        return await self._catalog.list_datasets()
+        return await self._catalog.list_datasets(stale_ok=True)
 
     @_unary
     async def ListVersions(
         self, request: hub_pb2.ListVersionsRequest, context: grpc.aio.ServicerContext
     ) -> hub_pb2.ListVersionsResponse:
-        return await self._catalog.list_versions(request.dataset)
+        return await self._catalog.list_versions(request.dataset, stale_ok=True)
 
     @_unary
     async def ResolveRef(
         self, request: hub_pb2.ResolveRefRequest, context: grpc.aio.ServicerContext
     ) -> hub_pb2.Snapshot:
-        return await self._catalog.resolve_ref(request.dataset, request.ref)
+        return await self._catalog.resolve_ref(request.dataset, request.ref, stale_ok=True)
 
     async def GetManifest(
         self, request: hub_pb2.GetManifestRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[spoke_pb2.ManifestPage]:
         try:
-            entries = await self._catalog.manifest(request.dataset, request.ref)
+            entries = await self._catalog.manifest(request.dataset, request.ref, stale_ok=True)
         except SpokeError as err:
             await context.abort(_status_for(err), str(err))
             return
@@ -137,6 +139,7 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
                 metrics.CORRUPT_BLOCKS.inc()
                 self._cache.drop(digest)
         digests = [d for d, _ in refs]
+        self._cache.confirm_resident(digests)  # the mount asks for what it could not read
         if self._hints is None:
             was_cached, uncached = await self._fetcher.ensure(refs)
         else:  # the cursor moves before the fetch, so prefetch follows at once
@@ -179,4 +182,5 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
         bad = [d for d, _ in refs if not is_digest(d)]
         if bad:
             raise InvalidRequest(f"malformed block digest {bad[0]!r}")
+        self._cache.confirm_resident(d for d, _ in refs)  # the mount found these missing
         return spoke_pb2.PrefetchResponse(started=self._fetcher.prefetch(refs))

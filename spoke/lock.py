@@ -47,3 +47,24 @@ def hold(path: Path, what: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def holder(path: Path) -> int | None:
+    """The pid of the live process holding the lock ``path``; None when nobody holds it
+    (or the file is missing, or the holder's pid cannot be read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return None
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                return int(os.pread(fd, 32, 0).split()[0])
+            return None
+        return None  # we got it: nobody else holds it (closing the fd drops ours)
+    finally:
+        os.close(fd)

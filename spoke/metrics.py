@@ -5,7 +5,12 @@ Module-level collectors in the default registry: one daemon per process.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Iterator
+from pathlib import Path
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 CACHE_HITS = Counter("strata_spoke_cache_hits", "Block reads served from the spoke's disk cache")
 CACHE_MISSES = Counter("strata_spoke_cache_misses", "Block reads that needed a hub fetch")
@@ -64,3 +69,34 @@ HUB_CREDENTIAL_RELOADS = Counter(
     "Hub credentials re-read after their files changed (what: tls or token)",
     ["what"],
 )
+LOST_BLOCKS = Counter(
+    "strata_spoke_lost_blocks",
+    "Blocks the index held whose file was gone from the cache disk (dropped and refetched)",
+)
+
+
+class MountRestarts(Collector):
+    """``strata_spoke_mount_restarts_total``: remounts of a mount that died, as counted by
+    the supervisors of this cache directory (``CACHE_DIR/mount-restarts``), read at each
+    scrape so the count survives daemon and supervisor restarts."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """One sample: the count in the file (0 when it is missing or unreadable)."""
+        value = 0
+        if self.path is not None:
+            try:
+                value = int(self.path.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                value = 0
+        yield CounterMetricFamily(
+            "strata_spoke_mount_restarts",
+            "Times the supervisor remounted a mount process that died",
+            value=value,
+        )
+
+
+MOUNT_RESTARTS = MountRestarts()
+REGISTRY.register(MOUNT_RESTARTS)

@@ -48,8 +48,10 @@ class BlockStore:
     def recover(self) -> list[StoredBlock]:
         """Bring index and files into agreement after a (possibly unclean) stop.
 
-        Deletes stray temporary files, drops index entries whose file is gone, and indexes
-        complete block files the index lacks (a crash between rename and index write).
+        Deletes stray temporary files, drops index entries whose file is gone or has another
+        size than indexed (torn by a power loss: the rename reached the disk, not all the
+        bytes), and indexes block files the index lacks (a crash between rename and index
+        write) once their bytes match their digest.
 
         Returns:
             Every cached block, oldest tick first.
@@ -68,11 +70,17 @@ class BlockStore:
             for key, value in list(txn.cursor()):
                 digest = key.decode()
                 size, tick = _ENTRY.unpack(value)
-                if on_disk.pop(digest, None) is None:
-                    txn.delete(key)
-                else:
+                found = on_disk.pop(digest, None)
+                if found == size:
                     blocks.append(StoredBlock(digest, size, tick))
+                    continue
+                txn.delete(key)
+                if found is not None:
+                    self.layout.block_path(digest).unlink(missing_ok=True)
             for digest, size in on_disk.items():
+                if not self.verify(digest):
+                    self.layout.block_path(digest).unlink(missing_ok=True)
+                    continue
                 txn.put(digest.encode(), _ENTRY.pack(size, 0))
                 blocks.append(StoredBlock(digest, size, 0))
         blocks.sort(key=lambda b: b.tick)
@@ -163,10 +171,11 @@ class BlockStore:
                 txn.delete(digest.encode())
 
     def verify(self, digest: str) -> bool:
-        """Re-read a cached block and check it against its digest (False if absent or bad)."""
+        """Re-read a cached block and check it against its digest (False if absent, bad or
+        unreadable)."""
         try:
             data = self.layout.block_path(digest).read_bytes()
-        except FileNotFoundError:
+        except OSError:
             return False
         return block_digest(data) == digest
 

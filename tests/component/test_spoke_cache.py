@@ -205,3 +205,73 @@ def test_write_many_refuses_one_block_and_keeps_the_others(tmp_path: Path) -> No
     assert layout.block_path(a).read_bytes() == da
     assert {blk.digest for blk in store} == {a}  # only a is indexed
     assert not [p for p in layout.block_path(b).parent.iterdir() if p.name.startswith(".tmp")]
+
+
+@pytest.mark.parametrize("policy", ["arc", "lru"])
+def test_a_cache_fully_pinned_streams_unpinned_blocks_through(tmp_path: Path, policy: str) -> None:
+    """Issue 17 item 1: with every byte pinned, unpinned reads stream through (never
+    admitted then evicted), and neither the index nor the files exceed the cache size."""
+    blocks = _blocks(20, 1000)
+    pinned, unpinned = blocks[:6], blocks[6:]
+    hub = FakeHub(dict(blocks))
+
+    async def go() -> None:
+        cache = _cache(tmp_path, 6_000, policy)
+        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        cache.pin(d for d, _ in pinned)
+        await fetcher.ensure([(d, len(b)) for d, b in pinned])
+        assert cache.used_bytes == cache.pinned_bytes == 6_000
+        for d, data in unpinned:
+            was_cached, uncached = await fetcher.ensure([(d, len(data))])
+            assert was_cached == [False] and uncached == {d: data}
+            assert not cache.contains(d) and not cache.store.layout.block_path(d).exists()
+            assert cache.used_bytes <= 6_000 and _on_disk(tmp_path) <= 6_000
+        assert all(cache.contains(d) for d, _ in pinned)
+        with pytest.raises(CacheFull):
+            await cache.admit(*unpinned[0])
+        cache.policy.check_invariants()
+
+    asyncio.run(go())
+
+
+def test_a_cache_almost_fully_pinned_keeps_the_rest_within_its_size(tmp_path: Path) -> None:
+    blocks = _blocks(20, 1000)
+    hub = FakeHub(dict(blocks))
+
+    async def go() -> None:
+        cache = _cache(tmp_path, 6_500)
+        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        cache.pin(d for d, _ in blocks[:5])
+        await fetcher.ensure([(d, len(b)) for d, b in blocks[:5]])
+        streamed = 0
+        for d, data in blocks[5:]:  # one unpinned block fits at a time
+            _, uncached = await fetcher.ensure([(d, len(data))])
+            streamed += len(uncached)
+            assert cache.used_bytes <= 6_500 and _on_disk(tmp_path) == cache.used_bytes
+        assert streamed == 0 and cache.used_bytes == 6_000
+        # several at once: what fits is cached, the rest streams through
+        await asyncio.gather(*(fetcher.ensure([(d, len(b))]) for d, b in blocks[12:]))
+        assert cache.used_bytes <= 6_500 and _on_disk(tmp_path) == cache.used_bytes
+
+    asyncio.run(go())
+
+
+def test_block_files_gone_from_the_disk_are_dropped_as_misses(tmp_path: Path) -> None:
+    blocks = _blocks(5, 1000)
+    hub = FakeHub(dict(blocks))
+
+    async def go() -> None:
+        cache = _cache(tmp_path, 10_000)
+        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        refs = [(d, len(b)) for d, b in blocks]
+        await fetcher.ensure(refs)
+        for d, _ in blocks[:2]:
+            cache.store.layout.block_path(d).unlink()
+        assert cache.confirm_resident(d for d, _ in refs) == 2
+        assert len(cache) == 3 and cache.used_bytes == 3_000
+        assert {b.digest for b in cache.store} == {d for d, _ in blocks[2:]}
+        was_cached, _ = await fetcher.ensure(refs)
+        assert was_cached == [False, False, True, True, True]
+        assert _on_disk(tmp_path) == cache.used_bytes == 5_000
+
+    asyncio.run(go())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import grpc.aio
 import pytest
 
 from spoke.cache import BlockCache
-from spoke.errors import HubUnavailable, NotFound
+from spoke.errors import HubUnavailable, MissDeadline, NotFound
 from spoke.fetcher import Fetcher
 from spoke.layout import CacheLayout, block_digest
 from spoke.policy import LRUPolicy
@@ -178,3 +180,50 @@ def test_arrived_blocks_are_written_while_the_stream_goes_on(tmp_path: Path) -> 
     asyncio.run(go())
     assert all(cache.contains(d) for d, _ in refs)
     assert sum(calls) == 12 and len(calls) < 12  # batched: fewer writes than blocks
+
+
+def test_a_miss_that_gave_up_fails_its_retry_at_once(tmp_path: Path) -> None:
+    """Issue 17 item 4: the kernel asks again for a page whose read just failed; that miss
+    fails at once instead of waiting a second deadline, until the hub delivers again."""
+    hub, cache, refs = _setup(tmp_path)
+    hub.fail_times = 10_000
+
+    async def go() -> None:
+        fetcher = Fetcher(hub, cache, miss_deadline=2.0)  # type: ignore[arg-type]
+        with pytest.raises(MissDeadline):
+            await fetcher.ensure(refs[:2])
+        start = time.monotonic()
+        for _ in range(3):  # a short probe (its fetch goes on), not another deadline
+            with pytest.raises(MissDeadline):
+                await fetcher.ensure([refs[1], refs[0]])
+        assert time.monotonic() - start < 2.0 * 3  # three probes of 0.5 s, not 6 s
+        while fetcher._tasks:  # the probes' fetch gives up too
+            await asyncio.sleep(0.05)
+        hub.fail_times = 0  # the hub is back: the next probe's fetch gets the blocks
+        assert (await fetcher.ensure(refs[:2]))[0] == [False, False]
+        assert (await fetcher.ensure(refs[:3]))[0] == [True, True, False]
+
+    asyncio.run(go())
+
+
+def test_a_failed_fetch_nobody_waits_for_logs_no_unretrieved_exception(tmp_path: Path) -> None:
+    hub, cache, refs = _setup(tmp_path)
+    hub.fail_times = 10_000
+    problems: list[dict[str, object]] = []
+
+    async def go() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: problems.append(ctx))
+        fetcher = Fetcher(hub, cache, miss_deadline=0.3)  # type: ignore[arg-type]
+        reader = asyncio.create_task(fetcher.ensure(refs[:1]))
+        await asyncio.sleep(0.05)
+        reader.cancel()  # the reader gave up (its gRPC call was cancelled)
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        while fetcher._tasks:
+            await asyncio.sleep(0.05)
+        del reader
+        gc.collect()
+        await asyncio.sleep(0)
+
+    asyncio.run(go())
+    assert not [p for p in problems if "never retrieved" in str(p.get("message"))], problems

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,5 +66,29 @@ def test_every_policy_is_a_choice_and_the_default_is_the_registrys() -> None:
     field = SpokeSettings.model_fields["policy"]
     assert set(typing.get_args(field.annotation)) == set(POLICIES)
     assert field.default == DEFAULT_POLICY
-    for command in (cli.run, cli.daemon):
-        assert inspect.signature(command).parameters["policy"].default == DEFAULT_POLICY
+    # `run` leaves an option it was not given to the settings (environment, config file)
+    assert inspect.signature(cli.run).parameters["policy"].default is None
+    assert inspect.signature(cli.daemon).parameters["policy"].default == DEFAULT_POLICY
+
+
+def test_lock_holder_names_a_live_holder_only(tmp_path: Path) -> None:
+    from spoke import lock
+
+    path = tmp_path / "daemon.lock"
+    assert lock.holder(path) is None  # no file
+    fd = lock.hold(path, "test")
+    os.close(fd)
+    assert lock.holder(path) is None  # the file names a pid, but nobody holds it
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path; from spoke import lock; "
+         f"lock.hold(Path({str(path)!r}), 'x'); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "held\n"
+        assert lock.holder(path) == child.pid
+    finally:
+        child.kill()
+        child.wait()
+    assert lock.holder(path) is None

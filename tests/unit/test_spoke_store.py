@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spoke.cache import BlockCache
+from spoke.cache import BlockCache, CacheFull
 from spoke.layout import CacheLayout, block_digest
 from spoke.policy import LRUPolicy
 from spoke.store import BlockStore, open_index
@@ -80,7 +80,9 @@ def test_cache_evicts_lru_to_capacity_and_persists_recency(tmp_path: Path) -> No
     assert small.policy.resident() == [d9]
 
 
-def test_block_larger_than_cache_is_admitted_alone(tmp_path: Path) -> None:
+def test_block_larger_than_cache_is_refused_and_the_cache_kept(tmp_path: Path) -> None:
+    """--cache-size is a hard limit: a block larger than the whole cache streams through
+    (CacheFull) and evicts nothing."""
     layout = CacheLayout(tmp_path)
 
     async def go() -> None:
@@ -88,8 +90,29 @@ def test_block_larger_than_cache_is_admitted_alone(tmp_path: Path) -> None:
         d, data = _block(1, 60)
         await cache.admit(d, data)
         big, big_data = _block(2, 500)
-        await cache.admit(big, big_data)
-        assert cache.contains(big) and not cache.contains(d)
-        assert cache.used_bytes == 500
+        with pytest.raises(CacheFull):
+            await cache.admit(big, big_data)
+        assert not cache.contains(big) and cache.contains(d)
+        assert cache.used_bytes == 60 and not layout.block_path(big).exists()
 
     asyncio.run(go())
+
+
+def test_torn_block_files_after_a_power_loss_are_dropped_at_recovery(tmp_path: Path) -> None:
+    """A power loss can leave a renamed block file with only part of its bytes (no fsync):
+    recovery drops it, indexed or not, so it is refetched instead of failing reads."""
+    layout = CacheLayout(tmp_path)
+    env = open_index(layout)
+    store = BlockStore(layout, env)
+    blocks = [_block(i, 1000) for i in range(4)]
+    for tick, (d, data) in enumerate(blocks[:3]):
+        store.write(d, data, tick)
+    layout.block_path(blocks[0][0]).write_bytes(blocks[0][1][:300])  # indexed, torn
+    d3, b3 = blocks[3]
+    layout.block_path(d3).parent.mkdir(parents=True, exist_ok=True)
+    layout.block_path(d3).write_bytes(b3[:10])  # renamed, never indexed, torn
+    env.close()
+    store = BlockStore(layout, open_index(layout))
+    assert {b.digest for b in store.recover()} == {blocks[1][0], blocks[2][0]}
+    assert not layout.block_path(blocks[0][0]).exists() and not layout.block_path(d3).exists()
+    assert {b.digest for b in store} == {blocks[1][0], blocks[2][0]}

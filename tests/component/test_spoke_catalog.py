@@ -1,0 +1,157 @@
+"""The spoke's stored catalog answers: the read path never waits on a silent hub."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from protocol.hub.v1 import hub_pb2
+from spoke.catalog import SnapshotCatalog
+from spoke.errors import HubUnavailable, NotFound
+from spoke.layout import CacheLayout
+from spoke.store import open_index
+
+
+class SilentHub:
+    """A hub whose answers can be held back forever (a blackholed link) or refused."""
+
+    target = "silent-hub:0"
+    refused: str | None = None  # as HubClient: a refusal of this spoke's credentials
+
+    def __init__(self) -> None:
+        self.versions = ["v1"]
+        self.calls = 0
+        self.open = asyncio.Event()
+        self.open.set()
+        self.refuse = False
+        self.snapshot_suffix = ""
+
+    async def _answer(self) -> None:
+        self.calls += 1
+        if self.refuse:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down"
+            )
+        await self.open.wait()
+
+    async def list_versions(self, dataset: str) -> hub_pb2.ListVersionsResponse:
+        await self._answer()
+        return hub_pb2.ListVersionsResponse(
+            versions=[
+                hub_pb2.Snapshot(
+                    dataset=dataset, version=v, snapshot_id=f"id-{v}{self.snapshot_suffix}"
+                )
+                for v in self.versions
+            ],
+            tags=[hub_pb2.Tag(name="latest", version=self.versions[-1])],
+        )
+
+    async def list_datasets(self) -> hub_pb2.ListDatasetsResponse:
+        await self._answer()
+        return hub_pb2.ListDatasetsResponse(datasets=[hub_pb2.Dataset(name="ds")])
+
+    async def resolve_ref(self, dataset: str, ref: str) -> hub_pb2.Snapshot:
+        await self._answer()
+        version = self.versions[-1] if ref == "latest" else ref
+        return hub_pb2.Snapshot(
+            dataset=dataset, version=version, snapshot_id=f"id-{version}{self.snapshot_suffix}"
+        )
+
+
+def _catalog(tmp_path: Path, hub: SilentHub) -> SnapshotCatalog:
+    return SnapshotCatalog(hub, open_index(CacheLayout(tmp_path)))  # type: ignore[arg-type]
+
+
+def _names(reply: hub_pb2.ListVersionsResponse) -> list[str]:
+    return [v.version for v in reply.versions]
+
+
+def test_stored_answers_are_served_at_once_while_the_hub_is_silent(tmp_path: Path) -> None:
+    """Issue 17 item 3: with the hub blackholed, the mount's questions answered before are
+    answered from the index without waiting, and refreshed once the hub speaks again."""
+    hub = SilentHub()
+
+    async def go() -> None:
+        catalog = _catalog(tmp_path, hub)
+        assert _names(await catalog.list_versions("ds", stale_ok=True)) == ["v1"]
+        await catalog.list_datasets(stale_ok=True)
+        await catalog.resolve_ref("ds", "latest", stale_ok=True)
+        hub.open.clear()  # blackholed: nothing comes back, ever
+        hub.versions = ["v1", "v2"]
+        for _ in range(5):  # no hub answer needed, and one refresh at a time per question
+            reply = await asyncio.wait_for(catalog.list_versions("ds", stale_ok=True), 5)
+            assert _names(reply) == ["v1"]
+            await asyncio.wait_for(catalog.list_datasets(stale_ok=True), 5)
+            snap = await asyncio.wait_for(catalog.resolve_ref("ds", "latest", stale_ok=True), 5)
+            assert snap.version == "v1"
+        assert hub.calls == 3 + 3
+        hub.open.set()  # the link is back: the refreshes land
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if not catalog._refreshing:
+                break
+        assert _names(await catalog.list_versions("ds", stale_ok=True)) == ["v1", "v2"]
+        assert (await catalog.resolve_ref("ds", "latest", stale_ok=True)).version == "v2"
+        await catalog.close()
+
+    asyncio.run(go())
+
+
+def test_a_catalog_event_during_a_refresh_wins(tmp_path: Path) -> None:
+    hub = SilentHub()
+
+    async def go() -> None:
+        catalog = _catalog(tmp_path, hub)
+        await catalog.resolve_ref("ds", "latest", stale_ok=True)
+        hub.open.clear()
+        assert (await catalog.resolve_ref("ds", "latest", stale_ok=True)).version == "v1"
+        catalog.forget_refs("ds")  # the tag moved while the refresh was out
+        hub.open.set()
+        await asyncio.sleep(0.05)
+        hub.versions = ["v1", "v2"]
+        assert (await catalog.resolve_ref("ds", "latest", stale_ok=True)).version == "v2"
+        await catalog.close()
+
+    asyncio.run(go())
+
+
+def test_without_stale_ok_the_hub_is_asked_and_its_absence_falls_back(tmp_path: Path) -> None:
+    hub = SilentHub()
+
+    async def go() -> None:
+        catalog = _catalog(tmp_path, hub)
+        with pytest.raises(HubUnavailable):
+            hub.refuse = True
+            await catalog.list_versions("ds")
+        hub.refuse = False
+        assert _names(await catalog.list_versions("ds")) == ["v1"]
+        hub.versions = ["v1", "v2"]
+        assert _names(await catalog.list_versions("ds")) == ["v1", "v2"]  # asked: fresh
+        hub.refuse = True
+        assert _names(await catalog.list_versions("ds")) == ["v1", "v2"]  # stored
+        await catalog.close()
+
+    asyncio.run(go())
+
+
+def test_a_revocation_holds_for_its_snapshot_only(tmp_path: Path) -> None:
+    """A hub replaced by one with another catalog under the same address: its v1 is another
+    snapshot, which a revocation of the old v1 must not hide."""
+    hub = SilentHub()
+
+    async def go() -> None:
+        catalog = _catalog(tmp_path, hub)
+        catalog.mark_revoked("ds", "v1", "id-v1")
+        with pytest.raises(NotFound):
+            await catalog.resolve_ref("ds", "v1")
+        assert _names(await catalog.list_versions("ds")) == []
+        hub.snapshot_suffix = "-other-hub"
+        assert (await catalog.resolve_ref("ds", "v1")).snapshot_id == "id-v1-other-hub"
+        assert _names(await catalog.list_versions("ds")) == ["v1"]
+        await catalog.close()
+
+    asyncio.run(go())
