@@ -3,9 +3,11 @@
 Every block file is checked against its digest (xxh3-128) the first time this process
 reads it, and again whenever its identity (inode, mtime, size) changes, so a block that
 was damaged on disk is never served. Open files are kept in an LRU table so a hit costs one
-``fstat`` and one ``pread``. Entries are never closed explicitly: a dropped entry's file
-closes when the last thread using it lets go (CPython reference counting), so a descriptor
-number is never reused under a concurrent reader.
+``fstat`` and one ``pread``; :meth:`BlockFiles.read_cached` is that hit without blocking
+(``preadv2`` with ``RWF_NOWAIT``: only bytes already in the page cache), so the mount can
+answer it on its event loop without a thread hop. Entries are never closed explicitly: a
+dropped entry's file closes when the last thread using it lets go (CPython reference
+counting), so a descriptor number is never reused under a concurrent reader.
 
 An evicted block is a miss, as in the daemon's accounting: an open entry whose file has been
 unlinked (``st_nlink == 0``, seen by the same ``fstat``) is dropped and the block looked up
@@ -17,6 +19,7 @@ finishes with the verified bytes of that digest.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -24,6 +27,8 @@ from dataclasses import dataclass
 from io import FileIO
 
 from spoke.layout import CacheLayout, block_digest
+
+log = logging.getLogger(__name__)
 
 
 class CorruptBlockError(OSError):
@@ -63,9 +68,53 @@ class BlockFiles:
         self._verified: dict[str, Identity] = {}
         self._lock = threading.Lock()
         self.verifications = 0
+        self.nowait = hasattr(os, "RWF_NOWAIT")  # cleared if the cache disk refuses it
+
+    def read_cached(self, digest: str, offset: int, size: int) -> bytes | bytearray | None:
+        """``size`` bytes at ``offset`` of an open, verified block file, without blocking.
+
+        Safe on the event loop: it never opens or verifies a file and reads only bytes
+        already in the kernel's page cache (``preadv2(RWF_NOWAIT)``, Linux ≥ 4.14; buffered
+        reads since 5.9). Fewer bytes than asked at the file's end is the end of the block.
+
+        Returns:
+            The bytes, or None when the block is not open here, was evicted or changed,
+            or is not all in the page cache (then :meth:`read` in a worker thread).
+        """
+        if not self.nowait:
+            return None
+        with self._lock:  # uncontended but for a worker thread opening a block
+            entry = self._open.get(digest)
+            if entry is None:
+                return None
+            self._open.move_to_end(digest)
+        fd = entry.file.fileno()
+        try:
+            st = os.fstat(fd)
+        except (OSError, ValueError):  # closed under us by a concurrent drop
+            return None
+        if not st.st_nlink or (st.st_ino, st.st_mtime_ns, st.st_size) != entry.identity:
+            return None  # evicted or changed: read() drops the entry and looks again
+        want = max(min(size, st.st_size - offset), 0)
+        buf = bytearray(want)
+        try:
+            got = os.preadv(fd, (buf,), offset, os.RWF_NOWAIT)
+        except BlockingIOError:  # not in the page cache
+            return None
+        except OSError as err:  # e.g. EOPNOTSUPP: this filesystem cannot; always use threads
+            log.info("preadv2(RWF_NOWAIT) on the cache disk failed (%s); reads use threads", err)
+            self.nowait = False
+            return None
+        if got < want:  # partly in the page cache
+            return None
+        return buf
 
     def read(self, digest: str, offset: int, size: int) -> bytes | None:
         """``size`` bytes at ``offset`` of block ``digest``, or None when it is not cached.
+
+        May block on the disk: call it from a worker thread. A block file that is missing,
+        unlinked (evicted) or cannot be opened or read (``EACCES``, ``EIO``: e.g. deleted or
+        damaged on the cache disk) is not cached — a miss, which the daemon repairs.
 
         Raises:
             CorruptBlockError: the file's bytes do not match the digest.
@@ -75,14 +124,30 @@ class BlockFiles:
             if entry is not None:
                 self._open.move_to_end(digest)
         if entry is not None:
-            st = os.fstat(entry.file.fileno())
-            if st.st_nlink and (st.st_ino, st.st_mtime_ns, st.st_size) == entry.identity:
-                return os.pread(entry.file.fileno(), size, offset)
+            try:
+                st = os.fstat(entry.file.fileno())
+                if st.st_nlink and (st.st_ino, st.st_mtime_ns, st.st_size) == entry.identity:
+                    return os.pread(entry.file.fileno(), size, offset)
+            except (OSError, ValueError) as err:  # unreadable, or closed by a concurrent drop
+                log.warning("cached block %s unreadable: %s", digest, err)
             self._drop(digest, entry)  # evicted, or changed under us: look it up again
         try:
             file = FileIO(self.layout.block_path(digest), "r")
         except FileNotFoundError:
             return None
+        except OSError as err:
+            log.warning("cached block %s cannot be opened: %s", digest, err)
+            return None
+        try:
+            return self._verify_and_keep(digest, file, offset, size)
+        except CorruptBlockError:
+            raise
+        except OSError as err:
+            file.close()
+            log.warning("cached block %s cannot be read: %s", digest, err)
+            return None
+
+    def _verify_and_keep(self, digest: str, file: FileIO, offset: int, size: int) -> bytes:
         identity = _identity(file.fileno())
         with self._lock:
             known = self._verified.get(digest) == identity

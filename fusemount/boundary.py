@@ -18,6 +18,8 @@ from typing import Any, ParamSpec, TypeVar
 import grpc
 import pyfuse3
 
+from fusemount.source import BlockUnavailableError
+
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
@@ -56,6 +58,8 @@ _GRPC_ERRNO = {
 
 def errno_for(exc: BaseException) -> int | None:
     """The errno a known domain error maps to; None when the error is unexpected."""
+    if isinstance(exc, BlockUnavailableError):
+        return exc.errno or errno.EIO
     if isinstance(exc, grpc.RpcError):
         code = exc.code() if hasattr(exc, "code") else None
         return _GRPC_ERRNO.get(code, errno.EIO)  # type: ignore[arg-type]
