@@ -76,7 +76,8 @@ def boundary(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[A
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
-            _inject(fn.__name__)
+            if _FAULT_FILE is not None:
+                _inject(fn.__name__)
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise

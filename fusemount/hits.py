@@ -38,8 +38,9 @@ class HitLog:
     def add(self, digest: str) -> None:
         """Record one hit of block ``digest`` (call from the trio loop)."""
         self.count += 1
-        self._batch.append(digest)
-        if len(self._batch) >= self._report_after():
+        batch = self._batch
+        batch.append(digest)
+        if len(batch) >= HIT_BATCH or self.client.prompt:
             self._full.set()
 
     def take(self) -> list[str]:

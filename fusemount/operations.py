@@ -166,7 +166,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         node, readahead = handle
-        if self.namespace.is_revoked(node):
+        if node.snapshot_id in self.namespace.revoked:
             raise pyfuse3.FUSEError(errno.EIO)  # open before the revocation: never more bytes
         return await self.reader.read(node, off, size, readahead)
 
@@ -216,6 +216,9 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             out[b"user.strata.inodes"] = str(len(self.inodes)).encode()
             errors = sum(UNEXPECTED_ERRORS.values())
             out[b"user.strata.handler_errors"] = str(errors).encode()
+            source = self.reader.source
+            out[b"user.strata.loop_reads"] = str(source.loop_reads).encode()
+            out[b"user.strata.thread_reads"] = str(source.thread_reads).encode()
         return out
 
     @boundary

@@ -74,13 +74,17 @@ class BlockReader:
         bs = node.block_size
         first, last = offset // bs, (end - 1) // bs
         if readahead is not None and len(node.blocks) > 1:
-            ahead = readahead.on_read(first, last, len(node.blocks))
+            ahead = readahead.on_range(offset, end, bs, len(node.blocks))
             if ahead:
                 with contextlib.suppress(trio.WouldBlock):
                     self._ahead_send.send_nowait([node.blocks[i] for i in ahead])
         if first == last:  # the common case: one block, no join
             digest, block_len = node.blocks[first]
-            return await self.source.get(digest, block_len, offset - first * bs, end - offset)
+            in_block = offset - first * bs
+            hot = self.source.get_cached(digest, in_block, end - offset)  # a page-cached hit
+            if hot is not None:
+                return hot
+            return await self.source.get(digest, block_len, in_block, end - offset)
         parts: list[bytes | bytearray] = []
         pos = offset
         while pos < end:

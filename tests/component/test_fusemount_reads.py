@@ -104,6 +104,9 @@ def test_read_cached_serves_only_open_verified_files(tmp_path: Path) -> None:
     assert files.read_cached(digest, 100, 50) == data[100:150]  # page-cache hot: no thread
     assert files.read_cached(digest, 8000, 500) == data[8000:]  # the block's end
     path.unlink()  # evicted by the daemon
+    # until its next identity check the open file still serves the (verified) bytes ...
+    assert files.read_cached(digest, 0, 10) == data[:10]
+    files.recheck_after = 0.0  # ... and the check finds it evicted: a miss
     assert files.read_cached(digest, 0, 10) is None
 
 
@@ -111,6 +114,7 @@ def test_a_block_file_deleted_from_the_cache_disk_is_refetched(
     ops: StrataOperations, daemon: FakeDaemon
 ) -> None:
     digest = _digest(daemon, 1)
+    ops.reader.files.recheck_after = 0.0  # every hit checks its file (no window)
 
     async def go() -> None:
         fh = await _open(ops)
