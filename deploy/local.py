@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from spoke.process import stop_process as stop_process  # re-exported: the harness's callers
 from spoke.supervisor import is_mounted, lazy_unmount, resolve_mountpoint
 
 
@@ -32,18 +32,6 @@ def _wait_for(cond: object, proc: subprocess.Popen[bytes], what: str, timeout: f
         if time.monotonic() > deadline:
             raise StackError(f"{what} not ready after {timeout:.0f} s")
         time.sleep(0.05)
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-    """SIGTERM, wait up to ``timeout`` s, then SIGKILL the process group."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout)
 
 
 def publish(data_dir: Path, dataset: str, src: Path, *extra: str) -> str:

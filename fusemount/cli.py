@@ -19,6 +19,7 @@ from fusemount.client import DaemonClient
 from fusemount.operations import StrataOperations
 from fusemount.reader import BlockReader
 from spoke.layout import CacheLayout
+from spoke.mountinfo import mounts
 
 log = logging.getLogger("fusemount")
 
@@ -30,13 +31,8 @@ def mount_device(mountpoint: Path) -> str | None:
     mount, and this process must never touch its own mountpoint (it would wait on itself).
     """
     target = str(mountpoint)
-    device: str | None = None
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 4 and fields[4].encode().decode("unicode_escape") == target:
-                device = fields[2]  # the last match is the mount on top
-    return device
+    on_top = [m.device for m in mounts() if m.mountpoint == target]
+    return on_top[-1] if on_top else None  # the last match is the mount on top
 
 
 def set_read_ahead(mountpoint: Path, kib: int) -> bool:

@@ -1,10 +1,14 @@
-"""Listen addresses of the form ``HOST:PORT`` (IPv6 hosts in brackets: ``[::1]:50051``)."""
+"""Listen addresses of the form ``HOST:PORT`` (IPv6 hosts in brackets: ``[::1]:50051``).
+
+The syntax is parsed by :func:`protocol.address.parse_hostport`, shared with the spoke.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from hub.errors import InvalidArgument
+from protocol.address import parse_hostport
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,14 +36,13 @@ class Address:
         Raises:
             InvalidArgument: ``text`` is not ``HOST:PORT`` with a port from 0 to 65535.
         """
-        host, sep, port = text.rpartition(":")
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        if not sep or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        try:
+            host, port = parse_hostport(text)
+        except ValueError:
             raise InvalidArgument(
                 f"invalid address {text!r}: expected HOST:PORT with a port from 0 to 65535"
-            )
-        return cls(host, int(port))
+            ) from None
+        return cls(host, port)
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host

@@ -3,8 +3,8 @@
 Every error the hub raises on purpose derives from :class:`HubError`. Its message is
 written for the person at the other end (an operator at the command line, a spoke
 reading a gRPC status) and names the offending value. The two outer layers translate
-them in exactly one place each: :mod:`hub.service` maps the class to a gRPC status code
-(:func:`hub.service.status_code`), :mod:`hub.cli` prints the message and exits 2
+them in exactly one place each: :mod:`hub.wire` maps the class to a gRPC status code
+(:func:`hub.wire.status_code`), :mod:`hub.cli` prints the message and exits 2
 (1 for :class:`StorageError`, a failing system rather than bad input).
 """
 

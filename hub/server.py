@@ -38,13 +38,14 @@ from hub.catalog import Catalog
 from hub.datadir import DataDir
 from hub.errors import ConfigError, ListenError
 from hub.metrics import HubMetrics
-from hub.service import CHUNK_BYTES, SERVICE_NAME, HubService, HubWire
+from hub.service import HubService
 from hub.watch import POLL_SECONDS, CatalogWatcher
+from hub.wire import CHUNK_BYTES, SERVICE_NAME, HubWire
 from protocol.hub.v1 import hub_pb2_grpc
 
 MAX_MESSAGE_BYTES = 4 * MiB
 """Default send and receive limit per gRPC message, bytes (gRPC's usual default receive
-limit). Block data goes out in chunks of at most :data:`hub.service.CHUNK_BYTES`."""
+limit). Block data goes out in chunks of at most :data:`hub.wire.CHUNK_BYTES`."""
 
 MIN_MESSAGE_BYTES = 64 * 1024
 """Smallest message size limit accepted, bytes (a chunk must fit with room to spare)."""
@@ -135,7 +136,7 @@ def server_options(max_message_bytes: int) -> tuple[tuple[str, int], ...]:
     """gRPC core options for a hub with the given message size limit.
 
     Args:
-        max_message_bytes: The configured limit, bytes (enforced by :class:`hub.service.HubWire`).
+        max_message_bytes: The configured limit, bytes (enforced by :class:`hub.wire.HubWire`).
 
     Returns:
         ``(name, value)`` pairs for :func:`grpc.aio.server`.

@@ -25,6 +25,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.address import parse_hostport
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import HubUnavailable, InvalidRequest, NotFound, SpokeError
@@ -378,15 +379,15 @@ def bind(listen: str) -> socket.socket:
         ValueError: ``listen`` is not HOST:PORT.
         OSError: the address is in use or not local.
     """
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"admin address must be HOST:PORT, got {listen!r}")
-    host = host.strip("[]") or "127.0.0.1"
+    try:
+        host, port = parse_hostport(listen, default_host="127.0.0.1")
+    except ValueError:
+        raise ValueError(f"admin address must be HOST:PORT, got {listen!r}") from None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, int(port)))
+        sock.bind((host, port))
     except OSError:
         sock.close()
         raise

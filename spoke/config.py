@@ -8,20 +8,20 @@ from typing import Literal
 from pydantic import ByteSize, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol import address
 from spoke.layout import CacheLayout
 
 
 def parse_hostport(value: str, what: str) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (IPv6 hosts in brackets).
+    """Split ``HOST:PORT`` (IPv6 hosts in brackets; :func:`protocol.address.parse_hostport`).
 
     Raises:
         ValueError: not HOST:PORT, or the port is outside 0..65535.
     """
-    host, sep, port = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{what} must be HOST:PORT, got {value!r}")
-    return host, int(port)
+    try:
+        return address.parse_hostport(value)
+    except ValueError:
+        raise ValueError(f"{what} must be HOST:PORT, got {value!r}") from None
 
 
 MAX_SOCKET_PATH = 107

@@ -10,7 +10,6 @@ that dies is lazily unmounted and mounted again. SIGINT/SIGTERM stop the mount f
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -24,6 +23,8 @@ from types import FrameType
 from spoke import lock
 from spoke.config import SpokeSettings
 from spoke.layout import CacheLayout
+from spoke.mountinfo import mounts
+from spoke.process import stop_process
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +38,7 @@ class StartupError(Exception):
 
 def mounted_paths() -> set[str]:
     """Mountpoints currently in this process's mount namespace (from /proc/self/mountinfo)."""
-    paths: set[str] = set()
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 4:
-                paths.add(fields[4].encode().decode("unicode_escape"))
-    return paths
+    return {m.mountpoint for m in mounts()}
 
 
 def is_mounted(path: Path) -> bool:
@@ -207,25 +202,14 @@ class Supervisor:
     def shutdown(self) -> None:
         """Unmount, then stop the daemon; safe to call more than once."""
         if self.mount is not None:
-            _terminate(self.mount)
+            stop_process(self.mount, STOP_TIMEOUT, group=False)
             self.mount = None
         if is_mounted(self.mountpoint):
             lazy_unmount(self.mountpoint)
         if self.daemon is not None:
-            _terminate(self.daemon)
+            stop_process(self.daemon, STOP_TIMEOUT, group=False)
             self.daemon = None
         self.layout.mount_pid_file.unlink(missing_ok=True)  # the mount's, now stopped
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
-
-
-def _terminate(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(STOP_TIMEOUT)

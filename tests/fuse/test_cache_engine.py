@@ -17,7 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.local import LocalStack, free_port, stop_process
+from deploy.local import LocalStack, drop_page_cache, free_port, stop_process
 from spoke.layout import CacheLayout
 from tests.support import publish, requires_fuse, sha256
 
@@ -46,9 +46,8 @@ def _stats(cache: Path) -> dict[str, Any]:
 
 
 def _drop_page_cache() -> None:
-    if not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+    if not drop_page_cache():
         pytest.skip("cannot drop the kernel page cache (not root)")
-    Path("/proc/sys/vm/drop_caches").write_text("1\n")
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy.local import LocalStack
+from deploy.local import LocalStack, drop_page_cache
 from tests.support import publish, requires_fuse
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
@@ -61,9 +61,8 @@ def _xattr(path: Path, name: str) -> str:
 
 
 def _drop_dentries() -> None:
-    if not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+    if not drop_page_cache(2):  # dentries and inodes: FORGETs
         pytest.skip("cannot drop kernel caches (not root)")
-    Path("/proc/sys/vm/drop_caches").write_text("2\n")  # dentries and inodes: FORGETs
 
 
 def test_o_direct_reads(tree: Tree) -> None:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from hub.blocks import block_digest
 from hub.errors import InvalidArgument
-from hub.service import decode_page_token, encode_block_chunk, encode_page_token
+from hub.wire import decode_page_token, encode_block_chunk, encode_page_token
 from protocol.hub.v1 import hub_pb2
 
 

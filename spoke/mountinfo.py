@@ -1,0 +1,42 @@
+"""The mount table of this process's mount namespace, from ``/proc/self/mountinfo``.
+
+Read as text and never by ``stat``: a hung FUSE mount must not hang whoever asks. Each
+line is ``mount-id parent-id major:minor root mount-point options ...`` with spaces,
+tabs, newlines and backslashes in paths written as octal escapes (``\\040``); see
+proc(5). The supervisor asks whether a path is mounted, the mount which device backs its
+mountpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """One line of the mount table.
+
+    Attributes:
+        device: The backing device as ``major:minor``.
+        mountpoint: Where it is mounted (unescaped).
+    """
+
+    device: str
+    mountpoint: str
+
+
+def mounts(path: str = MOUNTINFO) -> list[Mount]:
+    """Every mount, in the table's order (a mount stacked on another comes after it).
+
+    Raises:
+        OSError: The table cannot be read.
+    """
+    table: list[Mount] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4:
+                table.append(Mount(fields[2], fields[4].encode().decode("unicode_escape")))
+    return table

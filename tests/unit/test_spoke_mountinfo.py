@@ -1,0 +1,30 @@
+"""The mount table as the supervisor and the mount read it (/proc/self/mountinfo)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spoke.mountinfo import Mount, mounts
+from spoke.supervisor import mounted_paths
+
+TABLE = (
+    "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+    "40 22 0:45 / /mnt/with\\040space rw,nosuid - fuse.strata strata rw\n"
+    "41 40 0:46 / /mnt/with\\040space rw,nosuid - fuse.strata strata rw\n"
+    "short line\n"
+)
+
+
+def test_lines_are_parsed_and_unescaped_in_order(tmp_path: Path) -> None:
+    table = tmp_path / "mountinfo"
+    table.write_text(TABLE)
+    assert mounts(str(table)) == [
+        Mount("0:21", "/"),
+        Mount("0:45", "/mnt/with space"),
+        Mount("0:46", "/mnt/with space"),  # stacked on top: after the one below
+    ]
+
+
+def test_the_real_table_has_the_root() -> None:
+    assert "/" in {m.mountpoint for m in mounts()}
+    assert "/" in mounted_paths()
