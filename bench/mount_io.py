@@ -1,4 +1,4 @@
-"""Mount I/O: fio on local disk against a warm Strata mount of the same files, one run.
+"""Mount I/O: fio on local disk, Python FUSE's floor and a warm Strata mount of the same files.
 
     python -m bench.mount_io [--quick] [--seq-mib 256] [--small-files 10000] [--json FILE]
 
@@ -10,8 +10,12 @@ first reads from the spoke's disk, as DESIGN.md's targets say):
 * ``small files``: 10,000 files of 64 KiB (zarr-chunk sized), read whole, 4 jobs;
 * ``seq 1M xN``: parallel-reader scaling, N = 1, 2, 4, 8 jobs.
 
-Prints bandwidth (MB/s) for both and the ratio mount/local (targets: sequential ≥ 0.75,
-small files ≥ 0.5). Needs ``fio`` (Debian package) and root for dropping the page cache.
+Three rows per job, measured in the same run: local disk, the **floor** — a minimal
+pyfuse3 passthrough file system over the same source files (:mod:`bench.floorfs`: what any
+Python FUSE file system can reach here) — and the warm Strata mount. Prints bandwidth
+(MB/s) and the ratios mount/local (targets: sequential ≥ 0.75, small files ≥ 0.5) and
+mount/floor (target: every job ≥ 0.8). Needs ``fio`` (Debian package) and root for
+dropping the page cache.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from bench.floorfs import FloorMount
 from deploy.local import LocalStack, drop_page_cache, publish
 
 JOBS = 4
@@ -100,6 +106,29 @@ def run_fio(job: Job, root: Path) -> float:
     return float(sum(j["read"]["bw_bytes"] for j in report["jobs"])) / 1e6
 
 
+def _compare(job: Job, local_root: Path, floor_root: Path, mount_root: Path) -> dict[str, Any]:
+    """One job on local disk, the floor and the mount, page cache dropped before each."""
+    figures = {}
+    for name, root in (("local", local_root), ("floor", floor_root), ("mount", mount_root)):
+        drop_page_cache(3)
+        figures[name] = run_fio(job, root)
+    local, floor, mount = figures["local"], figures["floor"], figures["mount"]
+    row = {
+        "job": job.name,
+        "local_mb_s": local,
+        "floor_mb_s": floor,
+        "mount_mb_s": mount,
+        "ratio": mount / local if local else 0.0,
+        "floor_ratio": mount / floor if floor else 0.0,
+    }
+    print(
+        f"{job.name:>16}: local {local:8.0f}  floor {floor:8.0f}  mount {mount:8.0f} MB/s  "
+        f"mount/local {row['ratio']:.2f}  mount/floor {row['floor_ratio']:.2f}",
+        flush=True,
+    )
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: prints the table; ``--json`` also writes the figures."""
     parser = argparse.ArgumentParser(
@@ -117,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.mount_io: error: fio is not installed (apt-get install fio)", file=sys.stderr)
         return 2
     seq_mib, small, runtime = (8, 400, 2) if ns.quick else (ns.seq_mib, ns.small_files, ns.runtime)
-    rows: list[dict[str, float | str]] = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="strata-mount-io-") as tmp:
         work = Path(tmp)
         make_source(work / "src", seq_mib, small)
@@ -132,30 +161,19 @@ def main(argv: list[str] | None = None) -> int:
                 stdout=subprocess.DEVNULL,
                 check=True,
             )
-            dropped = drop_page_cache(3)
-            for job in jobs(seq_mib, small, runtime):
-                drop_page_cache(3)
-                local = run_fio(job, work / "src")
-                drop_page_cache(3)
-                mount = run_fio(job, mounted)
-                rows.append(
-                    {
-                        "job": job.name,
-                        "local_mb_s": local,
-                        "mount_mb_s": mount,
-                        "ratio": mount / local if local else 0.0,
-                    }
-                )
-                print(
-                    f"{job.name:>16}: local {local:8.0f} MB/s  mount {mount:8.0f} MB/s  "
-                    f"ratio {mount / local if local else 0:.2f}",
-                    flush=True,
-                )
-    print("\n| fio job | local MB/s | warm mount MB/s | mount/local |\n|---|---|---|---|")
+            with FloorMount(work / "src", work / "floor", work / "floor.log"):
+                dropped = drop_page_cache(3)
+                for job in jobs(seq_mib, small, runtime):
+                    rows.append(_compare(job, work / "src", work / "floor", mounted))
+    print(
+        "\n| fio job | local MB/s | pyfuse3 floor MB/s | warm mount MB/s | mount/local "
+        "| mount/floor |\n|---|---|---|---|---|---|"
+    )
     for r in rows:
         print(
-            f"| {r['job']} | {float(r['local_mb_s']):.0f} | {float(r['mount_mb_s']):.0f} | "
-            f"{float(r['ratio']):.2f} |"
+            f"| {r['job']} | {float(r['local_mb_s']):.0f} | {float(r['floor_mb_s']):.0f} | "
+            f"{float(r['mount_mb_s']):.0f} | {float(r['ratio']):.2f} | "
+            f"{float(r['floor_ratio']):.2f} |"
         )
     if not dropped:
         print("(page cache NOT dropped: not root; these are page-cache reads)")

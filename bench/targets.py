@@ -68,6 +68,17 @@ def targets(rows: dict[str, Row], link: LinkSpec) -> list[dict[str, Any]]:
     if cold and cold.cold:
         u = cold.cold["link_utilisation"]
         add(f"cold link use ({link.describe()})", "≥ 80 %", f"{100 * u:.0f} %", u >= 0.8)
+    floor = _get(rows, "floor")
+    if warm is not None and floor is not None:
+        ratios = {j: (_fio_mb_s(warm, j), _fio_mb_s(floor, j)) for j in fio.JOBS}
+        shown = {j: a / b for j, (a, b) in ratios.items() if a is not None and b}
+        if shown:
+            add(
+                "Strata warm vs the pyfuse3 floor, every fio job",
+                "≥ 0.8×",
+                ", ".join(f"{j} {r:.2f}×" for j, r in shown.items()),
+                min(shown.values()) >= 0.8,
+            )
     for other in ("rclone-warm", "httpdirfs-warm"):
         row = _get(rows, other)
         if warm is None or row is None:

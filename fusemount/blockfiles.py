@@ -2,28 +2,37 @@
 
 Every block file is checked against its digest (xxh3-128) the first time this process
 reads it, and again whenever its identity (inode, mtime, size) changes, so a block that
-was damaged on disk is never served. Open files are kept in an LRU table so a hit costs one
-``fstat`` and one ``pread``. Entries are never closed explicitly: a dropped entry's file
-closes when the last thread using it lets go (CPython reference counting), so a descriptor
-number is never reused under a concurrent reader.
+was damaged on disk is never served. Open files are kept in an LRU table so a hit costs
+one ``pread``; :meth:`BlockFiles.read_cached` is that hit without blocking (``preadv2``
+with ``RWF_NOWAIT``: only bytes already in the page cache), so the mount answers it on
+its event loop without a thread hop, checking an open file's identity (one ``fstat``) at
+most every ``recheck_after`` seconds (:data:`RECHECK_AFTER`) instead of on every read.
+Entries are never closed explicitly: a dropped entry's file closes when the last thread
+using it lets go (CPython reference counting), so a descriptor number is never reused
+under a concurrent reader.
 
-An evicted block is a miss, as in the daemon's accounting: an open entry whose file has been
-unlinked (``st_nlink == 0``, seen by the same ``fstat``) is dropped and the block looked up
-again by path. :meth:`BlockFiles.sweep` closes such entries even when nobody reads them, so
-evicted blocks do not keep their disk space (up to ``max_open`` blocks of it) past the
-cache's size. A read that already holds the descriptor when the eviction happens still
-finishes with the verified bytes of that digest.
+An evicted block is a miss, as in the daemon's accounting: an open entry whose file has
+been unlinked (``st_nlink == 0``, seen by that ``fstat``) is dropped and the block looked
+up again by path (on the loop's fast path within ``recheck_after`` of the eviction).
+:meth:`BlockFiles.sweep` closes such entries even when nobody reads them, so evicted
+blocks do not keep their disk space (up to ``max_open`` blocks of it) past the cache's
+size. A read that already holds the descriptor when the eviction happens still finishes
+with the verified bytes of that digest.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from io import FileIO
 
 from spoke.layout import CacheLayout, block_digest
+
+log = logging.getLogger(__name__)
 
 
 class CorruptBlockError(OSError):
@@ -35,12 +44,15 @@ class CorruptBlockError(OSError):
 
 
 Identity = tuple[int, int, int]  # st_ino, st_mtime_ns, st_size
+RECHECK_AFTER = 0.1  # seconds between identity checks of an open entry on the fast path
 
 
 @dataclass
 class _OpenBlock:
-    file: FileIO
+    file: FileIO  # kept referenced: the descriptor stays open while an entry is in use
+    fd: int
     identity: Identity
+    checked: float  # time.monotonic() of the last identity check
 
 
 def _identity(fd: int) -> Identity:
@@ -54,18 +66,73 @@ class BlockFiles:
     Args:
         layout: the spoke's cache directory.
         max_open: most block files kept open.
+        recheck_after: seconds between identity checks of an open file on the fast path.
     """
 
-    def __init__(self, layout: CacheLayout, max_open: int = 1024) -> None:
+    def __init__(
+        self, layout: CacheLayout, max_open: int = 1024, recheck_after: float = RECHECK_AFTER
+    ) -> None:
         self.layout = layout
         self.max_open = max_open
+        self.recheck_after = recheck_after
         self._open: OrderedDict[str, _OpenBlock] = OrderedDict()
         self._verified: dict[str, Identity] = {}
         self._lock = threading.Lock()
         self.verifications = 0
+        self.nowait = hasattr(os, "RWF_NOWAIT")  # cleared if the cache disk refuses it
+
+    def read_cached(self, digest: str, offset: int, size: int) -> bytearray | None:
+        """``size`` bytes at ``offset`` of an open, verified block file, without blocking.
+
+        Safe on the event loop: it never opens or verifies a file and reads only bytes
+        already in the kernel's page cache (``preadv2(RWF_NOWAIT)``, Linux ≥ 4.14; buffered
+        reads since 5.9). The entry's identity is checked again (one ``fstat``: evicted?
+        changed?) when its last check is ``recheck_after`` old, not on every read. Fewer
+        bytes than asked at the file's end is the end of the block.
+
+        Returns:
+            The bytes, or None when the block is not open here, was evicted or changed,
+            or is not all in the page cache (then :meth:`read` in a worker thread).
+        """
+        entry = self._open.get(digest)  # one dict read: atomic, so no lock on this path
+        if entry is None or not self.nowait:
+            return None
+        now = time.monotonic()
+        if now - entry.checked >= self.recheck_after:
+            if not self._still_valid(entry):
+                return None  # evicted or changed: read() drops the entry and looks again
+            entry.checked = now
+            with self._lock:
+                if self._open.get(digest) is entry:
+                    self._open.move_to_end(digest)
+        want = max(min(size, entry.identity[2] - offset), 0)
+        buf = bytearray(want)
+        try:
+            got = os.preadv(entry.fd, (buf,), offset, os.RWF_NOWAIT)
+        except BlockingIOError:  # not in the page cache
+            return None
+        except OSError as err:  # e.g. EOPNOTSUPP: this filesystem cannot; always use threads
+            log.info("preadv2(RWF_NOWAIT) on the cache disk failed (%s); reads use threads", err)
+            self.nowait = False
+            return None
+        if got < want:  # partly in the page cache
+            return None
+        return buf
+
+    @staticmethod
+    def _still_valid(entry: _OpenBlock) -> bool:
+        try:
+            st = os.fstat(entry.fd)
+        except OSError:
+            return False
+        return bool(st.st_nlink) and (st.st_ino, st.st_mtime_ns, st.st_size) == entry.identity
 
     def read(self, digest: str, offset: int, size: int) -> bytes | None:
         """``size`` bytes at ``offset`` of block ``digest``, or None when it is not cached.
+
+        May block on the disk: call it from a worker thread. A block file that is missing,
+        unlinked (evicted) or cannot be opened or read (``EACCES``, ``EIO``: e.g. deleted or
+        damaged on the cache disk) is not cached — a miss, which the daemon repairs.
 
         Raises:
             CorruptBlockError: the file's bytes do not match the digest.
@@ -75,14 +142,30 @@ class BlockFiles:
             if entry is not None:
                 self._open.move_to_end(digest)
         if entry is not None:
-            st = os.fstat(entry.file.fileno())
-            if st.st_nlink and (st.st_ino, st.st_mtime_ns, st.st_size) == entry.identity:
-                return os.pread(entry.file.fileno(), size, offset)
+            if self._still_valid(entry):
+                entry.checked = time.monotonic()
+                try:
+                    return os.pread(entry.fd, size, offset)
+                except OSError as err:
+                    log.warning("cached block %s unreadable: %s", digest, err)
             self._drop(digest, entry)  # evicted, or changed under us: look it up again
         try:
             file = FileIO(self.layout.block_path(digest), "r")
         except FileNotFoundError:
             return None
+        except OSError as err:
+            log.warning("cached block %s cannot be opened: %s", digest, err)
+            return None
+        try:
+            return self._verify_and_keep(digest, file, offset, size)
+        except CorruptBlockError:
+            raise
+        except OSError as err:
+            file.close()
+            log.warning("cached block %s cannot be read: %s", digest, err)
+            return None
+
+    def _verify_and_keep(self, digest: str, file: FileIO, offset: int, size: int) -> bytes:
         identity = _identity(file.fileno())
         with self._lock:
             known = self._verified.get(digest) == identity
@@ -94,7 +177,7 @@ class BlockFiles:
                 raise CorruptBlockError(digest)
         with self._lock:
             self._verified[digest] = identity
-            self._open[digest] = _OpenBlock(file, identity)
+            self._open[digest] = _OpenBlock(file, file.fileno(), identity, time.monotonic())
             while len(self._open) > self.max_open:
                 self._open.popitem(last=False)
         return data[offset : offset + size] if not known else os.pread(file.fileno(), size, offset)

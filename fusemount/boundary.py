@@ -18,6 +18,8 @@ from typing import Any, ParamSpec, TypeVar
 import grpc
 import pyfuse3
 
+from fusemount.source import BlockUnavailableError
+
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
@@ -56,6 +58,8 @@ _GRPC_ERRNO = {
 
 def errno_for(exc: BaseException) -> int | None:
     """The errno a known domain error maps to; None when the error is unexpected."""
+    if isinstance(exc, BlockUnavailableError):
+        return exc.errno or errno.EIO
     if isinstance(exc, grpc.RpcError):
         code = exc.code() if hasattr(exc, "code") else None
         return _GRPC_ERRNO.get(code, errno.EIO)  # type: ignore[arg-type]
@@ -72,7 +76,8 @@ def boundary(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[A
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
-            _inject(fn.__name__)
+            if _FAULT_FILE is not None:
+                _inject(fn.__name__)
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise

@@ -1,13 +1,12 @@
 """Blocking client of the spoke daemon's local gRPC service (SpokeLocal, UNIX socket).
 
-Every call runs in a worker thread of the mount (never on its trio loop). Calls use
-``wait_for_ready``, so while the daemon restarts they wait for it instead of failing,
-up to their deadline.
+Every call runs in a worker thread of the mount (never on its trio loop). Catalog and
+miss calls use ``wait_for_ready``, so while the daemon restarts they wait for it instead
+of failing, up to their deadline; hit reports and prefetches never wait.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,39 +71,32 @@ class DaemonClient:
         return [entry for page in stream for entry in page.entries]
 
     def ensure_blocks(
-        self, blocks: Sequence[tuple[str, int]], suspect: Sequence[str] = ()
+        self, blocks: Sequence[tuple[str, int]], suspect: Sequence[str], timeout: float
     ) -> dict[str, bytes]:
-        """Block until the daemon has every ``(digest, size)`` on disk.
+        """Block until the daemon has every ``(digest, size)`` on disk (one call).
+
+        The call waits for a restarting daemon (``wait_for_ready``) up to ``timeout``; the
+        retries around it live in :class:`fusemount.source.BlockSource`.
 
         Args:
             blocks: the blocks wanted.
-            suspect: digests whose cached file failed verification here.
+            suspect: digests whose cached file failed verification or could not be read here.
+            timeout: seconds this call may take.
 
         Returns:
             The bytes of blocks the daemon could not cache (streamed through), by digest.
 
         Raises:
-            grpc.RpcError: DEADLINE_EXCEEDED after ``miss_deadline``, UNAVAILABLE when the hub
-                cannot deliver, NOT_FOUND when it lacks a block.
+            grpc.RpcError: DEADLINE_EXCEEDED after ``timeout``, UNAVAILABLE when the daemon
+                went away mid-call or the hub cannot deliver, NOT_FOUND when it lacks a block.
         """
         request = spoke_pb2.EnsureBlocksRequest(
             blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in blocks],
             suspect_digests=list(suspect),
         )
-        deadline = time.monotonic() + self.miss_deadline
-        while True:
-            try:
-                reply = self._stub.EnsureBlocks(
-                    request, timeout=max(deadline - time.monotonic(), 0.001), wait_for_ready=True
-                )
-                self.prompt = bool(reply.prompt)
-                return {u.digest: u.data for u in reply.uncached}
-            except grpc.RpcError as err:
-                # the daemon went away mid-call (killed, restarting): ask again until the
-                # miss deadline; wait_for_ready holds the new call until it is back
-                if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.05)
+        reply = self._stub.EnsureBlocks(request, timeout=timeout, wait_for_ready=True)
+        self.prompt = bool(reply.prompt)
+        return {u.digest: u.data for u in reply.uncached}
 
     def prefetch(self, blocks: Sequence[tuple[str, int]]) -> int:
         """Ask the daemon to fetch blocks ahead of reads; returns how many it started.

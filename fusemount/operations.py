@@ -1,7 +1,8 @@
 """pyfuse3 ``Operations`` for Strata's read-only tree.
 
-The class translates kernel requests into lookups in the inode table and reads through
-the block reader; it owns no bytes. Every handler goes through :func:`boundary`.
+The class translates kernel requests into lookups in the namespace (listings, snapshot
+trees, revocation: :mod:`fusemount.namespace`) and reads through the block reader; it owns
+no bytes. Every handler goes through :func:`boundary`.
 
 Kernel caching: snapshot trees are immutable, so their entries and attributes are cached
 for an hour, negative lookups inside them too, and files open with ``keep_cache``. The root,
@@ -14,7 +15,6 @@ import errno
 import logging
 import os
 import stat
-import time
 from collections.abc import Sequence
 
 import pyfuse3
@@ -22,15 +22,15 @@ import trio
 
 from fusemount.boundary import UNEXPECTED_ERRORS, boundary
 from fusemount.client import DaemonClient
+from fusemount.namespace import Namespace
 from fusemount.readahead import Readahead
 from fusemount.reader import BlockReader
-from fusemount.tree import DIR_MODE, LINK_MODE, InodeTable, Node, Role
+from fusemount.tree import InodeTable, Node, Role
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_TIMEOUT = 3600.0  # seconds: immutable snapshot trees
 MUTABLE_TIMEOUT = 1.0  # seconds: root, dataset listings, tag symlinks
-LISTING_TTL = 1.0  # seconds between catalog refreshes of root and dataset listings
 BLKSIZE = 128 * 1024
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -52,12 +52,9 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         self.client = client
         self.reader = reader
         self.inodes = InodeTable()
+        self.namespace = Namespace(client, self.inodes)
         self._handles: dict[int, tuple[Node, Readahead]] = {}
         self._next_fh = 1
-        self._refreshed: dict[int, float] = {}
-        self._lookups: dict[int, int] = {}  # inode -> the kernel's lookup count
-        self._revoked: set[str] = set()  # snapshot ids no live version serves any more
-        self._snapshot_locks: dict[int, trio.Lock] = {}
         self._uid = os.getuid()
         self._gid = os.getgid()
 
@@ -79,147 +76,9 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         attr.attr_timeout = timeout
         return attr
 
-    # -- loading the tree -----------------------------------------------------------
-
-    async def _children(self, node: Node) -> dict[bytes, int]:
-        """The node's listing, loaded or refreshed as its role requires."""
-        if node.role is Role.ROOT:
-            await self._refresh(node, self._load_root)
-        elif node.role is Role.DATASET:
-            await self._refresh(node, self._load_dataset)
-        elif node.children is None:
-            await self._load_snapshot(node)
-        if node.children is None:
-            raise pyfuse3.FUSEError(errno.ENOTDIR)
-        return node.children
-
-    async def _refresh(self, node: Node, load: object) -> None:
-        now = time.monotonic()
-        if node.children is not None and now - self._refreshed.get(node.inode, 0.0) < LISTING_TTL:
-            return
-        try:
-            await load(node)  # type: ignore[operator]
-            self._refreshed[node.inode] = now
-        except Exception:
-            if node.children is None:
-                raise
-            log.warning(
-                "catalog refresh of inode %d failed; serving the last listing",
-                node.inode,
-                exc_info=True,
-            )
-
-    async def _load_root(self, root: Node) -> None:
-        names = await trio.to_thread.run_sync(self.client.list_datasets)
-        children: dict[bytes, int] = {}
-        for name in names:
-            node = self.inodes.intern(
-                ("dataset", name), Node(0, Role.DATASET, DIR_MODE, dataset=name)
-            )
-            children[name.encode()] = node.inode
-        root.set_children(children)
-
-    async def _load_dataset(self, ds: Node) -> None:
-        reply = await trio.to_thread.run_sync(self.client.list_versions, ds.dataset)
-        children: dict[bytes, int] = {}
-        for snap in reply.versions:
-            node = self.inodes.intern(
-                ("version", ds.dataset, snap.version),
-                Node(
-                    0,
-                    Role.VERSION,
-                    DIR_MODE,
-                    mtime_ns=snap.created_ns,
-                    dataset=ds.dataset,
-                    version=snap.version,
-                    snapshot_id=snap.snapshot_id,
-                ),
-            )
-            children[snap.version.encode()] = node.inode
-        for tag in reply.tags:
-            target = tag.version.encode()
-            node = self.inodes.intern(
-                ("tag", ds.dataset, tag.name),
-                Node(
-                    0,
-                    Role.TAG,
-                    LINK_MODE,
-                    size=len(target),
-                    dataset=ds.dataset,
-                    version=tag.version,
-                    target=target,
-                ),
-            )
-            children[tag.name.encode()] = node.inode
-        ds.set_children(children)
-
-    async def _load_snapshot(self, root: Node) -> None:
-        lock = self._snapshot_locks.setdefault(root.inode, trio.Lock())
-        async with lock:
-            if root.children is not None:
-                return
-            entries = await trio.to_thread.run_sync(
-                self.client.manifest, root.dataset, root.version
-            )
-            self.inodes.load_snapshot(root, root.snapshot_id, entries)
-
-    async def watch_catalog(self, interval: float = LISTING_TTL) -> None:
-        """Keep loaded dataset listings fresh so tag moves and revocations show within
-        about a second: moved tags and vanished versions are invalidated in the kernel's
-        dentry cache, and a revoked snapshot's open files fail with EIO from then on."""
-        while True:
-            await trio.sleep(interval)
-            for ds in [n for n in self.inodes.nodes() if n.role is Role.DATASET]:
-                if ds.children is not None:
-                    await self._refresh_dataset(ds)
-
-    async def _refresh_dataset(self, ds: Node) -> None:
-        before = {
-            name: (inode, self.inodes[inode].target) for name, inode in (ds.children or {}).items()
-        }
-        try:
-            await self._load_dataset(ds)
-        except Exception as err:  # the daemon may be restarting: keep the last listing
-            log.debug("refresh of %s failed: %s", ds.dataset, err)
-            return
-        self._refreshed[ds.inode] = time.monotonic()
-        after = ds.children or {}
-        live = {
-            self.inodes[i].snapshot_id
-            for i in after.values()
-            if self.inodes[i].role is Role.VERSION
-        }
-        for name, (inode, target) in before.items():
-            node = self.inodes[inode]
-            if name in after and node.target == target:
-                continue
-            if node.role is Role.VERSION and name not in after and node.snapshot_id not in live:
-                log.warning("%s %s was revoked", ds.dataset, node.version)
-                self._revoked.add(node.snapshot_id)
-                await self._drop_cached_pages(node.snapshot_id)
-            pyfuse3.invalidate_entry_async(ds.inode, name, ignore_enoent=True)
-
-    async def _drop_cached_pages(self, snapshot_id: str) -> None:
-        """Make the kernel forget the pages of a revoked snapshot's files, so reads on files
-        opened before the revocation reach us (and get EIO) instead of its page cache."""
-        known = [
-            n.inode
-            for n in self.inodes.nodes()
-            if n.snapshot_id == snapshot_id and n.inode in self._lookups
-        ]
-
-        def invalidate() -> None:
-            for inode in known:
-                try:
-                    pyfuse3.invalidate_inode(inode, attr_only=False)
-                except OSError as err:  # the kernel already forgot it
-                    log.debug("invalidate_inode(%d): %s", inode, err)
-
-        await trio.to_thread.run_sync(invalidate)
-
-    def _check_live(self, node: Node) -> None:
-        if node.snapshot_id and node.snapshot_id in self._revoked:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+    async def watch_catalog(self) -> None:
+        """Refresh listings in the background until cancelled (see :mod:`fusemount.namespace`)."""
+        await self.namespace.refresh_forever()
 
     def _node(self, inode: int) -> Node:
         node = self.inodes.get(inode)
@@ -234,12 +93,12 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         parent = self._node(parent_inode)
-        self._check_live(parent)
+        self.namespace.check_live(parent)
         if not parent.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         if name == b".":
             return self._attr(parent)
-        children = await self._children(parent)
+        children = await self.namespace.children(parent)
         inode = children.get(name)
         if inode is None:
             if parent.role in (Role.VERSION, Role.ENTRY):
@@ -248,7 +107,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
                 negative.entry_timeout = SNAPSHOT_TIMEOUT
                 return negative
             raise pyfuse3.FUSEError(errno.ENOENT)
-        self._lookups[inode] = self._lookups.get(inode, 0) + 1
+        self.inodes.remember(inode)
         return self._attr(self.inodes[inode])
 
     @boundary
@@ -267,13 +126,13 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         node = self._node(inode)
         if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        await self._children(node)
+        await self.namespace.children(node)
         return inode
 
     @boundary
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         node = self._node(fh)
-        await self._children(node)
+        await self.namespace.children(node)
         names = node.child_names
         children = node.children or {}
         for i in range(start_id, len(names)):
@@ -281,7 +140,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             if not pyfuse3.readdir_reply(token, names[i], self._attr(child), i + 1):
                 break
             # readdirplus: each entry returned counts as a lookup
-            self._lookups[child.inode] = self._lookups.get(child.inode, 0) + 1
+            self.inodes.remember(child.inode)
 
     @boundary
     async def releasedir(self, fh: int) -> None:
@@ -290,7 +149,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
     @boundary
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         node = self._node(inode)
-        self._check_live(node)
+        self.namespace.check_live(node)
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
         if node.is_dir:
@@ -301,12 +160,13 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     @boundary
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | bytearray:  # type: ignore[override]
+        # pyfuse3 replies with any contiguous buffer (PyObject_GetBuffer): no copy to bytes
         handle = self._handles.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         node, readahead = handle
-        if node.snapshot_id in self._revoked:
+        if node.snapshot_id in self.namespace.revoked:
             raise pyfuse3.FUSEError(errno.EIO)  # open before the revocation: never more bytes
         return await self.reader.read(node, off, size, readahead)
 
@@ -336,16 +196,12 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         # The inode table keeps every number for the life of the mount (numbers stay stable);
         # what forget balances is the kernel's references, so none leak.
         for inode, nlookup in inode_list:
-            left = self._lookups.get(inode, 0) - nlookup
-            if left > 0:
-                self._lookups[inode] = left
-            else:
-                self._lookups.pop(inode, None)
+            self.inodes.forget(inode, nlookup)
 
     @property
     def kernel_refs(self) -> int:
         """Inodes the kernel currently holds a lookup reference to."""
-        return len(self._lookups)
+        return self.inodes.kernel_refs
 
     # -- extended attributes ------------------------------------------------------------
 
@@ -360,6 +216,9 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             out[b"user.strata.inodes"] = str(len(self.inodes)).encode()
             errors = sum(UNEXPECTED_ERRORS.values())
             out[b"user.strata.handler_errors"] = str(errors).encode()
+            source = self.reader.source
+            out[b"user.strata.loop_reads"] = str(source.loop_reads).encode()
+            out[b"user.strata.thread_reads"] = str(source.thread_reads).encode()
         return out
 
     @boundary

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SKIP = 1 << 20  # bytes an in-order read may start past the previous read's end
+_NOTHING = range(0)
+
 
 @dataclass
 class Readahead:
@@ -31,9 +34,28 @@ class Readahead:
     initial: int = 2
     maximum: int = 32
     window: int = 0
+    next_offset: int = 0  # where an in-order read starts: the previous read's end, bytes
     last_block: int = -1  # so a first read at block 0 counts as sequential
     ahead_to: int = -1  # highest block index already requested
     marker: int = 0  # reading this block requests the next window
+
+    def on_range(self, offset: int, end: int, block_size: int, blocks: int) -> range:
+        """Account for a read of bytes ``offset..end`` (exclusive) of a file of ``blocks``
+        blocks of ``block_size`` bytes; returns the block indexes to prefetch now.
+
+        In order means starting at the previous read's end, or at most :data:`SKIP` bytes
+        past it (the kernel skips pages it already holds), as Linux judges by page and
+        not by block: random reads that happen to land in the block just read are
+        seeks, not a sequential stream.
+        """
+        in_order = 0 <= offset - self.next_offset <= SKIP
+        self.next_offset = end
+        last = (end - 1) // block_size
+        if not in_order:  # a seek: what on_read does for one, without the call
+            self.window = 0
+            self.last_block = self.ahead_to = last
+            return _NOTHING
+        return self.on_read(offset // block_size, last, blocks)
 
     def on_read(self, first: int, last: int, blocks: int) -> range:
         """Account for a read of blocks ``first..last`` of a ``blocks``-block file.

@@ -89,12 +89,38 @@ _TYPE_BITS: Final = {
 
 
 class InodeTable:
-    """All nodes of the mount, by inode and by identity key."""
+    """All nodes of the mount, by inode and by identity key, and the kernel's lookup counts.
+
+    The kernel holds a reference per successful lookup (and per readdirplus entry) and
+    gives them back in ``forget``; the counts say which inodes it still knows.
+    """
 
     def __init__(self) -> None:
         self._nodes: dict[int, Node] = {ROOT_INODE: Node(ROOT_INODE, Role.ROOT, DIR_MODE)}
         self._by_key: dict[tuple[str, ...], int] = {}
         self._next = ROOT_INODE + 1
+        self._lookups: dict[int, int] = {}  # inode -> the kernel's lookup count
+
+    def remember(self, inode: int) -> None:
+        """The kernel took one more reference to ``inode`` (a lookup reply)."""
+        self._lookups[inode] = self._lookups.get(inode, 0) + 1
+
+    def forget(self, inode: int, nlookup: int) -> None:
+        """The kernel gave back ``nlookup`` references to ``inode``."""
+        left = self._lookups.get(inode, 0) - nlookup
+        if left > 0:
+            self._lookups[inode] = left
+        else:
+            self._lookups.pop(inode, None)
+
+    def referenced(self, inode: int) -> bool:
+        """True while the kernel holds a reference to ``inode``."""
+        return inode in self._lookups
+
+    @property
+    def kernel_refs(self) -> int:
+        """Inodes the kernel currently holds a lookup reference to."""
+        return len(self._lookups)
 
     def __getitem__(self, inode: int) -> Node:
         return self._nodes[inode]

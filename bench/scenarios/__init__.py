@@ -1,7 +1,8 @@
 """The scenarios of :mod:`bench.run`, in the order they run.
 
 Each implements :class:`~bench.scenarios.base.Scenario`: :mod:`~bench.scenarios.local`
-(local disk), :mod:`~bench.scenarios.copy_first` (download, then read) and
+(local disk), :mod:`~bench.scenarios.floor` (Python FUSE's floor over the local files),
+:mod:`~bench.scenarios.copy_first` (download, then read) and
 :mod:`~bench.scenarios.remote` (Strata, rclone, httpdirfs behind the link). The measures
 they are made of are in :mod:`~bench.scenarios.phases`.
 """
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 from bench.scenarios.base import LABELS, BenchError, Context, Row, Scenario, Settings
 from bench.scenarios.copy_first import CopyFirstScenario
+from bench.scenarios.floor import FloorScenario
 from bench.scenarios.local import LocalScenario
 from bench.scenarios.remote import HttpdirfsScenario, RcloneScenario, StrataScenario
 
 SCENARIOS: tuple[Scenario, ...] = (
     LocalScenario(),
+    FloorScenario(),
     CopyFirstScenario(),
     StrataScenario(),
     RcloneScenario(),

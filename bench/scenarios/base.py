@@ -23,6 +23,7 @@ DATASET = "bench"
 
 LABELS = {
     "local": "local disk",
+    "floor": "pyfuse3 floor (page cache dropped)",
     "copy-first": "copy-first",
     "strata-cold": "Strata cold",
     "strata-warm": "Strata warm (page cache kept)",

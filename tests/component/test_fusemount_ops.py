@@ -16,58 +16,8 @@ import trio
 from fusemount import boundary
 from fusemount.operations import StrataOperations
 from fusemount.reader import BlockReader
-from protocol.hub.v1 import hub_pb2
 from spoke.layout import CacheLayout, block_digest
-
-
-class FakeDaemon:
-    """Catalog from memory; misses are 'fetched' by writing the block file."""
-
-    def __init__(self, layout: CacheLayout, blocks: dict[str, bytes]) -> None:
-        self.layout = layout
-        self.blocks = blocks
-        self.ensured: list[str] = []
-        self.suspects: list[str] = []
-        self.fail_catalog = False
-        self.prompt = False  # as DaemonClient.prompt
-
-    def list_datasets(self) -> list[str]:
-        return ["ds"]
-
-    def list_versions(self, dataset: str) -> hub_pb2.ListVersionsResponse:
-        if self.fail_catalog:
-            raise RuntimeError("boom")
-        return hub_pb2.ListVersionsResponse(
-            versions=[hub_pb2.Snapshot(dataset="ds", version="v1", snapshot_id="s1")],
-            tags=[hub_pb2.Tag(name="latest", version="v1")],
-        )
-
-    def manifest(self, dataset: str, version: str) -> list[hub_pb2.ManifestEntry]:
-        refs = [hub_pb2.BlockRef(digest=d, size=len(b)) for d, b in self.blocks.items()]
-        return [
-            hub_pb2.ManifestEntry(path="dir", type=hub_pb2.ENTRY_TYPE_DIRECTORY, mode=0o755),
-            hub_pb2.ManifestEntry(
-                path="dir/f.bin",
-                type=hub_pb2.ENTRY_TYPE_FILE,
-                mode=0o644,
-                size=sum(len(b) for b in self.blocks.values()),
-                blocks=refs,
-            ),
-        ]
-
-    def ensure_blocks(
-        self, blocks: Sequence[tuple[str, int]], suspect: Sequence[str] = ()
-    ) -> dict[str, bytes]:
-        self.suspects.extend(suspect)
-        for digest, _ in blocks:
-            self.ensured.append(digest)
-            path = self.layout.block_path(digest)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(self.blocks[digest])
-        return {}
-
-    def record_access(self, digests: Sequence[str]) -> None:
-        pass
+from tests.component.fake_daemon import FakeDaemon
 
 
 @pytest.fixture
@@ -157,9 +107,9 @@ def test_a_block_evicted_before_its_read_is_fetched_again(ops: StrataOperations)
     evict_next = [True]
 
     def evicting(
-        blocks: Sequence[tuple[str, int]], suspect: Sequence[str] = ()
+        blocks: Sequence[tuple[str, int]], suspect: Sequence[str], timeout: float
     ) -> dict[str, bytes]:
-        out = ensure(blocks, suspect)
+        out = ensure(blocks, suspect, timeout)
         if evict_next[0]:  # evicted at once, before the mount could read it
             evict_next[0] = False
             for digest, _ in blocks:

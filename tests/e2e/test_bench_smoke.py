@@ -56,7 +56,7 @@ def test_quick_bench_writes_json_table_and_plots(seismic: Path, tmp_path: Path) 
     assert set(rows) == set(LABELS)
     for name, row in rows.items():
         assert row["status"] in ("ok", "skipped"), (name, row["reason"])
-    for name in ("local", "copy-first", "strata-cold", "strata-warm-dropped"):
+    for name in ("local", "floor", "copy-first", "strata-cold", "strata-warm-dropped"):
         assert rows[name]["status"] == "ok"
     assert rows["local"]["trainer"]["steps"] == 3
     assert rows["strata-cold"]["first_byte_s"] > 0
@@ -67,7 +67,8 @@ def test_quick_bench_writes_json_table_and_plots(seismic: Path, tmp_path: Path) 
         expected = "ok" if shutil.which(tool) else "skipped"
         assert rows[f"{row_prefix}-cold"]["status"] == expected
     if shutil.which("fio"):
-        assert set(rows["strata-warm-dropped"]["fio"]) == {"seq_1m", "rand_4k", "rand_1m"}
+        for name in ("floor", "strata-warm-dropped"):
+            assert set(rows[name]["fio"]) == {"seq_1m", "rand_4k", "rand_1m"}
     assert result["targets"]
 
     for plot in result["plots"]:

@@ -39,3 +39,22 @@ def test_repeated_reads_of_one_block_issue_nothing_new() -> None:
     ra = Readahead(initial=2, maximum=8)
     assert list(ra.on_read(0, 0, 100)) == [1, 2]
     assert list(ra.on_read(0, 0, 100)) == []
+
+
+def test_byte_ranges_in_order_grow_the_window_and_random_ones_never_do() -> None:
+    bs = 4 << 20
+    ra = Readahead(initial=2, maximum=8)
+    assert list(ra.on_range(0, 128 << 10, bs, 100)) == [1, 2]
+    issued = [1, 2]
+    for i in range(1, 200):  # 128 KiB reads, in order, as the kernel sends them
+        issued += list(ra.on_range(i * (128 << 10), (i + 1) * (128 << 10), bs, 100))
+    assert issued == list(range(1, max(issued) + 1))
+    assert ra.window == 8
+    ra = Readahead()
+    # random 4 KiB reads, several of them in the block the previous one read
+    offsets = [5 * bs + 8192, 5 * bs + 4096, 5 * bs + 3 * (1 << 20), 6 * bs + (2 << 20), 7 * bs]
+    for offset in offsets:
+        assert list(ra.on_range(offset, offset + 4096, bs, 100)) == []
+    assert ra.window == 0
+    # a small gap (pages the kernel already holds) still counts as in order
+    assert list(ra.on_range(7 * bs + 4096 + 65536, 7 * bs + 200_000, bs, 100)) == [8, 9]
