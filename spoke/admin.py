@@ -28,10 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import HubUnavailable, InvalidRequest, NotFound, SpokeError
-from spoke.fetcher import Fetcher
+from spoke.hintservice import HintService
 from spoke.pins import PinRegistry
-from spoke.prefetch import HintService
 from spoke.prewarm import CapacityError, PrewarmJobs
+from spoke.scheduler import FetchScheduler
 from spoke.selection import MAX_GLOB_CHARS, MAX_GLOBS, planned_blocks, unique_blocks
 from spoke.supervisor import is_mounted
 
@@ -145,7 +145,7 @@ def _sample(name: str) -> float:
 
 def create_app(
     cache: BlockCache,
-    fetcher: Fetcher,
+    fetcher: FetchScheduler,
     catalog: SnapshotCatalog,
     jobs: PrewarmJobs,
     pins: PinRegistry,
@@ -315,7 +315,7 @@ def create_app(
         if mount is not None and not is_mounted(mount):
             problems.append(f"mount {mount} is not up")
         if not hub_up and len(cache) == 0:
-            problems.append(f"hub {fetcher.hub.target} unreachable and the cache is empty")
+            problems.append(f"hub {fetcher.source_name} unreachable and the cache is empty")
         if not problems:
             return {"status": "ready", "hub_up": hub_up, "mount": str(mount) if mount else None}
         return JSONResponse(
@@ -336,7 +336,7 @@ def create_app(
             misses=misses,
             hit_ratio=hits / (hits + misses) if hits + misses else 0.0,
             hub_fetch_bytes=int(_sample("strata_spoke_hub_fetch_bytes_total")),
-            hub=fetcher.hub.target,
+            hub=fetcher.source_name,
             hub_up=_sample("strata_spoke_hub_up") == 1.0,
             pinned_bytes=cache.pinned_bytes,
             datasets=dataset_usage(),

@@ -12,27 +12,20 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import grpc
 import grpc.aio
 import lmdb
 from google.protobuf.message import Message
 
 from protocol.hub.v1 import hub_pb2
 from spoke import metrics
-from spoke.errors import HubUnavailable, InvalidRequest, NotFound
+from spoke.errors import HubUnavailable, NotFound
 from spoke.hubclient import HubClient
+from spoke.source import hub_error
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R")
-
-_OFFLINE_CODES = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.UNKNOWN,
-}
 
 
 class SnapshotCatalog:
@@ -209,19 +202,6 @@ class SnapshotCatalog:
         try:
             result = await fetch()
         except grpc.aio.AioRpcError as err:
-            code = err.code()
-            if code in _OFFLINE_CODES:
-                metrics.HUB_UP.set(0)
-                raise HubUnavailable(
-                    f"hub {self._hub.target} unavailable: {err.details()}"
-                ) from err
-            metrics.HUB_UP.set(1)
-            if code == grpc.StatusCode.NOT_FOUND:
-                raise NotFound(err.details() or "not found") from err
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
-                raise InvalidRequest(err.details() or "invalid request") from err
-            raise HubUnavailable(
-                f"hub {self._hub.target} error {code.name}: {err.details()}"
-            ) from err
+            raise hub_error(err, self._hub.target) from err
         metrics.HUB_UP.set(1)
         return result

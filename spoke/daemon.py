@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Sequence
 
 import grpc
 import grpc.aio
@@ -19,21 +20,26 @@ import uvicorn
 
 from protocol.spoke.v1 import spoke_pb2_grpc
 from spoke import lock, metrics
+from spoke.access import AccessLog
 from spoke.admin import AdminServer, bind, create_app
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.config import SpokeSettings
+from spoke.crossfile import CrossFileReadahead
 from spoke.errors import HubUnavailable
 from spoke.fetcher import Fetcher
 from spoke.hints import HintedPolicy
+from spoke.hintservice import HintService
 from spoke.hubclient import HubClient
 from spoke.invalidation import Invalidator
 from spoke.layout import CacheLayout
 from spoke.localservice import SpokeLocalService
 from spoke.pins import PinRegistry
 from spoke.policy import make_policy
-from spoke.prefetch import HintService
 from spoke.prewarm import PrewarmJobs
+from spoke.scheduler import FetchScheduler
+from spoke.snapshots import SnapshotIndex
+from spoke.source import HubSource
 from spoke.store import BlockStore, open_index
 
 log = logging.getLogger(__name__)
@@ -74,9 +80,26 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         hub = HubClient(settings.hub)
         stack.push_async_callback(hub.close)
         catalog = SnapshotCatalog(hub, env)
-        fetcher = Fetcher(hub, cache, miss_deadline=settings.miss_deadline)
+        fetcher = FetchScheduler(
+            Fetcher(HubSource(hub), cache, miss_deadline=settings.miss_deadline), cache
+        )
         stack.push_async_callback(fetcher.close)
         hints = HintService(cache, fetcher)
+        index = SnapshotIndex()
+        access = AccessLog()  # every read the mount reports goes, in this order, to:
+
+        def policy(digests: Sequence[str], hit: bool) -> None:
+            if hit:  # a miss reaches the policy when its block is admitted
+                cache.record_access(digests)
+
+        def ledger(digests: Sequence[str], hit: bool) -> None:
+            fetcher.note_read(digests)
+
+        access.subscribe("policy", policy)
+        access.subscribe("hints", hints.observe)
+        access.subscribe("ledger", ledger)
+        crossfile = CrossFileReadahead(index, fetcher, paused=lambda: hints.policy.active)
+        access.subscribe("readahead", crossfile.observe)
 
         background = [
             asyncio.create_task(cache.run_evictor()),
@@ -100,7 +123,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             ]
         )
         spoke_pb2_grpc.add_SpokeLocalServicer_to_server(  # type: ignore[no-untyped-call]
-            SpokeLocalService(catalog, cache, fetcher, hints), server
+            SpokeLocalService(catalog, cache, fetcher, access, hints, index), server
         )
         layout.socket_path.unlink(missing_ok=True)
         layout.daemon_pid_file.write_text(f"{os.getpid()}\n")

@@ -55,3 +55,27 @@ PREFETCH_WASTED_BYTES = Counter(
 WATCH_SEQUENCE = Gauge(
     "strata_spoke_watch_sequence", "Last hub catalog event applied by invalidation"
 )
+QUEUE_DEPTH = Gauge(
+    "strata_spoke_fetch_queue_depth", "Blocks queued for a fetch, by request class", ["class"]
+)
+QUEUED_BYTES = Gauge(
+    "strata_spoke_fetch_queued_bytes", "Bytes queued for a fetch, by request class", ["class"]
+)
+INFLIGHT_BYTES = Gauge(
+    "strata_spoke_fetch_inflight_bytes", "Bytes asked of the source and not yet arrived"
+)
+WINDOW_BYTES = Gauge(
+    "strata_spoke_fetch_window_bytes", "Bytes the scheduler keeps on the wire (rate × RTT)"
+)
+CLASS_BYTES = Counter(
+    "strata_spoke_fetch_bytes",
+    "Bytes fetched, by the request class they left as",
+    ["class"],
+)
+LINK_RATE = Gauge("strata_spoke_link_rate_bytes_per_second", "Measured delivery rate, bytes/s")
+LINK_RTT = Gauge("strata_spoke_link_rtt_seconds", "Smallest recent round trip to the source")
+DEMAND_MISS_SECONDS = Histogram(
+    "strata_spoke_demand_miss_seconds",
+    "Time a reader waited for missing blocks (one EnsureBlocks with a miss), seconds",
+    buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5, 10, 30, 60),
+)

@@ -22,8 +22,8 @@ from protocol.hub.v1 import hub_pb2
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import InvalidRequest, SpokeError
-from spoke.fetcher import Fetcher
 from spoke.pins import PinRegistry
+from spoke.scheduler import FetchScheduler, Priority
 from spoke.selection import select, unique_blocks, validate_globs
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,11 @@ class PrewarmJobs:
     """Runs and tracks prewarm jobs on the daemon's event loop."""
 
     def __init__(
-        self, catalog: SnapshotCatalog, cache: BlockCache, fetcher: Fetcher, pins: PinRegistry
+        self,
+        catalog: SnapshotCatalog,
+        cache: BlockCache,
+        fetcher: FetchScheduler,
+        pins: PinRegistry,
     ) -> None:
         self._catalog = catalog
         self._cache = cache
@@ -219,7 +223,7 @@ class PrewarmJobs:
         async def worker() -> None:
             while not queue.empty():
                 batch = queue.get_nowait()
-                await self._fetcher.ensure(batch)
+                await self._fetcher.ensure(batch, Priority.PREWARM)
                 job.bytes_done += sum(size for _, size in batch)
 
         try:

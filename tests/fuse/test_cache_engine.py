@@ -26,12 +26,12 @@ pytestmark = [pytest.mark.fuse, requires_fuse]
 BLOCK = 65_536
 
 
-def _metric(url: str, name: str) -> float:
+def _metric(url: str, name: str, **labels: str) -> float:
     text = httpx.get(url, timeout=5).text
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name:
+            if sample.name == name and labels.items() <= sample.labels.items():
                 total += sample.value
     return total
 
@@ -223,3 +223,33 @@ def test_sequential_read_prefetches_ahead(tmp_path: Path, stack: LocalStack) -> 
     assert issued > 10 * BLOCK  # most of the file was fetched ahead of the reader
     assert used > 0 and used <= issued
     assert _metric(metrics, "strata_spoke_prefetch_wasted_bytes_total") == 0
+
+
+def test_cat_of_a_chunk_directory_is_read_ahead_across_files(
+    tmp_path: Path, stack: LocalStack
+) -> None:
+    src = tmp_path / "src-chunks"
+    chunks = src / "vol.zarr" / "c" / "0" / "0"
+    chunks.mkdir(parents=True)
+    files = {str(i): os.urandom(BLOCK - 7 * i) for i in range(48)}  # one block each
+    for name, data in files.items():
+        (chunks / name).write_bytes(data)
+    publish(tmp_path / "hub", "chunks", src, "--block-size", str(BLOCK))
+    hub = stack.start_hub(tmp_path / "hub")
+    cache = tmp_path / "cache"
+    stack.start_spoke(hub, cache, tmp_path / "mnt", "64MiB")
+    mounted = tmp_path / "mnt" / "chunks" / "v1" / "vol.zarr" / "c" / "0" / "0"
+    got = subprocess.run(
+        "cat *", shell=True, cwd=mounted, capture_output=True, check=True, env={"LC_ALL": "C"}
+    ).stdout
+    assert got == b"".join(files[name] for name in sorted(files))  # the shell's order
+    time.sleep(1.0)  # batched access reports
+    metrics = f"{_admin(cache)}/metrics"
+    ahead = _metric(metrics, "strata_spoke_fetch_bytes_total", **{"class": "readahead"})
+    issued = _metric(metrics, "strata_spoke_prefetch_bytes_total")
+    used = _metric(metrics, "strata_spoke_prefetch_used_bytes_total")
+    assert issued > BLOCK * len(files) / 2  # most files arrived before cat asked
+    assert used == issued  # every file fetched ahead was then read
+    assert _metric(metrics, "strata_spoke_prefetch_wasted_bytes_total") == 0
+    assert _metric(metrics, "strata_spoke_hub_fetch_blocks_total") == len(files)  # once each
+    assert ahead > 0
