@@ -122,6 +122,10 @@ class FetchScheduler:
         self._prefetched: dict[str, int] = {}  # speculative, arrived, unread: digest -> size
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._gauges = {
+            p: (metrics.QUEUE_DEPTH.labels(p.label), metrics.QUEUED_BYTES.labels(p.label))
+            for p in Priority
+        }
         cache.on_evict.append(self._evicted)
 
     # -- requests --------------------------------------------------------------------------
@@ -307,10 +311,15 @@ class FetchScheduler:
                 room = self.batch_bytes  # demand ignores the window
             else:
                 window = self.window.bytes
-                if self._busy >= self.max_streams or self._wire_bytes >= window:
+                per_stream = min(self.batch_bytes, window // self.max_streams)
+                # a stream's worth of room, or nothing: a sliver of room would open a
+                # stream of one small block, and a round trip per block is what the
+                # window is there to avoid
+                if self._busy >= self.max_streams or (
+                    self._wire_bytes + per_stream > window and self._wire_bytes > 0
+                ):
                     break
-                per_stream = max(1 << 20, window // 4)
-                room = min(self.batch_bytes, per_stream, window - self._wire_bytes)
+                room = per_stream
             self._start(self._take(priority, room))
         self._publish()
 
@@ -397,8 +406,9 @@ class FetchScheduler:
 
     def _publish(self) -> None:
         for p, q in self._queues.items():
-            metrics.QUEUE_DEPTH.labels(p.label).set(q.count)
-            metrics.QUEUED_BYTES.labels(p.label).set(q.bytes)
+            depth, queued = self._gauges[p]
+            depth.set(q.count)
+            queued.set(q.bytes)
         metrics.INFLIGHT_BYTES.set(self._wire_bytes)
         metrics.WINDOW_BYTES.set(self.window.bytes)
         metrics.INFLIGHT_FETCHES.set(len(self._flights))
