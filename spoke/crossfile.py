@@ -70,7 +70,7 @@ class CrossFileReadahead:
         index: SnapshotIndex,
         scheduler: FetchScheduler,
         initial_files: int = 2,
-        max_bytes: int = 64 << 20,
+        max_bytes: int = 32 << 20,
         head_blocks: int = 2,
         confirm: int = 2,
         max_runs: int = 32,
@@ -143,8 +143,13 @@ class CrossFileReadahead:
         blocks: list[tuple[str, int]] = []
         total = 0
         end = start
-        while end < len(files) and (total < run.window or end == start):
+        # within the scheduler's prefetch budget: a file it would drop must stay ahead
+        # of the run, to be asked for at the next marker
+        want = min(run.window, self.scheduler.prefetch_room)
+        while end < len(files) and total < want:
             head = files[end][: self.head_blocks]
+            if total + sum(size for _, size in head) > want and blocks:
+                break
             blocks += head
             total += sum(size for _, size in head)
             end += 1

@@ -191,6 +191,11 @@ class FetchScheduler:
             self._pump()
         return started
 
+    @property
+    def prefetch_room(self) -> int:
+        """Bytes of hinted or readahead requests the budget still takes."""
+        return max(0, self.prefetch_budget - self._speculative_bytes)
+
     def note_read(self, digests: Sequence[str]) -> None:
         """Readers read these blocks: prefetches among them were used."""
         for digest in digests:

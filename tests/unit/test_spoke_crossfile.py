@@ -20,6 +20,7 @@ class RecordingScheduler:
     def __init__(self) -> None:
         self.requests: list[list[str]] = []
         self.seen: set[str] = set()
+        self.prefetch_room = 1 << 40
 
     def prefetch(self, blocks: Sequence[tuple[str, int]], priority: Priority) -> int:
         assert priority == Priority.READAHEAD
@@ -138,3 +139,16 @@ def test_nothing_is_prefetched_while_paused() -> None:
     for i in range(6, 9):
         readahead.observe([_digest(i)], hit=False)
     assert _files(scheduler.requests)[0] == [9, 10]
+
+
+def test_files_past_the_prefetch_budget_stay_ahead_for_later() -> None:
+    readahead, scheduler = _setup(100, max_bytes=8 * SIZE)
+    for i in range(4):
+        readahead.observe([_digest(i)], hit=False)
+    assert _files(scheduler.requests) == [[3, 4], [5, 6, 7, 8]]
+    scheduler.prefetch_room = 2 * SIZE  # the budget is nearly spent
+    readahead.observe([_digest(5)], hit=True)
+    assert _files(scheduler.requests)[-1] == [9, 10]
+    scheduler.prefetch_room = 1 << 40
+    readahead.observe([_digest(9)], hit=True)  # the marker of the trimmed window
+    assert _files(scheduler.requests)[-1] == [11, 12, 13, 14, 15, 16, 17, 18]
