@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import HubUnavailable, InvalidRequest, NotFound, SpokeError
+from spoke.fill import BackgroundFill
 from spoke.hintservice import HintService
 from spoke.pins import PinRegistry
 from spoke.prewarm import CapacityError, PrewarmJobs
@@ -136,6 +137,14 @@ class CacheStats(BaseModel):
     datasets: dict[str, int] = Field(
         description="cached bytes per dataset (a block shared by two datasets counts in both)"
     )
+    fetch: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the fetch scheduler: window, rate, RTT, bytes on the wire, queues by class",
+    )
+    fill: dict[str, Any] = Field(
+        default_factory=dict,
+        description="background fill: mode, rate limit, and per snapshot state and progress",
+    )
 
 
 def _sample(name: str) -> float:
@@ -152,6 +161,7 @@ def create_app(
     token: str | None = None,
     hints: HintService | None = None,
     mount: Path | None = None,
+    fill: BackgroundFill | None = None,
 ) -> FastAPI:
     """Build the admin app over the daemon's running components.
 
@@ -159,6 +169,7 @@ def create_app(
         token: the bearer token every ``/v1/`` route requires; None disables the check
             (the API then relies on listening on 127.0.0.1 only).
         mount: the spoke's mountpoint (resolved), checked by ``/readyz``.
+        fill: background fill, shown in ``/v1/cache``.
     """
     app = FastAPI(title="Strata spoke admin API", version="1")
 
@@ -340,6 +351,8 @@ def create_app(
             hub_up=_sample("strata_spoke_hub_up") == 1.0,
             pinned_bytes=cache.pinned_bytes,
             datasets=dataset_usage(),
+            fetch=fetcher.snapshot(),
+            fill=fill.status() if fill is not None else {},
         )
 
     def dataset_usage() -> dict[str, int]:

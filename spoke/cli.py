@@ -50,6 +50,16 @@ TokenOpt = Annotated[
     Path | None,
     typer.Option("--admin-token-file", help="file with the admin API's bearer token"),
 ]
+FillOpt = Annotated[
+    str,
+    typer.Option(
+        "--background-fill", help="auto: fetch the rest of snapshots being read; off: never"
+    ),
+]
+FillRateOpt = Annotated[
+    str | None,
+    typer.Option("--fill-rate", help="most bytes per second the fill uses, e.g. 50MiB"),
+]
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -94,6 +104,8 @@ def run(
         int, typer.Option("--read-ahead-kb", help="kernel readahead of the mount, KiB")
     ] = 1024,
     admin_token_file: TokenOpt = None,
+    background_fill: FillOpt = "off",
+    fill_rate: FillRateOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Start the spoke daemon and its mount; stop both on SIGINT/SIGTERM."""
@@ -108,6 +120,8 @@ def run(
         allow_other=allow_other,
         read_ahead_kb=read_ahead_kb,
         admin_token_file=admin_token_file,
+        background_fill=background_fill,
+        fill_rate=fill_rate,
     )
     _logging(log_level, "strata-spoke")
     try:
@@ -129,6 +143,8 @@ def daemon(
     mount: Annotated[
         Path | None, typer.Option("--mount", help="the mount /readyz reports on (resolved)")
     ] = None,
+    background_fill: FillOpt = "off",
+    fill_rate: FillRateOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run only the daemon (``run`` starts it for you)."""
@@ -144,6 +160,8 @@ def daemon(
         miss_deadline=miss_deadline,
         admin_token_file=admin_token_file,
         mount=mount,
+        background_fill=background_fill,
+        fill_rate=fill_rate,
     )
     _logging(log_level, "strata-spoke-daemon")
     try:
@@ -245,6 +263,26 @@ def status(admin: AdminUrlOpt, token_file: TokenFileOpt = None) -> None:
     except httpx.HTTPError as err:
         _fail(f"admin API {admin}: {err}", 1)
     typer.echo(json.dumps(stats, indent=2))
+    for line in fill_lines(stats.get("fill") or {}):
+        typer.echo(line, err=True)
+
+
+def fill_lines(fill: dict[str, Any], width: int = 30) -> list[str]:
+    """One progress line per background fill of ``GET /v1/cache``'s ``fill``:
+    ``fill f3@v1 [#######-------] 52% 230/444 MB 110 MB/s ETA 2 s filling``."""
+    lines = []
+    for snap in fill.get("snapshots", []):
+        total = max(1, int(snap["bytes_total"]))
+        done = int(snap["bytes_resident"])
+        bar = "#" * round(width * done / total)
+        eta = f" ETA {snap['eta_s']:.0f} s" if snap.get("eta_s") is not None else ""
+        why = f" ({snap['reason']})" if snap.get("reason") else ""
+        lines.append(
+            f"fill {snap['snapshot']} [{bar:-<{width}}] {100 * done / total:3.0f}% "
+            f"{done / 1e6:,.0f}/{total / 1e6:,.0f} MB "
+            f"{snap['rate_bytes_per_s'] / 1e6:.1f} MB/s{eta} {snap['state']}{why}"
+        )
+    return lines
 
 
 def main() -> None:

@@ -50,6 +50,15 @@ class SpokeSettings(BaseSettings):
         default=None, description="file holding the admin API's bearer token"
     )
     read_ahead_kb: int = Field(default=1024, ge=0, description="kernel readahead of the mount")
+    background_fill: Literal["auto", "off"] = Field(
+        default="off", description="fetch the rest of snapshots being read, at lowest priority"
+    )
+    fill_rate: ByteSize | None = Field(
+        default=None, description="most bytes per second background fill uses (None: no cap)"
+    )
+    fill_share: float = Field(
+        default=0.5, gt=0, le=1, description="fill snapshots that fit in this share of the cache"
+    )
 
     @field_validator("hub")
     @classmethod
@@ -87,4 +96,11 @@ class SpokeSettings(BaseSettings):
     def _size(cls, v: ByteSize) -> ByteSize:
         if v <= 0:
             raise ValueError("--cache-size must be positive")
+        return v
+
+    @field_validator("fill_rate")
+    @classmethod
+    def _fill_rate(cls, v: ByteSize | None) -> ByteSize | None:
+        if v is not None and v <= 0:
+            raise ValueError("--fill-rate must be a positive size per second, e.g. 50MiB")
         return v

@@ -28,6 +28,7 @@ from spoke.config import SpokeSettings
 from spoke.crossfile import CrossFileReadahead
 from spoke.errors import HubUnavailable
 from spoke.fetcher import Fetcher
+from spoke.fill import BackgroundFill
 from spoke.hints import HintedPolicy
 from spoke.hintservice import HintService
 from spoke.hubclient import HubClient
@@ -100,10 +101,21 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         access.subscribe("ledger", ledger)
         crossfile = CrossFileReadahead(index, fetcher, paused=lambda: hints.policy.active)
         access.subscribe("readahead", crossfile.observe)
+        fill = BackgroundFill(
+            index,
+            fetcher,
+            cache,
+            mode=settings.background_fill,
+            rate_bps=float(settings.fill_rate) if settings.fill_rate is not None else None,
+            share=settings.fill_share,
+            paused=lambda: hints.policy.active,
+        )
+        access.subscribe("fill", fill.observe)
 
         background = [
             asyncio.create_task(cache.run_evictor()),
             asyncio.create_task(Invalidator(hub, catalog, cache).run()),
+            asyncio.create_task(fill.run()),
         ]
 
         async def stop_background() -> None:
@@ -137,7 +149,15 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         stack.push_async_callback(jobs.close)
         token = settings.admin_token_file.read_text().strip() if settings.admin_token_file else None
         app = create_app(
-            cache, fetcher, catalog, jobs, pins, token=token, hints=hints, mount=settings.mount
+            cache,
+            fetcher,
+            catalog,
+            jobs,
+            pins,
+            token=token,
+            hints=hints,
+            mount=settings.mount,
+            fill=fill,
         )
         admin = AdminServer(uvicorn.Config(app, log_level="warning", lifespan="off"))
         admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]))

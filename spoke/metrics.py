@@ -79,3 +79,10 @@ DEMAND_MISS_SECONDS = Histogram(
     "Time a reader waited for missing blocks (one EnsureBlocks with a miss), seconds",
     buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5, 10, 30, 60),
 )
+FILL_BYTES = Counter("strata_spoke_fill_bytes", "Bytes background fill made resident")
+FILL_REMAINING_BYTES = Gauge(
+    "strata_spoke_fill_remaining_bytes", "Bytes of snapshots being filled not yet resident"
+)
+FILL_RATE = Gauge(
+    "strata_spoke_fill_rate_bytes_per_second", "Average rate of the current background fill"
+)

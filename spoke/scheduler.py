@@ -361,8 +361,9 @@ class FetchScheduler:
                 if not flight.arrived:
                     flight.arrived = True
                     self._wire_bytes -= flight.size
-            if not self._closed:
-                self._pump()
+            task = asyncio.current_task()
+            if not self._closed and not (task is not None and task.cancelling()):
+                self._pump()  # (not while shutting down: new tasks would never run)
 
     # -- FetchListener ---------------------------------------------------------------------
 

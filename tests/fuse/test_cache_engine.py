@@ -253,3 +253,39 @@ def test_cat_of_a_chunk_directory_is_read_ahead_across_files(
     assert _metric(metrics, "strata_spoke_prefetch_wasted_bytes_total") == 0
     assert _metric(metrics, "strata_spoke_hub_fetch_blocks_total") == len(files)  # once each
     assert ahead > 0
+
+
+def test_background_fill_makes_a_snapshot_resident_while_the_reader_idles(
+    tmp_path: Path, source: Path, stack: LocalStack
+) -> None:
+    hub = stack.start_hub(tmp_path / "hub")
+    cache = tmp_path / "cache"
+    stack.start_spoke(hub, cache, tmp_path / "mnt", "64MiB", extra=("--background-fill", "auto"))
+    mounted = tmp_path / "mnt" / "ds" / "v1" / "d"
+    with open(mounted / "f0.bin", "rb") as f:  # one small read, then nothing
+        assert f.read(100) == (source / "d" / "f0.bin").read_bytes()[:100]
+    total = sum(p.stat().st_size for p in (source / "d").iterdir())
+    deadline = time.monotonic() + 30
+    fill: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        fill = _stats(cache)["fill"]
+        if fill["snapshots"] and fill["snapshots"][0]["state"] == "done":
+            break
+        time.sleep(0.2)
+    assert fill["mode"] == "auto"
+    [snap] = fill["snapshots"]
+    assert snap["snapshot"] == "ds@v1" and snap["state"] == "done", snap
+    assert snap["bytes_resident"] == snap["bytes_total"] == total
+    assert snap["bytes_remaining"] == 0
+    assert _stats(cache)["used_bytes"] == total  # every block, each once
+    metrics = f"{_admin(cache)}/metrics"
+    filled = _metric(metrics, "strata_spoke_fill_bytes_total")
+    assert filled == _metric(metrics, "strata_spoke_fetch_bytes_total", **{"class": "fill"})
+    assert filled >= total - 4 * BLOCK  # all but the read and its readahead
+    assert _metric(metrics, "strata_spoke_fetch_bytes_total") == total  # each block once
+    assert _metric(metrics, "strata_spoke_fill_remaining_bytes") == 0
+    misses = _metric(metrics, "strata_spoke_cache_misses_total")
+    assert misses <= 2  # the one read (fill is not a miss)
+    for i in range(4):  # and now every byte is a hit
+        assert sha256(mounted / f"f{i}.bin") == sha256(source / "d" / f"f{i}.bin")
+    assert _metric(metrics, "strata_spoke_cache_misses_total") == misses

@@ -22,6 +22,9 @@ def _spoke(*args: str) -> subprocess.CompletedProcess[str]:
         ({"--cache-size": "0"}, "--cache-size must be positive"),
         ({"--hub": "nohost"}, "--hub must be HOST:PORT"),
         ({"--log-level": "bogus"}, "--log-level: 'bogus' is not one of DEBUG"),
+        ({"--background-fill": "sometimes"}, "--background-fill: Input should be 'auto' or 'off'"),
+        ({"--fill-rate": "0"}, "--fill-rate must be a positive size per second"),
+        ({"--fill-rate": "fast"}, "--fill-rate: "),
     ],
 )
 def test_bad_settings_are_one_line_errors(
