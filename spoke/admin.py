@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -145,6 +145,11 @@ class CacheStats(BaseModel):
         default_factory=dict,
         description="background fill: mode, rate limit, and per snapshot state and progress",
     )
+    mesh: dict[str, Any] = Field(
+        default_factory=dict,
+        description="regional mesh: this node, live nodes, owned share, peers' state, "
+        "bytes, blocks and stream seconds by source (hub, peer, local), peer errors",
+    )
 
 
 def _sample(name: str) -> float:
@@ -162,6 +167,7 @@ def create_app(
     hints: HintService | None = None,
     mount: Path | None = None,
     fill: BackgroundFill | None = None,
+    mesh: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
     """Build the admin app over the daemon's running components.
 
@@ -170,6 +176,7 @@ def create_app(
             (the API then relies on listening on 127.0.0.1 only).
         mount: the spoke's mountpoint (resolved), checked by ``/readyz``.
         fill: background fill, shown in ``/v1/cache``.
+        mesh: the regional mesh's state, shown in ``/v1/cache``.
     """
     app = FastAPI(title="Strata spoke admin API", version="1")
 
@@ -353,6 +360,7 @@ def create_app(
             datasets=dataset_usage(),
             fetch=fetcher.snapshot(),
             fill=fill.status() if fill is not None else {},
+            mesh=mesh() if mesh is not None else {},
         )
 
     def dataset_usage() -> dict[str, int]:

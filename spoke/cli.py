@@ -23,6 +23,7 @@ from rich.progress import (
 )
 
 from spoke.config import SpokeSettings
+from spoke.mesh.settings import MeshSettings, split_peers
 from spoke.supervisor import StartupError, Supervisor
 
 app = typer.Typer(
@@ -60,6 +61,68 @@ FillRateOpt = Annotated[
     str | None,
     typer.Option("--fill-rate", help="most bytes per second the fill uses, e.g. 50MiB"),
 ]
+
+PeerListenOpt = Annotated[
+    str | None,
+    typer.Option("--peer-listen", help="join the region's mesh: serve blocks on HOST:PORT"),
+]
+PeerAdvertiseOpt = Annotated[
+    str | None,
+    typer.Option("--peer-advertise", help="this spoke's HOST:PORT as peers dial it"),
+]
+PeersOpt = Annotated[
+    str | None, typer.Option("--peers", help="the region's spokes, HOST:PORT,HOST:PORT,…")
+]
+PeersDnsOpt = Annotated[
+    str | None,
+    typer.Option("--peers-dns", help="NAME[:PORT] resolving to the region's spokes"),
+]
+PeerTokenOpt = Annotated[
+    Path | None, typer.Option("--peer-token-file", help="file with the region's peer token")
+]
+PeerCertOpt = Annotated[
+    Path | None, typer.Option("--peer-cert", help="TLS certificate of the peer port (PEM)")
+]
+PeerKeyOpt = Annotated[Path | None, typer.Option("--peer-key", help="its private key (PEM)")]
+PeerCaOpt = Annotated[
+    Path | None, typer.Option("--peer-ca", help="CA peers' certificates chain to (mTLS)")
+]
+PeerTimeoutOpt = Annotated[
+    float, typer.Option("--peer-timeout", help="seconds a peer may take per block, then skipped")
+]
+
+
+def _mesh(
+    listen: str | None,
+    advertise: str | None,
+    peers: str | None,
+    peers_dns: str | None,
+    token_file: Path | None,
+    cert: Path | None,
+    key: Path | None,
+    ca: Path | None,
+    timeout: float,
+) -> MeshSettings | None:
+    """The mesh settings from the ``--peer*`` flags; None without ``--peer-listen``."""
+    if listen is None:
+        if peers or peers_dns or advertise or token_file or cert or key or ca:
+            _fail("--peers, --peers-dns and the other --peer-* flags need --peer-listen")
+        return None
+    try:
+        return MeshSettings(
+            listen=listen,
+            advertise=advertise,
+            peers=split_peers(peers),
+            peers_dns=peers_dns,
+            token_file=token_file,
+            cert=cert,
+            key=key,
+            ca=ca,
+            timeout=timeout,
+        )
+    except ValidationError as err:
+        message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+        _fail(message if message.startswith("--") else f"--peer-*: {message}")
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -106,6 +169,15 @@ def run(
     admin_token_file: TokenOpt = None,
     background_fill: FillOpt = "off",
     fill_rate: FillRateOpt = None,
+    peer_listen: PeerListenOpt = None,
+    peer_advertise: PeerAdvertiseOpt = None,
+    peers: PeersOpt = None,
+    peers_dns: PeersDnsOpt = None,
+    peer_token_file: PeerTokenOpt = None,
+    peer_cert: PeerCertOpt = None,
+    peer_key: PeerKeyOpt = None,
+    peer_ca: PeerCaOpt = None,
+    peer_timeout: PeerTimeoutOpt = 2.0,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Start the spoke daemon and its mount; stop both on SIGINT/SIGTERM."""
@@ -122,6 +194,17 @@ def run(
         admin_token_file=admin_token_file,
         background_fill=background_fill,
         fill_rate=fill_rate,
+        mesh=_mesh(
+            peer_listen,
+            peer_advertise,
+            peers,
+            peers_dns,
+            peer_token_file,
+            peer_cert,
+            peer_key,
+            peer_ca,
+            peer_timeout,
+        ),
     )
     _logging(log_level, "strata-spoke")
     try:
@@ -145,6 +228,15 @@ def daemon(
     ] = None,
     background_fill: FillOpt = "off",
     fill_rate: FillRateOpt = None,
+    peer_listen: PeerListenOpt = None,
+    peer_advertise: PeerAdvertiseOpt = None,
+    peers: PeersOpt = None,
+    peers_dns: PeersDnsOpt = None,
+    peer_token_file: PeerTokenOpt = None,
+    peer_cert: PeerCertOpt = None,
+    peer_key: PeerKeyOpt = None,
+    peer_ca: PeerCaOpt = None,
+    peer_timeout: PeerTimeoutOpt = 2.0,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run only the daemon (``run`` starts it for you)."""
@@ -162,6 +254,17 @@ def daemon(
         mount=mount,
         background_fill=background_fill,
         fill_rate=fill_rate,
+        mesh=_mesh(
+            peer_listen,
+            peer_advertise,
+            peers,
+            peers_dns,
+            peer_token_file,
+            peer_cert,
+            peer_key,
+            peer_ca,
+            peer_timeout,
+        ),
     )
     _logging(log_level, "strata-spoke-daemon")
     try:

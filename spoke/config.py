@@ -9,6 +9,7 @@ from pydantic import ByteSize, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spoke.layout import CacheLayout
+from spoke.mesh.settings import MeshSettings
 
 
 def parse_hostport(value: str, what: str) -> tuple[str, int]:
@@ -55,6 +56,9 @@ class SpokeSettings(BaseSettings):
     )
     fill_rate: ByteSize | None = Field(
         default=None, description="most bytes per second background fill uses (None: no cap)"
+    )
+    mesh: MeshSettings | None = Field(
+        default=None, description="the region's spoke mesh (spoke/mesh/); None: hub only"
     )
     fill_share: float = Field(
         default=0.5, gt=0, le=1, description="fill snapshots that fit in this share of the cache"

@@ -35,12 +35,13 @@ from spoke.hubclient import HubClient
 from spoke.invalidation import Invalidator
 from spoke.layout import CacheLayout
 from spoke.localservice import SpokeLocalService
+from spoke.mesh.node import MeshNode
 from spoke.pins import PinRegistry
 from spoke.policy import make_policy
 from spoke.prewarm import PrewarmJobs
 from spoke.scheduler import FetchScheduler
 from spoke.snapshots import SnapshotIndex
-from spoke.source import HubSource
+from spoke.source import BlockSource, HubSource
 from spoke.store import BlockStore, open_index
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,16 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         hub = HubClient(settings.hub)
         stack.push_async_callback(hub.close)
         catalog = SnapshotCatalog(hub, env)
+        source: BlockSource = HubSource(hub)
+        mesh = MeshNode(settings.mesh, source) if settings.mesh is not None else None
         fetcher = FetchScheduler(
-            Fetcher(HubSource(hub), cache, miss_deadline=settings.miss_deadline), cache
+            Fetcher(mesh.source if mesh else source, cache, miss_deadline=settings.miss_deadline),
+            cache,
         )
         stack.push_async_callback(fetcher.close)
+        if mesh is not None:  # the region's spokes before the hub (spoke/mesh/)
+            await mesh.start(fetcher, cache)
+            stack.push_async_callback(mesh.close)
         hints = HintService(cache, fetcher)
         index = SnapshotIndex()
         access = AccessLog()  # every read the mount reports goes, in this order, to:
@@ -158,6 +165,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             hints=hints,
             mount=settings.mount,
             fill=fill,
+            mesh=mesh.snapshot if mesh is not None else None,
         )
         admin = AdminServer(uvicorn.Config(app, log_level="warning", lifespan="off"))
         admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]))

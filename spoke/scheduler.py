@@ -210,6 +210,12 @@ class FetchScheduler:
         """Where blocks come from (the hub's ``HOST:PORT``)."""
         return self.fetcher.source.name
 
+    def request_of(self, digest: str) -> tuple[int, Priority] | None:
+        """Size (bytes) and class of ``digest``'s fetch while it is queued or on the wire;
+        None otherwise (a regional peer is asked with both)."""
+        flight = self._flights.get(digest)
+        return None if flight is None else (flight.size, flight.sent_as or flight.priority)
+
     def is_fetching(self, digest: str) -> bool:
         """True while ``digest`` is queued or on the wire."""
         return digest in self._flights

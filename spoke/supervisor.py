@@ -125,6 +125,8 @@ class Supervisor:
         cmd += ["--background-fill", s.background_fill]
         if s.fill_rate is not None:
             cmd += ["--fill-rate", str(int(s.fill_rate))]
+        if s.mesh is not None:
+            cmd += s.mesh.to_args()
         return [*cmd, "--mount", str(self.mountpoint)]
 
     def _mount_cmd(self) -> list[str]:
