@@ -4,7 +4,8 @@ place where the hub's gRPC errors become spoke errors.
 A source streams whole blocks for a list of digests. It says nothing about caching,
 verification or retries (the fetcher does those); it only delivers bytes or raises a
 :class:`spoke.errors.SpokeError`. The hub is the source today; a regional peer (another
-spoke that has the block) is the next one, tried before the hub behind the same interface.
+spoke that has the block, :mod:`spoke.mesh.source`) is tried before the hub behind the same
+interface.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class BlockSource(Protocol):
     def read_blocks(
         self, digests: Sequence[str], timeout: float
     ) -> AsyncIterator[tuple[str, bytes]]:
-        """Yield ``(digest, bytes)`` for every digest, in request order, unverified.
+        """Yield ``(digest, bytes)`` for every digest, each once, unverified (the hub: in
+        request order; the regional mesh, :mod:`spoke.mesh.source`: as they arrive).
 
         Args:
             digests: the blocks wanted.

@@ -47,7 +47,7 @@ class MeshNode:
             settings.dns,
             connect=lambda node: PeerClient(node, token, self.tls),
             probe_interval=settings.probe_interval,
-            probe_timeout=min(1.0, settings.timeout),
+            probe_timeout=settings.timeout,
         )
         self.source = MeshSource(hub, self.membership, step_timeout=settings.timeout)
         self._server: grpc.aio.Server | None = None
