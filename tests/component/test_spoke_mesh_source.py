@@ -18,7 +18,7 @@ from spoke.cache import BlockCache
 from spoke.fetcher import Fetcher
 from spoke.layout import CacheLayout, block_digest
 from spoke.mesh.membership import Membership
-from spoke.mesh.peerclient import PeerClient
+from spoke.mesh.peerclient import PeerClient, PeerTls
 from spoke.mesh.peerservice import PeerService, start_peer_server
 from spoke.mesh.rendezvous import owner
 from spoke.mesh.source import MeshSource
@@ -182,3 +182,103 @@ def test_dead_and_stalled_peers_fall_back_to_the_hub_and_leave_the_mesh() -> Non
     assert got == blocks
     assert sorted(hub.sent) == sorted(blocks)  # every block, once, from the hub
     assert membership.nodes == ("127.0.0.1:2",)  # both peers left, their share re-hashed
+
+
+def _pki(root: Path) -> tuple[Path, PeerTls, PeerTls]:
+    """A CA, a spoke certificate it signed (server and client use, for 127.0.0.1), and
+    one from a CA nobody trusts."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def write(stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Path:
+        (root / f"{stem}.key").write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        path = root / f"{stem}.crt"
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return path
+
+    def authority(cn: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name(cn))
+            .issuer_name(name(cn))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256())
+        )
+        return cert, key
+
+    def leaf(stem: str, ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey]) -> PeerTls:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name(stem))
+            .issuer_name(ca[0].subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+            .add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False,
+            )
+            .sign(ca[1], hashes.SHA256())
+        )
+        return PeerTls(write(stem, cert, key), root / f"{stem}.key", ca_path)
+
+    ca = authority("region-ca")
+    ca_path = write("region-ca", *ca)
+    return ca_path, leaf("spoke", ca), leaf("intruder", authority("foreign-ca"))
+
+
+def test_mtls_admits_the_region_and_refuses_a_foreign_certificate(tmp_path: Path) -> None:
+    blocks = _blocks(4)
+    _, tls, intruder = _pki(tmp_path)
+
+    async def go() -> tuple[dict[str, bytes], str | None]:
+        node = f"127.0.0.1:{free_port()}"
+        cache = _cache(tmp_path / "owner")
+        source = MeshSource(FakeHub(blocks), Membership(node))
+        scheduler = FetchScheduler(Fetcher(source, cache), cache)
+        source.request_of = scheduler.request_of
+        server, _ = await start_peer_server(PeerService(node, cache, scheduler, source), node, tls)
+        good = Membership("127.0.0.1:1", [node], connect=lambda n: PeerClient(n, None, tls))
+        bad = Membership("127.0.0.1:1", [node], connect=lambda n: PeerClient(n, None, intruder))
+        await good.refresh()
+        await bad.refresh()
+        client = good.client(node)
+        got = {d: b async for d, b in client.read_blocks([(d, 0) for d in blocks], "demand", 10, 5)}
+        refused = None if node in bad.live else bad.errors.get(node)
+        await good.close()
+        await bad.close()
+        await server.stop(0)
+        return got, refused
+
+    got, refused = asyncio.run(go())
+    assert got == blocks
+    assert refused is not None
