@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from deploy.local import LocalStack, StackError, drop_page_cache
+from trainer.command import fit_args
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,7 +71,7 @@ def cache_stats(admin_url: str) -> dict[str, Any]:
 
 
 def wait_for_hits(admin_url: str, above: int, timeout: float = 3.0) -> dict[str, Any]:
-    """Cache stats once the mount's batched hit reports (every 0.5 s) have arrived."""
+    """Cache stats once the mount's batched hit reports (every 0.1 s or 64 hits) have arrived."""
     deadline = time.monotonic() + timeout
     stats = cache_stats(admin_url)
     while stats["hits"] <= above and time.monotonic() < deadline:
@@ -82,22 +83,7 @@ def wait_for_hits(admin_url: str, above: int, timeout: float = 3.0) -> dict[str,
 def _fit(data: Path, out: Path, steps: int, batch_size: int, workers: int) -> None:
     _run(
         f"train tiny 3D ViT-MAE for {steps} steps through the mount",
-        [
-            "trainer",
-            "fit",
-            "--data",
-            str(data),
-            "--steps",
-            str(steps),
-            "--preset",
-            "tiny",
-            "--batch-size",
-            str(batch_size),
-            "--workers",
-            str(workers),
-            "--out",
-            str(out),
-        ],
+        fit_args(data, out, steps, batch_size=batch_size, workers=workers),
     )
 
 
