@@ -27,6 +27,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from protocol.address import parse_hostport
+
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 
 
@@ -128,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT")
     parser.add_argument("--port-file", type=Path, default=None)
     ns = parser.parse_args(argv)
-    host, _, port = ns.listen.rpartition(":")
-    server = FileServer(ns.root, (host or "127.0.0.1", int(port)))
+    server = FileServer(ns.root, parse_hostport(ns.listen, default_host="127.0.0.1"))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

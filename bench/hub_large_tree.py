@@ -34,7 +34,7 @@ from typing import Any
 
 import grpc
 
-import hub.catalog as catalog_module
+import hub.catalog.txn as catalog_module
 from hub.catalog import Catalog
 from hub.server import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc

@@ -43,21 +43,9 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
 
+from deploy.local import drop_page_cache
+
 MiB = 1024 * 1024
-
-
-def drop_page_cache() -> bool:
-    """Writes back dirty pages, then drops the kernel's page cache (root only).
-
-    Returns:
-        True when the cache was dropped.
-    """
-    os.sync()  # drop_caches only drops clean pages
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("1\n")
-    except OSError:
-        return False
-    return True
 
 
 def _share(items: list[str], worker: int, workers: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""Measurements shared by every scenario: page cache, first byte, trainer, link counters.
+"""Measurements shared by every scenario: first byte, CPU time, trainer, link counters.
 
 Definitions used in the results (all times in seconds, rates in MB/s = 10^6 B/s):
 
@@ -29,25 +29,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from trainer.command import fit_args
+
 FIRST_BYTES = 4096
 """Bytes read for the time to first byte."""
-
-
-def drop_page_cache() -> bool:
-    """Write back dirty pages, then drop the page cache, dentries and inodes (root only).
-
-    ``echo 3 > /proc/sys/vm/drop_caches``; FUSE file systems drop their cached pages
-    too, and the spoke's and the other tools' cache files leave memory.
-
-    Returns:
-        True when the caches were dropped, False when not permitted.
-    """
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        return False
-    return True
 
 
 def time_to_first_byte(path: Path, nbytes: int = FIRST_BYTES) -> float:
@@ -270,36 +255,6 @@ class TrainerError(RuntimeError):
     """The trainer failed; the message has the end of its output."""
 
 
-def trainer_command(
-    data: Path, out: Path, steps: int, workers: int, batch_size: int, seed: int
-) -> list[str]:
-    """The ``strata-train fit`` command line used in every scenario."""
-    return [
-        sys.executable,
-        "-m",
-        "trainer",
-        "fit",
-        "--data",
-        str(data),
-        "--steps",
-        str(steps),
-        "--preset",
-        "tiny",
-        "--batch-size",
-        str(batch_size),
-        "--workers",
-        str(workers),
-        "--seed",
-        str(seed),
-        "--log-every",
-        "1",
-        "--checkpoint-every",
-        "0",
-        "--out",
-        str(out),
-    ]
-
-
 def run_trainer(
     data: Path,
     out: Path,
@@ -308,13 +263,32 @@ def run_trainer(
     batch_size: int = 8,
     seed: int = 0,
     timeout_s: float = 1800.0,
+    extra: tuple[str, ...] = (),
+    ranks: int = 1,
 ) -> TrainerRun:
     """Train for ``steps`` steps on ``data``; parse ``summary.json`` and ``metrics.jsonl``.
+
+    Args:
+        extra: More ``fit`` flags (e.g. ``("--hints", ADMIN_URL)``).
+        ranks: Processes; above 1 the trainer runs under ``torchrun --standalone``.
 
     Raises:
         TrainerError: The trainer failed or timed out.
     """
-    cmd = trainer_command(data, out, steps, workers, batch_size, seed)
+    cmd = [sys.executable, "-m"]
+    if ranks > 1:
+        cmd += ["torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), "-m"]
+    cmd += fit_args(
+        data,
+        out,
+        steps,
+        batch_size=batch_size,
+        workers=workers,
+        seed=seed,
+        log_every=1,
+        checkpoint_every=0,
+    )
+    cmd += extra
     started = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)

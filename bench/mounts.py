@@ -12,7 +12,6 @@ SIGTERM, then SIGKILL of its process group.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from deploy.local import LocalStack
+from deploy.local import LocalStack, stop_process
 from spoke.supervisor import is_mounted, lazy_unmount, resolve_mountpoint
 
 
@@ -42,18 +41,6 @@ def tool_version(tool: str) -> str:
     named = [line for line in lines if tool.lower() in line.lower()] or lines
     match = re.search(r"\d+(?:\.\d+)+[\w.+-]*", named[0]) if named else None
     return match.group(0) if match else (named[0] if named else "")
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout)
 
 
 def _fresh_dir(path: Path) -> Path:
@@ -124,7 +111,7 @@ class _ProcessMount:
         if is_mounted(self.mount):
             lazy_unmount(self.mount)
         if self._proc is not None:
-            _stop(self._proc)
+            stop_process(self._proc, 15.0)
             self._proc = None
 
 
@@ -197,11 +184,15 @@ class StrataMount:
         mount: Mountpoint.
         cache_dir: The spoke's cache directory (emptied first).
         cache_size: ``--cache-size``, e.g. ``4GiB``.
+        extra: More ``strata-spoke run`` flags (e.g. ``("--background-fill", "auto")``).
     """
 
     name = "strata"
 
-    def __init__(self, hub: str, mount: Path, cache_dir: Path, cache_size: str) -> None:
+    def __init__(
+        self, hub: str, mount: Path, cache_dir: Path, cache_size: str, extra: tuple[str, ...] = ()
+    ) -> None:
+        self.extra = extra
         self.hub = hub
         self.mount = mount
         self.cache_dir = cache_dir
@@ -232,7 +223,7 @@ class StrataMount:
         self._stack = LocalStack()
         try:
             self.admin = self._stack.start_spoke(
-                self.hub, self.cache_dir, self.mount, self.cache_size
+                self.hub, self.cache_dir, self.mount, self.cache_size, extra=self.extra
             )
         except BaseException:
             self.stop()

@@ -35,654 +35,52 @@ import argparse
 import contextlib
 import datetime
 import json
-import os
-import platform
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from bench import fio, report
 from bench.copy_first import CopyError
-from bench.data import DataError, Dataset, default_cache_dir, ensure_dataset, parse_size
-from bench.measure import (
-    LinkSampler,
-    TrainerError,
-    drop_page_cache,
-    link_utilisation,
-    read_pass,
-    run_trainer,
-    steady_state,
-    time_to_first_byte,
-    tree_cpu_seconds,
-)
-from bench.mounts import HttpdirfsMount, MountError, RcloneMount, StrataMount, tool_version
+from bench.data import DataError, default_cache_dir, ensure_dataset, parse_size
+from bench.env import machine_info, versions
+from bench.measure import LinkSampler, TrainerError
+from bench.mounts import MountError
+from bench.scenarios import BY_GROUP, LABELS, SCENARIOS, BenchError, Context, Row, Settings
+from bench.scenarios.base import DATASET
+from bench.targets import targets
 from bench.wan import LinkSpec, WanProxy, parse_hostport, parse_rate
-from deploy.local import LocalStack, StackError, publish
+from deploy.local import LocalStack, StackError, drop_page_cache, publish, stop_process
 from spoke.supervisor import is_mounted, lazy_unmount
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
-DATASET = "bench"
 
-GROUPS = ("local", "copy-first", "strata", "rclone", "httpdirfs")
+GROUPS = tuple(s.group for s in SCENARIOS)
 """Scenario groups, in the order they run (``--only`` picks among them)."""
 
-LABELS = {
-    "local": "local disk",
-    "copy-first": "copy-first",
-    "strata-cold": "Strata cold",
-    "strata-warm": "Strata warm (page cache kept)",
-    "strata-warm-dropped": "Strata warm (page cache dropped)",
-    "rclone-cold": "rclone cold",
-    "rclone-warm": "rclone warm (page cache dropped)",
-    "httpdirfs-cold": "httpdirfs cold",
-    "httpdirfs-warm": "httpdirfs warm (page cache dropped)",
-}
-ROWS = {
-    "local": ("local",),
-    "copy-first": ("copy-first",),
-    "strata": ("strata-cold", "strata-warm", "strata-warm-dropped"),
-    "rclone": ("rclone-cold", "rclone-warm"),
-    "httpdirfs": ("httpdirfs-cold", "httpdirfs-warm"),
-}
+ROWS = {s.group: s.rows for s in SCENARIOS}
+"""Each group's rows, in order."""
 
-QUICK_TRAINER_ROWS = frozenset({"local", "strata-cold", "strata-warm-dropped"})
+QUICK_TRAINER_ROWS = frozenset(
+    {"local", "strata-cold", "strata-warm-dropped", "strata-cold-hints", "strata-cold-fill"}
+)
 """With ``--quick`` the trainer runs only here (each run costs seconds of start-up, and
 httpdirfs's cold one tens of seconds of listing)."""
 
-
-class BenchError(RuntimeError):
-    """A step of the harness failed; the message says which."""
-
-
-@dataclass
-class Settings:
-    """Everything a run depends on (recorded in the result).
-
-    Attributes:
-        size_bytes: Size of the synthetic volume.
-        link: The emulated link.
-        steps: Trainer steps per run.
-        workers: Trainer DataLoader workers.
-        batch_size: Trainer batch size.
-        fio_runtime_s: Duration of each random fio job.
-        cold_cap_s: Longest a cold sequential pass may run (then it is cut short).
-        groups: Scenario groups to run.
-        cache_dir: Where generated data sets are kept.
-        work: Working directory (hub data, caches, mounts, copies).
-        drop_caches: Drop the page cache where the scenarios say so (needs root).
-        trainer_rows: Rows that run the trainer; ``None`` for every row.
-        trainer_repeat: Trainer runs of local disk and of warm Strata (page cache
-            dropped), alternating; both rows report medians.
-        quick: The small smoke-test version.
-    """
-
-    size_bytes: int
-    link: LinkSpec
-    steps: int
-    workers: int
-    batch_size: int
-    fio_runtime_s: float
-    cold_cap_s: float
-    groups: tuple[str, ...]
-    cache_dir: Path
-    work: Path
-    drop_caches: bool = True
-    trainer_rows: frozenset[str] | None = None
-    trainer_repeat: int = 1
-    quick: bool = False
-
-
-@dataclass
-class Row:
-    """One scenario's results (a line of the table)."""
-
-    name: str
-    status: str = "ok"
-    reason: str = ""
-    page_cache: str = ""
-    first_byte_s: float | None = None
-    first_batch_s: float | None = None
-    trainer: dict[str, Any] | None = None
-    trainer_link_bytes: int | None = None
-    fio: dict[str, dict[str, Any]] = field(default_factory=dict)
-    cold: dict[str, Any] | None = None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        """Human name for tables and plots."""
-        return LABELS.get(self.name, self.name)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields, the label included."""
-        return {"label": self.label, **asdict(self)}
-
-
-@dataclass
-class Context:
-    """What the scenarios share: data, settings, links, samplers, a log function."""
-
-    settings: Settings
-    data: Dataset
-    hub_link: WanProxy | None = None
-    hub_sampler: LinkSampler | None = None
-    http_link: WanProxy | None = None
-    http_sampler: LinkSampler | None = None
-    version: str = "v1"
-    can_drop: bool = False
-    rows: dict[str, Row] = field(default_factory=dict)
-    echo: Callable[[str], None] = print
-
-    @property
-    def first_byte_file(self) -> str:
-        """Relative path of the file whose first byte is timed."""
-        if self.data.f3 is not None:
-            return "f3.mdio/amplitude/c/0/0/0"
-        return "synth.mdio/amplitude/c/0/0/0"
-
-    @property
-    def synth_bytes(self) -> int:
-        """Bytes of the synthetic volume's amplitude chunks (what the cold pass reads)."""
-        return sum(p.stat().st_size for p in self.data.amplitude_chunks.rglob("*") if p.is_file())
-
-    def drop(self) -> None:
-        """Drop the page cache (when permitted)."""
-        if self.can_drop:
-            drop_page_cache()
+__all__ = ["GROUPS", "LABELS", "ROWS", "Row", "Settings", "main", "run_suite", "write_outputs"]
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
-
-
-# --------------------------------------------------------------------------- measures
-
-
-def _fio_jobs(
-    ctx: Context, row: Row, root: Path, page_cache: str, fs_pid: int | None = None
-) -> None:
-    """The three fio jobs over ``root``'s chunk files, into ``row.fio``.
-
-    ``fs_pid`` is the file system's process: its CPU time during each job is recorded.
-    """
-    if not fio.available():
-        row.notes.append("fio not installed: no fio figures")
-        return
-    chunks = root / "synth.mdio" / "amplitude" / "c"
-    for job in fio.JOBS:
-        if page_cache == "dropped":
-            ctx.drop()
-        cpu0 = tree_cpu_seconds(fs_pid)
-        result = fio.run_job(
-            job,
-            chunks,
-            ctx.settings.work / "fio" / row.name,
-            ctx.settings.fio_runtime_s if job != "seq_1m" else ctx.settings.cold_cap_s,
-            page_cache=page_cache,
-            timeout_s=4 * ctx.settings.cold_cap_s + 60,
-        )
-        row.fio[job] = result.to_dict()
-        row.fio[job]["fs_cpu_s"] = tree_cpu_seconds(fs_pid) - cpu0 if fs_pid else None
-        ctx.echo(f"    fio {job:8s} {result.mb_s:9.1f} MB/s  {result.iops:9.0f} IOPS")
-
-
-def _trainer(ctx: Context, row: Row, root: Path, tag: str, fs_pid: int | None = None) -> None:
-    """Train on ``root/synth.mdio`` into ``row.trainer`` (unless the settings skip this row).
-
-    A row trained more than once (see :func:`_repeat_warm_vs_local`) reports the medians
-    of its runs' samples/s, data-wait fraction and time to first batch.
-    ``fs_pid`` is the file system's process: its CPU time during training is recorded.
-    """
-    only = ctx.settings.trainer_rows
-    if only is not None and row.name not in only:
-        row.notes.append("trainer not run in this row (--quick)")
-        return
-    runs: list[dict[str, Any]] = row.trainer["runs"] if row.trainer else []
-    cpu0 = tree_cpu_seconds(fs_pid)
-    run = run_trainer(
-        root / "synth.mdio",
-        ctx.settings.work / "train" / f"{row.name}-{tag}-{len(runs) + 1}",
-        ctx.settings.steps,
-        workers=ctx.settings.workers,
-        batch_size=ctx.settings.batch_size,
-    )
-    this = run.to_dict()
-    this["fs_cpu_s"] = tree_cpu_seconds(fs_pid) - cpu0 if fs_pid else None
-    runs.append(this)
-    row.trainer = {**runs[0], "runs": runs}
-    for key in ("samples_per_s", "data_wait_fraction", "fs_cpu_s"):
-        values = [r[key] for r in runs if r[key] is not None]
-        row.trainer[key] = statistics.median(values) if values else None
-    row.first_batch_s = statistics.median(r["time_to_first_batch_s"] for r in runs)
-    ctx.echo(
-        f"    trainer: first batch {run.time_to_first_batch_s:.2f} s, "
-        f"{run.samples_per_s:.1f} samples/s, data wait {100 * run.data_wait_fraction:.1f} %"
-    )
-
-
-def _repeat_warm_vs_local(ctx: Context, warm: Row, root: Path, fs_pid: int | None) -> None:
-    """Train on local disk and on the warm mount alternately, ``trainer_repeat - 1`` more times.
-
-    The trainer target (warm ≥ 0.98× local) is a small difference on a noisy machine:
-    alternating the two, each after dropping the page cache, spreads any drift over both,
-    and both rows then report medians.
-    """
-    local = ctx.rows.get("local")
-    if local is None or local.trainer is None or warm.trainer is None:
-        return
-    for i in range(ctx.settings.trainer_repeat - 1):
-        ctx.echo(f"    trainer, local vs warm Strata, repeat {i + 2}")
-        ctx.drop()
-        _trainer(ctx, local, ctx.data.root, "warm")
-        ctx.drop()
-        _trainer(ctx, warm, root, "warm", fs_pid)
-
-
-def _first_byte(ctx: Context, row: Row, root: Path) -> None:
-    row.first_byte_s = time_to_first_byte(root / ctx.first_byte_file)
-    ctx.echo(f"    first byte {row.first_byte_s:.3f} s")
-
-
-def _cold_pass(
-    ctx: Context, row: Row, root: Path, sampler: LinkSampler, fs_pid: int | None
-) -> None:
-    """A sequential fio pass on an empty cache, logged in 1 s bins, into ``row.cold``.
-
-    The throughput curve is the link's, in 1 s bins from the moment fio starts: fio's
-    own bandwidth log begins only after it has listed and opened every file, which on a
-    cold remote file system can take a while and belongs to the pass.
-    """
-    chunks = root / "synth.mdio" / "amplitude" / "c"
-    ctx.drop()
-    cpu0 = tree_cpu_seconds(fs_pid)
-    t0 = sampler.mark()
-    if fio.available():
-        result = fio.run_job(
-            "seq_1m",
-            chunks,
-            ctx.settings.work / "fio" / f"{row.name}-pass",
-            ctx.settings.cold_cap_s,
-            log_bins=True,
-            timeout_s=ctx.settings.cold_cap_s + 120,
-        )
-        nbytes, fio_bins = result.bytes, result.bins_mb_s
-        row.fio["seq_1m"] = result.to_dict()
-    else:
-        nbytes, fio_bins = read_pass(chunks, fio.WORKERS), []
-        row.notes.append("cold pass read by Python threads (fio not installed)")
-    t1 = sampler.mark()
-    down = sampler.down_bytes(t0, t1)
-    bins = sampler.bins_mb_s(t0, t1)
-    steady_s, steady = steady_state(bins)
-    row.cold = {
-        "seconds": t1 - t0,
-        "bytes_read": nbytes,
-        "complete": nbytes >= ctx.synth_bytes,
-        "mb_s": nbytes / (t1 - t0) / 1e6,
-        "bins_mb_s": bins,
-        "fio_bins_mb_s": fio_bins,
-        "fs_cpu_s": tree_cpu_seconds(fs_pid) - cpu0 if fs_pid else None,
-        "steady_state_s": steady_s,
-        "steady_mb_s": steady,
-        "link_down_bytes": down,
-        "link_up_bytes": sampler.up_bytes(t0, t1),
-        "link_utilisation": link_utilisation(down, t1 - t0, ctx.settings.link.rate_bps),
-    }
-    ctx.echo(
-        f"    cold pass {nbytes / 2**20:,.0f} MiB in {t1 - t0:.1f} s "
-        f"({row.cold['mb_s']:.1f} MB/s, link use {100 * row.cold['link_utilisation']:.0f} %, "
-        f"steady after {steady_s:.0f} s at {steady:.1f} MB/s)"
-    )
-    if not row.cold["complete"]:
-        row.notes.append(f"cold pass cut at {ctx.settings.cold_cap_s:.0f} s")
-        ctx.echo("    finishing the warm-up the cold pass left undone")
-        read_pass(chunks, fio.WORKERS)
-
-
-# --------------------------------------------------------------------------- scenarios
-
-
-def run_local(ctx: Context) -> list[Row]:
-    """The co-located baseline: the source tree on this node's disk."""
-    row = Row("local", page_cache="dropped" if ctx.can_drop else "kept")
-    root = ctx.data.root
-    ctx.drop()
-    _first_byte(ctx, row, root)
-    _fio_jobs(ctx, row, root, row.page_cache)
-    ctx.drop()
-    _trainer(ctx, row, root, "warm")
-    return [row]
-
-
-def run_copy_first(ctx: Context) -> list[Row]:
-    """Download everything over the link, then read locally."""
-    assert ctx.http_link is not None and ctx.http_sampler is not None
-    row = Row("copy-first", page_cache="dropped" if ctx.can_drop else "kept")
-    dest = ctx.settings.work / "copy"
-    shutil.rmtree(dest, ignore_errors=True)
-    out = ctx.settings.work / "copy.json"
-    ctx.drop()
-    t0 = ctx.http_sampler.mark()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.copy_first",
-            f"http://{ctx.http_link.address}/",
-            str(dest),
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    t1 = ctx.http_sampler.mark()
-    if proc.returncode != 0:
-        raise CopyError(proc.stderr.strip() or f"copy exited {proc.returncode}")
-    copied = json.loads(out.read_text())
-    copy_s = t1 - t0
-    down = ctx.http_sampler.down_bytes(t0, t1)
-    bins = ctx.http_sampler.bins_mb_s(t0, t1)
-    steady_s, steady = steady_state(bins)
-    row.cold = {
-        "seconds": copy_s,
-        "bytes_read": copied["bytes"],
-        "complete": True,
-        "mb_s": copied["bytes"] / copy_s / 1e6,
-        "bins_mb_s": bins,
-        "steady_state_s": steady_s,
-        "steady_mb_s": steady,
-        "link_down_bytes": down,
-        "link_up_bytes": ctx.http_sampler.up_bytes(t0, t1),
-        "link_utilisation": link_utilisation(down, copy_s, ctx.settings.link.rate_bps),
-        "files": copied["files"],
-    }
-    ctx.echo(
-        f"    copied {copied['files']:,} files, {copied['bytes'] / 2**20:,.0f} MiB in "
-        f"{copy_s:.1f} s (link use {100 * row.cold['link_utilisation']:.0f} %)"
-    )
-    ctx.drop()
-    row.first_byte_s = copy_s + time_to_first_byte(dest / ctx.first_byte_file)
-    ctx.drop()
-    _trainer(ctx, row, dest, "cold")
-    if row.trainer is not None:
-        row.first_batch_s = copy_s + row.trainer["time_to_first_batch_s"]
-    row.notes.append("fio not rerun: once copied, the files are local disk (see local)")
-    shutil.rmtree(dest, ignore_errors=True)
-    return [row]
-
-
-@contextlib.contextmanager
-def _mounted(factory: Callable[[], Any]) -> Iterator[Any]:
-    mount = factory()
-    mount.start()
-    try:
-        yield mount
-    finally:
-        mount.stop()
-
-
-def _remote(
-    ctx: Context,
-    tool: str,
-    factory: Callable[[], Any],
-    root_of: Callable[[Any], Path],
-    sampler: LinkSampler,
-) -> list[Row]:
-    """Cold and warm rows of one remote file system.
-
-    1. fresh mount, empty cache: time to first byte, then the trainer (cold);
-    2. fresh mount, empty cache again: the sequential cold pass (fio, 1 s bins);
-    3. warm: for Strata first with the page cache as the pass left it, then (every
-       tool) with the page cache dropped before each measure.
-    """
-    cold = Row(f"{tool}-cold", page_cache="cold")
-    rows = [cold]
-    ctx.drop()
-    with _mounted(factory) as mount:
-        root = root_of(mount)
-        _first_byte(ctx, cold, root)
-        t0 = sampler.mark()
-        _trainer(ctx, cold, root, "cold", mount.pid)
-        cold.trainer_link_bytes = sampler.down_bytes(t0, sampler.mark())
-    with _mounted(factory) as mount:
-        root = root_of(mount)
-        _cold_pass(ctx, cold, root, sampler, mount.pid)
-        if tool == "strata":
-            kept = Row("strata-warm", page_cache="kept")
-            rows.append(kept)
-            ctx.echo("  Strata warm, page cache kept")
-            _first_byte(ctx, kept, root)
-            _fio_jobs(ctx, kept, root, "kept", mount.pid)
-            _trainer(ctx, kept, root, "warm", mount.pid)
-        warm = Row(f"{tool}-warm-dropped" if tool == "strata" else f"{tool}-warm")
-        warm.page_cache = "dropped" if ctx.can_drop else "kept"
-        rows.append(warm)
-        ctx.echo(f"  {warm.label}")
-        t0 = sampler.mark()
-        ctx.drop()
-        _first_byte(ctx, warm, root)
-        _fio_jobs(ctx, warm, root, warm.page_cache, mount.pid)
-        ctx.drop()
-        _trainer(ctx, warm, root, "warm", mount.pid)
-        if tool == "strata":
-            _repeat_warm_vs_local(ctx, warm, root, mount.pid)
-        warm_bytes = sampler.down_bytes(t0, sampler.mark())
-        warm.notes.append(f"{warm_bytes:,} bytes over the link while warm")
-        if tool == "strata":
-            admin = getattr(mount, "admin", "")
-            warm.notes.append(f"spoke cache: {_cache_stats(admin)}")
-    return rows
-
-
-def _cache_stats(admin: str) -> dict[str, Any]:
-    import httpx
-
-    try:
-        stats: dict[str, Any] = httpx.get(f"{admin}/v1/cache", timeout=10).json()
-    except (httpx.HTTPError, ValueError) as err:
-        return {"error": str(err)}
-    keys = ("hits", "misses", "hub_fetch_bytes", "used_bytes")
-    return {k: stats[k] for k in keys if k in stats}
-
-
-def run_strata(ctx: Context) -> list[Row]:
-    """Strata cold, warm (page cache kept) and warm (page cache dropped)."""
-    assert ctx.hub_link is not None and ctx.hub_sampler is not None
-    work = ctx.settings.work
-    hub = ctx.hub_link.address
-    cache_size = f"{2 * ctx.data.bytes // 2**20 + 256}MiB"  # everything fits: no eviction
-
-    def factory() -> StrataMount:
-        return StrataMount(hub, work / "mnt-strata", work / "cache-strata", cache_size)
-
-    def root_of(mount: StrataMount) -> Path:
-        return mount.mount / DATASET / ctx.version
-
-    return _remote(ctx, "strata", factory, root_of, ctx.hub_sampler)
-
-
-def run_rclone(ctx: Context) -> list[Row]:
-    """rclone mount with the full VFS cache over HTTP through the link."""
-    assert ctx.http_link is not None and ctx.http_sampler is not None
-    work = ctx.settings.work
-    url = f"http://{ctx.http_link.address}/"
-
-    def factory() -> RcloneMount:
-        return RcloneMount(url, work / "mnt-rclone", work / "cache-rclone", work / "rclone.log")
-
-    return _remote(ctx, "rclone", factory, lambda m: m.mount, ctx.http_sampler)
-
-
-def run_httpdirfs(ctx: Context) -> list[Row]:
-    """httpdirfs with its cache over HTTP through the link."""
-    assert ctx.http_link is not None and ctx.http_sampler is not None
-    work = ctx.settings.work
-    url = f"http://{ctx.http_link.address}/"
-
-    def factory() -> HttpdirfsMount:
-        return HttpdirfsMount(
-            url, work / "mnt-httpdirfs", work / "cache-httpdirfs", work / "httpdirfs.log"
-        )
-
-    return _remote(ctx, "httpdirfs", factory, lambda m: m.mount, ctx.http_sampler)
-
-
-RUNNERS: dict[str, Callable[[Context], list[Row]]] = {
-    "local": run_local,
-    "copy-first": run_copy_first,
-    "strata": run_strata,
-    "rclone": run_rclone,
-    "httpdirfs": run_httpdirfs,
-}
-
-
-def missing_tools(group: str) -> str:
-    """Why ``group`` cannot run here (empty when it can)."""
-    fuse = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
-    if group in ("strata", "rclone", "httpdirfs") and not fuse:
-        return "no /dev/fuse or fusermount3"
-    if group in ("rclone", "httpdirfs") and shutil.which(group) is None:
-        return f"{group} not installed (make bench-deps)"
-    return ""
-
-
-# --------------------------------------------------------------------------- targets
-
-
-def _get(rows: dict[str, Row], name: str) -> Row | None:
-    row = rows.get(name)
-    return row if row is not None and row.status == "ok" else None
-
-
-def _fio_mb_s(row: Row | None, job: str) -> float | None:
-    if row is None or job not in row.fio:
-        return None
-    value: float = row.fio[job]["mb_s"]
-    return value
-
-
-def targets(rows: dict[str, Row], link: LinkSpec) -> list[dict[str, Any]]:
-    """The DESIGN.md goals with what this run measured (goals, not assertions)."""
-    out: list[dict[str, Any]] = []
-
-    def add(name: str, goal: str, measured: str, met: bool | None) -> None:
-        out.append({"name": name, "goal": goal, "measured": measured, "met": met})
-
-    local, warm = _get(rows, "local"), _get(rows, "strata-warm-dropped")
-    cold, copy = _get(rows, "strata-cold"), _get(rows, "copy-first")
-    lseq, wseq = _fio_mb_s(local, "seq_1m"), _fio_mb_s(warm, "seq_1m")
-    if lseq and wseq is not None:
-        r = wseq / lseq
-        add("warm seq read vs local (page cache dropped)", "≥ 0.75×", f"{r:.2f}×", r >= 0.75)
-    else:
-        add("warm seq read vs local (page cache dropped)", "≥ 0.75×", "not measured", None)
-    if local and warm and local.trainer and warm.trainer:
-        r = warm.trainer["samples_per_s"] / local.trainer["samples_per_s"]
-        add("trainer samples/s, warm vs local", "≥ 0.98×", f"{r:.2f}×", r >= 0.98)
-        dw = warm.trainer["data_wait_fraction"] - local.trainer["data_wait_fraction"]
-        add("data-wait fraction, warm − local", "≤ +1 point", f"{100 * dw:+.1f} points", dw <= 0.01)
-    else:
-        add("trainer samples/s, warm vs local", "≥ 0.98×", "not measured", None)
-    if cold and cold.first_batch_s is not None:
-        base = 0.0  # local disk's start-up (median over its runs): not the file system's
-        if local and local.trainer:
-            base = statistics.median(r["time_to_first_batch_s"] for r in local.trainer["runs"])
-        extra = cold.first_batch_s - base
-        text = f"{cold.first_batch_s:.2f} s ({extra:+.2f} s vs local's {base:.2f} s)"
-        if copy and copy.first_batch_s is not None:
-            text += f"; copy-first {copy.first_batch_s:.1f} s"
-        add("cold first batch (beyond local's start-up)", "≤ 2 s", text, extra <= 2.0)
-    if cold and cold.cold:
-        u = cold.cold["link_utilisation"]
-        add(f"cold link use ({link.describe()})", "≥ 80 %", f"{100 * u:.0f} %", u >= 0.8)
-    for other in ("rclone-warm", "httpdirfs-warm"):
-        row = _get(rows, other)
-        if warm is None or row is None:
-            continue
-        worse = []
-        parts = []
-        for job in fio.JOBS:
-            a, b = _fio_mb_s(warm, job), _fio_mb_s(row, job)
-            if a is None or b is None:
-                continue
-            parts.append(f"{job} {a / b:.2f}×" if b else f"{job} –")
-            if a < b:
-                worse.append(job)
-        if parts:
-            add(f"Strata warm ≥ {other} on every fio job", "≥ 1×", ", ".join(parts), not worse)
-    return out
-
-
-# --------------------------------------------------------------------------- the run
-
-
-def machine_info() -> dict[str, Any]:
-    """CPU, cores, memory, OS and kernel of this machine."""
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    memory = 0.0
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        memory = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
-    os_name = platform.platform()
-    with contextlib.suppress(OSError):
-        for line in Path("/etc/os-release").read_text().splitlines():
-            if line.startswith("PRETTY_NAME="):
-                os_name = line.split("=", 1)[1].strip('"')
-    load = os.getloadavg()[0]
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count() or 1,
-        "memory_gib": memory,
-        "os": os_name,
-        "kernel": platform.release(),
-        "load_1min_at_start": load,
-        "shared": load > 0.5 * (os.cpu_count() or 1),
-    }
-
-
-def versions() -> dict[str, str]:
-    """Versions of Strata (git commit), Python and every tool involved."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as pkg_version
-
-    def pkg(name: str) -> str:
-        try:
-            return pkg_version(name)
-        except PackageNotFoundError:
-            return ""
-
-    commit = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    return {
-        "strata": f"{pkg('strata')} ({commit})" if commit else pkg("strata"),
-        "python": platform.python_version(),
-        "torch": pkg("torch"),
-        "zarr": pkg("zarr"),
-        "fio": fio.version(),
-        "rclone": tool_version("rclone"),
-        "httpdirfs": tool_version("httpdirfs"),
-        "fusermount3": tool_version("fusermount3"),
-    }
 
 
 def _start_http_source(root: Path, work: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -700,16 +98,6 @@ def _start_http_source(root: Path, work: Path) -> tuple[subprocess.Popen[bytes],
     return proc, int(port_file.read_text())
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 def run_suite(settings: Settings, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every selected scenario; returns the result dictionary (not yet written).
 
@@ -720,13 +108,14 @@ def run_suite(settings: Settings, echo: Callable[[str], None] = print) -> dict[s
     t_start = time.monotonic()
     machine = machine_info()
     data = ensure_dataset(settings.cache_dir, settings.size_bytes, echo=echo)
-    can_drop = settings.drop_caches and drop_page_cache()
+    can_drop = settings.drop_caches and drop_page_cache(3)
     ctx = Context(settings=settings, data=data, can_drop=can_drop, echo=echo)
     rows: list[Row] = []
     group_s: dict[str, float] = {}
+    selected = [BY_GROUP[g] for g in settings.groups]
     with contextlib.ExitStack() as stack:
-        needs_hub = "strata" in settings.groups and not missing_tools("strata")
-        needs_http = any(g in settings.groups for g in ("copy-first", "rclone", "httpdirfs"))
+        needs_hub = any(s.needs_hub and not s.missing() for s in selected)
+        needs_http = any(s.needs_http for s in selected)
         if needs_hub:
             echo(f"==> publishing {data.files:,} files ({data.bytes / 2**20:,.0f} MiB) to a hub")
             ctx.version = publish(settings.work / "hub", DATASET, data.root, "--tag", "latest")
@@ -735,19 +124,20 @@ def run_suite(settings: Settings, echo: Callable[[str], None] = print) -> dict[s
             ctx.hub_sampler = stack.enter_context(LinkSampler(ctx.hub_link))
         if needs_http:
             proc, port = _start_http_source(data.root, settings.work)
-            stack.callback(_stop, proc)
+            stack.callback(stop_process, proc, 10.0)
             ctx.http_link = stack.enter_context(WanProxy(("127.0.0.1", port), settings.link))
             ctx.http_sampler = stack.enter_context(LinkSampler(ctx.http_link))
-        for group in settings.groups:
-            why = missing_tools(group)
+        for scenario in selected:
+            group = scenario.group
+            why = scenario.missing()
             if why:
                 echo(f"==> {group}: skipped ({why})")
-                rows += [Row(n, status="skipped", reason=why) for n in ROWS[group]]
+                rows += [Row(n, status="skipped", reason=why) for n in scenario.rows]
                 continue
             echo(f"==> {group}")
             t_group = time.monotonic()
             try:
-                rows += RUNNERS[group](ctx)
+                rows += scenario.run(ctx)
                 ctx.rows.update((r.name, r) for r in rows)
             except (
                 OSError,
@@ -763,7 +153,7 @@ def run_suite(settings: Settings, echo: Callable[[str], None] = print) -> dict[s
                 done = {r.name for r in rows}
                 rows += [
                     Row(n, status="failed", reason=str(err).splitlines()[0][:200])
-                    for n in ROWS[group]
+                    for n in scenario.rows
                     if n not in done
                 ]
             group_s[group] = time.monotonic() - t_group

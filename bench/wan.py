@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, TypeVar
 
+from protocol import address
+
 CutMode = Literal["blackhole", "reset"]
 
 READ_BYTES = 256 * 1024
@@ -547,15 +549,13 @@ class WanProxy:
 
 
 def parse_hostport(text: str) -> tuple[str, int]:
-    """``("127.0.0.1", 9000)`` from ``127.0.0.1:9000``.
+    """``("127.0.0.1", 9000)`` from ``127.0.0.1:9000`` (:func:`protocol.address.parse_hostport`;
+    a missing host is 127.0.0.1).
 
     Raises:
-        ValueError: The text has no port.
+        ValueError: The text is not HOST:PORT.
     """
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, not {text!r}")
-    return host or "127.0.0.1", int(port)
+    return address.parse_hostport(text, default_host="127.0.0.1")
 
 
 def main(argv: list[str] | None = None) -> int:

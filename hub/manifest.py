@@ -273,13 +273,28 @@ class ManifestHasher:
         Raises:
             ValueError: The entry is out of path order or repeats a path.
         """
-        if self._last_path is not None and entry.path <= self._last_path:
-            raise ValueError(f"manifest entries out of path order at {entry.path!r}")
-        self._last_path = entry.path
         encoded = encode_entry(entry)
+        self.add_encoded(entry.path, encoded)
+        return encoded
+
+    def add_encoded(self, path: str, encoded: bytes) -> None:
+        """Adds the next entry as stored: its path and its canonical bytes.
+
+        Hashes ``encoded`` as it is, so re-hashing a stored manifest proves its stored
+        bytes (:meth:`hub.catalog.Catalog.manifest_digest`), not a re-encoding of them.
+
+        Args:
+            path: The entry's path; it must sort after every path added so far.
+            encoded: The entry's canonical bytes (:func:`encode_entry`).
+
+        Raises:
+            ValueError: ``path`` is out of path order or repeats a path.
+        """
+        if self._last_path is not None and path <= self._last_path:
+            raise ValueError(f"manifest entries out of path order at {path!r}")
+        self._last_path = path
         self._hash.update(_ENTRY_LENGTH.pack(len(encoded)))
         self._hash.update(encoded)
-        return encoded
 
     def hexdigest(self) -> str:
         """The snapshot id of the entries added so far, 32 lowercase hex characters."""

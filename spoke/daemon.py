@@ -20,7 +20,7 @@ import uvicorn
 
 from protocol.spoke.v1 import spoke_pb2_grpc
 from spoke import lock, metrics
-from spoke.access import AccessLog
+from spoke.access import AccessLog, SteadyState
 from spoke.admin import AdminServer, bind, create_app
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
@@ -118,6 +118,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             paused=lambda: hints.policy.active,
         )
         access.subscribe("fill", fill.observe)
+        access.subscribe("steady state", SteadyState().observe)
 
         background = [
             asyncio.create_task(cache.run_evictor()),

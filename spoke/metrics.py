@@ -86,3 +86,7 @@ FILL_REMAINING_BYTES = Gauge(
 FILL_RATE = Gauge(
     "strata_spoke_fill_rate_bytes_per_second", "Average rate of the current background fill"
 )
+STEADY_STATE_SECONDS = Gauge(
+    "strata_spoke_steady_state_seconds",
+    "From the first read of a cold phase to the first 5 s of reads with at most 1 % misses",
+)

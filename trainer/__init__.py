@@ -4,9 +4,16 @@ The trainer imports nothing of the rest of Strata: it reads a path (a local
 directory or a Strata FUSE mount) with Zarr, like any other program would.
 
 Modules: :mod:`trainer.presets` (model sizes), :mod:`trainer.prepare` (SEG-Y to
-MDIO), :mod:`trainer.synth` (synthetic volumes), :mod:`trainer.dataset`
-(patches, epoch plans, planned read order), :mod:`trainer.model` (MAE),
-:mod:`trainer.train` (loop, checkpoints, DDP, measurements),
+MDIO), :mod:`trainer.synth` (synthetic volumes), :mod:`trainer.volume`
+(inspection, trace mask), :mod:`trainer.stats` (normalisation), :mod:`trainer.plan`
+(seeds, sampler, epoch plan), :mod:`trainer.readorder` (chunk keys for hints),
+:mod:`trainer.dataset` (the patch dataset), :mod:`trainer.model` (MAE),
+:mod:`trainer.train` (the :class:`~trainer.train.Trainer` and its loop),
+:mod:`trainer.options` (what a run is asked), :mod:`trainer.schedule` (AdamW, warm-up +
+cosine), :mod:`trainer.checkpoint` (save, load, RNG state, resumability),
+:mod:`trainer.distributed` (ranks, devices, collectives), :mod:`trainer.report`
+(metrics, summary),
 :mod:`trainer.evaluate` (PSNR and section plots), :mod:`trainer.cli`
-(``strata-train``).
+(``strata-train``), :mod:`trainer.command` (its ``fit`` command line, for programs that
+run the trainer).
 """

@@ -11,7 +11,7 @@ Commands:
 * ``strata-train eval --ckpt RUN/checkpoint.pt --data PATH.mdio`` measures
   reconstruction PSNR and draws an inline section (:mod:`trainer.evaluate`).
 * ``strata-train plan --data PATH.mdio`` prints the store keys an epoch reads,
-  in order (:func:`trainer.dataset.epoch_read_order`).
+  in order (:func:`trainer.readorder.epoch_read_order`).
 
 Input errors print one line, ``strata-train: error: ...``, on stderr and exit
 with status 2. Heavy imports (torch, mdio) happen inside the commands, so
@@ -346,7 +346,7 @@ def eval_(
         inline=inline,
         device=device,
     )
-    from trainer.dataset import DataError
+    from trainer.volume import DataError
 
     try:
         evaluate(options, echo=typer.echo)
@@ -373,8 +373,10 @@ def plan(
     ] = False,
 ) -> None:
     """Print the store keys a fit run reads in one epoch, in order (prefetch hints)."""
-    from trainer.dataset import DataError, build_plan, epoch_read_order, inspect_volume
+    from trainer.plan import build_plan
     from trainer.presets import get_preset
+    from trainer.readorder import epoch_read_order
+    from trainer.volume import DataError, inspect_volume
 
     try:
         config = get_preset(preset)

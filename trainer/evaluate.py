@@ -17,7 +17,7 @@ Two results, both written next to the checkpoint unless ``--out`` says otherwise
 
 Held-out patches: positions drawn from the evaluation seed stream, excluding
 every position the checkpoint's training plan visited (computable exactly,
-:class:`trainer.dataset.EpochPlan`) when the volume has the training volume's
+:class:`trainer.plan.EpochPlan`) when the volume has the training volume's
 shape. A small volume can be exhausted by training (F3 has about a thousand
 patch positions); ``held_out_fraction`` reports how many evaluation patches
 were never trained on.
@@ -36,32 +36,24 @@ import numpy as np
 import torch
 import zarr
 
-from trainer.dataset import (
-    STREAM_EVAL,
+from trainer.checkpoint import load_checkpoint
+from trainer.dataset import PatchDataset
+from trainer.distributed import select_device
+from trainer.model import MaskedAutoencoder3D, patchify, unpatchify
+from trainer.options import FitError, check_out_dir
+from trainer.plan import STREAM_EVAL, EpochPlan, PlanSpec, PositionSampler, derive_seed
+from trainer.presets import MAEConfig, Shape3
+from trainer.stats import volume_stats
+from trainer.train import autocast, default_threads
+from trainer.volume import (
     BoolArray,
     DataError,
-    EpochPlan,
     IntArray,
-    PatchDataset,
-    PlanSpec,
-    PositionSampler,
     VolumeInfo,
     check_fits,
-    derive_seed,
     inspect_volume,
     open_store,
     read_live_mask,
-    volume_stats,
-)
-from trainer.model import MaskedAutoencoder3D, patchify, unpatchify
-from trainer.presets import MAEConfig, Shape3
-from trainer.train import (
-    FitError,
-    autocast,
-    check_out_dir,
-    default_threads,
-    load_checkpoint,
-    select_device,
 )
 
 SECTION_PNG = "eval-section.png"

@@ -1,7 +1,7 @@
 """Opt-in prefetch hints: tell a cache service which chunk files an epoch will read, in order.
 
 With ``strata-train fit --hints URL``, every rank posts each upcoming epoch's planned read
-order of its own shard (:func:`trainer.dataset.epoch_read_order`: store-relative chunk keys
+order of its own shard (:func:`trainer.readorder.epoch_read_order`: store-relative chunk keys
 such as ``amplitude/c/0/0/1``) as paths relative to the snapshot root, as a stream of its
 own (``<stream>.rank<N>``), so a cache can prefetch them and evict by farthest next use, as
 NoPFS does from the shuffle seed (Dryden et al., "Clairvoyant Prefetching for Distributed

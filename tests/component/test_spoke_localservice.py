@@ -15,7 +15,7 @@ import pytest
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import spoke_pb2
 from spoke import metrics
-from spoke.access import AccessLog
+from spoke.access import AccessLog, SteadyState
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.crossfile import CrossFileReadahead
@@ -165,3 +165,18 @@ def test_malformed_digests_are_invalid_argument(tmp_path: Path) -> None:
     asyncio.run(go())
     assert context.code == grpc.StatusCode.INVALID_ARGUMENT
     assert s.heard == []
+
+
+def test_time_to_steady_state() -> None:
+    now = [0.0]
+    steady = SteadyState(window_s=5.0, miss_fraction=0.01, clock=lambda: now[0])
+    for second in range(30):
+        now[0] = float(second)
+        hit = second >= 12  # misses for the first 12 s, then only hits
+        steady.observe(["a" * 32] * 10, hit)
+    # windows start at 0, 5, 10, 15: the one from 15 s is the first with no misses
+    assert steady.seconds == 15.0
+    for second in range(30, 40):  # a new cold phase: a window of misses again
+        now[0] = float(second)
+        steady.observe(["b" * 32] * 10, second >= 36)
+    assert steady.seconds is None

@@ -180,7 +180,8 @@ def test_fit_on_the_sparse_file_rejects_mostly_dead_patches(
         echo=lambda _: None,
     )
     assert np.isfinite(summary["loss_last"])
-    from trainer.dataset import build_plan, inspect_volume
+    from trainer.plan import build_plan
+    from trainer.volume import inspect_volume
 
     info = inspect_volume(withdead_mdio)
     plan = build_plan(
@@ -380,7 +381,9 @@ def test_eval_cli_errors_are_one_line(f3_mdio: Path, f3_run: Path, tmp_path: Pat
 
 
 def test_plan_cli_prints_the_epoch_read_order(f3_mdio: Path) -> None:
-    from trainer.dataset import build_plan, epoch_read_order, inspect_volume
+    from trainer.plan import build_plan
+    from trainer.readorder import epoch_read_order
+    from trainer.volume import inspect_volume
 
     result = CliRunner().invoke(app, ["plan", "--data", str(f3_mdio), "--epoch", "1"])
     assert result.exit_code == 0, result.output

@@ -12,9 +12,9 @@ from typing import Any, ClassVar
 import pytest
 
 from tests.component.test_trainer_cli import f3_mdio  # noqa: F401  (fixture)
-from trainer.dataset import epoch_read_order
 from trainer.hints import HintTarget, default_stream
 from trainer.presets import get_preset
+from trainer.readorder import epoch_read_order
 from trainer.train import FitOptions, build_dataset, fit
 
 

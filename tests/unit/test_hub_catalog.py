@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hub.blocks import BlockRef, block_digest
-from hub.catalog import Catalog, Dataset, Tag
+from hub.catalog import Catalog, CatalogTxn, Dataset, Tag
 from hub.errors import (
     CatalogError,
     DatasetNotFound,
@@ -18,6 +18,7 @@ from hub.errors import (
     SnapshotNotFound,
 )
 from hub.manifest import EntryType, ManifestEntry, snapshot_id
+from tests.unit.hub_support import add_version
 
 
 def tree(n_files: int, content: bytes = b"abc") -> list[ManifestEntry]:
@@ -51,8 +52,8 @@ def test_empty_catalog(catalog: Catalog) -> None:
 
 
 def test_versions_are_numbered_and_latest_moves(catalog: Catalog) -> None:
-    first = catalog.add_version("f3", 4096, tree(2), created_ns=10)
-    second = catalog.add_version("f3", 4096, tree(3), created_ns=20)
+    first = add_version(catalog, "f3", 4096, tree(2), created_ns=10)
+    second = add_version(catalog, "f3", 4096, tree(3), created_ns=20)
     assert (first.version, second.version) == ("v1", "v2")
     assert first.snapshot_id == snapshot_id(4096, tree(2))
     assert (first.file_count, first.total_bytes, first.entry_count) == (2, 6, 3)
@@ -64,11 +65,11 @@ def test_versions_are_numbered_and_latest_moves(catalog: Catalog) -> None:
 
 
 def test_datasets_are_independent_and_listed_in_name_order(catalog: Catalog) -> None:
-    catalog.add_version("zeta", 4096, tree(1))
-    catalog.add_version("alpha", 4096, tree(1))
-    catalog.add_version("alpha", 4096, tree(2))
+    add_version(catalog, "zeta", 4096, tree(1))
+    add_version(catalog, "alpha", 4096, tree(1))
+    add_version(catalog, "alpha", 4096, tree(2))
     # A dataset whose name is a prefix of another must not see the other's versions.
-    catalog.add_version("alpha.b", 4096, tree(1))
+    add_version(catalog, "alpha.b", 4096, tree(1))
     assert catalog.list_datasets() == [
         Dataset("alpha", 2, "v2"),
         Dataset("alpha.b", 1, "v1"),
@@ -79,14 +80,14 @@ def test_datasets_are_independent_and_listed_in_name_order(catalog: Catalog) -> 
 
 def test_many_versions_sort_numerically(catalog: Catalog) -> None:
     for _ in range(12):
-        catalog.add_version("f3", 4096, tree(1))
+        add_version(catalog, "f3", 4096, tree(1))
     assert [s.version for s in catalog.list_versions("f3")] == [f"v{i}" for i in range(1, 13)]
     assert catalog.dataset("f3").latest_version == "v12"
 
 
 def test_tags(catalog: Catalog) -> None:
-    catalog.add_version("f3", 4096, tree(1), tag="stable")
-    catalog.add_version("f3", 4096, tree(2), tag=None)
+    add_version(catalog, "f3", 4096, tree(1), tag="stable")
+    add_version(catalog, "f3", 4096, tree(2), tag=None)
     assert catalog.list_tags("f3") == [Tag("stable", "v1")]
     assert catalog.set_tag("f3", "latest", "v2") == Tag("latest", "v2")
     assert catalog.set_tag("f3", "prod", "stable") == Tag("prod", "v1")
@@ -98,7 +99,7 @@ def test_tags(catalog: Catalog) -> None:
 
 
 def test_resolve_errors(catalog: Catalog) -> None:
-    catalog.add_version("f3", 4096, tree(1))
+    add_version(catalog, "f3", 4096, tree(1))
     with pytest.raises(RefNotFound, match="no version v2"):
         catalog.resolve("f3", "v2")
     with pytest.raises(RefNotFound, match="no tag 'nightly'"):
@@ -113,7 +114,7 @@ def test_resolve_errors(catalog: Catalog) -> None:
 
 def test_manifest_pages_in_path_order(catalog: Catalog) -> None:
     entries = tree(25)
-    snap = catalog.add_version("f3", 4096, entries)
+    snap = add_version(catalog, "f3", 4096, entries)
     assert list(catalog.iter_manifest(snap.snapshot_id, page_entries=4)) == entries
     assert catalog.manifest_page(snap.snapshot_id, 24, 10) == entries[24:]
     assert catalog.manifest_page(snap.snapshot_id, 26, 10) == []
@@ -124,14 +125,14 @@ def test_manifest_pages_in_path_order(catalog: Catalog) -> None:
 
 
 def test_identical_snapshots_share_a_manifest(catalog: Catalog) -> None:
-    first = catalog.add_version("a", 4096, tree(3))
-    second = catalog.add_version("b", 4096, tree(3))
+    first = add_version(catalog, "a", 4096, tree(3))
+    second = add_version(catalog, "b", 4096, tree(3))
     assert first.snapshot_id == second.snapshot_id
     assert list(catalog.iter_manifest(second.snapshot_id)) == tree(3)
 
 
 def test_empty_snapshot(catalog: Catalog) -> None:
-    snap = catalog.add_version("empty", 4096, [])
+    snap = add_version(catalog, "empty", 4096, [])
     assert (snap.file_count, snap.total_bytes, snap.entry_count) == (0, 0, 0)
     assert list(catalog.iter_manifest(snap.snapshot_id)) == []
 
@@ -139,44 +140,44 @@ def test_empty_snapshot(catalog: Catalog) -> None:
 def test_bad_input_writes_nothing(catalog: Catalog) -> None:
     entries = tree(2)
     with pytest.raises(ValueError, match="path order"):
-        catalog.add_version("f3", 4096, list(reversed(entries)))
+        add_version(catalog, "f3", 4096, list(reversed(entries)))
     with pytest.raises(InvalidName):
-        catalog.add_version("f3", 4096, entries, tag="v1")
+        add_version(catalog, "f3", 4096, entries, tag="v1")
     with pytest.raises(InvalidName):
-        catalog.add_version("F3", 4096, entries)
+        add_version(catalog, "F3", 4096, entries)
     assert catalog.list_datasets() == []
 
 
 def test_failure_inside_the_transaction_writes_nothing(
     catalog: Catalog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    catalog.add_version("f3", 4096, tree(1))
+    add_version(catalog, "f3", 4096, tree(1))
 
     def explode(*args: object) -> None:
         raise RuntimeError("injected failure at the end of the write transaction")
 
-    monkeypatch.setattr(catalog, "_snapshot", explode)
+    monkeypatch.setattr(CatalogTxn, "snapshot", explode)
     with pytest.raises(RuntimeError, match="injected"):
-        catalog.add_version("f3", 4096, tree(5), tag="other")
+        add_version(catalog, "f3", 4096, tree(5), tag="other")
     monkeypatch.undo()
     assert [s.version for s in catalog.list_versions("f3")] == ["v1"]
     assert catalog.list_tags("f3") == [Tag("latest", "v1")]
     with pytest.raises(SnapshotNotFound):
         catalog.manifest_page(snapshot_id(4096, tree(5)), 0, 1)
-    assert catalog.add_version("f3", 4096, tree(5)).version == "v2"
+    assert add_version(catalog, "f3", 4096, tree(5)).version == "v2"
 
 
 def test_full_catalog_is_a_clear_error(tmp_path: Path) -> None:
     with Catalog(tmp_path / "small", map_size=128 * 1024) as small:
         with pytest.raises(CatalogError, match="full"):
-            small.add_version("f3", 4096, tree(5000))
+            add_version(small, "f3", 4096, tree(5000))
         assert small.list_datasets() == []
 
 
 def test_catalogs_on_one_directory_share_the_environment(tmp_path: Path) -> None:
     path = tmp_path / "catalog"
     with Catalog(path) as writer, Catalog(path) as reader:
-        writer.add_version("f3", 4096, tree(1))
+        add_version(writer, "f3", 4096, tree(1))
         assert reader.resolve("f3", "latest").version == "v1"
     with Catalog(path, create=False) as reopened:
         assert reopened.list_datasets() == [Dataset("f3", 1, "v1")]

@@ -111,3 +111,36 @@ def test_gc_and_verify(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "verify", "--data-dir", d, "f3", "v2", "--blocks")
     assert code == 1 and "1 corrupt blocks" in err and blob.name in err
     assert run(capsys, "verify", "--data-dir", d, "f3", "v2")[0] == 0, "the manifest is intact"
+
+
+def test_ls_lists_a_directory_through_the_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "src"
+    (src / "shard" / "deep").mkdir(parents=True)
+    for i in range(5):
+        (src / "shard" / f"s{i}.npy").write_bytes(b"x" * (i + 1))
+    (src / "top.txt").write_bytes(b"hello")
+    (src / "link").symlink_to("top.txt")
+    d = str(tmp_path / "data")
+    assert main(["publish", "--data-dir", d, "f3", str(src)]) == 0
+    capsys.readouterr()
+    code, out, _ = run(capsys, "ls", "--data-dir", d, "f3", "latest")
+    rows = [line.split() for line in out.splitlines()]
+    assert code == 0 and rows[0] == ["TYPE", "SIZE", "NAME"]
+    assert rows[1:] == [
+        ["symlink", "-", "link"],
+        ["directory", "-", "shard"],
+        ["file", "5", "top.txt"],
+    ]
+    monkeypatch.setattr("hub.cli.LS_PAGE", 2)  # several pages, nothing lost or repeated
+    code, out, _ = run(capsys, "ls", "--data-dir", d, "f3", "v1", "shard")
+    names = [line.split()[-1] for line in out.splitlines()[1:]]
+    assert code == 0 and names == ["deep", "s0.npy", "s1.npy", "s2.npy", "s3.npy", "s4.npy"]
+    assert out.splitlines()[2].split() == ["file", "1", "s0.npy"]
+    code, _, err = run(capsys, "ls", "--data-dir", d, "f3", "v1", "top.txt")
+    assert code == 2 and err == "strata-hub: error: 'top.txt' is not a directory\n"
+    code, _, err = run(capsys, "ls", "--data-dir", d, "f3", "v1", "nope")
+    assert code == 2 and "no entry 'nope'" in err
+    code, _, err = run(capsys, "ls", "--data-dir", d, "f3", "v9")
+    assert code == 2 and "no version v9" in err

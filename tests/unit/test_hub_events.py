@@ -11,6 +11,7 @@ from hub.catalog import Catalog
 from hub.errors import CorruptCatalog, InvalidArgument
 from hub.events import Event, EventKind, decode_event, encode_event
 from hub.manifest import EntryType, ManifestEntry
+from tests.unit.hub_support import add_version
 
 
 def test_events_round_trip() -> None:
@@ -33,8 +34,8 @@ def entry(path: str, content: bytes) -> ManifestEntry:
 def test_each_change_appends_gap_free_events(tmp_path: Path) -> None:
     with Catalog(tmp_path / "c") as catalog:
         assert (catalog.last_sequence(), catalog.first_sequence()) == (0, 1)
-        catalog.add_version("f3", 4096, [entry("a", b"a")])
-        catalog.add_version("f3", 4096, [entry("a", b"b")], tag=None)
+        add_version(catalog, "f3", 4096, [entry("a", b"a")])
+        add_version(catalog, "f3", 4096, [entry("a", b"b")], tag=None)
         catalog.set_tag("f3", "latest", "v1")  # unchanged: no event
         catalog.set_tag("f3", "latest", "v2")
         catalog.remove_tag("f3", "latest")
@@ -55,7 +56,7 @@ def test_each_change_appends_gap_free_events(tmp_path: Path) -> None:
         assert catalog.first_sequence() == 5 and catalog.last_sequence() == 6
         assert catalog.prune_events(0) == 2
         assert catalog.first_sequence() == 7, "the counter survives pruning everything"
-        catalog.add_version("f3", 4096, [entry("a", b"c")], tag=None)
+        add_version(catalog, "f3", 4096, [entry("a", b"c")], tag=None)
         assert [e.sequence for e in catalog.events_after(0)] == [7]
         with pytest.raises(InvalidArgument):
             catalog.prune_events(-1)
@@ -63,7 +64,7 @@ def test_each_change_appends_gap_free_events(tmp_path: Path) -> None:
 
 def test_a_failed_change_appends_no_event(tmp_path: Path) -> None:
     with Catalog(tmp_path / "c") as catalog:
-        catalog.add_version("f3", 4096, [entry("a", b"a")])
+        add_version(catalog, "f3", 4096, [entry("a", b"a")])
         with pytest.raises(Exception, match="no version"):
             catalog.set_tag("f3", "x", "v9")
         assert catalog.last_sequence() == 2

@@ -14,31 +14,27 @@ import torch
 import zarr
 from torch.utils.data import DataLoader
 
-from trainer.dataset import (
-    DataError,
+from trainer.dataset import PatchDataset, worker_init
+from trainer.plan import (
     EpochPlan,
     EpochSampler,
-    PatchDataset,
     PlanSpec,
     PositionSampler,
-    VolumeStats,
     aligned_starts,
     build_plan,
-    check_fits,
-    chunks_touched,
     derive_seed,
-    epoch_read_order,
-    estimate_stats,
+    positions_digest,
+    sample_positions,
+)
+from trainer.readorder import chunks_touched, epoch_read_order, planned_chunk_keys
+from trainer.stats import VolumeStats, estimate_stats, normalise, volume_stats
+from trainer.volume import (
+    DataError,
+    check_fits,
     inspect_volume,
     locate_variables,
-    normalise,
     open_store,
-    planned_chunk_keys,
-    positions_digest,
     read_live_mask,
-    sample_positions,
-    volume_stats,
-    worker_init,
 )
 
 PATCH = (16, 16, 32)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zarr
 
-from trainer.dataset import inspect_volume, volume_stats
+from trainer.stats import volume_stats
 from trainer.synth import (
     EarthModel,
     SynthError,
@@ -20,6 +20,7 @@ from trainer.synth import (
     ricker,
     synth,
 )
+from trainer.volume import inspect_volume
 
 
 def _amplitude(path: Path) -> np.ndarray:

@@ -1,0 +1,389 @@
+"""The :class:`Catalog`: datasets, versions, tags, revocation, publishes, statistics."""
+
+from __future__ import annotations
+
+import time
+
+from hub.catalog.base import CatalogBase
+from hub.catalog.events import EventsMixin
+from hub.catalog.manifests import ManifestsMixin
+from hub.catalog.publish import PublishSession
+from hub.catalog.records import CatalogStats, Dataset, PublishRecord, Revocation, Snapshot, Tag
+from hub.catalog.refs import RefsMixin, count_blocks
+from hub.catalog.schema import (
+    I64,
+    META_BLOBS,
+    META_BLOCK_BYTES,
+    META_LIVE_SNAPSHOTS,
+    META_SEQUENCE,
+    PUBLISH,
+    SNAPSHOT,
+    U32,
+    U64,
+    dataset_prefix,
+    iter_prefix,
+    version_key,
+)
+from hub.errors import Conflict, CorruptCatalog, RefNotFound, VersionRevoked
+from hub.events import EventKind
+from hub.names import (
+    validate_dataset,
+    validate_ref,
+    validate_tag,
+    version_name,
+    version_number,
+)
+
+
+class Catalog(ManifestsMixin, RefsMixin, EventsMixin, CatalogBase):
+    """The hub's catalog in an LMDB environment (``DATA_DIR/catalog``).
+
+    Safe to use from several threads; every method runs its own transaction. Use as a
+    context manager or call :meth:`close`. The methods are grouped by module: manifests
+    (:mod:`hub.catalog.manifests`), block references (:mod:`hub.catalog.refs`), events
+    (:mod:`hub.catalog.events`) and, here, datasets, versions, tags and publishes.
+
+    Args:
+        path: The environment directory.
+        create: Create the environment when missing; when False a missing catalog raises.
+        map_size: LMDB map size, bytes; the upper bound of the catalog's size.
+
+    Raises:
+        CatalogError: The catalog does not exist (``create`` False), cannot be opened, or
+            was written in another format.
+    """
+
+    # Reading.
+
+    def list_datasets(self) -> list[Dataset]:
+        """Lists every dataset, in name order.
+
+        Returns:
+            One :class:`Dataset` per dataset.
+        """
+        with self.read() as txn:
+            names = [key.decode("utf-8") for key, _ in txn.cursor(db=self._db[b"datasets"])]
+            return [txn.dataset(name) for name in names]
+
+    def dataset(self, name: str) -> Dataset:
+        """Describes one dataset.
+
+        Raises:
+            InvalidName: ``name`` is malformed.
+            DatasetNotFound: There is no such dataset.
+        """
+        validate_dataset(name)
+        with self.read() as txn:
+            return txn.dataset(name)
+
+    def list_versions(self, dataset: str, *, include_revoked: bool = False) -> list[Snapshot]:
+        """Lists a dataset's versions, oldest first.
+
+        Args:
+            dataset: The dataset's name.
+            include_revoked: Also list revoked versions (with ``revoked_ns`` set).
+
+        Raises:
+            InvalidName: ``dataset`` is malformed.
+            DatasetNotFound: There is no such dataset.
+        """
+        validate_dataset(dataset)
+        with self.read() as txn:
+            txn.require_dataset(dataset)
+            prefix = dataset_prefix(dataset)
+            snapshots = []
+            for key, value in iter_prefix(txn.cursor(db=self._db[b"versions"]), prefix):
+                (number,) = U32.unpack(key[len(prefix) :])
+                snapshot = txn.snapshot(dataset, number, value)
+                if include_revoked or not snapshot.revoked:
+                    snapshots.append(snapshot)
+            return snapshots
+
+    def list_tags(self, dataset: str) -> list[Tag]:
+        """Lists a dataset's tags, in name order.
+
+        Raises:
+            InvalidName: ``dataset`` is malformed.
+            DatasetNotFound: There is no such dataset.
+        """
+        validate_dataset(dataset)
+        with self.read() as txn:
+            txn.require_dataset(dataset)
+            prefix = dataset_prefix(dataset)
+            return [
+                Tag(key[len(prefix) :].decode("utf-8"), version_name(U32.unpack(value)[0]))
+                for key, value in iter_prefix(txn.cursor(db=self._db[b"tags"]), prefix)
+            ]
+
+    def resolve(self, dataset: str, ref: str) -> Snapshot:
+        """Resolves a version (``"v3"``) or a tag (``"latest"``) to its live snapshot.
+
+        Args:
+            dataset: The dataset's name.
+            ref: A version or tag name.
+
+        Returns:
+            The snapshot.
+
+        Raises:
+            InvalidName: ``dataset`` or ``ref`` is malformed.
+            DatasetNotFound: There is no such dataset.
+            RefNotFound: The dataset has no such version or tag.
+            VersionRevoked: The version was revoked.
+        """
+        validate_dataset(dataset)
+        validate_ref(ref)
+        with self.read() as txn:
+            txn.require_dataset(dataset)
+            snapshot = txn.version(dataset, txn.resolve_number(dataset, ref))
+        if snapshot.revoked:
+            raise VersionRevoked(f"{dataset} {snapshot.version} was revoked")
+        return snapshot
+
+    def version(self, dataset: str, number: int) -> Snapshot:
+        """Looks up one version by number, revoked or not.
+
+        Args:
+            dataset: The dataset's name.
+            number: The version number, e.g. 3 for ``v3``.
+
+        Raises:
+            InvalidName: ``dataset`` is malformed.
+            DatasetNotFound: There is no such dataset.
+            RefNotFound: The dataset has no such version.
+        """
+        validate_dataset(dataset)
+        with self.read() as txn:
+            txn.require_dataset(dataset)
+            return txn.version(dataset, number)
+
+    def list_publishes(self) -> list[PublishRecord]:
+        """Lists publishes staged but not committed: in progress, or abandoned by a crash."""
+        with self.read() as txn:
+            records = []
+            for key, value in txn.cursor(db=self._db[b"publishes"]):
+                started_ns, pid = PUBLISH.unpack_from(value)
+                host = value[PUBLISH.size :].decode("utf-8")
+                records.append(PublishRecord(U64.unpack(key)[0], started_ns, pid, host))
+            return records
+
+    def blobs_location(self) -> str | None:
+        """The blob store this catalog's blocks live in, as recorded by the first publish."""
+        with self.read() as txn:
+            value = txn.get(META_BLOBS, db=self._db[b"meta"])
+            return value.decode("utf-8") if value is not None else None
+
+    def stats(self) -> CatalogStats:
+        """Counts the catalog's records (O(1) per database, from LMDB's own statistics)."""
+        with self.read() as txn:
+
+            def entries(name: bytes) -> int:
+                return txn.entries(self._db[name])
+
+            meta = self._db[b"meta"]
+            sequence = txn.get(META_SEQUENCE, db=meta)
+            block_bytes = txn.get(META_BLOCK_BYTES, db=meta)
+            live_snapshots = txn.get(META_LIVE_SNAPSHOTS, db=meta)
+            info = self.env.info()
+            stat = self.env.stat()
+            return CatalogStats(
+                datasets=entries(b"datasets"),
+                versions=entries(b"versions"),
+                revoked_versions=entries(b"revoked"),
+                tags=entries(b"tags"),
+                snapshots=U64.unpack(live_snapshots)[0] if live_snapshots else 0,
+                blocks=entries(b"blocks"),
+                block_bytes=U64.unpack(block_bytes)[0] if block_bytes else 0,
+                publishes_in_progress=entries(b"publishes"),
+                last_sequence=U64.unpack(sequence)[0] if sequence else 0,
+                map_used_bytes=(info["last_pgno"] + 1) * stat["psize"],
+            )
+
+    # Writing.
+
+    def set_blobs_location(self, location: str) -> None:
+        """Records where the blocks live, once; later calls must name the same place.
+
+        Args:
+            location: The blob store's URL or path, as :func:`hub.blobstore.open_blob_store`
+                takes it.
+
+        Raises:
+            Conflict: The catalog already records another location.
+            CatalogError: The catalog cannot be written.
+        """
+        with self.write() as txn:
+            current = txn.get(META_BLOBS, db=self._db[b"meta"])
+            if current is None:
+                txn.put(META_BLOBS, location.encode("utf-8"), db=self._db[b"meta"])
+            elif current.decode("utf-8") != location:
+                raise Conflict(
+                    f"catalog at {self.path} keeps its blocks in {current.decode('utf-8')}, "
+                    f"not {location}"
+                )
+
+    def begin_publish(self, block_size: int) -> PublishSession:
+        """Starts a staged publish; see :class:`PublishSession`.
+
+        Args:
+            block_size: The snapshot's maximum block length, bytes.
+
+        Raises:
+            InvalidArgument: ``block_size`` is out of range.
+            CatalogError: The catalog cannot be written.
+        """
+        return PublishSession(self, block_size)
+
+    def set_tag(self, dataset: str, tag: str, ref: str) -> Tag:
+        """Points a tag at a live version, creating or moving it.
+
+        Args:
+            dataset: The dataset's name.
+            tag: The tag to set.
+            ref: The version (or another tag, resolved now) to point at.
+
+        Returns:
+            The tag as stored.
+
+        Raises:
+            InvalidName: ``dataset``, ``tag`` or ``ref`` is malformed.
+            DatasetNotFound: There is no such dataset.
+            RefNotFound: ``ref`` names no version of the dataset.
+            VersionRevoked: ``ref`` names a revoked version.
+            CatalogError: The catalog cannot be written.
+        """
+        validate_dataset(dataset)
+        validate_tag(tag)
+        validate_ref(ref)
+        with self.write() as txn:
+            txn.require_dataset(dataset)
+            number = txn.resolve_number(dataset, ref)
+            if txn.version(dataset, number).revoked:
+                raise VersionRevoked(f"{dataset} v{number} was revoked")
+            txn.put_tag(dataset, tag, number, time.time_ns())
+        return Tag(tag, version_name(number))
+
+    def remove_tag(self, dataset: str, tag: str) -> Tag:
+        """Removes a tag.
+
+        Args:
+            dataset: The dataset's name.
+            tag: The tag to remove.
+
+        Returns:
+            The tag as it was.
+
+        Raises:
+            InvalidName: ``dataset`` or ``tag`` is malformed.
+            DatasetNotFound: There is no such dataset.
+            RefNotFound: The dataset has no such tag.
+            CatalogError: The catalog cannot be written.
+        """
+        validate_dataset(dataset)
+        validate_tag(tag)
+        with self.write() as txn:
+            txn.require_dataset(dataset)
+            key = dataset_prefix(dataset) + tag.encode("utf-8")
+            value = txn.get(key, db=self._db[b"tags"])
+            if value is None:
+                raise RefNotFound(f"dataset {dataset!r} has no tag {tag!r}")
+            (number,) = U32.unpack(value)
+            txn.delete(key, db=self._db[b"tags"])
+            txn.append_event(
+                EventKind.TAG_REMOVED,
+                dataset,
+                time.time_ns(),
+                previous_version=number,
+                tag=tag,
+            )
+        return Tag(tag, version_name(number))
+
+    def revoke(self, dataset: str, version: str) -> Revocation:
+        """Revokes a version: it stops resolving and its blocks stop being served.
+
+        In one write transaction: marks the version revoked, removes the tags pointing at
+        it, drops its block references (blocks no live version shares become garbage for
+        :mod:`hub.gc`) and, when no live version shares the snapshot, its manifest.
+
+        Args:
+            dataset: The dataset's name.
+            version: The version's name, e.g. ``"v2"``.
+
+        Returns:
+            What was done.
+
+        Raises:
+            InvalidName: ``dataset`` or ``version`` is malformed.
+            DatasetNotFound: There is no such dataset.
+            RefNotFound: The dataset has no such version.
+            Conflict: The version is already revoked.
+            CatalogError: The catalog cannot be written.
+        """
+        validate_dataset(dataset)
+        number = version_number(version)
+        now = time.time_ns()
+        with self.write() as txn:
+            txn.require_dataset(dataset)
+            snapshot = txn.version(dataset, number)
+            if snapshot.revoked:
+                raise Conflict(f"{dataset} {version} is already revoked")
+            txn.put(version_key(dataset, number), I64.pack(now), db=self._db[b"revoked"])
+            raw_id = bytes.fromhex(snapshot.snapshot_id)
+            snapshots = self._db[b"snapshots"]
+            record = txn.get(raw_id, db=snapshots)
+            if record is None:
+                raise CorruptCatalog(f"{dataset} {version}: snapshot record is missing")
+            *stats, manifest, live = SNAPSHOT.unpack(record)
+            count_blocks(txn, manifest, dataset, -1)
+            dropped = live == 1
+            if dropped:
+                txn.drop_manifest(manifest)
+                txn.add_meta(META_LIVE_SNAPSHOTS, -1)
+                txn.put(raw_id, SNAPSHOT.pack(*stats, 0, 0), db=snapshots)
+            else:
+                txn.put(raw_id, SNAPSHOT.pack(*stats, manifest, live - 1), db=snapshots)
+            removed = []
+            prefix = dataset_prefix(dataset)
+            for key, value in list(iter_prefix(txn.cursor(db=self._db[b"tags"]), prefix)):
+                if U32.unpack(value)[0] == number:
+                    tag = key[len(prefix) :].decode("utf-8")
+                    txn.delete(key, db=self._db[b"tags"])
+                    txn.append_event(
+                        EventKind.TAG_REMOVED, dataset, now, previous_version=number, tag=tag
+                    )
+                    removed.append(tag)
+            txn.append_event(
+                EventKind.VERSION_REVOKED,
+                dataset,
+                now,
+                version=number,
+                snapshot_id=snapshot.snapshot_id,
+            )
+            revoked = txn.version(dataset, number)
+        return Revocation(revoked, tuple(removed), dropped)
+
+    def drop_publish(self, publish_id: int) -> bool:
+        """Removes a staged publish: its manifest, its index, its protections, its record.
+
+        Args:
+            publish_id: The publish's number.
+
+        Returns:
+            True when the publish was still recorded.
+
+        Raises:
+            CatalogError: The catalog cannot be written.
+        """
+        key = U64.pack(publish_id)
+        with self.write() as txn:
+            found = txn.delete(key, db=self._db[b"publishes"])
+            txn.drop_manifest(publish_id)
+            cursor = txn.cursor(db=self._db[b"pending"])
+            positioned = cursor.first()
+            while positioned:
+                if cursor.key()[16:] == key:
+                    cursor.delete()  # moves to the next record, or unpositions at the end
+                    positioned = bool(cursor.key())
+                else:
+                    positioned = cursor.next()
+            return bool(found)
