@@ -71,3 +71,18 @@ def test_bad_mesh_flags_are_one_line_errors(tmp_path: Path, flags: list[str], me
     result = CliRunner().invoke(app, [*base, *flags])
     assert result.exit_code == 2
     assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_peers_dns_resolves_a_name_to_every_address_and_skips_self() -> None:
+    import asyncio
+
+    from spoke.mesh.membership import Membership
+
+    async def go() -> tuple[list[str], list[str]]:
+        found = await Membership("10.9.9.9:7879", ["a:1"], dns=("localhost", 7879)).resolve()
+        self_only = await Membership("127.0.0.1:7879", dns=("127.0.0.1", 7879)).resolve()
+        return found, self_only
+
+    found, self_only = asyncio.run(go())
+    assert found[0] == "a:1" and "127.0.0.1:7879" in found
+    assert self_only == []
