@@ -263,13 +263,21 @@ def run_trainer(
     batch_size: int = 8,
     seed: int = 0,
     timeout_s: float = 1800.0,
+    extra: tuple[str, ...] = (),
+    ranks: int = 1,
 ) -> TrainerRun:
     """Train for ``steps`` steps on ``data``; parse ``summary.json`` and ``metrics.jsonl``.
+
+    Args:
+        extra: More ``fit`` flags (e.g. ``("--hints", ADMIN_URL)``).
+        ranks: Processes; above 1 the trainer runs under ``torchrun --standalone``.
 
     Raises:
         TrainerError: The trainer failed or timed out.
     """
     cmd = [sys.executable, "-m"]
+    if ranks > 1:
+        cmd += ["torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), "-m"]
     cmd += fit_args(
         data,
         out,
@@ -280,6 +288,7 @@ def run_trainer(
         log_every=1,
         checkpoint_every=0,
     )
+    cmd += extra
     started = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)

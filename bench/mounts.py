@@ -184,11 +184,15 @@ class StrataMount:
         mount: Mountpoint.
         cache_dir: The spoke's cache directory (emptied first).
         cache_size: ``--cache-size``, e.g. ``4GiB``.
+        extra: More ``strata-spoke run`` flags (e.g. ``("--background-fill", "auto")``).
     """
 
     name = "strata"
 
-    def __init__(self, hub: str, mount: Path, cache_dir: Path, cache_size: str) -> None:
+    def __init__(
+        self, hub: str, mount: Path, cache_dir: Path, cache_size: str, extra: tuple[str, ...] = ()
+    ) -> None:
+        self.extra = extra
         self.hub = hub
         self.mount = mount
         self.cache_dir = cache_dir
@@ -219,7 +223,7 @@ class StrataMount:
         self._stack = LocalStack()
         try:
             self.admin = self._stack.start_spoke(
-                self.hub, self.cache_dir, self.mount, self.cache_size
+                self.hub, self.cache_dir, self.mount, self.cache_size, extra=self.extra
             )
         except BaseException:
             self.stop()

@@ -265,7 +265,54 @@ def plot(result: dict[str, Any], out_prefix: Path) -> list[Path]:
     bars_path = out_prefix.with_name(out_prefix.name + "-scenarios.png")
     fig.savefig(bars_path, dpi=110)
     plt.close(fig)
-    return [cold_path, bars_path]
+    timeline = timeline_plot(result, out_prefix.with_name(out_prefix.name + "-timeline.png"))
+    return [cold_path, bars_path, *([timeline] if timeline else [])]
+
+
+def timeline_plot(result: dict[str, Any], path: Path) -> Path | None:
+    """One panel per cold row that trained: the trainer's samples per 1 s and the link's
+    MB per 1 s on one time axis (both from the trainer's start). None: no such row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [
+        r
+        for r in result["scenarios"]
+        if r["status"] == "ok" and "-cold" in r["name"] and r.get("trainer")
+    ]
+    if not rows:
+        return None
+    capacity = result["settings"]["link_rate_bps"] / 8 / 1e6
+    fig, axes = plt.subplots(
+        len(rows), 1, figsize=(10, 2.6 * len(rows)), sharex=True, constrained_layout=True
+    )
+    for ax, row in zip([axes] if len(rows) == 1 else list(axes), rows, strict=True):
+        trainer = row["trainer"]
+        samples = trainer["bins_samples_s"]
+        # the bins count from the DataLoader's start, the link's from the command's:
+        # shift by the start-up (wall time less the bins' span, to 1 s)
+        offset = max(0.0, trainer["wall_s"] - len(samples))
+        xs = [offset + i for i in range(len(samples))]
+        ax.step(xs, samples, where="post", color="tab:blue", label="samples/s")
+        ax.set_ylabel("samples/s", color="tab:blue")
+        ax.set_ylim(bottom=0)
+        link = ax.twinx()
+        bins = row.get("trainer_link_bins_mb_s") or []
+        link.step(range(len(bins)), bins, where="post", color="tab:red", label="link MB/s")
+        if math.isfinite(capacity):
+            link.axhline(capacity, color="tab:red", linewidth=0.6, linestyle=":")
+        link.set_ylabel("link MB/s", color="tab:red")
+        link.set_ylim(bottom=0)
+        ax.set_title(row["label"], fontsize=10)
+    (axes if len(rows) == 1 else axes[-1]).set_xlabel(
+        "seconds since the trainer command started (samples/s from its first batch)"
+    )
+    fig.suptitle(f"Cold start timeline, 1 s bins ({result['settings']['link']})")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

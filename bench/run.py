@@ -70,7 +70,9 @@ GROUPS = tuple(s.group for s in SCENARIOS)
 ROWS = {s.group: s.rows for s in SCENARIOS}
 """Each group's rows, in order."""
 
-QUICK_TRAINER_ROWS = frozenset({"local", "strata-cold", "strata-warm-dropped"})
+QUICK_TRAINER_ROWS = frozenset(
+    {"local", "strata-cold", "strata-warm-dropped", "strata-cold-hints", "strata-cold-fill"}
+)
 """With ``--quick`` the trainer runs only here (each run costs seconds of start-up, and
 httpdirfs's cold one tens of seconds of listing)."""
 

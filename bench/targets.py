@@ -79,6 +79,26 @@ def targets(rows: dict[str, Row], link: LinkSpec) -> list[dict[str, Any]]:
                 ", ".join(f"{j} {r:.2f}×" for j, r in shown.items()),
                 min(shown.values()) >= 0.8,
             )
+    hinted, filled = _get(rows, "strata-cold-hints"), _get(rows, "strata-cold-fill")
+    if local and local.trainer and hinted and hinted.trainer:
+        dw = hinted.trainer["data_wait_fraction"] - local.trainer["data_wait_fraction"]
+        add("cold + hints: data wait − local", "≤ +3 points", f"{100 * dw:+.1f} points", dw <= 0.03)
+        r = hinted.trainer["wall_s"] / local.trainer["wall_s"]
+        add("cold + hints: trainer wall time vs local", "≤ 1.15×", f"{r:.2f}×", r <= 1.15)
+    if local and local.trainer and filled and filled.trainer:
+        snapshot_s = (filled.trainer_link_bytes or 0) * 8 / link.rate_bps
+        bound = 1.2 * max(local.trainer["wall_s"], snapshot_s)
+        took = filled.trainer["wall_s"]
+        text = f"{took:.1f} s (bound {bound:.1f} s)"
+        add(
+            "cold + fill: trainer wall time",
+            "≤ 1.2 × max(local, bytes ÷ link)",
+            text,
+            took <= bound,
+        )
+    if filled and filled.cold:
+        u = filled.cold["link_utilisation"]
+        add("cold + fill: sequential pass link use", "≥ 80 %", f"{100 * u:.0f} %", u >= 0.8)
     for other in ("rclone-warm", "httpdirfs-warm"):
         row = _get(rows, other)
         if warm is None or row is None:

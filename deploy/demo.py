@@ -1,14 +1,18 @@
-"""``strata-demo``: the whole system on one machine, on the real F3 seismic volume.
+"""``strata-demo``: the whole system on one machine, behind an emulated WAN.
 
-1. convert ``f3.sgy`` (SEG-Y) to MDIO with ``strata-train prepare``;
-2. publish it to a local hub as dataset ``f3`` (tag ``latest``) and serve it on 127.0.0.1;
-3. start a spoke (daemon + FUSE mount) with an empty cache, prewarming nothing;
-4. train the tiny 3D ViT-MAE for a few hundred steps reading ``MOUNT/f3/latest/f3.mdio``;
-5. train a short second pass on the now-warm cache (after dropping the kernel page cache
-   when running as root, so the reads really reach the mount) to show hits and no new
-   hub bytes;
-6. print a summary: hub bytes fetched, cache hits and misses, samples/s, data-wait
-   fraction, loss first → last.
+1. convert ``f3.sgy`` (the real F3 seismic volume, SEG-Y) to MDIO with
+   ``strata-train prepare``, and write a synthetic volume large enough for a cold start
+   to show (``strata-train synth``, ``--synth-shape``);
+2. publish both to a local hub as dataset ``f3`` (tag ``latest``), and put the hub behind
+   the WAN emulator (:mod:`bench.wan`: 50 ms RTT, 1 Gbit/s unless told otherwise);
+3. start a spoke (daemon + FUSE mount) with an empty cache and background fill on,
+   prewarming nothing: it reaches the hub only through the link;
+4. train the tiny 3D ViT-MAE reading ``MOUNT/f3/latest/f3.mdio``, then a short second
+   pass on the warm cache (page cache dropped when root) to show hits and no new hub
+   bytes;
+5. train on the synthetic volume cold (a fresh, empty cache) and then warm, and print the
+   two side by side (samples/s, data wait, first batch, wall time, bytes over the link);
+6. write ``demo-timeline.png``: samples/s and link MB/s per 1 s, cold and warm.
 
 Everything is cleaned up (unmount, processes, temporary directory) on success, on error
 and on Ctrl-C.
@@ -31,6 +35,8 @@ from typing import Any
 
 import httpx
 
+from bench.measure import LinkSampler, TrainerError, TrainerRun, run_trainer
+from bench.wan import LinkSpec, WanProxy, parse_hostport, parse_rate
 from deploy.local import LocalStack, StackError, drop_page_cache
 from trainer.command import fit_args
 
@@ -95,48 +101,83 @@ def run_demo(
     workers: int,
     cache_size: str,
     second_pass_steps: int = 50,
+    link: LinkSpec | None = None,
+    synth_shape: str = "128x256x256",
+    synth_steps: int = 60,
+    png: Path | None = None,
 ) -> dict[str, Any]:
     """Run every step in ``work``; returns the summary (also printed).
 
     Raises:
-        DemoError, StackError: a step failed.
+        DemoError, StackError, TrainerError: a step failed.
     """
+    link = link or LinkSpec(rtt_s=0.05, rate_bps=1e9)
     src = work / "src"
     src.mkdir(parents=True)
     _run(
         "convert SEG-Y to MDIO",
         ["trainer", "prepare", "--segy", str(segy), "--out", str(src / "f3.mdio")],
     )
+    if synth_steps > 0:
+        _run(
+            f"write a synthetic volume {synth_shape}",
+            ["trainer", "synth", "--shape", synth_shape, "--out", str(src / "synth.mdio")],
+        )
     version = _run(
         "publish to the hub as dataset f3",
         ["hub", "publish", "--data-dir", str(work / "hub"), "f3", str(src), "--tag", "latest"],
         capture=True,
     ).strip()
+    fill = ("--background-fill", "auto")
+    side: dict[str, Any] = {}
     with LocalStack() as stack:
-        print("==> start hub and spoke (empty cache, nothing prewarmed)", flush=True)
         hub = stack.start_hub(work / "hub")
-        admin = stack.start_spoke(hub, work / "cache", work / "mnt", cache_size)
-        data = work / "mnt" / "f3" / "latest" / "f3.mdio"
-        print(f"    hub {hub}, admin {admin}, reading {data}", flush=True)
-        started = time.monotonic()
-        _fit(data, work / "train", steps, batch_size, workers)
-        train_s = time.monotonic() - started
-        stats = wait_for_hits(admin, above=-1, timeout=1.0)
-        second: dict[str, Any] = {}
-        if second_pass_steps > 0:
-            dropped = drop_page_cache()
-            _fit(data, work / "train2", second_pass_steps, batch_size, workers)
-            after = wait_for_hits(admin, above=stats["hits"]) if dropped else cache_stats(admin)
-            second = {
-                "steps": second_pass_steps,
-                "page_cache_dropped": dropped,
-                "new_hub_bytes": after["hub_fetch_bytes"] - stats["hub_fetch_bytes"],
-                "cache_hits": after["hits"] - stats["hits"],
-                "cache_misses": after["misses"] - stats["misses"],
-            }
+        with WanProxy(parse_hostport(hub), link) as wan, LinkSampler(wan) as sampler:
+            print(f"==> hub behind an emulated WAN ({link.describe()})", flush=True)
+            print("==> start the spoke (empty cache, nothing prewarmed)", flush=True)
+            admin = stack.start_spoke(
+                wan.address, work / "cache", work / "mnt", cache_size, extra=fill
+            )
+            data = work / "mnt" / "f3" / "latest" / "f3.mdio"
+            print(
+                f"    hub {wan.address} (via the link), admin {admin}, reading {data}", flush=True
+            )
+            started = time.monotonic()
+            _fit(data, work / "train", steps, batch_size, workers)
+            train_s = time.monotonic() - started
+            stats = wait_for_hits(admin, above=-1, timeout=1.0)
+            second: dict[str, Any] = {}
+            if second_pass_steps > 0:
+                dropped = drop_page_cache()
+                _fit(data, work / "train2", second_pass_steps, batch_size, workers)
+                after = wait_for_hits(admin, above=stats["hits"]) if dropped else cache_stats(admin)
+                second = {
+                    "steps": second_pass_steps,
+                    "page_cache_dropped": dropped,
+                    "new_hub_bytes": after["hub_fetch_bytes"] - stats["hub_fetch_bytes"],
+                    "cache_hits": after["hits"] - stats["hits"],
+                    "cache_misses": after["misses"] - stats["misses"],
+                }
+            if synth_steps > 0:
+                stack.stop_spoke()
+                shutil.rmtree(work / "cache")
+                print("==> fresh spoke, empty cache: the synthetic volume cold, then warm")
+                stack.start_spoke(wan.address, work / "cache", work / "mnt", cache_size, extra=fill)
+                volume = work / "mnt" / "f3" / "latest" / "synth.mdio"
+                for name in ("cold", "warm"):
+                    if name == "warm":
+                        drop_page_cache()
+                    print(f"==> train {synth_steps} steps on the synthetic volume, {name}")
+                    t0 = sampler.mark()
+                    run = run_trainer(
+                        volume, work / f"synth-{name}", synth_steps, workers, batch_size
+                    )
+                    t1 = sampler.mark()
+                    side[name] = _side(run, sampler, t0, t1)
     train = json.loads((work / "train" / "summary.json").read_text())
     summary = {
         "dataset": f"f3@latest ({version})",
+        "link": link.describe(),
         "hub_bytes_fetched": stats["hub_fetch_bytes"],
         "cache_hits": stats["hits"],
         "cache_misses": stats["misses"],
@@ -149,8 +190,32 @@ def run_demo(
         "loss_last": round(train["loss_last"], 4),
         "train_wall_s": round(train_s, 1),
         "second_pass": second,
+        "cold_vs_warm": {
+            k: {x: y for x, y in v.items() if not x.endswith("bins")} for k, v in side.items()
+        },
     }
-    print("\n== Strata demo summary (first pass: cold cache) ==")
+    _print(summary, second, side)
+    if side and png is not None:
+        timeline_png(side, link, png)
+        summary["timeline_png"] = str(png)
+        print(f"  timeline           {png}")
+    return summary
+
+
+def _side(run: TrainerRun, sampler: LinkSampler, t0: float, t1: float) -> dict[str, Any]:
+    return {
+        "samples_per_s": round(run.samples_per_s, 1),
+        "data_wait_fraction": round(run.data_wait_fraction, 4),
+        "first_batch_s": round(run.time_to_first_batch_s, 2),
+        "wall_s": round(run.wall_s, 1),
+        "link_bytes": sampler.down_bytes(t0, t1),
+        "samples_bins": run.bins_samples_s,
+        "link_bins": sampler.bins_mb_s(t0, t1),
+    }
+
+
+def _print(summary: dict[str, Any], second: dict[str, Any], side: dict[str, Any]) -> None:
+    print(f"\n== Strata demo summary (first pass: cold cache, {summary['link']}) ==")
     print(f"  dataset            {summary['dataset']}")
     print(f"  hub bytes fetched  {summary['hub_bytes_fetched']:,}")
     print(
@@ -174,7 +239,43 @@ def run_demo(
             f"{second['new_hub_bytes']:,} new hub bytes, cache hits/misses "
             f"{second['cache_hits']:,} / {second['cache_misses']:,}"
         )
-    return summary
+    if side:
+        print("\n  synthetic volume   cold        warm")
+        for key, label, fmt in (
+            ("samples_per_s", "samples/s", "{:.1f}"),
+            ("data_wait_fraction", "data wait", "{:.1%}"),
+            ("first_batch_s", "first batch s", "{:.2f}"),
+            ("wall_s", "wall s", "{:.1f}"),
+            ("link_bytes", "link MB", "{:.0f}"),
+        ):
+            values = [side[n][key] / (1e6 if key == "link_bytes" else 1) for n in ("cold", "warm")]
+            print(f"  {label:18s} " + "".join(f"{fmt.format(v):12s}" for v in values))
+
+
+def timeline_png(side: dict[str, Any], link: LinkSpec, path: Path) -> None:
+    """Samples/s and link MB/s per 1 s of the cold and the warm run, one panel each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 1, figsize=(9, 6), sharex=True, constrained_layout=True)
+    for ax, name in zip(axes, ("cold", "warm"), strict=True):
+        run = side[name]
+        samples = run["samples_bins"]
+        offset = max(0.0, run["wall_s"] - len(samples))  # the trainer's start-up
+        ax.step([offset + i for i in range(len(samples))], samples, where="post", color="tab:blue")
+        ax.set_ylabel("samples/s", color="tab:blue")
+        ax.set_ylim(bottom=0)
+        twin = ax.twinx()
+        twin.step(range(len(run["link_bins"])), run["link_bins"], where="post", color="tab:red")
+        twin.set_ylabel("link MB/s", color="tab:red")
+        twin.set_ylim(0, max(1.0, link.rate_bps / 8e6, *run["link_bins"]))  # the link's rate
+        ax.set_title(f"{name}: {run['samples_per_s']:.0f} samples/s, {run['wall_s']:.1f} s")
+    axes[-1].set_xlabel("seconds since the trainer command started")
+    fig.suptitle(f"Strata demo: the synthetic volume cold, then warm ({link.describe()})")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--segy", type=Path, default=None, help="SEG-Y file (default: F3)")
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cache-size", default="1GiB")
@@ -202,7 +303,21 @@ def main(argv: list[str] | None = None) -> int:
         help="working directory (default: a new temporary one, removed after)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
+    parser.add_argument("--rtt-ms", type=float, default=50.0, help="the emulated WAN's RTT")
+    parser.add_argument("--rate", default="1Gbit", help="the emulated WAN's rate each way")
+    parser.add_argument("--synth-shape", default="128x256x256", help="synthetic volume IxXxT")
+    parser.add_argument(
+        "--synth-steps", type=int, default=60, help="steps of each synthetic run (0 skips them)"
+    )
+    parser.add_argument(
+        "--png", type=Path, default=Path("demo-timeline.png"), help="where the timeline goes"
+    )
     ns = parser.parse_args(argv)
+    try:
+        link = LinkSpec(rtt_s=ns.rtt_ms / 1000, rate_bps=parse_rate(ns.rate))
+    except ValueError as err:
+        print(f"strata-demo: error: {err}", file=sys.stderr)
+        return 2
     segy: Path = ns.segy or default_segy()
     if not segy.is_file():
         print(
@@ -218,12 +333,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         summary = run_demo(
-            work, segy, ns.steps, ns.batch_size, ns.workers, ns.cache_size, ns.second_pass_steps
+            work,
+            segy,
+            ns.steps,
+            ns.batch_size,
+            ns.workers,
+            ns.cache_size,
+            ns.second_pass_steps,
+            link=link,
+            synth_shape=ns.synth_shape,
+            synth_steps=ns.synth_steps,
+            png=ns.png,
         )
         if ns.json:
             ns.json.write_text(json.dumps(summary, indent=2) + "\n")
         return 0
-    except (DemoError, StackError, httpx.HTTPError) as err:
+    except (DemoError, StackError, TrainerError, httpx.HTTPError) as err:
         print(f"strata-demo: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

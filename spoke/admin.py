@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -39,10 +39,11 @@ from spoke.errors import (
     NotFound,
     SpokeError,
 )
-from spoke.fetcher import Fetcher
+from spoke.fill import BackgroundFill
+from spoke.hintservice import HintService
 from spoke.pins import PinRegistry
-from spoke.prefetch import HintService
 from spoke.prewarm import CapacityError, PrewarmJobs
+from spoke.scheduler import FetchScheduler
 from spoke.selection import MAX_GLOB_CHARS, MAX_GLOBS, planned_blocks, unique_blocks
 from spoke.supervisor import is_mounted
 
@@ -160,6 +161,19 @@ class CacheStats(BaseModel):
     datasets: dict[str, int] = Field(
         description="cached bytes per dataset (a block shared by two datasets counts in both)"
     )
+    fetch: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the fetch scheduler: window, rate, RTT, bytes on the wire, queues by class",
+    )
+    fill: dict[str, Any] = Field(
+        default_factory=dict,
+        description="background fill: mode, rate limit, and per snapshot state and progress",
+    )
+    mesh: dict[str, Any] = Field(
+        default_factory=dict,
+        description="regional mesh: this node, live nodes, owned share, peers' state, "
+        "bytes, blocks and stream seconds by source (hub, peer, local), peer errors",
+    )
 
 
 def _sample(name: str) -> float:
@@ -169,13 +183,15 @@ def _sample(name: str) -> float:
 
 def create_app(
     cache: BlockCache,
-    fetcher: Fetcher,
+    fetcher: FetchScheduler,
     catalog: SnapshotCatalog,
     jobs: PrewarmJobs,
     pins: PinRegistry,
     token: str | None = None,
     hints: HintService | None = None,
     mount: Path | None = None,
+    fill: BackgroundFill | None = None,
+    mesh: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
     """Build the admin app over the daemon's running components.
 
@@ -183,6 +199,8 @@ def create_app(
         token: the bearer token every ``/v1/`` route requires; None disables the check
             (the API then relies on listening on 127.0.0.1 only).
         mount: the spoke's mountpoint (resolved), checked by ``/readyz``.
+        fill: background fill, shown in ``/v1/cache``.
+        mesh: the regional mesh's state, shown in ``/v1/cache``.
     """
     app = FastAPI(title="Strata spoke admin API", version="1", docs_url=None, redoc_url=None)
 
@@ -357,10 +375,10 @@ def create_app(
         problems = []
         if mount is not None and not is_mounted(mount):
             problems.append(f"mount {mount} is not up")
-        if fetcher.hub.refused is not None:
-            problems.append(fetcher.hub.refused)
+        if catalog.hub_refused is not None:
+            problems.append(catalog.hub_refused)
         elif not hub_up and len(cache) == 0:
-            problems.append(f"hub {fetcher.hub.target} unreachable and the cache is empty")
+            problems.append(f"hub {fetcher.source_name} unreachable and the cache is empty")
         if not problems:
             return {"status": "ready", "hub_up": hub_up, "mount": str(mount) if mount else None}
         return JSONResponse(
@@ -381,10 +399,13 @@ def create_app(
             misses=misses,
             hit_ratio=hits / (hits + misses) if hits + misses else 0.0,
             hub_fetch_bytes=int(_sample("strata_spoke_hub_fetch_bytes_total")),
-            hub=fetcher.hub.target,
+            hub=fetcher.source_name,
             hub_up=_sample("strata_spoke_hub_up") == 1.0,
             pinned_bytes=cache.pinned_bytes,
             datasets=dataset_usage(),
+            fetch=fetcher.snapshot(),
+            fill=fill.status() if fill is not None else {},
+            mesh=mesh() if mesh is not None else {},
         )
 
     def dataset_usage() -> dict[str, int]:

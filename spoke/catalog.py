@@ -20,28 +20,21 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import grpc
 import grpc.aio
 import lmdb
 from google.protobuf.message import Message
 
 from protocol.hub.v1 import hub_pb2
 from spoke import metrics
-from spoke.errors import AccessDenied, CorruptManifest, HubUnavailable, InvalidRequest, NotFound
+from spoke.errors import CorruptManifest, HubUnavailable, InvalidRequest, NotFound
 from spoke.hubclient import HubClient
 from spoke.manifestcheck import snapshot_id
+from spoke.source import hub_error
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R")
-
-_OFFLINE_CODES = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.UNKNOWN,
-}
 
 
 class SnapshotCatalog:
@@ -59,6 +52,11 @@ class SnapshotCatalog:
         self._manifests = env.open_db(b"manifests")
         self._refreshing: dict[bytes, asyncio.Task[None]] = {}  # key -> background refresh
         self._generation = 0  # bumped by forget_refs: older refreshes must not store
+
+    @property
+    def hub_refused(self) -> str | None:
+        """Why the hub refused this spoke's credentials on its last call (None: it did not)."""
+        return self._hub.refused
 
     async def close(self) -> None:
         """Cancel background refreshes."""
@@ -312,24 +310,6 @@ class SnapshotCatalog:
         try:
             result = await fetch()
         except grpc.aio.AioRpcError as err:
-            code = err.code()
-            if code in _OFFLINE_CODES:
-                metrics.HUB_UP.set(0)
-                raise HubUnavailable(
-                    self._hub.refused or f"hub {self._hub.target} unavailable: {err.details()}"
-                ) from err
-            metrics.HUB_UP.set(1)
-            if code == grpc.StatusCode.NOT_FOUND:
-                raise NotFound(err.details() or "not found") from err
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
-                raise InvalidRequest(err.details() or "invalid request") from err
-            if code == grpc.StatusCode.PERMISSION_DENIED:
-                raise AccessDenied(err.details() or "permission denied") from err
-            if self._hub.refused is not None:  # token or TLS refused: not usable now
-                metrics.HUB_UP.set(0)
-                raise HubUnavailable(self._hub.refused) from err
-            raise HubUnavailable(
-                f"hub {self._hub.target} error {code.name}: {err.details()}"
-            ) from err
+            raise hub_error(err, self._hub.target, self._hub.refused) from err
         metrics.HUB_UP.set(1)
         return result

@@ -24,6 +24,7 @@ from rich.progress import (
 )
 
 from spoke.config import CONFIG_ENV, SpokeSettings
+from spoke.mesh.settings import MeshSettings, split_peers
 from spoke.supervisor import StartupError, Supervisor
 
 app = typer.Typer(
@@ -94,6 +95,78 @@ HubInsecureOpt = Annotated[
     bool | None,
     typer.Option("--hub-insecure", help="allow a hub token without TLS (trusted networks only)"),
 ]
+FillOpt = Annotated[
+    str,
+    typer.Option(
+        "--background-fill", help="auto: fetch the rest of snapshots being read; off: never"
+    ),
+]
+FillRateOpt = Annotated[
+    str | None,
+    typer.Option("--fill-rate", help="most bytes per second the fill uses, e.g. 50MiB"),
+]
+
+PeerListenOpt = Annotated[
+    str | None,
+    typer.Option("--peer-listen", help="join the region's mesh: serve blocks on HOST:PORT"),
+]
+PeerAdvertiseOpt = Annotated[
+    str | None,
+    typer.Option("--peer-advertise", help="this spoke's HOST:PORT as peers dial it"),
+]
+PeersOpt = Annotated[
+    str | None, typer.Option("--peers", help="the region's spokes, HOST:PORT,HOST:PORT,…")
+]
+PeersDnsOpt = Annotated[
+    str | None,
+    typer.Option("--peers-dns", help="NAME[:PORT] resolving to the region's spokes"),
+]
+PeerTokenOpt = Annotated[
+    Path | None, typer.Option("--peer-token-file", help="file with the region's peer token")
+]
+PeerCertOpt = Annotated[
+    Path | None, typer.Option("--peer-cert", help="TLS certificate of the peer port (PEM)")
+]
+PeerKeyOpt = Annotated[Path | None, typer.Option("--peer-key", help="its private key (PEM)")]
+PeerCaOpt = Annotated[
+    Path | None, typer.Option("--peer-ca", help="CA peers' certificates chain to (mTLS)")
+]
+PeerTimeoutOpt = Annotated[
+    float, typer.Option("--peer-timeout", help="seconds a peer may take per block, then skipped")
+]
+
+
+def _mesh(
+    listen: str | None,
+    advertise: str | None,
+    peers: str | None,
+    peers_dns: str | None,
+    token_file: Path | None,
+    cert: Path | None,
+    key: Path | None,
+    ca: Path | None,
+    timeout: float,
+) -> MeshSettings | None:
+    """The mesh settings from the ``--peer*`` flags; None without ``--peer-listen``."""
+    if listen is None:
+        if peers or peers_dns or advertise or token_file or cert or key or ca:
+            _fail("--peers, --peers-dns and the other --peer-* flags need --peer-listen")
+        return None
+    try:
+        return MeshSettings(
+            listen=listen,
+            advertise=advertise,
+            peers=split_peers(peers),
+            peers_dns=peers_dns,
+            token_file=token_file,
+            cert=cert,
+            key=key,
+            ca=ca,
+            timeout=timeout,
+        )
+    except ValidationError as err:
+        message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+        _fail(message if message.startswith("--") else f"--peer-*: {message}")
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -129,6 +202,26 @@ def _logging(level: str, who: str) -> None:
     logging.basicConfig(
         level=level.upper(), format=f"%(asctime)s {who} %(levelname)s %(name)s: %(message)s"
     )
+
+
+_PEER_OPTIONS = (
+    "peer_listen",
+    "peer_advertise",
+    "peers",
+    "peers_dns",
+    "peer_token_file",
+    "peer_cert",
+    "peer_key",
+    "peer_ca",
+    "peer_timeout",
+)
+
+
+def _with_mesh(options: dict[str, Any]) -> dict[str, Any]:
+    """A command's options with its ``--peer*`` flags folded into one ``mesh`` setting."""
+    values = dict(options)
+    values["mesh"] = _mesh(*(values.pop(name) for name in _PEER_OPTIONS))
+    return values
 
 
 def _configure(who: str, options: dict[str, Any]) -> SpokeSettings:
@@ -182,6 +275,17 @@ def run(
     audit_log: AuditLogOpt = None,
     retention: RetentionOpt = None,
     config: ConfigOpt = None,
+    background_fill: FillOpt = "off",
+    fill_rate: FillRateOpt = None,
+    peer_listen: PeerListenOpt = None,
+    peer_advertise: PeerAdvertiseOpt = None,
+    peers: PeersOpt = None,
+    peers_dns: PeersDnsOpt = None,
+    peer_token_file: PeerTokenOpt = None,
+    peer_cert: PeerCertOpt = None,
+    peer_key: PeerKeyOpt = None,
+    peer_ca: PeerCaOpt = None,
+    peer_timeout: PeerTimeoutOpt = 2.0,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Start the spoke daemon and its mount; stop both on SIGINT/SIGTERM.
@@ -189,7 +293,7 @@ def run(
     SIGHUP upgrades in place (new supervisor and daemon code; the mount process and its
     open files stay); SIGUSR1 exits leaving both serving for the next ``run`` to adopt.
     """
-    settings = _configure("strata-spoke", locals())  # first: locals() = the options
+    settings = _configure("strata-spoke", _with_mesh(locals()))  # first: locals() = the options
     try:
         code = Supervisor(settings, log_level).run()
     except StartupError as err:
@@ -219,10 +323,23 @@ def daemon(
     no_admin_token: NoAdminTokenOpt = None,
     audit_log: AuditLogOpt = None,
     retention: RetentionOpt = None,
+    background_fill: FillOpt = "off",
+    fill_rate: FillRateOpt = None,
+    peer_listen: PeerListenOpt = None,
+    peer_advertise: PeerAdvertiseOpt = None,
+    peers: PeersOpt = None,
+    peers_dns: PeersDnsOpt = None,
+    peer_token_file: PeerTokenOpt = None,
+    peer_cert: PeerCertOpt = None,
+    peer_key: PeerKeyOpt = None,
+    peer_ca: PeerCaOpt = None,
+    peer_timeout: PeerTimeoutOpt = 2.0,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run only the daemon (``run`` starts it for you)."""
-    settings = _configure("strata-spoke-daemon", locals())  # first: locals() = the options
+    settings = _configure(
+        "strata-spoke-daemon", _with_mesh(locals())
+    )  # first: locals() = the options
     from spoke.daemon import run_daemon  # grpc.aio and uvicorn only in this process
     from spoke.lock import CacheInUse
 
@@ -359,6 +476,26 @@ def status(
     except httpx.HTTPError as err:
         _fail(f"admin API {admin}: {err}", 1)
     typer.echo(json.dumps(stats, indent=2))
+    for line in fill_lines(stats.get("fill") or {}):
+        typer.echo(line, err=True)
+
+
+def fill_lines(fill: dict[str, Any], width: int = 30) -> list[str]:
+    """One progress line per background fill of ``GET /v1/cache``'s ``fill``:
+    ``fill f3@v1 [#######-------] 52% 230/444 MB 110 MB/s ETA 2 s filling``."""
+    lines = []
+    for snap in fill.get("snapshots", []):
+        total = max(1, int(snap["bytes_total"]))
+        done = int(snap["bytes_resident"])
+        bar = "#" * round(width * done / total)
+        eta = f" ETA {snap['eta_s']:.0f} s" if snap.get("eta_s") is not None else ""
+        why = f" ({snap['reason']})" if snap.get("reason") else ""
+        lines.append(
+            f"fill {snap['snapshot']} [{bar:-<{width}}] {100 * done / total:3.0f}% "
+            f"{done / 1e6:,.0f}/{total / 1e6:,.0f} MB "
+            f"{snap['rate_bytes_per_s'] / 1e6:.1f} MB/s{eta} {snap['state']}{why}"
+        )
+    return lines
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ from pydantic_settings import (
 from protocol import address
 from spoke.hubauth import CredentialError, HubCredentials
 from spoke.layout import CacheLayout
+from spoke.mesh.settings import MeshSettings
 
 CONFIG_ENV = "STRATA_SPOKE_CONFIG"
 """Variable naming the TOML config file when ``--config`` is not given."""
@@ -95,6 +96,18 @@ class SpokeSettings(BaseSettings):
         default=None, description="file holding the admin API's bearer token"
     )
     read_ahead_kb: int = Field(default=1024, ge=0, description="kernel readahead of the mount")
+    background_fill: Literal["auto", "off"] = Field(
+        default="off", description="fetch the rest of snapshots being read, at lowest priority"
+    )
+    fill_rate: ByteSize | None = Field(
+        default=None, description="most bytes per second background fill uses (None: no cap)"
+    )
+    mesh: MeshSettings | None = Field(
+        default=None, description="the region's spoke mesh (spoke/mesh/); None: hub only"
+    )
+    fill_share: float = Field(
+        default=0.5, gt=0, le=1, description="fill snapshots that fit in this share of the cache"
+    )
     hub_ca: Path | None = Field(default=None, description="PEM CA bundle the hub's cert is from")
     hub_server_name: str | None = Field(
         default=None, description="name in the hub's certificate, if not the --hub host"
@@ -232,4 +245,11 @@ class SpokeSettings(BaseSettings):
     def _size(cls, v: ByteSize) -> ByteSize:
         if v <= 0:
             raise ValueError("--cache-size must be positive")
+        return v
+
+    @field_validator("fill_rate")
+    @classmethod
+    def _fill_rate(cls, v: ByteSize | None) -> ByteSize | None:
+        if v is not None and v <= 0:
+            raise ValueError("--fill-rate must be a positive size per second, e.g. 50MiB")
         return v

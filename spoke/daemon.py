@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Sequence
 
 import grpc
 import grpc.aio
@@ -19,26 +20,33 @@ import uvicorn
 
 from protocol.spoke.v1 import spoke_pb2_grpc
 from spoke import lock, metrics
+from spoke.access import AccessLog, SteadyState
 from spoke.admin import AdminServer, bind, create_app
 from spoke.adminguard import AdminGuard
 from spoke.audit import AuditLog
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.config import SpokeSettings
+from spoke.crossfile import CrossFileReadahead
 from spoke.errors import HubUnavailable
 from spoke.fetcher import Fetcher
+from spoke.fill import BackgroundFill
 from spoke.hardening import ensure_admin_token, private_umask, secure_cache_dir
 from spoke.hints import HintedPolicy
+from spoke.hintservice import HintService
 from spoke.hubclient import HubClient
 from spoke.invalidation import Invalidator
 from spoke.layout import CacheLayout
 from spoke.localservice import SpokeLocalService
+from spoke.mesh.node import MeshNode
 from spoke.peercheck import PeerCheckedSocket
 from spoke.pins import PinRegistry
 from spoke.policy import make_policy
-from spoke.prefetch import HintService
 from spoke.prewarm import PrewarmJobs
 from spoke.retention import ReadClock, Retention
+from spoke.scheduler import FetchScheduler
+from spoke.snapshots import SnapshotIndex
+from spoke.source import BlockSource, HubSource
 from spoke.store import BlockStore, open_index
 
 log = logging.getLogger(__name__)
@@ -85,15 +93,50 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         stack.push_async_callback(hub.close)
         catalog = SnapshotCatalog(hub, env)
         stack.push_async_callback(catalog.close)
-        fetcher = Fetcher(hub, cache, miss_deadline=settings.miss_deadline)
+        source: BlockSource = HubSource(hub)
+        mesh = MeshNode(settings.mesh, source) if settings.mesh is not None else None
+        fetcher = FetchScheduler(
+            Fetcher(mesh.source if mesh else source, cache, miss_deadline=settings.miss_deadline),
+            cache,
+        )
         stack.push_async_callback(fetcher.close)
+        if mesh is not None:  # the region's spokes before the hub (spoke/mesh/)
+            await mesh.start(fetcher, cache)
+            stack.push_async_callback(mesh.close)
         hints = HintService(cache, fetcher)
         pins = PinRegistry(env, cache)
+        index = SnapshotIndex()
+        access = AccessLog()  # every read the mount reports goes, in this order, to:
 
-        clock = ReadClock()
+        def policy(digests: Sequence[str], hit: bool) -> None:
+            if hit:  # a miss reaches the policy when its block is admitted
+                cache.record_access(digests)
+
+        def ledger(digests: Sequence[str], hit: bool) -> None:
+            fetcher.note_read(digests)
+
+        access.subscribe("policy", policy)
+        access.subscribe("hints", hints.observe)
+        access.subscribe("ledger", ledger)
+        crossfile = CrossFileReadahead(index, fetcher, paused=lambda: hints.policy.active)
+        access.subscribe("readahead", crossfile.observe)
+        fill = BackgroundFill(
+            index,
+            fetcher,
+            cache,
+            mode=settings.background_fill,
+            rate_bps=float(settings.fill_rate) if settings.fill_rate is not None else None,
+            share=settings.fill_share,
+            paused=lambda: hints.policy.active,
+        )
+        access.subscribe("fill", fill.observe)
+        access.subscribe("steady state", SteadyState().observe)
+        clock = ReadClock()  # retention: when each block was last read
+        access.subscribe("retention", lambda digests, hit: clock.read(list(digests)))
         background = [
             asyncio.create_task(cache.run_evictor()),
             asyncio.create_task(Invalidator(hub, catalog, cache, pins).run()),
+            asyncio.create_task(fill.run()),
         ]
         retention_s = settings.retention_seconds()
         if retention_s is not None:
@@ -117,7 +160,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             ]
         )
         spoke_pb2_grpc.add_SpokeLocalServicer_to_server(  # type: ignore[no-untyped-call]
-            SpokeLocalService(catalog, cache, fetcher, hints, on_read=clock.read), server
+            SpokeLocalService(catalog, cache, fetcher, access, hints, index), server
         )
         backend = layout.root / ".grpc.sock"  # gRPC itself; the mount dials the front door
         backend.unlink(missing_ok=True)
@@ -141,7 +184,16 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         else:
             token = ensure_admin_token(layout)
         app = create_app(
-            cache, fetcher, catalog, jobs, pins, token=token, hints=hints, mount=settings.mount
+            cache,
+            fetcher,
+            catalog,
+            jobs,
+            pins,
+            token=token,
+            hints=hints,
+            mount=settings.mount,
+            fill=fill,
+            mesh=mesh.snapshot if mesh is not None else None,
         )
         guarded = AdminGuard(app, token, audit)
         admin = AdminServer(uvicorn.Config(guarded, log_level="warning", lifespan="off"))

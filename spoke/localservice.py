@@ -1,11 +1,15 @@
 """The daemon's local gRPC service (SpokeLocal) for the mount process, on a UNIX socket.
 
-Domain errors are mapped to gRPC status codes here and nowhere else.
+Domain errors are mapped to gRPC status codes here and nowhere else. Every read the mount
+reports (a hit in ``RecordAccess``, a miss in ``EnsureBlocks``) goes to the access log,
+whose subscribers (policy, hints, ledger, cross-file readahead, fill) take it from there;
+misses are then fetched as demand, the mount's readahead as readahead.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -16,6 +20,7 @@ import grpc.aio
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import spoke_pb2, spoke_pb2_grpc
 from spoke import metrics
+from spoke.access import AccessLog
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import (
@@ -28,9 +33,10 @@ from spoke.errors import (
     NotFound,
     SpokeError,
 )
-from spoke.fetcher import Fetcher
+from spoke.hintservice import HintService
 from spoke.layout import is_digest
-from spoke.prefetch import HintService
+from spoke.scheduler import FetchScheduler, Priority
+from spoke.snapshots import SnapshotIndex
 
 log = logging.getLogger(__name__)
 
@@ -72,21 +78,32 @@ def _unary(
 
 
 class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc]
-    """Serves the catalog, misses and access records to the mount."""
+    """Serves the catalog, misses and access records to the mount.
+
+    Args:
+        catalog: datasets, versions, manifests.
+        cache: the block cache (suspect blocks are re-verified here).
+        scheduler: fetches misses (demand) and the mount's readahead.
+        access: where reads are recorded.
+        hints: while a reader waits for a block, its hint stream must not evict it.
+        index: manifests the mount loads are indexed here (cross-file readahead, fill).
+    """
 
     def __init__(
         self,
         catalog: SnapshotCatalog,
         cache: BlockCache,
-        fetcher: Fetcher,
+        scheduler: FetchScheduler,
+        access: AccessLog,
         hints: HintService | None = None,
-        on_read: Callable[[list[str]], None] | None = None,
+        index: SnapshotIndex | None = None,
     ) -> None:
         self._catalog = catalog
         self._cache = cache
-        self._fetcher = fetcher
+        self._scheduler = scheduler
+        self._access = access
         self._hints = hints
-        self._on_read = on_read or (lambda digests: None)  # retention's read clock
+        self._index = index
 
     @_unary
     async def ListDatasets(
@@ -114,6 +131,8 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
         except SpokeError as err:
             await context.abort(_status_for(err), str(err))
             return
+        if self._index is not None:
+            self._index.learn(f"{request.dataset}@{request.ref}", entries)
         page: list[hub_pb2.ManifestEntry] = []
         size = 0
         for entry in entries:
@@ -140,23 +159,18 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
                 self._cache.drop(digest)
         digests = [d for d, _ in refs]
         self._cache.confirm_resident(digests)  # the mount asks for what it could not read
-        if self._hints is None:
-            was_cached, uncached = await self._fetcher.ensure(refs)
-        else:  # the cursor moves before the fetch, so prefetch follows at once
+        if self._hints is not None:
             self._hints.hold(digests)
-            try:
-                self._hints.observe(digests)
-                was_cached, uncached = await self._fetcher.ensure(refs)
-            finally:
+        try:
+            # recorded before the fetch, so hints and readahead move on at once
+            for hit, run in itertools.groupby(digests, key=self._cache.contains):
+                self._access.record(list(run), hit)
+            was_cached, uncached = await self._scheduler.ensure(refs, Priority.DEMAND)
+        finally:
+            if self._hints is not None:
                 self._hints.release(digests)
-        self._fetcher.note_read(digests)
-        self._on_read(digests)
-        hits = sum(was_cached)
-        if hits:
-            metrics.CACHE_HITS.inc(hits)
-            self._cache.record_access([d for (d, _), c in zip(refs, was_cached, strict=True) if c])
         return spoke_pb2.EnsureBlocksResponse(
-            prompt=self._hints is not None and self._hints.policy.active,
+            prompt=self._prompt(),
             was_cached=was_cached,
             uncached=[spoke_pb2.UncachedBlock(digest=d, data=b) for d, b in uncached.items()],
         )
@@ -165,14 +179,8 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
     async def RecordAccess(
         self, request: spoke_pb2.RecordAccessRequest, context: grpc.aio.ServicerContext
     ) -> spoke_pb2.RecordAccessResponse:
-        metrics.CACHE_HITS.inc(len(request.digests))
-        self._cache.record_access(list(request.digests))
-        self._fetcher.note_read(list(request.digests))
-        self._on_read(list(request.digests))
-        if self._hints is not None:
-            self._hints.observe(request.digests)
-        prompt = self._hints is not None and self._hints.policy.active
-        return spoke_pb2.RecordAccessResponse(prompt=prompt)
+        self._access.record(list(request.digests), True)
+        return spoke_pb2.RecordAccessResponse(prompt=self._prompt())
 
     @_unary
     async def Prefetch(
@@ -183,4 +191,9 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
         if bad:
             raise InvalidRequest(f"malformed block digest {bad[0]!r}")
         self._cache.confirm_resident(d for d, _ in refs)  # the mount found these missing
-        return spoke_pb2.PrefetchResponse(started=self._fetcher.prefetch(refs))
+        return spoke_pb2.PrefetchResponse(
+            started=self._scheduler.prefetch(refs, Priority.READAHEAD)
+        )
+
+    def _prompt(self) -> bool:
+        return self._hints is not None and self._hints.policy.active

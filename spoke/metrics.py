@@ -100,3 +100,38 @@ class MountRestarts(Collector):
 
 MOUNT_RESTARTS = MountRestarts()
 REGISTRY.register(MOUNT_RESTARTS)
+QUEUE_DEPTH = Gauge(
+    "strata_spoke_fetch_queue_depth", "Blocks queued for a fetch, by request class", ["class"]
+)
+QUEUED_BYTES = Gauge(
+    "strata_spoke_fetch_queued_bytes", "Bytes queued for a fetch, by request class", ["class"]
+)
+INFLIGHT_BYTES = Gauge(
+    "strata_spoke_fetch_inflight_bytes", "Bytes asked of the source and not yet arrived"
+)
+WINDOW_BYTES = Gauge(
+    "strata_spoke_fetch_window_bytes", "Bytes the scheduler keeps on the wire (rate × RTT)"
+)
+CLASS_BYTES = Counter(
+    "strata_spoke_fetch_bytes",
+    "Bytes fetched, by the request class they left as",
+    ["class"],
+)
+LINK_RATE = Gauge("strata_spoke_link_rate_bytes_per_second", "Measured delivery rate, bytes/s")
+LINK_RTT = Gauge("strata_spoke_link_rtt_seconds", "Smallest recent round trip to the source")
+DEMAND_MISS_SECONDS = Histogram(
+    "strata_spoke_demand_miss_seconds",
+    "Time a reader waited for missing blocks (one EnsureBlocks with a miss), seconds",
+    buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5, 10, 30, 60),
+)
+FILL_BYTES = Counter("strata_spoke_fill_bytes", "Bytes background fill made resident")
+FILL_REMAINING_BYTES = Gauge(
+    "strata_spoke_fill_remaining_bytes", "Bytes of snapshots being filled not yet resident"
+)
+FILL_RATE = Gauge(
+    "strata_spoke_fill_rate_bytes_per_second", "Average rate of the current background fill"
+)
+STEADY_STATE_SECONDS = Gauge(
+    "strata_spoke_steady_state_seconds",
+    "From the first read of a cold phase to the first 5 s of reads with at most 1 % misses",
+)

@@ -22,8 +22,8 @@ from protocol.hub.v1 import hub_pb2
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.errors import InvalidRequest, SpokeError
-from spoke.fetcher import Fetcher
 from spoke.pins import PinRegistry
+from spoke.scheduler import FetchScheduler, Priority
 from spoke.selection import select, unique_blocks, validate_globs
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 State = Literal["running", "done", "failed", "cancelled"]
 BATCH_BLOCKS = 16  # most blocks per fetch batch (one ReadBlocks stream)
 BATCH_BYTES = 32 << 20  # most bytes per fetch batch
-PARALLEL_BATCHES = 8  # batches in flight per job
+PARALLEL_BATCHES = 32  # batches waiting per job; the scheduler sends a window of them
 KEEP_FINISHED = 100  # finished jobs remembered
 
 
@@ -91,9 +91,10 @@ def fetch_batches(
     """Split ``(digest, size)`` pairs, in order, into batches of at most ``most_blocks``
     blocks and ``most_bytes`` bytes (a block larger than that is a batch of its own).
 
-    With :data:`PARALLEL_BATCHES` batches in flight a job keeps 8 MiB (64 KiB blocks)
-    to 256 MiB (4 MiB blocks) on the way, above the bandwidth-delay product of a
-    1 Gbit/s link at 50 ms RTT (6.25 MB).
+    With :data:`PARALLEL_BATCHES` batches waiting a job keeps 32 MiB (64 KiB blocks)
+    to 1 GiB (4 MiB blocks) queued at the scheduler, several times the window it puts on
+    the wire (the bandwidth-delay product of 1 Gbit/s at 50 ms is 6.25 MB), so the
+    window never runs dry while a batch completes.
     """
     batches: list[list[tuple[str, int]]] = []
     batch: list[tuple[str, int]] = []
@@ -117,7 +118,11 @@ class PrewarmJobs:
     """Runs and tracks prewarm jobs on the daemon's event loop."""
 
     def __init__(
-        self, catalog: SnapshotCatalog, cache: BlockCache, fetcher: Fetcher, pins: PinRegistry
+        self,
+        catalog: SnapshotCatalog,
+        cache: BlockCache,
+        fetcher: FetchScheduler,
+        pins: PinRegistry,
     ) -> None:
         self._catalog = catalog
         self._cache = cache
@@ -219,7 +224,7 @@ class PrewarmJobs:
         async def worker() -> None:
             while not queue.empty():
                 batch = queue.get_nowait()
-                await self._fetcher.ensure(batch)
+                await self._fetcher.ensure(batch, Priority.PREWARM)
                 job.bytes_done += sum(size for _, size in batch)
 
         try:

@@ -177,6 +177,11 @@ class Supervisor:
         cmd += ["--miss-deadline", str(s.miss_deadline), "--log-level", self.log_level]
         if s.admin_token_file is not None:
             cmd += ["--admin-token-file", str(s.admin_token_file.resolve())]
+        cmd += ["--background-fill", s.background_fill]
+        if s.fill_rate is not None:
+            cmd += ["--fill-rate", str(int(s.fill_rate))]
+        if s.mesh is not None:
+            cmd += s.mesh.to_args()
         return [*cmd, *s.security_args(), "--mount", str(self.mountpoint)]
 
     def _mount_cmd(self) -> list[str]:

@@ -28,6 +28,9 @@ LABELS = {
     "strata-cold": "Strata cold",
     "strata-warm": "Strata warm (page cache kept)",
     "strata-warm-dropped": "Strata warm (page cache dropped)",
+    "strata-cold-hints": "Strata cold + hints",
+    "strata-cold-fill": "Strata cold + background fill",
+    "strata-cold-ddp-hints": "Strata cold, 2-rank torchrun + hints",
     "rclone-cold": "rclone cold",
     "rclone-warm": "rclone warm (page cache dropped)",
     "httpdirfs-cold": "httpdirfs cold",
@@ -90,6 +93,7 @@ class Row:
     first_batch_s: float | None = None
     trainer: dict[str, Any] | None = None
     trainer_link_bytes: int | None = None
+    trainer_link_bins_mb_s: list[float] = field(default_factory=list)
     fio: dict[str, dict[str, Any]] = field(default_factory=dict)
     cold: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)

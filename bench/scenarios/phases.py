@@ -67,12 +67,21 @@ def fio_jobs(
         ctx.echo(f"    fio {job:8s} {result.mb_s:9.1f} MB/s  {result.iops:9.0f} IOPS")
 
 
-def trainer(ctx: Context, row: Row, root: Path, tag: str, fs_pid: int | None = None) -> None:
+def trainer(
+    ctx: Context,
+    row: Row,
+    root: Path,
+    tag: str,
+    fs_pid: int | None = None,
+    extra: tuple[str, ...] = (),
+    ranks: int = 1,
+) -> None:
     """Train on ``root/synth.mdio`` into ``row.trainer`` (unless the settings skip this row).
 
     A row trained more than once (see :func:`repeat_warm_vs_local`) reports the medians
     of its runs' samples/s, data-wait fraction and time to first batch.
     ``fs_pid`` is the file system's process: its CPU time during training is recorded.
+    ``extra`` and ``ranks`` go to :func:`bench.measure.run_trainer` (hints, torchrun).
     """
     only = ctx.settings.trainer_rows
     if only is not None and row.name not in only:
@@ -86,6 +95,8 @@ def trainer(ctx: Context, row: Row, root: Path, tag: str, fs_pid: int | None = N
         ctx.settings.steps,
         workers=ctx.settings.workers,
         batch_size=ctx.settings.batch_size,
+        extra=extra,
+        ranks=ranks,
     )
     this = run.to_dict()
     this["fs_cpu_s"] = cpu_since(fs_pid, cpu0)

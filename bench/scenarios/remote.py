@@ -60,6 +60,23 @@ def mounted(mount: M) -> Iterator[M]:
         mount.stop()
 
 
+def cold_trainer(
+    ctx: Context,
+    row: Row,
+    root: Path,
+    sampler: LinkSampler,
+    fs_pid: int | None,
+    extra: tuple[str, ...] = (),
+    ranks: int = 1,
+) -> None:
+    """The trainer on a cold cache, with the link's bytes and 1 s bins meanwhile."""
+    t0 = sampler.mark()
+    phases.trainer(ctx, row, root, "cold", fs_pid, extra=extra, ranks=ranks)
+    t1 = sampler.mark()
+    row.trainer_link_bytes = sampler.down_bytes(t0, t1)
+    row.trainer_link_bins_mb_s = sampler.bins_mb_s(t0, t1)
+
+
 class RemoteScenario(Generic[M]):
     """Cold and warm rows of one remote file system.
 
@@ -132,9 +149,7 @@ class RemoteScenario(Generic[M]):
         with mounted(self.new_mount(ctx)) as mount:
             root = self.root(ctx, mount)
             phases.first_byte(ctx, cold, root)
-            t0 = sampler.mark()
-            phases.trainer(ctx, cold, root, "cold", mount.pid)
-            cold.trainer_link_bytes = sampler.down_bytes(t0, sampler.mark())
+            cold_trainer(ctx, cold, root, sampler, mount.pid)
         with mounted(self.new_mount(ctx)) as mount:
             root = self.root(ctx, mount)
             phases.cold_pass(ctx, cold, root, sampler, mount.pid)
@@ -168,8 +183,42 @@ class StrataScenario(RemoteScenario[StrataMount]):
 
     @property
     def rows(self) -> tuple[str, ...]:
-        """Cold, warm with the page cache kept, warm with it dropped."""
-        return ("strata-cold", "strata-warm", self.warm_name)
+        """Cold, warm with the page cache kept, warm with it dropped, then the cold
+        variants: with hints, with background fill, 2 ranks with hints."""
+        return ("strata-cold", "strata-warm", self.warm_name, *COLD_VARIANTS)
+
+    def run(self, ctx: Context) -> list[Row]:
+        """The rows of :class:`RemoteScenario`, then :meth:`cold_variants`."""
+        return [*super().run(ctx), *self.cold_variants(ctx)]
+
+    def cold_variants(self, ctx: Context) -> list[Row]:
+        """Each on a fresh spoke with an empty cache: the trainer posting read-order hints;
+        the trainer and then (another fresh spoke) the sequential pass with background
+        fill on; a 2-rank ``torchrun`` trainer posting hints (one stream per rank)."""
+        sampler = self.sampler(ctx)
+        hints = Row("strata-cold-hints", page_cache="cold")
+        fill = Row("strata-cold-fill", page_cache="cold")
+        ddp = Row("strata-cold-ddp-hints", page_cache="cold")
+        ctx.echo(f"  {hints.label}")
+        ctx.drop()
+        with mounted(self.new_mount(ctx)) as mount:
+            root = self.root(ctx, mount)
+            cold_trainer(ctx, hints, root, sampler, mount.pid, extra=("--hints", mount.admin))
+        ctx.echo(f"  {fill.label}")
+        ctx.drop()
+        with mounted(self.new_mount(ctx, FILL_FLAGS)) as mount:
+            root = self.root(ctx, mount)
+            cold_trainer(ctx, fill, root, sampler, mount.pid)
+            fill.notes.append(f"fill after the trainer: {fill_stats(mount.admin)}")
+        with mounted(self.new_mount(ctx, FILL_FLAGS)) as mount:
+            phases.cold_pass(ctx, fill, self.root(ctx, mount), sampler, mount.pid)
+        ctx.echo(f"  {ddp.label}")
+        ctx.drop()
+        with mounted(self.new_mount(ctx)) as mount:
+            root = self.root(ctx, mount)
+            extra = ("--hints", mount.admin)
+            cold_trainer(ctx, ddp, root, sampler, mount.pid, extra=extra, ranks=2)
+        return [hints, fill, ddp]
 
     @property
     def warm_name(self) -> str:
@@ -190,14 +239,15 @@ class StrataScenario(RemoteScenario[StrataMount]):
             raise BenchError("strata needs the hub's link")
         return ctx.hub_sampler
 
-    def new_mount(self, ctx: Context) -> StrataMount:
-        """A spoke whose ``--hub`` is the hub link, its cache twice the data set."""
+    def new_mount(self, ctx: Context, extra: tuple[str, ...] = ()) -> StrataMount:
+        """A spoke whose ``--hub`` is the hub link, its cache twice the data set;
+        ``extra``: more ``strata-spoke run`` flags."""
         if ctx.hub_link is None:
             raise BenchError("strata needs the hub's link")
         work = ctx.settings.work
         cache_size = f"{2 * ctx.data.bytes // 2**20 + 256}MiB"  # everything fits: no eviction
         return StrataMount(
-            ctx.hub_link.address, work / "mnt-strata", work / "cache-strata", cache_size
+            ctx.hub_link.address, work / "mnt-strata", work / "cache-strata", cache_size, extra
         )
 
     def root(self, ctx: Context, mount: StrataMount) -> Path:
@@ -220,6 +270,25 @@ class StrataScenario(RemoteScenario[StrataMount]):
     def warm_notes(self, mount: StrataMount) -> list[str]:
         """The spoke's cache counters (``GET /v1/cache``)."""
         return [f"spoke cache: {cache_stats(mount.admin)}"]
+
+
+COLD_VARIANTS = ("strata-cold-hints", "strata-cold-fill", "strata-cold-ddp-hints")
+"""Strata's cold rows beyond ``strata-cold``, in order."""
+
+FILL_FLAGS = ("--background-fill", "auto")
+
+
+def fill_stats(admin: str) -> dict[str, Any]:
+    """Each background fill's state and bytes from ``GET /v1/cache`` (or ``{"error"}``)."""
+    import httpx
+
+    try:
+        stats: dict[str, Any] = httpx.get(f"{admin}/v1/cache", timeout=10).json()
+    except (httpx.HTTPError, ValueError) as err:
+        return {"error": str(err)}
+    keys = ("state", "bytes_total", "bytes_resident", "rate_bytes_per_s")
+    snaps = stats.get("fill", {}).get("snapshots", [])
+    return {s["snapshot"]: {k: s.get(k) for k in keys} for s in snaps}
 
 
 def cache_stats(admin: str) -> dict[str, Any]:

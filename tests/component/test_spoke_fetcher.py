@@ -1,4 +1,5 @@
-"""Fetcher against a fake hub: single flight, verification, retries, deadlines."""
+"""Fetcher and scheduler against a fake hub: single flight, verification, retries,
+deadlines, errors mapped in one place."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from spoke.errors import HubUnavailable, MissDeadline, NotFound
 from spoke.fetcher import Fetcher
 from spoke.layout import CacheLayout, block_digest
 from spoke.policy import LRUPolicy
+from spoke.scheduler import FetchScheduler
+from spoke.source import HubSource
 from spoke.store import BlockStore, open_index
 
 
@@ -54,6 +57,13 @@ class FakeHub:
             yield d, data
 
 
+def _scheduler(
+    hub: FakeHub, cache: BlockCache, miss_deadline: float = 60.0, batch_blocks: int = 64
+) -> FetchScheduler:
+    fetcher = Fetcher(HubSource(hub), cache, miss_deadline=miss_deadline)  # type: ignore[arg-type]
+    return FetchScheduler(fetcher, cache, batch_blocks=batch_blocks)
+
+
 def _setup(tmp_path: Path, n: int = 4) -> tuple[FakeHub, BlockCache, list[tuple[str, int]]]:
     blobs = {}
     for i in range(n):
@@ -69,7 +79,7 @@ def test_sixteen_concurrent_misses_make_one_hub_request(tmp_path: Path) -> None:
     hub.delay = 0.05
 
     async def go() -> list[tuple[list[bool], dict[str, bytes]]]:
-        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        fetcher = _scheduler(hub, cache)
         return await asyncio.gather(*[fetcher.ensure(refs[:1]) for _ in range(16)])
 
     results = asyncio.run(go())
@@ -82,7 +92,7 @@ def test_batch_and_already_cached(tmp_path: Path) -> None:
     hub, cache, refs = _setup(tmp_path)
 
     async def go() -> tuple[list[bool], list[bool]]:
-        fetcher = Fetcher(hub, cache, batch_blocks=3)  # type: ignore[arg-type]
+        fetcher = _scheduler(hub, cache, batch_blocks=3)
         first, _ = await fetcher.ensure(refs)
         second, _ = await fetcher.ensure(refs)
         return first, second
@@ -97,7 +107,7 @@ def test_corrupt_block_is_refetched_and_never_cached(tmp_path: Path) -> None:
     hub.corrupt_times = 1
 
     async def go() -> None:
-        await Fetcher(hub, cache).ensure(refs[:1])  # type: ignore[arg-type]
+        await _scheduler(hub, cache).ensure(refs[:1])
 
     asyncio.run(go())
     assert len(hub.calls) == 2
@@ -110,7 +120,7 @@ def test_transient_failures_are_retried(tmp_path: Path) -> None:
     hub.fail_times = 2
 
     async def go() -> list[bool]:
-        fetcher = Fetcher(hub, cache, miss_deadline=10)  # type: ignore[arg-type]
+        fetcher = _scheduler(hub, cache, miss_deadline=10)
         return (await fetcher.ensure(refs[:2]))[0]
 
     assert asyncio.run(go()) == [False, False]
@@ -122,7 +132,7 @@ def test_miss_deadline_then_unavailable(tmp_path: Path) -> None:
     hub.fail_times = 10_000
 
     async def go() -> None:
-        await Fetcher(hub, cache, miss_deadline=0.5).ensure(refs[:1])  # type: ignore[arg-type]
+        await _scheduler(hub, cache, miss_deadline=0.5).ensure(refs[:1])
 
     with pytest.raises(HubUnavailable):
         asyncio.run(go())
@@ -133,7 +143,7 @@ def test_unknown_block_is_not_found(tmp_path: Path) -> None:
     hub, cache, _ = _setup(tmp_path)
 
     async def go() -> None:
-        await Fetcher(hub, cache).ensure([("0" * 32, 10)])  # type: ignore[arg-type]
+        await _scheduler(hub, cache).ensure([("0" * 32, 10)])
 
     with pytest.raises(NotFound):
         asyncio.run(go())
@@ -150,7 +160,7 @@ def test_a_failed_disk_write_streams_the_block_through(
     monkeypatch.setattr(cache.store, "write_many", broken)
 
     async def go() -> tuple[list[bool], dict[str, bytes]]:
-        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        fetcher = _scheduler(hub, cache)
         result = await asyncio.wait_for(fetcher.ensure(refs[:2]), 10)  # never hangs
         assert fetcher.on_the_way_bytes == 0 and fetcher.inflight == 0
         return result
@@ -173,7 +183,7 @@ def test_arrived_blocks_are_written_while_the_stream_goes_on(tmp_path: Path) -> 
     cache.store.write_many = counting  # type: ignore[method-assign]
 
     async def go() -> None:
-        fetcher = Fetcher(hub, cache, batch_blocks=12)  # type: ignore[arg-type]
+        fetcher = _scheduler(hub, cache, batch_blocks=12)
         await fetcher.ensure(refs)
         assert fetcher.on_the_way_bytes == 0
 

@@ -26,12 +26,12 @@ pytestmark = [pytest.mark.fuse, requires_fuse]
 BLOCK = 65_536
 
 
-def _metric(url: str, name: str) -> float:
+def _metric(url: str, name: str, **labels: str) -> float:
     text = httpx.get(url, timeout=5).text
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name:
+            if sample.name == name and labels.items() <= sample.labels.items():
                 total += sample.value
     return total
 
@@ -222,3 +222,69 @@ def test_sequential_read_prefetches_ahead(tmp_path: Path, stack: LocalStack) -> 
     assert issued > 10 * BLOCK  # most of the file was fetched ahead of the reader
     assert used > 0 and used <= issued
     assert _metric(metrics, "strata_spoke_prefetch_wasted_bytes_total") == 0
+
+
+def test_cat_of_a_chunk_directory_is_read_ahead_across_files(
+    tmp_path: Path, stack: LocalStack
+) -> None:
+    src = tmp_path / "src-chunks"
+    chunks = src / "vol.zarr" / "c" / "0" / "0"
+    chunks.mkdir(parents=True)
+    files = {str(i): os.urandom(BLOCK - 7 * i) for i in range(48)}  # one block each
+    for name, data in files.items():
+        (chunks / name).write_bytes(data)
+    publish(tmp_path / "hub", "chunks", src, "--block-size", str(BLOCK))
+    hub = stack.start_hub(tmp_path / "hub")
+    cache = tmp_path / "cache"
+    stack.start_spoke(hub, cache, tmp_path / "mnt", "64MiB")
+    mounted = tmp_path / "mnt" / "chunks" / "v1" / "vol.zarr" / "c" / "0" / "0"
+    got = subprocess.run(
+        "cat *", shell=True, cwd=mounted, capture_output=True, check=True, env={"LC_ALL": "C"}
+    ).stdout
+    assert got == b"".join(files[name] for name in sorted(files))  # the shell's order
+    time.sleep(1.0)  # batched access reports
+    metrics = f"{_admin(cache)}/metrics"
+    ahead = _metric(metrics, "strata_spoke_fetch_bytes_total", **{"class": "readahead"})
+    issued = _metric(metrics, "strata_spoke_prefetch_bytes_total")
+    used = _metric(metrics, "strata_spoke_prefetch_used_bytes_total")
+    assert issued > BLOCK * len(files) / 2  # most files arrived before cat asked
+    assert used == issued  # every file fetched ahead was then read
+    assert _metric(metrics, "strata_spoke_prefetch_wasted_bytes_total") == 0
+    assert _metric(metrics, "strata_spoke_hub_fetch_blocks_total") == len(files)  # once each
+    assert ahead > 0
+
+
+def test_background_fill_makes_a_snapshot_resident_while_the_reader_idles(
+    tmp_path: Path, source: Path, stack: LocalStack
+) -> None:
+    hub = stack.start_hub(tmp_path / "hub")
+    cache = tmp_path / "cache"
+    stack.start_spoke(hub, cache, tmp_path / "mnt", "64MiB", extra=("--background-fill", "auto"))
+    mounted = tmp_path / "mnt" / "ds" / "v1" / "d"
+    with open(mounted / "f0.bin", "rb") as f:  # one small read, then nothing
+        assert f.read(100) == (source / "d" / "f0.bin").read_bytes()[:100]
+    total = sum(p.stat().st_size for p in (source / "d").iterdir())
+    deadline = time.monotonic() + 30
+    fill: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        fill = _stats(cache)["fill"]
+        if fill["snapshots"] and fill["snapshots"][0]["state"] == "done":
+            break
+        time.sleep(0.2)
+    assert fill["mode"] == "auto"
+    [snap] = fill["snapshots"]
+    assert snap["snapshot"] == "ds@v1" and snap["state"] == "done", snap
+    assert snap["bytes_resident"] == snap["bytes_total"] == total
+    assert snap["bytes_remaining"] == 0
+    assert _stats(cache)["used_bytes"] == total  # every block, each once
+    metrics = f"{_admin(cache)}/metrics"
+    filled = _metric(metrics, "strata_spoke_fill_bytes_total")
+    assert filled == _metric(metrics, "strata_spoke_fetch_bytes_total", **{"class": "fill"})
+    assert filled >= total - 4 * BLOCK  # all but the read and its readahead
+    assert _metric(metrics, "strata_spoke_fetch_bytes_total") == total  # each block once
+    assert _metric(metrics, "strata_spoke_fill_remaining_bytes") == 0
+    misses = _metric(metrics, "strata_spoke_cache_misses_total")
+    assert misses <= 2  # the one read (fill is not a miss)
+    for i in range(4):  # and now every byte is a hit
+        assert sha256(mounted / f"f{i}.bin") == sha256(source / "d" / f"f{i}.bin")
+    assert _metric(metrics, "strata_spoke_cache_misses_total") == misses

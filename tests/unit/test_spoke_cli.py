@@ -24,6 +24,9 @@ def _spoke(*args: str) -> subprocess.CompletedProcess[str]:
         ({"--hub": "nohost"}, "--hub must be HOST:PORT"),
         ({"--log-level": "bogus"}, "--log-level: 'bogus' is not one of DEBUG"),
         ({"--policy": "fifo"}, "--policy: Input should be 'arc', 'lru', 's3fifo' or 'sieve'"),
+        ({"--background-fill": "sometimes"}, "--background-fill: Input should be 'auto' or 'off'"),
+        ({"--fill-rate": "0"}, "--fill-rate must be a positive size per second"),
+        ({"--fill-rate": "fast"}, "--fill-rate: "),
     ],
 )
 def test_bad_settings_are_one_line_errors(

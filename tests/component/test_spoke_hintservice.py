@@ -13,14 +13,14 @@ from typing import cast
 import pytest
 
 from bench.policy_sim import belady, shuffled_epochs
-from spoke import prefetch
+from spoke import hintservice
 from spoke.cache import BlockCache
 from spoke.errors import InvalidRequest
-from spoke.fetcher import Fetcher
 from spoke.hints import HintedPolicy
+from spoke.hintservice import HintService
 from spoke.layout import CacheLayout, block_digest
 from spoke.policy import ARCPolicy
-from spoke.prefetch import HintService
+from spoke.scheduler import FetchScheduler, Priority
 from spoke.store import BlockStore, open_index
 
 SIZE = 512  # bytes per block
@@ -37,7 +37,8 @@ class InstantFetcher:
     def is_fetching(self, digest: str) -> bool:
         return any(d == digest for d, _ in self.queued)
 
-    def prefetch(self, blocks: Sequence[tuple[str, int]]) -> int:
+    def prefetch(self, blocks: Sequence[tuple[str, int]], priority: Priority) -> int:
+        assert priority == Priority.HINT
         new = [b for b in blocks if not self.is_fetching(b[0])]
         self.queued += new
         return len(new)
@@ -57,7 +58,11 @@ def _setup(
     fetcher = InstantFetcher()
     now = clock if clock is not None else [0.0]
     service = HintService(
-        cache, cast(Fetcher, fetcher), window_bytes=capacity, idle_s=idle_s, clock=lambda: now[0]
+        cache,
+        cast(FetchScheduler, fetcher),
+        window_bytes=capacity,
+        idle_s=idle_s,
+        clock=lambda: now[0],
     )
     return cache, fetcher, service, now
 
@@ -169,8 +174,8 @@ def test_idle_streams_expire_and_reads_keep_them(tmp_path: Path) -> None:
 
 def test_limits_are_clear_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, service, _ = _setup(tmp_path, 8)
-    monkeypatch.setattr(prefetch, "MAX_STREAMS", 2)
-    monkeypatch.setattr(prefetch, "MAX_STREAM_POSITIONS", 5)
+    monkeypatch.setattr(hintservice, "MAX_STREAMS", 2)
+    monkeypatch.setattr(hintservice, "MAX_STREAM_POSITIONS", 5)
     blocks = [(block_digest(_data(i)), SIZE) for i in range(3)]
     service.install("a", blocks)
     service.install("b", blocks)

@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING
 
 from spoke.errors import InvalidRequest
 from spoke.hints import HintedPolicy, HintStream
+from spoke.scheduler import Priority
 
 if TYPE_CHECKING:
     from spoke.cache import BlockCache
-    from spoke.fetcher import Fetcher
+    from spoke.scheduler import FetchScheduler
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,8 @@ class HintService:
 
     Args:
         cache: its policy must be a :class:`HintedPolicy`.
-        fetcher: prefetches through :meth:`spoke.fetcher.Fetcher.prefetch`.
+        fetcher: prefetches through :meth:`spoke.scheduler.FetchScheduler.prefetch`, as
+            hinted (the class after demand misses).
         window_bytes: how many bytes of planned reads ahead of the readers to look at for
             prefetch (cached ones included); at most half the cache. The default covers
             2 s of a 1 Gbit/s link.
@@ -90,7 +92,7 @@ class HintService:
     def __init__(
         self,
         cache: BlockCache,
-        fetcher: Fetcher,
+        fetcher: FetchScheduler,
         window_bytes: int = 256 << 20,
         idle_s: float = IDLE_S,
         clock: Callable[[], float] = time.monotonic,
@@ -196,8 +198,9 @@ class HintService:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def observe(self, digests: Iterable[str]) -> None:
-        """The mount read these blocks: move cursors and top up the prefetch window."""
+    def observe(self, digests: Iterable[str], hit: bool = True) -> None:
+        """The mount read these blocks (an access-log subscriber; hit or miss alike):
+        move cursors and top up the prefetch window."""
         if not self.policy.active:
             return
         moved = False
@@ -254,4 +257,4 @@ class HintService:
     def prefetch_ahead(self) -> int:
         """Start fetching :meth:`plan`; returns how many fetches started."""
         chosen = self.plan()
-        return self.fetcher.prefetch(chosen) if chosen else 0
+        return self.fetcher.prefetch(chosen, Priority.HINT) if chosen else 0

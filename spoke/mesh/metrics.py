@@ -1,0 +1,44 @@
+"""Prometheus metrics of the regional mesh (default registry, one daemon per process)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+SOURCE_BYTES = Counter(
+    "strata_spoke_source_bytes",
+    "Verified block bytes fetched, by where they came from (hub, peer)",
+    ["source"],
+)
+SOURCE_BLOCKS = Counter(
+    "strata_spoke_source_blocks", "Verified blocks fetched, by source (hub, peer)", ["source"]
+)
+SOURCE_SECONDS = Histogram(
+    "strata_spoke_source_seconds",
+    "Duration of one block stream, by source (hub, peer), seconds",
+    ["source"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+ROUTED_BLOCKS = Counter(
+    "strata_spoke_mesh_routed_blocks",
+    "Fetched blocks by owner: self (fetched from the hub), peer (asked of their owner)",
+    ["owner"],
+)
+PEER_ERRORS = Counter(
+    "strata_spoke_peer_errors",
+    "Peer calls that failed and fell back to the hub, by kind "
+    "(unavailable, timeout, corrupt, refused, protocol)",
+    ["kind"],
+)
+PEER_CORRUPT_BLOCKS = Counter(
+    "strata_spoke_peer_corrupt_blocks",
+    "Blocks from a peer that failed verification (dropped and fetched from the hub)",
+)
+PEER_SERVED_BYTES = Counter(
+    "strata_spoke_peer_served_bytes",
+    "Block bytes served to other spokes, by how this spoke had them (cache, fetched)",
+    ["how"],
+)
+PEERS_LIVE = Gauge("strata_spoke_mesh_nodes_live", "Spokes of the mesh seen live, self included")
+OWNED_SHARE = Gauge(
+    "strata_spoke_mesh_owned_share", "Share of the blocks this spoke owns (1 / live nodes)"
+)

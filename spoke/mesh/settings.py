@@ -1,0 +1,152 @@
+"""The mesh's settings: the peer port, who the peers are, and how calls between them are
+secured (``--peer-listen``, ``--peers``, ``--peers-dns``, ``--peer-token-file``, …)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def parse_hostport(value: str, what: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (IPv6 hosts in brackets), as :func:`spoke.config.parse_hostport`
+    (which this module cannot import: the spoke's settings import these).
+
+    Raises:
+        ValueError: not HOST:PORT, or the port is outside 0..65535.
+    """
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{what} must be HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+class MeshSettings(BaseModel):
+    """A spoke's place in its region's mesh. With no peers the mesh is just the hub.
+
+    Node names are ``HOST:PORT`` strings and must be the same everywhere: a spoke's
+    ``advertise`` is what the others list in ``--peers`` (or what ``--peers-dns`` resolves
+    to), since the owner of a block is computed from these names.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen: str = Field(description="peer port HOST:PORT to serve blocks to other spokes on")
+    advertise: str | None = Field(
+        default=None, description="this spoke's name in the mesh, HOST:PORT (default: listen)"
+    )
+    peers: tuple[str, ...] = Field(default=(), description="other spokes' HOST:PORT")
+    peers_dns: str | None = Field(
+        default=None,
+        description="NAME or NAME:PORT resolving to every spoke (a headless Service); "
+        "the port defaults to listen's",
+    )
+    token_file: Path | None = Field(default=None, description="file with the region's token")
+    cert: Path | None = Field(default=None, description="TLS certificate of the peer port (PEM)")
+    key: Path | None = Field(default=None, description="its private key (PEM)")
+    ca: Path | None = Field(
+        default=None, description="CA (PEM) peers' certificates must chain to: mTLS"
+    )
+    timeout: float = Field(
+        default=2.0, gt=0, description="seconds a peer may take per block before it is skipped"
+    )
+    probe_interval: float = Field(default=2.0, gt=0, description="seconds between probes")
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        parse_hostport(v, "--peer-listen")
+        return v
+
+    @field_validator("advertise")
+    @classmethod
+    def _advertise(cls, v: str | None) -> str | None:
+        if v is not None:
+            host, port = parse_hostport(v, "--peer-advertise")
+            if host in WILDCARD_HOSTS or port == 0:
+                raise ValueError(f"--peer-advertise must name one host and port, got {v!r}")
+        return v
+
+    @field_validator("peers")
+    @classmethod
+    def _peers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for peer in v:
+            parse_hostport(peer, "--peers")
+        return v
+
+    @field_validator("peers_dns")
+    @classmethod
+    def _dns(cls, v: str | None) -> str | None:
+        if v is not None and (not v or v.startswith(":") or " " in v):
+            raise ValueError(f"--peers-dns must be NAME or NAME:PORT, got {v!r}")
+        return v
+
+    @field_validator("token_file", "cert", "key", "ca")
+    @classmethod
+    def _file(cls, v: Path | None) -> Path | None:
+        if v is not None and not (v.is_file() and v.read_bytes().strip()):
+            raise ValueError(f"--peer file {v} is missing or empty")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MeshSettings:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("--peer-cert and --peer-key go together")
+        if self.ca is not None and self.cert is None:
+            raise ValueError("--peer-ca (mTLS) needs --peer-cert and --peer-key")
+        if self.advertise is None:
+            host, port = parse_hostport(self.listen, "--peer-listen")
+            if host in WILDCARD_HOSTS or port == 0:
+                raise ValueError(
+                    f"--peer-listen {self.listen} is not a name peers can dial: "
+                    "give --peer-advertise HOST:PORT"
+                )
+        return self
+
+    @property
+    def node(self) -> str:
+        """This spoke's name in the mesh."""
+        return self.advertise or self.listen
+
+    @property
+    def token(self) -> str | None:
+        """The region's token, or None."""
+        return self.token_file.read_text().strip() if self.token_file else None
+
+    @property
+    def dns(self) -> tuple[str, int] | None:
+        """``(name, port)`` of ``peers_dns``, or None."""
+        if self.peers_dns is None:
+            return None
+        name, sep, port = self.peers_dns.rpartition(":")
+        if sep and port.isdigit():
+            return name, int(port)
+        return self.peers_dns, parse_hostport(self.listen, "--peer-listen")[1]
+
+    def to_args(self) -> list[str]:
+        """The daemon command-line flags that give back these settings."""
+        args = ["--peer-listen", self.listen, "--peer-timeout", str(self.timeout)]
+        if self.advertise:
+            args += ["--peer-advertise", self.advertise]
+        if self.peers:
+            args += ["--peers", ",".join(self.peers)]
+        if self.peers_dns:
+            args += ["--peers-dns", self.peers_dns]
+        for flag, path in (
+            ("--peer-token-file", self.token_file),
+            ("--peer-cert", self.cert),
+            ("--peer-key", self.key),
+            ("--peer-ca", self.ca),
+        ):
+            if path is not None:
+                args += [flag, str(path.resolve())]
+        return args
+
+
+def split_peers(value: str | None) -> tuple[str, ...]:
+    """``"a:1, b:2"`` → ``("a:1", "b:2")`` (empty items dropped)."""
+    return tuple(p.strip() for p in (value or "").split(",") if p.strip())

@@ -1,0 +1,208 @@
+"""The fetch scheduler over a real cache and a fake hub: class order, the window, the
+prefetch ledger, and demand misses overtaking queued prefetches."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from spoke import metrics
+from spoke.cache import BlockCache
+from spoke.fetcher import Fetcher
+from spoke.layout import CacheLayout, block_digest
+from spoke.policy import LRUPolicy
+from spoke.scheduler import FetchScheduler, Priority
+from spoke.store import BlockStore, open_index
+from spoke.window import LinkWindow
+
+BLOCK = 4096
+
+
+class SlowHub:
+    """Serves blocks from a dict, ``delay`` seconds per stream; records each stream and the
+    scheduler's bytes on the wire when it opened."""
+
+    name = "slow-hub:0"
+
+    def __init__(self, blocks: dict[str, bytes], delay: float = 0.02) -> None:
+        self.blocks = blocks
+        self.delay = delay
+        self.calls: list[list[str]] = []
+        self.wire_at_open: list[int] = []
+        self.scheduler: FetchScheduler | None = None
+
+    async def read_blocks(
+        self, digests: Sequence[str], timeout: float
+    ) -> AsyncIterator[tuple[str, bytes]]:
+        self.calls.append(list(digests))
+        if self.scheduler is not None:
+            self.wire_at_open.append(self.scheduler.wire_bytes)
+        await asyncio.sleep(self.delay)
+        for d in digests:
+            yield d, self.blocks[d]
+
+
+def _setup(
+    tmp_path: Path, n: int, **kwargs: int
+) -> tuple[SlowHub, BlockCache, FetchScheduler, list[tuple[str, int]]]:
+    blobs = {}
+    for i in range(n):
+        data = i.to_bytes(4, "big") * (BLOCK // 4)
+        blobs[block_digest(data)] = data
+    layout = CacheLayout(tmp_path)
+    cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(1 << 30), 1 << 30)
+    hub = SlowHub(blobs)
+    window = LinkWindow(floor=kwargs.pop("window", 1 << 20), ceiling=1 << 30)
+    scheduler = FetchScheduler(Fetcher(hub, cache), cache, window=window, **kwargs)
+    hub.scheduler = scheduler
+    return hub, cache, scheduler, [(d, len(b)) for d, b in blobs.items()]
+
+
+def test_a_demand_miss_overtakes_queued_prefetches(tmp_path: Path) -> None:
+    hub, cache, scheduler, refs = _setup(tmp_path, 21, max_streams=1, batch_blocks=1)
+    *ahead, wanted = refs
+
+    async def go() -> None:
+        assert scheduler.prefetch(ahead, Priority.READAHEAD) == 20
+        assert scheduler.queued(Priority.READAHEAD)[0] == 19  # one is on the wire
+        await scheduler.ensure([wanted])
+        assert cache.contains(wanted[0])
+        # the demand miss went out next to the one prefetch already on the wire
+        assert hub.calls[:2] == [[ahead[0][0]], [wanted[0]]]
+        assert scheduler.queued(Priority.READAHEAD)[0] >= 18
+        while scheduler.inflight:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(go())
+    assert all(cache.contains(d) for d, _ in refs)
+    assert sorted(len(c) for c in hub.calls) == [1] * 21  # each block fetched once
+
+
+def test_a_demand_miss_on_a_queued_prefetch_moves_it_ahead(tmp_path: Path) -> None:
+    hub, _, scheduler, refs = _setup(tmp_path, 12, max_streams=1, batch_blocks=1)
+
+    async def go() -> None:
+        scheduler.prefetch(refs[:10], Priority.FILL)
+        scheduler.prefetch(refs[10:], Priority.HINT)
+        await scheduler.ensure([refs[9]])  # queued last, for fill
+        while scheduler.inflight:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(go())
+    order = [c[0] for c in hub.calls]
+    assert order[0] == refs[0][0]  # already on the wire
+    assert order[1] == refs[9][0]  # the demand miss, on a stream of its own
+    assert order[2:4] == [refs[10][0], refs[11][0]]  # hinted before fill
+    assert len(order) == 12  # single flight: refs[9] fetched once
+
+
+def test_classes_leave_most_urgent_first(tmp_path: Path) -> None:
+    hub, _, scheduler, refs = _setup(tmp_path, 9, max_streams=1, batch_blocks=1)
+
+    async def go() -> None:
+        scheduler.prefetch(refs[0:1], Priority.FILL)  # goes at once: the link is idle
+        scheduler.prefetch(refs[1:3], Priority.FILL)
+        scheduler.prefetch(refs[3:5], Priority.PREWARM)
+        scheduler.prefetch(refs[5:7], Priority.READAHEAD)
+        scheduler.prefetch(refs[7:9], Priority.HINT)
+        while scheduler.inflight:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(go())
+    expected = [0, 7, 8, 5, 6, 3, 4, 1, 2]
+    assert [c[0] for c in hub.calls] == [refs[i][0] for i in expected]
+
+
+def test_sixteen_waiters_of_a_queued_block_make_one_fetch(tmp_path: Path) -> None:
+    hub, _, scheduler, refs = _setup(tmp_path, 2, max_streams=1, batch_blocks=1)
+
+    async def go() -> None:
+        scheduler.prefetch(refs[:2], Priority.READAHEAD)
+        await asyncio.gather(*[scheduler.ensure(refs[1:2]) for _ in range(16)])
+
+    asyncio.run(go())
+    assert [c[0] for c in hub.calls].count(refs[1][0]) == 1
+
+
+def test_the_window_bounds_bytes_on_the_wire(tmp_path: Path) -> None:
+    hub, cache, scheduler, refs = _setup(
+        tmp_path, 40, window=3 * BLOCK, max_streams=8, batch_blocks=1
+    )
+    scheduler.window.ceiling = 3 * BLOCK
+
+    async def go() -> None:
+        scheduler.prefetch(refs, Priority.PREWARM)
+        assert scheduler.wire_bytes == 3 * BLOCK  # three streams of one block
+        while scheduler.inflight:
+            assert scheduler.wire_bytes <= 3 * BLOCK
+            await asyncio.sleep(0.005)
+
+    asyncio.run(go())
+    assert all(cache.contains(d) for d, _ in refs)
+    assert max(hub.wire_at_open) <= 3 * BLOCK
+
+
+def test_ledger_counts_issued_used_and_prewarm_is_not_a_miss(tmp_path: Path) -> None:
+    _, _, scheduler, refs = _setup(tmp_path, 6)
+    issued0 = metrics.PREFETCH_BYTES._value.get()
+    used0 = metrics.PREFETCH_USED_BYTES._value.get()
+    misses0 = metrics.CACHE_MISSES._value.get()
+
+    async def go() -> None:
+        scheduler.prefetch(refs[:3], Priority.READAHEAD)
+        await scheduler.ensure(refs[3:], Priority.PREWARM)
+        while scheduler.inflight:
+            await asyncio.sleep(0.01)
+        scheduler.note_read([refs[0][0], refs[3][0]])  # one prefetched, one prewarmed
+
+    asyncio.run(go())
+    assert metrics.PREFETCH_BYTES._value.get() - issued0 == 3 * BLOCK
+    assert metrics.PREFETCH_USED_BYTES._value.get() - used0 == BLOCK
+    assert metrics.CACHE_MISSES._value.get() == misses0  # the scheduler counts no reads
+
+
+@pytest.mark.parametrize(
+    ("rate", "rtt", "low", "high"),
+    [
+        (125e6, 0.050, 10e6, 15e6),  # 1 Gbit/s at 50 ms: 2 × BDP = 12.5 MB
+        (1e6, 0.050, 8 << 20, 8 << 20),  # a slow link: the floor
+        (10e9, 0.2, 256 << 20, 256 << 20),  # fast and far: the ceiling
+    ],
+)
+def test_window_is_gain_times_rate_times_rtt(
+    rate: float, rtt: float, low: float, high: float
+) -> None:
+    now = [0.0]
+    window = LinkWindow(clock=lambda: now[0])
+    assert window.bytes == window.floor  # no samples yet
+    window.on_rtt(rtt * 3)
+    window.on_rtt(rtt)  # the minimum counts
+    window.on_rtt(rtt * 2)
+    block = int(rate * 0.005)  # a block every 5 ms, for 1 s
+    for _ in range(200):
+        now[0] += 0.005
+        window.on_delivered(block)
+    assert window.rtt_s == rtt
+    assert window.rate_bps is not None and 0.9 * rate <= window.rate_bps <= 1.1 * rate
+    assert low <= window.bytes <= high
+
+
+def test_window_forgets_old_samples() -> None:
+    now = [0.0]
+    window = LinkWindow(clock=lambda: now[0], rate_span_s=3.0, rtt_span_s=10.0)
+    window.on_rtt(0.05)
+    for _ in range(100):
+        now[0] += 0.008
+        window.on_delivered(1 << 20)
+    assert window.bytes > window.floor
+    now[0] += 11.0
+    assert window.rtt_s is None and window.rate_bps is None
+    assert window.bytes == window.floor
+
+
+def test_window_rejects_a_floor_above_its_ceiling() -> None:
+    with pytest.raises(ValueError, match="floor"):
+        LinkWindow(floor=2 << 20, ceiling=1 << 20)

@@ -1,0 +1,171 @@
+"""A region on 127.0.0.1 for the mesh's tests: one hub (its own metrics port) behind the WAN
+emulator, and spoke daemons that peer with each other, each read through its socket."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.wan import LinkSpec, WanProxy
+from deploy.local import LocalStack, free_port, stop_process
+from protocol.hub.v1 import hub_pb2
+from protocol.spoke.v1 import spoke_pb2, spoke_pb2_grpc
+from spoke.layout import CacheLayout, block_digest
+
+BLOCK = 65_536
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples ``name`` with ``labels`` at a Prometheus endpoint."""
+    total = 0.0
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                total += sample.value
+    return total
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll ``cond`` every 50 ms until true; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+@dataclass
+class Spoke:
+    """One spoke daemon of the region."""
+
+    name: str
+    cache: Path
+    peer_port: int
+    extra: tuple[str, ...] = ()
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def node(self) -> str:
+        return f"127.0.0.1:{self.peer_port}"
+
+    @property
+    def admin(self) -> str:
+        return (self.cache / "admin.url").read_text().strip()
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = httpx.get(f"{self.admin}/v1/cache", timeout=10).json()
+        return stats
+
+    def metric(self, name: str, **labels: str) -> float:
+        return metric(f"{self.admin}/metrics", name, **labels)
+
+
+@dataclass
+class Region:
+    """A hub behind the emulated WAN and the spokes of one region."""
+
+    root: Path
+    link: LinkSpec = field(default_factory=lambda: LinkSpec(rtt_s=0.01, rate_bps=1e9))
+    stack: LocalStack = field(default_factory=LocalStack)
+    spokes: list[Spoke] = field(default_factory=list)
+
+    def start_hub(self) -> None:
+        self.metrics_port = free_port()
+        hub = self.stack.start_hub(self.root / "hub", metrics=f"127.0.0.1:{self.metrics_port}")
+        host, _, port = hub.rpartition(":")
+        self.wan = WanProxy((host, int(port)), self.link)
+        self.wan.__enter__()
+
+    def hub_metric(self, name: str) -> float:
+        return metric(f"http://127.0.0.1:{self.metrics_port}/metrics", name)
+
+    def add(self, name: str, extra: tuple[str, ...] = ()) -> Spoke:
+        spoke = Spoke(name, self.root / name, free_port(), extra)
+        self.spokes.append(spoke)
+        return spoke
+
+    def start(self, spoke: Spoke, peers: list[Spoke] | None = None) -> None:
+        """Start ``spoke``'s daemon, peering with ``peers`` (default: every spoke added)."""
+        listed = ",".join(s.node for s in (peers if peers is not None else self.spokes))
+        url = spoke.cache / "admin.url"
+        url.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "spoke", "daemon", "--hub", self.wan.address]
+        cmd += ["--cache-dir", str(spoke.cache), "--cache-size", "256MiB"]
+        cmd += ["--admin", "127.0.0.1:0", "--log-level", "WARNING", "--miss-deadline", "60"]
+        cmd += ["--peer-listen", spoke.node, "--peers", listed, "--peer-timeout", "10"]
+        spoke.proc = subprocess.Popen([*cmd, *spoke.extra], start_new_session=True)
+        proc = spoke.proc
+        wait_until(lambda: url.exists() or proc.poll() is not None, f"{spoke.name} started")
+        assert proc.poll() is None, f"{spoke.name} exited with {proc.returncode}"
+
+    def kill(self, spoke: Spoke) -> None:
+        """SIGKILL the daemon (no clean stop)."""
+        assert spoke.proc is not None
+        os.killpg(spoke.proc.pid, signal.SIGKILL)
+        spoke.proc.wait(20)
+        spoke.proc = None
+
+    def wait_live(self, spokes: list[Spoke], count: int) -> None:
+        """Until each of ``spokes`` sees ``count`` live nodes, itself included."""
+        for spoke in spokes:
+            wait_until(
+                lambda s=spoke: s.stats()["mesh"]["nodes_live"] == count,  # type: ignore[misc]
+                f"{spoke.name} sees {count} live nodes",
+            )
+
+    def close(self) -> None:
+        for spoke in self.spokes:
+            if spoke.proc is not None:
+                stop_process(spoke.proc)
+        if hasattr(self, "wan"):
+            self.wan.__exit__(None, None, None)
+        self.stack.close()
+
+
+def manifest_blocks(spoke: Spoke, dataset: str = "ds", ref: str = "v1") -> list[tuple[str, int]]:
+    """Every block of a snapshot, in manifest order (files' blocks in file order)."""
+    with grpc.insecure_channel(f"unix:{CacheLayout(spoke.cache).socket_path}") as channel:
+        stub = spoke_pb2_grpc.SpokeLocalStub(channel)
+        pages = stub.GetManifest(hub_pb2.GetManifestRequest(dataset=dataset, ref=ref), timeout=30)
+        return [(b.digest, b.size) for page in pages for e in page.entries for b in e.blocks]
+
+
+def read_all(spoke: Spoke, blocks: list[tuple[str, int]], batch: int = 8) -> int:
+    """Read every block through ``spoke`` (EnsureBlocks, as the mount does on a miss) and
+    check the bytes it then holds; returns how many bytes were checked.
+
+    Raises:
+        AssertionError: a block read back with the wrong bytes.
+        grpc.RpcError: a read failed.
+    """
+    layout = CacheLayout(spoke.cache)
+    checked = 0
+    with grpc.insecure_channel(
+        f"unix:{layout.socket_path}", options=[("grpc.max_receive_message_length", 256 << 20)]
+    ) as channel:
+        stub = spoke_pb2_grpc.SpokeLocalStub(channel)
+        for i in range(0, len(blocks), batch):
+            part = blocks[i : i + batch]
+            reply = stub.EnsureBlocks(
+                spoke_pb2.EnsureBlocksRequest(
+                    blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in part]
+                ),
+                timeout=120,
+            )
+            inline = {u.digest: u.data for u in reply.uncached}
+            for digest, size in part:
+                data = inline.get(digest) or layout.block_path(digest).read_bytes()
+                assert len(data) == size and block_digest(data) == digest, digest
+                checked += size
+    return checked
