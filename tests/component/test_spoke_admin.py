@@ -27,6 +27,8 @@ from spoke.layout import CacheLayout
 from spoke.pins import PinRegistry
 from spoke.policy import make_policy
 from spoke.prewarm import PrewarmJobs
+from spoke.scheduler import FetchScheduler
+from spoke.source import HubSource
 from spoke.store import BlockStore, open_index
 from tests.integration.hub_support import write_tree
 
@@ -54,7 +56,7 @@ def run(tmp_path: Path, port: int, scenario: Scenario) -> None:
         hub = HubClient(f"127.0.0.1:{port}")
         cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 24), 1 << 24)
         catalog = SnapshotCatalog(hub, env)
-        fetcher = Fetcher(hub, cache, miss_deadline=5)
+        fetcher = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
         pins = PinRegistry(env, cache)
         jobs = PrewarmJobs(catalog, cache, fetcher, pins)
         audit = AuditLog(tmp_path / "audit.jsonl")
@@ -180,7 +182,7 @@ def test_pins_of_a_revoked_version_go_with_it(tmp_path: Path, hub_port: int) -> 
         hub = HubClient(f"127.0.0.1:{hub_port}")
         cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 24), 1 << 24)
         catalog = SnapshotCatalog(hub, env)
-        fetcher = Fetcher(hub, cache, miss_deadline=5)
+        fetcher = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
         pins = PinRegistry(env, cache)
         jobs = PrewarmJobs(catalog, cache, fetcher, pins)
         try:

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from spoke.cache import BlockCache, CacheFull
-from spoke.fetcher import Fetcher
 from spoke.layout import CacheLayout, block_digest
 from spoke.policy import make_policy
 from spoke.store import BlockStore, open_index
-from tests.component.test_spoke_fetcher import FakeHub
+from tests.component.test_spoke_fetcher import FakeHub, _scheduler
 
 
 def _blocks(n: int, size: int) -> list[tuple[str, bytes]]:
@@ -141,7 +140,7 @@ def test_full_disk_with_everything_pinned_streams_through(tiny_fs: Path) -> None
             BlockStore(layout, open_index(layout)), make_policy("arc", 1 << 30), 1 << 30
         )
         cache.pin(d for d, _ in blocks)
-        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        fetcher = _scheduler(hub, cache)
         streamed = {}
         for d, data in blocks:
             _, uncached = await fetcher.ensure([(d, len(data))])
@@ -217,7 +216,7 @@ def test_a_cache_fully_pinned_streams_unpinned_blocks_through(tmp_path: Path, po
 
     async def go() -> None:
         cache = _cache(tmp_path, 6_000, policy)
-        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        fetcher = _scheduler(hub, cache)
         cache.pin(d for d, _ in pinned)
         await fetcher.ensure([(d, len(b)) for d, b in pinned])
         assert cache.used_bytes == cache.pinned_bytes == 6_000
@@ -240,7 +239,7 @@ def test_a_cache_almost_fully_pinned_keeps_the_rest_within_its_size(tmp_path: Pa
 
     async def go() -> None:
         cache = _cache(tmp_path, 6_500)
-        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        fetcher = _scheduler(hub, cache)
         cache.pin(d for d, _ in blocks[:5])
         await fetcher.ensure([(d, len(b)) for d, b in blocks[:5]])
         streamed = 0
@@ -262,7 +261,7 @@ def test_block_files_gone_from_the_disk_are_dropped_as_misses(tmp_path: Path) ->
 
     async def go() -> None:
         cache = _cache(tmp_path, 10_000)
-        fetcher = Fetcher(hub, cache)  # type: ignore[arg-type]
+        fetcher = _scheduler(hub, cache)
         refs = [(d, len(b)) for d, b in blocks]
         await fetcher.ensure(refs)
         for d, _ in blocks[:2]:

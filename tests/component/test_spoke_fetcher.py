@@ -27,6 +27,7 @@ class FakeHub:
     """Serves blocks from a dict; can fail, corrupt or stall on demand."""
 
     target = "fake-hub:0"
+    refused: str | None = None  # as HubClient: no credentials refused
 
     def __init__(self, blocks: dict[str, bytes]) -> None:
         self.blocks = blocks
@@ -199,7 +200,7 @@ def test_a_miss_that_gave_up_fails_its_retry_at_once(tmp_path: Path) -> None:
     hub.fail_times = 10_000
 
     async def go() -> None:
-        fetcher = Fetcher(hub, cache, miss_deadline=2.0)  # type: ignore[arg-type]
+        fetcher = _scheduler(hub, cache, miss_deadline=2.0)
         with pytest.raises(MissDeadline):
             await fetcher.ensure(refs[:2])
         start = time.monotonic()
@@ -223,7 +224,7 @@ def test_a_failed_fetch_nobody_waits_for_logs_no_unretrieved_exception(tmp_path:
 
     async def go() -> None:
         asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: problems.append(ctx))
-        fetcher = Fetcher(hub, cache, miss_deadline=0.3)  # type: ignore[arg-type]
+        fetcher = _scheduler(hub, cache, miss_deadline=0.3)
         reader = asyncio.create_task(fetcher.ensure(refs[:1]))
         await asyncio.sleep(0.05)
         reader.cancel()  # the reader gave up (its gRPC call was cancelled)

@@ -21,6 +21,7 @@ from spoke.catalog import SnapshotCatalog
 from spoke.errors import HubUnavailable, NotFound
 from spoke.invalidation import Invalidator
 from spoke.layout import CacheLayout, block_digest
+from spoke.manifestcheck import snapshot_id
 from spoke.policy import LRUPolicy
 from spoke.store import BlockStore, open_index
 
@@ -41,23 +42,36 @@ class FakeHub:
     script runs out the hub says UNIMPLEMENTED, which ends :meth:`Invalidator.run`.
     """
 
+    refused: str | None = None  # as HubClient: no credentials refused
+
     target = "fake-hub:0"
 
     def __init__(self) -> None:
         self.up = True
         self.snapshots: dict[tuple[str, str], hub_pb2.Snapshot] = {}
         self.manifests: dict[str, list[hub_pb2.ManifestEntry]] = {}
+        self.real: dict[str, str] = {}  # label given to publish -> real snapshot id
         self.sessions: list[tuple[list[hub_pb2.CatalogEvent], grpc.StatusCode]] = []
         self.watched_after: list[int] = []
 
-    def publish(self, dataset: str, version: str, sid: str, blocks: dict[str, bytes]) -> None:
+    def publish(self, dataset: str, version: str, label: str, blocks: dict[str, bytes]) -> None:
+        """Publish a one-file tree; its real snapshot id (the spoke checks manifests against
+        it) is ``self.real[label]``."""
+        refs = [hub_pb2.BlockRef(digest=d, size=len(b)) for d, b in blocks.items()]
+        manifest = [
+            hub_pb2.ManifestEntry(
+                path="a.bin",
+                type=hub_pb2.ENTRY_TYPE_FILE,
+                size=sum(len(b) for b in blocks.values()),
+                blocks=refs,
+            )
+        ]
+        sid = snapshot_id(0, manifest)
+        self.real[label] = sid
         self.snapshots[(dataset, version)] = hub_pb2.Snapshot(
             dataset=dataset, version=version, snapshot_id=sid
         )
-        refs = [hub_pb2.BlockRef(digest=d, size=len(b)) for d, b in blocks.items()]
-        self.manifests[sid] = [
-            hub_pb2.ManifestEntry(path="a.bin", type=hub_pb2.ENTRY_TYPE_FILE, blocks=refs)
-        ]
+        self.manifests[sid] = manifest
 
     def _check(self) -> None:
         if not self.up:
@@ -181,7 +195,7 @@ def test_revocation_purges_only_blocks_no_live_snapshot_shares(
     async def go() -> list[str]:
         await spoke.read("f3", "v1", {**old, **shared})
         await spoke.read("f3", "v2", {**shared, **new})
-        await spoke.invalidator(hub).apply(_event(3, REVOKED, "f3", "v1", "a" * 32))
+        await spoke.invalidator(hub).apply(_event(3, REVOKED, "f3", "v1", hub.real["a" * 32]))
         # a hub that still answers for v1 (a lagging replica) is not believed
         with pytest.raises(NotFound, match="revoked"):
             await spoke.catalog.resolve_ref("f3", "v1")
@@ -206,11 +220,11 @@ def test_purge_counts_the_blocks_it_dropped_and_spares_an_identical_live_tree(
     async def go() -> tuple[int, int]:
         await spoke.read("f3", "v1", blocks)
         invalidator = spoke.invalidator(hub)
-        spared = await invalidator.purge("f3", "a" * 32)  # v2 is live with this tree
+        spared = await invalidator.purge("f3", hub.real["a" * 32])  # v2 is live with this tree
         del hub.snapshots[("f3", "v2")]  # v2 gone too, and v1 revoked: nothing keeps them
-        spoke.catalog.mark_revoked("f3", "v1", "a" * 32)
+        spoke.catalog.mark_revoked("f3", "v1", hub.real["a" * 32])
         spoke.catalog.forget_refs("f3")
-        return spared, await invalidator.purge("f3", "a" * 32)
+        return spared, await invalidator.purge("f3", hub.real["a" * 32])
 
     assert asyncio.run(go()) == (0, 2)
     assert not any(spoke.cache.contains(d) for d in blocks)

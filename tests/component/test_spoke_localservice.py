@@ -50,7 +50,9 @@ class Catalog:
     def __init__(self, entries: list[hub_pb2.ManifestEntry]) -> None:
         self.entries = entries
 
-    async def manifest(self, dataset: str, ref: str) -> list[hub_pb2.ManifestEntry]:
+    async def manifest(
+        self, dataset: str, ref: str, stale_ok: bool = False
+    ) -> list[hub_pb2.ManifestEntry]:
         return self.entries
 
 

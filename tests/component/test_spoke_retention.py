@@ -21,7 +21,9 @@ from spoke.layout import CacheLayout
 from spoke.pins import PinRegistry
 from spoke.policy import make_policy
 from spoke.retention import ReadClock, Retention
+from spoke.scheduler import FetchScheduler
 from spoke.selection import unique_blocks
+from spoke.source import HubSource
 from spoke.store import BlockStore, open_index
 from tests.integration.hub_support import write_tree
 
@@ -44,7 +46,7 @@ def test_stale_snapshots_lose_their_own_blocks_only(tmp_path: Path) -> None:
             hub = HubClient(f"127.0.0.1:{hub_server.port}")
             cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 24), 1 << 24)
             catalog = SnapshotCatalog(hub, env)
-            fetcher = Fetcher(hub, cache, miss_deadline=5)
+            fetcher = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
             pins = PinRegistry(env, cache)
             audit = AuditLog(tmp_path / "audit.jsonl")
             clock = ReadClock(lambda: now[0])
