@@ -34,10 +34,12 @@ log = logging.getLogger(__name__)
 ADMIT_AHEAD_BYTES = 16 << 20
 """Most bytes of one stream's arrived blocks waiting for their disk writes at once."""
 
-GAVE_UP_MEMORY_S = 5.0
+GAVE_UP_MEMORY_S = 0.5
 """How long a miss that gave up at its deadline shortens new misses of that block to a
-probe, while nothing has arrived from the hub since (the kernel asks again at once for a
-failed readahead page: without this every failed read took two miss deadlines)."""
+probe, while nothing has arrived from the source since. The kernel asks again at once
+(within milliseconds) for a failed readahead page: without this every failed read took two
+miss deadlines. Kept short, so a reader that tries again later (the hub may be back, its
+connection still in reconnect backoff) gets a full deadline."""
 
 PROBE_S = 1.0
 """Longest wait of such a probe (at most a quarter of the miss deadline): its fetch goes on

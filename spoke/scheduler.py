@@ -32,6 +32,7 @@ from enum import IntEnum
 
 from spoke import metrics
 from spoke.cache import BlockCache
+from spoke.errors import MissDeadline
 from spoke.fetcher import PROBE_S, Fetcher
 from spoke.window import LinkWindow
 
@@ -147,7 +148,7 @@ class FetchScheduler:
         """
         started = time.monotonic()
         was_cached: list[bool] = []
-        waits: list[tuple[str, asyncio.Future[bytes | None]]] = []
+        waits: list[tuple[str, int, asyncio.Future[bytes | None]]] = []
         gave_up = next(  # a miss of one of these just gave up: this one is only a probe
             (
                 error
@@ -164,24 +165,38 @@ class FetchScheduler:
             flight = self._request(digest, size, priority)
             if flight.on_wire and priority == Priority.DEMAND:
                 flight.demanded = True
-            waits.append((digest, flight.future))
+            waits.append((digest, size, flight.future))
         if not waits:
             return was_cached, {}
         self._pump()
         uncached: dict[str, bytes] = {}
         loop = asyncio.get_running_loop()
         probe_end = loop.time() + min(PROBE_S, self.fetcher.miss_deadline / 4)
-        for digest, future in waits:
-            # shield: a caller giving up must not cancel a fetch others wait on
-            if gave_up is None:
-                data = await asyncio.shield(future)
-            else:
+        own_deadline = started + self.fetcher.miss_deadline
+        for digest, size, future in waits:
+            while True:
+                # shield: a caller giving up must not cancel a fetch others wait on
                 try:
-                    data = await asyncio.wait_for(
-                        asyncio.shield(future), max(probe_end - loop.time(), 0)
-                    )
-                except TimeoutError:
-                    raise gave_up from None
+                    if gave_up is None:
+                        data = await asyncio.shield(future)
+                    else:
+                        try:
+                            data = await asyncio.wait_for(
+                                asyncio.shield(future), max(probe_end - loop.time(), 0)
+                            )
+                        except TimeoutError:
+                            raise gave_up from None
+                    break
+                except MissDeadline:
+                    # the fetch this reader joined started earlier and ran out of time;
+                    # the reader itself still has some: it gets a fetch of its own
+                    if gave_up is not None or time.monotonic() > own_deadline - 0.1:
+                        raise
+                    if self.cache.contains(digest):
+                        data = None
+                        break
+                    future = self._request(digest, size, priority).future
+                    self._pump()
             if data is not None:
                 uncached[digest] = data
         if priority == Priority.DEMAND:

@@ -60,7 +60,9 @@ def _run_args(hub: str, tmp_path: Path, *extra: str) -> list[str]:
         sys.executable, "-m", "spoke", "run", "--hub", hub,
         "--cache-dir", str(tmp_path / "cache"), "--cache-size", SIZE,
         "--mount", str((tmp_path / "mnt").resolve()), "--admin", "127.0.0.1:0",
-        "--log-level", "WARNING", *extra,
+        "--log-level", "WARNING",
+        # as LocalStack starts its spokes: the same settings, so a new run can adopt them
+        "--no-admin-token", *extra,
     ]  # fmt: skip
 
 

@@ -102,7 +102,8 @@ class Region:
         url.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "spoke", "daemon", "--hub", self.wan.address]
         cmd += ["--cache-dir", str(spoke.cache), "--cache-size", "256MiB"]
-        cmd += ["--admin", "127.0.0.1:0", "--log-level", "WARNING", "--miss-deadline", "60"]
+        cmd += ["--admin", "127.0.0.1:0", "--no-admin-token"]  # the test reads /v1/cache
+        cmd += ["--log-level", "WARNING", "--miss-deadline", "60"]
         cmd += ["--peer-listen", spoke.node, "--peers", listed, "--peer-timeout", "10"]
         spoke.proc = subprocess.Popen([*cmd, *spoke.extra], start_new_session=True)
         proc = spoke.proc

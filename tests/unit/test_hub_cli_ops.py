@@ -36,11 +36,12 @@ def test_help_documents_every_subcommand(capsys: pytest.CaptureFixture[str]) -> 
     import typer
 
     commands = set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
-    assert commands == {"serve", "publish", "tag", "untag", "revoke", "gc", "verify", "ls"}
+    assert commands == {"serve", "publish", "tag", "untag", "revoke", "gc", "verify", "ls", "token"}
     for name in commands:
         assert re.search(rf"│ {name}\s+\S", out), f"{name} has no help line"
         code, sub, _ = run(capsys, name, "--help")
-        assert code == 0 and "--data-dir" in sub
+        # `token` manages the token file (--tokens FILE), not a data directory
+        assert code == 0 and ("--tokens" if name == "token" else "--data-dir") in sub
 
 
 def test_tag_untag_revoke(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
