@@ -44,6 +44,7 @@ def make_secrets(root: Path) -> None:
     shutil.copy(spoke.key, secrets / "spoke.key")
     (secrets / "hub-token").write_text(token + "\n")
     (secrets / "admin-token").write_text(admin + "\n")
+    (secrets / "peer-token").write_text("00112233445566778899aabbccddeeff\n")
 
 
 def copy_tree(tmp: Path) -> Path:

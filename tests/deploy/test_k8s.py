@@ -215,6 +215,21 @@ def test_spoke_daemonset(objects: dict[str, dict[tuple[str, str, str], Obj]]) ->
     assert pod["hostPID"] is True, "the drain must see the training pods' processes"
     assert float(_flag(pre_stop, "--timeout")) < pod["terminationGracePeriodSeconds"]
     assert not any(a.startswith("--hub=") and "example" in a for a in args)
+    # the regional mesh: a peer port, advertised as the pod's IP, found through a headless
+    # Service that lists spokes before they are ready
+    peer_port = int(_flag(args, "--peer-listen").rpartition(":")[2])
+    assert ports["peer"] == peer_port
+    assert _flag(args, "--peer-advertise") == f"$(POD_IP):{peer_port}"
+    env = {e["name"]: e for e in spoke["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    service_name = _flag(args, "--peers-dns").split(".")[0]
+    (peers,) = [
+        o for o in objects["gpu-region"].values()
+        if o["kind"] == "Service" and o["metadata"]["name"] == service_name
+    ]  # fmt: skip
+    assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["publishNotReadyAddresses"]
+    assert peers["spec"]["ports"][0]["port"] == peer_port
+    assert peers["spec"]["selector"].items() <= pod_labels(_spoke(objects)).items()
 
 
 def test_training_job_reads_the_mount(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
