@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine
 
 from spoke.policy import EvictionPolicy
 from spoke.s3fifo import S3FIFOPolicy
 from spoke.sieve import SIEVEPolicy
+from tests.unit.test_spoke_policy import reference_machine
 
 
 def _fill(policy: EvictionPolicy, keys: list[str], size: int = 10) -> None:
@@ -309,74 +308,29 @@ class RefS3FIFO:
         return self.b(self.resident())
 
 
-KEYS = st.sampled_from([f"k{i}" for i in range(12)])
-
-
-def _size(key: str) -> int:
-    return 1 + int(key[1:]) % 4  # content-addressed: a key always has one size
+def _fifo_structure(policy: EvictionPolicy, ref: RefSIEVE | RefS3FIFO) -> None:
+    """The policy's own queues, hand, bits and counters equal the reference's."""
+    if isinstance(policy, SIEVEPolicy) and isinstance(ref, RefSIEVE):
+        assert [n.key for n in policy._walk()] == ref.queue
+        assert policy.hand == ref.hand
+        assert all(policy.visited(k) == (k in ref.visited) for k in ref.queue)
+    if isinstance(policy, S3FIFOPolicy) and isinstance(ref, RefS3FIFO):
+        assert list(policy.small) == ref.small
+        assert list(policy.main) == ref.main
+        assert policy.ghosts() == ref.ghost
+        assert policy.freq == ref.freq
 
 
 def _machine(
     make: Callable[[int], EvictionPolicy], ref: Callable[[int], RefSIEVE | RefS3FIFO]
 ) -> type[RuleBasedStateMachine]:
-    class PolicyMachine(RuleBasedStateMachine):
-        def __init__(self) -> None:
-            super().__init__()
-            self.capacity = 10
-            self.real = make(self.capacity)
-            self.ref = ref(self.capacity)
-
-        def _settle(self, protect: str | None) -> None:
-            exclude = () if protect is None else (protect,)
-            while self.real.used_bytes > self.capacity:
-                got = self.real.pop_victim(exclude)
-                want = self.ref.pop_victim(exclude)
-                assert (got[0] if got else None) == want
-                if got is None:
-                    break
-
-        @rule(key=KEYS)
-        def miss(self, key: str) -> None:
-            self.real.insert(key, _size(key))
-            self.ref.insert(key, _size(key))
-            self._settle(protect=key)
-
-        @rule(key=KEYS)
-        def hit(self, key: str) -> None:
-            self.real.access(key)
-            self.ref.access(key)
-
-        @rule(key=KEYS)
-        def drop(self, key: str) -> None:
-            self.real.remove(key)
-            self.ref.remove(key)
-
-        @rule(capacity=st.integers(min_value=4, max_value=16))
-        def resize(self, capacity: int) -> None:
-            self.capacity = capacity
-            self.real.resize(capacity)
-            self.ref.resize(capacity)
-            self._settle(protect=None)
-
-        @invariant()
-        def agrees_with_reference(self) -> None:
-            self.real.check_invariants()
-            assert sorted(self.real.resident()) == sorted(self.ref.resident())
-            assert self.real.used_bytes == self.ref.used()
-            if isinstance(self.real, SIEVEPolicy) and isinstance(self.ref, RefSIEVE):
-                assert [n.key for n in self.real._walk()] == self.ref.queue
-                assert self.real.hand == self.ref.hand
-                assert all(self.real.visited(k) == (k in self.ref.visited) for k in self.ref.queue)
-            if isinstance(self.real, S3FIFOPolicy) and isinstance(self.ref, RefS3FIFO):
-                assert list(self.real.small) == self.ref.small
-                assert list(self.real.main) == self.ref.main
-                assert self.real.ghosts() == self.ref.ghost
-                assert self.real.freq == self.ref.freq
-
-    PolicyMachine.TestCase.settings = settings(
-        max_examples=100, stateful_step_count=60, deadline=None
+    return reference_machine(
+        make,
+        ref,
+        _fifo_structure,  # type: ignore[arg-type]
+        ordered=False,
+        max_examples=100,
     )
-    return PolicyMachine
 
 
 TestSIEVEAgainstReference = _machine(SIEVEPolicy, RefSIEVE).TestCase
