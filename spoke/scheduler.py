@@ -174,34 +174,48 @@ class FetchScheduler:
         probe_end = loop.time() + min(PROBE_S, self.fetcher.miss_deadline / 4)
         own_deadline = started + self.fetcher.miss_deadline
         for digest, size, future in waits:
-            while True:
-                # shield: a caller giving up must not cancel a fetch others wait on
+            if gave_up is None:
+                data = await self._wait(digest, size, priority, future, own_deadline)
+            else:  # only a probe: the fetch goes on for later readers
                 try:
-                    if gave_up is None:
-                        data = await asyncio.shield(future)
-                    else:
-                        try:
-                            data = await asyncio.wait_for(
-                                asyncio.shield(future), max(probe_end - loop.time(), 0)
-                            )
-                        except TimeoutError:
-                            raise gave_up from None
-                    break
-                except MissDeadline:
-                    # the fetch this reader joined started earlier and ran out of time;
-                    # the reader itself still has some: it gets a fetch of its own
-                    if gave_up is not None or time.monotonic() > own_deadline - 0.1:
-                        raise
-                    if self.cache.contains(digest):
-                        data = None
-                        break
-                    future = self._request(digest, size, priority).future
-                    self._pump()
+                    # shield: a caller giving up must not cancel a fetch others wait on
+                    data = await asyncio.wait_for(
+                        asyncio.shield(future), max(probe_end - loop.time(), 0)
+                    )
+                except TimeoutError:
+                    raise gave_up from None
             if data is not None:
                 uncached[digest] = data
         if priority == Priority.DEMAND:
             metrics.DEMAND_MISS_SECONDS.observe(time.monotonic() - started)
         return was_cached, uncached
+
+    async def _wait(
+        self,
+        digest: str,
+        size: int,
+        priority: Priority,
+        future: asyncio.Future[bytes | None],
+        deadline: float,
+    ) -> bytes | None:
+        """The outcome of ``digest``'s fetch for a reader whose miss deadline is
+        ``deadline`` (monotonic): a fetch it joined that started earlier and ran out of time
+        is followed by one of its own while the reader still has time.
+
+        Raises:
+            MissDeadline: the reader's own deadline passed too.
+        """
+        while True:
+            try:
+                # shield: a caller giving up must not cancel a fetch others wait on
+                return await asyncio.shield(future)
+            except MissDeadline:
+                if time.monotonic() > deadline - 0.1:
+                    raise
+                if self.cache.contains(digest):
+                    return None
+                future = self._request(digest, size, priority).future
+                self._pump()
 
     def prefetch(
         self, blocks: Sequence[tuple[str, int]], priority: Priority = Priority.READAHEAD
