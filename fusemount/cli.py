@@ -1,6 +1,7 @@
 """``strata-mount``: run the read-only mount in the foreground (``strata-spoke run`` starts it).
 
-strata-mount --cache-dir DIR [--socket PATH] [--miss-deadline S] [--allow-other] MOUNTPOINT
+strata-mount --cache-dir DIR [--socket PATH] [--miss-deadline S] [--allow-other]
+             [--passthrough auto|off] MOUNTPOINT
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import trio
 
 from fusemount.client import DaemonClient
 from fusemount.operations import StrataOperations
+from fusemount.passthrough import Passthrough, unavailable_reason
 from fusemount.reader import BlockReader
 from spoke.layout import CacheLayout
 from spoke.mountinfo import mounts
@@ -153,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         help="kernel readahead window of the mount, KiB (0 leaves it)",
     )
     parser.add_argument(
+        "--passthrough",
+        choices=("auto", "off"),
+        default="auto",
+        help="let the kernel read cached one-block files itself (FUSE passthrough) where "
+        "the kernel, libfuse and privileges allow it (auto), or never (off)",
+    )
+    parser.add_argument(
         "--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR")
     )
     ns = parser.parse_args(argv)
@@ -168,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     layout = CacheLayout(ns.cache_dir)
     client = DaemonClient(ns.socket or layout.socket_path, miss_deadline=ns.miss_deadline)
     reader = BlockReader(layout, client)
-    ops = StrataOperations(client, reader)
+    encrypted = bool(getattr(reader.files, "encrypted", False))
+    passthrough = Passthrough(unavailable_reason(ns.passthrough, ns.cache_dir, encrypted))
+    ops = StrataOperations(client, reader, passthrough)
     try:
         pyfuse3.init(ops, str(mountpoint), mount_options(ns.allow_other))
     except RuntimeError as err:

@@ -263,6 +263,12 @@ def run(
     read_ahead_kb: Annotated[
         int | None, typer.Option("--read-ahead-kb", help="kernel readahead of the mount, KiB")
     ] = None,
+    passthrough: Annotated[
+        str | None,
+        typer.Option(
+            "--passthrough", help="auto (default): the kernel reads cached one-block files; off"
+        ),
+    ] = None,
     admin_token_file: TokenOpt = None,
     hub_ca: HubCaOpt = None,
     hub_server_name: HubNameOpt = None,

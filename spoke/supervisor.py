@@ -188,7 +188,7 @@ class Supervisor:
         s = self.settings
         cmd = [sys.executable, "-m", "fusemount", "--cache-dir", str(self.layout.root)]
         cmd += ["--miss-deadline", str(s.miss_deadline), "--log-level", self.log_level]
-        cmd += ["--read-ahead-kb", str(s.read_ahead_kb)]
+        cmd += ["--read-ahead-kb", str(s.read_ahead_kb), "--passthrough", s.passthrough]
         if s.allow_other:
             cmd.append("--allow-other")
         return [*cmd, str(self.mountpoint)]
