@@ -194,15 +194,19 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         The open counts as one hit of the block for the daemon's eviction policy (its
         reads never reach this process).
         """
+        # an inode with a backing id shares it, even if passthrough was turned off since:
+        # the kernel fails an open beside passthrough ones that is not one itself
+        backing_id = self.passthrough.shared(inode)
+        if backing_id is not None:
+            self.reader.hit_log.add(node.blocks[0][0])
+            return backing_id
         digest = self.passthrough.candidate(inode, node)
         if digest is None:
             return None
-        backing_id = self.passthrough.shared(inode)
-        if backing_id is None:
-            fd = await trio.to_thread.run_sync(self.reader.files.verified_fd, digest)
-            if fd is None:
-                return None
-            backing_id = self.passthrough.attach(inode, node, digest, fd)
+        fd = await trio.to_thread.run_sync(self.reader.files.verified_fd, digest)
+        if fd is None:
+            return None
+        backing_id = self.passthrough.attach(inode, node, digest, fd)
         if backing_id is not None:
             self.reader.hit_log.add(digest)
         return backing_id

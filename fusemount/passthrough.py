@@ -174,7 +174,9 @@ class Passthrough:
         return node.blocks[0][0]
 
     def shared(self, inode: int) -> int | None:
-        """The inode's backing id when it already has one (the new handle shares it)."""
+        """The inode's backing id when it already has one (the new handle shares it, even
+        when passthrough was turned off since: the kernel fails a non-passthrough open of
+        an inode that has passthrough ones)."""
         backing = self._backings.get(inode)
         if backing is None:
             return None

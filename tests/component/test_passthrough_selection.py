@@ -201,3 +201,15 @@ def test_stacked_or_unsupported_backing_files_turn_it_off(tmp_path: Path, fatal:
     pt = Passthrough(open_backing=FakeKernel(fatal).open, close_backing=lambda i: None)
     assert pt.attach(2, _file(2, 10), "d2-0", _fd(tmp_path)) is None
     assert not pt.enabled and os.strerror(fatal) in pt.reason
+
+
+def test_an_inode_with_a_backing_id_keeps_sharing_it_after_passthrough_is_turned_off(
+    tmp_path: Path,
+) -> None:
+    kernel = FakeKernel()
+    pt = Passthrough(open_backing=kernel.open, close_backing=kernel.close)
+    assert pt.attach(2, _file(2, 10), "d2-0", _fd(tmp_path)) == 1
+    kernel.fail = errno.EPERM
+    assert pt.attach(3, _file(3, 10), "d3-0", _fd(tmp_path, "other")) is None
+    assert not pt.enabled and pt.candidate(4, _file(4, 10)) is None  # new inodes: pyfuse3
+    assert pt.shared(2) == 1  # but inode 2's opens stay passthrough while it has some
