@@ -179,14 +179,17 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self._next_fh
         self._next_fh += 1
-        backing_id = await self._passthrough_open(inode, node)
+        direct = bool(flags & os.O_DIRECT)
+        backing_id = await self._passthrough_open(inode, node, direct)
         self._handles[fh] = (node, Readahead(), backing_id is not None)
         if backing_id is not None:  # the kernel forbids keep_cache with passthrough
-            return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=backing_id)  # type: ignore[call-arg]
+            return pyfuse3.FileInfo(  # type: ignore[call-arg]
+                fh=fh, keep_cache=False, backing_id=backing_id, direct_io=direct
+            )
         self.passthrough.opened_cached(inode)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
-    async def _passthrough_open(self, inode: int, node: Node) -> int | None:
+    async def _passthrough_open(self, inode: int, node: Node, direct: bool) -> int | None:
         """A backing id when this open can be served by the kernel from the block file.
 
         The block file is opened and verified (as every read of it is) in a worker thread
@@ -194,11 +197,15 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         The open counts as one hit of the block for the daemon's eviction policy (its
         reads never reach this process).
         """
-        # an inode with a backing id shares it, even if passthrough was turned off since:
-        # the kernel fails an open beside passthrough ones that is not one itself
-        backing_id = self.passthrough.shared(inode)
-        if backing_id is not None:
-            self.reader.hit_log.add(node.blocks[0][0])
+        # An inode with a backing id shares it, even if passthrough was turned off since:
+        # the kernel fails (EIO) an open beside passthrough ones that is not one itself.
+        # O_DIRECT never starts passthrough (the backing file system would impose its
+        # alignment rules, FUSE has none) and joins it with FOPEN_DIRECT_IO, which sends
+        # its reads to this process, as without passthrough.
+        backing_id = self.passthrough.shared(inode, counted=not direct)
+        if backing_id is not None or direct:
+            if backing_id is not None and not direct:
+                self.reader.hit_log.add(node.blocks[0][0])
             return backing_id
         digest = self.passthrough.candidate(inode, node)
         if digest is None:

@@ -15,6 +15,10 @@ Kernel rules this module keeps (``fs/fuse/iomode.c``, ``fs/fuse/passthrough.c``)
   the pyfuse3 path gets more of those until they are all released, and one with a backing
   id reuses it;
 * ``FOPEN_KEEP_CACHE`` is not allowed with ``FOPEN_PASSTHROUGH`` (EIO at open);
+* any open of an inode with a backing file must be passthrough too (else EIO), so an
+  ``O_DIRECT`` open — never one to start passthrough: the backing file system would
+  impose its alignment rules (EINVAL) where FUSE has none — joins the shared id with
+  ``FOPEN_DIRECT_IO``, which the kernel lets override it: its reads come to this process;
 * ``BACKING_OPEN`` needs CAP_SYS_ADMIN and a backing file that is not on a stacked file
   system (overlayfs: ``EOPNOTSUPP``); a refused one turns passthrough off, logged once.
 
@@ -173,7 +177,7 @@ class Passthrough:
             return None
         return node.blocks[0][0]
 
-    def shared(self, inode: int) -> int | None:
+    def shared(self, inode: int, counted: bool = True) -> int | None:
         """The inode's backing id when it already has one (the new handle shares it, even
         when passthrough was turned off since: the kernel fails a non-passthrough open of
         an inode that has passthrough ones)."""
@@ -181,7 +185,7 @@ class Passthrough:
         if backing is None:
             return None
         backing.handles += 1
-        self.opens += 1
+        self.opens += counted  # an O_DIRECT open shares the id but its reads come here
         return backing.backing_id
 
     def attach(self, inode: int, node: Node, digest: str, fd: int) -> int | None:

@@ -122,6 +122,12 @@ def test_cached_one_block_files_are_read_by_the_kernel_byte_for_byte(
         again = os.open(v1 / "sub" / "chunk.bin", os.O_RDONLY)  # a second handle shares the id
         assert int(_xattr(mnt, "backing_ids")) == len(ONE_BLOCK)
         os.close(again)
+        direct = os.open(v1 / "sub" / "tiny.txt", os.O_RDONLY | os.O_DIRECT)  # beside them
+        try:  # not passed through: FUSE's O_DIRECT has no alignment rules, ext4's has
+            assert os.pread(direct, 4096, 0) == (src / "sub" / "tiny.txt").read_bytes()
+        finally:
+            os.close(direct)
+        reads_before = _mount_reads(mnt)
         for name, fd in fds.items():
             want = (src / "sub" / name).read_bytes()
             assert os.pread(fd, len(want) + 10, 0) == want  # sequential, whole file, EOF
