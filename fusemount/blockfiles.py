@@ -18,6 +18,13 @@ up again by path (on the loop's fast path within ``recheck_after`` of the evicti
 blocks do not keep their disk space (up to ``max_open`` blocks of it) past the cache's
 size. A read that already holds the descriptor when the eviction happens still finishes
 with the verified bytes of that digest.
+
+With encryption at rest (a :class:`~spoke.encryption.BlockCipher`; ``encrypted`` is then
+True) a range cannot be read from the file alone: AES-GCM authenticates the whole file,
+so the first read of a block reads and opens all of it, and the block's plaintext is kept
+in a small LRU table (:data:`PLAIN_CACHE_BYTES`) that serves further ranges of it, on the
+event loop's fast path too. A file that fails authentication is a
+:class:`CorruptBlockError`, like a digest mismatch.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from io import FileIO
 
+from spoke.encryption import BlockCipher, CorruptBlock
 from spoke.layout import CacheLayout, block_digest
 
 log = logging.getLogger(__name__)
@@ -45,6 +53,8 @@ class CorruptBlockError(OSError):
 
 Identity = tuple[int, int, int]  # st_ino, st_mtime_ns, st_size
 RECHECK_AFTER = 0.1  # seconds between identity checks of an open entry on the fast path
+PLAIN_CACHE_BYTES = 128 << 20
+"""Most bytes of decrypted blocks kept (encryption at rest only): 32 blocks of 4 MiB."""
 
 
 @dataclass
@@ -67,10 +77,17 @@ class BlockFiles:
         layout: the spoke's cache directory.
         max_open: most block files kept open.
         recheck_after: seconds between identity checks of an open file on the fast path.
+        cipher: the spoke's encryption key when block files are encrypted at rest.
+        plain_cache_bytes: most bytes of decrypted blocks kept (with ``cipher`` only).
     """
 
     def __init__(
-        self, layout: CacheLayout, max_open: int = 1024, recheck_after: float = RECHECK_AFTER
+        self,
+        layout: CacheLayout,
+        max_open: int = 1024,
+        recheck_after: float = RECHECK_AFTER,
+        cipher: BlockCipher | None = None,
+        plain_cache_bytes: int = PLAIN_CACHE_BYTES,
     ) -> None:
         self.layout = layout
         self.max_open = max_open
@@ -80,6 +97,12 @@ class BlockFiles:
         self._lock = threading.Lock()
         self.verifications = 0
         self.nowait = hasattr(os, "RWF_NOWAIT")  # cleared if the cache disk refuses it
+        self.cipher = cipher
+        self.encrypted = cipher is not None
+        """Block files are sealed: bytes on disk are not the block's (no passthrough)."""
+        self.plain_cache_bytes = plain_cache_bytes
+        self._plain: OrderedDict[str, tuple[Identity, bytes]] = OrderedDict()
+        self._plain_size = 0
 
     def read_cached(self, digest: str, offset: int, size: int) -> bytearray | None:
         """``size`` bytes at ``offset`` of an open, verified block file, without blocking.
@@ -105,6 +128,9 @@ class BlockFiles:
             with self._lock:
                 if self._open.get(digest) is entry:
                     self._open.move_to_end(digest)
+        if self.encrypted:
+            plain = self._kept_plain(digest, entry.identity)
+            return None if plain is None else bytearray(memoryview(plain)[offset : offset + size])
         want = max(min(size, entry.identity[2] - offset), 0)
         buf = bytearray(want)
         try:
@@ -145,7 +171,11 @@ class BlockFiles:
             if self._still_valid(entry):
                 entry.checked = time.monotonic()
                 try:
+                    if self.encrypted:
+                        return self._open_sealed(digest, entry.file, entry.identity, offset, size)
                     return os.pread(entry.fd, size, offset)
+                except CorruptBlockError:
+                    raise
                 except OSError as err:
                     log.warning("cached block %s unreadable: %s", digest, err)
             self._drop(digest, entry)  # evicted, or changed under us: look it up again
@@ -167,6 +197,13 @@ class BlockFiles:
 
     def _verify_and_keep(self, digest: str, file: FileIO, offset: int, size: int) -> bytes:
         identity = _identity(file.fileno())
+        if self.encrypted:
+            data = self._open_sealed(digest, file, identity, offset, size)
+            with self._lock:
+                self._open[digest] = _OpenBlock(file, file.fileno(), identity, time.monotonic())
+                while len(self._open) > self.max_open:
+                    self._open.popitem(last=False)
+            return data
         with self._lock:
             known = self._verified.get(digest) == identity
         if not known:
@@ -181,6 +218,57 @@ class BlockFiles:
             while len(self._open) > self.max_open:
                 self._open.popitem(last=False)
         return data[offset : offset + size] if not known else os.pread(file.fileno(), size, offset)
+
+    # -- encryption at rest ----------------------------------------------------------------
+
+    def _kept_plain(self, digest: str, identity: Identity) -> bytes | None:
+        """A decrypted block kept here (None: not kept, or kept for another identity of
+        its file)."""
+        with self._lock:
+            kept = self._plain.get(digest)
+            if kept is None or kept[0] != identity:
+                return None
+            self._plain.move_to_end(digest)
+        return kept[1]
+
+    def _open_sealed(
+        self, digest: str, file: FileIO, identity: Identity, offset: int, size: int
+    ) -> bytes:
+        """A range of a sealed block file: from the table of decrypted blocks, else the
+        whole file read, authenticated, checked against its digest and kept.
+
+        Raises:
+            CorruptBlockError: the file fails authentication or its digest.
+            OSError: it cannot be read.
+        """
+        kept = self._kept_plain(digest, identity)
+        if kept is not None:
+            return kept[offset : offset + size]
+        assert self.cipher is not None
+        sealed = os.pread(file.fileno(), identity[2], 0)
+        self.verifications += 1
+        try:
+            plain = self.cipher.open(digest, sealed)
+        except CorruptBlock:
+            plain = b""
+        if len(sealed) != identity[2] or block_digest(plain) != digest:
+            self.forget(digest)
+            raise CorruptBlockError(digest)
+        with self._lock:
+            previous = self._plain.pop(digest, None)
+            if previous is not None:
+                self._plain_size -= len(previous[1])
+            self._plain[digest] = (identity, plain)
+            self._plain_size += len(plain)
+            while self._plain_size > self.plain_cache_bytes and len(self._plain) > 1:
+                self._plain_size -= len(self._plain.popitem(last=False)[1][1])
+        return plain[offset : offset + size]
+
+    def _forget_plain(self, digest: str) -> None:
+        """Drop a decrypted block (call with the lock held)."""
+        kept = self._plain.pop(digest, None)
+        if kept is not None:
+            self._plain_size -= len(kept[1])
 
     def warm(self, digest: str) -> bool:
         """Ask the kernel to read a cached block file into the page cache in the background.
@@ -223,9 +311,11 @@ class BlockFiles:
             if self._open.get(digest) is entry:
                 del self._open[digest]
                 self._verified.pop(digest, None)
+                self._forget_plain(digest)
 
     def forget(self, digest: str) -> None:
         """Drop what is known about ``digest`` (it will be reopened and verified)."""
         with self._lock:
             self._open.pop(digest, None)
             self._verified.pop(digest, None)
+            self._forget_plain(digest)

@@ -70,6 +70,14 @@ AuditLogOpt = Annotated[
     Path | None,
     typer.Option("--audit-log", help="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"),
 ]
+EncryptionKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--encryption-key-file",
+        help="encrypt block files at rest with this AES-256 key (0600; strata-spoke "
+        "encryption-key FILE makes one)",
+    ),
+]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option("--config", help=f"TOML file of settings (or ${CONFIG_ENV}); flags win"),
@@ -274,6 +282,7 @@ def run(
     no_admin_token: NoAdminTokenOpt = None,
     audit_log: AuditLogOpt = None,
     retention: RetentionOpt = None,
+    encryption_key_file: EncryptionKeyOpt = None,
     config: ConfigOpt = None,
     background_fill: FillOpt = "off",
     fill_rate: FillRateOpt = None,
@@ -323,6 +332,7 @@ def daemon(
     no_admin_token: NoAdminTokenOpt = None,
     audit_log: AuditLogOpt = None,
     retention: RetentionOpt = None,
+    encryption_key_file: EncryptionKeyOpt = None,
     background_fill: FillOpt = "off",
     fill_rate: FillRateOpt = None,
     peer_listen: PeerListenOpt = None,
@@ -341,12 +351,15 @@ def daemon(
         "strata-spoke-daemon", _with_mesh(locals())
     )  # first: locals() = the options
     from spoke.daemon import run_daemon  # grpc.aio and uvicorn only in this process
+    from spoke.encryption import EncryptionError
     from spoke.lock import CacheInUse
 
     try:
         asyncio.run(run_daemon(settings))
     except CacheInUse as err:
         _fail(f"daemon: {err.strerror}")
+    except EncryptionError as err:
+        _fail(f"daemon: {err}")
     except OSError as err:
         _fail(f"daemon: {err.strerror or err} ({admin})")
 
@@ -496,6 +509,22 @@ def fill_lines(fill: dict[str, Any], width: int = 30) -> list[str]:
             f"{snap['rate_bytes_per_s'] / 1e6:.1f} MB/s{eta} {snap['state']}{why}"
         )
     return lines
+
+
+@app.command("encryption-key")
+def encryption_key(
+    path: Annotated[Path, typer.Argument(help="where to write the new key (must not exist)")],
+) -> None:
+    """Write a new random key for --encryption-key-file (mode 0600)."""
+    from spoke.encryption import write_key
+
+    try:
+        write_key(path)
+    except FileExistsError:
+        _fail(f"{path} exists: a key is never overwritten (the blocks it sealed need it)")
+    except OSError as err:
+        _fail(f"{path}: {err.strerror or err}")
+    typer.echo(f"wrote a 256-bit key to {path} (a cache dir written with it opens only with it)")
 
 
 def main() -> None:

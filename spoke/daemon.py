@@ -28,6 +28,7 @@ from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.config import SpokeSettings
 from spoke.crossfile import CrossFileReadahead
+from spoke.encryption import check_cache_key
 from spoke.errors import HubUnavailable
 from spoke.fetcher import Fetcher
 from spoke.fill import BackgroundFill
@@ -59,6 +60,8 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
 
     Raises:
         OSError: the admin address or the socket could not be bound.
+        spoke.encryption.EncryptionError: the cache dir was written with another
+            encryption key (or with one, and none is given).
         spoke.lock.CacheInUse: another daemon uses the cache directory.
     """
     stop = stop or asyncio.Event()
@@ -77,11 +80,13 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         secure_cache_dir(layout)  # what an older version or another umask left behind
         audit = AuditLog(settings.audit_log or layout.root / "audit.jsonl")
         stack.callback(audit.close)
+        cipher = settings.block_cipher()  # encryption at rest (spoke/encryption.py)
+        check_cache_key(layout, cipher, settings.encryption_key_file, record=True)
         env = open_index(layout)
         stack.callback(env.close)
         capacity = int(settings.cache_size)
         cache = BlockCache(
-            BlockStore(layout, env),
+            BlockStore(layout, env, cipher),
             # the configured policy until a job posts hints; per hint stream, the
             # blocks of the last 2 reads are still being read (DESIGN.md: Hints)
             HintedPolicy(make_policy(settings.policy, capacity), in_use=2),

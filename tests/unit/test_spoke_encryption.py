@@ -1,0 +1,206 @@
+"""Encryption at rest: key files, sealed block files, the cache dir's key record, and the
+daemon's store and the mount's block files reading them back."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from fusemount.blockfiles import BlockFiles, CorruptBlockError
+from spoke.encryption import (
+    KEY_BYTES,
+    OVERHEAD,
+    BlockCipher,
+    CorruptBlock,
+    EncryptionError,
+    check_cache_key,
+    check_file,
+    load_key,
+    write_key,
+)
+from spoke.layout import CacheLayout, block_digest
+from spoke.store import BlockStore, open_index
+
+
+def _key(tmp_path: Path, name: str = "key") -> Path:
+    path = tmp_path / name
+    write_key(path)
+    return path
+
+
+def test_key_files_raw_or_hex_owner_only(tmp_path: Path) -> None:
+    hexed = _key(tmp_path)
+    assert oct(hexed.stat().st_mode & 0o777) == "0o600"
+    assert len(load_key(hexed)) == KEY_BYTES
+    raw = tmp_path / "raw"
+    raw.write_bytes(os.urandom(KEY_BYTES))
+    raw.chmod(0o400)
+    assert load_key(raw) == raw.read_bytes()
+    with pytest.raises(FileExistsError):
+        write_key(hexed)  # a key is never overwritten
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "message"),
+    [
+        (None, 0o600, "No such file"),
+        (b"00" * 31 + b"\n", 0o600, "expected a 32-byte key"),
+        (b"zz" * 32, 0o600, "expected a 32-byte key"),
+        (os.urandom(33), 0o600, "expected a 32-byte key"),
+        (os.urandom(KEY_BYTES), 0o640, "readable by group or others (mode 0640)"),
+        (os.urandom(KEY_BYTES), 0o604, "chmod 600"),
+    ],
+)
+def test_bad_key_files_say_why(
+    tmp_path: Path, content: bytes | None, mode: int, message: str
+) -> None:
+    path = tmp_path / "key"
+    if content is not None:
+        path.write_bytes(content)
+        path.chmod(mode)
+    with pytest.raises(EncryptionError, match=re.escape(message)):
+        load_key(path)
+
+
+def test_a_sealed_block_opens_only_as_itself_under_its_key(tmp_path: Path) -> None:
+    cipher = BlockCipher.from_file(_key(tmp_path))
+    data = os.urandom(5000)
+    digest = block_digest(data)
+    sealed = cipher.seal(digest, data)
+    assert len(sealed) == cipher.sealed_size(len(data)) == len(data) + OVERHEAD
+    assert data not in sealed
+    assert cipher.seal(digest, data) != sealed  # a fresh nonce each time
+    assert cipher.open(digest, sealed) == data
+    other = block_digest(b"another block")
+    with pytest.raises(CorruptBlock):  # the digest is associated data: no swapping files
+        cipher.open(other, sealed)
+    flipped = bytearray(sealed)
+    flipped[100] ^= 1
+    with pytest.raises(CorruptBlock):
+        cipher.open(digest, bytes(flipped))
+    with pytest.raises(CorruptBlock):
+        BlockCipher.from_file(_key(tmp_path, "other")).open(digest, sealed)
+    with pytest.raises(CorruptBlock):
+        cipher.open(digest, data)  # a plaintext file
+    assert cipher.open(block_digest(b""), cipher.seal(block_digest(b""), b"")) == b""
+
+
+def test_the_cache_dir_remembers_its_key(tmp_path: Path) -> None:
+    layout = CacheLayout(tmp_path / "cache")
+    layout.root.mkdir()
+    key, other = _key(tmp_path), _key(tmp_path, "other")
+    cipher = BlockCipher.from_file(key)
+    check_cache_key(layout, None, None, record=True)  # plain and unrecorded: fine
+    check_cache_key(layout, cipher, key, record=False)
+    assert not check_file(layout).exists()
+    check_cache_key(layout, cipher, key, record=True)
+    assert key.read_text().strip() not in check_file(layout).read_text()  # never the key
+    assert oct(check_file(layout).stat().st_mode & 0o777) == "0o600"
+    check_cache_key(layout, BlockCipher.from_file(key), key, record=True)  # same key again
+    with pytest.raises(EncryptionError, match="holds encrypted blocks"):
+        check_cache_key(layout, None, None, record=True)
+    with pytest.raises(EncryptionError, match=f"{other}: not the key cache dir"):
+        check_cache_key(layout, BlockCipher.from_file(other), other, record=True)
+    check_file(layout).write_text("garbage")
+    with pytest.raises(EncryptionError, match=r"unreadable encryption\.check"):
+        check_cache_key(layout, cipher, key, record=True)
+
+
+def test_the_store_seals_what_it_writes_and_opens_what_it_reads(tmp_path: Path) -> None:
+    layout = CacheLayout(tmp_path)
+    cipher = BlockCipher.from_file(_key(tmp_path))
+    env = open_index(layout)
+    store = BlockStore(layout, env, cipher)
+    blocks = {block_digest(d): d for d in (os.urandom(3000), os.urandom(10), b"")}
+    for digest, data in blocks.items():
+        store.write(digest, data, tick=1)
+        on_disk = layout.block_path(digest).read_bytes()
+        assert len(on_disk) == len(data) + OVERHEAD
+        assert data == b"" or data not in on_disk
+        assert store.read(digest) == data
+        assert store.verify(digest)
+    victim = next(d for d, v in blocks.items() if len(v) == 3000)
+    damaged = bytearray(layout.block_path(victim).read_bytes())
+    damaged[-1] ^= 0x80
+    layout.block_path(victim).write_bytes(bytes(damaged))
+    assert store.read(victim) is None
+    assert not store.verify(victim)
+    env.close()
+    # recovery keeps sealed blocks of the indexed size, indexes an unindexed sealed one
+    # by its plaintext size, and drops plaintext blocks left from before encryption
+    plain = b"written before encryption was on"
+    digest_plain = block_digest(plain)
+    layout.block_path(digest_plain).parent.mkdir(parents=True, exist_ok=True)
+    layout.block_path(digest_plain).write_bytes(plain)
+    loose = os.urandom(700)
+    digest_loose = block_digest(loose)
+    layout.block_path(digest_loose).parent.mkdir(parents=True, exist_ok=True)
+    layout.block_path(digest_loose).write_bytes(cipher.seal(digest_loose, loose))
+    env = open_index(layout)
+    store = BlockStore(layout, env, cipher)
+    recovered = {b.digest: b.size for b in store.recover()}
+    assert recovered[digest_loose] == 700
+    assert digest_plain not in recovered
+    assert not layout.block_path(digest_plain).exists()
+    assert all(recovered[d] == len(v) for d, v in blocks.items() if d != victim)
+    # a store without the key sees sealed files as bad blocks, never as data
+    assert BlockStore(layout, env).read(digest_loose) is None
+    env.close()
+
+
+def test_the_mount_reads_sealed_blocks_and_refuses_tampered_ones(tmp_path: Path) -> None:
+    layout = CacheLayout(tmp_path)
+    cipher = BlockCipher.from_file(_key(tmp_path))
+    store = BlockStore(layout, open_index(layout), cipher)
+    data = os.urandom(200_000)
+    digest = block_digest(data)
+    store.write(digest, data, tick=1)
+    files = BlockFiles(layout, cipher=cipher)
+    assert files.encrypted and not BlockFiles(layout).encrypted
+    assert files.read(digest, 0, 0) == b""
+    assert files.read(digest, 1000, 5000) == data[1000:6000]
+    assert files.read(digest, 199_990, 100) == data[199_990:]
+    assert files.read(digest, 200_000, 5) == b""
+    assert files.verifications == 1  # one decryption, then ranges from the kept plaintext
+    files.recheck_after = 0.0
+    fast = files.read_cached(digest, 4096, 4096)
+    assert fast is not None and bytes(fast) == data[4096:8192]
+    # a tampered file (a new identity) is refused, not served from what was kept
+    sealed = bytearray(layout.block_path(digest).read_bytes())
+    sealed[5000] ^= 0x01
+    layout.block_path(digest).write_bytes(bytes(sealed))
+    os.utime(layout.block_path(digest), ns=(1, 1))
+    assert files.read_cached(digest, 0, 10) is None
+    with pytest.raises(CorruptBlockError):
+        files.read(digest, 0, 10)
+    with pytest.raises(CorruptBlockError):  # and again: nothing was kept of it
+        files.read(digest, 0, 10)
+    # another block's sealed file renamed to this digest is refused too
+    other = os.urandom(1000)
+    layout.block_path(digest).write_bytes(cipher.seal(block_digest(other), other))
+    with pytest.raises(CorruptBlockError):
+        files.read(digest, 0, 10)
+    store.write(digest, data, tick=2)  # the daemon's refetch
+    assert files.read(digest, 7, 3) == data[7:10]
+
+
+def test_the_mounts_table_of_decrypted_blocks_is_bounded(tmp_path: Path) -> None:
+    layout = CacheLayout(tmp_path)
+    cipher = BlockCipher.from_file(_key(tmp_path))
+    store = BlockStore(layout, open_index(layout), cipher)
+    blobs = [os.urandom(10_000) for _ in range(6)]
+    digests = [block_digest(b) for b in blobs]
+    for d, b in zip(digests, blobs, strict=True):
+        store.write(d, b, tick=1)
+    files = BlockFiles(layout, cipher=cipher, plain_cache_bytes=30_000)
+    for d, b in zip(digests, blobs, strict=True):
+        assert files.read(d, 0, 10_000) == b
+    assert files._plain_size == 30_000 and len(files._plain) == 3
+    assert files.read(digests[0], 0, 10) == blobs[0][:10]  # decrypted again
+    assert files.verifications == 7
+    layout.block_path(digests[0]).unlink()  # evicted: the sweep frees its plaintext too
+    assert files.sweep() == 1
+    assert digests[0] not in files._plain
