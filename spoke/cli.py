@@ -78,6 +78,13 @@ EncryptionKeyOpt = Annotated[
         "encryption-key FILE makes one)",
     ),
 ]
+PublisherKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--publisher-key",
+        help="Ed25519 public key (strata-hub keygen): serve only snapshots it signed",
+    ),
+]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option("--config", help=f"TOML file of settings (or ${CONFIG_ENV}); flags win"),
@@ -283,6 +290,7 @@ def run(
     audit_log: AuditLogOpt = None,
     retention: RetentionOpt = None,
     encryption_key_file: EncryptionKeyOpt = None,
+    publisher_key: PublisherKeyOpt = None,
     config: ConfigOpt = None,
     background_fill: FillOpt = "off",
     fill_rate: FillRateOpt = None,
@@ -333,6 +341,7 @@ def daemon(
     audit_log: AuditLogOpt = None,
     retention: RetentionOpt = None,
     encryption_key_file: EncryptionKeyOpt = None,
+    publisher_key: PublisherKeyOpt = None,
     background_fill: FillOpt = "off",
     fill_rate: FillRateOpt = None,
     peer_listen: PeerListenOpt = None,

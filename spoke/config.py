@@ -34,6 +34,7 @@ from spoke.encryption import BlockCipher, EncryptionError, load_key
 from spoke.hubauth import CredentialError, HubCredentials
 from spoke.layout import CacheLayout
 from spoke.mesh.settings import MeshSettings
+from spoke.signature import PublisherKey, PublisherKeyError
 
 CONFIG_ENV = "STRATA_SPOKE_CONFIG"
 """Variable naming the TOML config file when ``--config`` is not given."""
@@ -133,6 +134,9 @@ class SpokeSettings(BaseSettings):
     encryption_key_file: Path | None = Field(
         default=None, description="AES-256-GCM key (0600) that encrypts block files at rest"
     )
+    publisher_key: Path | None = Field(
+        default=None, description="Ed25519 public key: only snapshots it signed are served"
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -190,6 +194,7 @@ class SpokeSettings(BaseSettings):
             ("--hub-key", self.hub_key),
             ("--hub-token-file", self.hub_token_file),
             ("--encryption-key-file", self.encryption_key_file),
+            ("--publisher-key", self.publisher_key),
         ):
             if path is not None:
                 args += [flag, str(path.resolve())]
@@ -253,6 +258,24 @@ class SpokeSettings(BaseSettings):
             except EncryptionError as err:
                 raise ValueError(str(err)) from None
         return v
+
+    @field_validator("publisher_key")
+    @classmethod
+    def _publisher_key(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            try:
+                PublisherKey.from_file(v)
+            except PublisherKeyError as err:
+                raise ValueError(str(err)) from None
+        return v
+
+    def publisher(self) -> PublisherKey | None:
+        """The publisher key of ``--publisher-key`` (None: signatures are not checked).
+
+        Raises:
+            PublisherKeyError: the file is missing, unreadable or not an Ed25519 key.
+        """
+        return PublisherKey.from_file(self.publisher_key) if self.publisher_key else None
 
     @field_validator("cache_dir")
     @classmethod

@@ -96,7 +96,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         )
         hub = HubClient(settings.hub, credentials=settings.hub_credentials())
         stack.push_async_callback(hub.close)
-        catalog = SnapshotCatalog(hub, env)
+        catalog = SnapshotCatalog(hub, env, settings.publisher())
         stack.push_async_callback(catalog.close)
         source: BlockSource = HubSource(hub)
         mesh = MeshNode(settings.mesh, source) if settings.mesh is not None else None
