@@ -7,9 +7,9 @@ block files as they are, the other with ``--encryption-key-file`` (AES-256-GCM, 
 ``spoke/encryption.py``). Both caches are filled first (every file read once), then each
 fio job of :mod:`bench.mount_io` (sequential 1 MiB, random 4 KiB and 1 MiB, small files)
 runs on the plain mount and on the encrypted one, the kernel page cache dropped before
-each run, so reads come from the spokes' disks (the encrypted mount also keeps its last
-128 MiB of decrypted blocks: the sequential files total more than that). Prints MB/s and
-the ratio encrypted/plain per job. Needs ``fio`` and root (to drop the page cache).
+each run, so reads come from the spokes' disks and the encrypted mount decrypts every
+64 KiB segment it serves. Prints MB/s and the ratio encrypted/plain per job. Needs
+``fio`` and root (to drop the page cache).
 """
 
 from __future__ import annotations

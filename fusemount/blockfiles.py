@@ -19,12 +19,11 @@ blocks do not keep their disk space (up to ``max_open`` blocks of it) past the c
 size. A read that already holds the descriptor when the eviction happens still finishes
 with the verified bytes of that digest.
 
-With encryption at rest (a :class:`~spoke.encryption.BlockCipher`; ``encrypted`` is then
-True) a range cannot be read from the file alone: AES-GCM authenticates the whole file,
-so the first read of a block reads and opens all of it, and the block's plaintext is kept
-in a small LRU table (:data:`PLAIN_CACHE_BYTES`) that serves further ranges of it, on the
-event loop's fast path too. A file that fails authentication is a
-:class:`CorruptBlockError`, like a digest mismatch.
+Encryption at rest (``cipher``; ``encrypted`` is then True, and the bytes on disk are not
+the block's): a read decrypts only the 64 KiB segments it covers, each authenticated
+(AES-GCM, :class:`~spoke.encryption.BlockCipher`), instead of the first-read digest
+check; the fast path reads those segments with ``RWF_NOWAIT`` and decrypts them on the
+loop. A segment that fails authentication is a :class:`CorruptBlockError`.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from io import FileIO
 
-from spoke.encryption import BlockCipher, CorruptBlock
+from spoke.encryption import SEGMENT_BYTES, BlockCipher, CorruptBlock
 from spoke.layout import CacheLayout, block_digest
 
 log = logging.getLogger(__name__)
@@ -53,8 +52,6 @@ class CorruptBlockError(OSError):
 
 Identity = tuple[int, int, int]  # st_ino, st_mtime_ns, st_size
 RECHECK_AFTER = 0.1  # seconds between identity checks of an open entry on the fast path
-PLAIN_CACHE_BYTES = 128 << 20
-"""Most bytes of decrypted blocks kept (encryption at rest only): 32 blocks of 4 MiB."""
 
 
 @dataclass
@@ -63,6 +60,7 @@ class _OpenBlock:
     fd: int
     identity: Identity
     checked: float  # time.monotonic() of the last identity check
+    prefix: bytes = b""  # nonce prefix of a sealed file (encryption at rest)
 
 
 def _identity(fd: int) -> Identity:
@@ -77,8 +75,7 @@ class BlockFiles:
         layout: the spoke's cache directory.
         max_open: most block files kept open.
         recheck_after: seconds between identity checks of an open file on the fast path.
-        cipher: the spoke's encryption key when block files are encrypted at rest.
-        plain_cache_bytes: most bytes of decrypted blocks kept (with ``cipher`` only).
+        cipher: the spoke's key when block files are encrypted at rest (None: plain).
     """
 
     def __init__(
@@ -87,7 +84,6 @@ class BlockFiles:
         max_open: int = 1024,
         recheck_after: float = RECHECK_AFTER,
         cipher: BlockCipher | None = None,
-        plain_cache_bytes: int = PLAIN_CACHE_BYTES,
     ) -> None:
         self.layout = layout
         self.max_open = max_open
@@ -99,10 +95,7 @@ class BlockFiles:
         self.nowait = hasattr(os, "RWF_NOWAIT")  # cleared if the cache disk refuses it
         self.cipher = cipher
         self.encrypted = cipher is not None
-        """Block files are sealed: bytes on disk are not the block's (no passthrough)."""
-        self.plain_cache_bytes = plain_cache_bytes
-        self._plain: OrderedDict[str, tuple[Identity, bytes]] = OrderedDict()
-        self._plain_size = 0
+        """Block files are sealed: their bytes are not the block's (no passthrough then)."""
 
     def read_cached(self, digest: str, offset: int, size: int) -> bytearray | None:
         """``size`` bytes at ``offset`` of an open, verified block file, without blocking.
@@ -129,8 +122,7 @@ class BlockFiles:
                 if self._open.get(digest) is entry:
                     self._open.move_to_end(digest)
         if self.encrypted:
-            plain = self._kept_plain(digest, entry.identity)
-            return None if plain is None else bytearray(memoryview(plain)[offset : offset + size])
+            return self._sealed_nowait(digest, entry, offset, size)
         want = max(min(size, entry.identity[2] - offset), 0)
         buf = bytearray(want)
         try:
@@ -172,7 +164,7 @@ class BlockFiles:
                 entry.checked = time.monotonic()
                 try:
                     if self.encrypted:
-                        return self._open_sealed(digest, entry.file, entry.identity, offset, size)
+                        return self._read_sealed(digest, entry, offset, size)
                     return os.pread(entry.fd, size, offset)
                 except CorruptBlockError:
                     raise
@@ -198,12 +190,7 @@ class BlockFiles:
     def _verify_and_keep(self, digest: str, file: FileIO, offset: int, size: int) -> bytes:
         identity = _identity(file.fileno())
         if self.encrypted:
-            data = self._open_sealed(digest, file, identity, offset, size)
-            with self._lock:
-                self._open[digest] = _OpenBlock(file, file.fileno(), identity, time.monotonic())
-                while len(self._open) > self.max_open:
-                    self._open.popitem(last=False)
-            return data
+            return self._keep_sealed(digest, file, identity, offset, size)
         with self._lock:
             known = self._verified.get(digest) == identity
         if not known:
@@ -219,56 +206,97 @@ class BlockFiles:
                 self._open.popitem(last=False)
         return data[offset : offset + size] if not known else os.pread(file.fileno(), size, offset)
 
-    # -- encryption at rest ----------------------------------------------------------------
+    # -- encryption at rest (spoke/encryption.py) -------------------------------------------
 
-    def _kept_plain(self, digest: str, identity: Identity) -> bytes | None:
-        """A decrypted block kept here (None: not kept, or kept for another identity of
-        its file)."""
-        with self._lock:
-            kept = self._plain.get(digest)
-            if kept is None or kept[0] != identity:
-                return None
-            self._plain.move_to_end(digest)
-        return kept[1]
-
-    def _open_sealed(
+    def _keep_sealed(
         self, digest: str, file: FileIO, identity: Identity, offset: int, size: int
     ) -> bytes:
-        """A range of a sealed block file: from the table of decrypted blocks, else the
-        whole file read, authenticated, checked against its digest and kept.
+        """Open a sealed block file's entry (its header read) and read a range of it."""
+        assert self.cipher is not None
+        try:
+            prefix = self.cipher.prefix(digest, os.pread(file.fileno(), 64, 0))
+        except CorruptBlock:
+            file.close()
+            raise CorruptBlockError(digest) from None
+        if self.cipher.plain_size(identity[2]) < 0:
+            file.close()
+            raise CorruptBlockError(digest)
+        entry = _OpenBlock(file, file.fileno(), identity, time.monotonic(), prefix)
+        data = self._read_sealed(digest, entry, offset, size)
+        with self._lock:
+            self._open[digest] = entry
+            while len(self._open) > self.max_open:
+                self._open.popitem(last=False)
+        return data
+
+    def _sealed_span(self, entry: _OpenBlock, offset: int, size: int) -> tuple[int, ...] | None:
+        """(file offset, bytes, first segment, block size, bytes wanted) of a range of a
+        sealed file; None when the range is empty."""
+        assert self.cipher is not None
+        plain = self.cipher.plain_size(entry.identity[2])
+        want = min(size, plain - offset)
+        if want <= 0:
+            return None
+        return (*self.cipher.span(plain, offset, want), plain, want)
+
+    def _open_range(
+        self, digest: str, entry: _OpenBlock, raw: bytes | bytearray, span: tuple[int, ...]
+    ) -> bytes:
+        """The wanted bytes of the segments ``raw`` read at ``span``.
 
         Raises:
-            CorruptBlockError: the file fails authentication or its digest.
-            OSError: it cannot be read.
+            CorruptBlock: a segment fails authentication (or is cut short).
         """
-        kept = self._kept_plain(digest, identity)
-        if kept is not None:
-            return kept[offset : offset + size]
         assert self.cipher is not None
-        sealed = os.pread(file.fileno(), identity[2], 0)
+        _, _, first, plain, _ = span
+        data = self.cipher.open_span(digest, entry.prefix, raw, first, plain)
         self.verifications += 1
-        try:
-            plain = self.cipher.open(digest, sealed)
-        except CorruptBlock:
-            plain = b""
-        if len(sealed) != identity[2] or block_digest(plain) != digest:
-            self.forget(digest)
-            raise CorruptBlockError(digest)
-        with self._lock:
-            previous = self._plain.pop(digest, None)
-            if previous is not None:
-                self._plain_size -= len(previous[1])
-            self._plain[digest] = (identity, plain)
-            self._plain_size += len(plain)
-            while self._plain_size > self.plain_cache_bytes and len(self._plain) > 1:
-                self._plain_size -= len(self._plain.popitem(last=False)[1][1])
-        return plain[offset : offset + size]
+        return data
 
-    def _forget_plain(self, digest: str) -> None:
-        """Drop a decrypted block (call with the lock held)."""
-        kept = self._plain.pop(digest, None)
-        if kept is not None:
-            self._plain_size -= len(kept[1])
+    def _read_sealed(self, digest: str, entry: _OpenBlock, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` of a sealed block file, decrypted (blocking read).
+
+        Raises:
+            CorruptBlockError: a segment fails authentication, or the file is cut short.
+        """
+        span = self._sealed_span(entry, offset, size)
+        if span is None:
+            return b""
+        raw = os.pread(entry.fd, span[1], span[0])
+        try:
+            data = self._open_range(digest, entry, raw, span)
+        except CorruptBlock:
+            self.forget(digest)
+            raise CorruptBlockError(digest) from None
+        skip = offset - span[2] * SEGMENT_BYTES
+        return data[skip : skip + span[4]]
+
+    def _sealed_nowait(
+        self, digest: str, entry: _OpenBlock, offset: int, size: int
+    ) -> bytearray | None:
+        """:meth:`read_cached` of a sealed file: its segments if all in the page cache,
+        decrypted on the caller's thread (None: not cached, or it fails: :meth:`read`
+        then reads it again and raises)."""
+        span = self._sealed_span(entry, offset, size)
+        if span is None:
+            return bytearray()
+        buf = bytearray(span[1])
+        try:
+            got = os.preadv(entry.fd, (buf,), span[0], os.RWF_NOWAIT)
+        except BlockingIOError:  # not in the page cache
+            return None
+        except OSError as err:
+            log.info("preadv2(RWF_NOWAIT) on the cache disk failed (%s); reads use threads", err)
+            self.nowait = False
+            return None
+        if got < span[1]:
+            return None
+        try:
+            data = self._open_range(digest, entry, buf, span)
+        except CorruptBlock:
+            return None
+        skip = offset - span[2] * SEGMENT_BYTES
+        return bytearray(memoryview(data)[skip : skip + span[4]])
 
     def warm(self, digest: str) -> bool:
         """Ask the kernel to read a cached block file into the page cache in the background.
@@ -311,11 +339,9 @@ class BlockFiles:
             if self._open.get(digest) is entry:
                 del self._open[digest]
                 self._verified.pop(digest, None)
-                self._forget_plain(digest)
 
     def forget(self, digest: str) -> None:
         """Drop what is known about ``digest`` (it will be reopened and verified)."""
         with self._lock:
             self._open.pop(digest, None)
             self._verified.pop(digest, None)
-            self._forget_plain(digest)

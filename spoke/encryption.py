@@ -1,13 +1,15 @@
 """Encryption at rest of block files (``--encryption-key-file``): AES-256-GCM, one key per
 spoke, shared by the daemon (which writes block files) and the mount (which reads them).
 
-A sealed block file is ``MAGIC (4) || nonce (12) || ciphertext || tag (16)``: a fresh
-random 96-bit nonce per file (NIST SP 800-38D, section 8.2.2: random nonces stay safe up
-to 2^32 messages per key), and the block's digest as associated data, so a file cannot be
-swapped for another block's file, nor be renamed to another digest, without failing
-authentication. GCM authenticates the whole file: a reader decrypts all of it before it
-uses a byte (``CorruptBlock`` otherwise, which the readers treat like a digest mismatch:
-dropped and refetched, never served).
+A sealed block file is a header (``MAGIC``, a random 64-bit nonce prefix per file) and
+the block in segments of 64 KiB, each sealed on its own (:class:`BlockCipher`: nonce =
+prefix and segment index, the block's digest and a last-segment flag as associated
+data), so a file cannot be swapped for another block's file, renamed to another digest,
+reordered or cut without failing authentication, and a reader of a small range decrypts
+only the segments it covers. Random prefixes: NIST SP 800-38D, section 8.2.2 bounds
+random nonces to 2^32 invocations per key; at 64 segments a 4 MiB block that is 2^26
+blocks (256 TiB) written per key. A segment that fails is ``CorruptBlock``, which the
+readers treat like a digest mismatch: dropped and refetched, never served.
 
 The key file holds 32 bytes, raw or as 64 hex characters (``strata-spoke encryption-key
 FILE`` writes one), and must be readable by its owner only. The cache directory records
@@ -29,6 +31,7 @@ import json
 import os
 import secrets
 import stat
+import struct
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
@@ -38,12 +41,17 @@ from spoke.layout import CacheLayout
 
 KEY_BYTES = 32
 """AES-256."""
-NONCE_BYTES = 12
+PREFIX_BYTES = 8
+"""Random per file; a segment's 96-bit nonce is the prefix and its index (u32)."""
 TAG_BYTES = 16
-MAGIC = b"SEB1"
-"""Strata encrypted block, format 1 (part of the associated data too)."""
-OVERHEAD = len(MAGIC) + NONCE_BYTES + TAG_BYTES
-"""Bytes a sealed block file has beyond the block itself."""
+MAGIC = b"SEB2"
+"""Strata encrypted block, format 2 (segmented; part of the associated data too)."""
+HEADER_BYTES = len(MAGIC) + PREFIX_BYTES
+SEGMENT_BYTES = 64 * 1024
+"""Plaintext bytes per sealed segment: a read decrypts only the segments it covers."""
+OVERHEAD = HEADER_BYTES + TAG_BYTES
+"""Bytes a sealed file of a block of at most one segment has beyond the block itself."""
+_INDEX = struct.Struct(">I")
 CHECK_LABEL = b"strata-spoke cache key check v1"
 CIPHER_NAME = "AES-256-GCM"
 
@@ -108,8 +116,21 @@ def write_key(path: Path) -> None:
         out.write(secrets.token_bytes(KEY_BYTES).hex() + "\n")
 
 
+def _segments(size: int) -> int:
+    """Segments of a ``size``-byte block (an empty block has one, of no bytes)."""
+    return max(1, -(-size // SEGMENT_BYTES))
+
+
 class BlockCipher:
     """Seal and open block files with one AES-256-GCM key.
+
+    A sealed file is ``MAGIC | prefix (8 random bytes) | segment 0 | segment 1 | ...``,
+    each segment the AES-GCM ciphertext and tag of up to :data:`SEGMENT_BYTES` of the
+    block, with nonce ``prefix | index u32`` and associated data ``MAGIC | digest |
+    last u8`` (the STREAM construction: Hoang, Reyhanitabar, Rogaway and Vizár, "Online
+    Authenticated-Encryption and its Nonce-Reuse Misuse-Resistance", CRYPTO 2015). So a
+    segment opens only at its own index of a file of its own digest under this key, and a
+    file cut at a segment boundary fails (its new last segment was not sealed as last).
 
     Args:
         key: 32 bytes.
@@ -133,34 +154,105 @@ class BlockCipher:
     @staticmethod
     def sealed_size(size: int) -> int:
         """Bytes of the file that holds a ``size``-byte block."""
-        return size + OVERHEAD
+        return HEADER_BYTES + size + TAG_BYTES * _segments(size)
 
     @staticmethod
     def plain_size(file_size: int) -> int:
-        """Bytes of the block a ``file_size``-byte sealed file holds (-1: too short)."""
-        return file_size - OVERHEAD if file_size >= OVERHEAD else -1
+        """Bytes of the block a ``file_size``-byte sealed file holds (-1: no such size)."""
+        rest = file_size - HEADER_BYTES
+        if rest < TAG_BYTES:
+            return -1
+        size = rest - TAG_BYTES * -(-rest // (SEGMENT_BYTES + TAG_BYTES))
+        return size if BlockCipher.sealed_size(size) == file_size else -1
 
     def seal(self, digest: str, data: bytes | bytearray | memoryview) -> bytes:
-        """The file contents that hold block ``digest`` (a fresh nonce each call)."""
-        nonce = os.urandom(NONCE_BYTES)
-        return MAGIC + nonce + self._aead.encrypt(nonce, bytes(data), MAGIC + digest.encode())
+        """The file contents that hold block ``digest`` (a fresh random prefix each call)."""
+        prefix = os.urandom(PREFIX_BYTES)
+        view = memoryview(data)
+        count = _segments(len(view))
+        parts = [MAGIC, prefix]
+        for index in range(count):
+            chunk = bytes(view[index * SEGMENT_BYTES : (index + 1) * SEGMENT_BYTES])
+            aad = _aad(digest, index == count - 1)
+            parts.append(self._aead.encrypt(prefix + _INDEX.pack(index), chunk, aad))
+        return b"".join(parts)
 
     def open(self, digest: str, sealed: bytes | bytearray | memoryview) -> bytes:
-        """The block in a sealed file's contents, authenticated.
+        """The whole block in a sealed file's contents, every segment authenticated.
 
         Raises:
             CorruptBlock: not a sealed file of block ``digest`` under this key.
         """
         view = memoryview(sealed)
-        if len(view) < OVERHEAD or bytes(view[: len(MAGIC)]) != MAGIC:
+        prefix = self.prefix(digest, view[:HEADER_BYTES])
+        size = self.plain_size(len(view))
+        if size < 0:
+            raise CorruptBlock(f"block file of {digest} has no sealed size ({len(view)} bytes)")
+        return self.open_span(digest, prefix, view[HEADER_BYTES:], 0, size)
+
+    @staticmethod
+    def prefix(digest: str, header: bytes | bytearray | memoryview) -> bytes:
+        """The nonce prefix in a sealed file's first :data:`HEADER_BYTES`.
+
+        Raises:
+            CorruptBlock: the header is not a sealed block's.
+        """
+        if len(header) < HEADER_BYTES or bytes(header[: len(MAGIC)]) != MAGIC:
             raise CorruptBlock(f"block file of {digest} is not a sealed block")
-        nonce = bytes(view[len(MAGIC) : len(MAGIC) + NONCE_BYTES])
-        try:
-            return self._aead.decrypt(
-                nonce, bytes(view[len(MAGIC) + NONCE_BYTES :]), MAGIC + digest.encode()
-            )
-        except InvalidTag:
-            raise CorruptBlock(f"block file of {digest} failed authentication") from None
+        return bytes(header[len(MAGIC) : HEADER_BYTES])
+
+    @staticmethod
+    def span(size: int, offset: int, length: int) -> tuple[int, int, int]:
+        """Where the segments covering ``length`` bytes at ``offset`` of a ``size``-byte
+        block lie in its sealed file: ``(file offset, bytes, first segment index)``.
+
+        The range must be within the block (``offset + length <= size``, ``length > 0``).
+        """
+        first = offset // SEGMENT_BYTES
+        last = (offset + length - 1) // SEGMENT_BYTES
+        start = HEADER_BYTES + first * (SEGMENT_BYTES + TAG_BYTES)
+        end_plain = min((last + 1) * SEGMENT_BYTES, size)
+        end = HEADER_BYTES + end_plain + (last + 1) * TAG_BYTES
+        return start, end - start, first
+
+    def open_span(
+        self,
+        digest: str,
+        prefix: bytes,
+        raw: bytes | bytearray | memoryview,
+        first: int,
+        size: int,
+    ) -> bytes:
+        """The plaintext of consecutive sealed segments ``raw``, the first at index
+        ``first``, of a ``size``-byte block (as :meth:`span` located them).
+
+        Raises:
+            CorruptBlock: a segment fails authentication, or ``raw`` is cut short.
+        """
+        view = memoryview(raw)
+        count = _segments(size)
+        out = []
+        index, pos = first, 0
+        while pos < len(view):
+            end = pos + min(SEGMENT_BYTES, size - index * SEGMENT_BYTES) + TAG_BYTES
+            if index >= count or end > len(view):
+                raise CorruptBlock(f"block file of {digest} is cut short")
+            try:
+                out.append(
+                    self._aead.decrypt(
+                        prefix + _INDEX.pack(index),
+                        bytes(view[pos:end]),
+                        _aad(digest, index == count - 1),
+                    )
+                )
+            except InvalidTag:
+                raise CorruptBlock(f"block file of {digest} failed authentication") from None
+            index, pos = index + 1, end
+        return b"".join(out)
+
+
+def _aad(digest: str, last: bool) -> bytes:
+    return MAGIC + digest.encode() + (b"\1" if last else b"\0")
 
 
 def check_file(layout: CacheLayout) -> Path:

@@ -15,7 +15,7 @@ import pytest
 
 from deploy.local import LocalStack
 from hub.publish import publish
-from spoke.encryption import OVERHEAD, BlockCipher, write_key
+from spoke.encryption import OVERHEAD, TAG_BYTES, BlockCipher, write_key
 from spoke.layout import CacheLayout, block_digest
 from tests.integration.hub_support import write_tree
 from tests.support import requires_fuse
@@ -59,11 +59,11 @@ def test_an_encrypted_cache_reads_identically_and_refuses_tampering(tmp_path: Pa
         cipher = BlockCipher.from_file(key)
         small = block_digest(files["small.bin"])
         sealed = layout.block_path(small).read_bytes()
-        assert len(sealed) == len(files["small.bin"]) + OVERHEAD
+        assert len(sealed) == cipher.sealed_size(70_000) == 70_000 + OVERHEAD + TAG_BYTES
         assert files["small.bin"][:64] not in sealed
         assert cipher.open(small, sealed) == files["small.bin"]
         first_big = block_digest(files["big.bin"][: 4 << 20])
-        assert layout.block_path(first_big).stat().st_size == (4 << 20) + OVERHEAD
+        assert layout.block_path(first_big).stat().st_size == cipher.sealed_size(4 << 20)
 
         # prewarmed (not yet read by the mount), then one byte flipped on the cache disk
         reply = httpx.post(

@@ -11,8 +11,11 @@ import pytest
 
 from fusemount.blockfiles import BlockFiles, CorruptBlockError
 from spoke.encryption import (
+    HEADER_BYTES,
     KEY_BYTES,
     OVERHEAD,
+    SEGMENT_BYTES,
+    TAG_BYTES,
     BlockCipher,
     CorruptBlock,
     EncryptionError,
@@ -151,6 +154,32 @@ def test_the_store_seals_what_it_writes_and_opens_what_it_reads(tmp_path: Path) 
     env.close()
 
 
+def test_segments_open_alone_and_only_in_place(tmp_path: Path) -> None:
+    cipher = BlockCipher.from_file(_key(tmp_path))
+    for size in (0, 1, SEGMENT_BYTES - 1, SEGMENT_BYTES, SEGMENT_BYTES + 1, 3 * SEGMENT_BYTES):
+        data = os.urandom(size)
+        digest = block_digest(data)
+        sealed = cipher.seal(digest, data)
+        assert len(sealed) == cipher.sealed_size(size)
+        assert cipher.plain_size(len(sealed)) == size
+        assert cipher.open(digest, sealed) == data
+    prefix = cipher.prefix(digest, sealed[:HEADER_BYTES])
+    start, length, first = cipher.span(len(data), SEGMENT_BYTES + 5, 10)  # within segment 1
+    assert first == 1 and length == SEGMENT_BYTES + TAG_BYTES
+    seg = sealed[start : start + length]
+    assert (
+        cipher.open_span(digest, prefix, seg, 1, len(data))[5:15] == data[SEGMENT_BYTES + 5 :][:10]
+    )
+    with pytest.raises(CorruptBlock):  # a segment moved to another index
+        cipher.open_span(digest, prefix, seg, 2, len(data))
+    with pytest.raises(CorruptBlock):  # under another file's prefix
+        cipher.open_span(digest, os.urandom(len(prefix)), seg, 1, len(data))
+    cut = sealed[: HEADER_BYTES + 2 * (SEGMENT_BYTES + TAG_BYTES)]  # two whole segments of 3
+    with pytest.raises(CorruptBlock):  # the new last segment was not sealed as last
+        cipher.open(digest, cut)
+    assert cipher.plain_size(HEADER_BYTES + 5) == -1
+
+
 def test_the_mount_reads_sealed_blocks_and_refuses_tampered_ones(tmp_path: Path) -> None:
     layout = CacheLayout(tmp_path)
     cipher = BlockCipher.from_file(_key(tmp_path))
@@ -162,45 +191,32 @@ def test_the_mount_reads_sealed_blocks_and_refuses_tampered_ones(tmp_path: Path)
     assert files.encrypted and not BlockFiles(layout).encrypted
     assert files.read(digest, 0, 0) == b""
     assert files.read(digest, 1000, 5000) == data[1000:6000]
+    assert files.read(digest, 60_000, 80_000) == data[60_000:140_000]  # three segments
     assert files.read(digest, 199_990, 100) == data[199_990:]
     assert files.read(digest, 200_000, 5) == b""
-    assert files.verifications == 1  # one decryption, then ranges from the kept plaintext
+    assert files.verifications == 3  # one authenticated span per non-empty read
     files.recheck_after = 0.0
-    fast = files.read_cached(digest, 4096, 4096)
+    fast = files.read_cached(digest, 4096, 4096)  # written just now: in the page cache
     assert fast is not None and bytes(fast) == data[4096:8192]
-    # a tampered file (a new identity) is refused, not served from what was kept
+    # a byte flipped in segment 2 (a new identity): that segment is refused, never served
     sealed = bytearray(layout.block_path(digest).read_bytes())
-    sealed[5000] ^= 0x01
+    sealed[HEADER_BYTES + 2 * (SEGMENT_BYTES + TAG_BYTES) + 100] ^= 0x01
     layout.block_path(digest).write_bytes(bytes(sealed))
     os.utime(layout.block_path(digest), ns=(1, 1))
-    assert files.read_cached(digest, 0, 10) is None
+    assert files.read_cached(digest, 2 * SEGMENT_BYTES, 10) is None
     with pytest.raises(CorruptBlockError):
-        files.read(digest, 0, 10)
+        files.read(digest, 2 * SEGMENT_BYTES, 10)
     with pytest.raises(CorruptBlockError):  # and again: nothing was kept of it
-        files.read(digest, 0, 10)
+        files.read(digest, 2 * SEGMENT_BYTES + 50, 100)
     # another block's sealed file renamed to this digest is refused too
     other = os.urandom(1000)
     layout.block_path(digest).write_bytes(cipher.seal(block_digest(other), other))
     with pytest.raises(CorruptBlockError):
         files.read(digest, 0, 10)
+    layout.block_path(digest).write_bytes(data)  # a plaintext file: not a sealed block
+    with pytest.raises(CorruptBlockError):
+        files.read(digest, 0, 10)
     store.write(digest, data, tick=2)  # the daemon's refetch
     assert files.read(digest, 7, 3) == data[7:10]
-
-
-def test_the_mounts_table_of_decrypted_blocks_is_bounded(tmp_path: Path) -> None:
-    layout = CacheLayout(tmp_path)
-    cipher = BlockCipher.from_file(_key(tmp_path))
-    store = BlockStore(layout, open_index(layout), cipher)
-    blobs = [os.urandom(10_000) for _ in range(6)]
-    digests = [block_digest(b) for b in blobs]
-    for d, b in zip(digests, blobs, strict=True):
-        store.write(d, b, tick=1)
-    files = BlockFiles(layout, cipher=cipher, plain_cache_bytes=30_000)
-    for d, b in zip(digests, blobs, strict=True):
-        assert files.read(d, 0, 10_000) == b
-    assert files._plain_size == 30_000 and len(files._plain) == 3
-    assert files.read(digests[0], 0, 10) == blobs[0][:10]  # decrypted again
-    assert files.verifications == 7
-    layout.block_path(digests[0]).unlink()  # evicted: the sweep frees its plaintext too
+    layout.block_path(digest).unlink()  # evicted: the sweep closes it
     assert files.sweep() == 1
-    assert digests[0] not in files._plain
