@@ -20,7 +20,7 @@ size. A read that already holds the descriptor when the eviction happens still f
 with the verified bytes of that digest.
 
 Encryption at rest (``cipher``; ``encrypted`` is then True, and the bytes on disk are not
-the block's): a read decrypts only the 64 KiB segments it covers, each authenticated
+the block's): a read decrypts only the 16 KiB segments it covers, each authenticated
 (AES-GCM, :class:`~spoke.encryption.BlockCipher`), instead of the first-read digest
 check; the fast path reads those segments with ``RWF_NOWAIT`` and decrypts them on the
 loop. A segment that fails authentication is a :class:`CorruptBlockError`.
@@ -36,7 +36,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from io import FileIO
 
-from spoke.encryption import SEGMENT_BYTES, BlockCipher, CorruptBlock
+from spoke.encryption import SEGMENT_BYTES, BlockCipher, CorruptBlock, FileKey
 from spoke.layout import CacheLayout, block_digest
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class _OpenBlock:
     fd: int
     identity: Identity
     checked: float  # time.monotonic() of the last identity check
-    prefix: bytes = b""  # nonce prefix of a sealed file (encryption at rest)
+    key: FileKey | None = None  # the key of a sealed file (encryption at rest)
 
 
 def _identity(fd: int) -> Identity:
@@ -214,14 +214,14 @@ class BlockFiles:
         """Open a sealed block file's entry (its header read) and read a range of it."""
         assert self.cipher is not None
         try:
-            prefix = self.cipher.prefix(digest, os.pread(file.fileno(), 64, 0))
+            key = self.cipher.file_key(digest, os.pread(file.fileno(), 64, 0))
         except CorruptBlock:
             file.close()
             raise CorruptBlockError(digest) from None
         if self.cipher.plain_size(identity[2]) < 0:
             file.close()
             raise CorruptBlockError(digest)
-        entry = _OpenBlock(file, file.fileno(), identity, time.monotonic(), prefix)
+        entry = _OpenBlock(file, file.fileno(), identity, time.monotonic(), key)
         data = self._read_sealed(digest, entry, offset, size)
         with self._lock:
             self._open[digest] = entry
@@ -241,15 +241,15 @@ class BlockFiles:
 
     def _open_range(
         self, digest: str, entry: _OpenBlock, raw: bytes | bytearray, span: tuple[int, ...]
-    ) -> bytes:
+    ) -> bytearray:
         """The wanted bytes of the segments ``raw`` read at ``span``.
 
         Raises:
             CorruptBlock: a segment fails authentication (or is cut short).
         """
-        assert self.cipher is not None
+        assert entry.key is not None
         _, _, first, plain, _ = span
-        data = self.cipher.open_span(digest, entry.prefix, raw, first, plain)
+        data = entry.key.open_span(raw, first, plain)
         self.verifications += 1
         return data
 
@@ -269,7 +269,7 @@ class BlockFiles:
             self.forget(digest)
             raise CorruptBlockError(digest) from None
         skip = offset - span[2] * SEGMENT_BYTES
-        return data[skip : skip + span[4]]
+        return bytes(memoryview(data)[skip : skip + span[4]])
 
     def _sealed_nowait(
         self, digest: str, entry: _OpenBlock, offset: int, size: int
@@ -296,6 +296,8 @@ class BlockFiles:
         except CorruptBlock:
             return None
         skip = offset - span[2] * SEGMENT_BYTES
+        if skip == 0 and span[4] == len(data):  # an aligned read: no copy
+            return data
         return bytearray(memoryview(data)[skip : skip + span[4]])
 
     def warm(self, digest: str) -> bool:

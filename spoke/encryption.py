@@ -1,15 +1,16 @@
 """Encryption at rest of block files (``--encryption-key-file``): AES-256-GCM, one key per
 spoke, shared by the daemon (which writes block files) and the mount (which reads them).
 
-A sealed block file is a header (``MAGIC``, a random 64-bit nonce prefix per file) and
-the block in segments of 64 KiB, each sealed on its own (:class:`BlockCipher`: nonce =
-prefix and segment index, the block's digest and a last-segment flag as associated
-data), so a file cannot be swapped for another block's file, renamed to another digest,
-reordered or cut without failing authentication, and a reader of a small range decrypts
-only the segments it covers. Random prefixes: NIST SP 800-38D, section 8.2.2 bounds
-random nonces to 2^32 invocations per key; at 64 segments a 4 MiB block that is 2^26
-blocks (256 TiB) written per key. A segment that fails is ``CorruptBlock``, which the
-readers treat like a digest mismatch: dropped and refetched, never served.
+A sealed block file is a header (``MAGIC``, a random 128-bit salt) and the block in
+segments of 16 KiB, each sealed on its own (:class:`BlockCipher`) under a key of that
+file alone (HKDF-SHA256 of the spoke's key, the salt and the digest; RFC 5869), with the
+segment's index as nonce and the digest and a last-segment flag as associated data: a
+file cannot be swapped for another block's file, renamed to another digest, reordered
+or cut without failing authentication, a reader of a small range decrypts only the
+segments it covers, and no nonce is ever used twice under one key (a fresh key per file
+write; salts collide with probability ~n²/2^129 after n writes). A segment that fails is
+``CorruptBlock``, which the readers treat like a digest mismatch: dropped and refetched,
+never served.
 
 The key file holds 32 bytes, raw or as 64 hex characters (``strata-spoke encryption-key
 FILE`` writes one), and must be readable by its owner only. The cache directory records
@@ -35,19 +36,21 @@ import struct
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from spoke.layout import CacheLayout
 
 KEY_BYTES = 32
 """AES-256."""
-PREFIX_BYTES = 8
-"""Random per file; a segment's 96-bit nonce is the prefix and its index (u32)."""
+SALT_BYTES = 16
+"""Random per file write: the file's own key is derived from it."""
 TAG_BYTES = 16
 MAGIC = b"SEB2"
 """Strata encrypted block, format 2 (segmented; part of the associated data too)."""
-HEADER_BYTES = len(MAGIC) + PREFIX_BYTES
-SEGMENT_BYTES = 64 * 1024
+HEADER_BYTES = len(MAGIC) + SALT_BYTES
+SEGMENT_BYTES = 16 * 1024
 """Plaintext bytes per sealed segment: a read decrypts only the segments it covers."""
 OVERHEAD = HEADER_BYTES + TAG_BYTES
 """Bytes a sealed file of a block of at most one segment has beyond the block itself."""
@@ -121,16 +124,63 @@ def _segments(size: int) -> int:
     return max(1, -(-size // SEGMENT_BYTES))
 
 
-class BlockCipher:
-    """Seal and open block files with one AES-256-GCM key.
+class FileKey:
+    """The key of one sealed block file (derived by :meth:`BlockCipher.file_key`)."""
 
-    A sealed file is ``MAGIC | prefix (8 random bytes) | segment 0 | segment 1 | ...``,
+    def __init__(self, digest: str, aead: AESGCM) -> None:
+        self.digest = digest
+        self._aead = aead
+
+    def seal_segment(self, index: int, chunk: bytes | memoryview, last: bool) -> bytes:
+        """Segment ``index`` of the file: ciphertext and tag."""
+        return self._aead.encrypt(_nonce(index), bytes(chunk), _aad(self.digest, last))
+
+    def open_span(self, raw: bytes | bytearray | memoryview, first: int, size: int) -> bytearray:
+        """The plaintext of consecutive sealed segments ``raw``, the first at index
+        ``first``, of a ``size``-byte block (as :meth:`BlockCipher.span` located them),
+        decrypted into one buffer (no copy per segment).
+
+        Raises:
+            CorruptBlock: a segment fails authentication, or ``raw`` is cut short.
+        """
+        view = memoryview(raw)
+        count = _segments(size)
+        segments = -(-len(view) // (SEGMENT_BYTES + TAG_BYTES))
+        out = bytearray(max(0, len(view) - TAG_BYTES * segments))
+        target = memoryview(out)
+        index, pos, done = first, 0, 0
+        while pos < len(view):
+            length = min(SEGMENT_BYTES, size - index * SEGMENT_BYTES)
+            end = pos + length + TAG_BYTES
+            if index >= count or length < 0 or end > len(view) or done + length > len(out):
+                raise CorruptBlock(f"block file of {self.digest} is cut short")
+            try:
+                self._aead.decrypt_into(
+                    _nonce(index),
+                    view[pos:end],
+                    _aad(self.digest, index == count - 1),
+                    target[done : done + length],
+                )
+            except InvalidTag:
+                raise CorruptBlock(f"block file of {self.digest} failed authentication") from None
+            index, pos, done = index + 1, end, done + length
+        if done != len(out):
+            raise CorruptBlock(f"block file of {self.digest} is cut short")
+        return out
+
+
+class BlockCipher:
+    """Seal and open block files with the spoke's AES-256-GCM key.
+
+    A sealed file is ``MAGIC | salt (16 random bytes) | segment 0 | segment 1 | ...``,
     each segment the AES-GCM ciphertext and tag of up to :data:`SEGMENT_BYTES` of the
-    block, with nonce ``prefix | index u32`` and associated data ``MAGIC | digest |
-    last u8`` (the STREAM construction: Hoang, Reyhanitabar, Rogaway and Vizár, "Online
-    Authenticated-Encryption and its Nonce-Reuse Misuse-Resistance", CRYPTO 2015). So a
-    segment opens only at its own index of a file of its own digest under this key, and a
-    file cut at a segment boundary fails (its new last segment was not sealed as last).
+    block, under the file's key HKDF-SHA256(key, salt, info = ``MAGIC | digest``), with
+    nonce = the segment's index and associated data ``MAGIC | digest | last u8`` (the
+    STREAM construction: Hoang, Reyhanitabar, Rogaway and Vizár, "Online
+    Authenticated-Encryption and its Nonce-Reuse Misuse-Resistance", CRYPTO 2015; a
+    derived key per file as in Tink's AES-GCM-HKDF streaming AEAD). So a segment opens
+    only at its own index of a file of its own digest under this key, and a file cut at a
+    segment boundary fails (its new last segment was not sealed as last).
 
     Args:
         key: 32 bytes.
@@ -142,7 +192,7 @@ class BlockCipher:
     def __init__(self, key: bytes) -> None:
         if len(key) != KEY_BYTES:
             raise EncryptionError(f"an encryption key has {KEY_BYTES} bytes, not {len(key)}")
-        self._aead = AESGCM(key)
+        self._key = key
         self.check_value = hmac.new(key, CHECK_LABEL, hashlib.sha256).hexdigest()
         """Identifies the key (HMAC-SHA256 of a fixed label): safe to store beside the data."""
 
@@ -165,16 +215,32 @@ class BlockCipher:
         size = rest - TAG_BYTES * -(-rest // (SEGMENT_BYTES + TAG_BYTES))
         return size if BlockCipher.sealed_size(size) == file_size else -1
 
+    def _derive(self, digest: str, salt: bytes) -> FileKey:
+        info = MAGIC + digest.encode()
+        key = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=info)
+        return FileKey(digest, AESGCM(key.derive(self._key)))
+
+    def file_key(self, digest: str, header: bytes | bytearray | memoryview) -> FileKey:
+        """The key of the sealed file of ``digest`` whose first :data:`HEADER_BYTES` (or
+        more) are ``header``.
+
+        Raises:
+            CorruptBlock: the header is not a sealed block's.
+        """
+        if len(header) < HEADER_BYTES or bytes(header[: len(MAGIC)]) != MAGIC:
+            raise CorruptBlock(f"block file of {digest} is not a sealed block")
+        return self._derive(digest, bytes(header[len(MAGIC) : HEADER_BYTES]))
+
     def seal(self, digest: str, data: bytes | bytearray | memoryview) -> bytes:
-        """The file contents that hold block ``digest`` (a fresh random prefix each call)."""
-        prefix = os.urandom(PREFIX_BYTES)
+        """The file contents that hold block ``digest`` (a fresh salt, hence key, each call)."""
+        salt = os.urandom(SALT_BYTES)
+        key = self._derive(digest, salt)
         view = memoryview(data)
         count = _segments(len(view))
-        parts = [MAGIC, prefix]
+        parts = [MAGIC, salt]
         for index in range(count):
-            chunk = bytes(view[index * SEGMENT_BYTES : (index + 1) * SEGMENT_BYTES])
-            aad = _aad(digest, index == count - 1)
-            parts.append(self._aead.encrypt(prefix + _INDEX.pack(index), chunk, aad))
+            chunk = view[index * SEGMENT_BYTES : (index + 1) * SEGMENT_BYTES]
+            parts.append(key.seal_segment(index, chunk, index == count - 1))
         return b"".join(parts)
 
     def open(self, digest: str, sealed: bytes | bytearray | memoryview) -> bytes:
@@ -184,22 +250,11 @@ class BlockCipher:
             CorruptBlock: not a sealed file of block ``digest`` under this key.
         """
         view = memoryview(sealed)
-        prefix = self.prefix(digest, view[:HEADER_BYTES])
+        key = self.file_key(digest, view[:HEADER_BYTES])
         size = self.plain_size(len(view))
         if size < 0:
             raise CorruptBlock(f"block file of {digest} has no sealed size ({len(view)} bytes)")
-        return self.open_span(digest, prefix, view[HEADER_BYTES:], 0, size)
-
-    @staticmethod
-    def prefix(digest: str, header: bytes | bytearray | memoryview) -> bytes:
-        """The nonce prefix in a sealed file's first :data:`HEADER_BYTES`.
-
-        Raises:
-            CorruptBlock: the header is not a sealed block's.
-        """
-        if len(header) < HEADER_BYTES or bytes(header[: len(MAGIC)]) != MAGIC:
-            raise CorruptBlock(f"block file of {digest} is not a sealed block")
-        return bytes(header[len(MAGIC) : HEADER_BYTES])
+        return bytes(key.open_span(view[HEADER_BYTES:], 0, size))
 
     @staticmethod
     def span(size: int, offset: int, length: int) -> tuple[int, int, int]:
@@ -215,40 +270,9 @@ class BlockCipher:
         end = HEADER_BYTES + end_plain + (last + 1) * TAG_BYTES
         return start, end - start, first
 
-    def open_span(
-        self,
-        digest: str,
-        prefix: bytes,
-        raw: bytes | bytearray | memoryview,
-        first: int,
-        size: int,
-    ) -> bytes:
-        """The plaintext of consecutive sealed segments ``raw``, the first at index
-        ``first``, of a ``size``-byte block (as :meth:`span` located them).
 
-        Raises:
-            CorruptBlock: a segment fails authentication, or ``raw`` is cut short.
-        """
-        view = memoryview(raw)
-        count = _segments(size)
-        out = []
-        index, pos = first, 0
-        while pos < len(view):
-            end = pos + min(SEGMENT_BYTES, size - index * SEGMENT_BYTES) + TAG_BYTES
-            if index >= count or end > len(view):
-                raise CorruptBlock(f"block file of {digest} is cut short")
-            try:
-                out.append(
-                    self._aead.decrypt(
-                        prefix + _INDEX.pack(index),
-                        bytes(view[pos:end]),
-                        _aad(digest, index == count - 1),
-                    )
-                )
-            except InvalidTag:
-                raise CorruptBlock(f"block file of {digest} failed authentication") from None
-            index, pos = index + 1, end
-        return b"".join(out)
+def _nonce(index: int) -> bytes:
+    return bytes(8) + _INDEX.pack(index)
 
 
 def _aad(digest: str, last: bool) -> bytes:

@@ -163,17 +163,18 @@ def test_segments_open_alone_and_only_in_place(tmp_path: Path) -> None:
         assert len(sealed) == cipher.sealed_size(size)
         assert cipher.plain_size(len(sealed)) == size
         assert cipher.open(digest, sealed) == data
-    prefix = cipher.prefix(digest, sealed[:HEADER_BYTES])
+    key = cipher.file_key(digest, sealed[:HEADER_BYTES])
     start, length, first = cipher.span(len(data), SEGMENT_BYTES + 5, 10)  # within segment 1
     assert first == 1 and length == SEGMENT_BYTES + TAG_BYTES
     seg = sealed[start : start + length]
-    assert (
-        cipher.open_span(digest, prefix, seg, 1, len(data))[5:15] == data[SEGMENT_BYTES + 5 :][:10]
-    )
+    assert key.open_span(seg, 1, len(data))[5:15] == data[SEGMENT_BYTES + 5 :][:10]
     with pytest.raises(CorruptBlock):  # a segment moved to another index
-        cipher.open_span(digest, prefix, seg, 2, len(data))
-    with pytest.raises(CorruptBlock):  # under another file's prefix
-        cipher.open_span(digest, os.urandom(len(prefix)), seg, 1, len(data))
+        key.open_span(seg, 2, len(data))
+    again = cipher.seal(digest, data)  # the same block sealed again: another salt and key
+    with pytest.raises(CorruptBlock):
+        cipher.file_key(digest, again[:HEADER_BYTES]).open_span(seg, 1, len(data))
+    with pytest.raises(CorruptBlock):  # the same salt under another digest
+        cipher.file_key(block_digest(b"x"), sealed[:HEADER_BYTES]).open_span(seg, 1, len(data))
     cut = sealed[: HEADER_BYTES + 2 * (SEGMENT_BYTES + TAG_BYTES)]  # two whole segments of 3
     with pytest.raises(CorruptBlock):  # the new last segment was not sealed as last
         cipher.open(digest, cut)
