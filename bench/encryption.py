@@ -8,7 +8,7 @@ block files as they are, the other with ``--encryption-key-file`` (AES-256-GCM, 
 fio job of :mod:`bench.mount_io` (sequential 1 MiB, random 4 KiB and 1 MiB, small files)
 runs on the plain mount and on the encrypted one, the kernel page cache dropped before
 each run, so reads come from the spokes' disks and the encrypted mount decrypts every
-16 KiB segment it serves. Prints MB/s and the ratio encrypted/plain per job. Needs
+32 KiB segment it serves. Prints MB/s and the ratio encrypted/plain per job. Needs
 ``fio`` and root (to drop the page cache).
 """
 

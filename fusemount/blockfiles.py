@@ -20,7 +20,7 @@ size. A read that already holds the descriptor when the eviction happens still f
 with the verified bytes of that digest.
 
 Encryption at rest (``cipher``; ``encrypted`` is then True, and the bytes on disk are not
-the block's): a read decrypts only the 16 KiB segments it covers, each authenticated
+the block's): a read decrypts only the 32 KiB segments it covers, each authenticated
 (AES-GCM, :class:`~spoke.encryption.BlockCipher`), instead of the first-read digest
 check; the fast path reads those segments with ``RWF_NOWAIT`` and decrypts them on the
 loop. A segment that fails authentication is a :class:`CorruptBlockError`.

@@ -2,7 +2,7 @@
 spoke, shared by the daemon (which writes block files) and the mount (which reads them).
 
 A sealed block file is a header (``MAGIC``, a random 128-bit salt) and the block in
-segments of 16 KiB, each sealed on its own (:class:`BlockCipher`) under a key of that
+segments of 32 KiB, each sealed on its own (:class:`BlockCipher`) under a key of that
 file alone (HKDF-SHA256 of the spoke's key, the salt and the digest; RFC 5869), with the
 segment's index as nonce and the digest and a last-segment flag as associated data: a
 file cannot be swapped for another block's file, renamed to another digest, reordered
@@ -50,7 +50,7 @@ TAG_BYTES = 16
 MAGIC = b"SEB2"
 """Strata encrypted block, format 2 (segmented; part of the associated data too)."""
 HEADER_BYTES = len(MAGIC) + SALT_BYTES
-SEGMENT_BYTES = 16 * 1024
+SEGMENT_BYTES = 32 * 1024
 """Plaintext bytes per sealed segment: a read decrypts only the segments it covers."""
 OVERHEAD = HEADER_BYTES + TAG_BYTES
 """Bytes a sealed file of a block of at most one segment has beyond the block itself."""
