@@ -136,14 +136,16 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         )
         access.subscribe("fill", fill.observe)
         access.subscribe("steady state", SteadyState().observe)
-        clock = ReadClock()  # retention: when each block was last read
+        retention_s = settings.retention_seconds()
+        # retention: when each block was last read (persisted in the index with --retention)
+        clock = ReadClock(env=env if retention_s is not None else None)
+        stack.callback(clock.flush)  # on the way out, before the index closes
         access.subscribe("retention", lambda digests, hit: clock.read(list(digests)))
         background = [
             asyncio.create_task(cache.run_evictor()),
             asyncio.create_task(Invalidator(hub, catalog, cache, pins).run()),
             asyncio.create_task(fill.run()),
         ]
-        retention_s = settings.retention_seconds()
         if retention_s is not None:
             retention = Retention(catalog, cache, clock, retention_s, audit)
             background.append(asyncio.create_task(retention.run()))
