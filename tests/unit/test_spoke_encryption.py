@@ -221,3 +221,27 @@ def test_the_mount_reads_sealed_blocks_and_refuses_tampered_ones(tmp_path: Path)
     assert files.read(digest, 7, 3) == data[7:10]
     layout.block_path(digest).unlink()  # evicted: the sweep closes it
     assert files.sweep() == 1
+
+
+def test_settings_take_the_key_from_a_variable_and_pass_it_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pydantic import ValidationError
+
+    from spoke.config import SpokeSettings
+    from spoke.supervisor import Supervisor
+
+    key = _key(tmp_path)
+    monkeypatch.setenv("STRATA_SPOKE_ENCRYPTION_KEY_FILE", str(key))
+    (tmp_path / "mnt").mkdir()
+    settings = SpokeSettings(
+        hub="127.0.0.1:1", cache_dir=tmp_path / "c", cache_size="1MiB", mount=tmp_path / "mnt"
+    )
+    assert settings.block_cipher() is not None
+    args = settings.security_args()
+    assert args[args.index("--encryption-key-file") + 1] == str(key.resolve())
+    mount_cmd = Supervisor(settings)._mount_cmd()
+    assert mount_cmd[mount_cmd.index("--encryption-key-file") + 1] == str(key.resolve())
+    key.chmod(0o644)
+    with pytest.raises(ValidationError, match="readable by group or others"):
+        SpokeSettings(hub="127.0.0.1:1", cache_dir=tmp_path / "c", cache_size="1MiB")
