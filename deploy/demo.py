@@ -37,7 +37,7 @@ import httpx
 
 from bench.measure import LinkSampler, TrainerError, TrainerRun, run_trainer
 from bench.wan import LinkSpec, WanProxy, parse_hostport, parse_rate
-from deploy.local import LocalStack, StackError, drop_page_cache
+from deploy.local import LocalStack, StackError, admin_headers, drop_page_cache
 from trainer.command import fit_args
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -68,21 +68,23 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def cache_stats(admin_url: str) -> dict[str, Any]:
-    """The spoke's ``GET /v1/cache``."""
-    reply = httpx.get(f"{admin_url}/v1/cache", timeout=10.0)
+def cache_stats(admin_url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """The spoke's ``GET /v1/cache`` (``headers``: its admin token, :func:`admin_headers`)."""
+    reply = httpx.get(f"{admin_url}/v1/cache", headers=headers, timeout=10.0)
     reply.raise_for_status()
     stats: dict[str, Any] = reply.json()
     return stats
 
 
-def wait_for_hits(admin_url: str, above: int, timeout: float = 3.0) -> dict[str, Any]:
+def wait_for_hits(
+    admin_url: str, above: int, timeout: float = 3.0, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Cache stats once the mount's batched hit reports (every 0.1 s or 64 hits) have arrived."""
     deadline = time.monotonic() + timeout
-    stats = cache_stats(admin_url)
+    stats = cache_stats(admin_url, headers)
     while stats["hits"] <= above and time.monotonic() < deadline:
         time.sleep(0.2)
-        stats = cache_stats(admin_url)
+        stats = cache_stats(admin_url, headers)
     return stats
 
 
@@ -138,6 +140,7 @@ def run_demo(
             admin = stack.start_spoke(
                 wan.address, work / "cache", work / "mnt", cache_size, extra=fill
             )
+            auth = admin_headers(work / "cache")  # the token the spoke generated
             data = work / "mnt" / "f3" / "latest" / "f3.mdio"
             print(
                 f"    hub {wan.address} (via the link), admin {admin}, reading {data}", flush=True
@@ -145,12 +148,16 @@ def run_demo(
             started = time.monotonic()
             _fit(data, work / "train", steps, batch_size, workers)
             train_s = time.monotonic() - started
-            stats = wait_for_hits(admin, above=-1, timeout=1.0)
+            stats = wait_for_hits(admin, above=-1, timeout=1.0, headers=auth)
             second: dict[str, Any] = {}
             if second_pass_steps > 0:
                 dropped = drop_page_cache()
                 _fit(data, work / "train2", second_pass_steps, batch_size, workers)
-                after = wait_for_hits(admin, above=stats["hits"]) if dropped else cache_stats(admin)
+                after = (
+                    wait_for_hits(admin, above=stats["hits"], headers=auth)
+                    if dropped
+                    else cache_stats(admin, auth)
+                )
                 second = {
                     "steps": second_pass_steps,
                     "page_cache_dropped": dropped,

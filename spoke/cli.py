@@ -58,6 +58,21 @@ AuditLogOpt = Annotated[
     Path | None,
     typer.Option("--audit-log", help="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"),
 ]
+EncryptionKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--encryption-key-file",
+        help="encrypt block files at rest with this AES-256 key (0600; strata-spoke "
+        "encryption-key FILE makes one)",
+    ),
+]
+PublisherKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--publisher-key",
+        help="Ed25519 public key (strata-hub keygen): serve only snapshots it signed",
+    ),
+]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option("--config", help=f"TOML file of settings (or ${CONFIG_ENV}); flags win"),
@@ -280,6 +295,8 @@ SPOKE_OPTIONS = (
     _shared("no_admin_token", NoAdminTokenOpt),
     _shared("audit_log", AuditLogOpt),
     _shared("retention", RetentionOpt),
+    _shared("encryption_key_file", EncryptionKeyOpt),
+    _shared("publisher_key", PublisherKeyOpt),
     _shared("background_fill", FillOpt),
     _shared("fill_rate", FillRateOpt),
     _shared("peer_listen", PeerListenOpt),
@@ -355,12 +372,15 @@ def daemon(**options: Any) -> None:
     """Run only the daemon (``run`` starts it for you)."""
     settings = _configure("strata-spoke-daemon", _with_mesh(options))
     from spoke.daemon import run_daemon  # grpc.aio and uvicorn only in this process
+    from spoke.encryption import EncryptionError
     from spoke.lock import CacheInUse
 
     try:
         asyncio.run(run_daemon(settings))
     except CacheInUse as err:
         _fail(f"daemon: {err.strerror}")
+    except EncryptionError as err:
+        _fail(f"daemon: {err}")
     except OSError as err:
         _fail(f"daemon: {err.strerror or err} ({settings.admin})")
 
@@ -510,6 +530,22 @@ def fill_lines(fill: dict[str, Any], width: int = 30) -> list[str]:
             f"{snap['rate_bytes_per_s'] / 1e6:.1f} MB/s{eta} {snap['state']}{why}"
         )
     return lines
+
+
+@app.command("encryption-key")
+def encryption_key(
+    path: Annotated[Path, typer.Argument(help="where to write the new key (must not exist)")],
+) -> None:
+    """Write a new random key for --encryption-key-file (mode 0600)."""
+    from spoke.encryption import write_key
+
+    try:
+        write_key(path)
+    except FileExistsError:
+        _fail(f"{path} exists: a key is never overwritten (the blocks it sealed need it)")
+    except OSError as err:
+        _fail(f"{path}: {err.strerror or err}")
+    typer.echo(f"wrote a 256-bit key to {path} (a cache dir written with it opens only with it)")
 
 
 def main() -> None:
