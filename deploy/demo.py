@@ -183,18 +183,19 @@ def run_demo(
                 synth_admin = stack.start_spoke(
                     wan.address, work / "cache", work / "mnt", cache_size, extra=fill
                 )
+                auth = admin_headers(work / "cache")  # the new spoke made a new token
                 volume = work / "mnt" / "f3" / "latest" / "synth.mdio"
                 for name in ("cold", "warm"):
                     if name == "warm":
                         drop_page_cache()
                     print(f"==> train {synth_steps} steps on the synthetic volume, {name}")
-                    before = cache_stats(synth_admin)
+                    before = cache_stats(synth_admin, auth)
                     t0 = sampler.mark()
                     run = run_trainer(
                         volume, work / f"synth-{name}", synth_steps, workers, batch_size
                     )
                     t1 = sampler.mark()
-                    after = wait_for_hits(synth_admin, above=before["hits"])
+                    after = wait_for_hits(synth_admin, above=before["hits"], headers=auth)
                     side[name] = _side(run, batch_size, sampler, t0, t1)
                     side[name]["cache_misses"] = after["misses"] - before["misses"]
                     side[name]["hub_bytes"] = after["hub_fetch_bytes"] - before["hub_fetch_bytes"]
