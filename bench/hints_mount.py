@@ -57,7 +57,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.policy_sim import DEFAULT_SLACK, HINTED, ONLINE, belady, rank_plans, simulate, zipf
-from deploy.local import LocalStack, publish
+from deploy.local import LocalStack, admin_headers, publish
 from spoke.policies import DEFAULT_POLICY
 
 TARGET = 0.95
@@ -297,7 +297,9 @@ def run_mode(
                     "paths": [path_of(i) for i in reader.order],
                     "stream": f"reader{r}",
                 }
-                httpx.post(f"{admin}/v1/hints", json=body, timeout=60).raise_for_status()
+                httpx.post(
+                    f"{admin}/v1/hints", json=body, headers=admin_headers(cache), timeout=60
+                ).raise_for_status()
         tasks = [(mnt / x.dataset / "v1", x.order, shas[x.dataset]) for x in scenario.readers]
         files, who = read_jobs(tasks, scenario.step)
         after = _metrics(admin)

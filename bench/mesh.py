@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.data import parse_size
 from bench.measure import link_utilisation
 from bench.wan import LinkSpec, WanProxy, parse_hostport, parse_rate
-from deploy.local import LocalStack, free_port, publish
+from deploy.local import LocalStack, admin_headers, free_port, publish
 
 MiB = 1 << 20
 WAN_TARGET = 1.05
@@ -67,9 +67,13 @@ def _read_tree(root: Path) -> int:
     return total
 
 
-def _wait_live(admin: str, count: int, timeout: float = 60.0) -> None:
+def _wait_live(admin: str, cache: Path, count: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while httpx.get(f"{admin}/v1/cache", timeout=10).json()["mesh"]["nodes_live"] != count:
+    auth = admin_headers(cache)
+    while (
+        httpx.get(f"{admin}/v1/cache", headers=auth, timeout=10).json()["mesh"]["nodes_live"]
+        != count
+    ):
         if time.monotonic() > deadline:
             raise RuntimeError(f"{admin}: the mesh did not reach {count} live spokes")
         time.sleep(0.1)
@@ -111,8 +115,8 @@ def run_once(work: Path, hub_dir: Path, n: int, mesh: bool, size: int, link: Lin
                     )
                 )
             if mesh:
-                for admin in admins:
-                    _wait_live(admin, n)
+                for i, admin in enumerate(admins):
+                    _wait_live(admin, work / f"cache{i}", n)
             roots = [work / f"mnt{i}" / "bench" / "v1" for i in range(n)]
             for root in roots:  # the listing, not the data: outside the timed pass
                 sum(1 for _ in root.rglob("*.bin"))

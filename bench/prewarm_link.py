@@ -38,7 +38,7 @@ import httpx
 from bench.data import parse_size
 from bench.measure import LinkSampler, link_utilisation, tree_cpu_seconds
 from bench.wan import LinkSpec, WanProxy, format_rate, parse_hostport, parse_rate
-from deploy.local import LocalStack, publish
+from deploy.local import LocalStack, admin_headers, publish
 
 TARGET = 0.80
 """Link use a prewarm must reach (issue: 50 ms RTT, 1 Gbit/s)."""
@@ -117,7 +117,8 @@ def prewarm_once(work: Path, shape: Shape, size: int, link: LinkSpec) -> Result:
         with WanProxy(parse_hostport(hub), link) as wan, LinkSampler(wan) as sampler:
             admin = stack.start_spoke(wan.address, work / "cache", work / "mnt", cache_size)
             assert stack.hub is not None and stack.spoke is not None
-            with httpx.Client(base_url=admin, timeout=60) as client:
+            auth = admin_headers(work / "cache")  # the token the spoke generated
+            with httpx.Client(base_url=admin, headers=auth, timeout=60) as client:
                 cpu0 = tree_cpu_seconds(stack.hub.pid), tree_cpu_seconds(stack.spoke.pid)
                 t0 = sampler.mark()
                 reply = client.post("/v1/prewarm", json={"dataset": "bench", "ref": "latest"})

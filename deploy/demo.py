@@ -1,17 +1,20 @@
 """``strata-demo``: the whole system on one machine, behind an emulated WAN.
 
 1. convert ``f3.sgy`` (the real F3 seismic volume, SEG-Y) to MDIO with
-   ``strata-train prepare``, and write a synthetic volume large enough for a cold start
-   to show (``strata-train synth``, ``--synth-shape``);
+   ``strata-train prepare`` while a synthetic volume large enough for a cold start to
+   show is written beside it (``strata-train synth``, ``--synth-shape``: 256 MiB of 1 MiB
+   chunk files by default; F3 itself is 120 KiB, one round trip of link time);
 2. publish both to a local hub as dataset ``f3`` (tag ``latest``), and put the hub behind
    the WAN emulator (:mod:`bench.wan`: 50 ms RTT, 1 Gbit/s unless told otherwise);
-3. start a spoke (daemon + FUSE mount) with an empty cache and background fill on,
-   prewarming nothing: it reaches the hub only through the link;
-4. train the tiny 3D ViT-MAE reading ``MOUNT/f3/latest/f3.mdio``, then a short second
-   pass on the warm cache (page cache dropped when root) to show hits and no new hub
-   bytes;
-5. train on the synthetic volume cold (a fresh, empty cache) and then warm, and print the
-   two side by side (samples/s, data wait, first batch, wall time, bytes over the link);
+3. start a spoke (daemon + FUSE mount) with an empty cache, prewarming nothing: it
+   reaches the hub only through the link (``--background-fill`` passes the spoke's
+   option on; off by default, as in the spoke);
+4. train the tiny 3D ViT-MAE reading ``MOUNT/f3/latest/f3.mdio`` (and, with
+   ``--second-pass-steps``, a second pass on the warm cache);
+5. train on the synthetic volume cold (a fresh, empty cache: every chunk a reader
+   touches first is a miss over the link) and then warm (page cache dropped when root:
+   every read a cache hit, no hub bytes), and print the two side by side (samples/s,
+   data wait, first batch, wall time, bytes over the link, cache misses);
 6. write ``demo-timeline.png``: samples/s and link MB/s per 1 s, cold and warm.
 
 Everything is cleaned up (unmount, processes, temporary directory) on success, on error
@@ -37,7 +40,7 @@ import httpx
 
 from bench.measure import LinkSampler, TrainerError, TrainerRun, run_trainer
 from bench.wan import LinkSpec, WanProxy, parse_hostport, parse_rate
-from deploy.local import LocalStack, StackError, drop_page_cache
+from deploy.local import LocalStack, StackError, admin_headers, drop_page_cache
 from trainer.command import fit_args
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -68,21 +71,23 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def cache_stats(admin_url: str) -> dict[str, Any]:
-    """The spoke's ``GET /v1/cache``."""
-    reply = httpx.get(f"{admin_url}/v1/cache", timeout=10.0)
+def cache_stats(admin_url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """The spoke's ``GET /v1/cache`` (``headers``: its admin token, :func:`admin_headers`)."""
+    reply = httpx.get(f"{admin_url}/v1/cache", headers=headers, timeout=10.0)
     reply.raise_for_status()
     stats: dict[str, Any] = reply.json()
     return stats
 
 
-def wait_for_hits(admin_url: str, above: int, timeout: float = 3.0) -> dict[str, Any]:
+def wait_for_hits(
+    admin_url: str, above: int, timeout: float = 3.0, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Cache stats once the mount's batched hit reports (every 0.1 s or 64 hits) have arrived."""
     deadline = time.monotonic() + timeout
-    stats = cache_stats(admin_url)
+    stats = cache_stats(admin_url, headers)
     while stats["hits"] <= above and time.monotonic() < deadline:
         time.sleep(0.2)
-        stats = cache_stats(admin_url)
+        stats = cache_stats(admin_url, headers)
     return stats
 
 
@@ -100,11 +105,12 @@ def run_demo(
     batch_size: int,
     workers: int,
     cache_size: str,
-    second_pass_steps: int = 50,
+    second_pass_steps: int = 0,
     link: LinkSpec | None = None,
-    synth_shape: str = "128x256x256",
+    synth_shape: str = "256x256x1024",
     synth_steps: int = 60,
     png: Path | None = None,
+    background_fill: str = "off",
 ) -> dict[str, Any]:
     """Run every step in ``work``; returns the summary (also printed).
 
@@ -114,21 +120,28 @@ def run_demo(
     link = link or LinkSpec(rtt_s=0.05, rate_bps=1e9)
     src = work / "src"
     src.mkdir(parents=True)
-    _run(
-        "convert SEG-Y to MDIO",
-        ["trainer", "prepare", "--segy", str(segy), "--out", str(src / "f3.mdio")],
-    )
-    if synth_steps > 0:
-        _run(
-            f"write a synthetic volume {synth_shape}",
-            ["trainer", "synth", "--shape", synth_shape, "--out", str(src / "synth.mdio")],
+    synth = None
+    if synth_steps > 0:  # written on the other core while F3 converts
+        print(f"==> write a synthetic volume {synth_shape} (in the background)", flush=True)
+        out = str(src / "synth.mdio")
+        synth = subprocess.Popen(
+            [sys.executable, "-m", "trainer", "synth", "--shape", synth_shape, "--out", out],
+            stdout=subprocess.DEVNULL,
         )
+    try:
+        _run(
+            "convert SEG-Y to MDIO",
+            ["trainer", "prepare", "--segy", str(segy), "--out", str(src / "f3.mdio")],
+        )
+    finally:
+        if synth is not None and synth.wait() != 0:
+            raise DemoError(f"writing the synthetic volume failed (exit {synth.returncode})")
     version = _run(
         "publish to the hub as dataset f3",
         ["hub", "publish", "--data-dir", str(work / "hub"), "f3", str(src), "--tag", "latest"],
         capture=True,
     ).strip()
-    fill = ("--background-fill", "auto")
+    fill = ("--background-fill", background_fill)
     side: dict[str, Any] = {}
     with LocalStack() as stack:
         hub = stack.start_hub(work / "hub")
@@ -138,6 +151,7 @@ def run_demo(
             admin = stack.start_spoke(
                 wan.address, work / "cache", work / "mnt", cache_size, extra=fill
             )
+            auth = admin_headers(work / "cache")  # the token the spoke generated
             data = work / "mnt" / "f3" / "latest" / "f3.mdio"
             print(
                 f"    hub {wan.address} (via the link), admin {admin}, reading {data}", flush=True
@@ -145,12 +159,16 @@ def run_demo(
             started = time.monotonic()
             _fit(data, work / "train", steps, batch_size, workers)
             train_s = time.monotonic() - started
-            stats = wait_for_hits(admin, above=-1, timeout=1.0)
+            stats = wait_for_hits(admin, above=-1, timeout=1.0, headers=auth)
             second: dict[str, Any] = {}
             if second_pass_steps > 0:
                 dropped = drop_page_cache()
                 _fit(data, work / "train2", second_pass_steps, batch_size, workers)
-                after = wait_for_hits(admin, above=stats["hits"]) if dropped else cache_stats(admin)
+                after = (
+                    wait_for_hits(admin, above=stats["hits"], headers=auth)
+                    if dropped
+                    else cache_stats(admin, auth)
+                )
                 second = {
                     "steps": second_pass_steps,
                     "page_cache_dropped": dropped,
@@ -162,18 +180,26 @@ def run_demo(
                 stack.stop_spoke()
                 shutil.rmtree(work / "cache")
                 print("==> fresh spoke, empty cache: the synthetic volume cold, then warm")
-                stack.start_spoke(wan.address, work / "cache", work / "mnt", cache_size, extra=fill)
+                synth_admin = stack.start_spoke(
+                    wan.address, work / "cache", work / "mnt", cache_size, extra=fill
+                )
+                auth = admin_headers(work / "cache")  # the new spoke made a new token
                 volume = work / "mnt" / "f3" / "latest" / "synth.mdio"
                 for name in ("cold", "warm"):
                     if name == "warm":
                         drop_page_cache()
                     print(f"==> train {synth_steps} steps on the synthetic volume, {name}")
+                    before = cache_stats(synth_admin, auth)
                     t0 = sampler.mark()
                     run = run_trainer(
                         volume, work / f"synth-{name}", synth_steps, workers, batch_size
                     )
                     t1 = sampler.mark()
-                    side[name] = _side(run, sampler, t0, t1)
+                    after = wait_for_hits(synth_admin, above=before["hits"], headers=auth)
+                    side[name] = _side(run, batch_size, sampler, t0, t1)
+                    side[name]["cache_misses"] = after["misses"] - before["misses"]
+                    side[name]["hub_bytes"] = after["hub_fetch_bytes"] - before["hub_fetch_bytes"]
+                    side[name]["cache_hits"] = after["hits"] - before["hits"]
     train = json.loads((work / "train" / "summary.json").read_text())
     summary = {
         "dataset": f"f3@latest ({version})",
@@ -202,9 +228,19 @@ def run_demo(
     return summary
 
 
-def _side(run: TrainerRun, sampler: LinkSampler, t0: float, t1: float) -> dict[str, Any]:
+def _side(
+    run: TrainerRun, batch_size: int, sampler: LinkSampler, t0: float, t1: float
+) -> dict[str, Any]:
+    """One synthetic run's figures; ``train_s`` is steps 2..N (what ``samples_per_s`` and
+    ``data_wait_fraction`` cover), without the trainer's start-up (torch's import, the
+    model, the DataLoader's workers), which costs the same cold and warm."""
     return {
         "samples_per_s": round(run.samples_per_s, 1),
+        "train_s": (
+            round((run.steps - 1) * batch_size / run.samples_per_s, 1)
+            if run.samples_per_s > 0
+            else 0.0
+        ),
         "data_wait_fraction": round(run.data_wait_fraction, 4),
         "first_batch_s": round(run.time_to_first_batch_s, 2),
         "wall_s": round(run.wall_s, 1),
@@ -245,11 +281,23 @@ def _print(summary: dict[str, Any], second: dict[str, Any], side: dict[str, Any]
             ("samples_per_s", "samples/s", "{:.1f}"),
             ("data_wait_fraction", "data wait", "{:.1%}"),
             ("first_batch_s", "first batch s", "{:.2f}"),
+            ("train_s", "steps 2..N s", "{:.1f}"),
             ("wall_s", "wall s", "{:.1f}"),
             ("link_bytes", "link MB", "{:.0f}"),
+            ("hub_bytes", "hub block MB", "{:.0f}"),
+            ("cache_misses", "cache misses", "{:,.0f}"),
+            ("cache_hits", "cache hits", "{:,.0f}"),
         ):
-            values = [side[n][key] / (1e6 if key == "link_bytes" else 1) for n in ("cold", "warm")]
+            values = [
+                side[n][key] / (1e6 if key.endswith("bytes") else 1) for n in ("cold", "warm")
+            ]
             print(f"  {label:18s} " + "".join(f"{fmt.format(v):12s}" for v in values))
+        cold, warm = side["cold"], side["warm"]
+        if warm["train_s"] > 0 and warm["samples_per_s"] > 0:
+            print(
+                f"  cold / warm        steps 2..N {cold['train_s'] / warm['train_s']:.2f}x "
+                f"the time, samples/s {cold['samples_per_s'] / warm['samples_per_s']:.2f}x"
+            )
 
 
 def timeline_png(side: dict[str, Any], link: LinkSpec, path: Path) -> None:
@@ -293,8 +341,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--second-pass-steps",
         type=int,
-        default=50,
-        help="steps of the warm second pass (0 skips it)",
+        default=0,
+        help="steps of a warm second pass over F3 (0, the default, skips it: the warm "
+        "synthetic run shows the warm cache)",
+    )
+    parser.add_argument(
+        "--background-fill",
+        choices=("auto", "off"),
+        default="off",
+        help="the spoke's --background-fill (off: the cold runs read lazily)",
     )
     parser.add_argument(
         "--work",
@@ -305,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
     parser.add_argument("--rtt-ms", type=float, default=50.0, help="the emulated WAN's RTT")
     parser.add_argument("--rate", default="1Gbit", help="the emulated WAN's rate each way")
-    parser.add_argument("--synth-shape", default="128x256x256", help="synthetic volume IxXxT")
+    parser.add_argument(
+        "--synth-shape", default="256x256x1024", help="synthetic volume IxXxT (4 bytes a sample)"
+    )
     parser.add_argument(
         "--synth-steps", type=int, default=60, help="steps of each synthetic run (0 skips them)"
     )
@@ -344,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             synth_shape=ns.synth_shape,
             synth_steps=ns.synth_steps,
             png=ns.png,
+            background_fill=ns.background_fill,
         )
         if ns.json:
             ns.json.write_text(json.dumps(summary, indent=2) + "\n")

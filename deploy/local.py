@@ -76,6 +76,17 @@ def drop_page_cache(level: int = 1) -> bool:
     return True
 
 
+def admin_headers(cache_dir: Path, token_file: Path | None = None) -> dict[str, str]:
+    """The ``Authorization`` header for a spoke's admin API: the token of ``token_file``
+    (its ``--admin-token-file``) or the one it generated, ``CACHE_DIR/admin.token``.
+
+    Raises:
+        OSError: the token file cannot be read (the spoke has not started yet?).
+    """
+    path = token_file if token_file is not None else cache_dir / "admin.token"
+    return {"Authorization": f"Bearer {path.read_text().strip()}"}
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for restarting on the same port)."""
     with socket.socket() as sock:
@@ -150,13 +161,14 @@ class LocalStack:
         cache_size: str,
         timeout: float = 60.0,
         extra: tuple[str, ...] = (),
-        admin_token: bool = False,
+        admin_token: bool = True,
     ) -> str:
         """Run ``strata-spoke run`` and wait until the mount is up; returns the admin URL.
 
-        With ``admin_token`` the admin API needs the token the spoke generates in
-        ``CACHE_DIR/admin.token`` (the spoke's default); without, the stack runs it open
-        (``--no-admin-token``) for the local callers that do not send one yet.
+        The admin API needs the token the spoke generates in ``CACHE_DIR/admin.token``
+        (the spoke's default; :func:`admin_headers` sends it), or the one of an
+        ``--admin-token-file`` in ``extra``. ``admin_token=False`` runs it open
+        (``--no-admin-token``): only for a test that asks for exactly that.
         """
         mount = resolve_mountpoint(mount)  # it may be a dead (ENOTCONN) mount
         with contextlib.suppress(FileExistsError):
@@ -179,7 +191,7 @@ class LocalStack:
                 "127.0.0.1:0",
                 "--log-level",
                 self.log_level,
-                *(() if admin_token or "--admin-token-file" in extra else ("--no-admin-token",)),
+                *(() if admin_token else ("--no-admin-token",)),
                 *extra,
             ]
         )

@@ -18,6 +18,12 @@ up again by path (on the loop's fast path within ``recheck_after`` of the evicti
 blocks do not keep their disk space (up to ``max_open`` blocks of it) past the cache's
 size. A read that already holds the descriptor when the eviction happens still finishes
 with the verified bytes of that digest.
+
+Encryption at rest (``cipher``; ``encrypted`` is then True, and the bytes on disk are not
+the block's): a read decrypts only the 32 KiB segments it covers, each authenticated
+(AES-GCM, :class:`~spoke.encryption.BlockCipher`), instead of the first-read digest
+check; the fast path reads those segments with ``RWF_NOWAIT`` and decrypts them on the
+loop. A segment that fails authentication is a :class:`CorruptBlockError`.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from io import FileIO
 
+from spoke.encryption import SEGMENT_BYTES, BlockCipher, CorruptBlock, FileKey
 from spoke.layout import CacheLayout, block_digest
 
 log = logging.getLogger(__name__)
@@ -53,6 +60,7 @@ class _OpenBlock:
     fd: int
     identity: Identity
     checked: float  # time.monotonic() of the last identity check
+    key: FileKey | None = None  # the key of a sealed file (encryption at rest)
 
 
 def _identity(fd: int) -> Identity:
@@ -67,10 +75,15 @@ class BlockFiles:
         layout: the spoke's cache directory.
         max_open: most block files kept open.
         recheck_after: seconds between identity checks of an open file on the fast path.
+        cipher: the spoke's key when block files are encrypted at rest (None: plain).
     """
 
     def __init__(
-        self, layout: CacheLayout, max_open: int = 1024, recheck_after: float = RECHECK_AFTER
+        self,
+        layout: CacheLayout,
+        max_open: int = 1024,
+        recheck_after: float = RECHECK_AFTER,
+        cipher: BlockCipher | None = None,
     ) -> None:
         self.layout = layout
         self.max_open = max_open
@@ -80,6 +93,9 @@ class BlockFiles:
         self._lock = threading.Lock()
         self.verifications = 0
         self.nowait = hasattr(os, "RWF_NOWAIT")  # cleared if the cache disk refuses it
+        self.cipher = cipher
+        self.encrypted = cipher is not None
+        """Block files are sealed: their bytes are not the block's (no passthrough then)."""
 
     def read_cached(self, digest: str, offset: int, size: int) -> bytearray | None:
         """``size`` bytes at ``offset`` of an open, verified block file, without blocking.
@@ -105,6 +121,8 @@ class BlockFiles:
             with self._lock:
                 if self._open.get(digest) is entry:
                     self._open.move_to_end(digest)
+        if self.encrypted:
+            return self._sealed_nowait(digest, entry, offset, size)
         want = max(min(size, entry.identity[2] - offset), 0)
         buf = bytearray(want)
         try:
@@ -145,7 +163,11 @@ class BlockFiles:
             if self._still_valid(entry):
                 entry.checked = time.monotonic()
                 try:
+                    if self.encrypted:
+                        return self._read_sealed(digest, entry, offset, size)
                     return os.pread(entry.fd, size, offset)
+                except CorruptBlockError:
+                    raise
                 except OSError as err:
                     log.warning("cached block %s unreadable: %s", digest, err)
             self._drop(digest, entry)  # evicted, or changed under us: look it up again
@@ -167,6 +189,8 @@ class BlockFiles:
 
     def _verify_and_keep(self, digest: str, file: FileIO, offset: int, size: int) -> bytes:
         identity = _identity(file.fileno())
+        if self.encrypted:
+            return self._keep_sealed(digest, file, identity, offset, size)
         with self._lock:
             known = self._verified.get(digest) == identity
         if not known:
@@ -200,6 +224,100 @@ class BlockFiles:
         with self._lock:  # dup under the lock: a concurrent drop cannot close it first
             entry = self._open.get(digest)
             return os.dup(entry.fd) if entry is not None else None
+
+    # -- encryption at rest (spoke/encryption.py) -------------------------------------------
+
+    def _keep_sealed(
+        self, digest: str, file: FileIO, identity: Identity, offset: int, size: int
+    ) -> bytes:
+        """Open a sealed block file's entry (its header read) and read a range of it."""
+        assert self.cipher is not None
+        try:
+            key = self.cipher.file_key(digest, os.pread(file.fileno(), 64, 0))
+        except CorruptBlock:
+            file.close()
+            raise CorruptBlockError(digest) from None
+        if self.cipher.plain_size(identity[2]) < 0:
+            file.close()
+            raise CorruptBlockError(digest)
+        entry = _OpenBlock(file, file.fileno(), identity, time.monotonic(), key)
+        data = self._read_sealed(digest, entry, offset, size)
+        with self._lock:
+            self._open[digest] = entry
+            while len(self._open) > self.max_open:
+                self._open.popitem(last=False)
+        return data
+
+    def _sealed_span(self, entry: _OpenBlock, offset: int, size: int) -> tuple[int, ...] | None:
+        """(file offset, bytes, first segment, block size, bytes wanted) of a range of a
+        sealed file; None when the range is empty."""
+        assert self.cipher is not None
+        plain = self.cipher.plain_size(entry.identity[2])
+        want = min(size, plain - offset)
+        if want <= 0:
+            return None
+        return (*self.cipher.span(plain, offset, want), plain, want)
+
+    def _open_range(
+        self, digest: str, entry: _OpenBlock, raw: bytes | bytearray, span: tuple[int, ...]
+    ) -> bytearray:
+        """The wanted bytes of the segments ``raw`` read at ``span``.
+
+        Raises:
+            CorruptBlock: a segment fails authentication (or is cut short).
+        """
+        assert entry.key is not None
+        _, _, first, plain, _ = span
+        data = entry.key.open_span(raw, first, plain)
+        self.verifications += 1
+        return data
+
+    def _read_sealed(self, digest: str, entry: _OpenBlock, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` of a sealed block file, decrypted (blocking read).
+
+        Raises:
+            CorruptBlockError: a segment fails authentication, or the file is cut short.
+        """
+        span = self._sealed_span(entry, offset, size)
+        if span is None:
+            return b""
+        raw = os.pread(entry.fd, span[1], span[0])
+        try:
+            data = self._open_range(digest, entry, raw, span)
+        except CorruptBlock:
+            self.forget(digest)
+            raise CorruptBlockError(digest) from None
+        skip = offset - span[2] * SEGMENT_BYTES
+        return bytes(memoryview(data)[skip : skip + span[4]])
+
+    def _sealed_nowait(
+        self, digest: str, entry: _OpenBlock, offset: int, size: int
+    ) -> bytearray | None:
+        """:meth:`read_cached` of a sealed file: its segments if all in the page cache,
+        decrypted on the caller's thread (None: not cached, or it fails: :meth:`read`
+        then reads it again and raises)."""
+        span = self._sealed_span(entry, offset, size)
+        if span is None:
+            return bytearray()
+        buf = bytearray(span[1])
+        try:
+            got = os.preadv(entry.fd, (buf,), span[0], os.RWF_NOWAIT)
+        except BlockingIOError:  # not in the page cache
+            return None
+        except OSError as err:
+            log.info("preadv2(RWF_NOWAIT) on the cache disk failed (%s); reads use threads", err)
+            self.nowait = False
+            return None
+        if got < span[1]:
+            return None
+        try:
+            data = self._open_range(digest, entry, buf, span)
+        except CorruptBlock:
+            return None
+        skip = offset - span[2] * SEGMENT_BYTES
+        if skip == 0 and span[4] == len(data):  # an aligned read: no copy
+            return data
+        return bytearray(memoryview(data)[skip : skip + span[4]])
 
     def warm(self, digest: str) -> bool:
         """Ask the kernel to read a cached block file into the page cache in the background.

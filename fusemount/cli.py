@@ -1,7 +1,7 @@
 """``strata-mount``: run the read-only mount in the foreground (``strata-spoke run`` starts it).
 
 strata-mount --cache-dir DIR [--socket PATH] [--miss-deadline S] [--allow-other]
-             [--passthrough auto|off] MOUNTPOINT
+             [--encryption-key-file KEY] [--passthrough auto|off] MOUNTPOINT
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from fusemount.client import DaemonClient
 from fusemount.operations import StrataOperations
 from fusemount.passthrough import Passthrough, unavailable_reason
 from fusemount.reader import BlockReader
+from spoke.encryption import BlockCipher, EncryptionError, check_cache_key
 from spoke.layout import CacheLayout
 from spoke.mountinfo import mounts
 
@@ -155,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         help="kernel readahead window of the mount, KiB (0 leaves it)",
     )
     parser.add_argument(
+        "--encryption-key-file",
+        type=Path,
+        default=None,
+        help="key of block files encrypted at rest (the daemon's --encryption-key-file)",
+    )
+    parser.add_argument(
         "--passthrough",
         choices=("auto", "off"),
         default="auto",
@@ -175,8 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata-mount: error: mountpoint {mountpoint} is not a directory", file=sys.stderr)
         return 2
     layout = CacheLayout(ns.cache_dir)
+    try:
+        cipher = BlockCipher.from_file(ns.encryption_key_file) if ns.encryption_key_file else None
+        check_cache_key(layout, cipher, ns.encryption_key_file, record=False)
+    except EncryptionError as err:
+        print(f"strata-mount: error: {err}", file=sys.stderr)
+        return 2
     client = DaemonClient(ns.socket or layout.socket_path, miss_deadline=ns.miss_deadline)
-    reader = BlockReader(layout, client)
+    reader = BlockReader(layout, client, cipher=cipher)
     encrypted = bool(getattr(reader.files, "encrypted", False))
     passthrough = Passthrough(unavailable_reason(ns.passthrough, ns.cache_dir, encrypted))
     ops = StrataOperations(client, reader, passthrough)

@@ -21,6 +21,7 @@ from fusemount.hits import HitLog
 from fusemount.readahead import Readahead
 from fusemount.source import BlockSource
 from fusemount.tree import Node
+from spoke.encryption import BlockCipher
 from spoke.layout import CacheLayout
 
 READAHEAD_QUEUE = 64  # readahead windows waiting; a full queue drops new ones
@@ -35,11 +36,18 @@ class BlockReader:
         layout: the spoke cache directory (read-only use).
         client: the daemon connection for misses and access records.
         max_threads: most concurrent block-file reads in worker threads.
+        cipher: the key of block files encrypted at rest (None: plain block files).
     """
 
-    def __init__(self, layout: CacheLayout, client: DaemonClient, max_threads: int = 16) -> None:
+    def __init__(
+        self,
+        layout: CacheLayout,
+        client: DaemonClient,
+        max_threads: int = 16,
+        cipher: BlockCipher | None = None,
+    ) -> None:
         self.layout = layout
-        self.files = BlockFiles(layout)
+        self.files = BlockFiles(layout, cipher=cipher)
         self.hit_log = HitLog(client)
         self.source = BlockSource(self.files, client, self.hit_log, max_threads)
         self._ahead_send, self._ahead_recv = trio.open_memory_channel[list[tuple[str, int]]](

@@ -5,7 +5,8 @@ strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--po
                    [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE [--insecure]]
                    [--max-message-bytes N] [--grace SECONDS] [--blobs DIR|s3://B/P]
 strata-hub publish --data-dir DIR DATASET SRC_DIR [--tag latest] [--block-size BYTES]
-                   [--version vN] [--blobs DIR|s3://B/P]
+                   [--version vN] [--blobs DIR|s3://B/P] [--signing-key PEM]
+strata-hub keygen  PRIVATE PUBLIC
 strata-hub tag     --data-dir DIR DATASET VERSION TAG
 strata-hub untag   --data-dir DIR DATASET TAG
 strata-hub revoke  --data-dir DIR DATASET VERSION
@@ -49,6 +50,7 @@ from hub.manifest import EntryType
 from hub.metrics import HubMetrics, MetricsEndpoint
 from hub.publish import publish as publish_tree
 from hub.server import GRACE_SECONDS, MAX_MESSAGE_BYTES, HubServer, ServerConfig
+from hub.signing import keygen as keygen_pair
 from hub.tokencli import token_app
 from hub.verify import verify as verify_version
 
@@ -244,6 +246,13 @@ def publish(
     ] = None,
     blobs: BlobsOption = None,
     s3_endpoint: S3EndpointOption = None,
+    signing_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--signing-key",
+            help="Sign the new version with this Ed25519 key (strata-hub keygen).",
+        ),
+    ] = None,
 ) -> None:
     """Publish SRC_DIR as the next version of DATASET; prints the new version.
 
@@ -258,6 +267,7 @@ def publish(
         version=version,
         blobs=blobs,
         s3_endpoint=s3_endpoint,
+        signing_key=signing_key,
     )
     print(result.version, flush=True)
     _say(
@@ -265,6 +275,21 @@ def publish(
         f"{result.bytes} bytes, {result.new_blocks} new blocks, {result.new_bytes} new bytes, "
         f"snapshot {result.snapshot_id}"
     )
+
+
+@app.command()
+def keygen(
+    private: Annotated[
+        Path, typer.Argument(metavar="PRIVATE", help="Private key to write (0600).")
+    ],
+    public: Annotated[
+        Path, typer.Argument(metavar="PUBLIC", help="Public key to write (for spokes).")
+    ],
+) -> None:
+    """Write a new Ed25519 key pair for signed publishes (publish --signing-key PRIVATE;
+    spokes check with --publisher-key PUBLIC)."""
+    keygen_pair(private, public)
+    _say(f"wrote signing key {private} and public key {public}")
 
 
 def _catalog(data_dir: Path) -> Catalog:

@@ -35,6 +35,7 @@ from hub.datadir import DataDir
 from hub.errors import HubError, SourceError
 from hub.manifest import EntryType, ManifestEntry
 from hub.names import validate_dataset, validate_tag, version_number
+from hub.signing import load_signer
 
 BATCH_BYTES = 64 * MiB
 """Most block bytes a publish holds in memory before protecting and storing them."""
@@ -276,6 +277,7 @@ def publish(
     version: str | None = None,
     blobs: str | None = None,
     s3_endpoint: str | None = None,
+    signing_key: str | os.PathLike[str] | None = None,
 ) -> PublishResult:
     """Publishes a directory tree as the next version of a dataset.
 
@@ -296,6 +298,8 @@ def publish(
         blobs: The blob store (a path or ``s3://BUCKET/PREFIX``); default the one the
             catalog records, else ``DATA_DIR/blobs``.
         s3_endpoint: The S3 endpoint URL, for ``s3://`` stores.
+        signing_key: An Ed25519 private key (PEM, ``strata-hub keygen``): the new version
+            is signed with it (:mod:`hub.signing`). None: unsigned.
 
     Returns:
         What was published; see :class:`PublishResult`.
@@ -310,8 +314,10 @@ def publish(
         Conflict: ``blobs`` is not the store the catalog records.
         StorageError: The blob store failed.
         CatalogError: The catalog cannot be opened or written.
+        SigningKeyError: ``signing_key`` is unusable (checked before anything is read).
     """
     started = time.monotonic()
+    signer = load_signer(Path(signing_key)) if signing_key is not None else None
     validate_dataset(dataset)
     if tag is not None:
         validate_tag(tag)
@@ -354,7 +360,7 @@ def publish(
                 store.sync()
             except OSError as exc:
                 raise HubError(f"cannot sync blob store {store.location}: {exc.strerror}") from exc
-            snapshot = session.commit(dataset, tag=tag, version=version)
+            snapshot = session.commit(dataset, tag=tag, version=version, signer=signer)
         finally:
             session.abort()
     return PublishResult(

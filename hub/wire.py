@@ -219,6 +219,7 @@ def snapshot_message(snapshot: Snapshot) -> hub_pb2.Snapshot:
         file_count=snapshot.file_count,
         total_bytes=snapshot.total_bytes,
         entry_count=snapshot.entry_count,
+        signature=snapshot.signature,
     )
 
 

@@ -26,9 +26,16 @@ from google.protobuf.message import Message
 
 from protocol.hub.v1 import hub_pb2
 from spoke import metrics
-from spoke.errors import CorruptManifest, HubUnavailable, InvalidRequest, NotFound
+from spoke.errors import (
+    CorruptManifest,
+    HubUnavailable,
+    InvalidRequest,
+    NotFound,
+    UnsignedSnapshot,
+)
 from spoke.hubclient import HubClient
 from spoke.manifestcheck import snapshot_id
+from spoke.signature import PublisherKey
 from spoke.source import hub_error
 
 log = logging.getLogger(__name__)
@@ -43,10 +50,14 @@ class SnapshotCatalog:
     Args:
         hub: the hub client.
         env: the daemon's LMDB environment (databases ``catalog`` and ``manifests``).
+        publisher: with ``--publisher-key``, snapshots must carry its valid signature.
     """
 
-    def __init__(self, hub: HubClient, env: lmdb.Environment) -> None:
+    def __init__(
+        self, hub: HubClient, env: lmdb.Environment, publisher: PublisherKey | None = None
+    ) -> None:
         self._hub = hub
+        self._publisher = publisher
         self._env = env
         self._catalog = env.open_db(b"catalog")
         self._manifests = env.open_db(b"manifests")
@@ -104,6 +115,8 @@ class SnapshotCatalog:
 
         Raises:
             NotFound, InvalidRequest, HubUnavailable.
+            UnsignedSnapshot: a publisher key is configured and the snapshot's signature
+                is missing or does not verify (counted and logged).
         """
         snapshot = await self._cached(
             f"ref/{dataset}@{ref}".encode(),
@@ -113,6 +126,16 @@ class SnapshotCatalog:
         )
         if self.is_revoked(dataset, snapshot.version, snapshot.snapshot_id):
             raise NotFound(f"{dataset} {snapshot.version} was revoked")
+        if self._publisher is not None:
+            problem = self._publisher.problem(snapshot)
+            if problem is not None:
+                metrics.SIGNATURE_REFUSALS.inc()
+                message = (
+                    f"snapshot {snapshot.snapshot_id} of {dataset} {snapshot.version} "
+                    f"refused: {problem} (--publisher-key {self._publisher.path})"
+                )
+                log.error("%s", message)
+                raise UnsignedSnapshot(message)
         return snapshot
 
     def forget_refs(self, dataset: str | None = None) -> None:

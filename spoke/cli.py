@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import httpx
 import typer
@@ -35,20 +37,6 @@ app = typer.Typer(
     add_completion=False,
 )
 
-HubOpt = Annotated[str, typer.Option("--hub", help="the hub's HOST:PORT")]
-CacheDirOpt = Annotated[Path, typer.Option("--cache-dir", help="block cache directory")]
-CacheSizeOpt = Annotated[
-    str, typer.Option("--cache-size", help="most bytes of blocks kept, e.g. 10GiB")
-]
-AdminOpt = Annotated[
-    str, typer.Option("--admin", help="admin API HOST:PORT (port 0 picks a free one)")
-]
-PolicyOpt = Annotated[
-    str, typer.Option("--policy", help="eviction policy: arc, lru, s3fifo or sieve")
-]
-DeadlineOpt = Annotated[
-    float, typer.Option("--miss-deadline", help="seconds a miss may wait for the hub, then EIO")
-]
 LogOpt = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR")]
 TokenOpt = Annotated[
     Path | None,
@@ -69,6 +57,21 @@ RetentionOpt = Annotated[
 AuditLogOpt = Annotated[
     Path | None,
     typer.Option("--audit-log", help="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"),
+]
+EncryptionKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--encryption-key-file",
+        help="encrypt block files at rest with this AES-256 key (0600; strata-spoke "
+        "encryption-key FILE makes one)",
+    ),
+]
+PublisherKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--publisher-key",
+        help="Ed25519 public key (strata-hub keygen): serve only snapshots it signed",
+    ),
 ]
 ConfigOpt = Annotated[
     Path | None,
@@ -186,6 +189,9 @@ def _settings(config: Path | None = None, **values: object) -> SpokeSettings:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]).replace("_", "-")
         message = str(first["msg"]).removeprefix("Value error, ")
+        if first["type"] == "missing":
+            env = "STRATA_SPOKE_" + where.replace("-", "_").upper()
+            _fail(f"--{where} is required (the flag, ${env} or the config file)")
         if not where:
             _fail(message)
         _fail(message if message.startswith("--") else f"--{where}: {message}")
@@ -233,128 +239,159 @@ def _configure(who: str, options: dict[str, Any]) -> SpokeSettings:
     return settings
 
 
+def _shared(name: str, annotation: object, default: object = None) -> inspect.Parameter:
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+    )
+
+
+# The options ``run`` and ``daemon`` share, once. A default of None leaves the value to
+# SpokeSettings (its defaults, STRATA_SPOKE_* variables, the config file); so does the help.
+SPOKE_OPTIONS = (
+    _shared("hub", Annotated[str | None, typer.Option("--hub", help="the hub's HOST:PORT")]),
+    _shared(
+        "cache_dir",
+        Annotated[Path | None, typer.Option("--cache-dir", help="block cache directory")],
+    ),
+    _shared(
+        "cache_size",
+        Annotated[
+            str | None, typer.Option("--cache-size", help="most bytes of blocks kept, e.g. 10GiB")
+        ],
+    ),
+    _shared(
+        "admin",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--admin", help="admin API HOST:PORT, default 127.0.0.1:7878 (0: any port)"
+            ),
+        ],
+    ),
+    _shared(
+        "policy",
+        Annotated[
+            str | None,
+            typer.Option("--policy", help="eviction policy: sieve (default), arc, lru, s3fifo"),
+        ],
+    ),
+    _shared(
+        "miss_deadline",
+        Annotated[
+            float | None,
+            typer.Option(
+                "--miss-deadline", help="seconds a miss may wait for the hub (60), then EIO"
+            ),
+        ],
+    ),
+    _shared("admin_token_file", TokenOpt),
+    _shared("hub_ca", HubCaOpt),
+    _shared("hub_server_name", HubNameOpt),
+    _shared("hub_cert", HubCertOpt),
+    _shared("hub_key", HubKeyOpt),
+    _shared("hub_token_file", HubTokenOpt),
+    _shared("hub_tls", HubTlsOpt),
+    _shared("hub_insecure", HubInsecureOpt),
+    _shared("no_admin_token", NoAdminTokenOpt),
+    _shared("audit_log", AuditLogOpt),
+    _shared("retention", RetentionOpt),
+    _shared("encryption_key_file", EncryptionKeyOpt),
+    _shared("publisher_key", PublisherKeyOpt),
+    _shared("background_fill", FillOpt),
+    _shared("fill_rate", FillRateOpt),
+    _shared("peer_listen", PeerListenOpt),
+    _shared("peer_advertise", PeerAdvertiseOpt),
+    _shared("peers", PeersOpt),
+    _shared("peers_dns", PeersDnsOpt),
+    _shared("peer_token_file", PeerTokenOpt),
+    _shared("peer_cert", PeerCertOpt),
+    _shared("peer_key", PeerKeyOpt),
+    _shared("peer_ca", PeerCaOpt),
+    _shared("peer_timeout", PeerTimeoutOpt, 2.0),
+    _shared("log_level", LogOpt, "INFO"),
+)
+
+_Command = TypeVar("_Command", bound=Callable[..., None])
+
+
+def _with_options(*own: inspect.Parameter) -> Callable[[_Command], _Command]:
+    """Give a command taking ``**options`` the parameters ``own`` + :data:`SPOKE_OPTIONS`
+    (typer reads a function's ``__signature__``), so ``run`` and ``daemon`` list them once."""
+
+    def wrap(command: _Command) -> _Command:
+        setattr(command, "__signature__", inspect.Signature([*own, *SPOKE_OPTIONS]))  # noqa: B010
+        return command
+
+    return wrap
+
+
 @app.command()
-def run(
-    hub: Annotated[str | None, typer.Option("--hub", help="the hub's HOST:PORT")] = None,
-    cache_dir: Annotated[
-        Path | None, typer.Option("--cache-dir", help="block cache directory")
-    ] = None,
-    cache_size: Annotated[
-        str | None, typer.Option("--cache-size", help="most bytes of blocks kept, e.g. 10GiB")
-    ] = None,
-    mount: Annotated[
-        Path | None, typer.Option("--mount", help="mountpoint (an existing directory)")
-    ] = None,
-    admin: Annotated[
-        str | None,
-        typer.Option("--admin", help="admin API HOST:PORT, default 127.0.0.1:7878 (0: any port)"),
-    ] = None,
-    policy: Annotated[
-        str | None,
-        typer.Option("--policy", help="eviction policy: sieve (default), arc, lru, s3fifo"),
-    ] = None,
-    miss_deadline: Annotated[
-        float | None,
-        typer.Option("--miss-deadline", help="seconds a miss may wait for the hub (60), then EIO"),
-    ] = None,
-    allow_other: Annotated[
-        bool | None, typer.Option("--allow-other", help="let other users read the mount")
-    ] = None,
-    read_ahead_kb: Annotated[
-        int | None, typer.Option("--read-ahead-kb", help="kernel readahead of the mount, KiB")
-    ] = None,
-    passthrough: Annotated[
-        str | None,
-        typer.Option(
-            "--passthrough", help="auto (default): the kernel reads cached one-block files; off"
-        ),
-    ] = None,
-    admin_token_file: TokenOpt = None,
-    hub_ca: HubCaOpt = None,
-    hub_server_name: HubNameOpt = None,
-    hub_cert: HubCertOpt = None,
-    hub_key: HubKeyOpt = None,
-    hub_token_file: HubTokenOpt = None,
-    hub_tls: HubTlsOpt = None,
-    hub_insecure: HubInsecureOpt = None,
-    no_admin_token: NoAdminTokenOpt = None,
-    audit_log: AuditLogOpt = None,
-    retention: RetentionOpt = None,
-    config: ConfigOpt = None,
-    background_fill: FillOpt = "off",
-    fill_rate: FillRateOpt = None,
-    peer_listen: PeerListenOpt = None,
-    peer_advertise: PeerAdvertiseOpt = None,
-    peers: PeersOpt = None,
-    peers_dns: PeersDnsOpt = None,
-    peer_token_file: PeerTokenOpt = None,
-    peer_cert: PeerCertOpt = None,
-    peer_key: PeerKeyOpt = None,
-    peer_ca: PeerCaOpt = None,
-    peer_timeout: PeerTimeoutOpt = 2.0,
-    log_level: LogOpt = "INFO",
-) -> None:
+@_with_options(
+    _shared(
+        "mount",
+        Annotated[Path | None, typer.Option("--mount", help="mountpoint (an existing directory)")],
+    ),
+    _shared(
+        "allow_other",
+        Annotated[
+            bool | None, typer.Option("--allow-other", help="let other users read the mount")
+        ],
+    ),
+    _shared(
+        "read_ahead_kb",
+        Annotated[
+            int | None, typer.Option("--read-ahead-kb", help="kernel readahead of the mount, KiB")
+        ],
+    ),
+    _shared(
+        "passthrough",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--passthrough", help="auto (default): the kernel reads cached one-block files; off"
+            ),
+        ],
+    ),
+    _shared("config", ConfigOpt),
+)
+def run(**options: Any) -> None:
     """Start the spoke daemon and its mount; stop both on SIGINT/SIGTERM.
 
     SIGHUP upgrades in place (new supervisor and daemon code; the mount process and its
     open files stay); SIGUSR1 exits leaving both serving for the next ``run`` to adopt.
     """
-    settings = _configure("strata-spoke", _with_mesh(locals()))  # first: locals() = the options
+    settings = _configure("strata-spoke", _with_mesh(options))
     try:
-        code = Supervisor(settings, log_level).run()
+        code = Supervisor(settings, options["log_level"]).run()
     except StartupError as err:
         _fail(str(err), 1)
     raise typer.Exit(code)
 
 
 @app.command(hidden=True)
-def daemon(
-    hub: HubOpt,
-    cache_dir: CacheDirOpt,
-    cache_size: CacheSizeOpt,
-    admin: AdminOpt = "127.0.0.1:7878",
-    policy: PolicyOpt = "sieve",
-    miss_deadline: DeadlineOpt = 60.0,
-    admin_token_file: TokenOpt = None,
-    mount: Annotated[
-        Path | None, typer.Option("--mount", help="the mount /readyz reports on (resolved)")
-    ] = None,
-    hub_ca: HubCaOpt = None,
-    hub_server_name: HubNameOpt = None,
-    hub_cert: HubCertOpt = None,
-    hub_key: HubKeyOpt = None,
-    hub_token_file: HubTokenOpt = None,
-    hub_tls: HubTlsOpt = None,
-    hub_insecure: HubInsecureOpt = None,
-    no_admin_token: NoAdminTokenOpt = None,
-    audit_log: AuditLogOpt = None,
-    retention: RetentionOpt = None,
-    background_fill: FillOpt = "off",
-    fill_rate: FillRateOpt = None,
-    peer_listen: PeerListenOpt = None,
-    peer_advertise: PeerAdvertiseOpt = None,
-    peers: PeersOpt = None,
-    peers_dns: PeersDnsOpt = None,
-    peer_token_file: PeerTokenOpt = None,
-    peer_cert: PeerCertOpt = None,
-    peer_key: PeerKeyOpt = None,
-    peer_ca: PeerCaOpt = None,
-    peer_timeout: PeerTimeoutOpt = 2.0,
-    log_level: LogOpt = "INFO",
-) -> None:
+@_with_options(
+    _shared(
+        "mount",
+        Annotated[
+            Path | None, typer.Option("--mount", help="the mount /readyz reports on (resolved)")
+        ],
+    ),
+)
+def daemon(**options: Any) -> None:
     """Run only the daemon (``run`` starts it for you)."""
-    settings = _configure(
-        "strata-spoke-daemon", _with_mesh(locals())
-    )  # first: locals() = the options
+    settings = _configure("strata-spoke-daemon", _with_mesh(options))
     from spoke.daemon import run_daemon  # grpc.aio and uvicorn only in this process
+    from spoke.encryption import EncryptionError
     from spoke.lock import CacheInUse
 
     try:
         asyncio.run(run_daemon(settings))
     except CacheInUse as err:
         _fail(f"daemon: {err.strerror}")
+    except EncryptionError as err:
+        _fail(f"daemon: {err}")
     except OSError as err:
-        _fail(f"daemon: {err.strerror or err} ({admin})")
+        _fail(f"daemon: {err.strerror or err} ({settings.admin})")
 
 
 def _client(admin: str | None, token_file: Path | None, cache_dir: Path | None) -> httpx.Client:
@@ -502,6 +539,22 @@ def fill_lines(fill: dict[str, Any], width: int = 30) -> list[str]:
             f"{snap['rate_bytes_per_s'] / 1e6:.1f} MB/s{eta} {snap['state']}{why}"
         )
     return lines
+
+
+@app.command("encryption-key")
+def encryption_key(
+    path: Annotated[Path, typer.Argument(help="where to write the new key (must not exist)")],
+) -> None:
+    """Write a new random key for --encryption-key-file (mode 0600)."""
+    from spoke.encryption import write_key
+
+    try:
+        write_key(path)
+    except FileExistsError:
+        _fail(f"{path} exists: a key is never overwritten (the blocks it sealed need it)")
+    except OSError as err:
+        _fail(f"{path}: {err.strerror or err}")
+    typer.echo(f"wrote a 256-bit key to {path} (a cache dir written with it opens only with it)")
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ The config file holds the same names as the flags, with ``_`` for ``-``::
     hub_cert = "/etc/strata/spoke.pem"
     hub_key = "/etc/strata/spoke.key"
     hub_token_file = "/etc/strata/hub-token"
+    encryption_key_file = "/etc/strata/cache.key"
     cache_dir = "/var/cache/strata"
     cache_size = "500GiB"
 """
@@ -29,9 +30,11 @@ from pydantic_settings import (
 )
 
 from protocol import address
+from spoke.encryption import BlockCipher, EncryptionError, load_key
 from spoke.hubauth import CredentialError, HubCredentials
 from spoke.layout import CacheLayout
 from spoke.mesh.settings import MeshSettings
+from spoke.signature import PublisherKey, PublisherKeyError
 
 CONFIG_ENV = "STRATA_SPOKE_CONFIG"
 """Variable naming the TOML config file when ``--config`` is not given."""
@@ -131,6 +134,12 @@ class SpokeSettings(BaseSettings):
     audit_log: Path | None = Field(
         default=None, description="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"
     )
+    encryption_key_file: Path | None = Field(
+        default=None, description="AES-256-GCM key (0600) that encrypts block files at rest"
+    )
+    publisher_key: Path | None = Field(
+        default=None, description="Ed25519 public key: only snapshots it signed are served"
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -163,6 +172,16 @@ class SpokeSettings(BaseSettings):
             tls=self.hub_tls,
         )
 
+    def block_cipher(self) -> BlockCipher | None:
+        """The block-file cipher of ``--encryption-key-file`` (None: encryption off).
+
+        Raises:
+            EncryptionError: the key file is missing, unreadable, too open or malformed.
+        """
+        if self.encryption_key_file is None:
+            return None
+        return BlockCipher.from_file(self.encryption_key_file)
+
     def security_args(self) -> list[str]:
         """The flags that give a child daemon these same credentials and audit settings."""
         args: list[str] = []
@@ -177,6 +196,8 @@ class SpokeSettings(BaseSettings):
             ("--hub-cert", self.hub_cert),
             ("--hub-key", self.hub_key),
             ("--hub-token-file", self.hub_token_file),
+            ("--encryption-key-file", self.encryption_key_file),
+            ("--publisher-key", self.publisher_key),
         ):
             if path is not None:
                 args += [flag, str(path.resolve())]
@@ -230,6 +251,34 @@ class SpokeSettings(BaseSettings):
         if v is not None and not (v.is_file() and v.read_text().strip()):
             raise ValueError(f"--admin-token-file {v} is missing or empty")
         return v
+
+    @field_validator("encryption_key_file")
+    @classmethod
+    def _encryption_key(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            try:
+                load_key(v)
+            except EncryptionError as err:
+                raise ValueError(str(err)) from None
+        return v
+
+    @field_validator("publisher_key")
+    @classmethod
+    def _publisher_key(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            try:
+                PublisherKey.from_file(v)
+            except PublisherKeyError as err:
+                raise ValueError(str(err)) from None
+        return v
+
+    def publisher(self) -> PublisherKey | None:
+        """The publisher key of ``--publisher-key`` (None: signatures are not checked).
+
+        Raises:
+            PublisherKeyError: the file is missing, unreadable or not an Ed25519 key.
+        """
+        return PublisherKey.from_file(self.publisher_key) if self.publisher_key else None
 
     @field_validator("cache_dir")
     @classmethod

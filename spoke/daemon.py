@@ -28,6 +28,7 @@ from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.config import SpokeSettings
 from spoke.crossfile import CrossFileReadahead
+from spoke.encryption import check_cache_key
 from spoke.errors import HubUnavailable
 from spoke.fetcher import Fetcher
 from spoke.fill import BackgroundFill
@@ -59,6 +60,8 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
 
     Raises:
         OSError: the admin address or the socket could not be bound.
+        spoke.encryption.EncryptionError: the cache dir was written with another
+            encryption key (or with one, and none is given).
         spoke.lock.CacheInUse: another daemon uses the cache directory.
     """
     stop = stop or asyncio.Event()
@@ -77,11 +80,13 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         secure_cache_dir(layout)  # what an older version or another umask left behind
         audit = AuditLog(settings.audit_log or layout.root / "audit.jsonl")
         stack.callback(audit.close)
+        cipher = settings.block_cipher()  # encryption at rest (spoke/encryption.py)
+        check_cache_key(layout, cipher, settings.encryption_key_file, record=True)
         env = open_index(layout)
         stack.callback(env.close)
         capacity = int(settings.cache_size)
         cache = BlockCache(
-            BlockStore(layout, env),
+            BlockStore(layout, env, cipher),
             # the configured policy until a job posts hints; per hint stream, the
             # blocks of the last 2 reads are still being read (DESIGN.md: Hints)
             HintedPolicy(make_policy(settings.policy, capacity), in_use=2),
@@ -91,7 +96,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         )
         hub = HubClient(settings.hub, credentials=settings.hub_credentials())
         stack.push_async_callback(hub.close)
-        catalog = SnapshotCatalog(hub, env)
+        catalog = SnapshotCatalog(hub, env, settings.publisher())
         stack.push_async_callback(catalog.close)
         source: BlockSource = HubSource(hub)
         mesh = MeshNode(settings.mesh, source) if settings.mesh is not None else None
@@ -131,14 +136,16 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         )
         access.subscribe("fill", fill.observe)
         access.subscribe("steady state", SteadyState().observe)
-        clock = ReadClock()  # retention: when each block was last read
+        retention_s = settings.retention_seconds()
+        # retention: when each block was last read (persisted in the index with --retention)
+        clock = ReadClock(env=env if retention_s is not None else None)
+        stack.callback(clock.flush)  # on the way out, before the index closes
         access.subscribe("retention", lambda digests, hit: clock.read(list(digests)))
         background = [
             asyncio.create_task(cache.run_evictor()),
             asyncio.create_task(Invalidator(hub, catalog, cache, pins).run()),
             asyncio.create_task(fill.run()),
         ]
-        retention_s = settings.retention_seconds()
         if retention_s is not None:
             retention = Retention(catalog, cache, clock, retention_s, audit)
             background.append(asyncio.create_task(retention.run()))

@@ -31,6 +31,11 @@ class CorruptManifest(SpokeError):
     """A manifest from the hub does not hash to the snapshot id it was resolved as."""
 
 
+class UnsignedSnapshot(CorruptManifest):
+    """A snapshot without a valid publisher signature, on a spoke given ``--publisher-key``
+    (handled everywhere as a corrupt manifest: EIO in the mount, 502 from the admin API)."""
+
+
 class MissDeadline(HubUnavailable):
     """A miss gave up: the hub did not deliver before ``--miss-deadline`` (a read then fails
     with EIO at once: the mount does not retry it, unlike a daemon it cannot reach)."""

@@ -60,16 +60,6 @@ class FetchListener(Protocol):
         failed (``error``)."""
 
 
-GAVE_UP_MEMORY_S = 5.0
-"""How long a miss that gave up at its deadline shortens new misses of that block to a
-probe, while nothing has arrived from the source since (the kernel asks again at once for a
-failed readahead page: without this every failed read took two miss deadlines)."""
-
-PROBE_S = 1.0
-"""Longest wait of such a probe (at most a quarter of the miss deadline): its fetch goes on
-with the full deadline for later readers, and a hub that came back answers it in time."""
-
-
 class Fetcher:
     """Fetch batches of blocks from a source into the cache.
 

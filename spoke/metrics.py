@@ -64,6 +64,10 @@ MANIFEST_MISMATCHES = Counter(
     "strata_spoke_manifest_mismatches",
     "Manifests from the hub refused because they did not hash to their snapshot id",
 )
+SIGNATURE_REFUSALS = Counter(
+    "strata_spoke_signature_refusals",
+    "Snapshots refused because they were unsigned or their publisher signature did not verify",
+)
 HUB_CREDENTIAL_RELOADS = Counter(
     "strata_spoke_hub_credential_reloads",
     "Hub credentials re-read after their files changed (what: tls or token)",

@@ -9,17 +9,23 @@ is *stale*. Each sweep drops the cached blocks of stale snapshots that no fresh 
 shares and no pin holds, and writes one audit record per stale snapshot it touched
 (``who: daemon``). Manifests stay (they are small and let the snapshot be read again).
 
-The clock lives in memory: after a daemon restart every block counts as read at the
-restart, so a restart never makes anything stale sooner (it can only delay an eviction
-by up to one retention period).
+The clock is kept in the daemon's LMDB index (database ``readclock``: digest → last
+read, f64 seconds), written at each sweep and when the daemon stops, and loaded at
+start, so a restart does not reset it. A block with no stamp (never read since it was
+cached, or read after the last write before an unclean stop) counts as read at the
+daemon's start: a restart never makes anything stale sooner, and a crash loses at most
+one sweep interval of stamps (the snapshot then looks that much older).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections.abc import Callable, Iterable
+
+import lmdb
 
 from spoke.audit import AuditLog
 from spoke.cache import BlockCache
@@ -29,32 +35,70 @@ from spoke.selection import unique_blocks
 log = logging.getLogger(__name__)
 
 
+_STAMP = struct.Struct(">d")
+
+
 class ReadClock:
-    """Last-read wall time of each block read since the daemon started.
+    """Last-read wall time of each cached block, persisted in the index.
 
     Args:
         now: the clock (seconds; ``time.time`` by default, injectable for tests).
+        env: the daemon's LMDB environment (stamps are loaded from and written to its
+            ``readclock`` database); None keeps them in memory only.
     """
 
-    def __init__(self, now: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, now: Callable[[], float] = time.time, env: lmdb.Environment | None = None
+    ) -> None:
         self.now = now
         self.started = now()
         self._last: dict[str, float] = {}
+        self._dirty: set[str] = set()
+        self._env = env
+        self._db = env.open_db(b"readclock") if env is not None else None
+        if env is not None:
+            with env.begin(db=self._db) as txn:
+                for key, value in txn.cursor():
+                    self._last[key.decode()] = _STAMP.unpack(value)[0]
 
     def read(self, digests: Iterable[str]) -> None:
         """Stamp ``digests`` as read now."""
         t = self.now()
         for digest in digests:
             self._last[digest] = t
+            self._dirty.add(digest)
+
+    def flush(self) -> int:
+        """Write the stamps changed since the last flush to the index, in one transaction
+        (nothing without an index). Returns how many were written or deleted."""
+        if self._env is None or not self._dirty:
+            return 0
+        dirty, self._dirty = self._dirty, set()
+        with self._env.begin(write=True, db=self._db) as txn:
+            for digest in dirty:
+                stamp = self._last.get(digest)
+                if stamp is None:
+                    txn.delete(digest.encode())
+                else:
+                    txn.put(digest.encode(), _STAMP.pack(stamp))
+        return len(dirty)
 
     def last(self, digest: str) -> float:
         """When ``digest`` was last read (the daemon's start if not since)."""
         return self._last.get(digest, self.started)
 
+    def prune(self, cached: Callable[[str], bool]) -> int:
+        """Forget the stamps of blocks no longer cached (evicted for room, say); returns
+        how many."""
+        gone = [d for d in self._last if not cached(d)]
+        self.forget(gone)
+        return len(gone)
+
     def forget(self, digests: Iterable[str]) -> None:
         """Drop stamps of blocks no longer cached."""
         for digest in digests:
-            self._last.pop(digest, None)
+            if self._last.pop(digest, None) is not None:
+                self._dirty.add(digest)
 
 
 class Retention:
@@ -134,5 +178,7 @@ class Retention:
             await asyncio.sleep(interval)
             try:
                 self.sweep()
+                self.clock.prune(self.cache.contains)
+                self.clock.flush()
             except Exception:  # a sweep must never end the daemon
                 log.exception("retention sweep failed")

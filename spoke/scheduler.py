@@ -71,6 +71,18 @@ class _Flight:
     sent_as: Priority | None = None
     demanded: bool = False  # a reader joined after it left
     arrived: bool = False
+    admitting: bool = False  # arrived, its disk write not done
+    stream: _Stream | None = None  # the stream it left on
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One batch on its way: it holds a stream slot until its last block has arrived
+    (its disk writes may still be running: they are bounded by :attr:`FetchScheduler.
+    admitting_bytes`, not by the stream count)."""
+
+    waiting: int  # blocks not arrived yet
+    open: bool = True  # still holds a slot
 
 
 @dataclass
@@ -116,8 +128,9 @@ class FetchScheduler:
         self.prefetch_budget = prefetch_budget
         self._flights: dict[str, _Flight] = {}
         self._queues = {p: _Queue() for p in Priority}
-        self._busy = 0  # streams open
+        self._busy = 0  # stream slots held (streams with blocks still to arrive)
         self._wire_bytes = 0  # asked of the source, not arrived
+        self._admitting_bytes = 0  # arrived, not resident yet (disk writes)
         self._on_the_way_bytes = 0  # queued or on the wire
         self._speculative_bytes = 0  # hinted + readahead, queued or on the wire
         self._prefetched: dict[str, int] = {}  # speculative, arrived, unread: digest -> size
@@ -285,6 +298,11 @@ class FetchScheduler:
         """Bytes asked of the source that have not arrived yet."""
         return self._wire_bytes
 
+    @property
+    def admitting_bytes(self) -> int:
+        """Bytes that arrived and are being written to the cache."""
+        return self._admitting_bytes
+
     def queued(self, priority: Priority) -> tuple[int, int]:
         """Blocks and bytes of ``priority`` waiting to leave."""
         q = self._queues[priority]
@@ -374,10 +392,15 @@ class FetchScheduler:
                 per_stream = min(self.batch_bytes, window // self.max_streams)
                 # a stream's worth of room, or nothing: a sliver of room would open a
                 # stream of one small block, and a round trip per block is what the
-                # window is there to avoid
+                # window is there to avoid. Arrived blocks waiting for their disk writes
+                # count too, so a disk slower than the link holds prefetch back instead of
+                # filling memory.
                 if self._busy >= self.max_streams or (
-                    self._wire_bytes + per_stream > window and self._wire_bytes > 0
+                    self._wire_bytes + self._admitting_bytes + per_stream > 2 * window
+                    and self._wire_bytes + self._admitting_bytes > 0
                 ):
+                    break
+                if self._wire_bytes + per_stream > window and self._wire_bytes > 0:
                     break
                 room = per_stream
             self._start(self._take(priority, room))
@@ -389,7 +412,10 @@ class FetchScheduler:
         q = self._queues[priority]
         while len(batch) < self.batch_blocks:
             flight = self._head(priority)
-            if flight is None or (batch and total + flight.size > room):
+            # a stream takes blocks until it is full: rounding down instead left every
+            # stream one 1 MiB chunk file when the room was just under 2 MiB, and the
+            # stream count, not the window, capped the bytes on the wire
+            if flight is None or (batch and total >= room):
                 break
             q.flights.popleft()
             q.count -= 1
@@ -403,15 +429,18 @@ class FetchScheduler:
     def _start(self, batch: list[_Flight]) -> None:
         self._busy += 1
         self._wire_bytes += sum(f.size for f in batch)
-        task = asyncio.create_task(self._run(batch))
+        stream = _Stream(len(batch))
+        for flight in batch:
+            flight.stream = stream
+        task = asyncio.create_task(self._run(batch, stream))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, batch: list[_Flight]) -> None:
+    async def _run(self, batch: list[_Flight], stream: _Stream) -> None:
         try:
             await self.fetcher.fetch([f.digest for f in batch], self)
         finally:
-            self._busy -= 1
+            self._release(stream)
             for flight in batch:  # cancelled part-way: what never arrived leaves the wire
                 if not flight.arrived:
                     flight.arrived = True
@@ -435,8 +464,19 @@ class FetchScheduler:
         if flight is not None and not flight.arrived:
             flight.arrived = True
             self._wire_bytes -= flight.size
+            self._admitting_bytes += flight.size
+            flight.admitting = True
             metrics.CLASS_BYTES.labels((flight.sent_as or flight.priority).label).inc(nbytes)
+            if flight.stream is not None:
+                flight.stream.waiting -= 1
+                if flight.stream.waiting <= 0:  # nothing more to come on it: a slot frees
+                    self._release(flight.stream)
         self._pump()
+
+    def _release(self, stream: _Stream) -> None:
+        if stream.open:
+            stream.open = False
+            self._busy -= 1
 
     def resolved(self, digest: str, error: BaseException | None, data: bytes | None) -> None:
         """A block is done: resident, streamed through, or failed."""
@@ -449,6 +489,9 @@ class FetchScheduler:
         if not flight.arrived:  # failed before arriving
             flight.arrived = True
             self._wire_bytes -= flight.size
+        if flight.admitting:
+            flight.admitting = False
+            self._admitting_bytes -= flight.size
         if error is None and data is None and flight.sent_as in SPECULATIVE:
             metrics.PREFETCH_BYTES.inc(flight.size)
             if flight.demanded:  # a reader was already waiting for it

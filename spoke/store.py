@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import lmdb
 
+from spoke.encryption import BlockCipher, CorruptBlock
 from spoke.layout import TMP_PREFIX, CacheLayout, block_digest, is_digest
 
 _ENTRY = struct.Struct(">QQ")  # size (bytes), recency tick
@@ -37,10 +38,15 @@ class BlockStore:
     Args:
         layout: the cache directory's layout.
         env: an open LMDB environment shared with other daemon components.
+        cipher: seals every block file written and opens every one read (encryption at
+            rest, :mod:`spoke.encryption`); None stores blocks as they are.
     """
 
-    def __init__(self, layout: CacheLayout, env: lmdb.Environment) -> None:
+    def __init__(
+        self, layout: CacheLayout, env: lmdb.Environment, cipher: BlockCipher | None = None
+    ) -> None:
         self.layout = layout
+        self.cipher = cipher
         self._env = env
         self._db = env.open_db(b"blocks")
         layout.blocks_dir.mkdir(parents=True, exist_ok=True)
@@ -50,8 +56,9 @@ class BlockStore:
 
         Deletes stray temporary files, drops index entries whose file is gone or has another
         size than indexed (torn by a power loss: the rename reached the disk, not all the
-        bytes), and indexes block files the index lacks (a crash between rename and index
-        write) once their bytes match their digest.
+        bytes; or written before encryption was turned on), and indexes block files the
+        index lacks (a crash between rename and index write) once their bytes match their
+        digest.
 
         Returns:
             Every cached block, oldest tick first.
@@ -71,16 +78,17 @@ class BlockStore:
                 digest = key.decode()
                 size, tick = _ENTRY.unpack(value)
                 found = on_disk.pop(digest, None)
-                if found == size:
+                if found == self._file_size(size):
                     blocks.append(StoredBlock(digest, size, tick))
                     continue
                 txn.delete(key)
                 if found is not None:
                     self.layout.block_path(digest).unlink(missing_ok=True)
-            for digest, size in on_disk.items():
+            for digest, file_size in on_disk.items():
                 if not self.verify(digest):
                     self.layout.block_path(digest).unlink(missing_ok=True)
                     continue
+                size = self.cipher.plain_size(file_size) if self.cipher else file_size
                 txn.put(digest.encode(), _ENTRY.pack(size, 0))
                 blocks.append(StoredBlock(digest, size, 0))
         blocks.sort(key=lambda b: b.tick)
@@ -138,6 +146,8 @@ class BlockStore:
         folder = path[: -len(digest) - 1]
         tmp = f"{folder}/{TMP_PREFIX}{digest}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        if self.cipher is not None:
+            data = self.cipher.seal(digest, data)
         try:
             fd = os.open(tmp, flags, 0o600)
         except FileNotFoundError:
@@ -170,14 +180,29 @@ class BlockStore:
             for digest in digests:
                 txn.delete(digest.encode())
 
-    def verify(self, digest: str) -> bool:
-        """Re-read a cached block and check it against its digest (False if absent, bad or
-        unreadable)."""
+    def _file_size(self, size: int) -> int:
+        """Bytes on disk of a ``size``-byte block's file."""
+        return self.cipher.sealed_size(size) if self.cipher is not None else size
+
+    def read(self, digest: str) -> bytes | None:
+        """A cached block's bytes, opened (decrypted and authenticated) and checked against
+        its digest; None if absent, unreadable, or not that block's bytes (it may block on
+        the disk: call it from a worker thread)."""
         try:
             data = self.layout.block_path(digest).read_bytes()
         except OSError:
-            return False
-        return block_digest(data) == digest
+            return None
+        if self.cipher is not None:
+            try:
+                data = self.cipher.open(digest, data)
+            except CorruptBlock:
+                return None
+        return data if block_digest(data) == digest else None
+
+    def verify(self, digest: str) -> bool:
+        """Re-read a cached block and check it against its digest (False if absent, bad or
+        unreadable; with encryption, also if it fails authentication)."""
+        return self.read(digest) is not None
 
     def touch(self, ticks: dict[str, int]) -> None:
         """Record new recency ticks for indexed blocks, in one transaction."""

@@ -31,6 +31,7 @@ from types import FrameType
 
 from spoke import lock
 from spoke.config import SpokeSettings
+from spoke.encryption import EncryptionError, check_cache_key
 from spoke.hardening import private_umask
 from spoke.layout import CacheLayout
 from spoke.mountinfo import mounts
@@ -189,6 +190,8 @@ class Supervisor:
         cmd = [sys.executable, "-m", "fusemount", "--cache-dir", str(self.layout.root)]
         cmd += ["--miss-deadline", str(s.miss_deadline), "--log-level", self.log_level]
         cmd += ["--read-ahead-kb", str(s.read_ahead_kb), "--passthrough", s.passthrough]
+        if s.encryption_key_file is not None:
+            cmd += ["--encryption-key-file", str(s.encryption_key_file.resolve())]
         if s.allow_other:
             cmd.append("--allow-other")
         return [*cmd, str(self.mountpoint)]
@@ -248,6 +251,7 @@ class Supervisor:
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
         try:
+            self._check_encryption()
             adopted = self._adopt()
             if self.mount is None:
                 check_mountpoint(self.mountpoint)
@@ -282,6 +286,15 @@ class Supervisor:
                 self.shutdown()
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+    def _check_encryption(self) -> None:
+        """Refuse a cache dir written with another encryption key, or with one when none is
+        given (before anything starts; the daemon records a new key itself)."""
+        s = self.settings
+        try:
+            check_cache_key(self.layout, s.block_cipher(), s.encryption_key_file, record=False)
+        except EncryptionError as err:
+            raise StartupError(str(err)) from None
 
     def _adopt(self) -> str:
         """Take over a live daemon and mount of this cache directory (their supervisor was

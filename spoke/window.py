@@ -27,6 +27,9 @@ CEILING_BYTES = 256 << 20
 GAIN = 2.0
 """Window = GAIN × max delivery rate × min RTT."""
 
+RATE_SAMPLE_MIN_S = 0.1
+"""Shortest span a delivery-rate sample covers, seconds (one RTT when that is longer)."""
+
 
 class LinkWindow:
     """Delivery-rate and round-trip estimates, and the window they give.
@@ -61,6 +64,7 @@ class LinkWindow:
         self._rates: deque[tuple[float, float]] = deque()  # (when, bytes/s), descending rate
         self._deliveries: deque[tuple[float, int]] = deque()  # (when, bytes) of recent arrivals
         self._delivered_recent = 0
+        self._since: float | None = None  # the last arrival before the sample's span
         self.delivered_bytes = 0
 
     # -- samples ---------------------------------------------------------------------------
@@ -79,13 +83,30 @@ class LinkWindow:
         self.delivered_bytes += nbytes
         self._deliveries.append((now, nbytes))
         self._delivered_recent += nbytes
-        interval = max(self.rtt_s or 0.0, 0.05)  # one sample per round trip of arrivals
+        interval = max(self.rtt_s or 0.0, RATE_SAMPLE_MIN_S)  # a round trip of arrivals at least
         while self._deliveries and now - self._deliveries[0][0] > interval:
-            self._delivered_recent -= self._deliveries.popleft()[1]
-        span = now - self._deliveries[0][0]
+            when, expired = self._deliveries.popleft()
+            self._delivered_recent -= expired
+            self._since = when
+        if self._since is not None and now - self._since > 2 * interval:
+            self._since = None  # the link was idle: start afresh
+        # A sample is the bytes that arrived since an earlier arrival, over the time since
+        # it (TCP's delivery-rate sampling: Cheng et al.,
+        # draft-cheng-iccrg-delivery-rate-estimation): blocks
+        # reach the daemon in bursts whenever its loop was off the CPU, and a span opened
+        # by a burst's first block credited the whole burst to a few milliseconds (3-4x
+        # the link's rate on a busy 2-core machine, which grew the window far past the
+        # bandwidth-delay product and queued that much more before the next demand miss).
+        if self._since is None:  # the first arrival opens the span; its bytes came before it
+            start, delivered = (
+                self._deliveries[0][0],
+                self._delivered_recent - self._deliveries[0][1],
+            )
+        else:
+            start, delivered = self._since, self._delivered_recent
+        span = now - start
         if span >= interval / 2:
-            # the first arrival opens the span; its bytes came before it
-            rate = (self._delivered_recent - self._deliveries[0][1]) / span
+            rate = delivered / span
             while self._rates and self._rates[-1][1] <= rate:
                 self._rates.pop()
             self._rates.append((now, rate))

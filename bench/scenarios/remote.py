@@ -203,20 +203,22 @@ class StrataScenario(RemoteScenario[StrataMount]):
         ctx.drop()
         with mounted(self.new_mount(ctx)) as mount:
             root = self.root(ctx, mount)
-            cold_trainer(ctx, hints, root, sampler, mount.pid, extra=("--hints", mount.admin))
+            hinted = ("--hints", mount.admin, "--hints-token-file", str(mount.token_file))
+            cold_trainer(ctx, hints, root, sampler, mount.pid, extra=hinted)
         ctx.echo(f"  {fill.label}")
         ctx.drop()
         with mounted(self.new_mount(ctx, FILL_FLAGS)) as mount:
             root = self.root(ctx, mount)
             cold_trainer(ctx, fill, root, sampler, mount.pid)
-            fill.notes.append(f"fill after the trainer: {fill_stats(mount.admin)}")
+            filled = fill_stats(mount.admin, mount.headers)
+            fill.notes.append(f"fill after the trainer: {filled}")
         with mounted(self.new_mount(ctx, FILL_FLAGS)) as mount:
             phases.cold_pass(ctx, fill, self.root(ctx, mount), sampler, mount.pid)
         ctx.echo(f"  {ddp.label}")
         ctx.drop()
         with mounted(self.new_mount(ctx)) as mount:
             root = self.root(ctx, mount)
-            extra = ("--hints", mount.admin)
+            extra = ("--hints", mount.admin, "--hints-token-file", str(mount.token_file))
             cold_trainer(ctx, ddp, root, sampler, mount.pid, extra=extra, ranks=2)
         return [hints, fill, ddp]
 
@@ -269,7 +271,7 @@ class StrataScenario(RemoteScenario[StrataMount]):
 
     def warm_notes(self, mount: StrataMount) -> list[str]:
         """The spoke's cache counters (``GET /v1/cache``)."""
-        return [f"spoke cache: {cache_stats(mount.admin)}"]
+        return [f"spoke cache: {cache_stats(mount.admin, mount.headers)}"]
 
 
 COLD_VARIANTS = ("strata-cold-hints", "strata-cold-fill", "strata-cold-ddp-hints")
@@ -278,12 +280,12 @@ COLD_VARIANTS = ("strata-cold-hints", "strata-cold-fill", "strata-cold-ddp-hints
 FILL_FLAGS = ("--background-fill", "auto")
 
 
-def fill_stats(admin: str) -> dict[str, Any]:
+def fill_stats(admin: str, headers: dict[str, str]) -> dict[str, Any]:
     """Each background fill's state and bytes from ``GET /v1/cache`` (or ``{"error"}``)."""
     import httpx
 
     try:
-        stats: dict[str, Any] = httpx.get(f"{admin}/v1/cache", timeout=10).json()
+        stats: dict[str, Any] = httpx.get(f"{admin}/v1/cache", headers=headers, timeout=10).json()
     except (httpx.HTTPError, ValueError) as err:
         return {"error": str(err)}
     keys = ("state", "bytes_total", "bytes_resident", "rate_bytes_per_s")
@@ -291,7 +293,7 @@ def fill_stats(admin: str) -> dict[str, Any]:
     return {s["snapshot"]: {k: s.get(k) for k in keys} for s in snaps}
 
 
-def cache_stats(admin: str) -> dict[str, Any]:
+def cache_stats(admin: str, headers: dict[str, str]) -> dict[str, Any]:
     """Hits, misses, hub bytes and used bytes from the spoke's admin API at ``admin``.
 
     An unreachable API gives ``{"error": ...}`` (a note, not a failed row).
@@ -299,7 +301,7 @@ def cache_stats(admin: str) -> dict[str, Any]:
     import httpx
 
     try:
-        stats: dict[str, Any] = httpx.get(f"{admin}/v1/cache", timeout=10).json()
+        stats: dict[str, Any] = httpx.get(f"{admin}/v1/cache", headers=headers, timeout=10).json()
     except (httpx.HTTPError, ValueError) as err:
         return {"error": str(err)}
     keys = ("hits", "misses", "hub_fetch_bytes", "used_bytes")

@@ -21,6 +21,7 @@ block_refs  digest | dataset                            live references u64
 pending     digest | publish u64                        (empty)
 publishes   publish u64                                 started_ns i64 | pid u32 | host
 events      sequence u64                                event record (hub.events)
+signatures  dataset NUL version u32                     Ed25519 signature (hub.signing)
 ==========  ==========================================  =====================================
 
 **Immutability.** A version record is written once (``put(overwrite=False)``) and never

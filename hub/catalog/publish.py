@@ -35,6 +35,7 @@ from hub.names import validate_dataset, validate_tag, version_name, version_numb
 
 if TYPE_CHECKING:
     from hub.catalog.catalog import Catalog
+    from hub.signing import Signer
 
 logger = logging.getLogger("hub.catalog")
 
@@ -131,6 +132,7 @@ class PublishSession:
         tag: str | None = "latest",
         created_ns: int | None = None,
         version: str | None = None,
+        signer: Signer | None = None,
     ) -> Snapshot:
         """Creates the version, in one write transaction.
 
@@ -140,6 +142,8 @@ class PublishSession:
             created_ns: Publish time, nanoseconds since the Unix epoch; default now.
             version: Publish as exactly this version (must be the next one); default the
                 next one.
+            signer: Signs the new version (:mod:`hub.signing`); its signature is stored
+                with the version and served in every ``Snapshot``. None: unsigned.
 
         Returns:
             The new version's snapshot.
@@ -195,6 +199,9 @@ class PublishSession:
                 overwrite=False,
             ):
                 raise CorruptCatalog(f"dataset {dataset!r} already has v{number}")
+            if signer is not None:
+                signature = signer(dataset, version_name(number), sid)
+                txn.put(version_key(dataset, number), signature, db=db[b"signatures"])
             txn.put(
                 dataset.encode("utf-8"), DATASET.pack(number, dataset_created), db=db[b"datasets"]
             )

@@ -35,6 +35,8 @@ class Snapshot:
         entry_count: Number of manifest entries (files, directories and symlinks).
         revoked_ns: When the version was revoked, nanoseconds since the Unix epoch; 0
             while it is live.
+        signature: The publisher's Ed25519 signature (:mod:`hub.signing`); empty when
+            published unsigned.
     """
 
     dataset: str
@@ -46,6 +48,7 @@ class Snapshot:
     total_bytes: int
     entry_count: int
     revoked_ns: int = 0
+    signature: bytes = b""
 
     @property
     def revoked(self) -> bool:

@@ -49,6 +49,7 @@ DB_NAMES = (
     b"pending",
     b"publishes",
     b"events",
+    b"signatures",
 )
 """The named LMDB databases of a catalog."""
 

@@ -139,6 +139,7 @@ class CatalogTxn:
             block_size, file_count, total_bytes, entry_count, _, _ = SNAPSHOT.unpack(record)
             revoked = self.get(version_key(dataset, number), db=self.db[b"revoked"])
             revoked_ns = I64.unpack(revoked)[0] if revoked is not None else 0
+            signature = self.get(version_key(dataset, number), db=self.db[b"signatures"])
         except struct.error as exc:
             raise CorruptCatalog(f"{dataset} v{number}: corrupt record: {exc}") from exc
         return Snapshot(
@@ -151,6 +152,7 @@ class CatalogTxn:
             total_bytes=total_bytes,
             entry_count=entry_count,
             revoked_ns=revoked_ns,
+            signature=bytes(signature or b""),
         )
 
     def manifest_number(self, snapshot_id: str) -> int:

@@ -21,7 +21,7 @@ from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
 from spoke.cache import BlockCache
 from spoke.errors import HubUnavailable, InvalidRequest, NotFound
-from spoke.layout import block_digest, is_digest
+from spoke.layout import is_digest
 from spoke.mesh import metrics
 from spoke.mesh.peerclient import CHUNK_BYTES, MAX_MESSAGE_BYTES, PeerTls
 from spoke.mesh.source import MeshSource
@@ -122,18 +122,14 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         Raises:
             HubUnavailable, NotFound, InvalidRequest: the fetch failed.
         """
-        path = self.cache.store.layout.block_path(digest)
         for _ in range(3):
             was_cached, uncached = await self.scheduler.ensure([(digest, size)], priority)
             if digest in uncached:  # the cache could not take it: sent from memory
                 metrics.PEER_SERVED_BYTES.labels("fetched").inc(len(uncached[digest]))
                 return uncached[digest]
-            try:
-                data = await asyncio.to_thread(path.read_bytes)
-            except FileNotFoundError:  # evicted between the fetch and the read
-                self.cache.drop(digest)
-                continue
-            if block_digest(data) != digest:
+            # verified (and decrypted, with encryption at rest) as read
+            data = await asyncio.to_thread(self.cache.store.read, digest)
+            if data is None:  # evicted between the fetch and the read, or damaged on disk
                 self.cache.drop(digest)
                 continue
             self.cache.record_access([digest])

@@ -86,6 +86,26 @@ def test_stale_snapshots_lose_their_own_blocks_only(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_the_read_clock_survives_a_restart(tmp_path: Path) -> None:
+    layout = CacheLayout(tmp_path)
+    env = open_index(layout)
+    now = [1000.0]
+    clock = ReadClock(lambda: now[0], env)
+    clock.read(["a" * 32, "b" * 32])
+    now[0] = 2000.0
+    clock.read(["b" * 32])
+    assert clock.flush() == 2 and clock.flush() == 0
+    clock.read(["c" * 32])  # read after the last flush: lost by an unclean stop
+    now[0] = 5000.0
+    again = ReadClock(lambda: now[0], env)  # the daemon restarted
+    assert again.last("a" * 32) == 1000.0 and again.last("b" * 32) == 2000.0
+    assert again.last("c" * 32) == 5000.0  # unstamped: the restart, never sooner
+    assert again.prune(lambda d: d != "a" * 32) == 1
+    assert again.flush() == 1
+    assert ReadClock(lambda: now[0], env).last("a" * 32) == 5000.0
+    env.close()
+
+
 @pytest.mark.parametrize("text", ["7", "7x", "0d", "", "1d 2h"])
 def test_bad_retention(text: str) -> None:
     with pytest.raises(ValueError, match="--retention"):

@@ -190,6 +190,20 @@ def test_window_is_gain_times_rate_times_rtt(
     assert low <= window.bytes <= high
 
 
+def test_bursty_arrivals_do_not_inflate_the_rate() -> None:
+    """A loop that was off the CPU gets a burst of queued blocks at once: the rate stays
+    the link's (125 MB/s here, 12.5 MB every 100 ms, each burst within 1 ms)."""
+    now = [0.0]
+    window = LinkWindow(clock=lambda: now[0])
+    window.on_rtt(0.05)
+    for _ in range(30):
+        now[0] += 0.099
+        for _ in range(10):
+            now[0] += 0.0001
+            window.on_delivered(1_250_000)
+    assert window.rate_bps is not None and window.rate_bps <= 1.3 * 125e6
+
+
 def test_window_forgets_old_samples() -> None:
     now = [0.0]
     window = LinkWindow(clock=lambda: now[0], rate_span_s=3.0, rtt_span_s=10.0)
@@ -206,3 +220,41 @@ def test_window_forgets_old_samples() -> None:
 def test_window_rejects_a_floor_above_its_ceiling() -> None:
     with pytest.raises(ValueError, match="floor"):
         LinkWindow(floor=2 << 20, ceiling=1 << 20)
+
+
+def test_a_stream_frees_its_slot_when_its_blocks_arrive_and_disk_writes_are_bounded(
+    tmp_path: Path,
+) -> None:
+    """A stream whose blocks have all arrived no longer counts against the stream cap (its
+    disk writes may still run), but arrived blocks waiting for the disk count against
+    twice the window, so a slow disk holds prefetch back instead of filling memory."""
+    hub, cache, scheduler, refs = _setup(
+        tmp_path, 10, window=2 * BLOCK, max_streams=2, batch_blocks=1
+    )
+    scheduler.window.ceiling = 2 * BLOCK
+    disk = asyncio.Event()
+    admit = cache.admit
+
+    async def slow_admit(digest: str, data: bytes) -> None:
+        await disk.wait()
+        await admit(digest, data)
+
+    cache.admit = slow_admit  # type: ignore[method-assign]
+
+    async def go() -> None:
+        scheduler.prefetch(refs, Priority.PREWARM)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+        # two slots, yet four streams went out: each freed its slot on arrival; the
+        # fifth waits, as four blocks wait for the disk (2 × a 2-block window)
+        assert len(hub.calls) == 4
+        assert scheduler.admitting_bytes == 4 * BLOCK
+        assert not any(cache.contains(d) for d, _ in refs)
+        disk.set()
+        while scheduler.inflight:
+            await asyncio.sleep(0.01)
+        assert scheduler.admitting_bytes == 0
+
+    asyncio.run(go())
+    assert all(cache.contains(d) for d, _ in refs)
+    assert sorted(c[0] for c in hub.calls) == sorted(d for d, _ in refs)  # each once

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.local import LocalStack, drop_page_cache
+from deploy.local import LocalStack, admin_headers, drop_page_cache
 from tests.support import publish, requires_fuse, tree_digests
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fuse, requires_fuse]
@@ -72,16 +72,16 @@ def test_f3_through_the_mount(seismic: Path, tmp_path: Path) -> None:
         log = [json.loads(line) for line in (tmp_path / "train1" / "metrics.jsonl").open()]
         losses = [row["loss"] for row in log]
         assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10, losses
-        warm = httpx.get(f"{admin}/v1/cache").json()
+        warm = httpx.get(f"{admin}/v1/cache", headers=admin_headers(tmp_path / "cache")).json()
         assert warm["hub_fetch_bytes"] > 0 and warm["misses"] > 0
 
         drop_page_cache()  # when root: make pass 2 reach the mount
         _fit(data, tmp_path / "train2", steps=10)
-        again = httpx.get(f"{admin}/v1/cache").json()
+        again = httpx.get(f"{admin}/v1/cache", headers=admin_headers(tmp_path / "cache")).json()
         deadline = time.monotonic() + 5  # hits are reported in batches every 0.5 s
         while again["hits"] <= warm["hits"] and time.monotonic() < deadline:
             time.sleep(0.2)
-            again = httpx.get(f"{admin}/v1/cache").json()
+            again = httpx.get(f"{admin}/v1/cache", headers=admin_headers(tmp_path / "cache")).json()
         assert again["hub_fetch_bytes"] == warm["hub_fetch_bytes"]
         assert again["misses"] == warm["misses"]
         assert again["hits"] > warm["hits"]

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.local import LocalStack, drop_page_cache, free_port, stop_process
+from deploy.local import LocalStack, admin_headers, drop_page_cache, free_port, stop_process
 from spoke.layout import CacheLayout
 from tests.support import publish, requires_fuse, sha256
 
@@ -41,7 +41,9 @@ def _admin(cache: Path) -> str:
 
 
 def _stats(cache: Path) -> dict[str, Any]:
-    stats: dict[str, Any] = httpx.get(f"{_admin(cache)}/v1/cache", timeout=5).json()
+    stats: dict[str, Any] = httpx.get(
+        f"{_admin(cache)}/v1/cache", headers=admin_headers(cache), timeout=5
+    ).json()
     return stats
 
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from bench.wan import CutMode, LinkSpec, WanProxy
-from deploy.local import LocalStack
+from deploy.local import LocalStack, admin_headers
 from fusemount.blockfiles import RECHECK_AFTER
 from spoke.layout import CacheLayout
 from tests.support import publish, requires_fuse
@@ -58,8 +58,8 @@ def _block_files(cache: Path) -> dict[str, int]:
     }
 
 
-def _prewarm(admin: str, body: dict[str, object]) -> dict[str, object]:
-    with httpx.Client(base_url=admin, timeout=30) as client:
+def _prewarm(admin: str, body: dict[str, object], cache: Path) -> dict[str, object]:
+    with httpx.Client(base_url=admin, headers=admin_headers(cache), timeout=30) as client:
         reply = client.post("/v1/prewarm", json=body)
         assert reply.status_code == 202, reply.text
         job: dict[str, object] = reply.json()
@@ -85,14 +85,14 @@ def test_a_cache_full_of_pins_streams_unpinned_files_through(
     hub = stack.start_hub(tmp_path / "hub")
     cache, mnt = tmp_path / "cache", tmp_path / "mnt"
     admin = stack.start_spoke(hub, cache, mnt, "1MiB")
-    job = _prewarm(admin, {"dataset": "ds", "paths": ["pin/*"], "pin": True})
+    job = _prewarm(admin, {"dataset": "ds", "paths": ["pin/*"], "pin": True}, cache)
     assert job["state"] == "done", job
-    stats = httpx.get(f"{admin}/v1/cache", timeout=30).json()
+    stats = httpx.get(f"{admin}/v1/cache", headers=admin_headers(cache), timeout=30).json()
     assert stats["pinned_bytes"] == stats["used_bytes"] == 16 * BLOCK == stats["capacity_bytes"]
     for i in range(3):
         name = f"free/f{i}.bin"
         assert _read_direct(mnt / "ds" / "v1" / name) == (src / name).read_bytes()
-        stats = httpx.get(f"{admin}/v1/cache", timeout=30).json()
+        stats = httpx.get(f"{admin}/v1/cache", headers=admin_headers(cache), timeout=30).json()
         assert stats["used_bytes"] <= stats["capacity_bytes"]
         assert sum(_block_files(cache).values()) <= stats["capacity_bytes"]
     assert _metric(admin, "strata_spoke_streamed_through_blocks_total") >= 3 * 6
@@ -132,7 +132,7 @@ def test_block_files_lost_from_the_cache_disk_are_refetched(
     assert _block_files(cache) == before
     assert _metric(admin, "strata_spoke_lost_blocks_total") == len(lost)
     assert _metric(admin, "strata_spoke_hub_fetch_blocks_total") == fetched + len(lost)
-    stats = httpx.get(f"{admin}/v1/cache", timeout=30).json()
+    stats = httpx.get(f"{admin}/v1/cache", headers=admin_headers(cache), timeout=30).json()
     assert stats["blocks"] == 9 and stats["used_bytes"] == sum(before.values())
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.local import LocalStack, free_port
+from deploy.local import LocalStack, admin_headers, free_port
 from tests.integration.mesh_support import metric, wait_until
 from tests.support import publish, requires_fuse, sha256
 
@@ -40,10 +40,11 @@ def test_two_mounts_on_two_spokes_one_hub_fetch_per_block(tmp_path: Path) -> Non
             )
             for i, port in enumerate(ports)
         ]
-        for admin in admins:
+        for i, admin in enumerate(admins):
+            auth = admin_headers(tmp_path / f"cache{i}")
             wait_until(
-                lambda a=admin: (
-                    httpx.get(f"{a}/v1/cache", timeout=5).json()["mesh"]["nodes_live"]  # type: ignore[misc]
+                lambda a=admin, h=auth: (
+                    httpx.get(f"{a}/v1/cache", headers=h, timeout=5).json()["mesh"]["nodes_live"]  # type: ignore[misc]
                     == 2
                 ),
                 f"{admin} sees both spokes",

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.local import LocalStack, drop_page_cache
+from deploy.local import LocalStack, admin_headers, drop_page_cache
 from tests.support import make_tree, publish, requires_fuse, sha256, tree_digests
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
@@ -30,6 +30,7 @@ class Mounted:
     mount: Path
     admin: str
     hub: str
+    auth: dict[str, str]  # the admin token the spoke generated
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounted]:
     with LocalStack() as stack:
         hub = stack.start_hub(tmp / "hub")
         admin = stack.start_spoke(hub, tmp / "cache", tmp / "mnt", "64MiB")
-        yield Mounted(v1, v2, tmp / "mnt", admin, hub)
+        yield Mounted(v1, v2, tmp / "mnt", admin, hub, admin_headers(tmp / "cache"))
 
 
 def test_every_file_reads_byte_identical(mounted: Mounted) -> None:
@@ -131,7 +132,7 @@ def test_second_read_is_a_hit_and_fetches_nothing(mounted: Mounted) -> None:
     path = mounted.mount / "demo" / "v2" / "nested" / "deeper" / "b.bin"
     path.read_bytes()
     time.sleep(1.0)  # the mount reports hits in batches (every 0.1 s or 64 hits)
-    before = httpx.get(f"{mounted.admin}/v1/cache").json()
+    before = httpx.get(f"{mounted.admin}/v1/cache", headers=mounted.auth).json()
     if not drop_page_cache():  # so the read reaches the mount
         pytest.skip("cannot drop the kernel page cache (not root)")
     assert path.read_bytes() == (mounted.src_v2 / "nested" / "deeper" / "b.bin").read_bytes()
@@ -139,7 +140,7 @@ def test_second_read_is_a_hit_and_fetches_nothing(mounted: Mounted) -> None:
     after = before
     while after["hits"] <= before["hits"] and time.monotonic() < deadline:
         time.sleep(0.2)
-        after = httpx.get(f"{mounted.admin}/v1/cache").json()
+        after = httpx.get(f"{mounted.admin}/v1/cache", headers=mounted.auth).json()
     assert after["hits"] > before["hits"]
     assert after["hub_fetch_bytes"] == before["hub_fetch_bytes"]
     assert after["misses"] == before["misses"]
@@ -147,7 +148,14 @@ def test_second_read_is_a_hit_and_fetches_nothing(mounted: Mounted) -> None:
 
 def test_cli_status(mounted: Mounted) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "spoke", "status", "--admin", mounted.admin],
+        [
+            sys.executable,
+            "-m",
+            "spoke",
+            "status",
+            "--cache-dir",
+            str(mounted.mount.parent / "cache"),
+        ],
         capture_output=True,
         text=True,
         check=True,

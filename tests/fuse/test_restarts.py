@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.local import LocalStack
+from deploy.local import LocalStack, admin_headers
 from spoke.layout import CacheLayout
 from spoke.processes import cmdline, read_pid
 from spoke.supervisor import is_mounted, lazy_unmount
@@ -62,7 +62,7 @@ def _run_args(hub: str, tmp_path: Path, *extra: str) -> list[str]:
         "--mount", str((tmp_path / "mnt").resolve()), "--admin", "127.0.0.1:0",
         "--log-level", "WARNING",
         # as LocalStack starts its spokes: the same settings, so a new run can adopt them
-        "--no-admin-token", *extra,
+        *extra,
     ]  # fmt: skip
 
 
@@ -222,7 +222,10 @@ def test_a_new_supervisor_with_other_settings_restarts_the_daemon_only(
             assert read_pid(layout.daemon_pid_file) not in (None, daemon)
             for block in range(1, 12):
                 reader.check(block)
-            stats = httpx.get(f"{layout.admin_url_file.read_text().strip()}/v1/cache").json()
+            stats = httpx.get(
+                f"{layout.admin_url_file.read_text().strip()}/v1/cache",
+                headers=admin_headers(layout.root),
+            ).json()
             assert stats["capacity_bytes"] == 64 << 20
             second.send_signal(signal.SIGTERM)
             assert second.wait(60) == 0

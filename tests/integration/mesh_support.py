@@ -18,7 +18,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.wan import LinkSpec, WanProxy
-from deploy.local import LocalStack, free_port, stop_process
+from deploy.local import LocalStack, admin_headers, free_port, stop_process
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import spoke_pb2, spoke_pb2_grpc
 from spoke.layout import CacheLayout, block_digest
@@ -64,7 +64,9 @@ class Spoke:
         return (self.cache / "admin.url").read_text().strip()
 
     def stats(self) -> dict[str, Any]:
-        stats: dict[str, Any] = httpx.get(f"{self.admin}/v1/cache", timeout=10).json()
+        stats: dict[str, Any] = httpx.get(
+            f"{self.admin}/v1/cache", headers=admin_headers(self.cache), timeout=10
+        ).json()
         return stats
 
     def metric(self, name: str, **labels: str) -> float:
@@ -102,7 +104,7 @@ class Region:
         url.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "spoke", "daemon", "--hub", self.wan.address]
         cmd += ["--cache-dir", str(spoke.cache), "--cache-size", "256MiB"]
-        cmd += ["--admin", "127.0.0.1:0", "--no-admin-token"]  # the test reads /v1/cache
+        cmd += ["--admin", "127.0.0.1:0"]  # the test reads /v1/cache with the generated token
         cmd += ["--log-level", "WARNING", "--miss-deadline", "60"]
         cmd += ["--peer-listen", spoke.node, "--peers", listed, "--peer-timeout", "10"]
         spoke.proc = subprocess.Popen([*cmd, *spoke.extra], start_new_session=True)

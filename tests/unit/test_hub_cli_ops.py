@@ -36,12 +36,15 @@ def test_help_documents_every_subcommand(capsys: pytest.CaptureFixture[str]) -> 
     import typer
 
     commands = set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
-    assert commands == {"serve", "publish", "tag", "untag", "revoke", "gc", "verify", "ls", "token"}
+    assert commands == {
+        *("serve", "publish", "tag", "untag", "revoke", "gc", "verify", "ls", "token", "keygen")
+    }
     for name in commands:
         assert re.search(rf"│ {name}\s+\S", out), f"{name} has no help line"
         code, sub, _ = run(capsys, name, "--help")
-        # `token` manages the token file (--tokens FILE), not a data directory
-        assert code == 0 and ("--tokens" if name == "token" else "--data-dir") in sub
+        # `token` manages the token file (--tokens FILE), `keygen` writes a key pair
+        want = {"token": "--tokens", "keygen": "PRIVATE"}.get(name, "--data-dir")
+        assert code == 0 and want in sub
 
 
 def test_tag_untag_revoke(data: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -254,6 +254,7 @@ class Snapshot(_message.Message):
     FILE_COUNT_FIELD_NUMBER: _builtins.int
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     ENTRY_COUNT_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
     dataset: _builtins.str
     version: _builtins.str
     snapshot_id: _builtins.str
@@ -267,6 +268,10 @@ class Snapshot(_message.Message):
     """Sum of regular file sizes, bytes."""
     entry_count: _builtins.int
     """Number of manifest entries (files, directories and symlinks)."""
+    signature: _builtins.bytes
+    """The publisher's Ed25519 signature of protocol/signing.py's message for this
+    dataset, version and snapshot_id (64 bytes); empty when published unsigned.
+    """
     def __init__(
         self,
         *,
@@ -278,10 +283,11 @@ class Snapshot(_message.Message):
         file_count: _builtins.int = ...,
         total_bytes: _builtins.int = ...,
         entry_count: _builtins.int = ...,
+        signature: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "created_ns", b"created_ns", "dataset", b"dataset", "entry_count", b"entry_count", "file_count", b"file_count", "snapshot_id", b"snapshot_id", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "created_ns", b"created_ns", "dataset", b"dataset", "entry_count", b"entry_count", "file_count", b"file_count", "signature", b"signature", "snapshot_id", b"snapshot_id", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
