@@ -256,3 +256,22 @@ def test_passthrough_off_keeps_every_read_on_the_pyfuse3_path(
     _warm(v1, src)
     _warm(v1, src)
     assert _xattr(mnt, "passthrough_opens") == "0"
+
+
+@pytest.mark.usefixtures("passthrough")
+def test_encrypted_block_files_are_never_passed_through(
+    tmp_path: Path, src: Path, stack: LocalStack
+) -> None:
+    from spoke.encryption import write_key
+
+    key = tmp_path / "cache.key"
+    write_key(key)
+    hub = stack.start_hub(tmp_path / "hub")
+    mnt = tmp_path / "mnt"
+    flags = ("--encryption-key-file", str(key))
+    stack.start_spoke(hub, tmp_path / "cache", mnt, "64MiB", extra=flags, admin_token=True)
+    assert _xattr(mnt, "passthrough").startswith("off: block files are encrypted")
+    v1 = mnt / "ds" / "v1"
+    _warm(v1, src)
+    _warm(v1, src)  # cached now: still the pyfuse3 path, which decrypts
+    assert _xattr(mnt, "passthrough_opens") == "0"
