@@ -193,12 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     encrypted = bool(getattr(reader.files, "encrypted", False))
     passthrough = Passthrough(unavailable_reason(ns.passthrough, ns.cache_dir, encrypted))
     ops = StrataOperations(client, reader, passthrough)
+    # written first: whoever sees the mount appear (libfuse 3.17 makes it visible before
+    # init returns) finds the pid of the process serving it
+    layout.mount_pid_file.write_text(f"{os.getpid()}\n")
     try:
         pyfuse3.init(ops, str(mountpoint), mount_options(ns.allow_other))
     except RuntimeError as err:
+        layout.mount_pid_file.unlink(missing_ok=True)
         print(f"strata-mount: error: cannot mount {mountpoint}: {err}", file=sys.stderr)
         return 2
-    layout.mount_pid_file.write_text(f"{os.getpid()}\n")
     log.info("mounted %s", mountpoint)
     try:
         trio.run(serve, ops, reader, mountpoint, ns.read_ahead_kb)
