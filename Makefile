@@ -12,27 +12,33 @@ STAMP  := $(VENV)/.strata-installed
 TORCH  := torch==2.13.0
 # Every other package comes from this lock, pinned with hashes (regenerate: make lock)
 LOCK   := requirements-dev.lock
+# FUSE passthrough: libfuse >= 3.17 and a patched pyfuse3, built under .build (native/)
+NATIVE   := .build
+LIBFUSE  := $(NATIVE)/libfuse/lib/pkgconfig/fuse3.pc
+PT_WHEEL := $(NATIVE)/wheels/.built
+READY    := $(VENV)/.strata-passthrough
 
-.PHONY: demo test check pytest system-deps deploy-deps bench bench-deps setup gen lock clean
+.PHONY: demo test check pytest system-deps deploy-deps native-deps passthrough bench bench-deps \
+	setup gen lock clean
 
-demo: $(STAMP)
+demo: $(READY)
 	$(BIN)/strata-demo
 
-test: $(STAMP) check pytest
+test: $(READY) check pytest
 
-check: $(STAMP)
+check: $(READY)
 	$(BIN)/python -m protocol.gen --check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-pytest: $(STAMP) deploy-deps
+pytest: $(READY) deploy-deps
 	$(BIN)/pytest
 
-setup: $(STAMP)
+setup: $(READY)
 
-bench: $(STAMP) bench-deps
+bench: $(READY) bench-deps
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 	$(BIN)/python -m bench.prewarm_link
 	$(BIN)/python -m bench.hints_mount
@@ -79,6 +85,39 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fuse3 libfuse3-dev pkg-config; \
 	fi
 
+# What native/build.sh needs: meson and ninja for libfuse, dpkg-source (dpkg-dev) for
+# `apt-get source`, patch and a C compiler. Installed only when missing.
+NATIVE_TOOLS := meson:meson ninja:ninja-build dpkg-source:dpkg-dev patch:patch cc:gcc
+native-deps:
+	@missing=; for pair in $(NATIVE_TOOLS); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  echo "installing Debian packages:$$missing"; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+# FUSE passthrough (fusemount/passthrough.py, native/DESIGN.md): libfuse >= 3.17 from Debian
+# trixie's fuse3 source package (apt checks signature and hashes) and pyfuse3 3.5.0 from its
+# hash-checked sdist with native/pyfuse3-passthrough.patch, linked to it; the wheel replaces
+# the lock's pyfuse3 in the venv. Rebuilt only when native/ changes; any failure stops make.
+passthrough: $(READY)
+
+$(LIBFUSE): native/build.sh | native-deps system-deps
+	PYTHON=$(PYTHON) native/build.sh libfuse $(NATIVE)
+
+$(PT_WHEEL): $(LIBFUSE) native/build.sh native/pyfuse3-passthrough.patch native/build-requirements.txt
+	PYTHON=$(PYTHON) native/build.sh pyfuse3 $(NATIVE)
+	touch $@
+
+$(READY): $(STAMP) $(PT_WHEEL)
+	$(BIN)/pip install -q --no-deps --force-reinstall $(NATIVE)/wheels/pyfuse3-*.whl
+	$(BIN)/python -c "import pyfuse3; pyfuse3.passthrough_state()"
+	$(BIN)/pip check
+	touch $@
+
 # torch first (the CPU build; not in the lock), then exactly the locked versions, hashes
 # checked, then Strata itself without resolving anything again.
 $(STAMP): pyproject.toml $(LOCK) | system-deps
@@ -108,4 +147,4 @@ gen: $(STAMP)
 	$(BIN)/python -m protocol.gen
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist *.egg-info
+	rm -rf $(VENV) $(NATIVE) .mypy_cache .pytest_cache .ruff_cache build dist *.egg-info

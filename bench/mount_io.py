@@ -1,21 +1,27 @@
 """Mount I/O: fio on local disk, Python FUSE's floor and a warm Strata mount of the same files.
 
-    python -m bench.mount_io [--quick] [--seq-mib 256] [--small-files 10000] [--json FILE]
+    python -m bench.mount_io [--quick] [--seq-mib 64] [--small-files 10000] [--json FILE]
 
 Jobs (each after ``sync`` and dropping the kernel page cache, so the mount's numbers are
 first reads from the spoke's disk, as DESIGN.md's targets say):
 
 * ``seq 1M``: sequential 1 MiB reads, 4 jobs, one file each;
-* ``rand 4k`` / ``rand 1M``: random reads over the same files, 4 jobs, time-based;
+* ``rand 4k`` / ``rand 1M``: random reads over the same files, 4 jobs, one pass (each
+  block once) of at most ``--runtime`` seconds;
 * ``small files``: 10,000 files of 64 KiB (zarr-chunk sized), read whole, 4 jobs;
 * ``seq 1M xN``: parallel-reader scaling, N = 1, 2, 4, 8 jobs.
 
-Three rows per job, measured in the same run: local disk, the **floor** — a minimal
+Four rows per job, measured in the same run: local disk, the **floor** — a minimal
 pyfuse3 passthrough file system over the same source files (:mod:`bench.floorfs`: what any
-Python FUSE file system can reach here) — and the warm Strata mount. Prints bandwidth
-(MB/s) and the ratios mount/local (targets: sequential ≥ 0.75, small files ≥ 0.5) and
-mount/floor (target: every job ≥ 0.8). Needs ``fio`` (Debian package) and root for
-dropping the page cache.
+Python FUSE file system can reach here) — the warm Strata mount with ``--passthrough off``
+(every read through pyfuse3), and a second warm Strata mount with FUSE passthrough
+(``--passthrough auto``: the kernel reads cached one-block files itself; the row says
+``n/a`` where the kernel or library cannot). Both Strata mounts serve one dataset published
+with 64 MiB blocks (the hub's largest), so every file of up to 64 MiB is one block.
+Prints bandwidth (MB/s) and the ratios mount/local (targets: sequential ≥ 0.75, small
+files ≥ 0.5), mount/floor (target: every job ≥ 0.8) and passthrough/local (targets:
+sequential and random 1 MiB ≥ 0.9, random 4 KiB ≥ 0.5). Needs ``fio`` (Debian package)
+and root for dropping the page cache.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from bench.floorfs import FloorMount
 from deploy.local import LocalStack, drop_page_cache, publish
 
 JOBS = 4
+BLOCK_SIZE = 64 << 20  # the hub's largest block: files up to this size are one block
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,10 @@ def make_source(root: Path, seq_mib: int, small_files: int) -> None:
 def jobs(seq_mib: int, small_files: int, runtime: int) -> list[Job]:
     """The fio jobs of one comparison."""
     seq = ("--name=seq", f"--size={seq_mib}M", "--bs=1M", "--rw=read")
-    timed = ("--time_based", f"--runtime={runtime}", "--name=seq", f"--size={seq_mib}M")
+    # one pass over the files (fio's random map reads each block once), at most `runtime`
+    # seconds: a second pass would be served by the page cache, which fio's per-loop
+    # invalidation drops for local files but cannot reach for a passthrough backing file
+    timed = (f"--runtime={runtime}", "--name=seq", f"--size={seq_mib}M")
     out = [
         Job("seq 1M", (*seq, f"--numjobs={JOBS}"), "seq"),
         Job("rand 4k", (*timed, "--bs=4k", "--rw=randread", f"--numjobs={JOBS}"), "seq"),
@@ -106,27 +116,41 @@ def run_fio(job: Job, root: Path) -> float:
     return float(sum(j["read"]["bw_bytes"] for j in report["jobs"])) / 1e6
 
 
-def _compare(job: Job, local_root: Path, floor_root: Path, mount_root: Path) -> dict[str, Any]:
-    """One job on local disk, the floor and the mount, page cache dropped before each."""
-    figures = {}
-    for name, root in (("local", local_root), ("floor", floor_root), ("mount", mount_root)):
-        drop_page_cache(3)
-        figures[name] = run_fio(job, root)
-    local, floor, mount = figures["local"], figures["floor"], figures["mount"]
-    row = {
+def _compare(job: Job, roots: dict[str, Path | None]) -> dict[str, Any]:
+    """One job on local disk, the floor, the mount and the passthrough mount (None: not
+    measured), page cache dropped before each."""
+    figures: dict[str, float | None] = {}
+    for name, root in roots.items():
+        if root is not None:
+            drop_page_cache(3)
+        figures[name] = run_fio(job, root) if root is not None else None
+    local, floor, mount = (float(figures[k] or 0.0) for k in ("local", "floor", "mount"))
+    passthrough = figures.get("passthrough")
+    row: dict[str, Any] = {
         "job": job.name,
         "local_mb_s": local,
         "floor_mb_s": floor,
         "mount_mb_s": mount,
+        "passthrough_mb_s": passthrough,
         "ratio": mount / local if local else 0.0,
         "floor_ratio": mount / floor if floor else 0.0,
+        "passthrough_ratio": passthrough / local if passthrough is not None and local else None,
     }
+    pt = "n/a" if passthrough is None else f"{passthrough:8.0f}"
+    pt_ratio = "n/a" if row["passthrough_ratio"] is None else f"{row['passthrough_ratio']:.2f}"
     print(
-        f"{job.name:>16}: local {local:8.0f}  floor {floor:8.0f}  mount {mount:8.0f} MB/s  "
-        f"mount/local {row['ratio']:.2f}  mount/floor {row['floor_ratio']:.2f}",
+        f"{job.name:>16}: local {local:8.0f}  floor {floor:8.0f}  mount {mount:8.0f}  "
+        f"passthrough {pt} MB/s  mount/local {row['ratio']:.2f}  "
+        f"mount/floor {row['floor_ratio']:.2f}  passthrough/local {pt_ratio}",
         flush=True,
     )
     return row
+
+
+def _passthrough_opens(mnt: Path) -> tuple[str, int]:
+    """The mount's passthrough state and how many opens went passthrough so far."""
+    state = os.getxattr(mnt, "user.strata.passthrough").decode()
+    return state, int(os.getxattr(mnt, "user.strata.passthrough_opens"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--seq-mib", type=int, default=256, help="MiB per sequential file")
+    parser.add_argument(
+        "--seq-mib", type=int, default=64, help="MiB per sequential file (≤ 64: one block)"
+    )
     parser.add_argument("--small-files", type=int, default=10_000)
     parser.add_argument("--runtime", type=int, default=8, help="seconds per random job")
     parser.add_argument("--json", type=Path, default=None)
@@ -150,35 +176,64 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="strata-mount-io-") as tmp:
         work = Path(tmp)
         make_source(work / "src", seq_mib, small)
-        publish(work / "hub", "io", work / "src")
+        publish(work / "hub", "io", work / "src", "--block-size", str(BLOCK_SIZE))
         cache_mib = 2 * (8 * seq_mib + small // 16) + 64
         with LocalStack() as stack:
             hub = stack.start_hub(work / "hub")
-            stack.start_spoke(hub, work / "cache", work / "mnt", f"{cache_mib}MiB")
-            mounted = work / "mnt" / "io" / "v1"
-            subprocess.run(
-                ["cat", *map(str, sorted(mounted.rglob("*.*")))],  # warm the cache
-                stdout=subprocess.DEVNULL,
-                check=True,
-            )
+            spokes = {"mount": "off", "passthrough": "auto"}
+            for name, mode in spokes.items():
+                stack.start_spoke(
+                    hub,
+                    work / f"cache-{name}",
+                    work / f"mnt-{name}",
+                    f"{cache_mib}MiB",
+                    extra=("--passthrough", mode),
+                )
+                subprocess.run(  # warm the cache (first opens: nothing cached, no passthrough)
+                    ["cat", *map(str, sorted((work / f"mnt-{name}" / "io" / "v1").rglob("*.*")))],
+                    stdout=subprocess.DEVNULL,
+                    check=True,
+                )
+            state, opens_before = _passthrough_opens(work / "mnt-passthrough")
+            print(f"passthrough mount: {state}", flush=True)
+            roots: dict[str, Path | None] = {
+                "local": work / "src",
+                "floor": work / "floor",
+                "mount": work / "mnt-mount" / "io" / "v1",
+                "passthrough": work / "mnt-passthrough" / "io" / "v1" if state == "on" else None,
+            }
             with FloorMount(work / "src", work / "floor", work / "floor.log"):
                 dropped = drop_page_cache(3)
                 for job in jobs(seq_mib, small, runtime):
-                    rows.append(_compare(job, work / "src", work / "floor", mounted))
+                    rows.append(_compare(job, roots))
+            passed = _passthrough_opens(work / "mnt-passthrough")[1] - opens_before
     print(
-        "\n| fio job | local MB/s | pyfuse3 floor MB/s | warm mount MB/s | mount/local "
-        "| mount/floor |\n|---|---|---|---|---|---|"
+        "\n| fio job | local MB/s | pyfuse3 floor MB/s | warm mount MB/s | passthrough MB/s "
+        "| mount/local | mount/floor | passthrough/local |\n|---|---|---|---|---|---|---|---|"
     )
     for r in rows:
+        pt = "n/a" if r["passthrough_mb_s"] is None else f"{r['passthrough_mb_s']:.0f}"
+        ratio = "n/a" if r["passthrough_ratio"] is None else f"{r['passthrough_ratio']:.2f}"
         print(
             f"| {r['job']} | {float(r['local_mb_s']):.0f} | {float(r['floor_mb_s']):.0f} | "
-            f"{float(r['mount_mb_s']):.0f} | {float(r['ratio']):.2f} | "
-            f"{float(r['floor_ratio']):.2f} |"
+            f"{float(r['mount_mb_s']):.0f} | {pt} | {float(r['ratio']):.2f} | "
+            f"{float(r['floor_ratio']):.2f} | {ratio} |"
         )
+    print(f"passthrough: {state}; {passed} opens of the jobs went passthrough")
     if not dropped:
         print("(page cache NOT dropped: not root; these are page-cache reads)")
     if ns.json:
-        ns.json.write_text(json.dumps({"page_cache_dropped": dropped, "rows": rows}, indent=2))
+        ns.json.write_text(
+            json.dumps(
+                {
+                    "page_cache_dropped": dropped,
+                    "passthrough": state,
+                    "passthrough_opens": passed,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -206,6 +206,25 @@ class BlockFiles:
                 self._open.popitem(last=False)
         return data[offset : offset + size] if not known else os.pread(file.fileno(), size, offset)
 
+    def verified_fd(self, digest: str) -> int | None:
+        """A new descriptor (``dup``; the caller closes it) of the block's file, verified
+        against its digest like every read, or None when it is not cached or fails
+        verification (the read path then fetches or repairs it as usual).
+
+        May block on the disk (open and verify): call it from a worker thread. Used to
+        hand a cached block file to the kernel for FUSE passthrough.
+        """
+        try:
+            if self.read(digest, 0, 0) is None:
+                return None
+        except CorruptBlockError as err:
+            log.error("%s; not handed to the kernel", err)
+            self.forget(digest)
+            return None
+        with self._lock:  # dup under the lock: a concurrent drop cannot close it first
+            entry = self._open.get(digest)
+            return os.dup(entry.fd) if entry is not None else None
+
     # -- encryption at rest (spoke/encryption.py) -------------------------------------------
 
     def _keep_sealed(

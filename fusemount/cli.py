@@ -1,7 +1,7 @@
 """``strata-mount``: run the read-only mount in the foreground (``strata-spoke run`` starts it).
 
 strata-mount --cache-dir DIR [--socket PATH] [--miss-deadline S] [--allow-other]
-             [--encryption-key-file KEY] MOUNTPOINT
+             [--encryption-key-file KEY] [--passthrough auto|off] MOUNTPOINT
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import trio
 
 from fusemount.client import DaemonClient
 from fusemount.operations import StrataOperations
+from fusemount.passthrough import Passthrough, unavailable_reason
 from fusemount.reader import BlockReader
 from spoke.encryption import BlockCipher, EncryptionError, check_cache_key
 from spoke.layout import CacheLayout
@@ -161,6 +162,13 @@ def main(argv: list[str] | None = None) -> int:
         help="key of block files encrypted at rest (the daemon's --encryption-key-file)",
     )
     parser.add_argument(
+        "--passthrough",
+        choices=("auto", "off"),
+        default="auto",
+        help="let the kernel read cached one-block files itself (FUSE passthrough) where "
+        "the kernel, libfuse and privileges allow it (auto), or never (off)",
+    )
+    parser.add_argument(
         "--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR")
     )
     ns = parser.parse_args(argv)
@@ -182,13 +190,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     client = DaemonClient(ns.socket or layout.socket_path, miss_deadline=ns.miss_deadline)
     reader = BlockReader(layout, client, cipher=cipher)
-    ops = StrataOperations(client, reader)
+    encrypted = bool(getattr(reader.files, "encrypted", False))
+    passthrough = Passthrough(unavailable_reason(ns.passthrough, ns.cache_dir, encrypted))
+    ops = StrataOperations(client, reader, passthrough)
+    # written first: whoever sees the mount appear (libfuse 3.17 makes it visible before
+    # init returns) finds the pid of the process serving it
+    layout.mount_pid_file.write_text(f"{os.getpid()}\n")
     try:
         pyfuse3.init(ops, str(mountpoint), mount_options(ns.allow_other))
     except RuntimeError as err:
+        layout.mount_pid_file.unlink(missing_ok=True)
         print(f"strata-mount: error: cannot mount {mountpoint}: {err}", file=sys.stderr)
         return 2
-    layout.mount_pid_file.write_text(f"{os.getpid()}\n")
     log.info("mounted %s", mountpoint)
     try:
         trio.run(serve, ops, reader, mountpoint, ns.read_ahead_kb)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
+from collections.abc import Callable
 
 import pyfuse3
 import trio
@@ -42,6 +43,7 @@ class Namespace:
         self.client = client
         self.inodes = inodes
         self.revoked: set[str] = set()  # snapshot ids no live version serves any more
+        self.on_revoked: Callable[[], None] | None = None  # called after each revocation
         self.refreshed: dict[int, float] = {}  # inode -> monotonic time of its last refresh
         self._snapshot_locks: dict[int, trio.Lock] = {}
         self._first_load: dict[int, trio.Lock] = {}
@@ -178,6 +180,8 @@ class Namespace:
             if node.role is Role.VERSION and name not in after and node.snapshot_id not in live:
                 log.warning("%s %s was revoked", ds.dataset, node.version)
                 self.revoked.add(node.snapshot_id)
+                if self.on_revoked is not None:
+                    self.on_revoked()
                 await self._drop_cached_pages(node.snapshot_id)
             pyfuse3.invalidate_entry_async(ds.inode, name, ignore_enoent=True)
 

@@ -2,7 +2,8 @@
 
 The class translates kernel requests into lookups in the namespace (listings, snapshot
 trees, revocation: :mod:`fusemount.namespace`) and reads through the block reader; it owns
-no bytes. Every handler goes through :func:`boundary`.
+no bytes. Every handler goes through :func:`boundary`. Opens of cached one-block files may
+be handed to the kernel (FUSE passthrough: :mod:`fusemount.passthrough`).
 
 Kernel caching: snapshot trees are immutable, so their entries and attributes are cached
 for an hour, negative lookups inside them too, and files open with ``keep_cache``. The root,
@@ -23,6 +24,7 @@ import trio
 from fusemount.boundary import UNEXPECTED_ERRORS, boundary
 from fusemount.client import DaemonClient
 from fusemount.namespace import Namespace
+from fusemount.passthrough import Passthrough
 from fusemount.readahead import Readahead
 from fusemount.reader import BlockReader
 from fusemount.tree import InodeTable, Node, Role
@@ -42,18 +44,23 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
     Args:
         client: the daemon connection (catalog and misses).
         reader: serves file bytes.
+        passthrough: which opens the kernel serves itself (default: none).
     """
 
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, client: DaemonClient, reader: BlockReader) -> None:
+    def __init__(
+        self, client: DaemonClient, reader: BlockReader, passthrough: Passthrough | None = None
+    ) -> None:
         super().__init__()
         self.client = client
         self.reader = reader
         self.inodes = InodeTable()
         self.namespace = Namespace(client, self.inodes)
-        self._handles: dict[int, tuple[Node, Readahead]] = {}
+        self.passthrough = passthrough or Passthrough("not configured")
+        self.namespace.on_revoked = self._revoked
+        self._handles: dict[int, tuple[Node, Readahead, bool]] = {}  # fh -> node, ra, passthrough
         self._next_fh = 1
         self._uid = os.getuid()
         self._gid = os.getgid()
@@ -75,6 +82,22 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         attr.entry_timeout = timeout
         attr.attr_timeout = timeout
         return attr
+
+    @property
+    def enable_passthrough(self) -> bool:
+        """Read by the patched pyfuse3 at FUSE INIT: request FUSE_CAP_PASSTHROUGH."""
+        return self.passthrough.enabled
+
+    def init(self) -> None:
+        """Called by pyfuse3 during FUSE INIT: log whether passthrough is on, and why not."""
+        state = getattr(pyfuse3, "passthrough_state", None)
+        offered, requested = state() if state is not None else (False, False)
+        self.passthrough.negotiated(offered, requested)
+
+    def _revoked(self) -> None:
+        truncated = self.passthrough.revoke(self.namespace.revoked)
+        if truncated:
+            log.info("revocation: %d evicted block files of passthrough files emptied", truncated)
 
     async def watch_catalog(self) -> None:
         """Refresh listings in the background until cancelled (see :mod:`fusemount.namespace`)."""
@@ -156,8 +179,44 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = (node, Readahead())
+        direct = bool(flags & os.O_DIRECT)
+        backing_id = await self._passthrough_open(inode, node, direct)
+        self._handles[fh] = (node, Readahead(), backing_id is not None)
+        if backing_id is not None:  # the kernel forbids keep_cache with passthrough
+            return pyfuse3.FileInfo(  # type: ignore[call-arg]
+                fh=fh, keep_cache=False, backing_id=backing_id, direct_io=direct
+            )
+        self.passthrough.opened_cached(inode)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    async def _passthrough_open(self, inode: int, node: Node, direct: bool) -> int | None:
+        """A backing id when this open can be served by the kernel from the block file.
+
+        The block file is opened and verified (as every read of it is) in a worker thread
+        before its descriptor is handed to the kernel; not cached means the pyfuse3 path.
+        The open counts as one hit of the block for the daemon's eviction policy (its
+        reads never reach this process).
+        """
+        # An inode with a backing id shares it, even if passthrough was turned off since:
+        # the kernel fails (EIO) an open beside passthrough ones that is not one itself.
+        # O_DIRECT never starts passthrough (the backing file system would impose its
+        # alignment rules, FUSE has none) and joins it with FOPEN_DIRECT_IO, which sends
+        # its reads to this process, as without passthrough.
+        backing_id = self.passthrough.shared(inode, counted=not direct)
+        if backing_id is not None or direct:
+            if backing_id is not None and not direct:
+                self.reader.hit_log.add(node.blocks[0][0])
+            return backing_id
+        digest = self.passthrough.candidate(inode, node)
+        if digest is None:
+            return None
+        fd = await trio.to_thread.run_sync(self.reader.files.verified_fd, digest)
+        if fd is None:
+            return None
+        backing_id = self.passthrough.attach(inode, node, digest, fd)
+        if backing_id is not None:
+            self.reader.hit_log.add(digest)
+        return backing_id
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> bytes | bytearray:  # type: ignore[override]
@@ -165,14 +224,16 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         handle = self._handles.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        node, readahead = handle
+        node, readahead, _ = handle
         if node.snapshot_id in self.namespace.revoked:
             raise pyfuse3.FUSEError(errno.EIO)  # open before the revocation: never more bytes
         return await self.reader.read(node, off, size, readahead)
 
     @boundary
     async def release(self, fh: int) -> None:
-        self._handles.pop(fh, None)
+        handle = self._handles.pop(fh, None)
+        if handle is not None:
+            self.passthrough.released(handle[0].inode, handle[2])
 
     @boundary
     async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
@@ -219,6 +280,10 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             source = self.reader.source
             out[b"user.strata.loop_reads"] = str(source.loop_reads).encode()
             out[b"user.strata.thread_reads"] = str(source.thread_reads).encode()
+            pt = self.passthrough
+            out[b"user.strata.passthrough"] = b"on" if pt.enabled else f"off: {pt.reason}".encode()
+            out[b"user.strata.passthrough_opens"] = str(pt.opens).encode()
+            out[b"user.strata.backing_ids"] = str(pt.backing_ids).encode()
         return out
 
     @boundary

@@ -343,6 +343,15 @@ def _with_options(*own: inspect.Parameter) -> Callable[[_Command], _Command]:
             int | None, typer.Option("--read-ahead-kb", help="kernel readahead of the mount, KiB")
         ],
     ),
+    _shared(
+        "passthrough",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--passthrough", help="auto (default): the kernel reads cached one-block files; off"
+            ),
+        ],
+    ),
     _shared("config", ConfigOpt),
 )
 def run(**options: Any) -> None:

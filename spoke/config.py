@@ -99,6 +99,9 @@ class SpokeSettings(BaseSettings):
         default=None, description="file holding the admin API's bearer token"
     )
     read_ahead_kb: int = Field(default=1024, ge=0, description="kernel readahead of the mount")
+    passthrough: Literal["auto", "off"] = Field(
+        default="auto", description="FUSE passthrough of cached one-block files (fusemount)"
+    )
     background_fill: Literal["auto", "off"] = Field(
         default="off", description="fetch the rest of snapshots being read, at lowest priority"
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 
 import grpc
 import grpc.aio
@@ -118,4 +119,16 @@ class Invalidator:
             if other not in revoked and doomed:
                 for digest in unique_blocks(self.catalog.stored_manifest(other)):
                     doomed.pop(digest, None)
-        return sum(self.cache.drop(digest) for digest in doomed)
+        return sum(self._empty_and_drop(digest) for digest in doomed)
+
+    def _empty_and_drop(self, digest: str) -> bool:
+        """Truncate a purged block's file to 0 bytes, then drop it.
+
+        A file the mount opened in FUSE passthrough mode is read by the kernel from the
+        block file itself, which it holds open: unlinking alone would let such a reader of
+        the revoked version go on reading (until the mount notices the revocation and
+        empties it too). Emptied first, it reads end-of-file at once.
+        """
+        with contextlib.suppress(OSError):  # already gone: nothing reads it
+            os.truncate(self.cache.store.layout.block_path(digest), 0)
+        return self.cache.drop(digest)

@@ -9,7 +9,7 @@ mountpoint.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MOUNTINFO = "/proc/self/mountinfo"
 
@@ -21,10 +21,13 @@ class Mount:
     Attributes:
         device: The backing device as ``major:minor``.
         mountpoint: Where it is mounted (unescaped).
+        fstype: The file system type (``ext4``, ``overlay``, ``fuse.strata``), the first
+            field after the `` - `` separator; not compared.
     """
 
     device: str
     mountpoint: str
+    fstype: str = field(default="", compare=False)
 
 
 def mounts(path: str = MOUNTINFO) -> list[Mount]:
@@ -38,5 +41,8 @@ def mounts(path: str = MOUNTINFO) -> list[Mount]:
         for line in f:
             fields = line.split()
             if len(fields) > 4:
-                table.append(Mount(fields[2], fields[4].encode().decode("unicode_escape")))
+                after = fields.index("-", 5) + 1 if "-" in fields[5:] else len(fields)
+                fstype = fields[after] if after < len(fields) else ""
+                point = fields[4].encode().decode("unicode_escape")
+                table.append(Mount(fields[2], point, fstype))
     return table

@@ -189,7 +189,7 @@ class Supervisor:
         s = self.settings
         cmd = [sys.executable, "-m", "fusemount", "--cache-dir", str(self.layout.root)]
         cmd += ["--miss-deadline", str(s.miss_deadline), "--log-level", self.log_level]
-        cmd += ["--read-ahead-kb", str(s.read_ahead_kb)]
+        cmd += ["--read-ahead-kb", str(s.read_ahead_kb), "--passthrough", s.passthrough]
         if s.encryption_key_file is not None:
             cmd += ["--encryption-key-file", str(s.encryption_key_file.resolve())]
         if s.allow_other:

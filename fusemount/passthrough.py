@@ -1,0 +1,277 @@
+"""FUSE passthrough: the kernel reads a cached one-block file from its block file itself.
+
+When the kernel (Linux ≥ 6.9, ``CONFIG_FUSE_PASSTHROUGH``), libfuse (≥ 3.17) and pyfuse3
+(built by ``make`` with ``native/pyfuse3-passthrough.patch``) allow it, an open of a file
+whose bytes are exactly one block — every Zarr chunk is — whose block file is cached and
+verified is answered with a *backing id* (``FUSE_DEV_IOC_BACKING_OPEN`` on that file): the
+kernel then serves every read of that open file from the block file's page cache, without
+a request to this process. Everything else takes the pyfuse3 read path.
+
+Kernel rules this module keeps (``fs/fuse/iomode.c``, ``fs/fuse/passthrough.c``):
+
+* all opens of one FUSE inode at a time are either passthrough, sharing one backing id,
+  or not: a passthrough open beside a cached one fails (``ETXTBSY``, the reader sees EIO),
+  and so does a second backing file for the same inode. So an inode with handles open on
+  the pyfuse3 path gets more of those until they are all released, and one with a backing
+  id reuses it;
+* ``FOPEN_KEEP_CACHE`` is not allowed with ``FOPEN_PASSTHROUGH`` (EIO at open);
+* any open of an inode with a backing file must be passthrough too (else EIO), so an
+  ``O_DIRECT`` open — never one to start passthrough: the backing file system would
+  impose its alignment rules (EINVAL) where FUSE has none — joins the shared id with
+  ``FOPEN_DIRECT_IO``, which the kernel lets override it: its reads come to this process;
+* ``BACKING_OPEN`` needs CAP_SYS_ADMIN and a backing file that is not on a stacked file
+  system (overlayfs: ``EOPNOTSUPP``); a refused one turns passthrough off, logged once.
+
+The backing id is closed when the inode's last passthrough handle is released; files
+already open keep the kernel's own reference to the block file, so closing it does not
+end them — revocation does that by truncating the block file (:meth:`Passthrough.revoke`
+here for evicted ones, the daemon's purge for the rest: fusemount/DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyfuse3
+
+from fusemount.tree import Node
+from spoke.mountinfo import mounts
+
+log = logging.getLogger(__name__)
+
+CAP_SYS_ADMIN = 21  # bit of CapEff in /proc/self/status (capability.h)
+STACKED_FILESYSTEMS = frozenset({"overlay", "aufs", "ecryptfs"})
+# errnos of BACKING_OPEN that say passthrough cannot work here at all (not this file)
+_FATAL = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS}
+
+
+def library_supports() -> bool:
+    """True when the installed pyfuse3 has the passthrough calls (the patched build)."""
+    return all(
+        hasattr(pyfuse3, name)
+        for name in ("passthrough_open", "passthrough_close", "passthrough_state")
+    )
+
+
+def has_cap_sys_admin(status: str = "/proc/self/status") -> bool:
+    """True when this process holds CAP_SYS_ADMIN (``CapEff`` in ``status``)."""
+    try:
+        with open(status, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def filesystem_type(path: Path) -> str:
+    """The type of the file system holding ``path`` (the innermost mount above it), from
+    /proc/self/mountinfo; "" when unknown."""
+    target = str(path.resolve())
+    best, fstype = -1, ""
+    with contextlib.suppress(OSError):
+        for m in mounts():
+            point = m.mountpoint.rstrip("/") or "/"
+            inside = target == point or target.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= best:  # a later mount at the same point is on top
+                best, fstype = len(point), m.fstype
+    return fstype
+
+
+def unavailable_reason(
+    mode: str,
+    cache_dir: Path,
+    encrypted: bool,
+    *,
+    library: Callable[[], bool] = library_supports,
+    privileged: Callable[[], bool] = has_cap_sys_admin,
+    fstype: Callable[[Path], str] = filesystem_type,
+) -> str:
+    """Why passthrough cannot be used, checked before mounting; "" when it may be.
+
+    Whether the kernel offers it is only known after FUSE INIT (:meth:`Passthrough.negotiated`).
+    """
+    if mode == "off":
+        return "--passthrough off"
+    if not library():
+        return "pyfuse3 was built without passthrough (make setup builds it on libfuse >= 3.17)"
+    if encrypted:
+        return "block files are encrypted at rest (the kernel would read ciphertext)"
+    if not privileged():
+        return "no CAP_SYS_ADMIN (the kernel requires it to register backing files)"
+    kind = fstype(cache_dir / "blocks" if (cache_dir / "blocks").exists() else cache_dir)
+    if kind in STACKED_FILESYSTEMS:
+        return f"the cache directory is on {kind} (a stacked file system cannot back files)"
+    return ""
+
+
+@dataclass
+class _Backing:
+    backing_id: int
+    digest: str
+    snapshot_id: str
+    fd: int  # our own descriptor of the block file (for a revocation's truncation)
+    handles: int = 1
+
+
+class Passthrough:
+    """Which opens go passthrough, and the backing ids of the inodes that do.
+
+    All methods run on the event loop (no locks); the only blocking step, opening and
+    verifying the block file, is the caller's (in a worker thread) before :meth:`attach`.
+
+    Args:
+        reason: why passthrough is off from the start ("" = it may be on).
+        open_backing / close_backing: the kernel calls (pyfuse3's by default; tests fake
+            them). ``open_backing(fd)`` returns a backing id or raises OSError.
+    """
+
+    def __init__(
+        self,
+        reason: str = "",
+        open_backing: Callable[[int], int] | None = None,
+        close_backing: Callable[[int], None] | None = None,
+    ) -> None:
+        self.reason = reason
+        self.enabled = not reason
+        self.opens = 0  # opens answered with a backing id since start
+        self.truncated = 0  # block files truncated by revocations
+        self._open_backing = open_backing or getattr(pyfuse3, "passthrough_open", None)
+        self._close_backing = close_backing or getattr(pyfuse3, "passthrough_close", None)
+        self._backings: dict[int, _Backing] = {}  # inode -> its backing id
+        self._cached: dict[int, int] = {}  # inode -> handles open on the pyfuse3 path
+
+    def _disable(self, reason: str) -> None:
+        if self.enabled:
+            log.warning("passthrough off: %s; reads take the pyfuse3 path", reason)
+        self.enabled = False
+        self.reason = reason
+
+    def negotiated(self, offered: bool, requested: bool) -> None:
+        """Record what FUSE INIT said (pyfuse3's ``passthrough_state()``) and log the
+        start-up line saying whether passthrough is on and, if not, why."""
+        if self.enabled and not offered:
+            self.reason = "the kernel did not offer it (needs Linux >= 6.9, FUSE_PASSTHROUGH)"
+        elif self.enabled and not requested:
+            self.reason = "not requested at FUSE INIT"
+        self.enabled = not self.reason
+        if self.enabled:
+            log.info("passthrough on: cached one-block files are read by the kernel")
+        else:
+            log.info("passthrough off: %s", self.reason)
+
+    def candidate(self, inode: int, node: Node) -> str | None:
+        """The block digest an open of ``node`` would pass through, or None for the pyfuse3
+        path: passthrough off, not exactly one block holding the whole file, or the inode
+        already has handles on the pyfuse3 path."""
+        if not self.enabled or self._cached.get(inode):
+            return None
+        if len(node.blocks) != 1 or node.blocks[0][1] != node.size or node.size <= 0:
+            return None
+        return node.blocks[0][0]
+
+    def shared(self, inode: int, counted: bool = True) -> int | None:
+        """The inode's backing id when it already has one (the new handle shares it, even
+        when passthrough was turned off since: the kernel fails a non-passthrough open of
+        an inode that has passthrough ones)."""
+        backing = self._backings.get(inode)
+        if backing is None:
+            return None
+        backing.handles += 1
+        self.opens += counted  # an O_DIRECT open shares the id but its reads come here
+        return backing.backing_id
+
+    def attach(self, inode: int, node: Node, digest: str, fd: int) -> int | None:
+        """Register the verified block file ``fd`` (now owned here) for ``inode``.
+
+        Returns:
+            The backing id for the open reply, or None: take the pyfuse3 path (``fd`` is
+            closed). Call :meth:`opened_cached` then.
+        """
+        shared = self.shared(inode)  # a concurrent open got there first: share its id
+        if shared is not None or not self.enabled or self._cached.get(inode):
+            os.close(fd)
+            return shared
+        assert self._open_backing is not None
+        try:
+            backing_id = self._open_backing(fd)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in _FATAL:
+                self._disable(f"the kernel refused a backing file: {os.strerror(err.errno or 0)}")
+            else:
+                log.info("passthrough of %s refused (%s); pyfuse3 path", digest, err)
+            return None
+        self._backings[inode] = _Backing(backing_id, digest, node.snapshot_id, fd)
+        self.opens += 1
+        return backing_id
+
+    def opened_cached(self, inode: int) -> None:
+        """A handle of ``inode`` was opened on the pyfuse3 path."""
+        self._cached[inode] = self._cached.get(inode, 0) + 1
+
+    def released(self, inode: int, passthrough: bool) -> None:
+        """A handle of ``inode`` was released; the last passthrough one closes the id."""
+        if not passthrough:
+            left = self._cached.get(inode, 0) - 1
+            if left > 0:
+                self._cached[inode] = left
+            else:
+                self._cached.pop(inode, None)
+            return
+        backing = self._backings.get(inode)
+        if backing is None:
+            return
+        backing.handles -= 1
+        if backing.handles > 0:
+            return
+        del self._backings[inode]
+        os.close(backing.fd)
+        if self._close_backing is not None:
+            try:
+                self._close_backing(backing.backing_id)
+            except OSError as err:  # the kernel dropped it already (connection gone)
+                log.debug("closing backing id %d: %s", backing.backing_id, err)
+
+    @property
+    def backing_ids(self) -> int:
+        """Backing ids registered now (one per inode open in passthrough mode)."""
+        return len(self._backings)
+
+    def revoke(self, revoked: Iterable[str]) -> int:
+        """End passthrough reads of revoked snapshots whose block file was evicted.
+
+        The kernel holds its own reference to each backing file, so closing ids does not
+        stop an open file. A block file still in the cache is truncated by the daemon's
+        purge of the revoked version (when no live snapshot shares it); one already
+        evicted (unlinked) is out of its reach but still read by open passthrough files,
+        so it is truncated here, through our descriptor, unless a live snapshot's
+        passthrough file here reads the same block. Returns how many were truncated.
+        """
+        gone = set(revoked)
+        live = {b.digest for b in self._backings.values() if b.snapshot_id not in gone}
+        done = 0
+        for backing in self._backings.values():
+            if backing.snapshot_id not in gone or backing.digest in live:
+                continue
+            try:
+                if os.fstat(backing.fd).st_nlink:
+                    continue  # still in the cache: the daemon's purge truncates it
+                rw = os.open(f"/proc/self/fd/{backing.fd}", os.O_WRONLY)
+                try:
+                    if os.fstat(rw).st_size:
+                        os.ftruncate(rw, 0)
+                        done += 1
+                finally:
+                    os.close(rw)
+            except OSError as err:
+                log.warning("revoked block %s not truncated: %s", backing.digest, err)
+        self.truncated += done
+        return done

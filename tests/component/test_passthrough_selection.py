@@ -1,0 +1,215 @@
+"""Which opens go FUSE passthrough, without a kernel: the kernel calls are faked."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from fusemount.passthrough import (
+    Passthrough,
+    filesystem_type,
+    has_cap_sys_admin,
+    unavailable_reason,
+)
+from fusemount.tree import Node, Role
+
+BLOCK = 65_536
+
+
+def _file(inode: int, *sizes: int, snapshot: str = "s1", size: int | None = None) -> Node:
+    blocks = tuple((f"d{inode}-{i}", s) for i, s in enumerate(sizes))
+    total = sum(sizes) if size is None else size
+    return Node(
+        inode, Role.ENTRY, stat.S_IFREG | 0o444, size=total, blocks=blocks, snapshot_id=snapshot
+    )
+
+
+class FakeKernel:
+    def __init__(self, fail: int | None = None) -> None:
+        self.next_id = 1
+        self.open_ids: set[int] = set()
+        self.fail = fail
+
+    def open(self, fd: int) -> int:
+        os.fstat(fd)  # a valid descriptor is handed over
+        if self.fail is not None:
+            raise OSError(self.fail, os.strerror(self.fail))
+        backing_id, self.next_id = self.next_id, self.next_id + 1
+        self.open_ids.add(backing_id)
+        return backing_id
+
+    def close(self, backing_id: int) -> None:
+        self.open_ids.remove(backing_id)
+
+
+def _fd(tmp_path: Path, name: str = "block", data: bytes = b"x" * 100) -> int:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return os.open(path, os.O_RDONLY)
+
+
+def _closed(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError as err:
+        return err.errno == errno.EBADF
+    return False
+
+
+def test_only_whole_files_of_exactly_one_block_are_candidates() -> None:
+    pt = Passthrough(open_backing=FakeKernel().open, close_backing=FakeKernel().close)
+    assert pt.candidate(2, _file(2, 100)) == "d2-0"
+    assert pt.candidate(3, _file(3, BLOCK)) == "d3-0"
+    assert pt.candidate(4, _file(4, BLOCK, 1)) is None  # two blocks: pyfuse3 path
+    assert pt.candidate(5, _file(5)) is None  # empty: no block file
+    assert pt.candidate(6, _file(6, 100, size=150)) is None  # block shorter than the file
+    off = Passthrough("--passthrough off")
+    assert not off.enabled and off.candidate(2, _file(2, 100)) is None
+
+
+def test_handles_of_one_inode_share_one_backing_id_closed_with_the_last(tmp_path: Path) -> None:
+    kernel = FakeKernel()
+    pt = Passthrough(open_backing=kernel.open, close_backing=kernel.close)
+    node = _file(2, 100)
+    fd = _fd(tmp_path)
+    assert pt.shared(2) is None
+    first = pt.attach(2, node, "d2-0", fd)
+    assert first == 1 and kernel.open_ids == {1} and not _closed(fd)
+    assert pt.shared(2) == 1  # a second open of the same inode
+    second_fd = _fd(tmp_path, "again")
+    assert pt.attach(2, node, "d2-0", second_fd) == 1  # raced in: shares, its fd closed
+    assert _closed(second_fd)
+    assert pt.opens == 3 and pt.backing_ids == 1
+    pt.released(2, passthrough=True)
+    pt.released(2, passthrough=True)
+    assert kernel.open_ids == {1}
+    pt.released(2, passthrough=True)
+    assert kernel.open_ids == set() and pt.backing_ids == 0 and _closed(fd)
+
+
+def test_an_inode_open_on_the_pyfuse3_path_is_not_passed_through_until_released(
+    tmp_path: Path,
+) -> None:
+    kernel = FakeKernel()
+    pt = Passthrough(open_backing=kernel.open, close_backing=kernel.close)
+    node = _file(2, 100)
+    pt.opened_cached(2)
+    pt.opened_cached(2)
+    assert pt.candidate(2, node) is None  # mixing the modes fails opens (ETXTBSY)
+    fd = _fd(tmp_path)
+    assert pt.attach(2, node, "d2-0", fd) is None and _closed(fd)  # decided while verifying
+    pt.released(2, passthrough=False)
+    assert pt.candidate(2, node) is None
+    pt.released(2, passthrough=False)
+    assert pt.candidate(2, node) == "d2-0"
+    assert pt.candidate(3, _file(3, 100)) == "d3-0"  # other inodes were never affected
+    assert kernel.open_ids == set()
+
+
+def test_a_kernel_refusal_turns_passthrough_off_with_the_reason(tmp_path: Path) -> None:
+    pt = Passthrough(open_backing=FakeKernel(errno.EPERM).open, close_backing=lambda i: None)
+    fd = _fd(tmp_path)
+    assert pt.attach(2, _file(2, 100), "d2-0", fd) is None and _closed(fd)
+    assert not pt.enabled
+    assert pt.reason == "the kernel refused a backing file: Operation not permitted"
+    assert pt.candidate(3, _file(3, 100)) is None
+    busy = Passthrough(open_backing=FakeKernel(errno.EBUSY).open, close_backing=lambda i: None)
+    assert busy.attach(2, _file(2, 100), "d2-0", _fd(tmp_path, "b")) is None
+    assert busy.enabled  # one file's refusal: that open takes the pyfuse3 path
+
+
+def test_init_says_whether_the_kernel_offered_it() -> None:
+    pt = Passthrough()
+    pt.negotiated(offered=False, requested=False)
+    assert not pt.enabled and "kernel did not offer" in pt.reason
+    pt = Passthrough()
+    pt.negotiated(offered=True, requested=True)
+    assert pt.enabled and pt.reason == ""
+    off = Passthrough("--passthrough off")
+    off.negotiated(offered=True, requested=False)
+    assert not off.enabled and off.reason == "--passthrough off"
+
+
+def test_unavailable_reason_names_each_missing_condition(tmp_path: Path) -> None:
+    def check(**kw: object) -> str:
+        args: dict[str, object] = {
+            "library": lambda: True,
+            "privileged": lambda: True,
+            "fstype": lambda p: "ext4",
+        }
+        args.update(kw)
+        return unavailable_reason(
+            str(args.pop("mode", "auto")),
+            tmp_path,
+            bool(args.pop("encrypted", False)),
+            **args,  # type: ignore[arg-type]
+        )
+
+    assert check() == ""
+    assert check(mode="off") == "--passthrough off"
+    assert "built without passthrough" in check(library=lambda: False)
+    assert "encrypted" in check(encrypted=True)
+    assert "CAP_SYS_ADMIN" in check(privileged=lambda: False)
+    assert "overlay" in check(fstype=lambda p: "overlay")
+
+
+def test_capability_and_filesystem_probes(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapEff:\t0000000000200000\n")  # bit 21 only
+    assert has_cap_sys_admin(str(status))
+    status.write_text("Name:\tx\nCapEff:\t00000000001fffff\n")  # everything below it
+    assert not has_cap_sys_admin(str(status))
+    assert not has_cap_sys_admin(str(tmp_path / "missing"))
+    assert filesystem_type(Path("/")) != ""
+
+
+def test_revocation_empties_evicted_block_files_of_revoked_snapshots_only(tmp_path: Path) -> None:
+    kernel = FakeKernel()
+    pt = Passthrough(open_backing=kernel.open, close_backing=kernel.close)
+    data = b"revoked bytes" * 100
+    paths = {}
+    for inode, digest, snapshot in (
+        (2, "own", "s1"),  # evicted, only in the revoked snapshot: emptied
+        (3, "linked", "s1"),  # still in the cache: the daemon's purge decides
+        (4, "both", "s1"),  # evicted, but a live snapshot's open file reads it too
+        (5, "both", "s2"),
+    ):
+        path = tmp_path / digest
+        if not path.exists():
+            path.write_bytes(data)
+        paths[digest] = path
+        pt.attach(inode, _file(inode, len(data), snapshot=snapshot), digest, os.open(path, 0))
+    watch = {d: os.open(p, os.O_RDONLY) for d, p in paths.items()}
+    paths["own"].unlink()
+    paths["both"].unlink()
+    assert pt.revoke({"s1"}) == 1
+    assert os.fstat(watch["own"]).st_size == 0
+    assert os.pread(watch["linked"], 20, 0) == data[:20]
+    assert os.pread(watch["both"], 20, 0) == data[:20]
+    assert pt.revoke({"s1"}) == 0  # already empty
+    assert pt.truncated == 1
+    for fd in watch.values():
+        os.close(fd)
+
+
+@pytest.mark.parametrize("fatal", [errno.EOPNOTSUPP, errno.ENOTTY])
+def test_stacked_or_unsupported_backing_files_turn_it_off(tmp_path: Path, fatal: int) -> None:
+    pt = Passthrough(open_backing=FakeKernel(fatal).open, close_backing=lambda i: None)
+    assert pt.attach(2, _file(2, 10), "d2-0", _fd(tmp_path)) is None
+    assert not pt.enabled and os.strerror(fatal) in pt.reason
+
+
+def test_an_inode_with_a_backing_id_keeps_sharing_it_after_passthrough_is_turned_off(
+    tmp_path: Path,
+) -> None:
+    kernel = FakeKernel()
+    pt = Passthrough(open_backing=kernel.open, close_backing=kernel.close)
+    assert pt.attach(2, _file(2, 10), "d2-0", _fd(tmp_path)) == 1
+    kernel.fail = errno.EPERM
+    assert pt.attach(3, _file(3, 10), "d3-0", _fd(tmp_path, "other")) is None
+    assert not pt.enabled and pt.candidate(4, _file(4, 10)) is None  # new inodes: pyfuse3
+    assert pt.shared(2) == 1  # but inode 2's opens stay passthrough while it has some
