@@ -47,8 +47,13 @@ bench: $(READY) bench-deps
 # `make bench` installs them; the smoke run in `make test` reports their scenarios as
 # skipped where they are missing, so CI does not pay for them.
 bench-deps:
-	@missing=; for tool in fio rclone httpdirfs; do \
-	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	$(call apt-missing,fio:fio rclone:rclone httpdirfs:httpdirfs)
+
+# $(call apt-missing,COMMAND:PACKAGE ...): apt-get install the packages whose command is
+# missing (as root, or through sudo); nothing when every command is there.
+define apt-missing
+	@missing=; for pair in $(1); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -56,6 +61,7 @@ bench-deps:
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
+endef
 
 # Debian packages the deploy checks run (tests/deploy): promtool and prometheus, and
 # systemd-analyze; with STRATA_DEPLOY_TESTS=1 (.ci/run) also what builds and runs the
@@ -65,15 +71,7 @@ ifeq ($(STRATA_DEPLOY_TESTS),1)
 DEPLOY_TOOLS += podman:podman buildah:buildah mmdebstrap:mmdebstrap runc:runc
 endif
 deploy-deps:
-	@missing=; for pair in $(DEPLOY_TOOLS); do \
-	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	  echo "installing Debian packages:$$missing"; \
-	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
-	fi
+	$(call apt-missing,$(DEPLOY_TOOLS))
 
 # Debian packages the mount needs: fusermount3 at run time, libfuse3-dev and
 # pkg-config to build pyfuse3. Installed only when missing.
@@ -89,15 +87,7 @@ system-deps:
 # `apt-get source`, patch and a C compiler. Installed only when missing.
 NATIVE_TOOLS := meson:meson ninja:ninja-build dpkg-source:dpkg-dev patch:patch cc:gcc
 native-deps:
-	@missing=; for pair in $(NATIVE_TOOLS); do \
-	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	  echo "installing Debian packages:$$missing"; \
-	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
-	fi
+	$(call apt-missing,$(NATIVE_TOOLS))
 
 # FUSE passthrough (fusemount/passthrough.py, native/DESIGN.md): libfuse >= 3.17 from Debian
 # trixie's fuse3 source package (apt checks signature and hashes) and pyfuse3 3.5.0 from its
