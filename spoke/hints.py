@@ -41,7 +41,10 @@ from dataclasses import dataclass
 from spoke.policy import EvictionPolicy
 
 NEVER = 1 << 62  # "next use" of a block no stream reads again
-BEING_READ = -1  # "next use" of a block a reader is reading right now
+BEING_READ = -(1 << 62)  # "next use" of a block a reader is reading right now
+# (far below any clock time: an overdue planned read — a reader skipped it — is predicted
+# at a time before now, which may be negative; -1 once collided with such a prediction and
+# made an overdue block unevictable)
 DEFAULT_TOLERANCE = 32  # hinted positions a read may arrive out of order
 DEFAULT_STREAM = "default"
 
