@@ -225,6 +225,16 @@ class BlockFiles:
             entry = self._open.get(digest)
             return os.dup(entry.fd) if entry is not None else None
 
+    def verified_fd_cached(self, digest: str) -> int | None:
+        """:meth:`verified_fd` without blocking, for the event loop: a ``dup`` of an open,
+        verified entry whose file is unchanged (one ``fstat``, as :meth:`read_cached`
+        does), or None (then :meth:`verified_fd` in a worker thread)."""
+        entry = self._open.get(digest)
+        if entry is None or not self._still_valid(entry):
+            return None
+        with self._lock:  # dup under the lock: a concurrent drop cannot close it first
+            return os.dup(entry.fd) if self._open.get(digest) is entry else None
+
     # -- encryption at rest (spoke/encryption.py) -------------------------------------------
 
     def _keep_sealed(

@@ -193,7 +193,8 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         """A backing id when this open can be served by the kernel from the block file.
 
         The block file is opened and verified (as every read of it is) in a worker thread
-        before its descriptor is handed to the kernel; not cached means the pyfuse3 path.
+        before its descriptor is handed to the kernel, unless it is open and verified
+        already (then on the loop); not cached means the pyfuse3 path.
         The open counts as one hit of the block for the daemon's eviction policy (its
         reads never reach this process).
         """
@@ -210,7 +211,9 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         digest = self.passthrough.candidate(inode, node)
         if digest is None:
             return None
-        fd = await trio.to_thread.run_sync(self.reader.files.verified_fd, digest)
+        fd = self.reader.files.verified_fd_cached(digest)  # re-opens: no thread hop
+        if fd is None:
+            fd = await trio.to_thread.run_sync(self.reader.files.verified_fd, digest)
         if fd is None:
             return None
         backing_id = self.passthrough.attach(inode, node, digest, fd)
