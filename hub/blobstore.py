@@ -189,12 +189,24 @@ class LocalBlobStore:
         """See :meth:`BlobStore.read`."""
         if offset < 0 or (length is not None and length < 0):
             raise ValueError(f"invalid range: offset {offset}, length {length}")
-        try:
-            with self.path(digest).open("rb") as stream:
-                stream.seek(offset)
-                return stream.read() if length is None else stream.read(length)
+        try:  # plain os calls: a file object cost more than reading a 64 KiB block
+            fd = os.open(self.path(digest), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise BlockNotFound(f"unknown block {digest}") from None
+        try:
+            if length is None:
+                length = max(os.fstat(fd).st_size - offset, 0)
+            parts = []
+            while length > 0:
+                part = os.pread(fd, length, offset)
+                if not part:
+                    break  # the end of the file
+                parts.append(part)
+                offset += len(part)
+                length -= len(part)
+        finally:
+            os.close(fd)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def sync(self) -> None:
         """See :meth:`BlobStore.sync`; fsyncs the directories that gained entries."""
