@@ -53,6 +53,7 @@ from hub.wire import (
     encode_page_token,
     entry_message,
     event_message,
+    pack_repeated,
     snapshot_message,
     status_code,
     tag_message,
@@ -68,6 +69,11 @@ MANIFEST_PAGE_ENTRIES = 256
 
 MAX_DIGESTS_PER_REQUEST = 4096
 """Most digests one ``ReadBlocksRequest`` may name (the spoke asks for 16 at a time)."""
+
+
+PACK_MOST_BLOCKS = 256
+"""Most blocks packed into one ``ReadBlocks`` message (``ReadBlocksRequest.pack_bytes``);
+a 1 MiB message of 4 KiB blocks."""
 
 
 DEFAULT_PAGE_SIZE = 1000
@@ -275,27 +281,33 @@ class HubService(hub_pb2_grpc.HubServicer):
         """Streams a snapshot's manifest in path order, one catalog page at a time.
 
         Each page is read, converted and serialized in a worker thread (the event loop
-        only sends), while the next page is read ahead.
+        only sends), while the next page is read ahead. With ``page_entries`` the page
+        goes as messages of that many entries (:func:`pack_repeated`, at most 1 MiB each).
         """
         snapshot = await self._resolve(principal, request.dataset, request.ref)
 
-        def page_at(start: int) -> list[bytes]:
+        packed = request.page_entries > 0
+
+        def page_at(start: int) -> tuple[int, list[bytes]]:
             entries = self._catalog.manifest_page(
                 snapshot.snapshot_id, start, MANIFEST_PAGE_ENTRIES
             )
-            return [entry_message(entry).SerializeToString() for entry in entries]
+            messages = [entry_message(entry).SerializeToString() for entry in entries]
+            if packed:
+                return len(messages), pack_repeated(messages, 8, request.page_entries)
+            return len(messages), messages
 
         start = 0
         pending = asyncio.ensure_future(asyncio.to_thread(page_at, start))
         try:
             while True:
-                page = await pending
-                start += len(page)
-                if len(page) == MANIFEST_PAGE_ENTRIES:
+                count, page = await pending
+                start += count
+                if count == MANIFEST_PAGE_ENTRIES:
                     pending = asyncio.ensure_future(asyncio.to_thread(page_at, start))
                 for message in page:
                     yield message
-                if len(page) < MANIFEST_PAGE_ENTRIES:
+                if count < MANIFEST_PAGE_ENTRIES:
                     return
         finally:
             if not pending.done():
@@ -347,22 +359,29 @@ class HubService(hub_pb2_grpc.HubServicer):
                     f"at most {MAX_DIGESTS_PER_REQUEST} are allowed"
                 )
             digests = [validate_digest(digest) for digest in request.digests]
-            async for chunk in self._block_chunks(digests, readable):
-                yield chunk
+            pack_bytes = min(request.pack_bytes, self._chunk_bytes)
+            async for message in self._block_messages(digests, readable, pack_bytes):
+                yield message
 
     def _load_block(
-        self, digest: str, readable: Callable[[str], bool] | None
+        self, digest: str, readable: Callable[[str], bool] | None, size: int | None = None
     ) -> tuple[list[bytes], int]:
-        """Checks a block is readable by the caller, reads it and encodes its chunks.
+        """Checks a block is readable by the caller (unless its ``size`` was looked up
+        already), reads it and encodes its chunks.
 
-        Runs in a worker thread. The block is read whole (one request to the store, so
-        the kernel's readahead or one ranged GET covers it) and each chunk serialized
-        with :func:`encode_block_chunk` from a view of it (one copy besides the read).
+        The block is read whole (one request to the store, so the kernel's readahead or
+        one ranged GET covers it) and each chunk serialized with
+        :func:`encode_block_chunk` from a view of it (one copy besides the read).
 
         Returns:
             The serialized chunks in order, and the block's length in bytes.
+
+        Raises:
+            BlockNotFound: unknown (or, for this caller, unreadable) digest.
+            CorruptBlob: the stored bytes have the wrong length.
         """
-        size = self._catalog.block_size(digest, readable)
+        if size is None:
+            size = self._catalog.block_size(digest, readable)
         if size is None:
             raise BlockNotFound(f"unknown block {digest}")
         data = self._store.read(digest)
@@ -378,24 +397,61 @@ class HubService(hub_pb2_grpc.HubServicer):
         ]
         return chunks, size
 
-    async def _block_chunks(
-        self, digests: Sequence[str], readable: Callable[[str], bool] | None
+    def _load_run(
+        self,
+        digests: Sequence[str],
+        start: int,
+        readable: Callable[[str], bool] | None,
+        pack_bytes: int,
+    ) -> tuple[list[bytes], int, int]:
+        """Loads ``digests[start]`` and, with ``pack_bytes``, the blocks after it that
+        fit in one message with it; runs in a worker thread (one hop for the run).
+
+        A run of whole one-chunk blocks totalling at most ``pack_bytes`` data bytes
+        (at most :data:`PACK_MOST_BLOCKS`) becomes one message: the first block's
+        ``BlockChunk`` with the others in its ``more`` (:func:`pack_repeated`).
+
+        Returns:
+            The messages to send in order, the index after the run, and its bytes.
+        """
+        chunks, size = self._load_block(digests[start], readable)
+        end = start + 1
+        if not pack_bytes or len(chunks) > 1 or size > pack_bytes:
+            return chunks, end, size
+        messages, total = [chunks[0]], size
+        while end < len(digests) and end - start < PACK_MOST_BLOCKS:
+            next_size = self._catalog.block_size(digests[end], readable)
+            if next_size is None or total + next_size > pack_bytes:
+                break  # an unknown one fails on its own turn, after what came before
+            more, _ = self._load_block(digests[end], readable, next_size)
+            messages.append(more[0])
+            total += next_size
+            end += 1
+        return pack_repeated(messages, 6, PACK_MOST_BLOCKS, 2 * pack_bytes), end, total
+
+    async def _block_messages(
+        self, digests: Sequence[str], readable: Callable[[str], bool] | None, pack_bytes: int
     ) -> AsyncIterator[bytes]:
-        """Streams blocks in order, reading block i + 1 while block i is being sent."""
+        """Streams blocks in order, reading the next run while this one is being sent."""
         if not digests:
             return
-        pending = asyncio.ensure_future(asyncio.to_thread(self._load_block, digests[0], readable))
+        load = self._load_run
+        pending = asyncio.ensure_future(asyncio.to_thread(load, digests, 0, readable, pack_bytes))
+        start = 0
         try:
-            for index in range(len(digests)):
-                chunks, size = await pending
-                if index + 1 < len(digests):
+            while True:
+                messages, end, size = await pending
+                if end < len(digests):
                     pending = asyncio.ensure_future(
-                        asyncio.to_thread(self._load_block, digests[index + 1], readable)
+                        asyncio.to_thread(load, digests, end, readable, pack_bytes)
                     )
-                for chunk in chunks:
-                    yield chunk
+                for message in messages:
+                    yield message
                 self._metrics.blocks_served_bytes.inc(size)
-                self._metrics.blocks_served.inc()
+                self._metrics.blocks_served.inc(end - start)
+                if end >= len(digests):
+                    return
+                start = end
         finally:
             if not pending.done():
                 pending.cancel()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -124,18 +124,56 @@ def encode_block_chunk(
     head = bytearray(b"\x0a\x20")  # field 1 (digest), length-delimited, 32 bytes
     head += digest.encode("ascii")
     if offset:
-        head += b"\x10" + _varint(offset)  # field 2 (offset), varint
+        head += b"\x10" + encode_varint(offset)  # field 2 (offset), varint
     if block_size:
-        head += b"\x20" + _varint(block_size)  # field 4 (block_size), varint
+        head += b"\x20" + encode_varint(block_size)  # field 4 (block_size), varint
     if last:
         head += b"\x28\x01"  # field 5 (last), varint 1
     if not data:  # proto3 leaves default values out
         return bytes(head)
-    head += b"\x1a" + _varint(len(data))  # field 3 (data), length-delimited
+    head += b"\x1a" + encode_varint(len(data))  # field 3 (data), length-delimited
     return b"".join((head, data))
 
 
-def _varint(value: int) -> bytes:
+def pack_repeated(
+    messages: Sequence[bytes], field: int, most: int, most_bytes: int = CHUNK_BYTES
+) -> list[bytes]:
+    """Packs serialized messages of one type into fewer messages of that type.
+
+    Each group's first message carries the others as its repeated, length-delimited
+    field ``field`` (``BlockChunk.more``, ``ManifestEntry.more``): the protobuf wire
+    format (https://protobuf.dev/programming-guides/encoding/) appends a repeated
+    field's elements as tag, length and bytes in any order, so packing is concatenation.
+
+    Args:
+        messages: Serialized messages, in order; none may already use ``field``.
+        field: The field number of the repeated self-typed field.
+        most: Most messages per group (at least 1).
+        most_bytes: A group is closed before it would exceed this many bytes (a single
+            message larger than that is a group of its own).
+
+    Returns:
+        The packed messages, in order (one per group).
+    """
+    tag = encode_varint(field << 3 | 2)
+    out: list[bytes] = []
+    parts: list[bytes] = []
+    count = size = 0
+    for message in messages:
+        if parts and (count >= most or size + len(message) > most_bytes):
+            out.append(b"".join(parts))
+            parts, count, size = [], 0, 0
+        if parts:
+            parts += (tag, encode_varint(len(message)))
+        parts.append(message)
+        count += 1
+        size += len(message)
+    if parts:
+        out.append(b"".join(parts))
+    return out
+
+
+def encode_varint(value: int) -> bytes:
     """Base-128 varint encoding of a non-negative integer (protobuf wire format)."""
     out = bytearray()
     while value > 0x7F:

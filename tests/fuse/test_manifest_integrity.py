@@ -45,10 +45,11 @@ class TamperingProxy(hub_pb2_grpc.HubServicer):
         return self.up.ListDirectory(request)
 
     def GetManifest(self, request: Any, context: Any) -> Iterator[hub_pb2.ManifestEntry]:
-        for entry in self.up.GetManifest(request):
-            if request.dataset == self.dataset and entry.path == self.victim:
-                entry.mtime_ns += 1  # one field of one entry
-            yield entry
+        for message in self.up.GetManifest(request):
+            for entry in (message, *message.more):  # a page when the spoke asked for pages
+                if request.dataset == self.dataset and entry.path == self.victim:
+                    entry.mtime_ns += 1  # one field of one entry
+            yield message
 
     def ReadBlocks(self, request_iterator: Any, context: Any) -> Any:
         yield from self.up.ReadBlocks(request_iterator)

@@ -220,6 +220,64 @@ def test_big_blocks_come_in_chunks_of_at_most_1_mib(hub: Hub) -> None:
     assert reassemble(hub, entry) == (hub.data.parent / "big" / "block.bin").read_bytes()
 
 
+def test_small_blocks_come_packed_when_asked(hub: Hub, metrics: HubMetrics) -> None:
+    entry = {e.path: e for e in hub.manifest()}["volume/data.bin"]
+    digests = [b.digest for b in entry.blocks]  # five 1000-byte blocks and a 123-byte one
+    served = metrics.registry.get_sample_value("strata_hub_blocks_served_total") or 0.0
+    request = hub_pb2.ReadBlocksRequest(digests=[*digests, digests[0]], pack_bytes=2500)
+    messages = list(hub.stub.ReadBlocks(iter([request]), timeout=RPC_TIMEOUT))
+    runs = [[m.digest, *(more.digest for more in m.more)] for m in messages]
+    # at most 2500 data bytes a message: 2 + 2 + (1000 + 123 + 1000)
+    assert runs == [digests[0:2], digests[2:4], [*digests[4:6], digests[0]]]
+    chunks = [c for m in messages for c in (m, *m.more)]
+    assert all(c.offset == 0 and c.last for c in chunks)
+    assert all(not more.more for m in messages for more in m.more)
+    data = b"".join(c.data for c in chunks)
+    assert data == hub.files["volume/data.bin"] + hub.files["volume/data.bin"][:BLOCK]
+    after = metrics.registry.get_sample_value("strata_hub_blocks_served_total")
+    assert after == served + 7
+
+
+def test_packing_leaves_big_blocks_in_chunks_and_stops_at_an_unknown_block(hub: Hub) -> None:
+    (big,) = list(hub.stub.GetManifest(hub_pb2.GetManifestRequest(dataset="big", ref="latest")))
+    small = {e.path: e for e in hub.manifest()}["volume/data.bin"].blocks
+    request = hub_pb2.ReadBlocksRequest(
+        digests=[small[0].digest, big.blocks[0].digest, small[1].digest], pack_bytes=MiB
+    )
+    messages = list(hub.stub.ReadBlocks(iter([request]), timeout=RPC_TIMEOUT))
+    assert [(m.digest, m.offset, len(m.more)) for m in messages] == [
+        (small[0].digest, 0, 0),
+        (big.blocks[0].digest, 0, 0),
+        (big.blocks[0].digest, MiB, 0),
+        (big.blocks[0].digest, 2 * MiB, 0),
+        (small[1].digest, 0, 0),
+    ]
+    unknown = "0" * 32
+    request = hub_pb2.ReadBlocksRequest(
+        digests=[small[0].digest, small[1].digest, unknown], pack_bytes=MiB
+    )
+    call = hub.stub.ReadBlocks(iter([request]), timeout=RPC_TIMEOUT)
+    got = []
+    with pytest.raises(grpc.RpcError) as info:
+        for message in call:
+            got += [message.digest, *(m.digest for m in message.more)]
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert got == [small[0].digest, small[1].digest]  # what came before it still arrives
+
+
+def test_manifest_comes_in_pages_when_asked(hub: Hub) -> None:
+    request = hub_pb2.GetManifestRequest(dataset="many", ref="v1", page_entries=100)
+    messages = list(hub.stub.GetManifest(request, timeout=RPC_TIMEOUT))
+    sizes = [1 + len(m.more) for m in messages]
+    assert max(sizes) == 100
+    assert len(messages) <= 10  # 700 entries; the hub pages its catalog reads too
+    entries = [e for m in messages for e in (m, *m.more)]
+    assert [e.path for e in entries] == [f"f{i:04d}" for i in range(MANY_FILES)]
+    assert all(not e.more for m in messages for e in m.more)
+    plain = hub_pb2.GetManifestRequest(dataset="many", ref="v1")
+    assert len(list(hub.stub.GetManifest(plain, timeout=RPC_TIMEOUT))) == MANY_FILES
+
+
 def test_concurrent_streams(hub: Hub) -> None:
     files = [e for e in hub.manifest() if e.type == hub_pb2.ENTRY_TYPE_FILE]
     with ThreadPoolExecutor(max_workers=16) as pool:

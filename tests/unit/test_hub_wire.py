@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from hub.blocks import block_digest
 from hub.errors import InvalidArgument
-from hub.wire import decode_page_token, encode_block_chunk, encode_page_token
+from hub.wire import decode_page_token, encode_block_chunk, encode_page_token, pack_repeated
 from protocol.hub.v1 import hub_pb2
 
 
@@ -36,3 +36,34 @@ def test_page_tokens_round_trip_and_reject_garbage() -> None:
     for token in ("%%%", "AAAA", encode_page_token(1, "a")[:-2] + "!!", "AAAAAWEvYg=="):
         with pytest.raises(InvalidArgument, match="malformed page token"):
             decode_page_token(token)
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=300), max_size=40),
+    most=st.integers(min_value=1, max_value=8),
+    most_bytes=st.integers(min_value=1, max_value=1000),
+)
+def test_pack_repeated_round_trips_within_its_limits(
+    sizes: list[int], most: int, most_bytes: int
+) -> None:
+    entries = [
+        hub_pb2.ManifestEntry(path=f"p{i}", size=size, symlink_target="x" * size)
+        for i, size in enumerate(sizes)
+    ]
+    serialized = [entry.SerializeToString() for entry in entries]
+    packed = pack_repeated(serialized, 8, most, most_bytes)
+    messages = [hub_pb2.ManifestEntry.FromString(raw) for raw in packed]
+    flat = [e for m in messages for e in (m, *m.more)]
+    assert [e.path for e in flat] == [e.path for e in entries]
+    assert [e.symlink_target for e in flat] == [e.symlink_target for e in entries]
+    start = 0
+    for message in messages:
+        count = 1 + len(message.more)
+        group = serialized[start : start + count]
+        assert count <= most
+        assert count == 1 or sum(map(len, group)) <= most_bytes
+        if start + count < len(serialized):  # closed because the next would not fit
+            assert (
+                count == most or sum(map(len, group)) + len(serialized[start + count]) > most_bytes
+            )
+        start += count

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19protocol/hub/v1/hub.proto\x12\x0fprotocol.hub.v1\"\x15\n\x13ListDatasetsRequest\"F\n\x07\x44\x61taset\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rversion_count\x18\x02 \x01(\r\x12\x16\n\x0elatest_version\x18\x03 \x01(\t\"T\n\x14ListDatasetsResponse\x12*\n\x08\x64\x61tasets\x18\x01 \x03(\x0b\x32\x18.protocol.hub.v1.Dataset\x12\x10\n\x08sequence\x18\x02 \x01(\x04\"&\n\x13ListVersionsRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"$\n\x03Tag\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"y\n\x14ListVersionsResponse\x12+\n\x08versions\x18\x01 \x03(\x0b\x32\x19.protocol.hub.v1.Snapshot\x12\"\n\x04tags\x18\x02 \x03(\x0b\x32\x14.protocol.hub.v1.Tag\x12\x10\n\x08sequence\x18\x03 \x01(\x04\"1\n\x11ResolveRefRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0b\n\x03ref\x18\x02 \x01(\t\"\xba\x01\n\x08Snapshot\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x03 \x01(\t\x12\x12\n\ncreated_ns\x18\x04 \x01(\x03\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x12\n\nfile_count\x18\x06 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ntry_count\x18\x08 \x01(\x04\x12\x11\n\tsignature\x18\t \x01(\x0c\"2\n\x12GetManifestRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0b\n\x03ref\x18\x02 \x01(\t\"(\n\x08\x42lockRef\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\r\"\xb8\x01\n\rManifestEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12(\n\x04type\x18\x02 \x01(\x0e\x32\x1a.protocol.hub.v1.EntryType\x12\x0c\n\x04mode\x18\x03 \x01(\r\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x10\n\x08mtime_ns\x18\x05 \x01(\x03\x12\x16\n\x0esymlink_target\x18\x06 \x01(\t\x12)\n\x06\x62locks\x18\x07 \x03(\x0b\x32\x19.protocol.hub.v1.BlockRef\"$\n\x11ReadBlocksRequest\x12\x0f\n\x07\x64igests\x18\x01 \x03(\t\"\\\n\nBlockChunk\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x12\n\nblock_size\x18\x04 \x01(\x04\x12\x0c\n\x04last\x18\x05 \x01(\x08\"i\n\x14ListDirectoryRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0b\n\x03ref\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"\x8e\x01\n\x15ListDirectoryResponse\x12/\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1e.protocol.hub.v1.ManifestEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12+\n\x08snapshot\x18\x03 \x01(\x0b\x32\x19.protocol.hub.v1.Snapshot\"8\n\x0cWatchRequest\x12\x16\n\x0e\x61\x66ter_sequence\x18\x01 \x01(\x04\x12\x10\n\x08\x64\x61tasets\x18\x02 \x03(\t\"\xb9\x01\n\x0c\x43\x61talogEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.protocol.hub.v1.EventKind\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0b\n\x03tag\x18\x05 \x01(\t\x12\x18\n\x10previous_version\x18\x06 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x07 \x01(\t\x12\x0f\n\x07time_ns\x18\x08 \x01(\x03*n\n\tEntryType\x12\x1a\n\x16\x45NTRY_TYPE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x45NTRY_TYPE_FILE\x10\x01\x12\x18\n\x14\x45NTRY_TYPE_DIRECTORY\x10\x02\x12\x16\n\x12\x45NTRY_TYPE_SYMLINK\x10\x03*\x9f\x01\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12 \n\x1c\x45VENT_KIND_VERSION_PUBLISHED\x10\x01\x12\x18\n\x14\x45VENT_KIND_TAG_MOVED\x10\x02\x12\x1a\n\x16\x45VENT_KIND_TAG_REMOVED\x10\x03\x12\x1e\n\x1a\x45VENT_KIND_VERSION_REVOKED\x10\x04\x32\xde\x04\n\x03Hub\x12[\n\x0cListDatasets\x12$.protocol.hub.v1.ListDatasetsRequest\x1a%.protocol.hub.v1.ListDatasetsResponse\x12[\n\x0cListVersions\x12$.protocol.hub.v1.ListVersionsRequest\x1a%.protocol.hub.v1.ListVersionsResponse\x12K\n\nResolveRef\x12\".protocol.hub.v1.ResolveRefRequest\x1a\x19.protocol.hub.v1.Snapshot\x12T\n\x0bGetManifest\x12#.protocol.hub.v1.GetManifestRequest\x1a\x1e.protocol.hub.v1.ManifestEntry0\x01\x12Q\n\nReadBlocks\x12\".protocol.hub.v1.ReadBlocksRequest\x1a\x1b.protocol.hub.v1.BlockChunk(\x01\x30\x01\x12^\n\rListDirectory\x12%.protocol.hub.v1.ListDirectoryRequest\x1a&.protocol.hub.v1.ListDirectoryResponse\x12G\n\x05Watch\x12\x1d.protocol.hub.v1.WatchRequest\x1a\x1d.protocol.hub.v1.CatalogEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19protocol/hub/v1/hub.proto\x12\x0fprotocol.hub.v1\"\x15\n\x13ListDatasetsRequest\"F\n\x07\x44\x61taset\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rversion_count\x18\x02 \x01(\r\x12\x16\n\x0elatest_version\x18\x03 \x01(\t\"T\n\x14ListDatasetsResponse\x12*\n\x08\x64\x61tasets\x18\x01 \x03(\x0b\x32\x18.protocol.hub.v1.Dataset\x12\x10\n\x08sequence\x18\x02 \x01(\x04\"&\n\x13ListVersionsRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"$\n\x03Tag\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"y\n\x14ListVersionsResponse\x12+\n\x08versions\x18\x01 \x03(\x0b\x32\x19.protocol.hub.v1.Snapshot\x12\"\n\x04tags\x18\x02 \x03(\x0b\x32\x14.protocol.hub.v1.Tag\x12\x10\n\x08sequence\x18\x03 \x01(\x04\"1\n\x11ResolveRefRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0b\n\x03ref\x18\x02 \x01(\t\"\xba\x01\n\x08Snapshot\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x03 \x01(\t\x12\x12\n\ncreated_ns\x18\x04 \x01(\x03\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x12\n\nfile_count\x18\x06 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ntry_count\x18\x08 \x01(\x04\x12\x11\n\tsignature\x18\t \x01(\x0c\"H\n\x12GetManifestRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0b\n\x03ref\x18\x02 \x01(\t\x12\x14\n\x0cpage_entries\x18\x03 \x01(\r\"(\n\x08\x42lockRef\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\r\"\xe6\x01\n\rManifestEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12(\n\x04type\x18\x02 \x01(\x0e\x32\x1a.protocol.hub.v1.EntryType\x12\x0c\n\x04mode\x18\x03 \x01(\r\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x10\n\x08mtime_ns\x18\x05 \x01(\x03\x12\x16\n\x0esymlink_target\x18\x06 \x01(\t\x12)\n\x06\x62locks\x18\x07 \x03(\x0b\x32\x19.protocol.hub.v1.BlockRef\x12,\n\x04more\x18\x08 \x03(\x0b\x32\x1e.protocol.hub.v1.ManifestEntry\"8\n\x11ReadBlocksRequest\x12\x0f\n\x07\x64igests\x18\x01 \x03(\t\x12\x12\n\npack_bytes\x18\x02 \x01(\r\"\x87\x01\n\nBlockChunk\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x12\n\nblock_size\x18\x04 \x01(\x04\x12\x0c\n\x04last\x18\x05 \x01(\x08\x12)\n\x04more\x18\x06 \x03(\x0b\x32\x1b.protocol.hub.v1.BlockChunk\"i\n\x14ListDirectoryRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0b\n\x03ref\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"\x8e\x01\n\x15ListDirectoryResponse\x12/\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1e.protocol.hub.v1.ManifestEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12+\n\x08snapshot\x18\x03 \x01(\x0b\x32\x19.protocol.hub.v1.Snapshot\"8\n\x0cWatchRequest\x12\x16\n\x0e\x61\x66ter_sequence\x18\x01 \x01(\x04\x12\x10\n\x08\x64\x61tasets\x18\x02 \x03(\t\"\xb9\x01\n\x0c\x43\x61talogEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.protocol.hub.v1.EventKind\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0b\n\x03tag\x18\x05 \x01(\t\x12\x18\n\x10previous_version\x18\x06 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x07 \x01(\t\x12\x0f\n\x07time_ns\x18\x08 \x01(\x03*n\n\tEntryType\x12\x1a\n\x16\x45NTRY_TYPE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x45NTRY_TYPE_FILE\x10\x01\x12\x18\n\x14\x45NTRY_TYPE_DIRECTORY\x10\x02\x12\x16\n\x12\x45NTRY_TYPE_SYMLINK\x10\x03*\x9f\x01\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12 \n\x1c\x45VENT_KIND_VERSION_PUBLISHED\x10\x01\x12\x18\n\x14\x45VENT_KIND_TAG_MOVED\x10\x02\x12\x1a\n\x16\x45VENT_KIND_TAG_REMOVED\x10\x03\x12\x1e\n\x1a\x45VENT_KIND_VERSION_REVOKED\x10\x04\x32\xde\x04\n\x03Hub\x12[\n\x0cListDatasets\x12$.protocol.hub.v1.ListDatasetsRequest\x1a%.protocol.hub.v1.ListDatasetsResponse\x12[\n\x0cListVersions\x12$.protocol.hub.v1.ListVersionsRequest\x1a%.protocol.hub.v1.ListVersionsResponse\x12K\n\nResolveRef\x12\".protocol.hub.v1.ResolveRefRequest\x1a\x19.protocol.hub.v1.Snapshot\x12T\n\x0bGetManifest\x12#.protocol.hub.v1.GetManifestRequest\x1a\x1e.protocol.hub.v1.ManifestEntry0\x01\x12Q\n\nReadBlocks\x12\".protocol.hub.v1.ReadBlocksRequest\x1a\x1b.protocol.hub.v1.BlockChunk(\x01\x30\x01\x12^\n\rListDirectory\x12%.protocol.hub.v1.ListDirectoryRequest\x1a&.protocol.hub.v1.ListDirectoryResponse\x12G\n\x05Watch\x12\x1d.protocol.hub.v1.WatchRequest\x1a\x1d.protocol.hub.v1.CatalogEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protocol.hub.v1.hub_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ENTRYTYPE']._serialized_start=1579
-  _globals['_ENTRYTYPE']._serialized_end=1689
-  _globals['_EVENTKIND']._serialized_start=1692
-  _globals['_EVENTKIND']._serialized_end=1851
+  _globals['_ENTRYTYPE']._serialized_start=1711
+  _globals['_ENTRYTYPE']._serialized_end=1821
+  _globals['_EVENTKIND']._serialized_start=1824
+  _globals['_EVENTKIND']._serialized_end=1983
   _globals['_LISTDATASETSREQUEST']._serialized_start=46
   _globals['_LISTDATASETSREQUEST']._serialized_end=67
   _globals['_DATASET']._serialized_start=69
@@ -52,23 +52,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SNAPSHOT']._serialized_start=480
   _globals['_SNAPSHOT']._serialized_end=666
   _globals['_GETMANIFESTREQUEST']._serialized_start=668
-  _globals['_GETMANIFESTREQUEST']._serialized_end=718
-  _globals['_BLOCKREF']._serialized_start=720
-  _globals['_BLOCKREF']._serialized_end=760
-  _globals['_MANIFESTENTRY']._serialized_start=763
-  _globals['_MANIFESTENTRY']._serialized_end=947
-  _globals['_READBLOCKSREQUEST']._serialized_start=949
-  _globals['_READBLOCKSREQUEST']._serialized_end=985
-  _globals['_BLOCKCHUNK']._serialized_start=987
-  _globals['_BLOCKCHUNK']._serialized_end=1079
-  _globals['_LISTDIRECTORYREQUEST']._serialized_start=1081
-  _globals['_LISTDIRECTORYREQUEST']._serialized_end=1186
-  _globals['_LISTDIRECTORYRESPONSE']._serialized_start=1189
-  _globals['_LISTDIRECTORYRESPONSE']._serialized_end=1331
-  _globals['_WATCHREQUEST']._serialized_start=1333
-  _globals['_WATCHREQUEST']._serialized_end=1389
-  _globals['_CATALOGEVENT']._serialized_start=1392
-  _globals['_CATALOGEVENT']._serialized_end=1577
-  _globals['_HUB']._serialized_start=1854
-  _globals['_HUB']._serialized_end=2460
+  _globals['_GETMANIFESTREQUEST']._serialized_end=740
+  _globals['_BLOCKREF']._serialized_start=742
+  _globals['_BLOCKREF']._serialized_end=782
+  _globals['_MANIFESTENTRY']._serialized_start=785
+  _globals['_MANIFESTENTRY']._serialized_end=1015
+  _globals['_READBLOCKSREQUEST']._serialized_start=1017
+  _globals['_READBLOCKSREQUEST']._serialized_end=1073
+  _globals['_BLOCKCHUNK']._serialized_start=1076
+  _globals['_BLOCKCHUNK']._serialized_end=1211
+  _globals['_LISTDIRECTORYREQUEST']._serialized_start=1213
+  _globals['_LISTDIRECTORYREQUEST']._serialized_end=1318
+  _globals['_LISTDIRECTORYRESPONSE']._serialized_start=1321
+  _globals['_LISTDIRECTORYRESPONSE']._serialized_end=1463
+  _globals['_WATCHREQUEST']._serialized_start=1465
+  _globals['_WATCHREQUEST']._serialized_end=1521
+  _globals['_CATALOGEVENT']._serialized_start=1524
+  _globals['_CATALOGEVENT']._serialized_end=1709
+  _globals['_HUB']._serialized_start=1986
+  _globals['_HUB']._serialized_end=2592
 # @@protoc_insertion_point(module_scope)

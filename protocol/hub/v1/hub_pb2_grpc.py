@@ -97,7 +97,8 @@ class HubServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetManifest(self, request, context):
-        """Streams a snapshot's manifest entries in path order.
+        """Streams a snapshot's manifest entries in path order (in pages when the request's
+        page_entries asks).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -106,8 +107,9 @@ class HubServicer:
     def ReadBlocks(self, request_iterator, context):
         """Streams the bytes of the requested blocks. Each requested digest is answered,
         in request order, by one or more chunks (each under the message size limit);
-        the last chunk of a block has last = true. NOT_FOUND for an unknown digest,
-        INVALID_ARGUMENT for a malformed digest.
+        the last chunk of a block has last = true. A client that sets pack_bytes may get
+        several whole small blocks in one message (BlockChunk.more). NOT_FOUND for an
+        unknown digest, INVALID_ARGUMENT for a malformed digest.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

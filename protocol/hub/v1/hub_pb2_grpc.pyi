@@ -54,12 +54,15 @@ class HubStub:
     NOT_FOUND for an unknown dataset or ref, INVALID_ARGUMENT for a malformed name.
     """
     GetManifest: _grpc.UnaryStreamMultiCallable[_hub_pb2.GetManifestRequest, _hub_pb2.ManifestEntry]
-    """Streams a snapshot's manifest entries in path order."""
+    """Streams a snapshot's manifest entries in path order (in pages when the request's
+    page_entries asks).
+    """
     ReadBlocks: _grpc.StreamStreamMultiCallable[_hub_pb2.ReadBlocksRequest, _hub_pb2.BlockChunk]
     """Streams the bytes of the requested blocks. Each requested digest is answered,
     in request order, by one or more chunks (each under the message size limit);
-    the last chunk of a block has last = true. NOT_FOUND for an unknown digest,
-    INVALID_ARGUMENT for a malformed digest.
+    the last chunk of a block has last = true. A client that sets pack_bytes may get
+    several whole small blocks in one message (BlockChunk.more). NOT_FOUND for an
+    unknown digest, INVALID_ARGUMENT for a malformed digest.
     """
     ListDirectory: _grpc.UnaryUnaryMultiCallable[_hub_pb2.ListDirectoryRequest, _hub_pb2.ListDirectoryResponse]
     """Lists one directory of a snapshot, a page at a time, in name order, without
@@ -85,12 +88,15 @@ class HubAsyncStub(HubStub):
     NOT_FOUND for an unknown dataset or ref, INVALID_ARGUMENT for a malformed name.
     """
     GetManifest: _aio.UnaryStreamMultiCallable[_hub_pb2.GetManifestRequest, _hub_pb2.ManifestEntry]  # type: ignore[assignment]
-    """Streams a snapshot's manifest entries in path order."""
+    """Streams a snapshot's manifest entries in path order (in pages when the request's
+    page_entries asks).
+    """
     ReadBlocks: _aio.StreamStreamMultiCallable[_hub_pb2.ReadBlocksRequest, _hub_pb2.BlockChunk]  # type: ignore[assignment]
     """Streams the bytes of the requested blocks. Each requested digest is answered,
     in request order, by one or more chunks (each under the message size limit);
-    the last chunk of a block has last = true. NOT_FOUND for an unknown digest,
-    INVALID_ARGUMENT for a malformed digest.
+    the last chunk of a block has last = true. A client that sets pack_bytes may get
+    several whole small blocks in one message (BlockChunk.more). NOT_FOUND for an
+    unknown digest, INVALID_ARGUMENT for a malformed digest.
     """
     ListDirectory: _aio.UnaryUnaryMultiCallable[_hub_pb2.ListDirectoryRequest, _hub_pb2.ListDirectoryResponse]  # type: ignore[assignment]
     """Lists one directory of a snapshot, a page at a time, in name order, without
@@ -137,7 +143,9 @@ class HubServicer(metaclass=_abc_1.ABCMeta):
         request: _hub_pb2.GetManifestRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_hub_pb2.ManifestEntry], _abc.AsyncIterator[_hub_pb2.ManifestEntry]]:
-        """Streams a snapshot's manifest entries in path order."""
+        """Streams a snapshot's manifest entries in path order (in pages when the request's
+        page_entries asks).
+        """
 
     @_abc_1.abstractmethod
     def ReadBlocks(
@@ -147,8 +155,9 @@ class HubServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_hub_pb2.BlockChunk], _abc.AsyncIterator[_hub_pb2.BlockChunk]]:
         """Streams the bytes of the requested blocks. Each requested digest is answered,
         in request order, by one or more chunks (each under the message size limit);
-        the last chunk of a block has last = true. NOT_FOUND for an unknown digest,
-        INVALID_ARGUMENT for a malformed digest.
+        the last chunk of a block has last = true. A client that sets pack_bytes may get
+        several whole small blocks in one message (BlockChunk.more). NOT_FOUND for an
+        unknown digest, INVALID_ARGUMENT for a malformed digest.
         """
 
     @_abc_1.abstractmethod
