@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 import trio
 
 from fusemount import boundary
+from fusemount.hits import PROMPT_INTERVAL
 from fusemount.operations import StrataOperations
 from fusemount.reader import BlockReader
 from spoke.layout import CacheLayout, block_digest
@@ -150,3 +153,31 @@ def test_hits_are_reported_at_once_while_the_daemon_asks_for_it(ops: StrataOpera
             nursery.cancel_scope.cancel()
 
     trio.run(go)
+
+
+def test_prompt_reports_go_out_at_most_once_per_interval(ops: StrataOperations) -> None:
+    daemon = ops.client
+    assert isinstance(daemon, FakeDaemon)
+    reports: list[tuple[float, list[str]]] = []
+
+    async def go() -> None:
+        daemon.record_access = lambda digests: reports.append(  # type: ignore[method-assign]
+            (time.monotonic(), list(digests))
+        )
+        attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
+        fi = await ops.open(attr.st_ino, os.O_RDONLY, CTX)
+        await ops.read(fi.fh, 0, 3000)  # the blocks are cached now
+        daemon.prompt = True
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ops.reader.flush_hits_forever, 10.0)
+            for _ in range(200):  # a burst of hits, as a trainer's FUSE reads make
+                await ops.read(fi.fh, 0, 10)
+                await trio.sleep(0.0005)
+            await trio.sleep(3 * PROMPT_INTERVAL)
+            nursery.cancel_scope.cancel()
+
+    trio.run(go)
+    assert sum(len(digests) for _, digests in reports) == 200  # every hit reported
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(reports)]
+    assert len(reports) >= 2
+    assert min(gaps) >= PROMPT_INTERVAL * 0.9  # not one call per hit
