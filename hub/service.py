@@ -53,6 +53,7 @@ from hub.wire import (
     encode_page_token,
     entry_message,
     event_message,
+    pack_into_first,
     pack_repeated,
     snapshot_message,
     status_code,
@@ -294,7 +295,8 @@ class HubService(hub_pb2_grpc.HubServicer):
             )
             messages = [entry_message(entry).SerializeToString() for entry in entries]
             if packed:
-                return len(messages), pack_repeated(messages, 8, request.page_entries)
+                more = hub_pb2.ManifestEntry.MORE_FIELD_NUMBER
+                return len(messages), pack_repeated(messages, more, request.page_entries)
             return len(messages), messages
 
         start = 0
@@ -409,7 +411,7 @@ class HubService(hub_pb2_grpc.HubServicer):
 
         A run of whole one-chunk blocks totalling at most ``pack_bytes`` data bytes
         (at most :data:`PACK_MOST_BLOCKS`) becomes one message: the first block's
-        ``BlockChunk`` with the others in its ``more`` (:func:`pack_repeated`).
+        ``BlockChunk`` with the others in its ``more`` (:func:`pack_into_first`).
 
         Returns:
             The messages to send in order, the index after the run, and its bytes.
@@ -427,7 +429,7 @@ class HubService(hub_pb2_grpc.HubServicer):
             messages.append(more[0])
             total += next_size
             end += 1
-        return pack_repeated(messages, 6, PACK_MOST_BLOCKS, 2 * pack_bytes), end, total
+        return [pack_into_first(messages, hub_pb2.BlockChunk.MORE_FIELD_NUMBER)], end, total
 
     async def _block_messages(
         self, digests: Sequence[str], readable: Callable[[str], bool] | None, pack_bytes: int

@@ -135,18 +135,34 @@ def encode_block_chunk(
     return b"".join((head, data))
 
 
+def pack_into_first(messages: Sequence[bytes], field: int) -> bytes:
+    """One serialized message: the first of ``messages`` carrying the others as its
+    repeated, length-delimited, self-typed field ``field`` (``BlockChunk.more``,
+    ``ManifestEntry.more``).
+
+    The protobuf wire format (https://protobuf.dev/programming-guides/encoding/) appends
+    a repeated field's elements as tag, length and bytes, in any order with the other
+    fields, so packing is concatenation: no message is decoded or re-encoded.
+
+    Args:
+        messages: Serialized messages of one type, in order (at least one); none may
+            already use ``field``.
+        field: The field number of the repeated self-typed field.
+    """
+    tag = encode_varint(field << 3 | 2)
+    parts = [messages[0]]
+    for message in messages[1:]:
+        parts += (tag, encode_varint(len(message)), message)
+    return b"".join(parts)
+
+
 def pack_repeated(
     messages: Sequence[bytes], field: int, most: int, most_bytes: int = CHUNK_BYTES
 ) -> list[bytes]:
-    """Packs serialized messages of one type into fewer messages of that type.
-
-    Each group's first message carries the others as its repeated, length-delimited
-    field ``field`` (``BlockChunk.more``, ``ManifestEntry.more``): the protobuf wire
-    format (https://protobuf.dev/programming-guides/encoding/) appends a repeated
-    field's elements as tag, length and bytes in any order, so packing is concatenation.
+    """Packs serialized messages into groups, each one message (:func:`pack_into_first`).
 
     Args:
-        messages: Serialized messages, in order; none may already use ``field``.
+        messages: Serialized messages of one type, in order.
         field: The field number of the repeated self-typed field.
         most: Most messages per group (at least 1).
         most_bytes: A group is closed before it would exceed this many bytes (a single
@@ -155,22 +171,15 @@ def pack_repeated(
     Returns:
         The packed messages, in order (one per group).
     """
-    tag = encode_varint(field << 3 | 2)
-    out: list[bytes] = []
-    parts: list[bytes] = []
-    count = size = 0
+    groups: list[list[bytes]] = []
+    size = 0
     for message in messages:
-        if parts and (count >= most or size + len(message) > most_bytes):
-            out.append(b"".join(parts))
-            parts, count, size = [], 0, 0
-        if parts:
-            parts += (tag, encode_varint(len(message)))
-        parts.append(message)
-        count += 1
+        if not groups or len(groups[-1]) >= most or size + len(message) > most_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(message)
         size += len(message)
-    if parts:
-        out.append(b"".join(parts))
-    return out
+    return [pack_into_first(group, field) for group in groups]
 
 
 def encode_varint(value: int) -> bytes:

@@ -248,7 +248,7 @@ class HubClient:
         current: str | None = None
         try:
             async for message in call:
-                for chunk in (message, *message.more) if message.more else (message,):
+                for chunk in (message, *message.more):
                     if current is None:
                         current = next(expected, "")
                         buf = bytearray()

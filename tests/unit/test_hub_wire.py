@@ -51,7 +51,7 @@ def test_pack_repeated_round_trips_within_its_limits(
         for i, size in enumerate(sizes)
     ]
     serialized = [entry.SerializeToString() for entry in entries]
-    packed = pack_repeated(serialized, 8, most, most_bytes)
+    packed = pack_repeated(serialized, hub_pb2.ManifestEntry.MORE_FIELD_NUMBER, most, most_bytes)
     messages = [hub_pb2.ManifestEntry.FromString(raw) for raw in packed]
     flat = [e for m in messages for e in (m, *m.more)]
     assert [e.path for e in flat] == [e.path for e in entries]
