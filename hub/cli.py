@@ -4,6 +4,7 @@
 strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--port-file PATH]
                    [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE [--insecure]]
                    [--max-message-bytes N] [--grace SECONDS] [--blobs DIR|s3://B/P]
+                   [--grant-key PEM] [--grant-lifetime SECONDS]
 strata-hub publish --data-dir DIR DATASET SRC_DIR [--tag latest] [--block-size BYTES]
                    [--version vN] [--blobs DIR|s3://B/P] [--signing-key PEM]
 strata-hub keygen  PRIVATE PUBLIC
@@ -46,6 +47,7 @@ from hub.catalog import Catalog
 from hub.datadir import DataDir
 from hub.errors import CorruptBlob, CorruptCatalog, HubError, StorageError
 from hub.gc import STALE_AFTER_SECONDS, collect
+from hub.grants import DEFAULT_LIFETIME_S
 from hub.manifest import EntryType
 from hub.metrics import HubMetrics, MetricsEndpoint
 from hub.publish import publish as publish_tree
@@ -204,6 +206,22 @@ def serve(
     ] = GRACE_SECONDS,
     blobs: BlobsOption = None,
     s3_endpoint: S3EndpointOption = None,
+    grant_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--grant-key",
+            help="Ed25519 key (PEM, strata-hub keygen) that signs the spokes' read grants "
+            "for the regional mesh (default: DATA_DIR/grant.key, made at first start).",
+        ),
+    ] = None,
+    grant_lifetime: Annotated[
+        float,
+        typer.Option(
+            "--grant-lifetime",
+            help="Seconds a read grant is valid (1 to 300): how long a narrowed or revoked "
+            "token may still be used at the spokes' peers.",
+        ),
+    ] = DEFAULT_LIFETIME_S,
 ) -> None:
     """Serve the data directory's datasets over gRPC until SIGINT or SIGTERM.
 
@@ -219,6 +237,8 @@ def serve(
         max_message_bytes=max_message_bytes,
         blobs=blobs,
         s3_endpoint=s3_endpoint,
+        grant_key=grant_key,
+        grant_lifetime_s=grant_lifetime,
     )
     asyncio.run(_serve(data_dir, listen, metrics, port_file, config, grace))
 

@@ -38,6 +38,7 @@ from hub.blocks import MiB
 from hub.catalog import Catalog
 from hub.datadir import DataDir
 from hub.errors import ConfigError, ListenError
+from hub.grants import DEFAULT_LIFETIME_S, GrantIssuer, ensure_grant_key
 from hub.metrics import HubMetrics
 from hub.service import HubService
 from hub.watch import POLL_SECONDS, CatalogWatcher
@@ -78,6 +79,9 @@ class ServerConfig:
             one, else ``DATA_DIR/blobs``.
         s3_endpoint: The S3 endpoint URL for ``s3://`` blob stores.
         poll_s: How often the catalog is polled for changes by other processes, seconds.
+        grant_key: Ed25519 private key (PEM) that signs read grants (:mod:`hub.grants`);
+            None for ``DATA_DIR/grant.key``, generated at the first start.
+        grant_lifetime_s: How long a read grant is valid, seconds.
     """
 
     tls_cert: Path | None = None
@@ -90,6 +94,8 @@ class ServerConfig:
     blobs: str | None = None
     s3_endpoint: str | None = None
     poll_s: float = POLL_SECONDS
+    grant_key: Path | None = None
+    grant_lifetime_s: float = DEFAULT_LIFETIME_S
 
     def credentials(self) -> grpc.ServerCredentials | None:
         """The TLS credentials, or None for plaintext.
@@ -275,6 +281,9 @@ class HubServer:
                 "--insecure to allow it on a trusted network"
             )
         check_bindable(address)
+        grants = GrantIssuer.from_file(
+            config.grant_key or ensure_grant_key(layout.root), config.grant_lifetime_s
+        )
         metrics = metrics if metrics is not None else HubMetrics()
         audit = AuditLog(config.audit_log or layout.root / "audit.jsonl")
         catalog = Catalog(layout.catalog_path, create=True)
@@ -295,6 +304,7 @@ class HubServer:
                 tokens=tokens,
                 watcher=watcher,
                 audit=audit,
+                grants=grants,
             )
             hub_pb2_grpc.add_HubServicer_to_server(service, server)
             health_servicer = health.aio.HealthServicer()

@@ -35,12 +35,14 @@ from hub.blobstore import BlobStore
 from hub.catalog import Catalog, Snapshot, Tag
 from hub.errors import (
     BlockNotFound,
+    Conflict,
     CorruptBlob,
     HubError,
     LimitExceeded,
     SequenceOutOfRange,
     VersionRevoked,
 )
+from hub.grants import GrantIssuer
 from hub.manifest import validate_path
 from hub.metrics import HubMetrics
 from hub.names import validate_dataset, validate_digest
@@ -171,6 +173,7 @@ class HubService(hub_pb2_grpc.HubServicer):
         watcher: Wakes ``Watch`` streams on catalog changes; None makes ``Watch`` send
             the events kept and end.
         audit: Where refused calls (UNAUTHENTICATED, PERMISSION_DENIED) are recorded.
+        grants: Signs read grants (``IssueGrant``); None answers it FAILED_PRECONDITION.
     """
 
     def __init__(
@@ -183,6 +186,7 @@ class HubService(hub_pb2_grpc.HubServicer):
         tokens: TokenTable | TokenFile | None = None,
         watcher: CatalogWatcher | None = None,
         audit: AuditLog | None = None,
+        grants: GrantIssuer | None = None,
     ) -> None:
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -193,6 +197,7 @@ class HubService(hub_pb2_grpc.HubServicer):
         self._tokens = tokens
         self._watcher = watcher
         self._audit = audit
+        self._grants = grants
 
     def _count(self, method: str, code: grpc.StatusCode) -> None:
         self._metrics.requests.labels(method=method, code=code.name).inc()
@@ -457,6 +462,25 @@ class HubService(hub_pb2_grpc.HubServicer):
         finally:
             if not pending.done():
                 pending.cancel()
+
+    @_unary
+    async def IssueGrant(
+        self, request: hub_pb2.IssueGrantRequest, principal: Principal
+    ) -> hub_pb2.ReadGrant:
+        """A short-lived grant of the caller's scopes to the key it holds (hub.grants)."""
+        return self._issuer().issue(principal, request)
+
+    @_unary
+    async def GrantKeys(
+        self, request: hub_pb2.GrantKeysRequest, principal: Principal
+    ) -> hub_pb2.GrantKeysResponse:
+        """The public keys grants are signed with."""
+        return self._issuer().keys()
+
+    def _issuer(self) -> GrantIssuer:
+        if self._grants is None:
+            raise Conflict("this hub issues no read grants")
+        return self._grants
 
     @_streaming
     async def Watch(
