@@ -307,7 +307,8 @@ def keygen(
     ],
 ) -> None:
     """Write a new Ed25519 key pair for signed publishes (publish --signing-key PRIVATE;
-    spokes check with --publisher-key PUBLIC)."""
+    spokes check with --publisher-key PUBLIC) or read grants (serve --grant-key PRIVATE;
+    spokes may pin --peer-grant-key PUBLIC)."""
     keygen_pair(private, public)
     _say(f"wrote signing key {private} and public key {public}")
 
