@@ -105,7 +105,8 @@ def run_once(work: Path, hub_dir: Path, n: int, mesh: bool, size: int, link: Lin
     peers = ",".join(f"127.0.0.1:{p}" for p in ports)
     secured = region_flags(work / "region") if mesh else ()
     with LocalStack() as stack:
-        hub = stack.start_hub(hub_dir)
+        # plaintext on loopback: read grants for the mesh need --insecure then
+        hub = stack.start_hub(hub_dir, extra=("--insecure",) if mesh else ())
         with WanProxy(parse_hostport(hub), link) as wan:
             admins = []
             for i, port in enumerate(ports):

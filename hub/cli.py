@@ -194,7 +194,10 @@ def serve(
     ] = None,
     insecure: Annotated[
         bool,
-        typer.Option("--insecure", help="Allow --tokens without TLS (tokens travel in cleartext)."),
+        typer.Option(
+            "--insecure",
+            help="Allow --tokens and read grants without TLS (they travel in cleartext).",
+        ),
     ] = False,
     max_message_bytes: Annotated[
         int,

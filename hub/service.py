@@ -173,7 +173,8 @@ class HubService(hub_pb2_grpc.HubServicer):
         watcher: Wakes ``Watch`` streams on catalog changes; None makes ``Watch`` send
             the events kept and end.
         audit: Where refused calls (UNAUTHENTICATED, PERMISSION_DENIED) are recorded.
-        grants: Signs read grants (``IssueGrant``); None answers it FAILED_PRECONDITION.
+        grants: Signs read grants (``IssueGrant``); None (a hub without TLS nor
+            ``--insecure``) answers it FAILED_PRECONDITION.
     """
 
     def __init__(
@@ -479,7 +480,10 @@ class HubService(hub_pb2_grpc.HubServicer):
 
     def _issuer(self) -> GrantIssuer:
         if self._grants is None:
-            raise Conflict("this hub issues no read grants")
+            raise Conflict(
+                "this hub issues read grants only over TLS: serve with --tls-cert and "
+                "--tls-key (or --insecure on a trusted network)"
+            )
         return self._grants
 
     @_streaming

@@ -8,7 +8,8 @@ SnapshotCatalog`, the one writer of the index; ``DESIGN.md`` "One writer"):
   (u32)``. Written in the transaction that stores the manifest (or, for a manifest stored
   before this index existed, when the catalog next loads it), never rewritten: manifests
   are immutable and stay stored. The index is on disk (memory-mapped), so a dataset of
-  millions of blocks costs no resident memory here.
+  millions of blocks costs no resident memory here; writing it adds about 30 ms to storing
+  a 16,384-block manifest (57 → 85 ms, once per manifest).
 - **names** (database ``catalog``, keys ``scope/<snapshot id>/<dataset>\\0<version>``): the
   live versions each stored snapshot id was loaded as. Added whenever the catalog hands out
   a manifest for a version; removed when the hub revokes that version. Small (one per

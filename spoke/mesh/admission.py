@@ -51,6 +51,9 @@ MAX_HINTS = 8
 HINT_RETRY_S = 30.0
 """How long a named snapshot that could not be loaded is not tried again, seconds."""
 
+MAX_NAME_CHARS = 128
+"""Longest dataset or version name in a hint that is looked at."""
+
 LOG_EVERY_S = 10.0
 """Least time between two log lines for refusals of one reason, seconds."""
 
@@ -101,6 +104,8 @@ class ScopeCheck:
             key = (hint.dataset, hint.version, hint.snapshot_id)
             if (
                 not is_digest(hint.snapshot_id)
+                or not _name(hint.dataset)
+                or not _name(hint.version)
                 or not covers(scopes, hint.dataset)
                 or (hint.dataset, hint.version) in self.catalog.scope.names(hint.snapshot_id)
                 or key in self._failed
@@ -149,6 +154,12 @@ class ScopeCheck:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _name(text: str) -> bool:
+    """Whether a dataset or version name from a peer is worth asking the hub about (the
+    hub checks it properly; this keeps junk out of hub calls and log lines)."""
+    return 0 < len(text) <= MAX_NAME_CHARS and text.isascii() and text.isprintable()
 
 
 class CallerLimits:

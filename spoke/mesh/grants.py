@@ -30,7 +30,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    wait_exponential_jitter,
+)
 
 from protocol.grants import GRANT_METADATA, NONCE_BYTES, PROOF_METADATA, key_id, proof_message
 from protocol.hub.v1 import hub_pb2
@@ -223,14 +228,18 @@ class GrantKeeper:
                 with attempt:
                     await self.fetch()
 
-    def _failed(self, state: object) -> None:
-        outcome = getattr(state, "outcome", None)
-        err = outcome.exception() if outcome is not None else None
+    def _failed(self, state: RetryCallState) -> None:
+        err = state.outcome.exception() if state.outcome is not None else None
         why = err.details() if isinstance(err, grpc.aio.AioRpcError) else str(err)
         metrics.GRANT_REFRESHES.labels("failed").inc()
         if why != self.problem:
             level = logging.WARNING if self.valid else logging.ERROR
-            log.log(level, "no read grant from the hub: %s (peers are asked with none)", why)
+            log.log(
+                level,
+                "no read grant from the hub: %s (blocks come from the hub only until one is "
+                "granted)",
+                why,
+            )
         self.problem = why
 
     def metadata(self, target: str, method: str) -> tuple[tuple[str, bytes], ...]:

@@ -28,7 +28,9 @@ def test_two_mounts_on_two_spokes_one_hub_fetch_per_block(tmp_path: Path) -> Non
     assert publish(tmp_path / "hub", "ds", src, "--block-size", str(BLOCK)) == "v1"
     with LocalStack() as stack:
         metrics_port = free_port()
-        hub = stack.start_hub(tmp_path / "hub", metrics=f"127.0.0.1:{metrics_port}")
+        hub = stack.start_hub(  # plaintext: read grants need --insecure
+            tmp_path / "hub", metrics=f"127.0.0.1:{metrics_port}", extra=("--insecure",)
+        )
         ports = [free_port(), free_port()]
         peers = ",".join(f"127.0.0.1:{p}" for p in ports)
         secured = region_flags(tmp_path / "region")  # mTLS and a region token

@@ -91,12 +91,14 @@ class Region:
     spokes: list[Spoke] = field(default_factory=list)
 
     def start_hub(self, *extra: str) -> None:
-        """Serve ``ROOT/hub`` (with ``extra`` serve flags) behind the link; make the
-        region's peer credentials."""
+        """Serve ``ROOT/hub`` (with ``extra`` serve flags; none: plaintext, which needs
+        ``--insecure`` for read grants) behind the link; make the region's peer credentials."""
         self.metrics_port = free_port()
         self.peer_flags = region_flags(self.root / "region")
         hub = self.stack.start_hub(
-            self.root / "hub", metrics=f"127.0.0.1:{self.metrics_port}", extra=extra
+            self.root / "hub",
+            metrics=f"127.0.0.1:{self.metrics_port}",
+            extra=extra or ("--insecure",),
         )
         host, _, port = hub.rpartition(":")
         self.wan = WanProxy((host, int(port)), self.link)

@@ -1,6 +1,7 @@
 """The hub's read grants on 127.0.0.1: IssueGrant states the caller's token scopes, signed
-with the key GrantKeys names; it authenticates like every call; the key is made once in
-the data directory (owner-only) or taken from --grant-key."""
+with the key GrantKeys names; it authenticates like every call and, like tokens, needs TLS
+or --insecure; the key is made once in the data directory (owner-only) or taken from
+--grant-key."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from deploy.pki import LocalCa
 from hub.errors import ConfigError
 from hub.grants import KEY_FILE
 from hub.publish import publish
@@ -92,10 +94,39 @@ def test_a_grant_states_the_tokens_scopes_signed_by_the_published_key(
     assert "holder_key" in (bad_key.value.details() or "")
 
 
+def test_a_plaintext_hub_issues_grants_only_with_insecure(data: Path) -> None:
+    with ServerThread(data) as server:
+        for stub in _stub(server.port):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.IssueGrant(
+                    hub_pb2.IssueGrantRequest(holder_key=_holder(), node="x:1"),
+                    timeout=RPC_TIMEOUT,
+                )
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "only over TLS" in (refused.value.details() or "")
+    assert not (data / KEY_FILE).exists()  # no key made for grants it cannot issue
+
+
+def test_a_tls_hub_issues_grants(data: Path, tmp_path: Path) -> None:
+    (tmp_path / "pki").mkdir()
+    ca = LocalCa(tmp_path / "pki", "hub-ca")
+    leaf = ca.issue("hub")
+    config = ServerConfig(tls_cert=leaf.cert, tls_key=leaf.key)
+    credentials = grpc.ssl_channel_credentials(ca.cert.read_bytes())
+    with (
+        ServerThread(data, config=config) as server,
+        grpc.secure_channel(f"127.0.0.1:{server.port}", credentials) as channel,
+    ):
+        grant = hub_pb2_grpc.HubStub(channel).IssueGrant(
+            hub_pb2.IssueGrantRequest(holder_key=_holder(), node="x:1"), timeout=RPC_TIMEOUT
+        )
+    assert grant.key_id and len(grant.signature) == 64
+
+
 def test_the_generated_key_is_owner_only_and_kept_across_restarts(data: Path) -> None:
     ids = []
     for _ in range(2):
-        with ServerThread(data) as server:
+        with ServerThread(data, config=ServerConfig(insecure=True)) as server:
             for stub in _stub(server.port):
                 reply = stub.GrantKeys(hub_pb2.GrantKeysRequest(), timeout=RPC_TIMEOUT)
                 ids.append(reply.keys[0].key_id)
@@ -105,7 +136,7 @@ def test_the_generated_key_is_owner_only_and_kept_across_restarts(data: Path) ->
 
 def test_a_given_grant_key_is_used_and_a_readable_one_refused(data: Path, tmp_path: Path) -> None:
     keygen(tmp_path / "grant.key", tmp_path / "grant.pub")
-    config = ServerConfig(grant_key=tmp_path / "grant.key")
+    config = ServerConfig(grant_key=tmp_path / "grant.key", insecure=True)
     with ServerThread(data, config=config) as server:
         for stub in _stub(server.port):
             grant = stub.IssueGrant(
