@@ -224,3 +224,22 @@ def test_commands_find_the_generated_admin_token(daemon: Daemon) -> None:
         assert done.stderr.strip() == (
             "strata-spoke: error: admin API /v1/cache: 401 missing or wrong bearer token"
         )
+
+
+def test_a_daemon_refuses_a_private_socket_dir_that_is_a_link(tmp_path: Path) -> None:
+    """Someone who could write the cache dir left ``.grpc`` as a link to a directory others
+    may enter: the daemon says so in one line and serves nothing."""
+    layout = CacheLayout(tmp_path / "cache")
+    layout.root.mkdir(mode=0o700)
+    (tmp_path / "open").mkdir(mode=0o777)
+    layout.private_dir.symlink_to(tmp_path / "open")
+    cmd = [sys.executable, "-m", "spoke", "daemon", "--hub", "127.0.0.1:1"]
+    cmd += ["--cache-dir", str(layout.root), "--cache-size", "64MiB", "--admin", "127.0.0.1:0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"strata-spoke: error: daemon: {layout.private_dir} is a symlink: remove it; "
+        "the daemon makes it as a private directory"
+    )
+    assert list((tmp_path / "open").iterdir()) == []  # no socket was bound there
+    assert not layout.socket_path.exists()
