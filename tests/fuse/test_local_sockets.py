@@ -24,11 +24,9 @@ from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import spoke_pb2_grpc
 from spoke.layout import CacheLayout
 from tests.integration.hub_support import write_tree
-from tests.support import requires_fuse
+from tests.support import other_user, requires_fuse
 
 pytestmark = [pytest.mark.fuse, requires_fuse, pytest.mark.timeout(180)]
-
-OTHER_USER = "strata-test-other"
 
 PROBE = r"""
 import socket, sys
@@ -46,18 +44,6 @@ for path in sys.argv[1:]:
     except OSError:
         print("closed", end=" ")
 """
-
-
-def _other_user() -> pwd.struct_passwd:
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs root and useradd to create a second local user")
-    try:
-        return pwd.getpwnam(OTHER_USER)
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER], check=True
-        )
-        return pwd.getpwnam(OTHER_USER)
 
 
 def _probe_as(user: pwd.struct_passwd, *paths: Path) -> list[str]:
@@ -105,7 +91,7 @@ def base() -> Iterator[Path]:
 def test_another_user_is_refused_on_both_sockets_while_the_mount_and_root_work(
     base: Path,
 ) -> None:
-    other = _other_user()
+    other = other_user()
     tmp_path = base
     data = tmp_path / "data"
     publish(data, "ds", write_tree(tmp_path / "src", {"a.bin": b"first", "b.bin": b"second"}))
