@@ -16,6 +16,9 @@ strata-hub ls      --data-dir DIR [DATASET [REF [PATH]]] [--all]
 strata-hub token   create|list|revoke|migrate --tokens FILE ...   (see hub/tokencli.py)
 ```
 
+Every command runs under umask 077 and keeps the data directory owner-only
+(:mod:`hub.datadir`).
+
 Output contract: ``serve`` prints exactly one line, ``strata-hub: serving DIR on HOST:PORT``
 (the bound port), to stdout once it accepts calls, and exits 0 on SIGINT or SIGTERM after
 a grace period. ``publish`` prints the new version (e.g. ``v3``) on stdout and a summary
@@ -48,6 +51,7 @@ from hub.errors import CorruptBlob, CorruptCatalog, HubError, StorageError
 from hub.gc import STALE_AFTER_SECONDS, collect
 from hub.manifest import EntryType
 from hub.metrics import HubMetrics, MetricsEndpoint
+from hub.modes import PRIVATE_UMASK
 from hub.publish import publish as publish_tree
 from hub.server import GRACE_SECONDS, MAX_MESSAGE_BYTES, HubServer, ServerConfig
 from hub.signing import keygen as keygen_pair
@@ -531,10 +535,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr, level=logging.WARNING, format=f"{PROG}: %(levelname)s: %(message)s"
     )
     args = list(argv) if argv is not None else sys.argv[1:]
-    code, outcome = _run(args)
-    audit = _audit_target(args)
-    if audit is not None:
-        audit.record(who=operator(), what=" ".join([PROG, *args]), outcome=outcome)
+    previous = os.umask(PRIVATE_UMASK)  # whatever the caller's umask: hub files are private
+    try:
+        code, outcome = _run(args)
+        audit = _audit_target(args)
+        if audit is not None:
+            audit.record(who=operator(), what=" ".join([PROG, *args]), outcome=outcome)
+    finally:
+        os.umask(previous)
     return code
 
 

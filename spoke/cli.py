@@ -382,13 +382,14 @@ def daemon(**options: Any) -> None:
     settings = _configure("strata-spoke-daemon", _with_mesh(options))
     from spoke.daemon import run_daemon  # grpc.aio and uvicorn only in this process
     from spoke.encryption import EncryptionError
+    from spoke.hardening import UnsafeDirectory
     from spoke.lock import CacheInUse
 
     try:
         asyncio.run(run_daemon(settings))
     except CacheInUse as err:
         _fail(f"daemon: {err.strerror}")
-    except EncryptionError as err:
+    except (EncryptionError, UnsafeDirectory) as err:
         _fail(f"daemon: {err}")
     except OSError as err:
         _fail(f"daemon: {err.strerror or err} ({settings.admin})")

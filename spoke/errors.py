@@ -36,6 +36,12 @@ class UnsignedSnapshot(CorruptManifest):
     (handled everywhere as a corrupt manifest: EIO in the mount, 502 from the admin API)."""
 
 
+class SnapshotMismatch(CorruptManifest):
+    """The hub answered a name with another snapshot: another dataset's, or another version
+    than the one asked for (handled as a corrupt manifest: EIO in the mount, 502 from the
+    admin API)."""
+
+
 class MissDeadline(HubUnavailable):
     """A miss gave up: the hub did not deliver before ``--miss-deadline`` (a read then fails
     with EIO at once: the mount does not retry it, unlike a daemon it cannot reach)."""
