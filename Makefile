@@ -15,7 +15,9 @@ TORCH  := torch==2.13.0
 # index), everything else from the dev lock
 LOCK       := requirements-dev.lock
 TORCH_LOCK := requirements-torch.lock
-TORCH_WHEELS ?= $(if $(wildcard /opt/wheels/torch-*.whl),/opt/wheels,https://download.pytorch.org/whl/cpu/torch)
+# TORCH_WHEELS: a wheel directory (this machine's /opt/wheels) or the URL of PyTorch's CPU
+# package index, either holding the wheel whose hash requirements-torch.lock pins
+TORCH_WHEELS ?= /opt/wheels
 # FUSE passthrough: libfuse >= 3.17 and a patched pyfuse3, built under .build (native/)
 NATIVE   := .build
 LIBFUSE  := $(NATIVE)/libfuse/lib/pkgconfig/fuse3.pc
@@ -117,7 +119,9 @@ $(READY): $(STAMP) $(PT_WHEEL)
 $(STAMP): pyproject.toml $(LOCK) $(TORCH_LOCK) | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --require-hashes --no-deps --find-links $(TORCH_WHEELS) -r $(TORCH_LOCK)
+	$(BIN)/pip install -q --require-hashes --no-deps --find-links $(TORCH_WHEELS) -r $(TORCH_LOCK) \
+	  || { echo "torch's CPU build is not in TORCH_WHEELS=$(TORCH_WHEELS): set it to a wheel" \
+	       "directory or PyTorch's CPU package index" >&2; exit 1; }
 	$(BIN)/pip install -q --require-hashes --no-deps -r $(LOCK)
 	$(BIN)/pip install -q --no-deps -e .
 	$(BIN)/pip check
@@ -127,7 +131,7 @@ $(STAMP): pyproject.toml $(LOCK) $(TORCH_LOCK) | system-deps
 # requirements.lock, for the runtime image; everything make installs: requirements-dev.lock
 # and requirements-torch.lock, also the trainer image's). Needs network access; uv runs
 # from a throwaway venv. torch is resolved as its CPU build from TORCH_WHEELS (a local
-# wheel directory, or TORCH_WHEELS=https://download.pytorch.org/whl/cpu/torch) and left
+# wheel directory, or the URL of PyTorch's CPU package index) and left
 # out of the uv locks: its dependencies are in the dev lock, and its hash is refreshed by
 # fetching that one wheel (CPython 3.11, x86_64, as the locks are) and hashing it
 # (sha256sum), so a new TORCH or a rebuilt wheel changes requirements-torch.lock.

@@ -37,15 +37,14 @@ REPO = Path(__file__).resolve().parent.parent
 CONTAINERFILE = REPO / "deploy" / "Containerfile"
 BASE = "localhost/strata-base:bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "fuse3", "ca-certificates")
-MIRROR = "http://deb.debian.org/debian"
 LOCKS = {
     "runtime": ("requirements.lock",),
     "trainer": ("requirements-torch.lock", "requirements-dev.lock"),
 }
 """The hashed locks each target's wheels come from (``make lock`` writes them). torch is
 the CPU build pinned in ``requirements-torch.lock``; where its wheel comes from is pip's
-own configuration (a find-links directory) or ``$STRATA_TORCH_INDEX`` (e.g.
-https://download.pytorch.org/whl/cpu), checked against the lock's hash either way."""
+own configuration (a find-links directory) or ``$STRATA_TORCH_INDEX`` (for example
+PyTorch's CPU package index), checked against the lock's hash either way."""
 VERSION = "0.1.0"
 
 
@@ -93,14 +92,38 @@ def ensure_base(context: Path, image: str = BASE) -> None:
             "--dpkgopt=path-exclude=/usr/share/locale/*",
             "bookworm",
             str(tarball),
-            f"deb {MIRROR} bookworm main",
-            f"deb {MIRROR}-security bookworm-security main",
+            *(f"deb {uri} {suite} main" for suite, uri in debian_archives().items()),
         ]
     )
     try:
         _run(["podman", "import", "--change", 'CMD ["/bin/bash"]', str(tarball), image])
     finally:
         tarball.unlink(missing_ok=True)
+
+
+def debian_archives() -> dict[str, str]:
+    """The archive URI of each suite the base image installs from (bookworm and
+    bookworm-security), as this machine's apt sources name them (``apt-get
+    indextargets``), so the image comes from the archives the host already trusts.
+
+    Raises:
+        ImageError: apt's sources name no archive for one of the suites.
+    """
+    out = subprocess.run(
+        ["apt-get", "indextargets", "--format", "$(RELEASE) $(REPO_URI)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        suite, _, uri = line.partition(" ")
+        found.setdefault(suite, uri.rstrip("/"))
+    wanted = ("bookworm", "bookworm-security")
+    missing = [suite for suite in wanted if suite not in found]
+    if missing:
+        raise ImageError(f"apt's sources name no archive for {', '.join(missing)}")
+    return {suite: found[suite] for suite in wanted}
 
 
 def build_wheels(context: Path, trainer: bool) -> Path:
