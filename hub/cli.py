@@ -6,6 +6,7 @@ strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--po
                    [--max-message-bytes N] [--grace SECONDS] [--blobs DIR|s3://B/P]
 strata-hub publish --data-dir DIR DATASET SRC_DIR [--tag latest] [--block-size BYTES]
                    [--version vN] [--blobs DIR|s3://B/P] [--signing-key PEM]
+                   [--allow-external-symlinks]
 strata-hub keygen  PRIVATE PUBLIC
 strata-hub tag     --data-dir DIR DATASET VERSION TAG
 strata-hub untag   --data-dir DIR DATASET TAG
@@ -253,10 +254,21 @@ def publish(
             help="Sign the new version with this Ed25519 key (strata-hub keygen).",
         ),
     ] = None,
+    allow_external_symlinks: Annotated[
+        bool,
+        typer.Option(
+            "--allow-external-symlinks",
+            help="Publish symlinks whose target leaves SRC_DIR (absolute, or '..' above "
+            "it); refused by default.",
+        ),
+    ] = False,
 ) -> None:
     """Publish SRC_DIR as the next version of DATASET; prints the new version.
 
-    Only blocks not stored yet are written; the summary on stderr says how many.
+    Only blocks not stored yet are written; the summary on stderr says how many. The
+    tree is read through directory descriptors, never re-resolving a path: a directory
+    replaced (e.g. by a symlink) while publishing stops the publish and nothing is
+    stored under the new version.
     """
     result = publish_tree(
         data_dir,
@@ -268,6 +280,7 @@ def publish(
         blobs=blobs,
         s3_endpoint=s3_endpoint,
         signing_key=signing_key,
+        allow_external_symlinks=allow_external_symlinks,
     )
     print(result.version, flush=True)
     _say(
