@@ -166,6 +166,11 @@ def server_options(max_message_bytes: int) -> tuple[tuple[str, int], ...]:
         ),
         # Without this a second server could bind the same port and steal half the calls.
         ("grpc.so_reuseport", 0),
+        # Requests are small (digests, names), so the window a client may send into stays
+        # at HTTP/2's 64 KiB instead of growing with bandwidth-delay probes: a call refused
+        # before its request is read then leaves at most that much buffered in gRPC core
+        # (with probes, 32 refused 8 MiB calls at once could leave 400 MiB).
+        ("grpc.http2.bdp_probe", 0),
         # Spokes ping every 10 s, idle Watch streams included, to find dead links (their
         # HubClient): allow it rather than answer with GOAWAY "too_many_pings".
         ("grpc.keepalive_permit_without_calls", 1),
