@@ -99,11 +99,6 @@ class HintPlan:
         i = bisect_left(self.keys, digest)
         return i if i < len(self.keys) and self.keys[i] == digest else -1
 
-    def positions_from(self, code: int, first: int) -> tuple[int, int]:
-        """The range of ``order`` holding ``code``'s positions at or after ``first``."""
-        hi = self.starts[code + 1]
-        return bisect_left(self.order, first, self.starts[code], hi), hi
-
     def memory_bytes(self) -> int:
         """About how many bytes the plan holds (arrays plus the digest strings)."""
         arrays = (self.codes, self.order, self.starts, self.sizes)
@@ -321,8 +316,7 @@ class HintStream:
 
     def next_use(self, digest: str) -> int:
         """Position of ``digest``'s next unread planned read, or :data:`NEVER`."""
-        # the hot path of every read and every eviction choice: HintPlan.code and
-        # positions_from, inlined
+        # the hot path of every read and every eviction choice: HintPlan.code inlined
         base, ahead = self._base, self._ahead
         first = self.cursor + base
         for start, plan in zip(self._starts, self._plans, strict=True):

@@ -85,44 +85,27 @@ def _exact_path(path: str) -> str:
     return path
 
 
-def planned_blocks(
-    entries: Iterable[hub_pb2.ManifestEntry], paths: Sequence[str], what: str
-) -> list[tuple[str, int]]:
-    """The blocks of the files ``paths`` names, in that order (``(digest, size)``; a file
-    read twice is listed twice).
-
-    Args:
-        entries: the snapshot's manifest.
-        paths: exact file paths, relative to the snapshot root.
-        what: the snapshot, for messages (e.g. ``ds@v1``).
-
-    Raises:
-        InvalidRequest: a path is absolute, has an empty, ``.`` or ``..`` component or a
-            NUL, or is not a regular file of the snapshot.
-    """
-    files = {e.path: e for e in entries if e.type == hub_pb2.ENTRY_TYPE_FILE}
-    blocks: list[tuple[str, int]] = []
-    for path in paths:
-        entry = files.get(_exact_path(path))
-        if entry is None:
-            raise InvalidRequest(f"{path!r} is not a file of {what}")
-        blocks.extend((b.digest, b.size) for b in entry.blocks)
-    return blocks
-
-
 def hint_plan(
     entries: Iterable[hub_pb2.ManifestEntry],
     paths: Sequence[str],
     what: str,
     builder: PlanBuilder,
 ) -> HintPlan:
-    """:func:`planned_blocks` as a compact :class:`~spoke.hintstream.HintPlan`, built
-    within ``builder``'s limits; each distinct path is looked up once (a job re-reading
-    files repeats them), and nothing per position is a Python object. Meant for a worker
-    thread: it touches nothing shared.
+    """The blocks of the files ``paths`` names, in that order (a file read twice is
+    planned twice), as a compact :class:`~spoke.hintstream.HintPlan` built within
+    ``builder``'s limits; each distinct path is looked up once (a job re-reading files
+    repeats them), and nothing per position is a Python object. Meant for a worker thread:
+    it touches nothing shared.
+
+    Args:
+        entries: the snapshot's manifest.
+        paths: exact file paths, relative to the snapshot root.
+        what: the snapshot, for messages (e.g. ``ds@v1``).
+        builder: collects the plan (and enforces its limits).
 
     Raises:
-        InvalidRequest: as :func:`planned_blocks`.
+        InvalidRequest: a path is absolute, has an empty, ``.`` or ``..`` component or a
+            NUL, or is not a regular file of the snapshot.
         PlanLimit: the plan would pass one of ``builder``'s limits.
     """
     files = {e.path: e for e in entries if e.type == hub_pb2.ENTRY_TYPE_FILE}
