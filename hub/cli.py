@@ -4,8 +4,10 @@
 strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--port-file PATH]
                    [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE [--insecure]]
                    [--max-message-bytes N] [--grace SECONDS] [--blobs DIR|s3://B/P]
+                   [--audit-log FILE] [--audit-max-bytes N] [--audit-backups N]
 strata-hub publish --data-dir DIR DATASET SRC_DIR [--tag latest] [--block-size BYTES]
                    [--version vN] [--blobs DIR|s3://B/P] [--signing-key PEM]
+                   [--allow-external-symlinks]
 strata-hub keygen  PRIVATE PUBLIC
 strata-hub tag     --data-dir DIR DATASET VERSION TAG
 strata-hub untag   --data-dir DIR DATASET TAG
@@ -43,7 +45,7 @@ from typing import Annotated
 
 import typer
 
-from hub.audit import AuditLog, operator
+from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog, operator
 from hub.blocks import DEFAULT_BLOCK_SIZE
 from hub.catalog import Catalog
 from hub.datadir import DataDir
@@ -208,6 +210,21 @@ def serve(
     ] = GRACE_SECONDS,
     blobs: BlobsOption = None,
     s3_endpoint: S3EndpointOption = None,
+    audit_log: Annotated[
+        Path | None,
+        typer.Option(
+            "--audit-log",
+            help="JSON-lines audit file (default DATA_DIR/audit.jsonl, or "
+            "$STRATA_HUB_AUDIT_LOG); rotated files FILE.1 ... go beside it.",
+        ),
+    ] = None,
+    audit_max_bytes: Annotated[
+        int,
+        typer.Option("--audit-max-bytes", help="Rotate the audit file before it passes this."),
+    ] = DEFAULT_MAX_BYTES,
+    audit_backups: Annotated[
+        int, typer.Option("--audit-backups", help="Rotated audit files kept.")
+    ] = DEFAULT_BACKUPS,
 ) -> None:
     """Serve the data directory's datasets over gRPC until SIGINT or SIGTERM.
 
@@ -223,6 +240,9 @@ def serve(
         max_message_bytes=max_message_bytes,
         blobs=blobs,
         s3_endpoint=s3_endpoint,
+        audit_log=audit_log,
+        audit_max_bytes=audit_max_bytes,
+        audit_backups=audit_backups,
     )
     asyncio.run(_serve(data_dir, listen, metrics, port_file, config, grace))
 
@@ -257,10 +277,21 @@ def publish(
             help="Sign the new version with this Ed25519 key (strata-hub keygen).",
         ),
     ] = None,
+    allow_external_symlinks: Annotated[
+        bool,
+        typer.Option(
+            "--allow-external-symlinks",
+            help="Publish symlinks whose target leaves SRC_DIR (absolute, or '..' above "
+            "it); refused by default.",
+        ),
+    ] = False,
 ) -> None:
     """Publish SRC_DIR as the next version of DATASET; prints the new version.
 
-    Only blocks not stored yet are written; the summary on stderr says how many.
+    Only blocks not stored yet are written; the summary on stderr says how many. The
+    tree is read through directory descriptors, never re-resolving a path: a directory
+    replaced (e.g. by a symlink) while publishing stops the publish and nothing is
+    stored under the new version.
     """
     result = publish_tree(
         data_dir,
@@ -272,6 +303,7 @@ def publish(
         blobs=blobs,
         s3_endpoint=s3_endpoint,
         signing_key=signing_key,
+        allow_external_symlinks=allow_external_symlinks,
     )
     print(result.version, flush=True)
     _say(
@@ -541,6 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         audit = _audit_target(args)
         if audit is not None:
             audit.record(who=operator(), what=" ".join([PROG, *args]), outcome=outcome)
+            audit.close()
     finally:
         os.umask(previous)
     return code

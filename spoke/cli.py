@@ -58,6 +58,16 @@ AuditLogOpt = Annotated[
     Path | None,
     typer.Option("--audit-log", help="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"),
 ]
+AuditMaxBytesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--audit-max-bytes", help="rotate the audit log before it passes this, e.g. 16MiB"
+    ),
+]
+AuditBackupsOpt = Annotated[
+    int | None,
+    typer.Option("--audit-backups", help="rotated audit logs kept (FILE.1 ...), default 4"),
+]
 EncryptionKeyOpt = Annotated[
     Path | None,
     typer.Option(
@@ -294,6 +304,8 @@ SPOKE_OPTIONS = (
     _shared("hub_insecure", HubInsecureOpt),
     _shared("no_admin_token", NoAdminTokenOpt),
     _shared("audit_log", AuditLogOpt),
+    _shared("audit_max_bytes", AuditMaxBytesOpt),
+    _shared("audit_backups", AuditBackupsOpt),
     _shared("retention", RetentionOpt),
     _shared("encryption_key_file", EncryptionKeyOpt),
     _shared("publisher_key", PublisherKeyOpt),

@@ -86,7 +86,11 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         stack.callback(os.close, owner)
         secure_cache_dir(layout)  # what an older version or another umask left behind
         private_socket_dir(layout.private_dir)  # gRPC's own socket: gRPC cannot check peers
-        audit = AuditLog(settings.audit_log or layout.root / "audit.jsonl")
+        audit = AuditLog(
+            settings.audit_log or layout.root / "audit.jsonl",
+            max_bytes=int(settings.audit_max_bytes),
+            backups=settings.audit_backups,
+        )
         stack.callback(audit.close)
         cipher = settings.block_cipher()  # encryption at rest (spoke/encryption.py)
         check_cache_key(layout, cipher, settings.encryption_key_file, record=True)
