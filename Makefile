@@ -10,8 +10,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.strata-installed
 TORCH  := torch==2.13.0
-# Every other package comes from this lock, pinned with hashes (regenerate: make lock)
-LOCK   := requirements-dev.lock
+# Every package comes from a lock, pinned with hashes (regenerate: make lock): torch, the
+# CPU build, from its own (from TORCH_WHEELS, a local wheel directory or the PyTorch CPU
+# index), everything else from the dev lock
+LOCK       := requirements-dev.lock
+TORCH_LOCK := requirements-torch.lock
+# TORCH_WHEELS: a wheel directory (this machine's /opt/wheels) or the URL of PyTorch's CPU
+# package index, either holding the wheel whose hash requirements-torch.lock pins
+TORCH_WHEELS ?= /opt/wheels
 # FUSE passthrough: libfuse >= 3.17 and a patched pyfuse3, built under .build (native/)
 NATIVE   := .build
 LIBFUSE  := $(NATIVE)/libfuse/lib/pkgconfig/fuse3.pc
@@ -108,29 +114,42 @@ $(READY): $(STAMP) $(PT_WHEEL)
 	$(BIN)/pip check
 	touch $@
 
-# torch first (the CPU build; not in the lock), then exactly the locked versions, hashes
-# checked, then Strata itself without resolving anything again.
-$(STAMP): pyproject.toml $(LOCK) | system-deps
+# torch first (the CPU build, from its own lock), then exactly the locked versions, hashes
+# checked for both, then Strata itself without resolving anything again.
+$(STAMP): pyproject.toml $(LOCK) $(TORCH_LOCK) | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q --require-hashes --no-deps --find-links $(TORCH_WHEELS) -r $(TORCH_LOCK) \
+	  || { echo "torch's CPU build is not in TORCH_WHEELS=$(TORCH_WHEELS): set it to a wheel" \
+	       "directory or PyTorch's CPU package index" >&2; exit 1; }
 	$(BIN)/pip install -q --require-hashes --no-deps -r $(LOCK)
 	$(BIN)/pip install -q --no-deps -e .
 	$(BIN)/pip check
 	touch $(STAMP)
 
-# Re-resolve both locks after a change of pyproject.toml (runtime: requirements.lock, for
-# images; everything make installs: requirements-dev.lock). Needs network access; uv runs
-# from a throwaway venv. torch is resolved as its CPU build (a local wheel directory, or
-# TORCH_WHEELS=https://download.pytorch.org/whl/cpu/torch) and left out of the locks.
-TORCH_WHEELS ?= /opt/wheels
+# Re-resolve the locks after a change of pyproject.toml or TORCH (runtime:
+# requirements.lock, for the runtime image; everything make installs: requirements-dev.lock
+# and requirements-torch.lock, also the trainer image's). Needs network access; uv runs
+# from a throwaway venv. torch is resolved as its CPU build from TORCH_WHEELS (a local
+# wheel directory, or the URL of PyTorch's CPU package index) and left
+# out of the uv locks: its dependencies are in the dev lock, and its hash is refreshed by
+# fetching that one wheel (CPython 3.11, x86_64, as the locks are) and hashing it
+# (sha256sum), so a new TORCH or a rebuilt wheel changes requirements-torch.lock.
 UV_COMPILE = compile pyproject.toml --generate-hashes --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_28 --override requirements-overrides.txt \
 	--find-links $(TORCH_WHEELS) --no-emit-package torch --custom-compile-command "make lock"
+TORCH_FETCH = download -q --no-deps --no-index --find-links $(TORCH_WHEELS) --only-binary :all: \
+	--python-version 3.11 --platform manylinux_2_28_x86_64 --dest .lock-venv/torch
 lock:
 	$(PYTHON) -m venv .lock-venv && .lock-venv/bin/pip install -q uv
 	.lock-venv/bin/uv pip $(UV_COMPILE) -o requirements.lock
 	.lock-venv/bin/uv pip $(UV_COMPILE) --extra train --extra dev -o requirements-dev.lock
+	.lock-venv/bin/pip $(TORCH_FETCH) '$(TORCH)'
+	set -e; wheel=$$(ls .lock-venv/torch/torch-*.whl); \
+	  version=$$(basename "$$wheel" | cut -d- -f2); sum=$$(sha256sum "$$wheel" | cut -d' ' -f1); \
+	  { sed -n '/^#/p' $(TORCH_LOCK); \
+	    printf 'torch==%s \\\n    --hash=sha256:%s\n' "$$version" "$$sum"; } > $(TORCH_LOCK).new
+	mv $(TORCH_LOCK).new $(TORCH_LOCK)
 	rm -rf .lock-venv
 
 gen: $(STAMP)

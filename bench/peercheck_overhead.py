@@ -2,7 +2,7 @@
 
 Starts a spoke daemon (no mount) over a local hub holding one snapshot of many small files,
 then times the same calls to the daemon through ``daemon.sock`` (the front door the mount
-uses) and straight to gRPC's private ``.grpc.sock``: small unary calls (RecordAccess, the
+uses) and straight to gRPC's private ``.grpc/sock``: small unary calls (RecordAccess, the
 mount's hit reports) and a manifest stream (GetManifest, about 4 MB of pages).
 
     python -m bench.peercheck_overhead [--calls 2000] [--files 20000]
@@ -61,7 +61,7 @@ def main() -> None:
                 while not (cache / "admin.url").exists():
                     time.sleep(0.05)
                 results = {}
-                for name in ("daemon.sock", ".grpc.sock", "daemon.sock", ".grpc.sock"):
+                for name in ("daemon.sock", ".grpc/sock", "daemon.sock", ".grpc/sock"):
                     with grpc.insecure_channel(f"unix:{cache / name}") as channel:
                         stub = spoke_pb2_grpc.SpokeLocalStub(channel)
                         _time(stub, 50)  # warm up (the first pass also loads the manifest)
@@ -69,10 +69,10 @@ def main() -> None:
             finally:
                 daemon.terminate()
                 daemon.wait(20)
-    front, direct = results["daemon.sock"], results[".grpc.sock"]
+    front, direct = results["daemon.sock"], results[".grpc/sock"]
     print(f"{'socket':<26} {'unary call (us)':>16} {'stream (MB/s)':>14}")
     print(f"{'daemon.sock (peer check)':<26} {front[0] * 1e6:>16.0f} {front[1] / 1e6:>14.1f}")
-    print(f"{'.grpc.sock (direct)':<26} {direct[0] * 1e6:>16.0f} {direct[1] / 1e6:>14.1f}")
+    print(f"{'.grpc/sock (direct)':<26} {direct[0] * 1e6:>16.0f} {direct[1] / 1e6:>14.1f}")
     print(
         f"ratio front/direct: unary latency {front[0] / direct[0]:.2f}x, "
         f"stream throughput {front[1] / direct[1]:.2f}x (cores: {os.cpu_count()})"

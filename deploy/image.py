@@ -8,8 +8,11 @@ Three steps, each skipped when its output is already there:
    with python3, python3-venv, fuse3 and ca-certificates) writes a root filesystem
    tarball, ``podman import`` turns it into an image;
 2. wheels of Strata and its dependencies, built on this machine by ``pip wheel`` into
-   ``CONTEXT/wheels`` (``CONTEXT/wheels-train`` for the trainer: with the ``train`` extra
-   and torch, from ``$STRATA_TORCH_INDEX`` if set); later runs reuse what is there;
+   ``CONTEXT/wheels``, exactly the versions of ``requirements.lock`` with their hashes
+   checked (``CONTEXT/wheels-train`` for the trainer: ``requirements-torch.lock``, the CPU
+   build of torch, and ``requirements-dev.lock``, which holds the ``train`` extra's
+   dependencies; torch from pip's configured find-links or ``$STRATA_TORCH_INDEX``); later
+   runs reuse what is there;
 3. ``podman build --network=host`` of deploy/Containerfile's ``--target`` stage,
    tagged ``localhost/strata:TAG`` (``localhost/strata-train:TAG`` for the trainer).
 
@@ -34,11 +37,14 @@ REPO = Path(__file__).resolve().parent.parent
 CONTAINERFILE = REPO / "deploy" / "Containerfile"
 BASE = "localhost/strata-base:bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "fuse3", "ca-certificates")
-MIRROR = "http://deb.debian.org/debian"
-TORCH = "torch==2.13.0"
-"""The trainer's torch, as the Makefile pins it. Where it comes from is pip's own
-configuration; set ``$STRATA_TORCH_INDEX`` (e.g. https://download.pytorch.org/whl/cpu)
-to add an index, so that pip does not pick a multi-GB CUDA build by default."""
+LOCKS = {
+    "runtime": ("requirements.lock",),
+    "trainer": ("requirements-torch.lock", "requirements-dev.lock"),
+}
+"""The hashed locks each target's wheels come from (``make lock`` writes them). torch is
+the CPU build pinned in ``requirements-torch.lock``; where its wheel comes from is pip's
+own configuration (a find-links directory) or ``$STRATA_TORCH_INDEX`` (for example
+PyTorch's CPU package index), checked against the lock's hash either way."""
 VERSION = "0.1.0"
 
 
@@ -86,8 +92,7 @@ def ensure_base(context: Path, image: str = BASE) -> None:
             "--dpkgopt=path-exclude=/usr/share/locale/*",
             "bookworm",
             str(tarball),
-            f"deb {MIRROR} bookworm main",
-            f"deb {MIRROR}-security bookworm-security main",
+            *(f"deb {uri} {suite} main" for suite, uri in debian_archives().items()),
         ]
     )
     try:
@@ -96,19 +101,48 @@ def ensure_base(context: Path, image: str = BASE) -> None:
         tarball.unlink(missing_ok=True)
 
 
+def debian_archives() -> dict[str, str]:
+    """The archive URI of each suite the base image installs from (bookworm and
+    bookworm-security), as this machine's apt sources name them (``apt-get
+    indextargets``), so the image comes from the archives the host already trusts.
+
+    Raises:
+        ImageError: apt's sources name no archive for one of the suites.
+    """
+    out = subprocess.run(
+        ["apt-get", "indextargets", "--format", "$(RELEASE) $(REPO_URI)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        suite, _, uri = line.partition(" ")
+        found.setdefault(suite, uri.rstrip("/"))
+    wanted = ("bookworm", "bookworm-security")
+    missing = [suite for suite in wanted if suite not in found]
+    if missing:
+        raise ImageError(f"apt's sources name no archive for {', '.join(missing)}")
+    return {suite: found[suite] for suite in wanted}
+
+
 def build_wheels(context: Path, trainer: bool) -> Path:
-    """``pip wheel`` of this checkout (and the trainer's extras) into the context."""
+    """``pip wheel`` of the locked dependencies (hashes required, nothing resolved), then
+    of this checkout, into the context; the Containerfile installs from these alone.
+
+    Raises:
+        ImageError: a ``pip wheel`` failed (a hash mismatch among them).
+    """
     wheels = context / ("wheels-train" if trainer else "wheels")
     wheels.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels)]
-    args += ["--find-links", str(wheels)]
-    if trainer:
-        if index := os.environ.get("STRATA_TORCH_INDEX"):
-            args += ["--extra-index-url", index]
-        args += [f"{REPO}[train]", TORCH]
-    else:
-        args += [str(REPO)]
-    _run(args)
+    pip = [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels)]
+    locked = [*pip, "--require-hashes", "--no-deps"]
+    if trainer and (index := os.environ.get("STRATA_TORCH_INDEX")):
+        locked += ["--extra-index-url", index]
+    for lock in LOCKS["trainer" if trainer else "runtime"]:
+        locked += ["-r", str(REPO / lock)]
+    _run(locked)
+    _run([*pip, "--no-deps", str(REPO)])
     return wheels
 
 

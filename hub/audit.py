@@ -1,28 +1,29 @@
 """The hub's audit trail: one JSON object per line (``DATA_DIR/audit.jsonl`` by default, or
-``$STRATA_HUB_AUDIT_LOG``), mode 0600.
+``$STRATA_HUB_AUDIT_LOG``, or ``serve --audit-log FILE``), mode 0600, rotated by size
+(``--audit-max-bytes``, ``--audit-backups``; :mod:`strata_audit` does the writing).
 
 Recorded: every refused call of ``serve`` (UNAUTHENTICATED, PERMISSION_DENIED; ``who`` is
-the caller's address and, when the token was valid, its id) and every command that changes
-the catalog or the tokens (``publish``, ``tag``, ``untag``, ``revoke``, ``gc``, ``token
-create|revoke|migrate``; ``who`` is the operating-system user). ``what`` is the call or the
-command line, ``outcome`` ``ok``, the status code, or the error. Secrets never appear: the
-hub never receives one on a command line, and presented tokens are not written.
+the caller's address and, when the token was valid, its id), rate-limited with a summary of
+what was left out (:meth:`AuditLog.refused`), and every command that changes the catalog or
+the tokens (``publish``, ``tag``, ``untag``, ``revoke``, ``gc``, ``token
+create|revoke|migrate``; ``who`` is the operating-system user; never dropped). ``what`` is
+the call or the command line, ``outcome`` ``ok``, the status code, or the error. Every
+string is cut to a few hundred characters. Secrets never appear: the hub never receives one
+on a command line, and presented tokens are not written.
 
-Each line is one ``write(2)`` in append mode (no torn records between processes). An audit
-file that cannot be opened or written is logged as an error and never stops the hub.
+An audit file that cannot be opened or written is logged as an error and never stops the hub.
 """
 
 from __future__ import annotations
 
-import datetime
 import getpass
-import json
-import logging
 import os
-import threading
 from pathlib import Path
 
-logger = logging.getLogger(__name__)
+import strata_audit
+from strata_audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
+
+__all__ = ["DEFAULT_BACKUPS", "DEFAULT_MAX_BYTES", "ENV", "AuditLog", "operator"]
 
 ENV = "STRATA_HUB_AUDIT_LOG"
 """Variable naming the audit file, overriding the default location."""
@@ -36,41 +37,17 @@ def operator() -> str:
         return f"uid {os.getuid()}"
 
 
-class AuditLog:
-    """Appends audit records to a JSON-lines file.
+class AuditLog(strata_audit.AuditLog):
+    """The hub's audit file (:class:`strata_audit.AuditLog`); ``$STRATA_HUB_AUDIT_LOG``
+    wins over ``path`` when set.
 
     Args:
-        path: the file (``$STRATA_HUB_AUDIT_LOG`` wins when set).
+        path: The file.
+        max_bytes: Rotate before the file passes this size, bytes.
+        backups: Rotated files kept.
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(os.environ.get(ENV) or path)
-        self._lock = threading.Lock()
-        self._fd: int | None = None
-
-    def record(self, *, who: str, what: str, outcome: str, **details: object) -> None:
-        """Write one record, opening the file on first use (errors are logged, never
-        raised)."""
-        entry = {
-            "ts": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
-            "who": who,
-            "what": what,
-            "outcome": outcome,
-            **details,
-        }
-        line = (json.dumps(entry, default=str, separators=(",", ":")) + "\n").encode()
-        with self._lock:
-            try:
-                if self._fd is None:
-                    self._fd = os.open(
-                        self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
-                    )
-                os.write(self._fd, line)
-            except OSError as exc:
-                logger.error("audit log %s: %s", self.path, exc.strerror)
-
-    def close(self) -> None:
-        """Close the file."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+    def __init__(
+        self, path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, backups: int = DEFAULT_BACKUPS
+    ) -> None:
+        super().__init__(Path(os.environ.get(ENV) or path), max_bytes=max_bytes, backups=backups)

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from hub.blocks import block_digest
 from hub.errors import BlockNotFound, ConfigError, CorruptBlob, StorageError
+from hub.modes import DIR_MODE, tighten
 from hub.names import DIGEST_PATTERN, validate_digest
 
 TEMP_PREFIX = ".tmp-"
@@ -125,16 +126,22 @@ class BlobStore(Protocol):
 class LocalBlobStore:
     """A :class:`BlobStore` in a local directory: ``ROOT/<first 2 hex>/<digest>``.
 
+    Owner-only: the root and its fan-out directories are 0700 (made so, and tightened
+    here when found looser), blob files 0600 (``mkstemp``).
+
     Args:
         root: The store's directory (``DATA_DIR/blobs``); created when missing.
 
     Raises:
-        OSError: ``root`` cannot be created.
+        OSError: ``root`` cannot be created or tightened.
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        tighten(self.root, DIR_MODE)
+        for shard in self._shards():
+            tighten(Path(shard.path), DIR_MODE)
         self._lock = threading.Lock()
         self._unsynced_dirs: set[Path] = set()
 
@@ -160,7 +167,7 @@ class LocalBlobStore:
             raise CorruptBlob(f"block bytes do not match digest {digest}")
         shard = target.parent
         if not shard.is_dir():
-            shard.mkdir(exist_ok=True)
+            shard.mkdir(exist_ok=True, mode=DIR_MODE)
             with self._lock:
                 self._unsynced_dirs.add(self.root)
         fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=shard)

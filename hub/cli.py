@@ -5,8 +5,10 @@ strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--po
                    [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE [--insecure]]
                    [--max-message-bytes N] [--grace SECONDS] [--blobs DIR|s3://B/P]
                    [--grant-key PEM] [--grant-lifetime SECONDS]
+                   [--audit-log FILE] [--audit-max-bytes N] [--audit-backups N]
 strata-hub publish --data-dir DIR DATASET SRC_DIR [--tag latest] [--block-size BYTES]
                    [--version vN] [--blobs DIR|s3://B/P] [--signing-key PEM]
+                   [--allow-external-symlinks]
 strata-hub keygen  PRIVATE PUBLIC
 strata-hub tag     --data-dir DIR DATASET VERSION TAG
 strata-hub untag   --data-dir DIR DATASET TAG
@@ -16,6 +18,9 @@ strata-hub verify  --data-dir DIR DATASET REF [--blocks]
 strata-hub ls      --data-dir DIR [DATASET [REF [PATH]]] [--all]
 strata-hub token   create|list|revoke|migrate --tokens FILE ...   (see hub/tokencli.py)
 ```
+
+Every command runs under umask 077 and keeps the data directory owner-only
+(:mod:`hub.datadir`).
 
 Output contract: ``serve`` prints exactly one line, ``strata-hub: serving DIR on HOST:PORT``
 (the bound port), to stdout once it accepts calls, and exits 0 on SIGINT or SIGTERM after
@@ -41,7 +46,7 @@ from typing import Annotated
 
 import typer
 
-from hub.audit import AuditLog, operator
+from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog, operator
 from hub.blocks import DEFAULT_BLOCK_SIZE
 from hub.catalog import Catalog
 from hub.datadir import DataDir
@@ -50,6 +55,7 @@ from hub.gc import STALE_AFTER_SECONDS, collect
 from hub.grants import DEFAULT_LIFETIME_S
 from hub.manifest import EntryType
 from hub.metrics import HubMetrics, MetricsEndpoint
+from hub.modes import PRIVATE_UMASK
 from hub.publish import publish as publish_tree
 from hub.server import GRACE_SECONDS, MAX_MESSAGE_BYTES, HubServer, ServerConfig
 from hub.signing import keygen as keygen_pair
@@ -225,6 +231,21 @@ def serve(
             "token may still be used at the spokes' peers.",
         ),
     ] = DEFAULT_LIFETIME_S,
+    audit_log: Annotated[
+        Path | None,
+        typer.Option(
+            "--audit-log",
+            help="JSON-lines audit file (default DATA_DIR/audit.jsonl, or "
+            "$STRATA_HUB_AUDIT_LOG); rotated files FILE.1 ... go beside it.",
+        ),
+    ] = None,
+    audit_max_bytes: Annotated[
+        int,
+        typer.Option("--audit-max-bytes", help="Rotate the audit file before it passes this."),
+    ] = DEFAULT_MAX_BYTES,
+    audit_backups: Annotated[
+        int, typer.Option("--audit-backups", help="Rotated audit files kept.")
+    ] = DEFAULT_BACKUPS,
 ) -> None:
     """Serve the data directory's datasets over gRPC until SIGINT or SIGTERM.
 
@@ -242,6 +263,9 @@ def serve(
         s3_endpoint=s3_endpoint,
         grant_key=grant_key,
         grant_lifetime_s=grant_lifetime,
+        audit_log=audit_log,
+        audit_max_bytes=audit_max_bytes,
+        audit_backups=audit_backups,
     )
     asyncio.run(_serve(data_dir, listen, metrics, port_file, config, grace))
 
@@ -276,10 +300,21 @@ def publish(
             help="Sign the new version with this Ed25519 key (strata-hub keygen).",
         ),
     ] = None,
+    allow_external_symlinks: Annotated[
+        bool,
+        typer.Option(
+            "--allow-external-symlinks",
+            help="Publish symlinks whose target leaves SRC_DIR (absolute, or '..' above "
+            "it); refused by default.",
+        ),
+    ] = False,
 ) -> None:
     """Publish SRC_DIR as the next version of DATASET; prints the new version.
 
-    Only blocks not stored yet are written; the summary on stderr says how many.
+    Only blocks not stored yet are written; the summary on stderr says how many. The
+    tree is read through directory descriptors, never re-resolving a path: a directory
+    replaced (e.g. by a symlink) while publishing stops the publish and nothing is
+    stored under the new version.
     """
     result = publish_tree(
         data_dir,
@@ -291,6 +326,7 @@ def publish(
         blobs=blobs,
         s3_endpoint=s3_endpoint,
         signing_key=signing_key,
+        allow_external_symlinks=allow_external_symlinks,
     )
     print(result.version, flush=True)
     _say(
@@ -555,10 +591,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr, level=logging.WARNING, format=f"{PROG}: %(levelname)s: %(message)s"
     )
     args = list(argv) if argv is not None else sys.argv[1:]
-    code, outcome = _run(args)
-    audit = _audit_target(args)
-    if audit is not None:
-        audit.record(who=operator(), what=" ".join([PROG, *args]), outcome=outcome)
+    previous = os.umask(PRIVATE_UMASK)  # whatever the caller's umask: hub files are private
+    try:
+        code, outcome = _run(args)
+        audit = _audit_target(args)
+        if audit is not None:
+            audit.record(who=operator(), what=" ".join([PROG, *args]), outcome=outcome)
+            audit.close()
+    finally:
+        os.umask(previous)
     return code
 
 

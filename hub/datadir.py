@@ -2,9 +2,20 @@
 
 ```
 DATA_DIR/
-  catalog/   LMDB environment: datasets, versions, tags, snapshots, manifests (hub.catalog)
-  blobs/     content-addressed block files, blobs/<first 2 hex>/<digest> (hub.blobstore)
+  catalog/      LMDB environment: datasets, versions, tags, snapshots, manifests (hub.catalog)
+  blobs/        content-addressed block files, blobs/<first 2 hex>/<digest> (hub.blobstore)
+  audit.jsonl   changing commands and refused calls (hub.audit)
 ```
+
+Everything in it is owner-only, whatever the umask the hub was started with: the catalog
+names every dataset and digest (whatever a token's scope) and the blobs are the data.
+Directories are made 0700 and files 0600 with explicit modes (LMDB's ``mode``,
+``mkstemp``, ``os.open``), and :meth:`DataDir.open` tightens what an older version, another
+umask or a volume's ``fsGroup`` left looser: the directory itself, ``catalog/`` and
+``blobs/``, the files at its top and the catalog's files (the blob store tightens its own
+fan-out, :class:`hub.blobstore.LocalBlobStore`). Nothing another user owns is changed,
+links are never followed, and a directory that is no data directory (no ``catalog/``,
+not empty) is left alone.
 
 The blocks may live elsewhere (another directory, or ``s3://BUCKET/PREFIX``): the catalog
 records where on first use (:meth:`DataDir.blob_store`), so ``publish``, ``serve`` and
@@ -13,6 +24,7 @@ records where on first use (:meth:`DataDir.blob_store`), so ``publish``, ``serve
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +32,35 @@ from pathlib import Path
 from hub.blobstore import BlobStore, open_blob_store
 from hub.catalog import Catalog
 from hub.errors import Conflict, DataDirNotFound, HubError
+from hub.modes import DIR_MODE, FILE_MODE, tighten
 
 DEFAULT_BLOBS = "blobs"
 """The default blob store location, relative to the data directory."""
+
+
+def secure(root: Path) -> None:
+    """Tighten a data directory to owner-only: ``root``, ``catalog/`` and ``blobs/`` 0700,
+    the files at its top and in ``catalog/`` 0600. A directory that holds neither a
+    catalog nor anything at all (a wrong ``--data-dir``) is left as it is.
+
+    Raises:
+        OSError: the directory cannot be read or changed.
+    """
+    with os.scandir(root) as entries:
+        top = list(entries)
+    if top and not any(e.name == "catalog" and e.is_dir(follow_symlinks=False) for e in top):
+        return
+    tighten(root, DIR_MODE)
+    for entry in top:
+        if entry.is_dir(follow_symlinks=False):
+            if entry.name in ("catalog", DEFAULT_BLOBS):
+                tighten(Path(entry.path), DIR_MODE)
+        elif entry.is_file(follow_symlinks=False):
+            tighten(Path(entry.path), FILE_MODE)
+    with contextlib.suppress(FileNotFoundError), os.scandir(root / "catalog") as entries:
+        for entry in entries:
+            if entry.is_file(follow_symlinks=False):
+                tighten(Path(entry.path), FILE_MODE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +97,12 @@ class DataDir:
         Raises:
             DataDirNotFound: ``root`` does not exist (and ``create`` is False) or is not
                 a directory.
-            HubError: ``root`` cannot be created.
+            HubError: ``root`` cannot be created, or its modes cannot be tightened.
         """
         path = Path(root)
         if create:
             try:
-                path.mkdir(parents=True, exist_ok=True)
+                path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
             except FileExistsError:
                 raise DataDirNotFound(f"data dir {path} is not a directory") from None
             except OSError as exc:
@@ -73,6 +111,10 @@ class DataDir:
             raise DataDirNotFound(f"data dir {path} does not exist")
         if not path.is_dir():
             raise DataDirNotFound(f"data dir {path} is not a directory")
+        try:
+            secure(path)
+        except OSError as exc:
+            raise HubError(f"cannot make data dir {path} owner-only: {exc.strerror}") from exc
         return cls(path)
 
     def blob_store(

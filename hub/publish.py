@@ -3,8 +3,8 @@
 The tree is streamed, never held whole: memory is bounded by one directory listing per
 level of the tree being walked plus one batch of blocks, whatever the number of files.
 
-1. walk the source tree in path order (:func:`walk`; symlinks are recorded, never
-   followed), one directory listing at a time;
+1. walk the source tree in path order (:func:`hub.walk.walk`: through directory
+   descriptors, symlinks recorded, never followed), one directory listing at a time;
 2. cut every regular file into blocks; stage each manifest entry in the catalog
    (:class:`hub.catalog.PublishSession`, small transactions under a manifest number no
    snapshot points at yet);
@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from hub.errors import HubError, SourceError
 from hub.manifest import EntryType, ManifestEntry
 from hub.names import validate_dataset, validate_tag, version_number
 from hub.signing import load_signer
+from hub.walk import Member, leaves_tree, open_file, read_link, walk
 
 BATCH_BYTES = 64 * MiB
 """Most block bytes a publish holds in memory before protecting and storing them."""
@@ -45,13 +45,6 @@ BATCH_BLOCKS = 1024
 
 STORE_THREADS = 8
 """Blocks stored in parallel (file writes with fsync, or object PUTs)."""
-
-_FILE_TYPE_NAMES = {
-    stat.S_IFIFO: "named pipe",
-    stat.S_IFSOCK: "socket",
-    stat.S_IFCHR: "character device",
-    stat.S_IFBLK: "block device",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,93 +72,6 @@ class PublishResult:
     new_bytes: int
     entries: int = 0
     seconds: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    """A member of the source tree, as the walk found it (lstat, not followed).
-
-    Attributes:
-        path: Manifest path, relative to the source root.
-        mode: ``st_mode`` (type and permission bits).
-        ino: Inode number, to notice a member replaced while publishing.
-        mtime_ns: Modification time, nanoseconds since the Unix epoch.
-    """
-
-    path: str
-    mode: int
-    ino: int
-    mtime_ns: int
-
-
-def _utf8_name(relative: str) -> str:
-    try:
-        relative.encode("utf-8")
-    except UnicodeEncodeError:
-        raise SourceError(f"cannot publish {relative!r}: the name is not valid UTF-8") from None
-    return relative
-
-
-def _listing(root: Path, prefix: str) -> list[tuple[bool, Member]]:
-    """One directory's members as walk steps, in path order.
-
-    Each member is a step ``(False, member)`` keyed by its name; a directory also gives a
-    step ``(True, member)`` ("descend") keyed by its name plus ``/``. Sorting the keys by
-    their UTF-8 bytes interleaves the descents exactly where the directory's contents fall
-    in global path order: every path below ``d`` starts with ``d/`` and no sibling name
-    starts with ``d/``, so ``d``'s contents sort after every sibling below ``d/`` and
-    before every sibling above it (e.g. ``a``, ``a-b``, ``a/x``: ``-`` < ``/``).
-    """
-    directory = root / prefix if prefix else root
-    keyed: list[tuple[bytes, bool, Member]] = []
-    try:
-        with os.scandir(directory) as members:
-            for entry in members:
-                relative = _utf8_name(prefix + entry.name)
-                st = entry.stat(follow_symlinks=False)
-                kind = stat.S_IFMT(st.st_mode)
-                if kind not in (stat.S_IFDIR, stat.S_IFREG, stat.S_IFLNK):
-                    name = _FILE_TYPE_NAMES.get(kind, f"file type {kind:#o}")
-                    raise SourceError(f"cannot publish {relative!r}: it is a {name}")
-                member = Member(relative, st.st_mode, st.st_ino, st.st_mtime_ns)
-                key = entry.name.encode("utf-8")
-                keyed.append((key, False, member))
-                if kind == stat.S_IFDIR:
-                    keyed.append((key + b"/", True, member))
-    except OSError as exc:
-        where = prefix.rstrip("/") or str(root)
-        raise SourceError(f"cannot read {where!r}: {exc.strerror or exc}") from exc
-    keyed.sort(key=lambda step: step[0])
-    return [(descend, member) for _, descend, member in keyed]
-
-
-def walk(root: Path) -> Iterator[Member]:
-    """Yields every member below ``root`` in path order, one directory listing per level.
-
-    Path order is ascending by the path's UTF-8 bytes (see :mod:`hub.manifest`). The walk
-    keeps one sorted listing per directory level being visited, never the whole tree.
-
-    Args:
-        root: The source directory.
-
-    Yields:
-        The members, in path order; symlinks are not followed.
-
-    Raises:
-        SourceError: A directory cannot be read, a name is not UTF-8, or a member is of
-            an unsupported type (FIFO, socket, device).
-    """
-    stack = [iter(_listing(root, ""))]
-    while stack:
-        step = next(stack[-1], None)
-        if step is None:
-            stack.pop()
-            continue
-        descend, member = step
-        if descend:
-            stack.append(iter(_listing(root, member.path + "/")))
-        else:
-            yield member
 
 
 class _BlockWriter:
@@ -209,17 +115,11 @@ class _BlockWriter:
             raise HubError(f"cannot store block {digest}: {exc.strerror or exc}") from exc
 
 
-def _file_entry(root: Path, member: Member, block_size: int, writer: _BlockWriter) -> ManifestEntry:
+def _file_entry(member: Member, block_size: int, writer: _BlockWriter) -> ManifestEntry:
     """Reads a regular file's blocks (streaming, one block at a time) and describes it."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(root / member.path, flags)
-    except OSError as exc:
-        raise SourceError(f"cannot read {member.path!r}: {exc.strerror or exc}") from exc
+    fd = open_file(member)
     with open(fd, "rb") as stream:
         before = os.fstat(fd)
-        if not stat.S_ISREG(before.st_mode) or before.st_ino != member.ino:
-            raise SourceError(f"cannot publish {member.path!r}: it was replaced while publishing")
         blocks = []
         size = 0
         reader = read_blocks(stream, block_size)
@@ -246,22 +146,18 @@ def _file_entry(root: Path, member: Member, block_size: int, writer: _BlockWrite
     )
 
 
-def _symlink_entry(root: Path, member: Member) -> ManifestEntry:
-    try:
-        target = os.readlink(root / member.path)
-    except OSError as exc:
-        raise SourceError(f"cannot read symlink {member.path!r}: {exc.strerror or exc}") from exc
-    try:
-        size = len(target.encode("utf-8"))
-    except UnicodeEncodeError:
+def _symlink_entry(member: Member, allow_external: bool) -> ManifestEntry:
+    target = read_link(member)
+    if not allow_external and leaves_tree(member.path, target):
         raise SourceError(
-            f"cannot publish symlink {member.path!r}: its target is not valid UTF-8"
-        ) from None
+            f"cannot publish symlink {member.path!r}: its target {target!r} points outside "
+            "the snapshot (use --allow-external-symlinks to publish it anyway)"
+        )
     return ManifestEntry(
         path=member.path,
         type=EntryType.SYMLINK,
         mode=stat.S_IMODE(member.mode),
-        size=size,
+        size=len(target.encode("utf-8")),
         mtime_ns=member.mtime_ns,
         symlink_target=target,
     )
@@ -278,12 +174,17 @@ def publish(
     blobs: str | None = None,
     s3_endpoint: str | None = None,
     signing_key: str | os.PathLike[str] | None = None,
+    allow_external_symlinks: bool = False,
 ) -> PublishResult:
     """Publishes a directory tree as the next version of a dataset.
 
     Regular files, directories (empty ones included) and symlinks (stored with their
     target, not followed) are recorded with their permission bits, size and mtime;
-    any other file type is refused. The data directory is created when missing. Only
+    any other file type is refused, and so is a symlink whose target leaves the tree
+    (absolute, or ``..`` above the root; :func:`hub.walk.leaves_tree`) unless
+    ``allow_external_symlinks``. The tree is walked through directory descriptors
+    (:mod:`hub.walk`), so a component swapped for a symlink while publishing is refused,
+    never followed. The data directory is created when missing. Only
     blocks the store does not hold yet are written, so a new version that changes one
     file stores only that file's changed blocks.
 
@@ -300,6 +201,7 @@ def publish(
         s3_endpoint: The S3 endpoint URL, for ``s3://`` stores.
         signing_key: An Ed25519 private key (PEM, ``strata-hub keygen``): the new version
             is signed with it (:mod:`hub.signing`). None: unsigned.
+        allow_external_symlinks: Publish symlinks that point outside the tree too.
 
     Returns:
         What was published; see :class:`PublishResult`.
@@ -309,7 +211,9 @@ def publish(
         InvalidArgument: ``block_size`` is out of range or ``version`` is not next.
         VersionExists: ``version`` is already published.
         SourceError: ``src_dir`` is missing, not a directory, unreadable, holds an
-            unsupported file type or a non-UTF-8 name, or changed while being read.
+            unsupported file type, a non-UTF-8 name or (without
+            ``allow_external_symlinks``) a symlink leaving the tree, or changed (a member
+            replaced, a file resized) while being read.
         DataDirNotFound: ``data_dir`` exists but is not a directory.
         Conflict: ``blobs`` is not the store the catalog records.
         StorageError: The blob store failed.
@@ -342,9 +246,9 @@ def publish(
             for member in walk(root):
                 kind = stat.S_IFMT(member.mode)
                 if kind == stat.S_IFREG:
-                    session.add(_file_entry(root, member, block_size, writer))
+                    session.add(_file_entry(member, block_size, writer))
                 elif kind == stat.S_IFLNK:
-                    session.add(_symlink_entry(root, member))
+                    session.add(_symlink_entry(member, allow_external_symlinks))
                 else:
                     session.add(
                         ManifestEntry(

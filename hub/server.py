@@ -33,12 +33,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[i
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from hub.address import Address
-from hub.audit import AuditLog
+from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog
 from hub.auth import TokenFile
 from hub.blocks import MiB
 from hub.catalog import Catalog
 from hub.datadir import DataDir
 from hub.errors import ConfigError, ListenError
+from hub.gate import HubGate
 from hub.grants import DEFAULT_LIFETIME_S, GrantIssuer, ensure_grant_key
 from hub.metrics import HubMetrics
 from hub.service import HubService
@@ -77,6 +78,8 @@ class ServerConfig:
             without tokens. Refused without TLS unless ``insecure``.
         insecure: Allow ``tokens`` and read grants over plaintext (trusted networks, tests).
         audit_log: JSON-lines audit file (:mod:`hub.audit`); ``DATA_DIR/audit.jsonl``.
+        audit_max_bytes: The audit file is rotated before it passes this size, bytes.
+        audit_backups: Rotated audit files kept.
         max_message_bytes: Largest gRPC message received or sent, bytes.
         blobs: The blob store (a path or ``s3://BUCKET/PREFIX``); None for the recorded
             one, else ``DATA_DIR/blobs``.
@@ -94,6 +97,8 @@ class ServerConfig:
     tokens: Path | None = None
     insecure: bool = False
     audit_log: Path | None = None
+    audit_max_bytes: int = DEFAULT_MAX_BYTES
+    audit_backups: int = DEFAULT_BACKUPS
     max_message_bytes: int = MAX_MESSAGE_BYTES
     blobs: str | None = None
     s3_endpoint: str | None = None
@@ -127,8 +132,14 @@ class ServerConfig:
         """Checks the plain values.
 
         Raises:
-            ConfigError: ``max_message_bytes`` or ``poll_s`` is out of range.
+            ConfigError: ``max_message_bytes``, ``poll_s`` or an audit limit is out of
+                range.
         """
+        if self.audit_max_bytes < 1024 or self.audit_backups < 1:
+            raise ConfigError(
+                f"audit log limits out of range: --audit-max-bytes {self.audit_max_bytes} "
+                f"(at least 1024), --audit-backups {self.audit_backups} (at least 1)"
+            )
         if self.max_message_bytes < MIN_MESSAGE_BYTES:
             raise ConfigError(
                 f"max message size {self.max_message_bytes} bytes is below "
@@ -165,6 +176,11 @@ def server_options(max_message_bytes: int) -> tuple[tuple[str, int], ...]:
         ),
         # Without this a second server could bind the same port and steal half the calls.
         ("grpc.so_reuseport", 0),
+        # Requests are small (digests, names), so the window a client may send into stays
+        # at HTTP/2's 64 KiB instead of growing with bandwidth-delay probes: a call refused
+        # before its request is read then leaves at most that much buffered in gRPC core
+        # (with probes, 32 refused 8 MiB calls at once could leave 400 MiB).
+        ("grpc.http2.bdp_probe", 0),
         # Spokes ping every 10 s, idle Watch streams included, to find dead links (their
         # HubClient): allow it rather than answer with GOAWAY "too_many_pings".
         ("grpc.keepalive_permit_without_calls", 1),
@@ -227,8 +243,10 @@ class HubServer:
         data_dir: DataDir,
         metrics: HubMetrics,
         config: ServerConfig,
+        audit: AuditLog | None = None,
     ) -> None:
         self._server = server
+        self._audit = audit
         self._catalog = catalog
         self._watcher = watcher
         self._health = health_servicer
@@ -293,26 +311,30 @@ class HubServer:
         else:
             logger.info("no read grants without TLS (add --tls-cert/--tls-key, or --insecure)")
         metrics = metrics if metrics is not None else HubMetrics()
-        audit = AuditLog(config.audit_log or layout.root / "audit.jsonl")
+        audit = AuditLog(
+            config.audit_log or layout.root / "audit.jsonl",
+            max_bytes=config.audit_max_bytes,
+            backups=config.audit_backups,
+        )
         catalog = Catalog(layout.catalog_path, create=True)
         watcher: CatalogWatcher | None = None
         try:
             store = layout.blob_store(catalog, config.blobs, endpoint_url=config.s3_endpoint)
             watcher = CatalogWatcher(catalog, config.poll_s, on_events=metrics.observe_events)
             await watcher.start()
-            server = grpc.aio.server(
-                options=server_options(config.max_message_bytes),
-                interceptors=[HubWire(config.max_message_bytes)],
-            )
             service = HubService(
                 catalog,
                 store,
                 metrics,
                 chunk_bytes=min(CHUNK_BYTES, config.max_message_bytes // 2),
-                tokens=tokens,
                 watcher=watcher,
                 audit=audit,
                 grants=grants,
+            )
+            server = grpc.aio.server(
+                options=server_options(config.max_message_bytes),
+                # the gate first: a call is authenticated before its request is received
+                interceptors=[HubGate(tokens, service.refuse), HubWire(config.max_message_bytes)],
             )
             hub_pb2_grpc.add_HubServicer_to_server(service, server)
             health_servicer = health.aio.HealthServicer()
@@ -338,6 +360,7 @@ class HubServer:
             if watcher is not None:
                 await watcher.close()
             catalog.close()
+            audit.close()
             raise
         hub = cls(
             server,
@@ -348,6 +371,7 @@ class HubServer:
             layout,
             metrics,
             config,
+            audit,
         )
         hub._unwatch = unwatch
         return hub
@@ -364,6 +388,8 @@ class HubServer:
         await self._server.stop(grace)
         self._unwatch()
         self._catalog.close()
+        if self._audit is not None:
+            self._audit.close()
 
     async def wait_for_termination(self) -> None:
         """Waits until the server has stopped."""

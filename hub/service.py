@@ -5,8 +5,10 @@ the catalog and the blob store, and converts records to messages. Catalog and bl
 block (LMDB, file or object I/O), so they run in worker threads
 (:func:`asyncio.to_thread`) and the event loop keeps serving other streams.
 
-Every handler goes through one wrapper (:func:`_unary` or :func:`_streaming`), which
-authenticates (:class:`hub.auth.TokenTable`), refuses oversize requests, tracks active
+Callers are authenticated before their request is read, by :class:`hub.gate.HubGate`
+(a server interceptor), which hands each handler the caller's
+:class:`~hub.auth.Principal`. Every handler goes through one wrapper (:func:`_unary` or
+:func:`_streaming`), which takes that principal, refuses oversize requests, tracks active
 streams and counts the finished call in ``strata_hub_requests_total{method,code}``.
 Errors are mapped to gRPC status codes in exactly one place, :func:`hub.wire.status_code`: a
 :class:`~hub.errors.HubError` becomes its code with the error's message as details;
@@ -30,7 +32,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from hub.audit import AuditLog
-from hub.auth import ANONYMOUS, Principal, TokenFile, TokenTable
+from hub.auth import Principal
 from hub.blobstore import BlobStore
 from hub.catalog import Catalog, Snapshot, Tag
 from hub.errors import (
@@ -40,6 +42,7 @@ from hub.errors import (
     HubError,
     LimitExceeded,
     SequenceOutOfRange,
+    Unauthenticated,
     VersionRevoked,
 )
 from hub.grants import GrantIssuer
@@ -97,18 +100,25 @@ _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
 
 
+_UNGATED = Unauthenticated("this hub serves without its authentication interceptor (HubGate)")
+"""Raised when a call reaches a handler without a principal: fail closed."""
+
+
 def _unary(
     method: Callable[[HubService, _Request, Principal], Awaitable[_Response]],
-) -> Callable[[HubService, _Request, Any], Awaitable[_Response]]:
-    """Wraps a unary handler: authentication, limits, status mapping, counting."""
+) -> Callable[..., Awaitable[_Response]]:
+    """Wraps a unary handler: the gate's principal, limits, status mapping, counting."""
     name = method.__name__
 
     @functools.wraps(method)
-    async def handler(self: HubService, request: _Request, context: Any) -> _Response:
+    async def handler(
+        self: HubService, request: _Request, context: Any, principal: Principal | None = None
+    ) -> _Response:
         try:
+            if principal is None:
+                raise _UNGATED
             if isinstance(request, Oversize):
                 raise request.error()
-            principal = self._authenticate(context)
             response = await method(self, request, principal)
         except asyncio.CancelledError:
             self._count(name, grpc.StatusCode.CANCELLED)
@@ -125,20 +135,21 @@ def _unary(
 
 def _streaming(
     method: Callable[[HubService, _Request, Principal], AsyncIterator[_Response]],
-) -> Callable[[HubService, _Request, Any], AsyncIterator[_Response]]:
-    """Wraps a response-streaming handler: authentication, limits, status, counting."""
+) -> Callable[..., AsyncIterator[_Response]]:
+    """Wraps a response-streaming handler: the gate's principal, limits, status, counting."""
     name = method.__name__
 
     @functools.wraps(method)
     async def handler(
-        self: HubService, request: _Request, context: Any
+        self: HubService, request: _Request, context: Any, principal: Principal | None = None
     ) -> AsyncIterator[_Response]:
         active = self._metrics.active_streams.labels(method=name)
         active.inc()
         try:
+            if principal is None:
+                raise _UNGATED
             if isinstance(request, Oversize):
                 raise request.error()
-            principal = self._authenticate(context)
             async for response in method(self, request, principal):
                 yield response
         except asyncio.CancelledError:
@@ -161,15 +172,16 @@ _AUDITED_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DE
 class HubService(hub_pb2_grpc.HubServicer):
     """Implements ``protocol.hub.v1.Hub`` over a catalog and a blob store.
 
-    Serve it with the :class:`HubWire` interceptor (as :class:`hub.server.HubServer`
-    does): ReadBlocks and GetManifest yield pre-serialized messages.
+    Serve it behind the :class:`hub.gate.HubGate` interceptor, which authenticates and
+    passes each handler its caller (a call without one is refused), and the
+    :class:`HubWire` interceptor: ReadBlocks and GetManifest yield pre-serialized
+    messages. :class:`hub.server.HubServer` does both.
 
     Args:
         catalog: The catalog to serve; read only.
         store: Where the blocks are.
         metrics: Counters to update; a private set by default.
         chunk_bytes: Largest ``BlockChunk.data``, bytes.
-        tokens: Accepted bearer tokens; None serves everyone (no authentication).
         watcher: Wakes ``Watch`` streams on catalog changes; None makes ``Watch`` send
             the events kept and end.
         audit: Where refused calls (UNAUTHENTICATED, PERMISSION_DENIED) are recorded.
@@ -184,7 +196,6 @@ class HubService(hub_pb2_grpc.HubServicer):
         metrics: HubMetrics | None = None,
         chunk_bytes: int = CHUNK_BYTES,
         *,
-        tokens: TokenTable | TokenFile | None = None,
         watcher: CatalogWatcher | None = None,
         audit: AuditLog | None = None,
         grants: GrantIssuer | None = None,
@@ -195,7 +206,6 @@ class HubService(hub_pb2_grpc.HubServicer):
         self._store = store
         self._metrics = metrics if metrics is not None else HubMetrics()
         self._chunk_bytes = chunk_bytes
-        self._tokens = tokens
         self._watcher = watcher
         self._audit = audit
         self._grants = grants
@@ -203,10 +213,10 @@ class HubService(hub_pb2_grpc.HubServicer):
     def _count(self, method: str, code: grpc.StatusCode) -> None:
         self._metrics.requests.labels(method=method, code=code.name).inc()
 
-    def _authenticate(self, context: Any) -> Principal:
-        if self._tokens is None:
-            return ANONYMOUS
-        return self._tokens.authenticate(context.invocation_metadata() or ())
+    async def refuse(self, method: str, context: Any, error: HubError) -> NoReturn:
+        """Ends a call the gate refused (:class:`hub.gate.HubGate`): counted and audited
+        like every refused call."""
+        await self._abort(method, context, error)
 
     async def _abort(self, method: str, context: Any, error: Exception) -> NoReturn:
         """Ends the call with the status for ``error``; the one place errors become statuses."""
@@ -217,7 +227,7 @@ class HubService(hub_pb2_grpc.HubServicer):
             code, details = grpc.StatusCode.INTERNAL, f"internal error in {method}"
         self._count(method, code)
         if self._audit is not None and code in _AUDITED_CODES:
-            self._audit.record(
+            self._audit.refused(
                 who=str(context.peer()), what=method, outcome=code.name, detail=details
             )
         await context.abort(code, details)

@@ -27,7 +27,11 @@ build_libfuse() {
     [ -r "$KEYRING" ] || die "$KEYRING missing (apt-get install debian-archive-keyring)"
     rm -rf "$apt" "$src" "$out/libfuse" "$out/libfuse-build"
     mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/parts" "$src"
-    echo "deb-src [signed-by=$KEYRING] http://deb.debian.org/debian $SUITE main" >"$apt/sources.list"
+    # the Debian archive this machine's apt already uses (its bookworm suite's URI)
+    local mirror=${STRATA_DEBIAN_MIRROR:-$(apt-get indextargets --format '$(RELEASE) $(REPO_URI)' \
+        | awk '$1 == "bookworm" {print $2; exit}')}
+    [ -n "$mirror" ] || die "apt's sources name no bookworm archive (set STRATA_DEBIAN_MIRROR)"
+    echo "deb-src [signed-by=$KEYRING] $mirror $SUITE main" >"$apt/sources.list"
     local opts=(
         -o "Dir::Etc::SourceList=$apt/sources.list" -o "Dir::Etc::SourceParts=$apt/parts"
         -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache"

@@ -13,6 +13,7 @@ certificate) with nothing usable cached → 503.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import socket
@@ -22,10 +23,11 @@ from typing import Annotated, Any
 
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protocol.address import parse_hostport
 from spoke import admindocs
@@ -37,14 +39,16 @@ from spoke.errors import (
     HubUnavailable,
     InvalidRequest,
     NotFound,
+    OverLimit,
     SpokeError,
 )
 from spoke.fill import BackgroundFill
 from spoke.hintservice import HintService
+from spoke.hintstream import HintPlan, PlanBuilder
 from spoke.pins import PinRegistry
 from spoke.prewarm import CapacityError, PrewarmJobs
 from spoke.scheduler import FetchScheduler
-from spoke.selection import MAX_GLOB_CHARS, MAX_GLOBS, planned_blocks, unique_blocks
+from spoke.selection import MAX_GLOB_CHARS, MAX_GLOBS, hint_plan, unique_blocks
 from spoke.supervisor import is_mounted
 
 STRICT = ConfigDict(extra="forbid", strict=True)  # unknown fields and "yes" for true: 422
@@ -102,6 +106,19 @@ class HintRequest(BaseModel):
         description="whose reads these are, e.g. one name per rank of a job; a post "
         "replaces (or extends) only its own stream",
     )
+
+
+def _hint_request(raw: bytes) -> HintRequest:
+    """Parses and validates a ``POST /v1/hints`` body (in a worker thread).
+
+    Raises:
+        RequestValidationError: FastAPI's 422, as for any other body.
+    """
+    try:
+        return HintRequest.model_validate_json(raw)
+    except ValidationError as err:
+        errors = err.errors(include_url=False)
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
 
 
 class EvictRequest(BaseModel):
@@ -224,7 +241,10 @@ def create_app(
     @app.exception_handler(SpokeError)
     async def spoke_error(request: Request, exc: SpokeError) -> JSONResponse:
         status = next((code for kind, code in _HTTP_STATUS if isinstance(exc, kind)), 500)
-        return JSONResponse(status_code=status, content={"detail": str(exc)})
+        content: dict[str, object] = {"detail": str(exc)}
+        if isinstance(exc, OverLimit):
+            content |= {"limit": exc.limit, "value": exc.value}
+        return JSONResponse(status_code=status, content=content)
 
     auth = [Depends(authorize)]
     errors: dict[int | str, dict[str, Any]] = {
@@ -283,22 +303,49 @@ def create_app(
         jobs.check_pin_room(f"{body.dataset}@{body.ref}", blocks)
         return pins.add(body.dataset, body.ref, snapshot.version, globs, blocks).public()
 
-    @app.post("/v1/hints", status_code=202, dependencies=auth, responses=errors)
-    async def post_hints(body: HintRequest) -> dict[str, object]:
-        """Install a read-order hint: prefetch ahead of the reads, evict by Belady's rule."""
+    hint_body = {
+        "required": True,
+        "content": {"application/json": {"schema": HintRequest.model_json_schema()}},
+    }
+
+    @app.post(
+        "/v1/hints",
+        status_code=202,
+        dependencies=auth,
+        responses=errors,
+        openapi_extra={"requestBody": hint_body},
+    )
+    async def post_hints(request: Request) -> dict[str, object]:
+        """Install a read-order hint: prefetch ahead of the reads, evict by Belady's rule.
+
+        The body (up to 8 MiB, a million paths) is parsed and turned into a compact plan
+        in a worker thread, so the daemon keeps serving meanwhile; a hint past a memory
+        cap is a 400 whose body names the cap (``limit``) and its value (``value``).
+        """
+        body = await asyncio.to_thread(_hint_request, await request.body())
         if hints is None:
             raise InvalidRequest("this spoke was started without hint support")
         snapshot = await catalog.resolve_ref(body.dataset, body.ref)
         manifest = await catalog.manifest(body.dataset, snapshot.version)
-        blocks = planned_blocks(manifest, body.paths, f"{body.dataset}@{body.ref}")
-        status, prefetching = hints.install(
-            body.stream, blocks, append=body.append, source=f"{body.dataset}@{snapshot.version}"
+        what = f"{body.dataset}@{body.ref}"
+        built: list[int] = []
+
+        def build(builder: PlanBuilder) -> HintPlan:
+            plan = hint_plan(manifest, body.paths, what, builder)
+            built.append(len(plan))
+            return plan
+
+        status, prefetching = await hints.post(
+            body.stream,
+            build,
+            append=body.append,
+            source=f"{body.dataset}@{snapshot.version}",
         )
         return {
             "dataset": body.dataset,
             "version": snapshot.version,
             "paths": len(body.paths),
-            "blocks": len(blocks),
+            "blocks": built[0],
             **status.public(),
             "prefetching": prefetching,
         }

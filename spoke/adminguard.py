@@ -114,7 +114,7 @@ class AdminGuard:
         action = f"{method} {path}"
         if not self._authorized(scope):
             if self.audit is not None:
-                self.audit.record(who=who, what=action, outcome="denied: missing or wrong token")
+                self.audit.refused(who=who, what=action, outcome="denied: missing or wrong token")
             await _json(
                 send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")]
             )
@@ -166,5 +166,5 @@ class AdminGuard:
 
     async def _too_large(self, send: Send, who: str, action: str) -> None:
         if self.audit is not None:
-            self.audit.record(who=who, what=action, outcome="refused: body too large")
+            self.audit.refused(who=who, what=action, outcome="refused: body too large")
         await _json(send, 413, f"request body larger than {self.max_body} bytes", [])

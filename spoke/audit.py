@@ -1,56 +1,21 @@
 """The spoke's audit trail: one JSON object per line, appended to ``CACHE_DIR/audit.jsonl``
-(or ``--audit-log FILE``), mode 0600.
+(or ``--audit-log FILE``, which may be on another disk), mode 0600, rotated by size
+(``--audit-max-bytes``, ``--audit-backups``: ``FILE.1`` ... ``FILE.N`` beside it, also
+0600). :mod:`strata_audit` does the writing, shared with the hub.
 
 Each record says when (``ts``, ISO 8601 UTC), who (``who``: the admin client's address, or
 ``daemon`` for the spoke's own actions such as retention and revocation purges), what
 (``what``: the call, e.g. ``POST /v1/pins``, plus the names it was given) and the outcome
-(``outcome``: the HTTP status, or why it was refused). Tokens and other secrets are never
-written. Lines are written whole with one ``write(2)`` in append mode, so concurrent writers
-and a crash leave no torn records; the file is meant for log shippers (rotate it with
-``copytruncate``).
+(``outcome``: the HTTP status, or why it was refused). Every string is cut to a few hundred
+characters with its length noted. Refusals (a wrong token, a body too large, a refused
+peer) go through :meth:`AuditLog.refused`, rate-limited with a summary of what was left
+out; actions through :meth:`AuditLog.record`, never dropped. Tokens and other secrets are
+never written. Lines are written whole with one ``write(2)`` in append mode, so concurrent
+writers and a crash leave no torn records.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
-import logging
-import os
-import threading
-from pathlib import Path
+from strata_audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog
 
-log = logging.getLogger(__name__)
-
-
-class AuditLog:
-    """Appends audit records to a JSON-lines file.
-
-    Args:
-        path: the file (created 0600 if missing).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-
-    def record(self, *, who: str, what: str, outcome: str, **details: object) -> None:
-        """Write one record; an I/O error is logged, never raised (auditing must not take
-        the admin API down)."""
-        entry = {
-            "ts": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
-            "who": who,
-            "what": what,
-            "outcome": outcome,
-            **details,
-        }
-        line = (json.dumps(entry, default=str, separators=(",", ":")) + "\n").encode()
-        with self._lock:
-            try:
-                os.write(self._fd, line)
-            except OSError as err:
-                log.error("audit log %s: %s", self.path, err.strerror)
-
-    def close(self) -> None:
-        """Close the file."""
-        os.close(self._fd)
+__all__ = ["DEFAULT_BACKUPS", "DEFAULT_MAX_BYTES", "AuditLog"]

@@ -11,12 +11,20 @@ brings it up to date for the next asker (stale-while-revalidate, RFC 5861). A bl
 (packets silently dropped) would otherwise hold every such question for the hub timeout. The
 hub's catalog events (:mod:`spoke.invalidation`) drop stored answers that changed, so a moved
 tag is asked of the hub again.
+
+A resolved snapshot must be the one asked for: ``ResolveRef(a, ref)`` answered with a
+snapshot of another dataset, or of another version than ``ref`` when ``ref`` names a
+version, is refused (a lying hub or proxy cannot serve ``b``'s properly signed tree as
+``a``); with ``--publisher-key`` it must also carry the publisher's valid signature. Both
+checks run on every answer, the hub's and the stored ones; a refused answer is never
+stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -32,6 +40,7 @@ from spoke.errors import (
     HubUnavailable,
     InvalidRequest,
     NotFound,
+    SnapshotMismatch,
     UnsignedSnapshot,
 )
 from spoke.hubclient import HubClient
@@ -43,6 +52,9 @@ log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R")
+
+VERSION = re.compile(r"v[1-9][0-9]*")
+"""A version name (``hub.names``): a ref that matches names a version, any other a tag."""
 
 
 class SnapshotCatalog:
@@ -117,17 +129,49 @@ class SnapshotCatalog:
 
         Raises:
             NotFound, InvalidRequest, HubUnavailable.
+            SnapshotMismatch: the answer is a snapshot of another dataset, or of another
+                version than ``ref`` names (counted and logged; never stored).
             UnsignedSnapshot: a publisher key is configured and the snapshot's signature
-                is missing or does not verify (counted and logged).
+                is missing or does not verify (counted and logged; never stored).
         """
         snapshot = await self._cached(
             f"ref/{dataset}@{ref}".encode(),
             hub_pb2.Snapshot,
             lambda: self._hub.resolve_ref(dataset, ref),
             stale_ok,
+            check=lambda answer: self._check_snapshot(dataset, ref, answer),
         )
         if self.is_revoked(dataset, snapshot.version, snapshot.snapshot_id):
             raise NotFound(f"{dataset} {snapshot.version} was revoked")
+        return snapshot
+
+    def _check_snapshot(self, dataset: str, ref: str, snapshot: hub_pb2.Snapshot) -> None:
+        """Refuse an answer to ``ResolveRef(dataset, ref)`` that is not what was asked for
+        or, with a publisher key, not signed by it.
+
+        Raises:
+            SnapshotMismatch: ``snapshot.dataset`` is not ``dataset``; ``ref`` is a version
+                and ``snapshot.version`` is another; ``ref`` is a tag and
+                ``snapshot.version`` is no version name.
+            UnsignedSnapshot: the signature is missing or does not verify.
+        """
+        asked = f"{dataset}@{ref}"
+        if snapshot.dataset != dataset:
+            problem = f"it is a snapshot of dataset {snapshot.dataset!r}"
+        elif VERSION.fullmatch(ref) and snapshot.version != ref:
+            problem = f"it is version {snapshot.version!r}"
+        elif not VERSION.fullmatch(snapshot.version):
+            problem = f"its version {snapshot.version!r} is not a version name"
+        else:
+            problem = None
+        if problem is not None:
+            metrics.SNAPSHOT_MISMATCHES.inc()
+            message = (
+                f"snapshot {snapshot.snapshot_id} given for {asked} refused: {problem}, "
+                "not the one asked for"
+            )
+            log.error("%s", message)
+            raise SnapshotMismatch(message)
         if self._publisher is not None:
             problem = self._publisher.problem(snapshot)
             if problem is not None:
@@ -138,7 +182,6 @@ class SnapshotCatalog:
                 )
                 log.error("%s", message)
                 raise UnsignedSnapshot(message)
-        return snapshot
 
     def forget_refs(self, dataset: str | None = None) -> None:
         """Drop stored answers about a dataset's versions and tags (every dataset's when
@@ -291,15 +334,24 @@ class SnapshotCatalog:
             return out
 
     async def _cached(
-        self, key: bytes, kind: type[M], fetch: Callable[[], Awaitable[M]], stale_ok: bool
+        self,
+        key: bytes,
+        kind: type[M],
+        fetch: Callable[[], Awaitable[M]],
+        stale_ok: bool,
+        check: Callable[[M], None] | None = None,
     ) -> M:
+        """The answer stored under ``key`` or fetched; ``check`` (raising) vets every
+        answer before it is returned or stored, so a refused one is never kept."""
         if stale_ok:
             stored = self._stored(key, kind)
             if stored is not None:
                 if key not in self._refreshing:
-                    task = asyncio.create_task(self._refresh(key, fetch, self._generation))
+                    task = asyncio.create_task(self._refresh(key, fetch, self._generation, check))
                     self._refreshing[key] = task
                     task.add_done_callback(lambda _: self._refreshing.pop(key, None))
+                if check is not None:
+                    check(stored)
                 return stored
         try:
             fresh = await self._call(fetch)
@@ -308,7 +360,11 @@ class SnapshotCatalog:
             if stored is None:
                 raise
             log.debug("hub unavailable: serving %s from the local index", key.decode())
+            if check is not None:
+                check(stored)
             return stored
+        if check is not None:
+            check(fresh)
         self._store(key, fresh)
         return fresh
 
@@ -322,14 +378,23 @@ class SnapshotCatalog:
             txn.put(key, answer.SerializeToString())
 
     async def _refresh(
-        self, key: bytes, fetch: Callable[[], Awaitable[Message]], generation: int
+        self,
+        key: bytes,
+        fetch: Callable[[], Awaitable[M]],
+        generation: int,
+        check: Callable[[M], None] | None = None,
     ) -> None:
         """Ask the hub again for a stored answer; keep it unless the hub says otherwise.
-        Nothing is stored if a catalog event (``forget_refs``) came after ``generation``."""
+        Nothing is stored if a catalog event (``forget_refs``) came after ``generation``,
+        nor an answer ``check`` refuses (it logged and counted why)."""
         try:
             fresh = await self._call(fetch)
+            if check is not None:
+                check(fresh)
         except HubUnavailable as err:
             log.debug("refresh of %s: %s; keeping the stored answer", key.decode(), err)
+            return
+        except CorruptManifest:  # refused (logged and counted by the check): keep the old one
             return
         except (NotFound, InvalidRequest):  # gone at the hub: the next asker learns it there
             if generation == self._generation:

@@ -58,6 +58,16 @@ AuditLogOpt = Annotated[
     Path | None,
     typer.Option("--audit-log", help="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"),
 ]
+AuditMaxBytesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--audit-max-bytes", help="rotate the audit log before it passes this, e.g. 16MiB"
+    ),
+]
+AuditBackupsOpt = Annotated[
+    int | None,
+    typer.Option("--audit-backups", help="rotated audit logs kept (FILE.1 ...), default 4"),
+]
 EncryptionKeyOpt = Annotated[
     Path | None,
     typer.Option(
@@ -323,6 +333,8 @@ SPOKE_OPTIONS = (
     _shared("hub_insecure", HubInsecureOpt),
     _shared("no_admin_token", NoAdminTokenOpt),
     _shared("audit_log", AuditLogOpt),
+    _shared("audit_max_bytes", AuditMaxBytesOpt),
+    _shared("audit_backups", AuditBackupsOpt),
     _shared("retention", RetentionOpt),
     _shared("encryption_key_file", EncryptionKeyOpt),
     _shared("publisher_key", PublisherKeyOpt),
@@ -414,13 +426,14 @@ def daemon(**options: Any) -> None:
     settings = _configure("strata-spoke-daemon", _with_mesh(options))
     from spoke.daemon import run_daemon  # grpc.aio and uvicorn only in this process
     from spoke.encryption import EncryptionError
+    from spoke.hardening import UnsafeDirectory
     from spoke.lock import CacheInUse
 
     try:
         asyncio.run(run_daemon(settings))
     except CacheInUse as err:
         _fail(f"daemon: {err.strerror}")
-    except EncryptionError as err:
+    except (EncryptionError, UnsafeDirectory) as err:
         _fail(f"daemon: {err}")
     except OSError as err:
         _fail(f"daemon: {err.strerror or err} ({settings.admin})")

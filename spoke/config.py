@@ -30,6 +30,8 @@ from pydantic_settings import (
 )
 
 from protocol import address
+from spoke.audit import DEFAULT_BACKUPS as DEFAULT_AUDIT_BACKUPS
+from spoke.audit import DEFAULT_MAX_BYTES as DEFAULT_AUDIT_MAX_BYTES
 from spoke.encryption import BlockCipher, EncryptionError, load_key
 from spoke.hubauth import CredentialError, HubCredentials
 from spoke.layout import CacheLayout
@@ -134,6 +136,13 @@ class SpokeSettings(BaseSettings):
     audit_log: Path | None = Field(
         default=None, description="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"
     )
+    audit_max_bytes: ByteSize = Field(
+        default=ByteSize(DEFAULT_AUDIT_MAX_BYTES),
+        description="rotate the audit log before it passes this size",
+    )
+    audit_backups: int = Field(
+        default=DEFAULT_AUDIT_BACKUPS, ge=1, description="rotated audit logs kept"
+    )
     encryption_key_file: Path | None = Field(
         default=None, description="AES-256-GCM key (0600) that encrypts block files at rest"
     )
@@ -189,6 +198,10 @@ class SpokeSettings(BaseSettings):
             args.append("--no-admin-token")
         if self.audit_log is not None:
             args += ["--audit-log", str(self.audit_log.resolve())]
+        if self.audit_max_bytes != DEFAULT_AUDIT_MAX_BYTES:
+            args += ["--audit-max-bytes", str(int(self.audit_max_bytes))]
+        if self.audit_backups != DEFAULT_AUDIT_BACKUPS:
+            args += ["--audit-backups", str(self.audit_backups)]
         if self.retention is not None:
             args += ["--retention", self.retention]
         for flag, path in (
@@ -297,6 +310,13 @@ class SpokeSettings(BaseSettings):
     def _size(cls, v: ByteSize) -> ByteSize:
         if v <= 0:
             raise ValueError("--cache-size must be positive")
+        return v
+
+    @field_validator("audit_max_bytes")
+    @classmethod
+    def _audit_size(cls, v: ByteSize) -> ByteSize:
+        if v < 1024:
+            raise ValueError("--audit-max-bytes must be at least 1 KiB")
         return v
 
     @field_validator("fill_rate")

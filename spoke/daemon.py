@@ -32,7 +32,12 @@ from spoke.encryption import check_cache_key
 from spoke.errors import HubUnavailable
 from spoke.fetcher import Fetcher
 from spoke.fill import BackgroundFill
-from spoke.hardening import ensure_admin_token, private_umask, secure_cache_dir
+from spoke.hardening import (
+    ensure_admin_token,
+    private_socket_dir,
+    private_umask,
+    secure_cache_dir,
+)
 from spoke.hints import HintedPolicy
 from spoke.hintservice import HintService
 from spoke.hubclient import HubClient
@@ -63,6 +68,8 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         spoke.encryption.EncryptionError: the cache dir was written with another
             encryption key (or with one, and none is given).
         spoke.lock.CacheInUse: another daemon uses the cache directory.
+        spoke.hardening.UnsafeDirectory: the gRPC socket's private directory is a link or
+            another user's.
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -78,7 +85,12 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(os.close, owner)
         secure_cache_dir(layout)  # what an older version or another umask left behind
-        audit = AuditLog(settings.audit_log or layout.root / "audit.jsonl")
+        private_socket_dir(layout.private_dir)  # gRPC's own socket: gRPC cannot check peers
+        audit = AuditLog(
+            settings.audit_log or layout.root / "audit.jsonl",
+            max_bytes=int(settings.audit_max_bytes),
+            backups=settings.audit_backups,
+        )
         stack.callback(audit.close)
         cipher = settings.block_cipher()  # encryption at rest (spoke/encryption.py)
         check_cache_key(layout, cipher, settings.encryption_key_file, record=True)
@@ -173,8 +185,9 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         spoke_pb2_grpc.add_SpokeLocalServicer_to_server(  # type: ignore[no-untyped-call]
             SpokeLocalService(catalog, cache, fetcher, access, hints, index), server
         )
-        backend = layout.root / ".grpc.sock"  # gRPC itself; the mount dials the front door
+        backend = layout.grpc_socket_path  # private (see above); the mount dials the front door
         backend.unlink(missing_ok=True)
+        (layout.root / ".grpc.sock").unlink(missing_ok=True)  # where older daemons listened
         layout.daemon_pid_file.write_text(f"{os.getpid()}\n")
         stack.callback(layout.daemon_pid_file.unlink, missing_ok=True)
         server.add_insecure_port(f"unix:{backend}")

@@ -15,6 +15,20 @@ class InvalidRequest(SpokeError):
     """A malformed name, ref or digest."""
 
 
+class OverLimit(InvalidRequest):
+    """A request that would pass a memory cap (a 400 whose body names it).
+
+    Attributes:
+        limit: The cap's name, e.g. ``total_positions``.
+        value: The cap's value.
+    """
+
+    def __init__(self, message: str, limit: str, value: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
+
+
 class HubUnavailable(SpokeError):
     """The hub could not be reached before the deadline and nothing usable is cached."""
 
@@ -34,6 +48,12 @@ class CorruptManifest(SpokeError):
 class UnsignedSnapshot(CorruptManifest):
     """A snapshot without a valid publisher signature, on a spoke given ``--publisher-key``
     (handled everywhere as a corrupt manifest: EIO in the mount, 502 from the admin API)."""
+
+
+class SnapshotMismatch(CorruptManifest):
+    """The hub answered a name with another snapshot: another dataset's, or another version
+    than the one asked for (handled as a corrupt manifest: EIO in the mount, 502 from the
+    admin API)."""
 
 
 class MissDeadline(HubUnavailable):

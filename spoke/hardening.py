@@ -8,6 +8,11 @@ tightens what an older version or another umask left behind. The mount reads blo
 as the same user, so nothing needs more than owner access; other users read data only
 through the mount (``--allow-other``), never from the cache directory.
 
+gRPC's own listener cannot check who connects (its local credentials for UNIX sockets
+never read ``SO_PEERCRED``; ``spoke.peercheck`` does, on ``daemon.sock``), so it listens in
+a directory only this user may enter (:func:`private_socket_dir`): the kernel refuses
+anyone else at path resolution, whatever the socket's own mode.
+
 The admin API always has a token: ``--admin-token-file``, or else ``CACHE_DIR/admin.token``,
 generated (32 random bytes, URL-safe base64) at first start with mode 0600 and kept across
 restarts; ``strata-spoke`` commands given ``--cache-dir`` read it there.
@@ -16,6 +21,7 @@ restarts; ``strata-spoke`` commands given ``--cache-dir`` read it there.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -62,6 +68,46 @@ def secure_cache_dir(layout: CacheLayout) -> None:
             for entry in entries:
                 if not entry.is_dir(follow_symlinks=False):
                     _tighten(Path(entry.path), FILE_MODE)
+
+
+class UnsafeDirectory(RuntimeError):
+    """A private directory exists but is a link, not a directory, or another user's."""
+
+
+def private_socket_dir(path: Path) -> Path:
+    """Create ``path`` as an owner-only directory (0700), or verify the one there: a real
+    directory (never a link), owned by this user, tightened to 0700 if looser.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        UnsafeDirectory: ``path`` is a symlink, not a directory, or owned by another user
+            (someone who could write the cache directory put it there: refuse to serve).
+        OSError: it cannot be created, opened or changed.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, DIR_MODE)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeDirectory(
+                f"{path} is {'a symlink' if path.is_symlink() else 'not a directory'}: "
+                "remove it; the daemon makes it as a private directory"
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise UnsafeDirectory(
+                f"{path} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}): remove it"
+            )
+        if stat.S_IMODE(st.st_mode) != DIR_MODE:
+            os.fchmod(fd, DIR_MODE)
+    finally:
+        os.close(fd)
+    return path
 
 
 def admin_token_path(layout: CacheLayout) -> Path:

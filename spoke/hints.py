@@ -33,168 +33,20 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from spoke.hintstream import DEFAULT_TOLERANCE, NEVER, HintPlan, HintStream
 from spoke.policy import EvictionPolicy
 
-NEVER = 1 << 62  # "next use" of a block no stream reads again
+__all__ = ["BEING_READ", "DEFAULT_TOLERANCE", "NEVER", "HintPlan", "HintStream", "HintedPolicy"]
+
 BEING_READ = -(1 << 62)  # "next use" of a block a reader is reading right now
 # (far below any clock time: an overdue planned read — a reader skipped it — is predicted
 # at a time before now, which may be negative; -1 once collided with such a prediction and
 # made an overdue block unevictable)
-DEFAULT_TOLERANCE = 32  # hinted positions a read may arrive out of order
 DEFAULT_STREAM = "default"
-
-
-class HintStream:
-    """One reader's planned reads: block digests in order, and how far they have been read.
-
-    Args:
-        name: the stream's name (e.g. ``fit-1a2b3c.rank0``).
-        tolerance: how far (in positions) reads may be out of order; a read more than this
-            ahead of the oldest unread position moves it forward, so a skipped or
-            unreported read does not hold the cursor forever.
-
-    Attributes:
-        cursor: every position before it has been read (or skipped).
-        frontier: one past the farthest position read.
-        rate: positions per clock tick (``1 / streams``); with :attr:`t0` (clock) and
-            :attr:`p0` (position) of the last prediction it says :meth:`when` a position
-            is read.
-    """
-
-    def __init__(self, name: str, tolerance: int = DEFAULT_TOLERANCE) -> None:
-        if tolerance < 1:
-            raise ValueError("tolerance must be >= 1")
-        self.name = name
-        self.tolerance = tolerance
-        self.t0 = 0
-        self.p0 = 0
-        self.rate = 1.0
-        self.hint: list[str] = []
-        self._positions: dict[str, list[int]] = {}  # digest -> its positions, ascending
-        self.cursor = 0
-        self.frontier = 0
-        self._ahead: set[int] = set()  # positions >= cursor already read (out of order)
-        self._last: dict[str, tuple[int, int]] = {}  # digest -> (last position read, reads then)
-        self._reads = 0
-
-    def __len__(self) -> int:
-        return len(self.hint)
-
-    @property
-    def head(self) -> int:
-        """The next position the reader is expected at (past the farthest read)."""
-        return max(self.frontier, self.cursor)
-
-    @property
-    def remaining(self) -> int:
-        """Positions not yet read or skipped."""
-        return len(self.hint) - self.cursor
-
-    def digests(self) -> set[str]:
-        """Every digest the stream mentions (read positions included)."""
-        return set(self._positions)
-
-    def when(self, pos: int) -> float:
-        """The clock time at which position ``pos`` is expected to be read."""
-        return self.t0 + (pos - self.p0) / self.rate
-
-    def predicted_head(self, now: int) -> float:
-        """Where :attr:`head` should be at clock time ``now``."""
-        return self.p0 + (now - self.t0) * self.rate
-
-    def extend(self, digests: Sequence[str]) -> None:
-        """Append planned reads. Drops the read prefix first once it is half the hint
-        (predictions stay put: :attr:`p0` moves with the positions)."""
-        if self.cursor and self.cursor * 2 >= len(self.hint):
-            self._rebase(self.cursor)
-        start = len(self.hint)
-        self.hint.extend(digests)
-        for pos, digest in enumerate(digests, start):
-            self._positions.setdefault(digest, []).append(pos)
-
-    def next_use(self, digest: str) -> int:
-        """Position of ``digest``'s next unread planned read, or :data:`NEVER`."""
-        positions = self._positions.get(digest)
-        if not positions:
-            return NEVER
-        i = bisect_left(positions, self.cursor)
-        while i < len(positions) and positions[i] in self._ahead:
-            i += 1
-        return positions[i] if i < len(positions) else NEVER
-
-    def distance(self, digest: str) -> int | None:
-        """How far ahead of :attr:`head` a read of ``digest`` now would count, or None
-        when it would not count (not planned within ``tolerance``, or a repeated report).
-
-        A repeated report (several FUSE reads of one block, a hit reported again) is
-        recognised because far fewer reads happened since the block's last counted read
-        than the plan puts between the two.
-        """
-        pos = self.next_use(digest)
-        if pos >= self.head + self.tolerance:
-            return None  # not planned here (NEVER included)
-        last = self._last.get(digest)
-        if last is not None and self._reads - last[1] < (pos - last[0]) // 2:
-            return None
-        return pos - self.head
-
-    def observe(self, digest: str) -> list[str] | None:
-        """Count a read of ``digest`` if :meth:`distance` allows it.
-
-        Returns:
-            The digests whose next use changed (the one read, and any skipped over), or
-            None when the read did not count.
-        """
-        if self.distance(digest) is None:
-            return None
-        pos = self.next_use(digest)
-        self._reads += 1
-        self._last[digest] = (pos, self._reads)
-        self._ahead.add(pos)
-        self.frontier = max(self.frontier, pos + 1)
-        changed = [digest]
-        while True:
-            if self.cursor in self._ahead:
-                self._ahead.remove(self.cursor)
-                self.cursor += 1
-            elif self.frontier - self.cursor > self.tolerance:  # a read never reported
-                skipped = self.hint[self.cursor]
-                self._last[skipped] = (self.cursor, self._reads)
-                self.cursor += 1
-                changed.append(skipped)
-            else:
-                return changed
-
-    def upcoming(self, count: int) -> list[tuple[int, str]]:
-        """The next ``count`` unread ``(position, digest)`` pairs from :attr:`head` on."""
-        out: list[tuple[int, str]] = []
-        pos = self.head
-        while pos < len(self.hint) and len(out) < count:
-            if pos not in self._ahead:
-                out.append((pos, self.hint[pos]))
-            pos += 1
-        return out
-
-    def _rebase(self, offset: int) -> None:
-        self.hint = self.hint[offset:]
-        self._positions = {}
-        for pos, digest in enumerate(self.hint):
-            self._positions.setdefault(digest, []).append(pos)
-        self.p0 -= offset
-        self.cursor -= offset
-        self.frontier -= offset
-        self._ahead = {p - offset for p in self._ahead}
-        self._last = {d: (p - offset, n) for d, (p, n) in self._last.items()}
-
-    def check_invariants(self) -> None:
-        """Cursor, frontier and out-of-order reads are consistent (used by tests)."""
-        assert all(p >= self.cursor for p in self._ahead), "read position behind cursor"
-        assert self.cursor <= self.head <= len(self.hint), "cursor past the hint"
 
 
 @dataclass(frozen=True)
@@ -255,9 +107,13 @@ class HintedPolicy(EvictionPolicy):
         return self.streams.get(name)
 
     def set_hint(
-        self, digests: Sequence[str], append: bool = False, stream: str = DEFAULT_STREAM
+        self,
+        digests: Sequence[str] | HintPlan,
+        append: bool = False,
+        stream: str = DEFAULT_STREAM,
     ) -> HintStream | None:
-        """Install ``digests`` as stream ``stream``'s planned read order.
+        """Install ``digests`` (or a prepared :class:`HintPlan`, :mod:`spoke.hintstream`)
+        as stream ``stream``'s planned read order.
 
         Replacing (or creating) starts the stream's cursor at its first position, expected
         now; ``append`` extends the stream instead. An empty replacement removes the
@@ -305,17 +161,21 @@ class HintedPolicy(EvictionPolicy):
     def upcoming(self, count: int) -> list[tuple[float, str]]:
         """Up to ``count`` unread planned reads per stream as ``(clock time, digest)``,
         soonest first, each digest once."""
+        return [(when, digest) for when, digest, _ in self.upcoming_blocks(count)]
+
+    def upcoming_blocks(self, count: int) -> list[tuple[float, str, int]]:
+        """As :meth:`upcoming`, with each block's planned size (bytes; 0: not given)."""
         merged = sorted(
-            (s.when(pos), digest)
+            (s.when(pos), digest, size)
             for s in self.streams.values()
-            for pos, digest in s.upcoming(count)
+            for pos, digest, size in s.upcoming_blocks(count)
         )
         seen: set[str] = set()
-        out: list[tuple[float, str]] = []
-        for when, digest in merged:
+        out: list[tuple[float, str, int]] = []
+        for when, digest, size in merged:
             if digest not in seen:
                 seen.add(digest)
-                out.append((when, digest))
+                out.append((when, digest, size))
         return out
 
     def observe(self, digest: str) -> HintStream | None:

@@ -16,18 +16,29 @@ Prefetching and Caching Strategies", SIGMETRICS 1995, rule "do no harm".)
 
 A stream nobody reads from or posts to for ``idle_s`` seconds is dropped (a job that
 ended without deleting its hint must not steer eviction forever).
+
+Memory is capped: at most :data:`MAX_STREAMS` streams, :data:`MAX_STREAM_POSITIONS`
+planned reads a stream, :data:`MAX_TOTAL_POSITIONS` over all streams and
+:data:`MAX_TOTAL_BLOCKS` distinct blocks (summed per stream), :data:`MAX_STREAM_PLANS`
+posts kept per stream; a post past one is refused with :class:`~spoke.errors.OverLimit`
+naming it (a 400 whose body says which limit and its value). Plans are compact
+(:mod:`spoke.hintstream`: 8 bytes a planned read, about 100 a distinct block), so the
+caps hold the hints to about 330 MiB at worst. :meth:`HintService.post` builds a plan in a
+worker thread (one post at a time), so the event loop only installs it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from spoke.errors import InvalidRequest
-from spoke.hints import HintedPolicy, HintStream
+from spoke.errors import OverLimit
+from spoke.hints import HintedPolicy, HintPlan, HintStream
+from spoke.hintstream import PlanBuilder, PlanLimit
 from spoke.scheduler import Priority
 
 if TYPE_CHECKING:
@@ -41,6 +52,15 @@ MAX_STREAMS = 64
 
 MAX_STREAM_POSITIONS = 4_000_000
 """Most planned reads one stream holds (appends beyond it are refused)."""
+
+MAX_TOTAL_POSITIONS = 16_000_000
+"""Most planned reads all streams hold together (8 bytes each: 128 MiB)."""
+
+MAX_TOTAL_BLOCKS = 2_000_000
+"""Most distinct blocks all streams plan, summed per stream (about 100 bytes each)."""
+
+MAX_STREAM_PLANS = 16
+"""Most posts a stream keeps (a post is dropped once its reads are behind the cursor)."""
 
 MAX_LOOKAHEAD = 1024
 """Most planned positions per stream a prefetch plan looks at."""
@@ -105,67 +125,127 @@ class HintService:
         self.window_bytes = max(0, min(window_bytes, cache.capacity_bytes // 2))
         self.idle_s = idle_s
         self._clock = clock
-        self._sizes: dict[str, int] = {}  # digest -> size, of every hinted block
         self._active: dict[str, float] = {}  # stream -> last post or counted read
         self._smallest = 1 << 62  # smallest hinted block, bytes
         self._sources: dict[str, list[str]] = {}  # stream -> snapshots its plan reads
+        self._posting = asyncio.Lock()  # one post builds at a time (the caps hold)
 
     # -- streams ---------------------------------------------------------------------------
+
+    def room(self, stream: str, append: bool = False) -> _Builder:
+        """A builder for stream ``stream``'s next post that stops at the first cap it
+        would pass (so a worker thread never builds what :meth:`install` refuses).
+
+        Raises:
+            OverLimit: the post is refused whatever it holds (too many streams or posts).
+        """
+        self.expire()
+        current = self.policy.stream(stream)
+        if current is None and len(self.policy.streams) >= MAX_STREAMS:
+            raise OverLimit(
+                f"{MAX_STREAMS} hint streams are installed already; delete one "
+                f"(DELETE /v1/hints/{{stream}}) or reuse a stream name",
+                "streams",
+                MAX_STREAMS,
+            )
+        kept = current if append else None
+        if kept is not None and kept.plans >= MAX_STREAM_PLANS:
+            raise OverLimit(
+                f"stream {stream!r} keeps {MAX_STREAM_PLANS} posts not yet read; "
+                "post the rest once reads have caught up (or replace the stream)",
+                "stream_plans",
+                MAX_STREAM_PLANS,
+            )
+        others = [s for name, s in self.policy.streams.items() if name != stream]
+        total_positions = sum(len(s) for s in others) + (len(kept) if kept else 0)
+        total_blocks = sum(s.distinct_blocks() for s in others)
+        total_blocks += kept.distinct_blocks() if kept else 0
+        stream_room = MAX_STREAM_POSITIONS - (kept.remaining if kept else 0)
+        total_room = MAX_TOTAL_POSITIONS - total_positions
+        if stream_room <= total_room:
+            positions = ("stream_positions", MAX_STREAM_POSITIONS, stream_room)
+        else:
+            positions = ("total_positions", MAX_TOTAL_POSITIONS, total_room)
+        return _Builder(
+            positions, ("total_blocks", MAX_TOTAL_BLOCKS, MAX_TOTAL_BLOCKS - total_blocks)
+        )
 
     def install(
         self,
         stream: str,
-        blocks: Sequence[tuple[str, int]],
+        blocks: Sequence[tuple[str, int]] | HintPlan,
         append: bool = False,
         source: str = "",
     ) -> tuple[HintStatus, int]:
-        """Make ``(digest, size)`` in read order stream ``stream``'s plan (``append``:
-        extend it; a stream that does not exist yet is started) and start prefetching.
-        ``source`` says what the blocks are of (e.g. ``f3@v1``), for :meth:`status`.
+        """Make ``blocks`` (``(digest, size)`` in read order, or a plan built with
+        :meth:`room`) stream ``stream``'s plan (``append``: extend it; a stream that does
+        not exist yet is started) and start prefetching. ``source`` says what the blocks
+        are of (e.g. ``f3@v1``), for :meth:`status`.
 
         Returns:
             The stream's status and how many prefetches started.
 
         Raises:
-            InvalidRequest: too many streams, or the stream would grow too long.
+            OverLimit: too many streams or posts, the stream would grow too long, or all
+                streams together would hold too many planned reads or blocks.
         """
-        self.expire()
+        builder = self.room(stream, append)
+        if not isinstance(blocks, HintPlan):
+            blocks = HintPlan.of((d for d, _ in blocks), (size for _, size in blocks))
+        plan = blocks
         current = self.policy.stream(stream)
-        if current is None and len(self.policy.streams) >= MAX_STREAMS:
-            raise InvalidRequest(
-                f"{MAX_STREAMS} hint streams are installed already; delete one "
-                f"(DELETE /v1/hints/{{stream}}) or reuse a stream name"
-            )
         kept = current.remaining if append and current is not None else 0
-        if kept + len(blocks) > MAX_STREAM_POSITIONS:
-            raise InvalidRequest(
-                f"stream {stream!r} would hold {kept + len(blocks):,} planned reads; "
-                f"at most {MAX_STREAM_POSITIONS:,} are kept"
+        if kept + len(plan) > MAX_STREAM_POSITIONS:
+            raise OverLimit(
+                f"stream {stream!r} would hold {kept + len(plan):,} planned reads; "
+                f"at most {MAX_STREAM_POSITIONS:,} are kept",
+                "stream_positions",
+                MAX_STREAM_POSITIONS,
             )
-        for digest, size in blocks:
-            self._sizes[digest] = size
-            self._smallest = min(self._smallest, max(1, size))
-        installed = self.policy.set_hint([d for d, _ in blocks], append=append, stream=stream)
+        builder.check(len(plan), len(plan.keys))
+        self._smallest = min(self._smallest, max(1, plan.smallest))
+        installed = self.policy.set_hint(plan, append=append, stream=stream)
         self._active[stream] = self._clock()
         sources = self._sources.get(stream, []) if append and current is not None else []
         self._sources[stream] = sources if source in sources else [*sources, source]
-        self._forget_sizes()
         assert installed is not None
         log.info(
             "hint stream %s: %d blocks %s, %d planned reads ahead",
             stream,
-            len(blocks),
+            len(plan),
             "appended" if append else "installed",
             installed.remaining,
         )
         return self._status(installed), self.prefetch_ahead()
+
+    async def post(
+        self,
+        stream: str,
+        build: Callable[[PlanBuilder], HintPlan],
+        append: bool = False,
+        source: str = "",
+    ) -> tuple[HintStatus, int]:
+        """:meth:`install` a plan that ``build`` makes in a worker thread (it gets the
+        :meth:`room` builder; parsing and building never run on the event loop). One
+        post at a time, so the caps checked before the build still hold after it.
+
+        Raises:
+            OverLimit: as :meth:`install`, or ``build`` passed a cap.
+            Exception: whatever ``build`` raises (e.g. InvalidRequest for a bad path).
+        """
+        async with self._posting:
+            builder = self.room(stream, append)
+            try:
+                plan = await asyncio.to_thread(build, builder)
+            except PlanLimit as err:
+                raise OverLimit(str(err), err.limit, err.value) from None
+            return self.install(stream, plan, append=append, source=source)
 
     def remove(self, stream: str) -> bool:
         """Drop a stream; returns whether it was installed."""
         removed = self.policy.clear_hint(stream)
         self._active.pop(stream, None)
         self._sources.pop(stream, None)
-        self._forget_sizes()
         return removed
 
     def status(self) -> list[HintStatus]:
@@ -188,13 +268,6 @@ class HintService:
         idle = self._clock() - self._active.get(s.name, self._clock())
         source = ", ".join(x for x in self._sources.get(s.name, []) if x)
         return HintStatus(s.name, source, len(s), s.cursor, s.remaining, idle)
-
-    def _forget_sizes(self) -> None:
-        if len(self._sizes) > 2 * sum(len(s) for s in self.policy.streams.values()) + 1024:
-            wanted: set[str] = set()
-            for s in self.policy.streams.values():
-                wanted |= s.digests()
-            self._sizes = {d: n for d, n in self._sizes.items() if d in wanted}
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -230,8 +303,7 @@ class HintService:
         # enough positions per stream to fill the window, within reason (each plan runs
         # on every reported read)
         count = min(MAX_LOOKAHEAD, max(16, self.window_bytes // max(1, self._smallest)))
-        for when, digest in self.policy.upcoming(count):
-            size = self._sizes.get(digest, 0)
+        for when, digest, size in self.policy.upcoming_blocks(count):
             if total + size > self.window_bytes:
                 break
             total += size
@@ -258,3 +330,39 @@ class HintService:
         """Start fetching :meth:`plan`; returns how many fetches started."""
         chosen = self.plan()
         return self.fetcher.prefetch(chosen, Priority.HINT) if chosen else 0
+
+
+class _Builder(PlanBuilder):
+    """A :class:`PlanBuilder` whose limits are the service's caps less what is held."""
+
+    def __init__(self, positions: tuple[str, int, int], blocks: tuple[str, int, int]) -> None:
+        super().__init__(max(0, positions[2]), max(0, blocks[2]), (positions[0], blocks[0]))
+        self._positions, self._blocks = positions, blocks
+
+    def check(self, positions: int, blocks: int) -> None:
+        """Refuses a built plan of this many positions and distinct blocks past a cap.
+
+        Raises:
+            OverLimit: naming the cap and its value.
+        """
+        if positions > self._positions[2]:
+            self._too_many(positions)
+        if blocks > self._blocks[2]:
+            self._too_many_blocks(blocks)
+
+    def _too_many(self, positions: int) -> None:
+        self._refuse(self._positions, positions, "planned reads")
+
+    def _too_many_blocks(self, blocks: int) -> None:
+        self._refuse(self._blocks, blocks, "distinct blocks")
+
+    @staticmethod
+    def _refuse(limit: tuple[str, int, int], wanted: int, what: str) -> None:
+        name, cap, room = limit
+        where = "stream" if name.startswith("stream") else "hint streams together"
+        raise OverLimit(
+            f"the {where} would hold {cap - room + wanted:,} {what} or more; "
+            f"at most {cap:,} are kept ({name})",
+            name,
+            cap,
+        )

@@ -7,7 +7,8 @@ hits straight from block files, with no daemon round trip)::
       blocks/<d[0:2]>/<digest>     one file per cached block, named by its xxh3-128 digest
       blocks/<d[0:2]>/.tmp-*       a block being written (renamed into place when complete)
       index/                       LMDB index, written only by the daemon
-      daemon.sock                  the daemon's local gRPC socket (SpokeLocal)
+      daemon.sock                  the daemon's local gRPC socket (SpokeLocal), peer-checked
+      .grpc/sock                   where gRPC itself listens, in a private (0700) directory
       admin.url                    the admin API's base URL, written once it listens
       daemon.pid, mount.pid        process ids of the running daemon and mount
       mount-restarts               remounts of a mount that died, counted by supervisors
@@ -62,6 +63,17 @@ class CacheLayout:
     def socket_path(self) -> Path:
         """UNIX socket of the daemon's local gRPC service."""
         return self.root / "daemon.sock"
+
+    @property
+    def private_dir(self) -> Path:
+        """Owner-only (0700) directory of the gRPC server's own socket
+        (:func:`spoke.hardening.private_socket_dir`)."""
+        return self.root / ".grpc"
+
+    @property
+    def grpc_socket_path(self) -> Path:
+        """UNIX socket gRPC listens on; only ``daemon.sock``'s peer check splices to it."""
+        return self.private_dir / "sock"
 
     @property
     def daemon_pid_file(self) -> Path:

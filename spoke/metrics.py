@@ -68,6 +68,10 @@ SIGNATURE_REFUSALS = Counter(
     "strata_spoke_signature_refusals",
     "Snapshots refused because they were unsigned or their publisher signature did not verify",
 )
+SNAPSHOT_MISMATCHES = Counter(
+    "strata_spoke_snapshot_mismatches",
+    "Snapshots refused because their dataset or version was not the one asked for",
+)
 HUB_CREDENTIAL_RELOADS = Counter(
     "strata_spoke_hub_credential_reloads",
     "Hub credentials re-read after their files changed (what: tls or token)",

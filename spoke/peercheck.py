@@ -1,7 +1,8 @@
 """The daemon's socket admits only its own user and root (``SO_PEERCRED``, unix(7)).
 
 gRPC's Python server cannot tell who is on the other end of a UNIX socket, so the daemon
-serves gRPC on a private socket (``CACHE_DIR/.grpc.sock``) and puts this front door on
+serves gRPC on a private socket (``CACHE_DIR/.grpc/sock``, in a directory only its user
+may enter: :func:`spoke.hardening.private_socket_dir`) and puts this front door on
 ``CACHE_DIR/daemon.sock``, the one the mount dials: each connection's peer credentials are
 read from the kernel; a peer with another uid is logged, counted in the audit log and
 closed before a byte is read; an admitted one is spliced to the private socket by two

@@ -9,10 +9,12 @@ selects everything under it. A hint names files exactly, as the manifest spells 
 from __future__ import annotations
 
 import fnmatch
+from array import array
 from collections.abc import Iterable, Sequence
 
 from protocol.hub.v1 import hub_pb2
 from spoke.errors import InvalidRequest
+from spoke.hintstream import HintPlan, PlanBuilder
 
 MAX_GLOBS = 10_000
 MAX_GLOB_CHARS = 4096
@@ -68,34 +70,54 @@ def unique_blocks(entries: Iterable[hub_pb2.ManifestEntry]) -> dict[str, int]:
     return out
 
 
-def planned_blocks(
-    entries: Iterable[hub_pb2.ManifestEntry], paths: Sequence[str], what: str
-) -> list[tuple[str, int]]:
-    """The blocks of the files ``paths`` names, in that order (``(digest, size)``; a file
-    read twice is listed twice).
+def _exact_path(path: str) -> str:
+    """Checks a hint's path: relative, no empty, ``.`` or ``..`` part, no NUL.
+
+    Raises:
+        InvalidRequest: it is not such a path.
+    """
+    if path.startswith("/"):
+        raise InvalidRequest(f"path {path!r} is absolute; paths are relative to the snapshot root")
+    if "\0" in path or any(part in ("", ".", "..") for part in path.split("/")):
+        raise InvalidRequest(
+            f"path {path!r} is not a plain relative path (empty, '.' or '..' part)"
+        )
+    return path
+
+
+def hint_plan(
+    entries: Iterable[hub_pb2.ManifestEntry],
+    paths: Sequence[str],
+    what: str,
+    builder: PlanBuilder,
+) -> HintPlan:
+    """The blocks of the files ``paths`` names, in that order (a file read twice is
+    planned twice), as a compact :class:`~spoke.hintstream.HintPlan` built within
+    ``builder``'s limits; each distinct path is looked up once (a job re-reading files
+    repeats them), and nothing per position is a Python object. Meant for a worker thread:
+    it touches nothing shared.
 
     Args:
         entries: the snapshot's manifest.
         paths: exact file paths, relative to the snapshot root.
         what: the snapshot, for messages (e.g. ``ds@v1``).
+        builder: collects the plan (and enforces its limits).
 
     Raises:
         InvalidRequest: a path is absolute, has an empty, ``.`` or ``..`` component or a
             NUL, or is not a regular file of the snapshot.
+        PlanLimit: the plan would pass one of ``builder``'s limits.
     """
     files = {e.path: e for e in entries if e.type == hub_pb2.ENTRY_TYPE_FILE}
-    blocks: list[tuple[str, int]] = []
+    seen: dict[str, array[int]] = {}
     for path in paths:
-        if path.startswith("/"):
-            raise InvalidRequest(
-                f"path {path!r} is absolute; paths are relative to the snapshot root"
-            )
-        if "\0" in path or any(part in ("", ".", "..") for part in path.split("/")):
-            raise InvalidRequest(
-                f"path {path!r} is not a plain relative path (empty, '.' or '..' part)"
-            )
-        entry = files.get(path)
-        if entry is None:
-            raise InvalidRequest(f"{path!r} is not a file of {what}")
-        blocks.extend((b.digest, b.size) for b in entry.blocks)
-    return blocks
+        codes = seen.get(path)
+        if codes is None:
+            entry = files.get(_exact_path(path))
+            if entry is None:
+                raise InvalidRequest(f"{path!r} is not a file of {what}")
+            codes = array("i", [builder.code(b.digest, b.size) for b in entry.blocks])
+            seen[path] = codes
+        builder.extend(codes)
+    del files, seen
+    return builder.build()

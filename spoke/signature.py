@@ -5,7 +5,10 @@ over :func:`protocol.signing.signed_message` of their dataset, version and snaps
 A snapshot that is unsigned or signed by another key is refused wherever it is resolved
 (:class:`~spoke.catalog.SnapshotCatalog`): counted
 (``strata_spoke_signature_refusals_total``), logged, and an error that the mount turns
-into EIO and the admin API into 502; its manifest is never fetched or stored.
+into EIO and the admin API into 502; its manifest is never fetched or stored. That the
+snapshot is the dataset and version asked for is checked first, key or not
+(:meth:`~spoke.catalog.SnapshotCatalog.resolve_ref`): the signature then vouches for the
+name as well as the content.
 """
 
 from __future__ import annotations

@@ -4,14 +4,27 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from deploy.local import publish
 
-__all__ = ["fuse_available", "make_tree", "publish", "requires_fuse", "sha256", "tree_digests"]
+__all__ = [
+    "fuse_available",
+    "make_tree",
+    "other_user",
+    "publish",
+    "requires_fuse",
+    "sha256",
+    "tree_digests",
+]
+
+OTHER_USER = "strata-test-other"
+"""A second, non-root local user for tests of what other users may not do."""
 
 
 def fuse_available() -> str | None:
@@ -24,6 +37,19 @@ def fuse_available() -> str | None:
 
 
 requires_fuse = pytest.mark.skipif(fuse_available() is not None, reason=fuse_available() or "")
+
+
+def other_user() -> pwd.struct_passwd:
+    """The second local user (``useradd``-ed on first use); skips unless root can make it."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd to create a second local user")
+    try:
+        return pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER], check=True
+        )
+        return pwd.getpwnam(OTHER_USER)
 
 
 def sha256(path: Path) -> str:

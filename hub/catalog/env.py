@@ -77,9 +77,14 @@ def acquire_env(path: Path, *, create: bool, map_size: int) -> tuple[Path, Share
         if shared is None:
             try:
                 if create:
-                    path.mkdir(parents=True, exist_ok=True)
-                env = lmdb.open(
-                    str(path), map_size=map_size, max_dbs=len(DB_NAMES), subdir=True, create=create
+                    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+                env = lmdb.open(  # data.mdb and lock.mdb owner-only (mode): the catalog is private
+                    str(path),
+                    map_size=map_size,
+                    max_dbs=len(DB_NAMES),
+                    subdir=True,
+                    create=create,
+                    mode=0o700,
                 )
                 try:
                     with env.begin(write=True) as txn:

@@ -8,10 +8,11 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
+from prometheus_client import REGISTRY
 
 from protocol.hub.v1 import hub_pb2
 from spoke.catalog import SnapshotCatalog
-from spoke.errors import HubUnavailable, NotFound
+from spoke.errors import HubUnavailable, NotFound, SnapshotMismatch
 from spoke.layout import CacheLayout
 from spoke.store import open_index
 
@@ -29,6 +30,7 @@ class SilentHub:
         self.open.set()
         self.refuse = False
         self.snapshot_suffix = ""
+        self.lie: dict[tuple[str, str], tuple[str, str]] = {}  # asked -> (dataset, version)
 
     async def _answer(self) -> None:
         self.calls += 1
@@ -57,6 +59,7 @@ class SilentHub:
     async def resolve_ref(self, dataset: str, ref: str) -> hub_pb2.Snapshot:
         await self._answer()
         version = self.versions[-1] if ref == "latest" else ref
+        dataset, version = self.lie.get((dataset, ref), (dataset, version))
         return hub_pb2.Snapshot(
             dataset=dataset, version=version, snapshot_id=f"id-{version}{self.snapshot_suffix}"
         )
@@ -152,6 +155,73 @@ def test_a_revocation_holds_for_its_snapshot_only(tmp_path: Path) -> None:
         hub.snapshot_suffix = "-other-hub"
         assert (await catalog.resolve_ref("ds", "v1")).snapshot_id == "id-v1-other-hub"
         assert _names(await catalog.list_versions("ds")) == ["v1"]
+        await catalog.close()
+
+    asyncio.run(go())
+
+
+def _mismatches() -> float:
+    return REGISTRY.get_sample_value("strata_spoke_snapshot_mismatches_total") or 0.0
+
+
+def test_a_snapshot_of_another_dataset_or_version_is_refused_and_never_stored(
+    tmp_path: Path,
+) -> None:
+    """A hub answering ``a@latest`` with ``b``'s snapshot, or ``a@v1`` with ``a``'s v2: both
+    refused, counted, and nothing stored, so a later stored answer is never the lie."""
+    hub = SilentHub()
+    hub.versions = ["v1", "v2"]
+
+    async def go() -> None:
+        catalog = _catalog(tmp_path, hub)
+        before = _mismatches()
+        hub.lie = {("a", "latest"): ("b", "v2"), ("a", "v1"): ("a", "v2")}
+        with pytest.raises(SnapshotMismatch, match="given for a@latest refused: it is a snapshot"):
+            await catalog.resolve_ref("a", "latest")
+        with pytest.raises(SnapshotMismatch, match="given for a@v1 refused: it is version 'v2'"):
+            await catalog.resolve_ref("a", "v1", stale_ok=True)
+        hub.lie = {("a", "latest"): ("a", "latest")}  # a tag answered with a non-version
+        with pytest.raises(SnapshotMismatch, match="its version 'latest' is not a version name"):
+            await catalog.resolve_ref("a", "latest")
+        assert _mismatches() == before + 3
+        hub.refuse = True  # nothing was stored: with the hub down there is no answer at all
+        for ref in ("latest", "v1"):
+            with pytest.raises(HubUnavailable):
+                await catalog.resolve_ref("a", ref)
+        hub.refuse, hub.lie = False, {}
+        snap = await catalog.resolve_ref("a", "latest")  # an honest answer is served
+        assert (snap.dataset, snap.version) == ("a", "v2")
+        await catalog.close()
+
+    asyncio.run(go())
+
+
+def test_stored_answers_are_checked_and_a_lying_refresh_keeps_the_good_one(
+    tmp_path: Path,
+) -> None:
+    hub = SilentHub()
+
+    async def go() -> None:
+        catalog = _catalog(tmp_path, hub)
+        assert (await catalog.resolve_ref("a", "latest")).dataset == "a"
+        hub.lie = {("a", "latest"): ("b", "v1")}
+        before = _mismatches()
+        assert (await catalog.resolve_ref("a", "latest", stale_ok=True)).dataset == "a"
+        for _ in range(100):  # the background refresh brought the lie, which is not kept
+            await asyncio.sleep(0.01)
+            if not catalog._refreshing:
+                break
+        assert _mismatches() == before + 1
+        hub.refuse = True
+        assert (await catalog.resolve_ref("a", "latest")).dataset == "a"
+        # an answer stored under the name by an older spoke (or a changed index) is checked too
+        catalog._store(
+            b"ref/a@v1", hub_pb2.Snapshot(dataset="b", version="v1", snapshot_id="id-v1")
+        )
+        with pytest.raises(SnapshotMismatch, match="it is a snapshot of dataset 'b'"):
+            await catalog.resolve_ref("a", "v1")  # hub down: from the index
+        with pytest.raises(SnapshotMismatch):
+            await catalog.resolve_ref("a", "v1", stale_ok=True)
         await catalog.close()
 
     asyncio.run(go())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +21,37 @@ OVERLAYS = ("hub-region", "gpu-region")
 Obj = dict[str, Any]
 
 
+def create_hub_token(tokens: Path) -> str:
+    """``strata-hub token create`` exactly as docs/deploy.md runs it (a managed, hashed,
+    30-day token for f3 and f3-*); returns the secret it prints once."""
+    scope = ["--dataset", "f3", "--dataset", "f3-*", "--expires", "30d"]
+    done = subprocess.run(
+        [sys.executable, "-m", "hub", "token", "create", "--tokens", str(tokens), *scope],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return done.stdout.strip()
+
+
 def make_secrets(root: Path) -> None:
     """The secret files each overlay's secretGenerator reads, as an operator makes them
     (docs/deploy.md): a CA, the hub's server certificate, a spoke client certificate,
-    tokens and S3 credentials."""
+    a managed token file with the spoke's token and S3 credentials."""
     pki = root / "pki"
     pki.mkdir()
     ca = CertificateAuthority(pki, "strata-ca")
     hub, spoke = ca.issue("hub", server=True), ca.issue("spoke", server=False)
-    token, admin = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
+    token = create_hub_token(pki / "tokens.yaml")
+    admin = "fedcba9876543210fedcba9876543210"
     secrets = root / "overlays" / "hub-region" / "secrets"
     secrets.mkdir()
     shutil.copy(hub.cert, secrets / "hub.crt")
     shutil.copy(hub.key, secrets / "hub.key")
     shutil.copy(ca.pem.cert, secrets / "ca.crt")
-    (secrets / "tokens.yaml").write_text(f'"{token}": ["f3", "f3-*"]\n')
+    shutil.copy(pki / "tokens.yaml", secrets / "tokens.yaml")
     (secrets / "s3.env").write_text(
         "AWS_ACCESS_KEY_ID=strata\nAWS_SECRET_ACCESS_KEY=not-a-real-key\nAWS_DEFAULT_REGION=a\n"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import re
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,10 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 
 from deploy.kustomize import KustomizeError, render
+from hub.auth import MANAGED_VERSION
 from tests.deploy.k8s_support import (
     OVERLAYS,
     Obj,
@@ -295,6 +298,33 @@ def test_hub_deployment(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> 
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
     pdb = hub_objects[("PodDisruptionBudget", "strata", "strata-hub")]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels(deployment).items()
+
+
+def _secret_file(objects: dict[tuple[str, str, str], Obj], name: str, key: str) -> bytes:
+    return base64.b64decode(objects[("Secret", "strata", name)]["data"][key])
+
+
+def test_hub_tokens_are_managed_hashed_and_expiring(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    """The hub's token Secret is a managed file (strata-hub token create): only SHA-256
+    hashes, every token expiring, and the spokes' hub-token is one of them."""
+    hub_objects = objects["hub-region"]
+    pod = hub_objects[("Deployment", "strata", "strata-hub")]["spec"]["template"]["spec"]
+    (hub,) = pod["containers"]
+    mount, volume = _mount_for(hub, pod, _flag(hub["args"], "--tokens"))
+    key = _flag(hub["args"], "--tokens").removeprefix(mount["mountPath"] + "/")
+    text = _secret_file(hub_objects, volume["secret"]["secretName"], key)
+    table = yaml.safe_load(text)
+    assert table["version"] == MANAGED_VERSION
+    assert table["tokens"], "no tokens"
+    for token_id, entry in table["tokens"].items():
+        assert re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]), token_id
+        assert entry["expires"] is not None, f"{token_id} never expires"
+    spoke_token = _secret_file(objects["gpu-region"], "strata-spoke-hub", "token").strip()
+    assert spoke_token not in text  # the secret itself is nowhere in the hub's file
+    digests = {entry["sha256"] for entry in table["tokens"].values()}
+    assert hashlib.sha256(spoke_token).hexdigest() in digests
 
 
 def pod_labels(obj: Obj) -> dict[str, str]:

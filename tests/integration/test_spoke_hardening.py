@@ -5,7 +5,6 @@ refuses a 100 MB body with 413 without the daemon's memory growing."""
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import socket
 import stat
@@ -21,8 +20,7 @@ import httpx
 import pytest
 
 from spoke.layout import CacheLayout
-
-OTHER_USER = "strata-test-other"
+from tests.support import other_user
 
 
 @dataclass
@@ -79,18 +77,6 @@ def test_modes_are_owner_only_whatever_the_umask(daemon: Daemon) -> None:
     assert stat.S_IMODE(os.stat(daemon.layout.socket_path).st_mode) == 0o600
 
 
-def _other_user() -> pwd.struct_passwd:
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs root and useradd to create a second local user")
-    try:
-        return pwd.getpwnam(OTHER_USER)
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER], check=True
-        )
-        return pwd.getpwnam(OTHER_USER)
-
-
 PROBE = r"""
 import os, socket, sys
 root = sys.argv[1]
@@ -111,7 +97,7 @@ print(" ".join(results))
 
 
 def test_another_user_cannot_read_the_cache_or_use_the_socket(daemon: Daemon) -> None:
-    other = _other_user()
+    other = other_user()
     python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
     done = subprocess.run(
         [
@@ -165,7 +151,7 @@ def test_a_100_mb_body_is_refused_and_memory_stays_flat(daemon: Daemon) -> None:
 
 
 def test_peers_with_another_uid_are_refused_even_if_modes_are_loosened(daemon: Daemon) -> None:
-    other = _other_user()
+    other = other_user()
     root = daemon.layout.root
     os.chmod(root, 0o711)  # someone loosens the modes: the kernel check must still hold
     os.chmod(daemon.layout.socket_path, 0o666)
@@ -224,3 +210,22 @@ def test_commands_find_the_generated_admin_token(daemon: Daemon) -> None:
         assert done.stderr.strip() == (
             "strata-spoke: error: admin API /v1/cache: 401 missing or wrong bearer token"
         )
+
+
+def test_a_daemon_refuses_a_private_socket_dir_that_is_a_link(tmp_path: Path) -> None:
+    """Someone who could write the cache dir left ``.grpc`` as a link to a directory others
+    may enter: the daemon says so in one line and serves nothing."""
+    layout = CacheLayout(tmp_path / "cache")
+    layout.root.mkdir(mode=0o700)
+    (tmp_path / "open").mkdir(mode=0o777)
+    layout.private_dir.symlink_to(tmp_path / "open")
+    cmd = [sys.executable, "-m", "spoke", "daemon", "--hub", "127.0.0.1:1"]
+    cmd += ["--cache-dir", str(layout.root), "--cache-size", "64MiB", "--admin", "127.0.0.1:0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"strata-spoke: error: daemon: {layout.private_dir} is a symlink: remove it; "
+        "the daemon makes it as a private directory"
+    )
+    assert list((tmp_path / "open").iterdir()) == []  # no socket was bound there
+    assert not layout.socket_path.exists()

@@ -37,7 +37,7 @@ def make_tree(root: Path) -> dict[str, bytes]:
         path.write_bytes(content)
     (root / "empty-dir").mkdir()
     (root / "link").symlink_to("data/big.bin")
-    (root / "dangling").symlink_to("../outside/nowhere")
+    (root / "dangling").symlink_to("data/../missing/nowhere")
     (root / "data" / "big.bin").chmod(0o640)
     return files
 
@@ -86,7 +86,7 @@ def test_publish_records_the_tree(tmp_path: Path, src: Path) -> None:
     assert link.type == EntryType.SYMLINK
     assert link.symlink_target == "data/big.bin"
     assert link.size == len("data/big.bin")
-    assert entries["dangling"].symlink_target == "../outside/nowhere"
+    assert entries["dangling"].symlink_target == "data/../missing/nowhere"
     empty_dir = entries["empty-dir"]
     assert empty_dir.type == EntryType.DIRECTORY
     assert empty_dir.mode == stat.S_IMODE((src / "empty-dir").stat().st_mode)
@@ -217,10 +217,10 @@ def test_unreadable_file_is_refused(
 ) -> None:
     real_open = os.open
 
-    def denying_open(path: object, flags: int, *args: int) -> int:
+    def denying_open(path: object, flags: int, *args: int, **kwargs: int | None) -> int:
         if str(path).endswith("a.txt"):
             raise PermissionError(13, "Permission denied")
-        return real_open(path, flags, *args)  # type: ignore[arg-type]
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr("hub.publish.os.open", denying_open)
     with pytest.raises(SourceError, match=r"cannot read 'a\.txt': Permission denied"):

@@ -1,0 +1,100 @@
+"""The hub's door: every Hub call is authenticated from its metadata before any request
+byte is read.
+
+gRPC reads and deserializes a unary request (up to the core receive limit, 64 MiB) before
+it calls the handler, so a token checked in the handler lets anyone make the hub hold
+large messages. :class:`HubGate` is a server interceptor (gRFC L47, ``grpc.aio``'s
+``ServerInterceptor``): ``intercept_service`` runs when the call's headers have arrived
+and before its message is received. It authenticates the call's ``authorization``
+metadata (:meth:`hub.auth.TokenTable.authenticate`, the only place a token is checked)
+and then either
+
+- passes the call on with the caller's :class:`~hub.auth.Principal` bound to the
+  handler's ``principal`` argument (:func:`hub.service._unary` / ``_streaming`` take it
+  from there), or
+- answers ``UNAUTHENTICATED`` through a handler that takes a request *stream* and never
+  iterates it, so gRPC never receives the message: it is counted and audited
+  (rate-limited) like any refused call, by :meth:`hub.service.HubService.refuse`.
+
+Health checking and reflection are not Hub calls and stay open (see :mod:`hub.server`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn
+
+import grpc
+
+from hub.auth import ANONYMOUS, Principal, TokenFile, TokenTable
+from hub.errors import HubError, Unauthenticated
+from hub.wire import SERVICE_NAME
+
+Refuse = Callable[[str, Any, HubError], Awaitable[NoReturn]]
+"""Ends a call with an error: ``(method name, context, error)``."""
+
+
+def _bind(handler: grpc.RpcMethodHandler, principal: Principal) -> grpc.RpcMethodHandler:
+    """``handler`` with its behaviour called as ``behaviour(request, context,
+    principal=principal)``."""
+    for field in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+        behaviour = getattr(handler, field)
+        if behaviour is not None:
+            # functools.partial keeps inspect.iscoroutinefunction / isasyncgenfunction
+            # true, which is how grpc.aio picks the way it calls a behaviour
+            return handler._replace(**{field: functools.partial(behaviour, principal=principal)})
+    return handler
+
+
+def _refusal(
+    handler: grpc.RpcMethodHandler, method: str, error: HubError, refuse: Refuse
+) -> grpc.RpcMethodHandler:
+    """A handler for the same method that ends the call with ``error`` without reading
+    its request: a request-streaming handler whose iterator is never touched."""
+
+    async def behaviour(requests: AsyncIterator[Any], context: Any) -> None:
+        await refuse(method, context, error)
+
+    if handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(behaviour)
+    return grpc.stream_unary_rpc_method_handler(behaviour)
+
+
+class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Authenticates every ``protocol.hub.v1.Hub`` call before its request is received.
+
+    Args:
+        tokens: Accepted bearer tokens; None lets every caller in as
+            :data:`hub.auth.ANONYMOUS` (a hub without tokens).
+        refuse: Ends a refused call (counts, audits and aborts; it always raises).
+    """
+
+    def __init__(self, tokens: TokenTable | TokenFile | None, refuse: Refuse) -> None:
+        self._tokens = tokens
+        self._refuse = refuse
+
+    def authenticate(self, metadata: Any) -> Principal:
+        """The caller of a call with this invocation metadata.
+
+        Raises:
+            Unauthenticated: No valid bearer token (only when the hub has tokens).
+        """
+        if self._tokens is None:
+            return ANONYMOUS
+        return self._tokens.authenticate(metadata or ())
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or not method.startswith(f"/{SERVICE_NAME}/"):
+            return handler
+        try:
+            principal = self.authenticate(handler_call_details.invocation_metadata)
+        except Unauthenticated as error:
+            return _refusal(handler, method.rpartition("/")[2], error, self._refuse)
+        return _bind(handler, principal)
