@@ -13,7 +13,8 @@
   RESOURCE_EXHAUSTED, and the caller asks the hub.
 - **Refusals** (:class:`Refusals`): every refused call, and every call with blocks
   declined, is counted (``strata_spoke_peer_refusals_total{reason}``), written to the
-  audit log, and logged (at most one line per reason every :data:`LOG_EVERY_S`).
+  audit log as a refusal (rate-limited there, the rest counted in a summary record by
+  reason), and logged (at most one line per reason every :data:`LOG_EVERY_S`).
 """
 
 from __future__ import annotations
@@ -229,8 +230,8 @@ class Refusals:
             details["subject"] = subject[:100]
         if blocks is not None:
             details["blocks"] = blocks
-        if self.audit is not None:
-            self.audit.record(who=who[:100], what=what, outcome="refused", **details)
+        if self.audit is not None:  # rate-limited there, with a count of what it left out
+            self.audit.refused(who=who[:100], what=what, outcome=f"refused: {reason}", **details)
         now = self._now()
         if now - self._last.get(reason, -LOG_EVERY_S) >= LOG_EVERY_S:
             more = self._quiet.pop(reason, 0)

@@ -7,6 +7,7 @@ digests, with made-up sizes and classes, queues nothing of it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -213,7 +214,9 @@ def test_a_spoke_scoped_to_a_gets_no_block_of_b_from_a_peer(tenants: Tenants) ->
 
     asyncio.run(attack())
     assert y.metric("strata_spoke_source_blocks_total", source="hub") == y_hub_blocks + 1
-    assert "peer ReadBlocks" in (y.cache / "audit.jsonl").read_text()
+    audit = [json.loads(line) for line in (y.cache / "audit.jsonl").read_text().splitlines()]
+    outcomes = {r["outcome"] for r in audit if r["what"] == "peer ReadBlocks"}
+    assert {"refused: scope", "refused: no_grant", "refused: token"} <= outcomes
 
 
 def test_a_narrowed_token_loses_its_datasets_on_peers_within_a_grant_lifetime(
