@@ -49,6 +49,11 @@ streams of 16 MiB)."""
 MAX_HINTS = 8
 """Most snapshots a request may name."""
 
+HINT_WAIT_S = 1.0
+"""Longest a call waits for the manifests it names to load, seconds (half the default
+``--peer-timeout``: a caller must not take a slow first load for a dead peer); blocks
+still unknown then are declined, and the load goes on for later calls."""
+
 HINT_RETRY_S = 30.0
 """How long a named snapshot that could not be loaded is not tried again, seconds."""
 
@@ -95,9 +100,9 @@ class ScopeCheck:
         self._failed: dict[tuple[str, str, str], float] = {}
 
     async def load(self, hints: Sequence[peer_pb2.SnapshotRef], scopes: Sequence[str]) -> None:
-        """Load (once, in the background of every caller naming them) the manifests of
-        named snapshots this spoke has not stored as those versions, of datasets the grant
-        covers; failures are remembered for :data:`HINT_RETRY_S`."""
+        """Load (once, however many callers name them) the manifests of named snapshots
+        this spoke has not stored as those versions, of datasets the grant covers, waiting
+        at most :data:`HINT_WAIT_S`; failures are remembered for :data:`HINT_RETRY_S`."""
         now = self._now()
         self._failed = {k: t for k, t in self._failed.items() if t > now}
         waits = []
@@ -119,8 +124,8 @@ class ScopeCheck:
                 self._loading[name] = task
                 task.add_done_callback(functools.partial(self._loaded, name))
             waits.append(task)
-        if waits:
-            await asyncio.gather(*(asyncio.shield(t) for t in waits), return_exceptions=True)
+        if waits:  # a long manifest keeps loading for the next caller; this one goes on
+            await asyncio.wait([asyncio.shield(t) for t in waits], timeout=HINT_WAIT_S)
 
     def _loaded(self, name: tuple[str, str], task: asyncio.Task[None]) -> None:
         self._loading.pop(name, None)
