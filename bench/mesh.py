@@ -4,7 +4,8 @@
                          [--block-size 4MiB] [--file-size 8MiB] [--json FILE]
 
 One hub behind :mod:`bench.wan` (default 50 ms RTT, 1 Gbit/s each way); for each N, two
-runs: N spokes in one mesh (``--peer-listen``/``--peers``) and N independent spokes. Each
+runs: N spokes in one mesh (``--peer-listen``/``--peers``, mTLS with a region token and
+read grants, as a real region runs) and N independent spokes. Each
 spoke has its own cache directory and kernel mount, and every spoke reads every file
 through its mount at once, cold. Reported: bytes that crossed the WAN over the data set
 (the issue's target: ≤ 1.05× with the mesh, N× without), each spoke's cold-pass time
@@ -34,6 +35,7 @@ from bench.data import parse_size
 from bench.measure import link_utilisation
 from bench.wan import LinkSpec, WanProxy, parse_hostport, parse_rate
 from deploy.local import LocalStack, admin_headers, free_port, publish
+from deploy.pki import region_flags
 
 MiB = 1 << 20
 WAN_TARGET = 1.05
@@ -70,12 +72,14 @@ def _read_tree(root: Path) -> int:
 def _wait_live(admin: str, cache: Path, count: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     auth = admin_headers(cache)
-    while (
-        httpx.get(f"{admin}/v1/cache", headers=auth, timeout=10).json()["mesh"]["nodes_live"]
-        != count
-    ):
+
+    def ready() -> bool:
+        mesh = httpx.get(f"{admin}/v1/cache", headers=auth, timeout=10).json()["mesh"]
+        return bool(mesh["nodes_live"] == count and mesh["grant"]["valid"])
+
+    while not ready():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{admin}: the mesh did not reach {count} live spokes")
+            raise RuntimeError(f"{admin}: the mesh did not reach {count} live, granted spokes")
         time.sleep(0.1)
 
 
@@ -99,12 +103,18 @@ def run_once(work: Path, hub_dir: Path, n: int, mesh: bool, size: int, link: Lin
     cache_size = str(size + size // 4 + 64 * MiB)
     ports = [free_port() for _ in range(n)]
     peers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    secured = region_flags(work / "region") if mesh else ()
     with LocalStack() as stack:
-        hub = stack.start_hub(hub_dir)
+        # plaintext on loopback: read grants for the mesh need --insecure then
+        hub = stack.start_hub(hub_dir, extra=("--insecure",) if mesh else ())
         with WanProxy(parse_hostport(hub), link) as wan:
             admins = []
             for i, port in enumerate(ports):
-                extra = ("--peer-listen", f"127.0.0.1:{port}", "--peers", peers) if mesh else ()
+                extra = (
+                    ("--peer-listen", f"127.0.0.1:{port}", "--peers", peers, *secured)
+                    if mesh
+                    else ()
+                )
                 admins.append(
                     stack.start_spoke(
                         wan.address,

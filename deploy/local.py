@@ -134,8 +134,10 @@ class LocalStack:
         timeout: float = 30.0,
         listen: str = "127.0.0.1:0",
         metrics: str | None = None,
+        extra: tuple[str, ...] = (),
     ) -> str:
-        """Serve ``data_dir`` on ``listen`` (default: a free port on 127.0.0.1).
+        """Serve ``data_dir`` on ``listen`` (default: a free port on 127.0.0.1), with
+        ``extra`` flags for ``strata-hub serve``.
 
         Returns:
             The hub's ``HOST:PORT``.
@@ -146,7 +148,7 @@ class LocalStack:
         args += ["--port-file", str(port_file)]
         if metrics:
             args += ["--metrics", metrics]
-        proc = self._spawn(args)
+        proc = self._spawn([*args, *extra])
         self.hub = proc
         _wait_for(
             lambda: port_file.exists() and port_file.read_text().strip(), proc, "hub", timeout

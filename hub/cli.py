@@ -4,6 +4,7 @@
 strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--port-file PATH]
                    [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE [--insecure]]
                    [--max-message-bytes N] [--grace SECONDS] [--blobs DIR|s3://B/P]
+                   [--grant-key PEM] [--grant-lifetime SECONDS]
                    [--audit-log FILE] [--audit-max-bytes N] [--audit-backups N]
 strata-hub publish --data-dir DIR DATASET SRC_DIR [--tag latest] [--block-size BYTES]
                    [--version vN] [--blobs DIR|s3://B/P] [--signing-key PEM]
@@ -51,6 +52,7 @@ from hub.catalog import Catalog
 from hub.datadir import DataDir
 from hub.errors import CorruptBlob, CorruptCatalog, HubError, StorageError
 from hub.gc import STALE_AFTER_SECONDS, collect
+from hub.grants import DEFAULT_LIFETIME_S
 from hub.manifest import EntryType
 from hub.metrics import HubMetrics, MetricsEndpoint
 from hub.modes import PRIVATE_UMASK
@@ -198,7 +200,10 @@ def serve(
     ] = None,
     insecure: Annotated[
         bool,
-        typer.Option("--insecure", help="Allow --tokens without TLS (tokens travel in cleartext)."),
+        typer.Option(
+            "--insecure",
+            help="Allow --tokens and read grants without TLS (they travel in cleartext).",
+        ),
     ] = False,
     max_message_bytes: Annotated[
         int,
@@ -210,6 +215,22 @@ def serve(
     ] = GRACE_SECONDS,
     blobs: BlobsOption = None,
     s3_endpoint: S3EndpointOption = None,
+    grant_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--grant-key",
+            help="Ed25519 key (PEM, strata-hub keygen) that signs the spokes' read grants "
+            "for the regional mesh (default: DATA_DIR/grant.key, made at first start).",
+        ),
+    ] = None,
+    grant_lifetime: Annotated[
+        float,
+        typer.Option(
+            "--grant-lifetime",
+            help="Seconds a read grant is valid (1 to 300): how long a narrowed or revoked "
+            "token may still be used at the spokes' peers.",
+        ),
+    ] = DEFAULT_LIFETIME_S,
     audit_log: Annotated[
         Path | None,
         typer.Option(
@@ -240,6 +261,8 @@ def serve(
         max_message_bytes=max_message_bytes,
         blobs=blobs,
         s3_endpoint=s3_endpoint,
+        grant_key=grant_key,
+        grant_lifetime_s=grant_lifetime,
         audit_log=audit_log,
         audit_max_bytes=audit_max_bytes,
         audit_backups=audit_backups,
@@ -323,7 +346,8 @@ def keygen(
     ],
 ) -> None:
     """Write a new Ed25519 key pair for signed publishes (publish --signing-key PRIVATE;
-    spokes check with --publisher-key PUBLIC)."""
+    spokes check with --publisher-key PUBLIC) or read grants (serve --grant-key PRIVATE;
+    spokes may pin --peer-grant-key PUBLIC)."""
     keygen_pair(private, public)
     _say(f"wrote signing key {private} and public key {public}")
 

@@ -19,6 +19,7 @@ streams) finish for a grace period before cancelling them (gRPC's graceful stop)
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import threading
@@ -39,11 +40,14 @@ from hub.catalog import Catalog
 from hub.datadir import DataDir
 from hub.errors import ConfigError, ListenError
 from hub.gate import HubGate
+from hub.grants import DEFAULT_LIFETIME_S, GrantIssuer, ensure_grant_key
 from hub.metrics import HubMetrics
 from hub.service import HubService
 from hub.watch import POLL_SECONDS, CatalogWatcher
 from hub.wire import CHUNK_BYTES, SERVICE_NAME, HubWire
 from protocol.hub.v1 import hub_pb2_grpc
+
+logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 * MiB
 """Default send and receive limit per gRPC message, bytes (gRPC's usual default receive
@@ -72,7 +76,7 @@ class ServerConfig:
             signed (mutual TLS). Needs ``tls_cert``.
         tokens: Token file (:mod:`hub.auth`, re-read on change); None serves everyone
             without tokens. Refused without TLS unless ``insecure``.
-        insecure: Allow ``tokens`` over plaintext (trusted networks, tests).
+        insecure: Allow ``tokens`` and read grants over plaintext (trusted networks, tests).
         audit_log: JSON-lines audit file (:mod:`hub.audit`); ``DATA_DIR/audit.jsonl``.
         audit_max_bytes: The audit file is rotated before it passes this size, bytes.
         audit_backups: Rotated audit files kept.
@@ -81,6 +85,10 @@ class ServerConfig:
             one, else ``DATA_DIR/blobs``.
         s3_endpoint: The S3 endpoint URL for ``s3://`` blob stores.
         poll_s: How often the catalog is polled for changes by other processes, seconds.
+        grant_key: Ed25519 private key (PEM) that signs read grants (:mod:`hub.grants`);
+            None for ``DATA_DIR/grant.key``, generated at the first start. Grants, like
+            tokens, are issued only over TLS unless ``insecure``.
+        grant_lifetime_s: How long a read grant is valid, seconds.
     """
 
     tls_cert: Path | None = None
@@ -95,6 +103,8 @@ class ServerConfig:
     blobs: str | None = None
     s3_endpoint: str | None = None
     poll_s: float = POLL_SECONDS
+    grant_key: Path | None = None
+    grant_lifetime_s: float = DEFAULT_LIFETIME_S
 
     def credentials(self) -> grpc.ServerCredentials | None:
         """The TLS credentials, or None for plaintext.
@@ -293,6 +303,13 @@ class HubServer:
                 "--insecure to allow it on a trusted network"
             )
         check_bindable(address)
+        grants = None
+        if credentials is not None or config.insecure:  # the rule tokens follow
+            grants = GrantIssuer.from_file(
+                config.grant_key or ensure_grant_key(layout.root), config.grant_lifetime_s
+            )
+        else:
+            logger.info("no read grants without TLS (add --tls-cert/--tls-key, or --insecure)")
         metrics = metrics if metrics is not None else HubMetrics()
         audit = AuditLog(
             config.audit_log or layout.root / "audit.jsonl",
@@ -312,6 +329,7 @@ class HubServer:
                 chunk_bytes=min(CHUNK_BYTES, config.max_message_bytes // 2),
                 watcher=watcher,
                 audit=audit,
+                grants=grants,
             )
             server = grpc.aio.server(
                 options=server_options(config.max_message_bytes),

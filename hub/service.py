@@ -37,6 +37,7 @@ from hub.blobstore import BlobStore
 from hub.catalog import Catalog, Snapshot, Tag
 from hub.errors import (
     BlockNotFound,
+    Conflict,
     CorruptBlob,
     HubError,
     LimitExceeded,
@@ -44,6 +45,7 @@ from hub.errors import (
     Unauthenticated,
     VersionRevoked,
 )
+from hub.grants import GrantIssuer
 from hub.manifest import validate_path
 from hub.metrics import HubMetrics
 from hub.names import validate_dataset, validate_digest
@@ -183,6 +185,8 @@ class HubService(hub_pb2_grpc.HubServicer):
         watcher: Wakes ``Watch`` streams on catalog changes; None makes ``Watch`` send
             the events kept and end.
         audit: Where refused calls (UNAUTHENTICATED, PERMISSION_DENIED) are recorded.
+        grants: Signs read grants (``IssueGrant``); None (a hub without TLS nor
+            ``--insecure``) answers it FAILED_PRECONDITION.
     """
 
     def __init__(
@@ -194,6 +198,7 @@ class HubService(hub_pb2_grpc.HubServicer):
         *,
         watcher: CatalogWatcher | None = None,
         audit: AuditLog | None = None,
+        grants: GrantIssuer | None = None,
     ) -> None:
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -203,6 +208,7 @@ class HubService(hub_pb2_grpc.HubServicer):
         self._chunk_bytes = chunk_bytes
         self._watcher = watcher
         self._audit = audit
+        self._grants = grants
 
     def _count(self, method: str, code: grpc.StatusCode) -> None:
         self._metrics.requests.labels(method=method, code=code.name).inc()
@@ -467,6 +473,28 @@ class HubService(hub_pb2_grpc.HubServicer):
         finally:
             if not pending.done():
                 pending.cancel()
+
+    @_unary
+    async def IssueGrant(
+        self, request: hub_pb2.IssueGrantRequest, principal: Principal
+    ) -> hub_pb2.ReadGrant:
+        """A short-lived grant of the caller's scopes to the key it holds (hub.grants)."""
+        return self._issuer().issue(principal, request)
+
+    @_unary
+    async def GrantKeys(
+        self, request: hub_pb2.GrantKeysRequest, principal: Principal
+    ) -> hub_pb2.GrantKeysResponse:
+        """The public keys grants are signed with."""
+        return self._issuer().keys()
+
+    def _issuer(self) -> GrantIssuer:
+        if self._grants is None:
+            raise Conflict(
+                "this hub issues read grants only over TLS: serve with --tls-cert and "
+                "--tls-key (or --insecure on a trusted network)"
+            )
+        return self._grants
 
     @_streaming
     async def Watch(

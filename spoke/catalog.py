@@ -34,6 +34,7 @@ from google.protobuf.message import Message
 
 from protocol.hub.v1 import hub_pb2
 from spoke import metrics
+from spoke.blockscope import BlockScope
 from spoke.errors import (
     CorruptManifest,
     HubUnavailable,
@@ -73,6 +74,7 @@ class SnapshotCatalog:
         self._env = env
         self._catalog = env.open_db(b"catalog")
         self._manifests = env.open_db(b"manifests")
+        self.scope = BlockScope(env, self._catalog)  # block -> live stored snapshots
         self._refreshing: dict[bytes, asyncio.Task[None]] = {}  # key -> background refresh
         self._generation = 0  # bumped by forget_refs: older refreshes must not store
 
@@ -198,9 +200,11 @@ class SnapshotCatalog:
                         break
 
     def mark_revoked(self, dataset: str, version: str, snapshot_id: str) -> None:
-        """Remember a revoked version: it no longer resolves here, even from stored answers."""
+        """Remember a revoked version: it no longer resolves here, even from stored answers,
+        and its blocks are no longer served to peers as that version's."""
         with self._env.begin(write=True, db=self._catalog) as txn:
             txn.put(f"revoked/{dataset}/{version}".encode(), snapshot_id.encode())
+        self.scope.remove_name(snapshot_id, dataset, version)
 
     def is_revoked(self, dataset: str, version: str, snapshot_id: str | None = None) -> bool:
         """True once the hub said ``dataset`` ``version`` was revoked.
@@ -275,6 +279,10 @@ class SnapshotCatalog:
         sid = snapshot.snapshot_id.encode()
         stored = self._load_manifest(sid)
         if stored is not None:
+            if not self.scope.is_indexed(snapshot.snapshot_id):  # stored by an older spoke
+                with self._env.begin(write=True) as txn:
+                    self.scope.index(txn, snapshot.snapshot_id, stored)
+            self.scope.add_name(snapshot.snapshot_id, dataset, snapshot.version)
             return stored
         entries = await self._call(lambda: self._hub.get_manifest(dataset, snapshot.version))
         self._verify(dataset, snapshot, entries)
@@ -285,6 +293,8 @@ class SnapshotCatalog:
                 )
             txn.put(b"manifest-complete/" + sid, str(len(entries)).encode(), db=self._catalog)
             txn.put(b"manifest-dataset/" + sid, dataset.encode(), db=self._catalog)
+            self.scope.index(txn, snapshot.snapshot_id, entries)
+        self.scope.add_name(snapshot.snapshot_id, dataset, snapshot.version)
         return entries
 
     @staticmethod

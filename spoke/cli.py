@@ -144,6 +144,25 @@ PeerKeyOpt = Annotated[Path | None, typer.Option("--peer-key", help="its private
 PeerCaOpt = Annotated[
     Path | None, typer.Option("--peer-ca", help="CA peers' certificates chain to (mTLS)")
 ]
+PeerServerNameOpt = Annotated[
+    str | None,
+    typer.Option("--peer-server-name", help="name in peers' certificates, if not their host"),
+]
+PeerInsecureOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--peer-insecure",
+        help="allow a plaintext peer port without a region token (trusted networks only)",
+    ),
+]
+PeerGrantKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--peer-grant-key",
+        help="the hub's grant public key (PEM) to check peers' read grants with, "
+        "instead of asking the hub",
+    ),
+]
 PeerTimeoutOpt = Annotated[
     float, typer.Option("--peer-timeout", help="seconds a peer may take per block, then skipped")
 ]
@@ -158,11 +177,15 @@ def _mesh(
     cert: Path | None,
     key: Path | None,
     ca: Path | None,
+    server_name: str | None,
+    insecure: bool | None,
+    grant_key: Path | None,
     timeout: float,
 ) -> MeshSettings | None:
     """The mesh settings from the ``--peer*`` flags; None without ``--peer-listen``."""
     if listen is None:
-        if peers or peers_dns or advertise or token_file or cert or key or ca:
+        given = (peers, peers_dns, advertise, token_file, cert, key, ca, server_name, grant_key)
+        if any(given) or insecure:
             _fail("--peers, --peers-dns and the other --peer-* flags need --peer-listen")
         return None
     try:
@@ -175,6 +198,9 @@ def _mesh(
             cert=cert,
             key=key,
             ca=ca,
+            server_name=server_name,
+            insecure=bool(insecure),
+            grant_key=grant_key,
             timeout=timeout,
         )
     except ValidationError as err:
@@ -229,6 +255,9 @@ _PEER_OPTIONS = (
     "peer_cert",
     "peer_key",
     "peer_ca",
+    "peer_server_name",
+    "peer_insecure",
+    "peer_grant_key",
     "peer_timeout",
 )
 
@@ -319,6 +348,9 @@ SPOKE_OPTIONS = (
     _shared("peer_cert", PeerCertOpt),
     _shared("peer_key", PeerKeyOpt),
     _shared("peer_ca", PeerCaOpt),
+    _shared("peer_server_name", PeerServerNameOpt),
+    _shared("peer_insecure", PeerInsecureOpt),
+    _shared("peer_grant_key", PeerGrantKeyOpt),
     _shared("peer_timeout", PeerTimeoutOpt, 2.0),
     _shared("log_level", LogOpt, "INFO"),
 )

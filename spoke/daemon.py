@@ -111,7 +111,11 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         catalog = SnapshotCatalog(hub, env, settings.publisher())
         stack.push_async_callback(catalog.close)
         source: BlockSource = HubSource(hub)
-        mesh = MeshNode(settings.mesh, source) if settings.mesh is not None else None
+        mesh = (
+            MeshNode(settings.mesh, source, hub, catalog, audit)
+            if settings.mesh is not None
+            else None
+        )
         fetcher = FetchScheduler(
             Fetcher(mesh.source if mesh else source, cache, miss_deadline=settings.miss_deadline),
             cache,

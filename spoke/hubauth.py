@@ -41,7 +41,9 @@ class CredentialError(ValueError):
     """A credential file is missing, unreadable, malformed, expired or mismatched."""
 
 
-def _stamp(path: Path | None) -> tuple[int, int, int] | None:
+def file_stamp(path: Path | None) -> tuple[int, int, int] | None:
+    """What tells a file changed: (inode, size, mtime ns); (-1, -1, -1) when it cannot be
+    stat'ed, None for no path."""
     if path is None:
         return None
     try:
@@ -51,7 +53,12 @@ def _stamp(path: Path | None) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _read(path: Path, what: str) -> bytes:
+def read_file(path: Path, what: str) -> bytes:
+    """The bytes of ``path``.
+
+    Raises:
+        CredentialError: it cannot be read (the message names ``what``, e.g. the flag).
+    """
     try:
         return path.read_bytes()
     except OSError as err:
@@ -64,7 +71,7 @@ def read_token(path: Path, what: str = "--hub-token-file") -> str:
     Raises:
         CredentialError: unreadable, empty, or not one line of visible ASCII.
     """
-    raw = _read(path, what)
+    raw = read_file(path, what)
     try:
         token = raw.decode("ascii").strip()
     except UnicodeDecodeError:
@@ -82,7 +89,7 @@ def load_certificate(path: Path, what: str) -> list[x509.Certificate]:
     Raises:
         CredentialError: unreadable, not PEM, not yet valid or expired.
     """
-    data = _read(path, what)
+    data = read_file(path, what)
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError:
@@ -152,20 +159,20 @@ class HubCredentials:
         self._tls_stamp = self._tls_files_stamp()
         self._warned: tuple[object, ...] | None = None
         self._material = self._load_tls() if self.tls else None
-        self._token_stamp = _stamp(token_file)
+        self._token_stamp = file_stamp(token_file)
         self._token = read_token(token_file) if token_file is not None else None
 
     def _tls_files_stamp(self) -> tuple[object, ...]:
-        return (_stamp(self.ca), _stamp(self.cert), _stamp(self.key))
+        return (file_stamp(self.ca), file_stamp(self.cert), file_stamp(self.key))
 
     def _load_tls(self) -> TlsMaterial:
         ca = chain = key = None
         if self.ca is not None:
             load_certificate(self.ca, "--hub-ca")
-            ca = _read(self.ca, "--hub-ca")
+            ca = read_file(self.ca, "--hub-ca")
         if self.cert is not None and self.key is not None:
             certs = load_certificate(self.cert, "--hub-cert")
-            key = _read(self.key, "--hub-key")
+            key = read_file(self.key, "--hub-key")
             try:
                 private = serialization.load_pem_private_key(key, password=None)
             except (ValueError, TypeError):
@@ -177,7 +184,7 @@ class HubCredentials:
                 *public
             ):
                 raise CredentialError(f"--hub-key {self.key} does not match --hub-cert {self.cert}")
-            chain = _read(self.cert, "--hub-cert")
+            chain = read_file(self.cert, "--hub-cert")
         return TlsMaterial(ca, key, chain)
 
     @property
@@ -212,7 +219,7 @@ class HubCredentials:
         """Call metadata carrying the current token (re-read when its file changed)."""
         if self.token_file is None:
             return ()
-        stamp = _stamp(self.token_file)
+        stamp = file_stamp(self.token_file)
         if stamp != self._token_stamp:
             try:
                 token = read_token(self.token_file)

@@ -193,6 +193,35 @@ class HubClient:
         self._ok()
         return reply
 
+    async def issue_grant(self, holder_key: bytes, node: str) -> hub_pb2.ReadGrant:
+        """A read grant of this spoke's scopes to ``holder_key`` (32 raw bytes), naming
+        ``node`` (the regional mesh, :mod:`spoke.mesh.grants`). Raises grpc.aio.AioRpcError."""
+        stub, metadata = self._call()
+        try:
+            reply: hub_pb2.ReadGrant = await stub.IssueGrant(
+                hub_pb2.IssueGrantRequest(holder_key=holder_key, node=node),
+                timeout=self.timeout,
+                metadata=metadata,
+            )
+        except grpc.aio.AioRpcError as err:
+            self._failed(err)
+            raise
+        self._ok()
+        return reply
+
+    async def grant_keys(self) -> hub_pb2.GrantKeysResponse:
+        """The public keys the hub signs read grants with. Raises grpc.aio.AioRpcError."""
+        stub, metadata = self._call()
+        try:
+            reply: hub_pb2.GrantKeysResponse = await stub.GrantKeys(
+                hub_pb2.GrantKeysRequest(), timeout=self.timeout, metadata=metadata
+            )
+        except grpc.aio.AioRpcError as err:
+            self._failed(err)
+            raise
+        self._ok()
+        return reply
+
     async def get_manifest(self, dataset: str, ref: str) -> list[hub_pb2.ManifestEntry]:
         """A snapshot's whole manifest, in path order. Raises grpc.aio.AioRpcError."""
         stub, metadata = self._call()

@@ -2,8 +2,10 @@
 class, and a window of bytes on the wire sized to fill the link.
 
 Classes, most urgent first (:class:`Priority`): a **demand** miss (a reader waits), a
-**hinted** prefetch (a job said it reads this next), **readahead** (the reader reads in
-order), **prewarm** (an operator asked), **fill** (the rest of a snapshot being read).
+**peer**'s request (another spoke of the region asked this one, its owner; it never
+preempts local demand and never takes demand's own streams), a **hinted** prefetch (a job
+said it reads this next), **readahead** (the reader reads in order), **prewarm** (an
+operator asked), **fill** (the rest of a snapshot being read).
 
 * **Single flight.** One entry per digest being fetched, whatever its class; a later request
   for the same digest joins it (and raises its class if more urgent: a demand miss on a
@@ -41,10 +43,11 @@ class Priority(IntEnum):
     """Request classes; a lower value is served first."""
 
     DEMAND = 0
-    HINT = 1
-    READAHEAD = 2
-    PREWARM = 3
-    FILL = 4
+    PEER = 1
+    HINT = 2
+    READAHEAD = 3
+    PREWARM = 4
+    FILL = 5
 
     @property
     def label(self) -> str:

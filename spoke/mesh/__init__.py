@@ -5,4 +5,9 @@ The spokes of a region agree, without talking about it, on an owner for every bl
 misses asks the owner (:mod:`spoke.mesh.source`) before the hub; the owner serves the block
 from its cache or fetches it from the hub once for the whole region
 (:mod:`spoke.mesh.peerservice`). Membership and health probes: :mod:`spoke.mesh.membership`.
+
+Trust: a spoke proves its dataset scope with a hub-signed read grant and a proof of
+possession (:mod:`spoke.mesh.grants`, checked by :mod:`spoke.mesh.grantcheck`); an owner
+serves only its own live snapshots' blocks the grant covers (:mod:`spoke.mesh.admission`),
+over TLS with the region's token (:mod:`spoke.mesh.transport`).
 """

@@ -26,7 +26,7 @@ ROUTED_BLOCKS = Counter(
 PEER_ERRORS = Counter(
     "strata_spoke_peer_errors",
     "Peer calls that failed and fell back to the hub, by kind "
-    "(unavailable, timeout, corrupt, refused, protocol)",
+    "(unavailable, timeout, corrupt, lying, refused, protocol, resource_exhausted, ...)",
     ["kind"],
 )
 PEER_CORRUPT_BLOCKS = Counter(
@@ -41,4 +41,34 @@ PEER_SERVED_BYTES = Counter(
 PEERS_LIVE = Gauge("strata_spoke_mesh_nodes_live", "Spokes of the mesh seen live, self included")
 OWNED_SHARE = Gauge(
     "strata_spoke_mesh_owned_share", "Share of the blocks this spoke owns (1 / live nodes)"
+)
+PEER_REFUSALS = Counter(
+    "strata_spoke_peer_refusals",
+    "Peer calls this spoke refused, whole or in part, by reason (token, no_grant, expired, "
+    "wrong_target, replayed, scope, unknown, limit, ...; spoke/mesh/grantcheck.py)",
+    ["reason"],
+)
+PEER_REFUSED_BLOCKS = Counter(
+    "strata_spoke_peer_refused_blocks",
+    "Blocks this spoke declined to serve to a peer: unknown (in no live snapshot stored "
+    "here) or scope (outside the caller's grant)",
+    ["reason"],
+)
+PEER_DECLINED_BLOCKS = Counter(
+    "strata_spoke_peer_declined_blocks",
+    "Blocks a peer declined to serve this spoke (fetched from the hub in the same call)",
+)
+PEER_CREDENTIAL_RELOADS = Counter(
+    "strata_spoke_peer_credential_reloads",
+    "Peer credentials re-read after their files changed (what: tls or token)",
+    ["what"],
+)
+GRANT_REFRESHES = Counter(
+    "strata_spoke_grant_refreshes",
+    "Read grant requests to the hub, by outcome (ok, failed)",
+    ["outcome"],
+)
+GRANT_EXPIRY = Gauge(
+    "strata_spoke_grant_expiry_timestamp_seconds",
+    "When this spoke's read grant expires (Unix time, hub clock)",
 )

@@ -1,4 +1,5 @@
-"""The mesh's parts in one daemon: membership, the mesh source and the peer port."""
+"""The mesh's parts in one daemon: membership, the read grant, the mesh source and the
+peer port."""
 
 from __future__ import annotations
 
@@ -10,16 +11,27 @@ from typing import Any
 import grpc.aio
 from prometheus_client import REGISTRY
 
+from spoke.audit import AuditLog
 from spoke.cache import BlockCache
+from spoke.catalog import SnapshotCatalog
+from spoke.hubclient import HubClient
+from spoke.mesh.admission import Refusals, ScopeCheck
+from spoke.mesh.grantcheck import GrantVerifier
+from spoke.mesh.grants import GrantKeeper, HubGrantKeys, load_public_key
 from spoke.mesh.membership import Membership
-from spoke.mesh.peerclient import PeerClient, PeerTls
+from spoke.mesh.peerclient import PeerClient
 from spoke.mesh.peerservice import PeerService, start_peer_server
 from spoke.mesh.settings import MeshSettings
 from spoke.mesh.source import MeshSource
+from spoke.mesh.transport import PeerTls, PeerToken
 from spoke.scheduler import FetchScheduler
 from spoke.source import BlockSource
 
 log = logging.getLogger(__name__)
+
+GRANT_AT_START_S = 2.0
+"""Longest the daemon's start waits for its first read grant, seconds (then the keeper
+keeps asking in the background, and peers are not asked meanwhile)."""
 
 
 class MeshNode:
@@ -31,30 +43,57 @@ class MeshNode:
     Args:
         settings: the mesh settings.
         hub: the hub as a source (the fallback of every fetch).
+        client: the hub client (read grants and the hub's grant keys).
+        catalog: this spoke's catalog (what it may serve, and what it reads).
+        audit: where refused peer calls are recorded.
+
+    Raises:
+        spoke.hubauth.CredentialError: a certificate, key or token file is unusable.
+        spoke.mesh.grants.GrantKeyError: the pinned grant key is unusable.
     """
 
-    def __init__(self, settings: MeshSettings, hub: BlockSource) -> None:
+    def __init__(
+        self,
+        settings: MeshSettings,
+        hub: BlockSource,
+        client: HubClient,
+        catalog: SnapshotCatalog,
+        audit: AuditLog | None = None,
+    ) -> None:
         self.settings = settings
-        token = settings.token
+        self.catalog = catalog
+        self.audit = audit
+        self.token = PeerToken(settings.token_file) if settings.token_file else None
         self.tls = (
-            PeerTls(settings.cert, settings.key, settings.ca)
+            PeerTls(settings.cert, settings.key, settings.ca, settings.server_name)
             if settings.cert is not None and settings.key is not None
             else None
         )
+        pinned = load_public_key(settings.grant_key) if settings.grant_key else None
+        self.keys = HubGrantKeys(client, pinned)
+        self.grants = GrantKeeper(client, settings.node, self.keys)
         self.membership = Membership(
             settings.node,
             settings.peers,
             settings.dns,
-            connect=lambda node: PeerClient(node, token, self.tls),
+            connect=lambda node: PeerClient(node, self.token, self.tls, self.grants),
             probe_interval=settings.probe_interval,
             probe_timeout=settings.timeout,
         )
-        self.source = MeshSource(hub, self.membership, step_timeout=settings.timeout)
+        self.source = MeshSource(
+            hub,
+            self.membership,
+            step_timeout=settings.timeout,
+            grants=self.grants,
+            scope=catalog.scope,
+        )
         self._server: grpc.aio.Server | None = None
-        self._prober: asyncio.Task[None] | None = None
+        self._scope: ScopeCheck | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, scheduler: FetchScheduler, cache: BlockCache) -> int:
-        """Serve the peer port, probe the peers once, and keep probing in the background.
+        """Serve the peer port, get a read grant and probe the peers once (each bounded),
+        and keep both fresh in the background.
 
         Returns:
             The peer port bound.
@@ -62,34 +101,63 @@ class MeshNode:
         Raises:
             OSError: the peer port could not be bound.
         """
+        if self.settings.insecure:
+            log.warning(
+                "peer port %s with --peer-insecure: %s; use it only on a trusted network",
+                self.settings.listen,
+                "plaintext, no region token"
+                if self.tls is None and self.token is None
+                else "plaintext"
+                if self.tls is None
+                else "no region token",
+            )
         self.source.request_of = scheduler.request_of
+        self._scope = ScopeCheck(self.catalog)
         service = PeerService(
-            self.settings.node, cache, scheduler, self.source, token=self.settings.token
+            self.settings.node,
+            cache,
+            scheduler,
+            self.source,
+            GrantVerifier(self.settings.node, self.keys),
+            self._scope,
+            token=self.token,
+            refusals=Refusals(self.audit),
         )
         self._server, port = await start_peer_server(service, self.settings.listen, self.tls)
+        try:  # most often the hub answers at once; if not, the keeper keeps asking
+            await asyncio.wait_for(self.grants.fetch(), GRANT_AT_START_S)
+        except Exception as err:  # the reason is in the keeper's next log line
+            log.debug("no read grant at start: %s", err)
+        self._tasks.append(asyncio.create_task(self.grants.run()))
         await self.membership.refresh()
-        self._prober = asyncio.create_task(self.membership.run())
+        self._tasks.append(asyncio.create_task(self.membership.run()))
         log.info(
-            "mesh: node %s, peer port %d, %d of %d peers live",
+            "mesh: node %s, peer port %d, %d of %d peers live, grant %s",
             self.settings.node,
             port,
             len(self.membership.live),
             len(self.membership.clients),
+            "valid" if self.grants.valid else f"missing ({self.grants.problem})",
         )
         return port
 
     def snapshot(self) -> dict[str, Any]:
-        """The mesh's state for ``/v1/cache``: membership, traffic by source, peer errors."""
-        return {**self.membership.snapshot(), **traffic()}
+        """The mesh's state for ``/v1/cache``: membership, the read grant, traffic by
+        source, peer errors."""
+        return {**self.membership.snapshot(), "grant": self.grants.snapshot(), **traffic()}
 
     async def close(self) -> None:
-        """Stop probing, stop the peer port, close the peers' channels."""
-        if self._prober is not None:
-            self._prober.cancel()
+        """Stop probing and refreshing, stop the peer port, close the peers' channels."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._prober
+                await task
         if self._server is not None:
             await self._server.stop(1.0)
+        if self._scope is not None:
+            await self._scope.close()
+        await self.keys.close()
         await self.membership.close()
 
 
@@ -120,7 +188,17 @@ def traffic() -> dict[str, Any]:
             + _sample("strata_spoke_peer_served_bytes_total", how="fetched")
         ),
     }
-    kinds = ("unavailable", "timeout", "corrupt", "refused", "protocol", "not_found")
+    kinds = (
+        "unavailable",
+        "timeout",
+        "corrupt",
+        "lying",
+        "refused",
+        "protocol",
+        "not_found",
+        "permission_denied",
+        "resource_exhausted",
+    )
     errors = {k: int(_sample("strata_spoke_peer_errors_total", kind=k)) for k in kinds}
     return {
         "sources": sources,
@@ -130,4 +208,5 @@ def traffic() -> dict[str, Any]:
         },
         "peer_errors": {k: v for k, v in errors.items() if v},
         "peer_corrupt_blocks": int(_sample("strata_spoke_peer_corrupt_blocks_total")),
+        "peer_declined_blocks": int(_sample("strata_spoke_peer_declined_blocks_total")),
     }

@@ -1,8 +1,18 @@
 """The server side of the peer port: serve this spoke's blocks to the other spokes.
 
-A block asked for is served from the cache, or fetched from the hub through this spoke's
-own scheduler (one single-flight entry, so every spoke of the region asking for it at once
-makes one hub fetch) and then kept here: the owner holds the region's copy. Serving a
+A call is admitted in this order, each refusal counted, audited and logged
+(:class:`~spoke.mesh.admission.Refusals`): the region's token (UNAUTHENTICATED); the
+caller's read grant and its proof of possession (:mod:`spoke.mesh.grantcheck`;
+UNAUTHENTICATED); the request's shape (INVALID_ARGUMENT); which blocks may be served to
+that grant, with their sizes from this spoke's own manifests
+(:class:`~spoke.mesh.admission.ScopeCheck`: the others are declined in the initial
+metadata, and the caller gets them from the hub); the caller's calls and bytes in flight
+(RESOURCE_EXHAUSTED). Only then is anything queued.
+
+A block allowed is served from the cache, or fetched from the hub through this spoke's own
+scheduler in its ``peer`` class (after local demand, through the link window: a peer never
+takes the demand streams; one single-flight entry, so every spoke of the region asking at
+once makes one hub fetch) and then kept here: the owner holds the region's copy. Serving a
 block counts as a read in the owner's eviction policy, so blocks the region reads stay
 cached at their owner — a placement hint, not a pin. Blocks read back from disk are
 verified before they are sent; a bad one is dropped and fetched again.
@@ -11,24 +21,47 @@ verified before they are sent; a bad one is dropped and fetched again.
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import AsyncIterator
+from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
 
+from protocol.grants import DECLINED_METADATA
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
 from spoke.cache import BlockCache
 from spoke.errors import HubUnavailable, InvalidRequest, NotFound
 from spoke.layout import is_digest
 from spoke.mesh import metrics
-from spoke.mesh.peerclient import CHUNK_BYTES, MAX_MESSAGE_BYTES, PeerTls
+from spoke.mesh.admission import CallerLimits, Decision, Refusals, ScopeCheck
+from spoke.mesh.grantcheck import GrantRefused, GrantVerifier
+from spoke.mesh.peerclient import CHUNK_BYTES, MAX_MESSAGE_BYTES
 from spoke.mesh.source import MeshSource
+from spoke.mesh.transport import PeerTls, PeerToken
 from spoke.scheduler import FetchScheduler, Priority
 
-MAX_BLOCKS_PER_REQUEST = 1024
+MAX_BLOCKS_PER_REQUEST = 256
+"""Most blocks one request may name (a spoke's scheduler asks for at most 64)."""
+
 CLASSES = {p.label: p for p in Priority}
+
+_READ = "peer ReadBlocks"
+_INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _problem(digests: list[str], unknown_class: str | None) -> str | None:
+    """What makes a request malformed (None: nothing)."""
+    if len(digests) > MAX_BLOCKS_PER_REQUEST:
+        return f"{len(digests)} blocks; at most {MAX_BLOCKS_PER_REQUEST} per request"
+    bad = next((d for d in digests if not is_digest(d)), None)
+    if bad is not None:
+        return f"malformed digest {bad[:80]!r}"
+    if len(set(digests)) != len(digests):
+        return "a digest named twice"
+    if unknown_class is not None:
+        return f"unknown request class {unknown_class[:40]!r}"
+    return None
 
 
 class PeerService(peer_pb2_grpc.SpokePeerServicer):
@@ -39,7 +72,11 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         cache: the block cache.
         scheduler: fetches what is not cached (its source is ``source``).
         source: the mesh source, told which blocks peers asked for (those go to the hub).
-        token: the region's token, or None to accept calls without one.
+        verifier: checks callers' grants and proofs.
+        scope: decides which blocks a grant may be served.
+        token: the region's token, or None to accept calls without one (``--peer-insecure``).
+        limits: per-caller limits (defaults otherwise).
+        refusals: where refusals are counted and audited (a fresh one without audit log).
     """
 
     def __init__(
@@ -48,21 +85,48 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         cache: BlockCache,
         scheduler: FetchScheduler,
         source: MeshSource,
-        token: str | None = None,
+        verifier: GrantVerifier,
+        scope: ScopeCheck,
+        token: PeerToken | None = None,
+        limits: CallerLimits | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self.node = node
         self.cache = cache
         self.scheduler = scheduler
         self.source = source
-        self._token = f"Bearer {token}".encode() if token else None
+        self.verifier = verifier
+        self.scope = scope
+        self.token = token
+        self.limits = limits or CallerLimits()
+        self.refusals = refusals or Refusals(None)
 
-    async def _authorize(self, context: grpc.aio.ServicerContext[object, object]) -> None:
-        if self._token is None:
+    async def _refuse(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        code: grpc.StatusCode,
+        reason: str,
+        message: str,
+        what: str,
+        subject: str | None = None,
+    ) -> NoReturn:
+        self.refusals.record(reason, message, who=context.peer(), what=what, subject=subject)
+        await context.abort(code, message)
+        raise AssertionError("context.abort() returned")  # it always raises
+
+    async def _authorize(self, context: grpc.aio.ServicerContext[Any, Any], what: str) -> None:
+        """The region's token (when the spokes have one)."""
+        if self.token is None:
             return
-        given = dict(context.invocation_metadata() or ()).get("authorization", "")
-        raw = given.encode() if isinstance(given, str) else bytes(given)
-        if not secrets.compare_digest(raw, self._token):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong peer token")
+        given = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
+        if len(given) != 1 or not self.token.accepts(given[0]):
+            await self._refuse(
+                context,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "token",
+                "missing or wrong peer token",
+                what,
+            )
 
     async def Probe(
         self,
@@ -70,7 +134,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         context: grpc.aio.ServicerContext[peer_pb2.ProbeRequest, peer_pb2.ProbeResponse],
     ) -> peer_pb2.ProbeResponse:
         """Who this is and how many blocks it holds."""
-        await self._authorize(context)  # type: ignore[arg-type]
+        await self._authorize(context, "peer Probe")
         return peer_pb2.ProbeResponse(node=self.node, cached_blocks=len(self.cache))
 
     async def ReadBlocks(
@@ -78,43 +142,96 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         request_iterator: AsyncIterator[peer_pb2.PeerReadRequest],
         context: grpc.aio.ServicerContext[peer_pb2.PeerReadRequest, hub_pb2.BlockChunk],
     ) -> AsyncIterator[hub_pb2.BlockChunk]:
-        """Each requested block, in order, in chunks of at most :data:`CHUNK_BYTES`."""
-        await self._authorize(context)  # type: ignore[arg-type]
+        """Each requested block the caller may have, in order, in chunks of at most
+        :data:`CHUNK_BYTES`; the others are declined up front."""
+        await self._authorize(context, _READ)
+        try:
+            claims = self.verifier.verify(context.invocation_metadata() or (), "ReadBlocks")
+        except GrantRefused as err:
+            code = grpc.StatusCode.UNAUTHENTICATED
+            if err.reason == "busy":
+                code = grpc.StatusCode.RESOURCE_EXHAUSTED
+            await self._refuse(context, code, err.reason, str(err), _READ)
+        subject = f"{claims.subject} at {claims.node}"
+        served = False
         async for request in request_iterator:
-            blocks = [(b.digest, b.size) for b in request.blocks]
-            bad = next((d for d, _ in blocks if not is_digest(d)), None)
-            if bad is not None or len(blocks) > MAX_BLOCKS_PER_REQUEST:
-                what = f"malformed digest {bad!r}" if bad is not None else "too many blocks"
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, what)
-            priority = CLASSES.get(request.request_class or "demand")
-            if priority is None:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"unknown request class {request.request_class!r}",
+            if served:
+                await self._refuse(
+                    context, _INVALID, "malformed", "one request per call", _READ, subject
                 )
-                return
-            with self.source.serving([d for d, _ in blocks]):
-                # queue every miss at once, then send in order as each arrives
-                self.scheduler.prefetch(blocks, priority)
-                for digest, size in blocks:
-                    try:
-                        data = await self._block(digest, size, priority)
-                    except NotFound as err:
-                        await context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-                    except InvalidRequest as err:
-                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-                    except HubUnavailable as err:
-                        await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-                    view = memoryview(data)
-                    for offset in range(0, max(len(data), 1), CHUNK_BYTES):
-                        end = offset + CHUNK_BYTES
-                        yield hub_pb2.BlockChunk(
-                            digest=digest,
-                            offset=offset,
-                            data=bytes(view[offset:end]),
-                            block_size=len(data),
-                            last=end >= len(data),
-                        )
+            served = True
+            digests = [b.digest for b in request.blocks]
+            asked = CLASSES.get(request.request_class or "demand")
+            problem = _problem(digests, request.request_class if asked is None else None)
+            if problem is not None:
+                await self._refuse(context, _INVALID, "malformed", problem, _READ, subject)
+            scopes = list(claims.scopes)
+            await self.scope.load(request.snapshots, scopes)
+            decision = self.scope.decide(digests, scopes)
+            with self.limits.admit(claims.holder_key, decision.nbytes) as admitted:
+                if not admitted:
+                    calls, held = self.limits.in_flight(claims.holder_key)
+                    await self._refuse(
+                        context,
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        "limit",
+                        f"{calls} calls and {held:,} bytes in flight here; at most "
+                        f"{self.limits.calls} and {self.limits.nbytes:,}",
+                        _READ,
+                        subject,
+                    )
+                self._declined(decision, len(digests), context.peer(), subject)
+                raw = b"".join(bytes.fromhex(d) for d in decision.declined)
+                await context.send_initial_metadata(((DECLINED_METADATA, raw),) if raw else ())
+                # a peer never preempts this spoke's own demand misses
+                priority = max(Priority.PEER, asked or Priority.DEMAND)
+                async for chunk in self._serve(decision.allowed, priority, context):
+                    yield chunk
+
+    def _declined(self, decision: Decision, asked: int, who: str, subject: str) -> None:
+        """Count, audit and log the blocks of a request that are not served."""
+        for reason, declined in (("unknown", decision.unknown), ("scope", decision.outside)):
+            if declined:
+                metrics.PEER_REFUSED_BLOCKS.labels(reason).inc(len(declined))
+                self.refusals.record(
+                    reason,
+                    f"{len(declined)} of {asked} blocks declined, e.g. {declined[0]}",
+                    who=who,
+                    what=_READ,
+                    subject=subject,
+                    blocks=len(declined),
+                )
+
+    async def _serve(
+        self,
+        blocks: list[tuple[str, int]],
+        priority: Priority,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[hub_pb2.BlockChunk]:
+        if not blocks:
+            return
+        with self.source.serving([d for d, _ in blocks]):
+            # queue every miss at once, then send in order as each arrives
+            self.scheduler.prefetch(blocks, priority)
+            for digest, size in blocks:
+                try:
+                    data = await self._block(digest, size, priority)
+                except NotFound as err:
+                    await context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+                except InvalidRequest as err:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+                except HubUnavailable as err:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+                view = memoryview(data)
+                for offset in range(0, max(len(data), 1), CHUNK_BYTES):
+                    end = offset + CHUNK_BYTES
+                    yield hub_pb2.BlockChunk(
+                        digest=digest,
+                        offset=offset,
+                        data=bytes(view[offset:end]),
+                        block_size=len(data),
+                        last=end >= len(data),
+                    )
 
     async def _block(self, digest: str, size: int, priority: Priority) -> bytes:
         """The verified bytes of one block, fetched into the cache first if need be.

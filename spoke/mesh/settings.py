@@ -1,5 +1,9 @@
 """The mesh's settings: the peer port, who the peers are, and how calls between them are
-secured (``--peer-listen``, ``--peers``, ``--peers-dns``, ``--peer-token-file``, …)."""
+secured (``--peer-listen``, ``--peers``, ``--peers-dns``, ``--peer-token-file``, …).
+
+The peer port is TLS with a region token unless ``--peer-insecure`` says otherwise (as the
+hub refuses tokens without TLS unless ``--insecure``): a spoke given ``--peer-listen``
+without ``--peer-cert``/``--peer-key`` and ``--peer-token-file`` does not start."""
 
 from __future__ import annotations
 
@@ -51,6 +55,19 @@ class MeshSettings(BaseModel):
     ca: Path | None = Field(
         default=None, description="CA (PEM) peers' certificates must chain to: mTLS"
     )
+    server_name: str | None = Field(
+        default=None,
+        description="the name in peers' certificates, when it is not the host they are "
+        "dialled by (one certificate for the region)",
+    )
+    insecure: bool = Field(
+        default=False,
+        description="allow a plaintext peer port and no region token (trusted networks only)",
+    )
+    grant_key: Path | None = Field(
+        default=None,
+        description="the hub's grant public key (PEM), pinned instead of asking the hub",
+    )
     timeout: float = Field(
         default=2.0, gt=0, description="seconds a peer may take per block before it is skipped"
     )
@@ -85,7 +102,7 @@ class MeshSettings(BaseModel):
             raise ValueError(f"--peers-dns must be NAME or NAME:PORT, got {v!r}")
         return v
 
-    @field_validator("token_file", "cert", "key", "ca")
+    @field_validator("token_file", "cert", "key", "ca", "grant_key")
     @classmethod
     def _file(cls, v: Path | None) -> Path | None:
         if v is not None and not (v.is_file() and v.read_bytes().strip()):
@@ -98,6 +115,19 @@ class MeshSettings(BaseModel):
             raise ValueError("--peer-cert and --peer-key go together")
         if self.ca is not None and self.cert is None:
             raise ValueError("--peer-ca (mTLS) needs --peer-cert and --peer-key")
+        if self.server_name is not None and self.cert is None:
+            raise ValueError("--peer-server-name needs TLS (--peer-cert and --peer-key)")
+        if not self.insecure and self.cert is None:
+            raise ValueError(
+                "--peer-listen without --peer-cert/--peer-key would serve blocks in "
+                "cleartext: give them (and --peer-ca for mTLS), or --peer-insecure on a "
+                "trusted network"
+            )
+        if not self.insecure and self.token_file is None:
+            raise ValueError(
+                "--peer-listen without --peer-token-file would let anyone who reaches the "
+                "peer port call it: give the region's token, or --peer-insecure"
+            )
         if self.advertise is None:
             host, port = parse_hostport(self.listen, "--peer-listen")
             if host in WILDCARD_HOSTS or port == 0:
@@ -107,15 +137,27 @@ class MeshSettings(BaseModel):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _usable(self) -> MeshSettings:
+        """The certificates load and match, and the pinned grant key is an Ed25519 key
+        (after :meth:`_consistent`, which pydantic runs first: it is defined first)."""
+        from spoke.hubauth import CredentialError
+        from spoke.mesh.grants import GrantKeyError, load_public_key
+        from spoke.mesh.transport import PeerTls
+
+        try:
+            if self.cert is not None and self.key is not None:
+                PeerTls(self.cert, self.key, self.ca, self.server_name)
+            if self.grant_key is not None:
+                load_public_key(self.grant_key)
+        except (CredentialError, GrantKeyError) as err:
+            raise ValueError(str(err)) from None
+        return self
+
     @property
     def node(self) -> str:
         """This spoke's name in the mesh."""
         return self.advertise or self.listen
-
-    @property
-    def token(self) -> str | None:
-        """The region's token, or None."""
-        return self.token_file.read_text().strip() if self.token_file else None
 
     @property
     def dns(self) -> tuple[str, int] | None:
@@ -136,11 +178,16 @@ class MeshSettings(BaseModel):
             args += ["--peers", ",".join(self.peers)]
         if self.peers_dns:
             args += ["--peers-dns", self.peers_dns]
+        if self.server_name:
+            args += ["--peer-server-name", self.server_name]
+        if self.insecure:
+            args.append("--peer-insecure")
         for flag, path in (
             ("--peer-token-file", self.token_file),
             ("--peer-cert", self.cert),
             ("--peer-key", self.key),
             ("--peer-ca", self.ca),
+            ("--peer-grant-key", self.grant_key),
         ):
             if path is not None:
                 args += [flag, str(path.resolve())]

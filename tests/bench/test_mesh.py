@@ -23,3 +23,14 @@ def test_markdown_compares_with_one_spoke_alone() -> None:
     mesh = Result(2, True, 100, 102, [2.2, 2.0], 0.4, 100)
     table = markdown([alone, mesh], LinkSpec(0.05, 1e9))
     assert "| 2 | mesh | 1.02× | 2.2 | 2.1 | 1.10× | 40% | 0 |" in table
+
+
+@pytest.mark.parametrize("argv", [["--size", "0"], ["--seconds", "-1"], ["--size", "x"]])
+def test_peer_flood_bad_arguments_exit_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import peer_flood
+
+    with pytest.raises(SystemExit) as exc:
+        peer_flood.main(argv)
+    assert exc.value.code == 2 and "error:" in capsys.readouterr().err

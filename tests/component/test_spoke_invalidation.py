@@ -258,3 +258,76 @@ def test_run_resumes_after_the_last_applied_event_and_resyncs_when_history_is_go
             await spoke.catalog.list_versions("f3")
 
         asyncio.run(versions())
+
+
+def test_what_peers_may_be_served_follows_stored_live_snapshots(
+    tmp_path: Path, hub: FakeHub
+) -> None:
+    """The block scope index (what the peer port may serve): every block of a manifest the
+    catalog stored, by dataset, until that version is revoked; an identical tree live as
+    another version keeps its blocks servable."""
+    old, shared, new = _blocks("old"), _blocks("shared"), _blocks("new")
+    other = _blocks("other")
+    hub.publish("f3", "v1", "a" * 32, {**old, **shared})
+    hub.publish("f3", "v2", "b" * 32, {**shared, **new})
+    hub.publish("f3", "v3", "c" * 32, {**shared, **new})  # the same tree as v2
+    hub.publish("g", "v1", "d" * 32, other)
+    spoke = Spoke(tmp_path, hub)
+    everything = [*old, *shared, *new, *other]
+
+    async def go() -> dict[str, frozenset[str]]:
+        assert spoke.catalog.scope.lookup(everything) == {}  # nothing stored yet
+        for dataset, version in (("f3", "v1"), ("f3", "v2"), ("f3", "v3"), ("g", "v1")):
+            await spoke.catalog.manifest(dataset, version)
+        held = spoke.catalog.scope.lookup(everything)
+        assert {d: h.datasets for d, h in held.items()} == {
+            **dict.fromkeys(old, frozenset({"f3"})),
+            **dict.fromkeys(shared, frozenset({"f3"})),
+            **dict.fromkeys(new, frozenset({"f3"})),
+            **dict.fromkeys(other, frozenset({"g"})),
+        }
+        sizes = {d: len(b) for d, b in {**old, **shared, **new, **other}.items()}
+        assert {d: h.size for d, h in held.items()} == sizes
+        assert set(spoke.catalog.scope.snapshots_of(list(new))) == {
+            ("f3", "v2", hub.real["b" * 32]),
+            ("f3", "v3", hub.real["b" * 32]),
+        }
+        invalidator = spoke.invalidator(hub)
+        await invalidator.apply(_event(1, REVOKED, "f3", "v1", hub.real["a" * 32]))
+        await invalidator.apply(_event(2, REVOKED, "f3", "v2", hub.real["b" * 32]))
+        # a restart reads the names back from the index
+        again = SnapshotCatalog(hub, spoke.env)  # type: ignore[arg-type]
+        return {d: h.datasets for d, h in again.scope.lookup(everything).items()}
+
+    held = asyncio.run(go())
+    # v1's own block is gone; v2's tree is still live as v3
+    assert held == {
+        **dict.fromkeys(shared, frozenset({"f3"})),
+        **dict.fromkeys(new, frozenset({"f3"})),
+        **dict.fromkeys(other, frozenset({"g"})),
+    }
+
+
+def test_a_manifest_stored_before_the_scope_index_is_indexed_when_next_loaded(
+    tmp_path: Path, hub: FakeHub
+) -> None:
+    blocks = _blocks("x", "y")
+    hub.publish("f3", "v1", "a" * 32, blocks)
+    spoke = Spoke(tmp_path, hub)
+
+    async def go() -> tuple[int, int]:
+        await spoke.catalog.manifest("f3", "v1")
+        # what an older spoke left: the manifest, no index of its blocks, no names
+        scope_db = spoke.env.open_db(b"blockscope", dupsort=True)
+        catalog_db = spoke.env.open_db(b"catalog")
+        with spoke.env.begin(write=True) as txn:
+            txn.drop(scope_db, delete=False)
+            for key in [k for k, _ in txn.cursor(db=catalog_db) if k.startswith(b"scope")]:
+                txn.delete(key, db=catalog_db)
+        older = SnapshotCatalog(hub, spoke.env)  # type: ignore[arg-type]
+        before = len(older.scope.lookup(list(blocks)))
+        hub.up = False  # the stored manifest is enough
+        await older.manifest("f3", "v1", stale_ok=True)
+        return before, len(older.scope.lookup(list(blocks)))
+
+    assert asyncio.run(go()) == (0, 2)

@@ -1,5 +1,10 @@
 """The mesh source and the peer service in one process: the owner fetches once for every
-asker, a token is required when set, dead and stalled peers fall back to the hub."""
+asker, but only blocks of its own live snapshots that the asker's grant covers; a token
+is required (and rotates with a grace); dead, stalled and busy peers fall back to the hub.
+
+The hub's part is real where it matters (:class:`hub.grants.GrantIssuer` signs the grants
+every peer checks); the hub's blocks come from a dict.
+"""
 
 from __future__ import annotations
 
@@ -10,23 +15,40 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
 
 from deploy.local import free_port
+from deploy.pki import LocalCa
+from hub.auth import Principal
+from hub.grants import GrantIssuer
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
 from spoke.cache import BlockCache
+from spoke.catalog import SnapshotCatalog
 from spoke.fetcher import Fetcher
+from spoke.hubclient import HubClient
 from spoke.layout import CacheLayout, block_digest
+from spoke.mesh import metrics
+from spoke.mesh.admission import CallerLimits, ScopeCheck
+from spoke.mesh.grantcheck import GrantVerifier
+from spoke.mesh.grants import GrantKeeper, HubGrantKeys
 from spoke.mesh.membership import Membership
-from spoke.mesh.peerclient import PeerClient, PeerTls
+from spoke.mesh.peerclient import PeerClient
 from spoke.mesh.peerservice import PeerService, start_peer_server
 from spoke.mesh.rendezvous import owner
 from spoke.mesh.source import MeshSource
+from spoke.mesh.transport import PeerTls, PeerToken
 from spoke.policy import LRUPolicy
-from spoke.scheduler import FetchScheduler
+from spoke.scheduler import FetchScheduler, Priority
 from spoke.store import BlockStore, open_index
 
 pytestmark = pytest.mark.timeout(60)
+
+ISSUER = GrantIssuer(Ed25519PrivateKey.generate())
+EVERYTHING = Principal("tok-all", ("*",))
 
 
 class FakeHub:
@@ -48,17 +70,55 @@ class FakeHub:
             yield d, self.blocks[d]
 
 
-def _blocks(n: int) -> dict[str, bytes]:
+class GrantingHub:
+    """The hub calls a keeper makes, answered by the real issuer for ``principal``."""
+
+    def __init__(self, principal: Principal) -> None:
+        self.principal = principal
+
+    async def issue_grant(self, holder_key: bytes, node: str) -> hub_pb2.ReadGrant:
+        return ISSUER.issue(
+            self.principal, hub_pb2.IssueGrantRequest(holder_key=holder_key, node=node)
+        )
+
+
+def _keys() -> HubGrantKeys:
+    return HubGrantKeys(None, pinned=Ed25519PublicKey.from_public_bytes(ISSUER.public_key))
+
+
+async def _keeper(node: str, principal: Principal = EVERYTHING) -> GrantKeeper:
+    keeper = GrantKeeper(GrantingHub(principal), node)  # type: ignore[arg-type]
+    await keeper.fetch()
+    return keeper
+
+
+def _blocks(n: int, seed: str = "block") -> dict[str, bytes]:
     out = {}
     for i in range(n):
-        data = f"block {i} ".encode() * 700
+        data = f"{seed} {i} ".encode() * 700
         out[block_digest(data)] = data
     return out
 
 
-def _cache(root: Path) -> BlockCache:
+def _cache(root: Path) -> tuple[BlockCache, SnapshotCatalog]:
     layout = CacheLayout(root)
-    return BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(1 << 30), 1 << 30)
+    env = open_index(layout)
+    cache = BlockCache(BlockStore(layout, env), LRUPolicy(1 << 30), 1 << 30)
+    return cache, SnapshotCatalog(HubClient("127.0.0.1:1"), env)
+
+
+def _hold(catalog: SnapshotCatalog, dataset: str, blocks: dict[str, bytes]) -> None:
+    """Record ``blocks`` as one file of a stored, live snapshot of ``dataset`` (what the
+    catalog does when it stores a manifest)."""
+    sid = block_digest((dataset + "".join(blocks)).encode())
+    entry = hub_pb2.ManifestEntry(
+        path="f",
+        type=hub_pb2.ENTRY_TYPE_FILE,
+        blocks=[hub_pb2.BlockRef(digest=d, size=len(b)) for d, b in blocks.items()],
+    )
+    with catalog._env.begin(write=True) as txn:
+        catalog.scope.index(txn, sid, [entry])
+    catalog.scope.add_name(sid, dataset, "v1")
 
 
 def _live(membership: Membership, *nodes: str) -> None:
@@ -66,35 +126,69 @@ def _live(membership: Membership, *nodes: str) -> None:
     membership._publish()
 
 
-async def _owner(
-    root: Path, hub: FakeHub, token: str | None = None
-) -> tuple[str, grpc.aio.Server, MeshSource]:
-    node = f"127.0.0.1:{free_port()}"
-    cache = _cache(root)
-    source = MeshSource(hub, Membership(node))
-    scheduler = FetchScheduler(Fetcher(source, cache), cache)
-    source.request_of = scheduler.request_of
-    server, _ = await start_peer_server(
-        PeerService(node, cache, scheduler, source, token=token), node
-    )
-    return node, server, source
+def _sizes(blocks: dict[str, bytes]) -> object:
+    """``request_of`` for a source used without a scheduler: sizes from the manifest."""
+    return lambda digest: (len(blocks[digest]), Priority.DEMAND) if digest in blocks else None
+
+
+class Owner:
+    """A spoke's peer port over a fake hub, holding ``blocks`` as a snapshot of ``ds``."""
+
+    def __init__(self, root: Path, hub: FakeHub, blocks: dict[str, bytes]) -> None:
+        self.root, self.hub, self.blocks = root, hub, blocks
+        self.node = f"127.0.0.1:{free_port()}"
+
+    async def start(
+        self,
+        token: PeerToken | None = None,
+        tls: PeerTls | None = None,
+        limits: CallerLimits | None = None,
+    ) -> None:
+        cache, catalog = _cache(self.root)
+        _hold(catalog, "ds", self.blocks)
+        self.cache = cache
+        source = MeshSource(self.hub, Membership(self.node))
+        self.scheduler = FetchScheduler(Fetcher(source, cache), cache)
+        source.request_of = self.scheduler.request_of
+        service = PeerService(
+            self.node,
+            cache,
+            self.scheduler,
+            source,
+            GrantVerifier(self.node, _keys()),
+            ScopeCheck(catalog),
+            token=token,
+            limits=limits,
+        )
+        self.server, _ = await start_peer_server(service, self.node, tls)
+
+    async def stop(self) -> None:
+        await self.server.stop(0)
+        await self.scheduler.close()
+
+
+async def _asker(
+    owner: Owner, blocks: dict[str, bytes], principal: Principal = EVERYTHING
+) -> tuple[MeshSource, Membership, FakeHub]:
+    me = f"127.0.0.1:{free_port()}"
+    keeper = await _keeper(me, principal)
+    membership = Membership(me, [owner.node], connect=lambda n: PeerClient(n, grants=keeper))
+    await membership.refresh()
+    assert membership.live == {owner.node}
+    hub = FakeHub(blocks)
+    source = MeshSource(hub, membership, request_of=_sizes(blocks), grants=keeper)  # type: ignore[arg-type]
+    return source, membership, hub
 
 
 def test_the_owner_fetches_each_block_once_for_every_asker(tmp_path: Path) -> None:
     blocks = _blocks(12)
 
     async def go() -> tuple[list[str], list[int]]:
-        owner_hub = FakeHub(blocks, delay=0.05)
-        node, server, _ = await _owner(tmp_path / "owner", owner_hub)
-        askers = []
-        for i in range(3):
-            me = f"127.0.0.1:{40000 + i}"
-            membership = Membership(me, [node])
-            await membership.refresh()
-            assert membership.live == {node}
-            askers.append((MeshSource(FakeHub(blocks), membership), membership))
+        owner_ = Owner(tmp_path / "owner", FakeHub(blocks, delay=0.05), blocks)
+        await owner_.start()
+        askers = [await _asker(owner_, blocks) for _ in range(3)]
         # each asker wants the blocks the owner owns in its view
-        wanted = [[d for d in blocks if owner(d, m.nodes) == node] for _, m in askers]
+        wanted = [[d for d in blocks if owner(d, m.nodes) == owner_.node] for _, m, _ in askers]
 
         async def read(source: MeshSource, digests: list[str]) -> int:
             got = {d: b async for d, b in source.read_blocks(digests, 10)}
@@ -102,43 +196,113 @@ def test_the_owner_fetches_each_block_once_for_every_asker(tmp_path: Path) -> No
             return len(got)
 
         counts = await asyncio.gather(
-            *(read(s, w) for (s, _), w in zip(askers, wanted, strict=True))
+            *(read(s, w) for (s, _, _), w in zip(askers, wanted, strict=True))
         )
-        for _, m in askers:
+        for _, m, hub in askers:
+            assert hub.sent == []  # everything came from the owner
             await m.close()
-        await server.stop(0)
-        return owner_hub.sent, list(counts)
+        await owner_.stop()
+        return owner_.hub.sent, list(counts)
 
     sent, counts = asyncio.run(go())
     assert all(counts) and len(sent) == len(set(sent))  # one hub fetch per block
     assert CacheLayout(tmp_path / "owner").block_path(sent[0]).is_file()  # the owner keeps it
 
 
-def test_a_peer_token_is_required_when_set(tmp_path: Path) -> None:
+def _sample(counter: object, *labels: str) -> float:
+    target = counter.labels(*labels) if labels else counter  # type: ignore[attr-defined]
+    return float(target._value.get())
+
+
+def test_blocks_outside_the_grant_or_unknown_to_the_owner_come_from_the_hub(
+    tmp_path: Path,
+) -> None:
+    held = _blocks(12, "held")  # a snapshot of ds at the owner
+    stranger = _blocks(8, "stranger")  # in no snapshot the owner stores
+    both = {**held, **stranger}
+
+    async def go() -> tuple[dict[str, bytes], FakeHub, FakeHub, set[str], set[str]]:
+        owner_ = Owner(tmp_path / "owner", FakeHub(both), held)
+        await owner_.start()
+        # scoped to "other": the owner's ds blocks are refused, and so is what it lacks
+        source, membership, hub = await _asker(owner_, both, Principal("tok-o", ("other",)))
+        asked = {d for d in both if membership.owner(d) == owner_.node}
+        got = {d: b async for d, b in source.read_blocks(list(both), 10)}
+        live = set(membership.live)
+        await membership.close()
+        await owner_.stop()
+        return got, hub, owner_.hub, live, asked
+
+    scope0 = _sample(metrics.PEER_REFUSED_BLOCKS, "scope")
+    unknown0 = _sample(metrics.PEER_REFUSED_BLOCKS, "unknown")
+    declined0 = _sample(metrics.PEER_DECLINED_BLOCKS)
+    got, hub, owner_hub, live, asked = asyncio.run(go())
+    assert got == both and len(live) == 1  # declining is no fault: the owner stays live
+    assert sorted(hub.sent) == sorted(both)  # every block from the asker's own hub
+    assert owner_hub.sent == []  # the owner fetched nothing for it
+    assert asked & set(held) and asked & set(stranger)  # both kinds were asked of it
+    refused_scope = _sample(metrics.PEER_REFUSED_BLOCKS, "scope") - scope0
+    refused_unknown = _sample(metrics.PEER_REFUSED_BLOCKS, "unknown") - unknown0
+    assert refused_scope == len(asked & set(held))
+    assert refused_unknown == len(asked & set(stranger))
+    assert _sample(metrics.PEER_DECLINED_BLOCKS) - declined0 == len(asked)
+
+
+def test_a_peer_token_is_required_and_rotates_with_a_grace(tmp_path: Path) -> None:
     blocks = _blocks(4)
+    token_file = tmp_path / "token"
+    token_file.write_text("first-token-0123456789\n")
+    now = [0.0]
+    server_token = PeerToken(token_file, grace_s=60, now=lambda: now[0])
 
-    async def go() -> tuple[str | None, str | None, str]:
-        node, server, _ = await _owner(tmp_path / "owner", FakeHub(blocks), token="s3cret")
-        bad = Membership("127.0.0.1:1", [node], connect=lambda n: PeerClient(n, "wrong"))
-        good = Membership("127.0.0.1:1", [node], connect=lambda n: PeerClient(n, "s3cret"))
-        await bad.refresh()
-        await good.refresh()
-        refused = bad.errors.get(node)
-        raw = grpc.aio.insecure_channel(node)
+    async def probe(token: PeerToken | None) -> str:
+        client = PeerClient(owner_.node, token)
         try:
-            await peer_pb2_grpc.SpokePeerStub(raw).Probe(peer_pb2.ProbeRequest(), timeout=5)
-            code = "OK"
-        except grpc.aio.AioRpcError as err:
-            code = err.code().name
-        await raw.close()
-        await bad.close()
-        await good.close()
-        await server.stop(0)
-        return refused, good.errors.get(node), code
+            await client.probe(5)
+            return "OK"
+        except Exception as err:
+            return getattr(err, "kind", repr(err))
+        finally:
+            await client.close()
 
-    refused, ok, code = asyncio.run(go())
-    assert refused is not None and "wrong peer token" in refused
-    assert ok is None and code == "UNAUTHENTICATED"
+    async def go() -> list[str]:
+        await owner_.start(token=server_token)
+        old = tmp_path / "old"
+        old.write_text("first-token-0123456789\n")
+        wrong = tmp_path / "wrong"
+        wrong.write_text("not-the-token-01234567\n")
+        results = [await probe(PeerToken(old)), await probe(PeerToken(wrong)), await probe(None)]
+        token_file.write_text("second-token-987654321\n")  # rotated on the owner
+        results.append(await probe(PeerToken(old)))  # within the grace: still accepted
+        results.append(await probe(PeerToken(token_file)))  # the new one too
+        now[0] = 61.0
+        results.append(await probe(PeerToken(old)))  # after the grace: refused
+        await owner_.stop()
+        return results
+
+    owner_ = Owner(tmp_path / "owner", FakeHub(blocks), blocks)
+    assert asyncio.run(go()) == ["OK", "refused", "refused", "OK", "OK", "refused"]
+
+
+def test_a_caller_over_its_limits_is_sent_to_the_hub_and_the_peer_stays(tmp_path: Path) -> None:
+    blocks = _blocks(8)
+
+    async def go() -> tuple[dict[str, bytes], FakeHub, set[str], list[str]]:
+        owner_ = Owner(tmp_path / "owner", FakeHub(blocks), blocks)
+        # at most 100 bytes in flight per caller: smaller than any one block
+        await owner_.start(limits=CallerLimits(calls=4, nbytes=100))
+        source, membership, hub = await _asker(owner_, blocks)
+        got = {d: b async for d, b in source.read_blocks(list(blocks), 10)}
+        live = set(membership.live)
+        await membership.close()
+        await owner_.stop()
+        return got, hub, live, owner_.hub.sent
+
+    before = _sample(metrics.PEER_ERRORS, "resource_exhausted")
+    got, hub, live, owner_sent = asyncio.run(go())
+    assert got == blocks and sorted(hub.sent) == sorted(blocks) and owner_sent == []
+    assert len(live) == 1  # still in the mesh
+    assert _sample(metrics.PEER_ERRORS, "resource_exhausted") - before == 1
 
 
 class Stall(peer_pb2_grpc.SpokePeerServicer):
@@ -168,11 +332,18 @@ def test_dead_and_stalled_peers_fall_back_to_the_hub_and_leave_the_mesh() -> Non
         server.add_insecure_port(slow)
         await server.start()
         me = "127.0.0.1:2"
-        membership = Membership(me, [dead, slow])
+        keeper = await _keeper(me)
+        membership = Membership(me, [dead, slow], connect=lambda n: PeerClient(n, grants=keeper))
         await membership.refresh()
         _live(membership, dead, slow)  # as if both had answered the last probe
         hub = FakeHub(blocks)
-        source = MeshSource(hub, membership, step_timeout=0.5)
+        source = MeshSource(
+            hub,
+            membership,
+            step_timeout=0.5,
+            request_of=_sizes(blocks),  # type: ignore[arg-type]
+            grants=keeper,
+        )
         got = {d: b async for d, b in source.read_blocks(list(blocks), 30)}
         await membership.close()
         await server.stop(0)
@@ -184,99 +355,35 @@ def test_dead_and_stalled_peers_fall_back_to_the_hub_and_leave_the_mesh() -> Non
     assert membership.nodes == ("127.0.0.1:2",)  # both peers left, their share re-hashed
 
 
-def _pki(root: Path) -> tuple[Path, PeerTls, PeerTls]:
-    """A CA, a spoke certificate it signed (server and client use, for 127.0.0.1), and
-    one from a CA nobody trusts."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    def write(stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Path:
-        (root / f"{stem}.key").write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        path = root / f"{stem}.crt"
-        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        return path
-
-    def authority(cn: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name(cn))
-            .issuer_name(name(cn))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256())
-        )
-        return cert, key
-
-    def leaf(stem: str, ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey]) -> PeerTls:
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name(stem))
-            .issuer_name(ca[0].subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
-            .add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                critical=False,
-            )
-            .sign(ca[1], hashes.SHA256())
-        )
-        return PeerTls(write(stem, cert, key), root / f"{stem}.key", ca_path)
-
-    ca = authority("region-ca")
-    ca_path = write("region-ca", *ca)
-    return ca_path, leaf("spoke", ca), leaf("intruder", authority("foreign-ca"))
-
-
 def test_mtls_admits_the_region_and_refuses_a_foreign_certificate(tmp_path: Path) -> None:
     blocks = _blocks(4)
-    _, tls, intruder = _pki(tmp_path)
+    (tmp_path / "region").mkdir()
+    (tmp_path / "foreign").mkdir()
+    region = LocalCa(tmp_path / "region", "region-ca")
+    leaf = region.issue("spoke", dns=(), ips=("127.0.0.1",))
+    tls = PeerTls(leaf.cert, leaf.key, region.cert)
+    stranger = LocalCa(tmp_path / "foreign", "foreign-ca").issue("intruder")
+    intruder = PeerTls(stranger.cert, stranger.key, region.cert)
 
     async def go() -> tuple[dict[str, bytes], str | None]:
-        node = f"127.0.0.1:{free_port()}"
-        cache = _cache(tmp_path / "owner")
-        source = MeshSource(FakeHub(blocks), Membership(node))
-        scheduler = FetchScheduler(Fetcher(source, cache), cache)
-        source.request_of = scheduler.request_of
-        server, _ = await start_peer_server(PeerService(node, cache, scheduler, source), node, tls)
-        good = Membership("127.0.0.1:1", [node], connect=lambda n: PeerClient(n, None, tls))
-        bad = Membership("127.0.0.1:1", [node], connect=lambda n: PeerClient(n, None, intruder))
+        owner_ = Owner(tmp_path / "owner", FakeHub(blocks), blocks)
+        await owner_.start(tls=tls)
+        keeper = await _keeper("127.0.0.1:1")
+        good = Membership(
+            "127.0.0.1:1", [owner_.node], connect=lambda n: PeerClient(n, None, tls, keeper)
+        )
+        bad = Membership(
+            "127.0.0.1:1", [owner_.node], connect=lambda n: PeerClient(n, None, intruder, keeper)
+        )
         await good.refresh()
         await bad.refresh()
-        client = good.client(node)
-        got = {d: b async for d, b in client.read_blocks([(d, 0) for d in blocks], "demand", 10, 5)}
-        refused = None if node in bad.live else bad.errors.get(node)
+        client = good.client(owner_.node)
+        sized = [(d, len(b)) for d, b in blocks.items()]
+        got = {d: b async for d, b in client.read_blocks(sized, "demand", 10, 5)}
+        refused = None if owner_.node in bad.live else bad.errors.get(owner_.node)
         await good.close()
         await bad.close()
-        await server.stop(0)
+        await owner_.stop()
         return got, refused
 
     got, refused = asyncio.run(go())

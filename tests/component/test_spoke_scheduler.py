@@ -116,6 +116,25 @@ def test_classes_leave_most_urgent_first(tmp_path: Path) -> None:
     assert [c[0] for c in hub.calls] == [refs[i][0] for i in expected]
 
 
+def test_a_peers_request_waits_behind_local_demand_and_goes_before_prefetch(
+    tmp_path: Path,
+) -> None:
+    hub, _, scheduler, refs = _setup(tmp_path, 4, max_streams=1, batch_blocks=1)
+
+    async def go() -> None:
+        scheduler.prefetch(refs[0:1], Priority.FILL)  # takes the one shared stream
+        scheduler.prefetch(refs[1:2], Priority.HINT)
+        scheduler.prefetch(refs[2:3], Priority.PEER)
+        # a peer's request never opens one of demand's own streams: it waits its turn
+        assert scheduler.queued(Priority.PEER) == (1, BLOCK)
+        await scheduler.ensure(refs[3:4], Priority.DEMAND)  # leaves at once
+        while scheduler.inflight:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(go())
+    assert [c[0] for c in hub.calls] == [refs[i][0] for i in (0, 3, 2, 1)]
+
+
 def test_sixteen_waiters_of_a_queued_block_make_one_fetch(tmp_path: Path) -> None:
     hub, _, scheduler, refs = _setup(tmp_path, 2, max_streams=1, batch_blocks=1)
 

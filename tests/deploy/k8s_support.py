@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from deploy.kustomize import render
+from deploy.pki import LocalCa
 from tests.conftest import REPO_ROOT
 from tests.integration.hub_support import CertificateAuthority
 
@@ -62,6 +63,13 @@ def make_secrets(root: Path) -> None:
     (secrets / "hub-token").write_text(token + "\n")
     (secrets / "admin-token").write_text(admin + "\n")
     (secrets / "peer-token").write_text("00112233445566778899aabbccddeeff\n")
+    # the mesh: its own CA and one certificate for every spoke of the region, server and
+    # client use, naming the peers' Service (deploy.pki's, as docs/deploy.md makes it)
+    peer_ca = LocalCa(pki, "peer-ca")
+    peer = peer_ca.issue("peer", dns=("strata-spoke-peers.strata.svc",), ips=())
+    shutil.copy(peer_ca.cert, secrets / "peer-ca.crt")
+    shutil.copy(peer.cert, secrets / "peer.crt")
+    shutil.copy(peer.key, secrets / "peer.key")
 
 
 def copy_tree(tmp: Path) -> Path:

@@ -233,6 +233,22 @@ def test_spoke_daemonset(objects: dict[str, dict[tuple[str, str, str], Obj]]) ->
     assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["publishNotReadyAddresses"]
     assert peers["spec"]["ports"][0]["port"] == peer_port
     assert peers["spec"]["selector"].items() <= pod_labels(_spoke(objects)).items()
+    # the mesh runs mTLS with the region token: every file from the peer Secret, which the
+    # overlay generates with exactly those keys; the name the certificate carries is the
+    # peers' Service (pod IPs change), never the plaintext opt-out
+    assert not any(a.startswith("--peer-insecure") for a in args)
+    peer_flags = ("--peer-cert", "--peer-key", "--peer-ca", "--peer-token-file")
+    mounts = {_mount_for(spoke, pod, _flag(args, f))[1]["secret"]["secretName"] for f in peer_flags}
+    (secret_name,) = mounts
+    secret = objects["gpu-region"][("Secret", "strata", secret_name)]
+    (mount,) = [
+        m for m in spoke["volumeMounts"] if _flag(args, "--peer-ca").startswith(m["mountPath"])
+    ]
+    assert mount.get("readOnly") is True
+    assert {_flag(args, f).removeprefix(mount["mountPath"] + "/") for f in peer_flags} == set(
+        secret["data"]
+    )
+    assert _flag(args, "--peer-server-name") == f"{service_name}.$(POD_NAMESPACE).svc"
 
 
 def test_training_job_reads_the_mount(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:

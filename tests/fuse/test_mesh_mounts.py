@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from deploy.local import LocalStack, admin_headers, free_port
+from deploy.pki import region_flags
 from tests.integration.mesh_support import metric, wait_until
 from tests.support import publish, requires_fuse, sha256
 
@@ -27,27 +28,33 @@ def test_two_mounts_on_two_spokes_one_hub_fetch_per_block(tmp_path: Path) -> Non
     assert publish(tmp_path / "hub", "ds", src, "--block-size", str(BLOCK)) == "v1"
     with LocalStack() as stack:
         metrics_port = free_port()
-        hub = stack.start_hub(tmp_path / "hub", metrics=f"127.0.0.1:{metrics_port}")
+        hub = stack.start_hub(  # plaintext: read grants need --insecure
+            tmp_path / "hub", metrics=f"127.0.0.1:{metrics_port}", extra=("--insecure",)
+        )
         ports = [free_port(), free_port()]
         peers = ",".join(f"127.0.0.1:{p}" for p in ports)
+        secured = region_flags(tmp_path / "region")  # mTLS and a region token
         admins = [
             stack.start_spoke(
                 hub,
                 tmp_path / f"cache{i}",
                 tmp_path / f"mnt{i}",
                 "64MiB",
-                extra=("--peer-listen", f"127.0.0.1:{port}", "--peers", peers),
+                extra=("--peer-listen", f"127.0.0.1:{port}", "--peers", peers, *secured),
             )
             for i, port in enumerate(ports)
         ]
         for i, admin in enumerate(admins):
             auth = admin_headers(tmp_path / f"cache{i}")
             wait_until(
-                lambda a=admin, h=auth: (
-                    httpx.get(f"{a}/v1/cache", headers=h, timeout=5).json()["mesh"]["nodes_live"]  # type: ignore[misc]
+                lambda a=admin, h=auth: (  # type: ignore[misc]
+                    (mesh := httpx.get(f"{a}/v1/cache", headers=h, timeout=5).json()["mesh"])[
+                        "nodes_live"
+                    ]
                     == 2
+                    and mesh["grant"]["valid"]
                 ),
-                f"{admin} sees both spokes",
+                f"{admin} sees both spokes and has a read grant",
             )
         digests: dict[int, str] = {}
 

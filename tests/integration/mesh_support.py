@@ -1,26 +1,34 @@
 """A region on 127.0.0.1 for the mesh's tests: one hub (its own metrics port) behind the WAN
-emulator, and spoke daemons that peer with each other, each read through its socket."""
+emulator, and spoke daemons that peer with each other, each read through its socket.
+
+The peer ports run as a real region's do: mTLS with one region certificate and a region
+token (:func:`deploy.pki.region_flags`), and every spoke gets read grants from the hub."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+import grpc.aio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.wan import LinkSpec, WanProxy
 from deploy.local import LocalStack, admin_headers, free_port, stop_process
+from deploy.pki import region_flags
 from protocol.hub.v1 import hub_pb2
-from protocol.spoke.v1 import spoke_pb2, spoke_pb2_grpc
+from protocol.spoke.v1 import peer_pb2_grpc, spoke_pb2, spoke_pb2_grpc
 from spoke.layout import CacheLayout, block_digest
 
 BLOCK = 65_536
@@ -82,9 +90,16 @@ class Region:
     stack: LocalStack = field(default_factory=LocalStack)
     spokes: list[Spoke] = field(default_factory=list)
 
-    def start_hub(self) -> None:
+    def start_hub(self, *extra: str) -> None:
+        """Serve ``ROOT/hub`` (with ``extra`` serve flags; none: plaintext, which needs
+        ``--insecure`` for read grants) behind the link; make the region's peer credentials."""
         self.metrics_port = free_port()
-        hub = self.stack.start_hub(self.root / "hub", metrics=f"127.0.0.1:{self.metrics_port}")
+        self.peer_flags = region_flags(self.root / "region")
+        hub = self.stack.start_hub(
+            self.root / "hub",
+            metrics=f"127.0.0.1:{self.metrics_port}",
+            extra=extra or ("--insecure",),
+        )
         host, _, port = hub.rpartition(":")
         self.wan = WanProxy((host, int(port)), self.link)
         self.wan.__enter__()
@@ -107,6 +122,7 @@ class Region:
         cmd += ["--admin", "127.0.0.1:0"]  # the test reads /v1/cache with the generated token
         cmd += ["--log-level", "WARNING", "--miss-deadline", "60"]
         cmd += ["--peer-listen", spoke.node, "--peers", listed, "--peer-timeout", "10"]
+        cmd += self.peer_flags
         spoke.proc = subprocess.Popen([*cmd, *spoke.extra], start_new_session=True)
         proc = spoke.proc
         wait_until(lambda: url.exists() or proc.poll() is not None, f"{spoke.name} started")
@@ -120,12 +136,52 @@ class Region:
         spoke.proc = None
 
     def wait_live(self, spokes: list[Spoke], count: int) -> None:
-        """Until each of ``spokes`` sees ``count`` live nodes, itself included."""
+        """Until each of ``spokes`` sees ``count`` live nodes, itself included, and holds a
+        read grant."""
         for spoke in spokes:
             wait_until(
-                lambda s=spoke: s.stats()["mesh"]["nodes_live"] == count,  # type: ignore[misc]
-                f"{spoke.name} sees {count} live nodes",
+                lambda s=spoke: (  # type: ignore[misc]
+                    (mesh := s.stats()["mesh"])["nodes_live"] == count and mesh["grant"]["valid"]
+                ),
+                f"{spoke.name} sees {count} live nodes and has a grant",
             )
+
+    def flag(self, name: str) -> Path:
+        """The file of one of the region's ``--peer-*`` flags."""
+        flags = dict(zip(self.peer_flags[::2], self.peer_flags[1::2], strict=True))
+        return Path(flags[name])
+
+    @contextlib.contextmanager
+    def fake_peer(self, servicer: peer_pb2_grpc.SpokePeerServicer, node: str) -> Iterator[None]:
+        """Serve ``servicer`` on ``node`` with the region's certificate (a peer the
+        spokes' TLS admits), on an event loop of its own thread, while inside."""
+        credentials = grpc.ssl_server_credentials(
+            [(self.flag("--peer-key").read_bytes(), self.flag("--peer-cert").read_bytes())],
+            root_certificates=self.flag("--peer-ca").read_bytes(),
+            require_client_auth=True,
+        )
+        loop = asyncio.new_event_loop()
+        started = threading.Event()
+        stop = asyncio.Event()
+
+        async def serve() -> None:
+            server = grpc.aio.server(options=[("grpc.max_send_message_length", 64 << 20)])
+            peer_pb2_grpc.add_SpokePeerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+            server.add_secure_port(node, credentials)
+            await server.start()
+            started.set()
+            await stop.wait()
+            await server.stop(0)
+
+        thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
+        thread.start()
+        try:
+            assert started.wait(10), "the fake peer did not start"
+            yield
+        finally:
+            loop.call_soon_threadsafe(stop.set)
+            thread.join(10)
+            loop.close()
 
     def close(self) -> None:
         for spoke in self.spokes:

@@ -6,14 +6,11 @@ that lies, and a peer joining mid-read never fail a read nor deliver a wrong byt
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import grpc
-import grpc.aio
 import pytest
 
 from protocol.hub.v1 import hub_pb2
@@ -72,6 +69,8 @@ def test_three_spokes_read_everything_and_each_block_crosses_the_wan_once(
         region.start(spoke)
     region.wait_live(spokes, 3)
     blocks = manifest_blocks(spokes[0])
+    for spoke in spokes[1:]:  # each reader has the snapshot, as a mount would
+        assert manifest_blocks(spoke) == blocks
     dataset = sum(size for _, size in blocks)
     before = region.wan.stats().down_bytes
     checked = _parallel({s.name: (lambda s=s: read_all(s, blocks)) for s in spokes})
@@ -93,6 +92,7 @@ def test_a_peer_killed_mid_read_and_restarted(region: Region) -> None:
     region.wait_live(spokes, 3)
     a, b, c = spokes
     blocks = manifest_blocks(a)
+    assert manifest_blocks(c) == blocks
     dataset = sum(size for _, size in blocks)
     half = len(blocks) // 2
     read_all(a, blocks[:half])  # b now owns (and holds) part of the first half
@@ -139,23 +139,7 @@ def test_a_lying_peer_never_delivers_a_wrong_byte(region: Region) -> None:
     fake = region.add("liar")  # never started: the double below answers on its port
     a = region.add("a")
     liar = LyingPeer(fake.node, region.wan.address)
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    stop = asyncio.Event()
-
-    async def serve() -> None:
-        server = grpc.aio.server()
-        peer_pb2_grpc.add_SpokePeerServicer_to_server(liar, server)  # type: ignore[no-untyped-call]
-        server.add_insecure_port(fake.node)
-        await server.start()
-        started.set()
-        await stop.wait()
-        await server.stop(0)
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
-    thread.start()
-    try:
-        assert started.wait(10)
+    with region.fake_peer(liar, fake.node):
         region.start(a, peers=[a, fake])
         region.wait_live([a], 2)
         blocks = manifest_blocks(a)
@@ -169,10 +153,6 @@ def test_a_lying_peer_never_delivers_a_wrong_byte(region: Region) -> None:
         assert a.stats()["mesh"]["peers"][fake.node]["live"] is False  # quarantined
         assert a.metric("strata_spoke_source_bytes_total", source="hub") == dataset
         assert a.metric("strata_spoke_source_bytes_total", source="peer") == 0
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
-        loop.close()
 
 
 def test_a_spoke_joining_during_a_read(region: Region) -> None:
@@ -186,6 +166,7 @@ def test_a_spoke_joining_during_a_read(region: Region) -> None:
     third = len(blocks) // 3
     read_all(a, blocks[:third])
     region.start(c)  # c joins: its share moves to it, nobody else's
+    assert manifest_blocks(b) == manifest_blocks(c) == blocks
     checked = _parallel(
         {
             "a": lambda: read_all(a, blocks),

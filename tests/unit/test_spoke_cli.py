@@ -96,3 +96,55 @@ def test_lock_holder_names_a_live_holder_only(tmp_path: Path) -> None:
         child.kill()
         child.wait()
     assert lock.holder(path) is None
+
+
+def _region(tmp_path: Path) -> dict[str, str]:
+    """The files of a region's peer flags (deploy.pki), by flag."""
+    from deploy.pki import region_flags
+
+    flags = region_flags(tmp_path / "region")
+    return dict(zip(flags[::2], flags[1::2], strict=True))
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ((), "--peer-listen without --peer-cert/--peer-key would serve blocks in cleartext"),
+        (("--peer-cert", "--peer-key"), "--peer-listen without --peer-token-file"),
+        (("--peer-token-file", "--peer-cert"), "--peer-cert and --peer-key go together"),
+        (("--peer-insecure", "--peer-server-name"), "--peer-server-name needs TLS"),
+        (("--peer-insecure", "--peer-grant-key"), "--peer-grant-key"),
+        (("--peer-insecure", "MISMATCH"), "does not match --peer-cert"),
+        (("NO-LISTEN", "--peer-insecure"), "need --peer-listen"),
+    ],
+)
+def test_the_peer_port_needs_tls_and_a_token_unless_insecure(
+    tmp_path: Path, given: tuple[str, ...], message: str
+) -> None:
+    """A plaintext or tokenless peer port is refused at start unless --peer-insecure."""
+    files = _region(tmp_path)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cache = tmp_path / "cache"
+    argv = ["run", "--hub", "127.0.0.1:1", "--cache-dir", str(cache), "--cache-size", "1GiB"]
+    argv += ["--mount", str(mnt), "--admin", "127.0.0.1:0"]
+    if "NO-LISTEN" not in given:
+        argv += ["--peer-listen", "127.0.0.1:7879"]
+    for flag in given:
+        if flag == "--peer-insecure":
+            argv.append(flag)
+        elif flag == "--peer-server-name":
+            argv += [flag, "spokes.example"]
+        elif flag == "--peer-grant-key":
+            argv += [flag, files["--peer-cert"]]  # a certificate, not an Ed25519 key
+        elif flag == "MISMATCH":
+            argv += ["--peer-cert", files["--peer-cert"], "--peer-key", files["--peer-key"]]
+            argv[-1] = str(tmp_path / "region" / "region-ca.key")  # another key
+        elif flag in files:
+            argv += [flag, files[flag]]
+    proc = _spoke(*argv)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("strata-spoke: error:"), lines
+    assert message in lines[0]
+    assert not cache.exists()

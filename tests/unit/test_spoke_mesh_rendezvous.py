@@ -44,18 +44,24 @@ def test_no_nodes_is_an_error() -> None:
 
 
 def test_settings() -> None:
-    s = MeshSettings(listen="0.0.0.0:7879", advertise="10.0.0.1:7879", peers_dns="spokes")
+    # (names and addresses only: a plaintext, tokenless peer port needs insecure=True)
+    s = MeshSettings(
+        listen="0.0.0.0:7879", advertise="10.0.0.1:7879", peers_dns="spokes", insecure=True
+    )
     assert s.node == "10.0.0.1:7879" and s.dns == ("spokes", 7879)
-    assert MeshSettings(listen="127.0.0.1:1", peers_dns="spokes:9").dns == ("spokes", 9)
+    plain = MeshSettings(listen="127.0.0.1:1", peers_dns="spokes:9", insecure=True)
+    assert plain.dns == ("spokes", 9)
     assert split_peers(" a:1, ,b:2 ") == ("a:1", "b:2")
-    args = MeshSettings(listen="127.0.0.1:1", peers=("a:1", "b:2")).to_args()
-    assert args[args.index("--peers") + 1] == "a:1,b:2"
+    args = MeshSettings(listen="127.0.0.1:1", peers=("a:1", "b:2"), insecure=True).to_args()
+    assert args[args.index("--peers") + 1] == "a:1,b:2" and "--peer-insecure" in args
     with pytest.raises(ValueError, match="--peer-advertise"):
-        MeshSettings(listen="0.0.0.0:7879")
+        MeshSettings(listen="0.0.0.0:7879", insecure=True)
     with pytest.raises(ValueError, match="--peers must be HOST:PORT"):
-        MeshSettings(listen="127.0.0.1:1", peers=("nope",))
+        MeshSettings(listen="127.0.0.1:1", peers=("nope",), insecure=True)
     with pytest.raises(ValueError, match="go together"):
         MeshSettings(listen="127.0.0.1:1", cert=Path(__file__))
+    with pytest.raises(ValueError, match="cleartext"):
+        MeshSettings(listen="127.0.0.1:1")
 
 
 @pytest.mark.parametrize(

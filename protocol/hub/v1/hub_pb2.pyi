@@ -610,3 +610,171 @@ class CatalogEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CatalogEvent: _TypeAlias = CatalogEvent  # noqa: Y015
+
+@_typing.final
+class IssueGrantRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLDER_KEY_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    holder_key: _builtins.bytes
+    """The Ed25519 public key (32 raw bytes, RFC 8032) whose private half the caller holds
+    (and never sends): peers accept the grant only with a proof signed by it.
+    """
+    node: _builtins.str
+    """The caller's name in its region's mesh (HOST:PORT); recorded in the grant."""
+    def __init__(
+        self,
+        *,
+        holder_key: _builtins.bytes = ...,
+        node: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder_key", b"holder_key", "node", b"node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IssueGrantRequest: _TypeAlias = IssueGrantRequest  # noqa: Y015
+
+@_typing.final
+class GrantClaims(_message.Message):
+    """What a grant says. Signed as the serialized bytes carried in ReadGrant.claims, so a
+    verifier checks exactly the bytes it then parses.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANT_ID_FIELD_NUMBER: _builtins.int
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    SCOPES_FIELD_NUMBER: _builtins.int
+    HOLDER_KEY_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    ISSUED_NS_FIELD_NUMBER: _builtins.int
+    EXPIRES_NS_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    grant_id: _builtins.str
+    """Unique per grant (hex)."""
+    subject: _builtins.str
+    """Who the hub issued it to: the token's id, never the token."""
+    holder_key: _builtins.bytes
+    """IssueGrantRequest.holder_key."""
+    node: _builtins.str
+    """IssueGrantRequest.node."""
+    issued_ns: _builtins.int
+    """Issue and expiry times, nanoseconds since the Unix epoch (hub clock)."""
+    expires_ns: _builtins.int
+    key_id: _builtins.str
+    """The hub key that signs it (GrantKey.key_id)."""
+    @_builtins.property
+    def scopes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The dataset globs (fnmatch, as the hub's token scopes) the caller could read when
+        the grant was issued; "*" for every dataset.
+        """
+
+    def __init__(
+        self,
+        *,
+        grant_id: _builtins.str = ...,
+        subject: _builtins.str = ...,
+        scopes: _abc.Iterable[_builtins.str] | None = ...,
+        holder_key: _builtins.bytes = ...,
+        node: _builtins.str = ...,
+        issued_ns: _builtins.int = ...,
+        expires_ns: _builtins.int = ...,
+        key_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_ns", b"expires_ns", "grant_id", b"grant_id", "holder_key", b"holder_key", "issued_ns", b"issued_ns", "key_id", b"key_id", "node", b"node", "scopes", b"scopes", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantClaims: _TypeAlias = GrantClaims  # noqa: Y015
+
+@_typing.final
+class ReadGrant(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLAIMS_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    claims: _builtins.bytes
+    """A serialized GrantClaims."""
+    signature: _builtins.bytes
+    """Ed25519 signature of protocol/grants.py's grant message over claims (64 bytes)."""
+    key_id: _builtins.str
+    """GrantClaims.key_id, readable before the claims are verified."""
+    def __init__(
+        self,
+        *,
+        claims: _builtins.bytes = ...,
+        signature: _builtins.bytes = ...,
+        key_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claims", b"claims", "key_id", b"key_id", "signature", b"signature"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadGrant: _TypeAlias = ReadGrant  # noqa: Y015
+
+@_typing.final
+class GrantKeysRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantKeysRequest: _TypeAlias = GrantKeysRequest  # noqa: Y015
+
+@_typing.final
+class GrantKey(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    """The first 16 hex digits of the SHA-256 of public_key."""
+    public_key: _builtins.bytes
+    """The Ed25519 public key, 32 raw bytes."""
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+        public_key: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_id", b"key_id", "public_key", b"public_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantKey: _TypeAlias = GrantKey  # noqa: Y015
+
+@_typing.final
+class GrantKeysResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEYS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___GrantKey]: ...
+    def __init__(
+        self,
+        *,
+        keys: _abc.Iterable[Global___GrantKey] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantKeysResponse: _TypeAlias = GrantKeysResponse  # noqa: Y015

@@ -69,6 +69,16 @@ class HubStub:
                 request_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.WatchRequest.SerializeToString,
                 response_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.CatalogEvent.FromString,
                 _registered_method=True)
+        self.IssueGrant = channel.unary_unary(
+                '/protocol.hub.v1.Hub/IssueGrant',
+                request_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.IssueGrantRequest.SerializeToString,
+                response_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.ReadGrant.FromString,
+                _registered_method=True)
+        self.GrantKeys = channel.unary_unary(
+                '/protocol.hub.v1.Hub/GrantKeys',
+                request_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.GrantKeysRequest.SerializeToString,
+                response_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.GrantKeysResponse.FromString,
+                _registered_method=True)
 
 
 class HubServicer:
@@ -134,6 +144,25 @@ class HubServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IssueGrant(self, request, context):
+        """Issues a short-lived read grant to the caller: the hub's signed statement of the
+        datasets the caller's token may read now, bound to a key the caller holds. A spoke
+        shows it, with a proof signed by that key, to the other spokes of its region, which
+        then serve it blocks of those datasets only (spoke/DESIGN.md, "Mesh trust").
+        INVALID_ARGUMENT for a holder key that is not an Ed25519 public key or a malformed
+        node name; FAILED_PRECONDITION when this hub issues no grants.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GrantKeys(self, request, context):
+        """The public keys grants are signed with (ReadGrant.key_id names one of them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HubServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +200,16 @@ def add_HubServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.WatchRequest.FromString,
                     response_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.CatalogEvent.SerializeToString,
+            ),
+            'IssueGrant': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueGrant,
+                    request_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.IssueGrantRequest.FromString,
+                    response_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.ReadGrant.SerializeToString,
+            ),
+            'GrantKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantKeys,
+                    request_deserializer=protocol_dot_hub_dot_v1_dot_hub__pb2.GrantKeysRequest.FromString,
+                    response_serializer=protocol_dot_hub_dot_v1_dot_hub__pb2.GrantKeysResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -362,6 +401,60 @@ class Hub:
             '/protocol.hub.v1.Hub/Watch',
             protocol_dot_hub_dot_v1_dot_hub__pb2.WatchRequest.SerializeToString,
             protocol_dot_hub_dot_v1_dot_hub__pb2.CatalogEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueGrant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/protocol.hub.v1.Hub/IssueGrant',
+            protocol_dot_hub_dot_v1_dot_hub__pb2.IssueGrantRequest.SerializeToString,
+            protocol_dot_hub_dot_v1_dot_hub__pb2.ReadGrant.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/protocol.hub.v1.Hub/GrantKeys',
+            protocol_dot_hub_dot_v1_dot_hub__pb2.GrantKeysRequest.SerializeToString,
+            protocol_dot_hub_dot_v1_dot_hub__pb2.GrantKeysResponse.FromString,
             options,
             channel_credentials,
             insecure,

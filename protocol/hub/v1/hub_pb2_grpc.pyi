@@ -75,6 +75,16 @@ class HubStub:
     cancels or the server shuts down (then the stream ends with OK). OUT_OF_RANGE when
     after_sequence is older than the oldest event kept or newer than the newest.
     """
+    IssueGrant: _grpc.UnaryUnaryMultiCallable[_hub_pb2.IssueGrantRequest, _hub_pb2.ReadGrant]
+    """Issues a short-lived read grant to the caller: the hub's signed statement of the
+    datasets the caller's token may read now, bound to a key the caller holds. A spoke
+    shows it, with a proof signed by that key, to the other spokes of its region, which
+    then serve it blocks of those datasets only (spoke/DESIGN.md, "Mesh trust").
+    INVALID_ARGUMENT for a holder key that is not an Ed25519 public key or a malformed
+    node name; FAILED_PRECONDITION when this hub issues no grants.
+    """
+    GrantKeys: _grpc.UnaryUnaryMultiCallable[_hub_pb2.GrantKeysRequest, _hub_pb2.GrantKeysResponse]
+    """The public keys grants are signed with (ReadGrant.key_id names one of them)."""
 
 @_typing.type_check_only
 class HubAsyncStub(HubStub):
@@ -109,6 +119,16 @@ class HubAsyncStub(HubStub):
     cancels or the server shuts down (then the stream ends with OK). OUT_OF_RANGE when
     after_sequence is older than the oldest event kept or newer than the newest.
     """
+    IssueGrant: _aio.UnaryUnaryMultiCallable[_hub_pb2.IssueGrantRequest, _hub_pb2.ReadGrant]  # type: ignore[assignment]
+    """Issues a short-lived read grant to the caller: the hub's signed statement of the
+    datasets the caller's token may read now, bound to a key the caller holds. A spoke
+    shows it, with a proof signed by that key, to the other spokes of its region, which
+    then serve it blocks of those datasets only (spoke/DESIGN.md, "Mesh trust").
+    INVALID_ARGUMENT for a holder key that is not an Ed25519 public key or a malformed
+    node name; FAILED_PRECONDITION when this hub issues no grants.
+    """
+    GrantKeys: _aio.UnaryUnaryMultiCallable[_hub_pb2.GrantKeysRequest, _hub_pb2.GrantKeysResponse]  # type: ignore[assignment]
+    """The public keys grants are signed with (ReadGrant.key_id names one of them)."""
 
 class HubServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -182,5 +202,27 @@ class HubServicer(metaclass=_abc_1.ABCMeta):
         cancels or the server shuts down (then the stream ends with OK). OUT_OF_RANGE when
         after_sequence is older than the oldest event kept or newer than the newest.
         """
+
+    @_abc_1.abstractmethod
+    def IssueGrant(
+        self,
+        request: _hub_pb2.IssueGrantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_hub_pb2.ReadGrant, _abc.Awaitable[_hub_pb2.ReadGrant]]:
+        """Issues a short-lived read grant to the caller: the hub's signed statement of the
+        datasets the caller's token may read now, bound to a key the caller holds. A spoke
+        shows it, with a proof signed by that key, to the other spokes of its region, which
+        then serve it blocks of those datasets only (spoke/DESIGN.md, "Mesh trust").
+        INVALID_ARGUMENT for a holder key that is not an Ed25519 public key or a malformed
+        node name; FAILED_PRECONDITION when this hub issues no grants.
+        """
+
+    @_abc_1.abstractmethod
+    def GrantKeys(
+        self,
+        request: _hub_pb2.GrantKeysRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_hub_pb2.GrantKeysResponse, _abc.Awaitable[_hub_pb2.GrantKeysResponse]]:
+        """The public keys grants are signed with (ReadGrant.key_id names one of them)."""
 
 def add_HubServicer_to_server(servicer: HubServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -6,9 +6,15 @@ The regional mesh's contract between spokes (spoke/mesh/, DESIGN.md "Regional me
 A spoke that misses a block asks the block's owner (rendezvous hashing over the live
 spokes of the region) before the hub. The owner serves it from its cache, or fetches it
 from the hub once for the whole region and keeps it. Same shape as the hub's
-ReadBlocks: a stream of requests answered, in order, by each block's bytes in chunks.
-Every call carries the region's token (metadata "authorization: Bearer TOKEN") when the
-spokes are configured with one; the receiver verifies every block against its digest.
+ReadBlocks: a request answered, in order, by each block's bytes in chunks.
+
+Every call carries the region's token (metadata "authorization: Bearer TOKEN"; required
+unless the spokes run --peer-insecure). ReadBlocks also carries the caller's read grant
+from the hub ("strata-grant-bin": a serialized protocol.hub.v1.ReadGrant) and a proof of
+possession of its holder key ("strata-proof-bin": a serialized PeerProof): the owner
+serves only blocks of live snapshots it stores itself, of datasets the grant covers
+(spoke/DESIGN.md, "Mesh trust"). The receiver verifies every block against its digest
+and never accepts more bytes than the block's size in its own manifest.
 """
 
 from collections import abc as _abc
@@ -33,27 +39,106 @@ class PeerReadRequest(_message.Message):
 
     BLOCKS_FIELD_NUMBER: _builtins.int
     REQUEST_CLASS_FIELD_NUMBER: _builtins.int
+    SNAPSHOTS_FIELD_NUMBER: _builtins.int
     request_class: _builtins.str
-    """The asker's request class ("demand", "hint", "readahead", "prewarm", "fill"):
-    the owner fetches misses from the hub at that priority. Empty means demand.
+    """The asker's request class ("demand", "hint", "readahead", "prewarm", "fill"). The
+    owner fetches misses from the hub in its "peer" class (after its own demand misses,
+    before its prefetch), or in the asker's class when that is less urgent. Empty means
+    demand.
     """
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[_hub_pb2.BlockRef]:
-        """The blocks wanted, with their sizes (so the owner can schedule its hub fetches)."""
+        """The blocks wanted (at most 256). Their sizes are ignored: the owner takes them from
+        its own manifests.
+        """
+
+    @_builtins.property
+    def snapshots(self) -> _containers.RepeatedCompositeFieldContainer[Global___SnapshotRef]:
+        """The snapshots the blocks come from, as the asker knows them (at most 8): an owner
+        that has not stored one of them, of a dataset the grant covers, loads its manifest
+        through its own verified catalog first. A hint only: what the owner serves is
+        decided by its own catalog.
+        """
 
     def __init__(
         self,
         *,
         blocks: _abc.Iterable[_hub_pb2.BlockRef] | None = ...,
         request_class: _builtins.str = ...,
+        snapshots: _abc.Iterable[Global___SnapshotRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "request_class", b"request_class"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "request_class", b"request_class", "snapshots", b"snapshots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PeerReadRequest: _TypeAlias = PeerReadRequest  # noqa: Y015
+
+@_typing.final
+class SnapshotRef(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
+    dataset: _builtins.str
+    version: _builtins.str
+    snapshot_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        dataset: _builtins.str = ...,
+        version: _builtins.str = ...,
+        snapshot_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "snapshot_id", b"snapshot_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotRef: _TypeAlias = SnapshotRef  # noqa: Y015
+
+@_typing.final
+class PeerProof(_message.Message):
+    """The proof of possession sent with each ReadBlocks call (metadata "strata-proof-bin",
+    after DPoP, RFC 9449): the holder key's Ed25519 signature of protocol/grants.py's proof
+    message, which names the spoke called, the method, the time and a fresh nonce, and the
+    grant's claims. A grant seen by one peer cannot be replayed to another.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TIME_NS_FIELD_NUMBER: _builtins.int
+    NONCE_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    time_ns: _builtins.int
+    """Nanoseconds since the Unix epoch (the caller's clock)."""
+    nonce: _builtins.bytes
+    """16 random bytes, never used twice."""
+    signature: _builtins.bytes
+    """64 bytes."""
+    target: _builtins.str
+    """The mesh node name of the spoke called (signed too): a proof made for another
+    spoke is refused as such.
+    """
+    def __init__(
+        self,
+        *,
+        time_ns: _builtins.int = ...,
+        nonce: _builtins.bytes = ...,
+        signature: _builtins.bytes = ...,
+        target: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nonce", b"nonce", "signature", b"signature", "target", b"target", "time_ns", b"time_ns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerProof: _TypeAlias = PeerProof  # noqa: Y015
 
 @_typing.final
 class ProbeRequest(_message.Message):

@@ -51,10 +51,15 @@ class SpokePeerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def ReadBlocks(self, request_iterator, context):
-        """Streams each requested block, in request order, in chunks (BlockChunk as the hub's).
-        NOT_FOUND when the hub does not have a block, UNAVAILABLE when the owner could not
-        get it before its deadline, INVALID_ARGUMENT for a malformed digest,
-        UNAUTHENTICATED for a missing or wrong token.
+        """Streams each requested block the owner may serve, in request order, in chunks
+        (BlockChunk as the hub's). Blocks it will not serve (not in a live snapshot it
+        stores, or of a dataset the grant does not cover) are listed before any chunk, in
+        the initial metadata "strata-declined-bin" (16 raw bytes per digest), and skipped;
+        the caller gets them from the hub. NOT_FOUND when the hub does not have a block,
+        UNAVAILABLE when the owner could not get it before its deadline, INVALID_ARGUMENT
+        for a malformed digest or more than one request per call, UNAUTHENTICATED for a
+        missing or wrong token, grant or proof, RESOURCE_EXHAUSTED when the caller has too
+        many calls or bytes in flight at this owner.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -6,9 +6,15 @@ The regional mesh's contract between spokes (spoke/mesh/, DESIGN.md "Regional me
 A spoke that misses a block asks the block's owner (rendezvous hashing over the live
 spokes of the region) before the hub. The owner serves it from its cache, or fetches it
 from the hub once for the whole region and keeps it. Same shape as the hub's
-ReadBlocks: a stream of requests answered, in order, by each block's bytes in chunks.
-Every call carries the region's token (metadata "authorization: Bearer TOKEN") when the
-spokes are configured with one; the receiver verifies every block against its digest.
+ReadBlocks: a request answered, in order, by each block's bytes in chunks.
+
+Every call carries the region's token (metadata "authorization: Bearer TOKEN"; required
+unless the spokes run --peer-insecure). ReadBlocks also carries the caller's read grant
+from the hub ("strata-grant-bin": a serialized protocol.hub.v1.ReadGrant) and a proof of
+possession of its holder key ("strata-proof-bin": a serialized PeerProof): the owner
+serves only blocks of live snapshots it stores itself, of datasets the grant covers
+(spoke/DESIGN.md, "Mesh trust"). The receiver verifies every block against its digest
+and never accepts more bytes than the block's size in its own manifest.
 """
 
 from collections import abc as _abc
@@ -41,10 +47,15 @@ class SpokePeerStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> SpokePeerAsyncStub: ...
     ReadBlocks: _grpc.StreamStreamMultiCallable[_peer_pb2.PeerReadRequest, _hub_pb2.BlockChunk]
-    """Streams each requested block, in request order, in chunks (BlockChunk as the hub's).
-    NOT_FOUND when the hub does not have a block, UNAVAILABLE when the owner could not
-    get it before its deadline, INVALID_ARGUMENT for a malformed digest,
-    UNAUTHENTICATED for a missing or wrong token.
+    """Streams each requested block the owner may serve, in request order, in chunks
+    (BlockChunk as the hub's). Blocks it will not serve (not in a live snapshot it
+    stores, or of a dataset the grant does not cover) are listed before any chunk, in
+    the initial metadata "strata-declined-bin" (16 raw bytes per digest), and skipped;
+    the caller gets them from the hub. NOT_FOUND when the hub does not have a block,
+    UNAVAILABLE when the owner could not get it before its deadline, INVALID_ARGUMENT
+    for a malformed digest or more than one request per call, UNAUTHENTICATED for a
+    missing or wrong token, grant or proof, RESOURCE_EXHAUSTED when the caller has too
+    many calls or bytes in flight at this owner.
     """
     Probe: _grpc.UnaryUnaryMultiCallable[_peer_pb2.ProbeRequest, _peer_pb2.ProbeResponse]
     """A health probe: who answers and how much it holds."""
@@ -53,10 +64,15 @@ class SpokePeerStub:
 class SpokePeerAsyncStub(SpokePeerStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     ReadBlocks: _aio.StreamStreamMultiCallable[_peer_pb2.PeerReadRequest, _hub_pb2.BlockChunk]  # type: ignore[assignment]
-    """Streams each requested block, in request order, in chunks (BlockChunk as the hub's).
-    NOT_FOUND when the hub does not have a block, UNAVAILABLE when the owner could not
-    get it before its deadline, INVALID_ARGUMENT for a malformed digest,
-    UNAUTHENTICATED for a missing or wrong token.
+    """Streams each requested block the owner may serve, in request order, in chunks
+    (BlockChunk as the hub's). Blocks it will not serve (not in a live snapshot it
+    stores, or of a dataset the grant does not cover) are listed before any chunk, in
+    the initial metadata "strata-declined-bin" (16 raw bytes per digest), and skipped;
+    the caller gets them from the hub. NOT_FOUND when the hub does not have a block,
+    UNAVAILABLE when the owner could not get it before its deadline, INVALID_ARGUMENT
+    for a malformed digest or more than one request per call, UNAUTHENTICATED for a
+    missing or wrong token, grant or proof, RESOURCE_EXHAUSTED when the caller has too
+    many calls or bytes in flight at this owner.
     """
     Probe: _aio.UnaryUnaryMultiCallable[_peer_pb2.ProbeRequest, _peer_pb2.ProbeResponse]  # type: ignore[assignment]
     """A health probe: who answers and how much it holds."""
@@ -68,10 +84,15 @@ class SpokePeerServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_peer_pb2.PeerReadRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_hub_pb2.BlockChunk], _abc.AsyncIterator[_hub_pb2.BlockChunk]]:
-        """Streams each requested block, in request order, in chunks (BlockChunk as the hub's).
-        NOT_FOUND when the hub does not have a block, UNAVAILABLE when the owner could not
-        get it before its deadline, INVALID_ARGUMENT for a malformed digest,
-        UNAUTHENTICATED for a missing or wrong token.
+        """Streams each requested block the owner may serve, in request order, in chunks
+        (BlockChunk as the hub's). Blocks it will not serve (not in a live snapshot it
+        stores, or of a dataset the grant does not cover) are listed before any chunk, in
+        the initial metadata "strata-declined-bin" (16 raw bytes per digest), and skipped;
+        the caller gets them from the hub. NOT_FOUND when the hub does not have a block,
+        UNAVAILABLE when the owner could not get it before its deadline, INVALID_ARGUMENT
+        for a malformed digest or more than one request per call, UNAUTHENTICATED for a
+        missing or wrong token, grant or proof, RESOURCE_EXHAUSTED when the caller has too
+        many calls or bytes in flight at this owner.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,199 @@
+"""Read grants: the hub's short-lived, signed statement of what a caller may read.
+
+A spoke asks for one (``IssueGrant``) with the public half of a key it generated in
+memory; the hub answers with the caller's dataset scopes, that key, the spoke's mesh node
+name and an expiry, signed with its grant key (Ed25519, RFC 8032; the message is
+:func:`protocol.grants.grant_message`). The spoke's peers check the signature with the
+hub's public key (``GrantKeys``) and serve the spoke only blocks of datasets the grant
+covers; a narrowed or revoked token is honoured by peers once the grants issued before
+expire, within :data:`DEFAULT_LIFETIME_S` by default (``spoke/DESIGN.md``, "Mesh trust").
+
+The grant key is ``--grant-key FILE`` (PEM PKCS#8, as ``strata-hub keygen`` writes it) or
+else ``DATA_DIR/grant.key``, generated at the first ``serve`` (mode 0600, never
+overwritten). Hubs sharing a data directory, or given the same file, issue grants every
+spoke of the region accepts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import secrets
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+
+from hub.auth import Principal
+from hub.errors import ConfigError, InvalidArgument
+from protocol.grants import PUBLIC_KEY_BYTES, grant_message, key_id
+from protocol.hub.v1 import hub_pb2
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LIFETIME_S = 120.0
+"""How long a grant is valid by default, seconds (``--grant-lifetime``)."""
+
+MAX_LIFETIME_S = 300.0
+"""Longest grant lifetime accepted, seconds: the most a narrowed token can still be used
+at a peer."""
+
+MIN_LIFETIME_S = 1.0
+"""Shortest grant lifetime accepted, seconds (tests narrow tokens with short grants)."""
+
+MAX_NODE_CHARS = 255
+"""Longest node name recorded in a grant."""
+
+KEY_FILE = "grant.key"
+"""The generated grant key's name in the data directory."""
+
+
+def _raw_public(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def load_grant_key(path: Path) -> Ed25519PrivateKey:
+    """The Ed25519 private key in ``path`` (PEM, unencrypted, owner-only).
+
+    Raises:
+        ConfigError: missing, unreadable, readable by group or others, or not Ed25519.
+    """
+    what = f"grant key {path}"
+    try:
+        mode = path.stat().st_mode
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{what}: {err.strerror or err}") from None
+    if mode & 0o077:
+        raise ConfigError(
+            f"{what}: readable by group or others (mode {stat.S_IMODE(mode):04o}); chmod 600 it"
+        )
+    try:
+        key = serialization.load_pem_private_key(raw, password=None)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{what}: not an unencrypted PEM private key ({err})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ConfigError(f"{what}: not an Ed25519 key (strata-hub keygen makes one)")
+    return key
+
+
+def ensure_grant_key(data_dir: Path) -> Path:
+    """``DATA_DIR/grant.key``, generated (mode 0600) if it does not exist yet.
+
+    Raises:
+        ConfigError: it cannot be created (give ``--grant-key``).
+    """
+    path = data_dir / KEY_FILE
+    if path.exists():
+        return path
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:  # another hub on this data dir made it first
+        return path
+    except OSError as err:
+        raise ConfigError(
+            f"cannot create the grant key {path}: {err.strerror or err} (give --grant-key)"
+        ) from None
+    with os.fdopen(fd, "wb") as out:
+        out.write(pem)
+    logger.info("generated the grant key %s", path)
+    return path
+
+
+class GrantIssuer:
+    """Signs read grants with one Ed25519 key.
+
+    Args:
+        key: the grant-signing key.
+        lifetime_s: how long each grant is valid, seconds.
+        now_ns: the clock (nanoseconds since the epoch; injectable for tests).
+
+    Raises:
+        ConfigError: ``lifetime_s`` is outside [:data:`MIN_LIFETIME_S`,
+            :data:`MAX_LIFETIME_S`].
+    """
+
+    def __init__(
+        self,
+        key: Ed25519PrivateKey,
+        lifetime_s: float = DEFAULT_LIFETIME_S,
+        now_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        if not MIN_LIFETIME_S <= lifetime_s <= MAX_LIFETIME_S:
+            raise ConfigError(
+                f"grant lifetime {lifetime_s:g} s is not between {MIN_LIFETIME_S:g} and "
+                f"{MAX_LIFETIME_S:g} s"
+            )
+        self._key = key
+        self.public_key = _raw_public(key.public_key())
+        self.key_id = key_id(self.public_key)
+        self.lifetime_s = lifetime_s
+        self._now_ns = now_ns
+
+    @classmethod
+    def from_file(cls, path: Path, lifetime_s: float = DEFAULT_LIFETIME_S) -> GrantIssuer:
+        """An issuer signing with the key in ``path``.
+
+        Raises:
+            ConfigError: the key is unusable, or the lifetime out of range.
+        """
+        return cls(load_grant_key(path), lifetime_s)
+
+    def keys(self) -> hub_pb2.GrantKeysResponse:
+        """The public keys grants are signed with."""
+        return hub_pb2.GrantKeysResponse(
+            keys=[hub_pb2.GrantKey(key_id=self.key_id, public_key=self.public_key)]
+        )
+
+    def issue(self, principal: Principal, request: hub_pb2.IssueGrantRequest) -> hub_pb2.ReadGrant:
+        """A grant of ``principal``'s scopes to the holder of ``request.holder_key``.
+
+        It expires after the lifetime, or when the principal's token does if sooner.
+
+        Raises:
+            InvalidArgument: the holder key is not a 32-byte Ed25519 public key, or the
+                node name is empty, too long or not printable ASCII.
+        """
+        holder = request.holder_key
+        if len(holder) != PUBLIC_KEY_BYTES:
+            raise InvalidArgument(
+                f"holder_key must be a {PUBLIC_KEY_BYTES}-byte Ed25519 public key, "
+                f"got {len(holder)} bytes"
+            )
+        try:
+            Ed25519PublicKey.from_public_bytes(holder)
+        except ValueError:
+            raise InvalidArgument("holder_key is not an Ed25519 public key") from None
+        node = request.node
+        if not node or len(node) > MAX_NODE_CHARS or not all(0x21 <= ord(c) <= 0x7E for c in node):
+            raise InvalidArgument(
+                f"node must be 1 to {MAX_NODE_CHARS} visible ASCII characters (HOST:PORT)"
+            )
+        issued = self._now_ns()
+        expires = issued + int(self.lifetime_s * 1e9)
+        if principal.expires is not None:
+            token_end = int(principal.expires.astimezone(datetime.UTC).timestamp() * 1e9)
+            expires = min(expires, token_end)
+        claims = hub_pb2.GrantClaims(
+            grant_id=secrets.token_hex(8),
+            subject=principal.name,
+            scopes=list(principal.scopes),
+            holder_key=holder,
+            node=node,
+            issued_ns=issued,
+            expires_ns=expires,
+            key_id=self.key_id,
+        ).SerializeToString()
+        return hub_pb2.ReadGrant(
+            claims=claims, signature=self._key.sign(grant_message(claims)), key_id=self.key_id
+        )

@@ -1,0 +1,247 @@
+"""What the owner lets a peer's call ask for, decided before anything is queued.
+
+- **Scope** (:class:`ScopeCheck`): a block is served only if it is in a live snapshot this
+  spoke stores (its own catalog, :mod:`spoke.blockscope`) of a dataset the caller's grant
+  covers; its size is the one in this spoke's manifests, whatever the caller wrote. The
+  snapshots a caller names are a hint: one this spoke has not stored yet, of a dataset
+  the grant covers, is loaded first through this spoke's own catalog (its own token,
+  resolved at its hub, manifest checked against the snapshot id, signatures if
+  configured), so an owner that never read the caller's snapshot can still serve it
+  (the region's one copy of each block) without trusting the caller's word.
+- **Limits** (:class:`CallerLimits`): per caller (its grant's holder key) at most
+  :data:`CALLS_PER_CALLER` calls and :data:`BYTES_PER_CALLER` bytes in flight; beyond,
+  RESOURCE_EXHAUSTED, and the caller asks the hub.
+- **Refusals** (:class:`Refusals`): every refused call, and every call with blocks
+  declined, is counted (``strata_spoke_peer_refusals_total{reason}``), written to the
+  audit log as a refusal (rate-limited there, the rest counted in a summary record by
+  reason), and logged (at most one line per reason every :data:`LOG_EVERY_S`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from protocol.grants import covers
+from protocol.spoke.v1 import peer_pb2
+from spoke.audit import AuditLog
+from spoke.catalog import SnapshotCatalog
+from spoke.errors import SpokeError
+from spoke.layout import is_digest
+from spoke.mesh import metrics
+
+log = logging.getLogger(__name__)
+
+CALLS_PER_CALLER = 32
+"""Most calls one caller may have in flight at this owner. A spoke's scheduler opens at
+most 16 streams, split over every owner of the region."""
+
+BYTES_PER_CALLER = 512 << 20
+"""Most bytes of blocks one caller may have asked of this owner and not received: twice
+what a spoke's scheduler puts on the wire at most (its 256 MiB link window and 8 demand
+streams of 16 MiB)."""
+
+MAX_HINTS = 8
+"""Most snapshots a request may name."""
+
+HINT_WAIT_S = 1.0
+"""Longest a call waits for the manifests it names to load, seconds (half the default
+``--peer-timeout``: a caller must not take a slow first load for a dead peer); blocks
+still unknown then are declined, and the load goes on for later calls."""
+
+HINT_RETRY_S = 30.0
+"""How long a named snapshot that could not be loaded is not tried again, seconds."""
+
+MAX_NAME_CHARS = 128
+"""Longest dataset or version name in a hint that is looked at."""
+
+LOG_EVERY_S = 10.0
+"""Least time between two log lines for refusals of one reason, seconds."""
+
+
+@dataclass
+class Decision:
+    """What may be served of one request: ``allowed`` ``(digest, size)`` in request order,
+    and the digests declined because no live snapshot stored here holds them
+    (``unknown``) or none the grant covers does (``outside``)."""
+
+    allowed: list[tuple[str, int]] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)
+
+    @property
+    def declined(self) -> list[str]:
+        """Every declined digest."""
+        return self.unknown + self.outside
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the blocks allowed."""
+        return sum(size for _, size in self.allowed)
+
+
+class ScopeCheck:
+    """Decides a request's blocks against this spoke's catalog and the caller's grant.
+
+    Args:
+        catalog: this spoke's catalog (its block scope index, and manifests to load).
+        now: the monotonic clock.
+    """
+
+    def __init__(self, catalog: SnapshotCatalog, now: Callable[[], float] = time.monotonic) -> None:
+        self.catalog = catalog
+        self._now = now
+        self._loading: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._failed: dict[tuple[str, str, str], float] = {}
+
+    async def load(self, hints: Sequence[peer_pb2.SnapshotRef], scopes: Sequence[str]) -> None:
+        """Load (once, however many callers name them) the manifests of named snapshots
+        this spoke has not stored as those versions, of datasets the grant covers, waiting
+        at most :data:`HINT_WAIT_S`; failures are remembered for :data:`HINT_RETRY_S`."""
+        now = self._now()
+        self._failed = {k: t for k, t in self._failed.items() if t > now}
+        waits = []
+        for hint in hints[:MAX_HINTS]:
+            key = (hint.dataset, hint.version, hint.snapshot_id)
+            if (
+                not is_digest(hint.snapshot_id)
+                or not _name(hint.dataset)
+                or not _name(hint.version)
+                or not covers(scopes, hint.dataset)
+                or (hint.dataset, hint.version) in self.catalog.scope.names(hint.snapshot_id)
+                or key in self._failed
+            ):
+                continue
+            name = (hint.dataset, hint.version)
+            task = self._loading.get(name)
+            if task is None:
+                task = asyncio.create_task(self._load(*key))
+                self._loading[name] = task
+                task.add_done_callback(functools.partial(self._loaded, name))
+            waits.append(task)
+        if waits:  # a long manifest keeps loading for the next caller; this one goes on
+            await asyncio.wait([asyncio.shield(t) for t in waits], timeout=HINT_WAIT_S)
+
+    def _loaded(self, name: tuple[str, str], task: asyncio.Task[None]) -> None:
+        self._loading.pop(name, None)
+
+    async def _load(self, dataset: str, version: str, snapshot_id: str) -> None:
+        try:
+            await self.catalog.manifest(dataset, version, stale_ok=True)
+        except SpokeError as err:
+            log.info("snapshot %s@%s a peer named: %s", dataset, version, err)
+            self._failed[(dataset, version, snapshot_id)] = self._now() + HINT_RETRY_S
+            if len(self._failed) > 1024:
+                self._failed.pop(next(iter(self._failed)))
+
+    def decide(self, digests: Sequence[str], scopes: Sequence[str]) -> Decision:
+        """Which of ``digests`` (well-formed, distinct) may be served to a grant of
+        ``scopes``, with their sizes from this spoke's manifests."""
+        held = self.catalog.scope.lookup(digests)
+        decision = Decision()
+        for digest in digests:
+            found = held.get(digest)
+            if found is None:
+                decision.unknown.append(digest)
+            elif any(covers(scopes, dataset) for dataset in found.datasets):
+                decision.allowed.append((digest, found.size))
+            else:
+                decision.outside.append(digest)
+        return decision
+
+    async def close(self) -> None:
+        """Stop manifest loads in flight."""
+        tasks = list(self._loading.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _name(text: str) -> bool:
+    """Whether a dataset or version name from a peer is worth asking the hub about (the
+    hub checks it properly; this keeps junk out of hub calls and log lines)."""
+    return 0 < len(text) <= MAX_NAME_CHARS and text.isascii() and text.isprintable()
+
+
+class CallerLimits:
+    """Calls and bytes in flight per caller.
+
+    Args:
+        calls: most calls one caller may have in flight.
+        nbytes: most bytes of blocks one caller may have in flight.
+    """
+
+    def __init__(self, calls: int = CALLS_PER_CALLER, nbytes: int = BYTES_PER_CALLER) -> None:
+        self.calls = calls
+        self.nbytes = nbytes
+        self._held: dict[bytes, tuple[int, int]] = {}
+
+    def in_flight(self, caller: bytes) -> tuple[int, int]:
+        """Calls and bytes ``caller`` has in flight now."""
+        return self._held.get(caller, (0, 0))
+
+    @contextlib.contextmanager
+    def admit(self, caller: bytes, nbytes: int) -> Iterator[bool]:
+        """While inside, ``caller`` holds one more call and ``nbytes`` more bytes; yields
+        False (holding nothing) when that would exceed a limit."""
+        calls, held = self.in_flight(caller)
+        if calls + 1 > self.calls or held + nbytes > self.nbytes:
+            yield False
+            return
+        self._held[caller] = (calls + 1, held + nbytes)
+        try:
+            yield True
+        finally:
+            calls, held = self._held[caller]
+            if calls == 1:
+                del self._held[caller]
+            else:
+                self._held[caller] = (calls - 1, held - nbytes)
+
+
+class Refusals:
+    """Counts, audits and logs refused peer calls.
+
+    Args:
+        audit: the spoke's audit log (None: not written).
+        now: the monotonic clock.
+    """
+
+    def __init__(self, audit: AuditLog | None, now: Callable[[], float] = time.monotonic) -> None:
+        self.audit = audit
+        self._now = now
+        self._last: dict[str, float] = {}
+        self._quiet: dict[str, int] = {}
+
+    def record(
+        self,
+        reason: str,
+        message: str,
+        *,
+        who: str,
+        what: str,
+        subject: str | None = None,
+        blocks: int | None = None,
+    ) -> None:
+        """One refused call (or a call with ``blocks`` declined) for ``reason``."""
+        metrics.PEER_REFUSALS.labels(reason).inc()
+        details: dict[str, object] = {"reason": reason, "detail": message[:200]}
+        if subject is not None:
+            details["subject"] = subject[:100]
+        if blocks is not None:
+            details["blocks"] = blocks
+        if self.audit is not None:  # rate-limited there, with a count of what it left out
+            self.audit.refused(who=who[:100], what=what, outcome=f"refused: {reason}", **details)
+        now = self._now()
+        if now - self._last.get(reason, -LOG_EVERY_S) >= LOG_EVERY_S:
+            more = self._quiet.pop(reason, 0)
+            tail = f" ({more} more since the last line)" if more else ""
+            log.warning("peer %s %s refused (%s): %s%s", who, what, reason, message, tail)
+            self._last[reason] = now
+        else:
+            self._quiet[reason] = self._quiet.get(reason, 0) + 1

@@ -1,0 +1,108 @@
+"""A peer that lies about a block's length cannot hurt the spoke asking it, on 127.0.0.1:
+a flood of 4 MiB chunks never marked last for a 300,000-byte block, an answer longer than
+the block, one shorter, one announcing another size. Each is cut off at once (counted as
+lying, the peer quarantined), the block still arrives from the hub with the right bytes,
+and the victim daemon's memory stays bounded."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from protocol.hub.v1 import hub_pb2
+from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
+from spoke.layout import block_digest
+from spoke.mesh.rendezvous import owner
+from tests.integration.mesh_support import Region, manifest_blocks, read_all
+from tests.support import publish
+
+pytestmark = pytest.mark.timeout(240)
+
+SIZE = 300_000
+FLOOD_CHUNK = 4 << 20
+RSS_BOUND = 512 << 20
+
+
+class Liar(peer_pb2_grpc.SpokePeerServicer):
+    """Answers probes as ``node`` and every block request in the way named ``how``."""
+
+    def __init__(self, node: str, how: str) -> None:
+        self.node = node
+        self.how = how
+        self.sent = 0  # bytes yielded
+
+    async def Probe(self, request: object, context: object) -> peer_pb2.ProbeResponse:
+        return peer_pb2.ProbeResponse(node=self.node)
+
+    async def ReadBlocks(
+        self, request_iterator: AsyncIterator[peer_pb2.PeerReadRequest], context: object
+    ) -> AsyncIterator[hub_pb2.BlockChunk]:
+        async for request in request_iterator:
+            block = request.blocks[0]
+            for offset, data, last, size in self._chunks(block.size):
+                self.sent += len(data)
+                yield hub_pb2.BlockChunk(
+                    digest=block.digest, offset=offset, data=data, block_size=size, last=last
+                )
+
+    def _chunks(self, size: int) -> Iterator[tuple[int, bytes, bool, int]]:
+        if self.how == "flood":  # endless, never last
+            offset = 0
+            chunk = bytes(FLOOD_CHUNK)
+            while True:
+                yield offset, chunk, False, size
+                offset += FLOOD_CHUNK
+        elif self.how == "longer":  # the right size announced, more bytes sent
+            yield 0, bytes(200_000), False, size
+            yield 200_000, bytes(200_000), True, size
+        elif self.how == "shorter":
+            yield 0, bytes(100_000), True, size
+        elif self.how == "other size":
+            yield 0, bytes(size + 1), True, size + 1
+
+
+def _rss(pid: int) -> tuple[int, int]:
+    """Resident and peak resident memory of ``pid``, bytes (/proc/PID/status)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            fields[name] = int(value.split()[0]) * 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+@pytest.mark.parametrize("how", ["flood", "longer", "shorter", "other size"])
+def test_a_peer_lying_about_a_blocks_length_is_cut_off(tmp_path: Path, how: str) -> None:
+    region = Region(tmp_path)
+    try:
+        victim, fake = region.add("victim"), region.add("liar")
+        nodes = [victim.node, fake.node]
+        src = tmp_path / "src"
+        src.mkdir()
+        while True:  # a one-block file the liar owns
+            data = os.urandom(SIZE)
+            if owner(block_digest(data), nodes) == fake.node:
+                break
+        (src / "one.bin").write_bytes(data)
+        assert publish(tmp_path / "hub", "ds", src, "--block-size", str(4 << 20)) == "v1"
+        region.start_hub()
+        liar = Liar(fake.node, how)
+        with region.fake_peer(liar, fake.node):
+            region.start(victim, peers=[victim, fake])
+            region.wait_live([victim], 2)
+            assert victim.proc is not None
+            blocks = manifest_blocks(victim)
+            assert blocks == [(block_digest(data), SIZE)]
+            assert read_all(victim, blocks) == SIZE  # the right bytes, from the hub
+            rss, peak = _rss(victim.proc.pid)
+            assert liar.sent > 0  # it was asked, and answered
+            assert victim.metric("strata_spoke_peer_errors_total", kind="lying") == 1
+            assert victim.stats()["mesh"]["peers"][fake.node]["live"] is False  # quarantined
+            assert victim.metric("strata_spoke_source_bytes_total", source="hub") == SIZE
+            assert victim.metric("strata_spoke_source_bytes_total", source="peer") == 0
+        assert peak < RSS_BOUND and rss < RSS_BOUND, (rss, peak)
+    finally:
+        region.close()
