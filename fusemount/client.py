@@ -98,14 +98,21 @@ class DaemonClient:
         self.prompt = bool(reply.prompt)
         return {u.digest: u.data for u in reply.uncached}
 
-    def prefetch(self, blocks: Sequence[tuple[str, int]]) -> int:
-        """Ask the daemon to fetch blocks ahead of reads; returns how many it started.
+    def prefetch(
+        self,
+        blocks: Sequence[tuple[str, int]],
+        source: int = spoke_pb2.PREFETCH_SOURCE_READAHEAD,
+    ) -> int:
+        """Ask the daemon to fetch blocks ahead of reads for ``source`` (a
+        ``spoke_pb2.PrefetchSource``: in-file or cross-file readahead); returns how many
+        it started.
 
         Best effort: a short deadline, never waits for a restarting daemon.
         """
         reply = self._stub.Prefetch(
             spoke_pb2.PrefetchRequest(
-                blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in blocks]
+                blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in blocks],
+                source=source,  # type: ignore[arg-type]
             ),
             timeout=2.0,
         )
