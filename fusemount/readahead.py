@@ -20,11 +20,14 @@ _NOTHING = range(0)
 class Readahead:
     """Readahead state of one open file handle.
 
-    Reads that start at block 0 or follow the previous read are sequential; any other read
-    is a seek and prefetches nothing (zarr's random chunk reads must not drag in neighbours).
-    After a window of blocks ``a..b`` is requested, reaching block ``a`` (the *marker*, like
-    the kernel's PG_readahead page) requests the next window, twice as large, right after
-    ``b``; so the reader always has between one and two windows in flight ahead of it.
+    A read that follows the previous one (in the same block or the next) is sequential;
+    any other read is a seek and prefetches nothing (zarr's random chunk reads must not
+    drag in neighbours), and neither does a handle's first read, even at block 0: a run is
+    confirmed only by two consecutive reads (a reader that opens files to read their first
+    bytes, in any order, fetches nothing ahead). After a window of blocks ``a..b`` is
+    requested, reaching block ``a`` (the *marker*, like the kernel's PG_readahead page)
+    requests the next window, twice as large, right after ``b``; so the reader always has
+    between one and two windows in flight ahead of it.
 
     Args:
         initial: window after a seek or at the first read, blocks.
@@ -35,7 +38,7 @@ class Readahead:
     maximum: int = 32
     window: int = 0
     next_offset: int = 0  # where an in-order read starts: the previous read's end, bytes
-    last_block: int = -1  # so a first read at block 0 counts as sequential
+    last_block: int = -1  # the block the previous read ended in (-1: no read yet)
     ahead_to: int = -1  # highest block index already requested
     marker: int = 0  # reading this block requests the next window
 
@@ -63,7 +66,7 @@ class Readahead:
         Returns:
             The block indexes to prefetch now (possibly empty).
         """
-        follows = first in (self.last_block, self.last_block + 1)
+        follows = self.last_block >= 0 and first in (self.last_block, self.last_block + 1)
         self.last_block = last
         if not follows:  # a seek (or the first read): a lone random read prefetches nothing
             self.window = 0
