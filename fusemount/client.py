@@ -31,6 +31,8 @@ class DaemonClient:
         self.miss_deadline = miss_deadline
         self.catalog_timeout = catalog_timeout
         self.prompt = False  # the daemon's last word: report hits as they happen
+        # the daemon's last word on how much more readahead each source may ask for
+        self.readahead_room: dict[int, int] = {}
         self._channel = grpc.insecure_channel(
             f"unix:{socket_path}",
             options=[
@@ -107,7 +109,8 @@ class DaemonClient:
         ``spoke_pb2.PrefetchSource``: in-file or cross-file readahead); returns how many
         it started.
 
-        Best effort: a short deadline, never waits for a restarting daemon.
+        Best effort: a short deadline, never waits for a restarting daemon. Updates
+        :attr:`readahead_room` from the answer.
         """
         reply = self._stub.Prefetch(
             spoke_pb2.PrefetchRequest(
@@ -116,6 +119,8 @@ class DaemonClient:
             ),
             timeout=2.0,
         )
+        if reply.HasField("room_bytes"):
+            self.readahead_room[source] = reply.room_bytes
         return int(reply.started)
 
     def record_access(self, digests: Sequence[str]) -> None:

@@ -18,8 +18,10 @@ run); its first window is the next ``initial_files`` files; opening the first fi
 last window (the *marker*) requests the next window right after it, twice as many bytes,
 up to ``max_bytes``. So the reader always has between one and two windows ahead of it. Of
 each file only its first ``head_blocks`` blocks are asked for: the in-file readahead
-takes over once the reader reads it. The daemon may still drop what it is asked for (its
-prefetch budget, the cache's room, the source's window in the prefetch ledger).
+takes over once the reader reads it. A window is cut to the room the daemon last said
+this source has (its prefetch budget, the cache's room, the source's window in the
+prefetch ledger): files past it stay ahead of the run and go with its next window,
+instead of being asked for, dropped, and missed.
 """
 
 from __future__ import annotations
@@ -77,10 +79,13 @@ class CrossFileReadahead:
         """Readers being tracked."""
         return len(self._runs)
 
-    def on_open(self, reader: int, node: Node, files: Sequence[Node]) -> list[Block]:
+    def on_open(
+        self, reader: int, node: Node, files: Sequence[Node], room: int = 1 << 62
+    ) -> list[Block]:
         """Account for ``reader`` (a pid) opening ``node``, at ``node.position`` of
         ``files`` (its snapshot's files in manifest order); returns the blocks to
-        prefetch now (often none)."""
+        prefetch now (often none), at most ``room`` bytes of them (what the daemon
+        takes now): files past it stay ahead, for the next window."""
         pos = node.position
         if pos < 0 or pos >= len(files) or files[pos] is not node:
             return []  # not a file of a loaded snapshot's order
@@ -106,7 +111,7 @@ class CrossFileReadahead:
             run.window = min(run.window * 2, self.max_bytes)
         else:
             return []
-        return self._issue(run, files, max(run.ahead_to, pos) + 1)
+        return self._issue(run, files, max(run.ahead_to, pos) + 1, room)
 
     def _start(self, reader: int, snapshot: str, pos: int) -> _Run:
         run = _Run(snapshot, pos, ahead_to=pos)
@@ -116,14 +121,15 @@ class CrossFileReadahead:
             self._runs.popitem(last=False)
         return run
 
-    def _issue(self, run: _Run, files: Sequence[Node], start: int) -> list[Block]:
+    def _issue(self, run: _Run, files: Sequence[Node], start: int, room: int) -> list[Block]:
         blocks: list[Block] = []
         total = 0
         end = start
-        while end < len(files) and total < run.window:
+        want = min(run.window, room)
+        while end < len(files) and total < want:
             head = list(files[end].blocks[: self.head_blocks])
             size = sum(s for _, s in head)
-            if blocks and total + size > run.window:
+            if blocks and total + size > want:
                 break
             blocks += head
             total += size

@@ -42,9 +42,12 @@ class Readahead:
     ahead_to: int = -1  # highest block index already requested
     marker: int = 0  # reading this block requests the next window
 
-    def on_range(self, offset: int, end: int, block_size: int, blocks: int) -> range:
+    def on_range(
+        self, offset: int, end: int, block_size: int, blocks: int, room: int | None = None
+    ) -> range:
         """Account for a read of bytes ``offset..end`` (exclusive) of a file of ``blocks``
-        blocks of ``block_size`` bytes; returns the block indexes to prefetch now.
+        blocks of ``block_size`` bytes; returns the block indexes to prefetch now (at most
+        ``room`` of them: what the daemon takes now; the rest go with the next window).
 
         In order means starting at the previous read's end, or at most :data:`SKIP` bytes
         past it (the kernel skips pages it already holds), as Linux judges by page and
@@ -58,13 +61,13 @@ class Readahead:
             self.window = 0
             self.last_block = self.ahead_to = last
             return _NOTHING
-        return self.on_read(offset // block_size, last, blocks)
+        return self.on_read(offset // block_size, last, blocks, room)
 
-    def on_read(self, first: int, last: int, blocks: int) -> range:
+    def on_read(self, first: int, last: int, blocks: int, room: int | None = None) -> range:
         """Account for a read of blocks ``first..last`` of a ``blocks``-block file.
 
         Returns:
-            The block indexes to prefetch now (possibly empty).
+            The block indexes to prefetch now (possibly empty; at most ``room``).
         """
         follows = self.last_block >= 0 and first in (self.last_block, self.last_block + 1)
         self.last_block = last
@@ -79,7 +82,7 @@ class Readahead:
         else:
             return range(0)
         start = max(self.ahead_to, last) + 1
-        stop = min(start + self.window, blocks)
+        stop = min(start + self.window, blocks, start + (self.window if room is None else room))
         if start >= stop:
             return range(0)
         self.ahead_to = stop - 1

@@ -11,7 +11,6 @@ the daemon has evicted.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import trio
@@ -30,6 +29,7 @@ from spoke.layout import CacheLayout
 READAHEAD_QUEUE = 64  # readahead windows waiting; a full queue drops new ones
 IN_FILE = spoke_pb2.PREFETCH_SOURCE_READAHEAD
 CROSS_FILE = spoke_pb2.PREFETCH_SOURCE_CROSSFILE
+UNKNOWN_ROOM = 1 << 62  # before the daemon's first answer: windows as large as they grow
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class BlockReader:
         self.hit_log = HitLog(client)
         self.source = BlockSource(self.files, client, self.hit_log, max_threads)
         self.crossfile = CrossFileReadahead()
+        self._pending: dict[int, int] = {}  # source -> bytes queued, not yet answered
         self._ahead_send, self._ahead_recv = trio.open_memory_channel[
             tuple[list[tuple[str, int]], int]
         ](READAHEAD_QUEUE)
@@ -89,7 +90,8 @@ class BlockReader:
         bs = node.block_size
         first, last = offset // bs, (end - 1) // bs
         if readahead is not None and len(node.blocks) > 1:
-            ahead = readahead.on_range(offset, end, bs, len(node.blocks))
+            room = self.readahead_room(IN_FILE) // bs
+            ahead = readahead.on_range(offset, end, bs, len(node.blocks), room)
             if ahead:
                 self._queue([node.blocks[i] for i in ahead], IN_FILE)
         if first == last:  # the common case: one block, no join
@@ -120,13 +122,23 @@ class BlockReader:
         the hint knows what comes next, a guess could only take its room."""
         if self.client.prompt:
             return
-        ahead = self.crossfile.on_open(reader, node, files)
+        ahead = self.crossfile.on_open(reader, node, files, self.readahead_room(CROSS_FILE))
         if ahead:
             self._queue(ahead, CROSS_FILE)
 
+    def readahead_room(self, source: int) -> int:
+        """Bytes ``source`` may still ask the daemon for (its last answer, less what was
+        queued since): windows are cut to it, so the rest stays ahead of the reader for
+        its next window instead of being asked for, dropped, and missed."""
+        room = self.client.readahead_room.get(source, UNKNOWN_ROOM)
+        return max(0, room - self._pending.get(source, 0))
+
     def _queue(self, blocks: list[tuple[str, int]], source: int) -> None:
-        with contextlib.suppress(trio.WouldBlock):  # full: dropped (readahead is advisory)
+        try:
             self._ahead_send.send_nowait((blocks, source))
+        except trio.WouldBlock:  # full: dropped (readahead is advisory)
+            return
+        self._pending[source] = self._pending.get(source, 0) + sum(s for _, s in blocks)
 
     def cached_bytes(self, node: Node) -> int:
         """Bytes of ``node`` whose blocks are in the cache now (a stat per block)."""
@@ -139,6 +151,8 @@ class BlockReader:
                 await self.source.warm(blocks, source)
             except Exception as err:  # the daemon may be restarting; readahead is advisory
                 log.debug("readahead of %d blocks not done: %s", len(blocks), err)
+            finally:
+                self._pending[source] -= sum(s for _, s in blocks)
 
     async def flush_hits_forever(self, interval: float = 0.1, sweep_every: float = 0.5) -> None:
         """Report hits (see :class:`~fusemount.hits.HitLog`) and, every ``sweep_every``

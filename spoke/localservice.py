@@ -203,8 +203,9 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
         source = _SOURCES.get(request.source)
         if source is None:
             raise InvalidRequest(f"unknown prefetch source {request.source}")
+        started = self._scheduler.prefetch(refs, Priority.READAHEAD, source)
         return spoke_pb2.PrefetchResponse(
-            started=self._scheduler.prefetch(refs, Priority.READAHEAD, source)
+            started=started, room_bytes=self._scheduler.readahead_room(source)
         )
 
     def _prompt(self) -> bool:

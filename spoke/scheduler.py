@@ -276,14 +276,14 @@ class FetchScheduler:
         room = self.cache.readahead_room - self._on_the_way_bytes
         started = 0
         for n, (digest, size) in enumerate(blocks):
-            if self.cache.contains(digest) or digest in self._flights:
+            if self._known(digest):
                 continue
             if priority in SPECULATIVE and (
                 self._speculative_bytes + size > self.prefetch_budget
                 or (priority == Priority.READAHEAD and size > room)
             ):
                 if source is not None:
-                    rest = sum(s for _, s in blocks[n:])
+                    rest = sum(s for d, s in blocks[n:] if not self._known(d))
                     metrics.PREFETCH_SOURCE_BYTES.labels(source, "refused").inc(rest)
                 break
             if source is not None and not self.ledger.allows(source, size):
@@ -296,10 +296,26 @@ class FetchScheduler:
             self._pump()
         return started
 
+    def _known(self, digest: str) -> bool:
+        return self.cache.contains(digest) or digest in self._flights
+
     @property
     def prefetch_room(self) -> int:
         """Bytes of hinted or readahead requests the budget still takes."""
         return max(0, self.prefetch_budget - self._speculative_bytes)
+
+    def readahead_room(self, source: Source) -> int:
+        """Bytes of readahead ``source`` may ask for now without any being dropped: what
+        the prefetch budget, the cache's room above its high watermark (less what is on
+        the way) and the source's window leave. A prefetcher sizes its next window by it,
+        so the files it cannot have yet stay ahead of it for its next window."""
+        ledger = self.ledger[source]
+        room = min(
+            self.prefetch_room,
+            self.cache.readahead_room - self._on_the_way_bytes,
+            ledger.window - ledger.outstanding,
+        )
+        return max(0, room)
 
     def note_read(self, digests: Sequence[str]) -> None:
         """Readers read these blocks: prefetches among them were used (the ledger)."""

@@ -26,6 +26,7 @@ class FakeDaemon:
         self.suspects: list[str] = []
         self.fail_catalog = False
         self.prompt = False  # as DaemonClient.prompt
+        self.readahead_room: dict[int, int] = {}  # as DaemonClient.readahead_room
         self.miss_deadline = 5.0
         self.resident: set[str] = set()  # what the daemon's index says is on disk
         self.versions = ["v1"]

@@ -20,6 +20,7 @@ from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.fetcher import Fetcher
 from spoke.layout import CacheLayout, block_digest
+from spoke.ledger import Source
 from spoke.localservice import SpokeLocalService
 from spoke.policy import LRUPolicy
 from spoke.scheduler import FetchScheduler
@@ -152,6 +153,8 @@ def test_the_daemon_guesses_nothing_and_the_mounts_prefetches_keep_their_source(
         )
         reply = await s.local.Prefetch(request, context)
         assert reply.started == 3
+        assert reply.HasField("room_bytes")  # what the mount may ask for next
+        assert reply.room_bytes == s.scheduler.readahead_room(Source.CROSSFILE) > 0
         await s.settle()
         with pytest.raises(Aborted, match="unknown prefetch source"):
             await s.local.Prefetch(

@@ -149,3 +149,17 @@ def test_nothing_is_asked_for_while_a_hint_is_installed(tmp_path: Path) -> None:
     for i in range(6, 9):
         reader.opened(files[i], 7, files)
     assert reader.crossfile.windows == 1
+
+
+def test_files_past_the_daemons_room_stay_ahead_for_the_next_window() -> None:
+    files = _files(100)
+    ra = CrossFileReadahead(max_bytes=8 * SIZE)
+    assert _walk(ra, files, [(1, i) for i in range(5)]) == [[3, 4], [5, 6, 7, 8]]
+    assert [int(d[:16], 16) for d, _ in ra.on_open(1, files[5], files, room=2 * SIZE)] == [
+        9,
+        10,
+    ]  # the window is 8 files; the daemon takes 2 now
+    # the marker of the cut window asks for what was left out, right after it
+    got = ra.on_open(1, files[6], files) + ra.on_open(1, files[7], files)
+    got += ra.on_open(1, files[8], files) + ra.on_open(1, files[9], files)
+    assert [int(d[:16], 16) for d, _ in got] == list(range(11, 19))

@@ -62,3 +62,11 @@ def test_byte_ranges_in_order_grow_the_window_and_random_ones_never_do() -> None
     assert ra.window == 0
     # a small gap (pages the kernel already holds) still counts as in order
     assert list(ra.on_range(7 * bs + 4096 + 65536, 7 * bs + 200_000, bs, 100)) == [8, 9]
+
+
+def test_a_window_is_cut_to_the_daemons_room_and_the_rest_follows() -> None:
+    ra = Readahead(initial=4, maximum=8)
+    assert list(ra.on_read(0, 0, 100)) == []
+    assert list(ra.on_read(0, 0, 100, room=1)) == [1]  # the daemon takes one block now
+    assert list(ra.on_read(1, 1, 100, room=0)) == []  # none: nothing asked, nothing skipped
+    assert list(ra.on_read(2, 2, 100)) == list(range(3, 11))  # on, past the reader (at 2)

@@ -78,18 +78,27 @@ class PrefetchResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STARTED_FIELD_NUMBER: _builtins.int
+    ROOM_BYTES_FIELD_NUMBER: _builtins.int
     started: _builtins.int
     """Blocks whose fetch this request started."""
+    room_bytes: _builtins.int
+    """Bytes more this source may ask for now without any being skipped (the budget, the
+    cache's room, the source's window): a mount sizes its next windows by it, so what it
+    cannot have yet stays ahead of its reader. Unset from older daemons.
+    """
     def __init__(
         self,
         *,
         started: _builtins.int = ...,
+        room_bytes: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_room_bytes", b"_room_bytes", "room_bytes", b"room_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_room_bytes", b"_room_bytes", "room_bytes", b"room_bytes", "started", b"started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__room_bytes: _TypeAlias = _typing.Literal["room_bytes"]  # noqa: Y015
+    _WhichOneofArgType__room_bytes: _TypeAlias = _typing.Literal["_room_bytes", b"_room_bytes"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__room_bytes) -> _WhichOneofReturnType__room_bytes | None: ...
 
 Global___PrefetchResponse: _TypeAlias = PrefetchResponse  # noqa: Y015
 
