@@ -38,6 +38,8 @@ COLUMNS = (
     "steady after (s)",
     "link use",
     "over link (MB)",
+    "hit ratio",
+    "prefetch waste (MB, % of hub)",
 )
 
 
@@ -81,9 +83,19 @@ def table_rows(result: dict[str, Any]) -> list[list[str]]:
                 _num(cold.get("steady_state_s"), 0),
                 "–" if not cold else f"{100 * cold['link_utilisation']:.0f} %",
                 "–" if not cold else f"{cold['link_down_bytes'] / 1e6:,.0f}",
+                _num(row.get("hit_ratio"), 3),
+                _waste(row),
             ]
         )
     return rows
+
+
+def _waste(row: dict[str, Any]) -> str:
+    spoke: dict[str, float] = row.get("spoke") or {}
+    if not spoke.get("hub_bytes"):
+        return "–"
+    wasted = spoke.get("prefetch_wasted_bytes", 0.0)
+    return f"{wasted / 1e6:,.1f} ({100 * wasted / spoke['hub_bytes']:.1f} %)"
 
 
 def markdown_table(result: dict[str, Any]) -> str:

@@ -265,6 +265,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="markdown file to update (default: BENCHMARKS.md, except with --quick)",
     )
     p.add_argument("--no-markdown", action="store_true")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a measured target is missed")
     p.add_argument("--work", type=Path, default=None, help="working directory (kept)")
     p.add_argument(
         "--drop-caches",
@@ -329,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         result = run_suite(settings, echo)
         result["command"] = shlex.join(["python", "-m", "bench.run", *raw])
         write_outputs(result, ns.results, markdown, print)
+        missed = [t["name"] for t in result["targets"] if t["met"] is False]
+        if ns.strict and missed:
+            print(f"bench.run: missed: {'; '.join(missed)}", file=sys.stderr)
+            return 1
         return 0
     except (BenchError, DataError, StackError, OSError) as err:
         print(f"bench.run: error: {err}", file=sys.stderr)

@@ -99,6 +99,16 @@ def targets(rows: dict[str, Row], link: LinkSpec) -> list[dict[str, Any]]:
     if filled and filled.cold:
         u = filled.cold["link_utilisation"]
         add("cold + fill: sequential pass link use", "≥ 80 %", f"{100 * u:.0f} %", u >= 0.8)
+    spoke_rows = [r for r in rows.values() if r.status == "ok" and r.waste_fraction is not None]
+    if spoke_rows:
+        worst = max(spoke_rows, key=lambda r: r.waste_fraction or 0.0)
+        w = worst.waste_fraction or 0.0
+        add(
+            "Strata prefetch waste (evicted or dropped unread), every row",
+            "≤ 5 % of hub bytes",
+            f"{100 * w:.1f} % ({worst.label})",
+            w <= 0.05,
+        )
     for other in ("rclone-warm", "httpdirfs-warm"):
         row = _get(rows, other)
         if warm is None or row is None:

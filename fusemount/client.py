@@ -31,6 +31,8 @@ class DaemonClient:
         self.miss_deadline = miss_deadline
         self.catalog_timeout = catalog_timeout
         self.prompt = False  # the daemon's last word: report hits as they happen
+        # the daemon's last word on how much more readahead each source may ask for
+        self.readahead_room: dict[int, int] = {}
         self._channel = grpc.insecure_channel(
             f"unix:{socket_path}",
             options=[
@@ -98,17 +100,27 @@ class DaemonClient:
         self.prompt = bool(reply.prompt)
         return {u.digest: u.data for u in reply.uncached}
 
-    def prefetch(self, blocks: Sequence[tuple[str, int]]) -> int:
-        """Ask the daemon to fetch blocks ahead of reads; returns how many it started.
+    def prefetch(
+        self,
+        blocks: Sequence[tuple[str, int]],
+        source: int = spoke_pb2.PREFETCH_SOURCE_READAHEAD,
+    ) -> int:
+        """Ask the daemon to fetch blocks ahead of reads for ``source`` (a
+        ``spoke_pb2.PrefetchSource``: in-file or cross-file readahead); returns how many
+        it started.
 
-        Best effort: a short deadline, never waits for a restarting daemon.
+        Best effort: a short deadline, never waits for a restarting daemon. Updates
+        :attr:`readahead_room` from the answer.
         """
         reply = self._stub.Prefetch(
             spoke_pb2.PrefetchRequest(
-                blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in blocks]
+                blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in blocks],
+                source=source,  # type: ignore[arg-type]
             ),
             timeout=2.0,
         )
+        if reply.HasField("room_bytes"):
+            self.readahead_room[source] = reply.room_bytes
         return int(reply.started)
 
     def record_access(self, digests: Sequence[str]) -> None:

@@ -182,6 +182,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         direct = bool(flags & os.O_DIRECT)
         backing_id = await self._passthrough_open(inode, node, direct)
         self._handles[fh] = (node, Readahead(), backing_id is not None)
+        self.reader.opened(node, ctx.pid, self.inodes.files(node.snapshot_id))
         if backing_id is not None:  # the kernel forbids keep_cache with passthrough
             return pyfuse3.FileInfo(  # type: ignore[call-arg]
                 fh=fh, keep_cache=False, backing_id=backing_id, direct_io=direct
@@ -287,6 +288,9 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             out[b"user.strata.passthrough"] = b"on" if pt.enabled else f"off: {pt.reason}".encode()
             out[b"user.strata.passthrough_opens"] = str(pt.opens).encode()
             out[b"user.strata.backing_ids"] = str(pt.backing_ids).encode()
+            ahead = self.reader.crossfile
+            out[b"user.strata.crossfile_windows"] = str(ahead.windows).encode()
+            out[b"user.strata.crossfile_blocks"] = str(ahead.blocks).encode()
         return out
 
     @boundary

@@ -20,11 +20,14 @@ _NOTHING = range(0)
 class Readahead:
     """Readahead state of one open file handle.
 
-    Reads that start at block 0 or follow the previous read are sequential; any other read
-    is a seek and prefetches nothing (zarr's random chunk reads must not drag in neighbours).
-    After a window of blocks ``a..b`` is requested, reaching block ``a`` (the *marker*, like
-    the kernel's PG_readahead page) requests the next window, twice as large, right after
-    ``b``; so the reader always has between one and two windows in flight ahead of it.
+    A read that follows the previous one (in the same block or the next) is sequential;
+    any other read is a seek and prefetches nothing (zarr's random chunk reads must not
+    drag in neighbours), and neither does a handle's first read, even at block 0: a run is
+    confirmed only by two consecutive reads (a reader that opens files to read their first
+    bytes, in any order, fetches nothing ahead). After a window of blocks ``a..b`` is
+    requested, reaching block ``a`` (the *marker*, like the kernel's PG_readahead page)
+    requests the next window, twice as large, right after ``b``; so the reader always has
+    between one and two windows in flight ahead of it.
 
     Args:
         initial: window after a seek or at the first read, blocks.
@@ -35,13 +38,16 @@ class Readahead:
     maximum: int = 32
     window: int = 0
     next_offset: int = 0  # where an in-order read starts: the previous read's end, bytes
-    last_block: int = -1  # so a first read at block 0 counts as sequential
+    last_block: int = -1  # the block the previous read ended in (-1: no read yet)
     ahead_to: int = -1  # highest block index already requested
     marker: int = 0  # reading this block requests the next window
 
-    def on_range(self, offset: int, end: int, block_size: int, blocks: int) -> range:
+    def on_range(
+        self, offset: int, end: int, block_size: int, blocks: int, room: int | None = None
+    ) -> range:
         """Account for a read of bytes ``offset..end`` (exclusive) of a file of ``blocks``
-        blocks of ``block_size`` bytes; returns the block indexes to prefetch now.
+        blocks of ``block_size`` bytes; returns the block indexes to prefetch now (at most
+        ``room`` of them: what the daemon takes now; the rest go with the next window).
 
         In order means starting at the previous read's end, or at most :data:`SKIP` bytes
         past it (the kernel skips pages it already holds), as Linux judges by page and
@@ -55,15 +61,15 @@ class Readahead:
             self.window = 0
             self.last_block = self.ahead_to = last
             return _NOTHING
-        return self.on_read(offset // block_size, last, blocks)
+        return self.on_read(offset // block_size, last, blocks, room)
 
-    def on_read(self, first: int, last: int, blocks: int) -> range:
+    def on_read(self, first: int, last: int, blocks: int, room: int | None = None) -> range:
         """Account for a read of blocks ``first..last`` of a ``blocks``-block file.
 
         Returns:
-            The block indexes to prefetch now (possibly empty).
+            The block indexes to prefetch now (possibly empty; at most ``room``).
         """
-        follows = first in (self.last_block, self.last_block + 1)
+        follows = self.last_block >= 0 and first in (self.last_block, self.last_block + 1)
         self.last_block = last
         if not follows:  # a seek (or the first read): a lone random read prefetches nothing
             self.window = 0
@@ -76,7 +82,7 @@ class Readahead:
         else:
             return range(0)
         start = max(self.ahead_to, last) + 1
-        stop = min(start + self.window, blocks)
+        stop = min(start + self.window, blocks, start + (self.window if room is None else room))
         if start >= stop:
             return range(0)
         self.ahead_to = stop - 1

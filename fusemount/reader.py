@@ -2,29 +2,34 @@
 
 A read of ``size`` bytes at ``offset`` covers one or more blocks of the file's manifest
 entry; :meth:`BlockReader.read` asks :class:`~fusemount.source.BlockSource` for each
-covered part (block file, else the daemon) and feeds the open file's readahead, whose
-windows one background task serves. The reader also runs the mount's two housekeeping
+covered part (block file, else the daemon) and feeds the open file's readahead; each open
+feeds the opening reader's cross-file readahead (:mod:`fusemount.crossfile`). One
+background task serves both kinds of windows. The reader also runs the mount's two housekeeping
 tasks: hit reports (:class:`~fusemount.hits.HitLog`) and the sweep that closes block files
 the daemon has evicted.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import trio
 
 from fusemount.blockfiles import BlockFiles
 from fusemount.client import DaemonClient
+from fusemount.crossfile import CrossFileReadahead
 from fusemount.hits import HitLog
 from fusemount.readahead import Readahead
 from fusemount.source import BlockSource
 from fusemount.tree import Node
+from protocol.spoke.v1 import spoke_pb2
 from spoke.encryption import BlockCipher
 from spoke.layout import CacheLayout
 
 READAHEAD_QUEUE = 64  # readahead windows waiting; a full queue drops new ones
+IN_FILE = spoke_pb2.PREFETCH_SOURCE_READAHEAD
+CROSS_FILE = spoke_pb2.PREFETCH_SOURCE_CROSSFILE
+UNKNOWN_ROOM = 1 << 62  # before the daemon's first answer: windows as large as they grow
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +52,15 @@ class BlockReader:
         cipher: BlockCipher | None = None,
     ) -> None:
         self.layout = layout
+        self.client = client
         self.files = BlockFiles(layout, cipher=cipher)
         self.hit_log = HitLog(client)
         self.source = BlockSource(self.files, client, self.hit_log, max_threads)
-        self._ahead_send, self._ahead_recv = trio.open_memory_channel[list[tuple[str, int]]](
-            READAHEAD_QUEUE
-        )
+        self.crossfile = CrossFileReadahead()
+        self._pending: dict[int, int] = {}  # source -> bytes queued, not yet answered
+        self._ahead_send, self._ahead_recv = trio.open_memory_channel[
+            tuple[list[tuple[str, int]], int]
+        ](READAHEAD_QUEUE)
 
     @property
     def hits(self) -> int:
@@ -82,10 +90,10 @@ class BlockReader:
         bs = node.block_size
         first, last = offset // bs, (end - 1) // bs
         if readahead is not None and len(node.blocks) > 1:
-            ahead = readahead.on_range(offset, end, bs, len(node.blocks))
+            room = self.readahead_room(IN_FILE) // bs
+            ahead = readahead.on_range(offset, end, bs, len(node.blocks), room)
             if ahead:
-                with contextlib.suppress(trio.WouldBlock):
-                    self._ahead_send.send_nowait([node.blocks[i] for i in ahead])
+                self._queue([node.blocks[i] for i in ahead], IN_FILE)
         if first == last:  # the common case: one block, no join
             digest, block_len = node.blocks[first]
             in_block = offset - first * bs
@@ -107,17 +115,44 @@ class BlockReader:
                 break
         return b"".join(parts)
 
+    def opened(self, node: Node, reader: int, files: list[Node]) -> None:
+        """``reader`` (the pid the kernel gave) opened ``node``, a file of ``files`` (its
+        snapshot's, in manifest order): cross-file readahead, queued like any window.
+        Off while a read-order hint is installed (the daemon's answers say ``prompt``):
+        the hint knows what comes next, a guess could only take its room."""
+        if self.client.prompt:
+            return
+        ahead = self.crossfile.on_open(reader, node, files, self.readahead_room(CROSS_FILE))
+        if ahead:
+            self._queue(ahead, CROSS_FILE)
+
+    def readahead_room(self, source: int) -> int:
+        """Bytes ``source`` may still ask the daemon for (its last answer, less what was
+        queued since): windows are cut to it, so the rest stays ahead of the reader for
+        its next window instead of being asked for, dropped, and missed."""
+        room = self.client.readahead_room.get(source, UNKNOWN_ROOM)
+        return max(0, room - self._pending.get(source, 0))
+
+    def _queue(self, blocks: list[tuple[str, int]], source: int) -> None:
+        try:
+            self._ahead_send.send_nowait((blocks, source))
+        except trio.WouldBlock:  # full: dropped (readahead is advisory)
+            return
+        self._pending[source] = self._pending.get(source, 0) + sum(s for _, s in blocks)
+
     def cached_bytes(self, node: Node) -> int:
         """Bytes of ``node`` whose blocks are in the cache now (a stat per block)."""
         return sum(size for digest, size in node.blocks if self.layout.block_path(digest).exists())
 
     async def prefetch_forever(self) -> None:
         """Serve queued readahead windows one at a time (best effort)."""
-        async for blocks in self._ahead_recv:
+        async for blocks, source in self._ahead_recv:
             try:
-                await self.source.warm(blocks)
+                await self.source.warm(blocks, source)
             except Exception as err:  # the daemon may be restarting; readahead is advisory
                 log.debug("readahead of %d blocks not done: %s", len(blocks), err)
+            finally:
+                self._pending[source] -= sum(s for _, s in blocks)
 
     async def flush_hits_forever(self, interval: float = 0.1, sweep_every: float = 0.5) -> None:
         """Report hits (see :class:`~fusemount.hits.HitLog`) and, every ``sweep_every``

@@ -162,15 +162,16 @@ class BlockSource:
         while len(self._streamed) > STREAMED_BLOCKS:
             self._streamed.popitem(last=False)
 
-    async def warm(self, blocks: list[tuple[str, int]]) -> None:
+    async def warm(self, blocks: list[tuple[str, int]], source: int) -> None:
         """Readahead (best effort): cached blocks are read into the page cache in the
-        background (``WILLNEED``), missing ones are fetched by the daemon (``Prefetch``)."""
-        await trio.to_thread.run_sync(self._warm, blocks, limiter=self._miss_limiter)
+        background (``WILLNEED``), missing ones are fetched by the daemon (``Prefetch``,
+        as ``source``: a ``spoke_pb2.PrefetchSource``)."""
+        await trio.to_thread.run_sync(self._warm, blocks, source, limiter=self._miss_limiter)
 
-    def _warm(self, blocks: list[tuple[str, int]]) -> None:
+    def _warm(self, blocks: list[tuple[str, int]], source: int) -> None:
         missing = [(d, s) for d, s in blocks if not self.files.warm(d)]
         if missing:
-            self.client.prefetch(missing)
+            self.client.prefetch(missing, source)
 
 
 def _describe(err: grpc.RpcError) -> str:

@@ -45,6 +45,8 @@ class Node:
             directories inside a snapshot.
         target: symlink target.
         blocks: a file's ``(digest, size)`` blocks in file order.
+        position: a file with data: its index among its snapshot's files with data, in
+            manifest order (:meth:`InodeTable.files`); -1 for anything else.
         children: name → inode, in listing order; None until loaded.
     """
 
@@ -59,6 +61,7 @@ class Node:
     nlink: int = 1
     target: bytes = b""
     blocks: tuple[tuple[str, int], ...] = ()
+    position: int = -1
     children: dict[bytes, int] | None = None
     child_names: list[bytes] = field(default_factory=list)
 
@@ -100,6 +103,7 @@ class InodeTable:
         self._by_key: dict[tuple[str, ...], int] = {}
         self._next = ROOT_INODE + 1
         self._lookups: dict[int, int] = {}  # inode -> the kernel's lookup count
+        self._files: dict[str, list[Node]] = {}  # snapshot id -> files with data, in order
 
     def remember(self, inode: int) -> None:
         """The kernel took one more reference to ``inode`` (a lookup reply)."""
@@ -136,6 +140,11 @@ class InodeTable:
     def __len__(self) -> int:
         return len(self._nodes)
 
+    def files(self, snapshot_id: str) -> list[Node]:
+        """A loaded snapshot's regular files with data, in manifest (path) order: the
+        order a reader walking its directories reads them in (empty if not loaded)."""
+        return self._files.get(snapshot_id, [])
+
     def intern(self, key: tuple[str, ...], make: Node) -> Node:
         """The node for ``key``: the existing one (refreshed from ``make``'s fields for
         mutable nodes such as tags) or ``make`` itself with a fresh inode."""
@@ -161,6 +170,7 @@ class InodeTable:
         """
         dirs: dict[str, Node] = {"": root}
         pending: dict[int, dict[bytes, int]] = {root.inode: {}}
+        files: list[Node] = []
 
         def parent_of(path: str) -> Node:
             head, _, _ = path.rpartition("/")
@@ -190,6 +200,9 @@ class InodeTable:
                 ),
             )
             pending[parent.inode][entry.path.rpartition("/")[2].encode()] = node.inode
+            if stat.S_ISREG(node.mode) and node.blocks and node.position < 0:
+                node.position = len(files)
+                files.append(node)
             if node.is_dir:
                 dirs[entry.path] = node
                 pending.setdefault(node.inode, {})
@@ -197,6 +210,7 @@ class InodeTable:
         for entry in entries:
             if entry.path not in dirs:
                 add(entry)
+        self._files.setdefault(snapshot_id, files)
         for inode, children in pending.items():
             node = self._nodes[inode]
             node.set_children(children)

@@ -180,7 +180,9 @@ class CacheStats(BaseModel):
     )
     fetch: dict[str, Any] = Field(
         default_factory=dict,
-        description="the fetch scheduler: window, rate, RTT, bytes on the wire, queues by class",
+        description="the fetch scheduler: window, rate, RTT, bytes on the wire, queues by "
+        "class; prefetch: per source (hint, readahead, crossfile, fill) its window and bytes "
+        "outstanding, issued, used and wasted",
     )
     fill: dict[str, Any] = Field(
         default_factory=dict,

@@ -18,6 +18,16 @@ hand-off and one index commit per batch (:class:`BlockWriter`). Capacity rules:
   through without caching it. So it does when the room within ``--cache-size`` is taken
   by pins (or blocks readers wait for): a block is never admitted only to be evicted by
   the next admission before its reader gets to it.
+* A block fetched **ahead of its readers** (:class:`Placement`) goes to the policy's cold
+  end, unread (``insert(..., prefetched=True)``): an admission that needs room takes it
+  before anything the policy ranks. The watermarks count only the blocks the policy ranks
+  (:attr:`BlockCache.ranked_bytes`), so the background evictor neither makes room for
+  prefetches nor takes them before their reader comes: prefetch lives in the room left
+  free. Readahead and fill are admitted only into that room and never evict
+  (:class:`PrefetchRefused` otherwise: the cache is under pressure); readahead is asked
+  for only while it fits above the high watermark (:attr:`BlockCache.readahead_room`),
+  fill only below it (:mod:`spoke.fill`); a hinted prefetch may take the room of a block
+  its hint reads later (the hinted policy chose it).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import errno
 import logging
 import os
 from collections.abc import Callable, Iterable
+from enum import Enum
 
 from spoke import metrics
 from spoke.policy import ARCPolicy, EvictionPolicy
@@ -39,6 +50,19 @@ EVICT_BATCH = 64  # victims per background step before yielding the loop
 
 class CacheFull(OSError):
     """No room on the cache filesystem and nothing evictable (everything pinned)."""
+
+
+class PrefetchRefused(CacheFull):
+    """A block fetched ahead of its readers finds no free room (it would make the cache
+    evict a block the policy ranks above it)."""
+
+
+class Placement(Enum):
+    """How an arriving block is admitted."""
+
+    DEMAND = "demand"  # a reader (or an operator) asked: the policy places it, it may evict
+    AHEAD = "ahead"  # readahead, fill: the cold end, only into free room, evicting nothing
+    HINTED = "hinted"  # a hinted prefetch: the cold end; the hinted policy picks its room
 
 
 class BlockWriter:
@@ -192,16 +216,20 @@ class BlockCache:
 
     # -- admission and access ---------------------------------------------------------
 
-    async def admit(self, digest: str, data: bytes) -> None:
+    async def admit(
+        self, digest: str, data: bytes, placement: Placement = Placement.DEMAND
+    ) -> None:
         """Write a verified block to disk and account for it.
 
         The block is written only when it fits within ``capacity_bytes`` next to the
         resident blocks and the admissions being written, after evicting what the policy
         allows; pinned blocks are never evicted for it, so when pins fill the cache it is
         refused (the caller streams it through) instead of being admitted and evicted at
-        once by the next admission.
+        once by the next admission. A block placed :attr:`Placement.AHEAD` evicts nothing:
+        it needs free room (:attr:`prefetch_room`).
 
         Raises:
+            PrefetchRefused: an ``AHEAD`` block and no free room; nothing was written.
             CacheFull: no room within the cache size or on the filesystem, and nothing
                 evictable (everything pinned or held); nothing was written.
             OSError: another write failure; the cache is unchanged.
@@ -209,6 +237,10 @@ class BlockCache:
         if self.contains(digest):
             return
         size = len(data)
+        if placement is Placement.AHEAD and size > self.prefetch_room:
+            raise PrefetchRefused(
+                errno.ENOSPC, f"no room below the high watermark for prefetched {digest}"
+            )
         await self._make_room(digest, size, wait=True)
         self._reserved += size
         self._tick += 1
@@ -239,9 +271,25 @@ class BlockCache:
             self._pinned[digest] = size
             self._resize_policy()
         else:
-            self.policy.insert(digest, size)
+            self.policy.insert(digest, size, prefetched=placement is not Placement.DEMAND)
         self._update_gauges()
         self._wake_evictor()
+
+    @property
+    def prefetch_room(self) -> int:
+        """Bytes that resident blocks and admissions being written leave free within the
+        cache size: what a block fetched ahead may take without evicting anything."""
+        return self.capacity_bytes - self.used_bytes - self._reserved
+
+    @property
+    def readahead_room(self) -> int:
+        """The part of :attr:`prefetch_room` above the high watermark (and above the
+        ranked blocks, when they are over it): readahead there never collides with the
+        blocks the policy ranks growing up to the watermark before the evictor trims
+        them, so a demand miss does not have to evict a readahead block its reader is
+        about to read."""
+        ranked = max(self.ranked_bytes, self.high_bytes)
+        return self.capacity_bytes - ranked - self.policy.unread_bytes - self._reserved
 
     async def _make_room(self, digest: str, size: int, wait: bool) -> None:
         """Evict until ``size`` more bytes fit next to the residents and the admissions
@@ -346,21 +394,29 @@ class BlockCache:
 
     # -- eviction ------------------------------------------------------------------------
 
+    @property
+    def ranked_bytes(self) -> int:
+        """Bytes of resident blocks other than prefetched ones not read yet (those the
+        policy ranks, and pinned ones): what the watermarks are about."""
+        return self.used_bytes - self.policy.unread_bytes
+
     async def run_evictor(self) -> None:
-        """Background task: when above the high watermark, evict down to the low one
-        (not while the policy evicts on demand: then admissions evict what they need)."""
+        """Background task: when the blocks the policy ranks are above the high
+        watermark, evict them down to the low one (not while the policy evicts on demand:
+        then admissions evict what they need). Prefetched blocks not read yet are neither
+        counted nor taken: they are on their way to a reader, in the room this leaves."""
         self._wake = asyncio.Event()
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self.used_bytes > self.low_bytes and not self.policy.evict_on_demand:
-                if self._evict_batch(self.low_bytes, EVICT_BATCH) == 0:
+            while self.ranked_bytes > self.low_bytes and not self.policy.evict_on_demand:
+                if self._evict_batch(self.low_bytes, EVICT_BATCH, housekeeping=True) == 0:
                     break
                 await asyncio.sleep(0)  # let fetches and access records in between
 
     def _wake_evictor(self) -> None:
         if (
-            self.used_bytes > self.high_bytes
+            self.ranked_bytes > self.high_bytes
             and self._wake is not None
             and not self.policy.evict_on_demand
         ):
@@ -377,11 +433,13 @@ class BlockCache:
         self._evict_down_to(before - want)
         return before - self.used_bytes
 
-    def _evict_batch(self, target: int, most: int) -> int:
+    def _evict_batch(self, target: int, most: int, housekeeping: bool = False) -> int:
+        """Evict up to ``most`` victims while the cache (``housekeeping``: its ranked
+        blocks, unread prefetched ones spared) holds more than ``target`` bytes."""
         victims: list[tuple[str, int]] = []
-        used = self.used_bytes
+        used = self.ranked_bytes if housekeeping else self.used_bytes
         while used > target and len(victims) < most:
-            victim = self.policy.pop_victim()
+            victim = self.policy.pop_victim(spare_unread=housekeeping)
             if victim is None:
                 break
             victims.append(victim)

@@ -27,7 +27,6 @@ from spoke.audit import AuditLog
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
 from spoke.config import SpokeSettings
-from spoke.crossfile import CrossFileReadahead
 from spoke.encryption import check_cache_key
 from spoke.errors import HubUnavailable
 from spoke.fetcher import Fetcher
@@ -139,8 +138,6 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         access.subscribe("policy", policy)
         access.subscribe("hints", hints.observe)
         access.subscribe("ledger", ledger)
-        crossfile = CrossFileReadahead(index, fetcher, paused=lambda: hints.policy.active)
-        access.subscribe("readahead", crossfile.observe)
         fill = BackgroundFill(
             index,
             fetcher,

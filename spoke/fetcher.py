@@ -24,7 +24,7 @@ from tenacity import (
 )
 
 from spoke import metrics
-from spoke.cache import BlockCache, CacheFull
+from spoke.cache import BlockCache, CacheFull, Placement, PrefetchRefused
 from spoke.errors import CorruptBlock, HubUnavailable, MissDeadline, SpokeError
 from spoke.layout import block_digest
 from spoke.source import BlockSource
@@ -58,6 +58,9 @@ class FetchListener(Protocol):
     def resolved(self, digest: str, error: BaseException | None, data: bytes | None) -> None:
         """A block is done: resident (``data`` None), streamed through (``data``), or
         failed (``error``)."""
+
+    def placement(self, digest: str) -> Placement:
+        """How an arrived block is admitted: for a reader, or ahead of any."""
 
 
 class Fetcher:
@@ -185,7 +188,11 @@ class Fetcher:
         write) is resolved with its bytes instead, so readers waiting for it still succeed.
         """
         try:
-            await self.cache.admit(digest, data)
+            await self.cache.admit(digest, data, listener.placement(digest))
+        except PrefetchRefused as err:  # nobody waits for it: the cache is under pressure
+            log.debug("%s", err)
+            listener.resolved(digest, None, data)
+            return
         except CacheFull as err:
             log.warning("%s; streaming the block through uncached", err)
             metrics.STREAMED_THROUGH.inc()

@@ -11,7 +11,11 @@ fetched as :attr:`Priority.FILL`, a few batches at a time, in manifest order:
 * **Never evicts.** A batch goes out only if it fits in the room below the cache's high
   watermark (less what is already on the way), so fill never makes the evictor take a
   pinned, hinted or recently read block; when the room runs out the fill stops, says so
-  (``state: stopped``, a log line) and looks again every ``recheck_s``.
+  (``state: stopped``, a log line) and looks again every ``recheck_s``. Its blocks wait
+  at the policy's cold end until read, so later misses evict them first.
+* **Feedback.** Fill is a prefetch source in the ledger (:mod:`spoke.ledger`): filled
+  blocks evicted unread shrink its window, and a batch that does not fit in the window
+  stops the fill the same way, until readers reading what it dropped open it again.
 * **Waits for hints.** While a read-order hint is installed the hint prefetcher owns the
   free room; fill waits.
 * **Survives link cuts.** A batch the hub cannot deliver before the miss deadline is
@@ -32,6 +36,7 @@ from typing import Literal
 from spoke import metrics
 from spoke.cache import BlockCache
 from spoke.errors import HubUnavailable, SpokeError
+from spoke.ledger import Source
 from spoke.scheduler import FetchScheduler, Priority
 from spoke.snapshots import SnapshotIndex
 
@@ -148,7 +153,7 @@ class BackgroundFill:
         if self.mode == "off":
             return
         for digest in digests:
-            for snapshot, _ in self.index.lookup(digest):
+            for snapshot in self.index.lookup(digest):
                 if snapshot.key in self.fills:
                     continue
                 total = snapshot.total_bytes
@@ -217,6 +222,17 @@ class BackgroundFill:
                         f"watermark, the next batch needs {size:,}",
                     )
                     break
+                ledger = self.scheduler.ledger[Source.FILL]
+                if not ledger.allows(size):
+                    for digest, nbytes in batch:
+                        ledger.drop(digest, nbytes)
+                    fill.say(
+                        "stopped",
+                        f"filled blocks were evicted unread ({ledger.wasted:,} bytes): "
+                        f"fill's window is {ledger.window:,} bytes, the next batch needs "
+                        f"{size:,}",
+                    )
+                    break
                 if fill.state != "filling":
                     fill.say("filling", "resumed")
                 await self._pace(size)
@@ -246,7 +262,7 @@ class BackgroundFill:
         self._publish()
 
     async def _batch(self, fill: Fill, batch: list[tuple[str, int]]) -> None:
-        was_cached, _ = await self.scheduler.ensure(batch, Priority.FILL)
+        was_cached, _ = await self.scheduler.ensure(batch, Priority.FILL, Source.FILL)
         filled = sum(s for (_, s), c in zip(batch, was_cached, strict=True) if not c)
         fill.bytes_filled += filled
         fill.bytes_resident += filled

@@ -310,6 +310,15 @@ class HintedPolicy(EvictionPolicy):
         """The wrapped policy's resident bytes (its accounting is the only one)."""
         return self.inner.used_bytes
 
+    @property
+    def unread_bytes(self) -> int:
+        """The wrapped policy's unread prefetched bytes."""
+        return self.inner.unread_bytes
+
+    def unread(self) -> list[str]:
+        """The wrapped policy's unread prefetched keys."""
+        return self.inner.unread()
+
     def size_of(self, key: str) -> int:
         """The wrapped policy's size of ``key`` (0 when not resident)."""
         return self.inner.size_of(key)
@@ -320,9 +329,10 @@ class HintedPolicy(EvictionPolicy):
     def __len__(self) -> int:
         return len(self.inner)
 
-    def insert(self, key: str, size: int) -> None:
-        """Admit ``key`` in the wrapped policy and place it by its next hinted use."""
-        self.inner.insert(key, size)
+    def insert(self, key: str, size: int, prefetched: bool = False) -> None:
+        """Admit ``key`` in the wrapped policy (at its cold end when ``prefetched``) and
+        place it by its next hinted use."""
+        self.inner.insert(key, size, prefetched)
         if key in self.inner:
             self._refresh(key)
             if key in self._never:
@@ -340,16 +350,20 @@ class HintedPolicy(EvictionPolicy):
         self._never.pop(key, None)
         return self.inner.remove(key)
 
-    def pop_victim(self, exclude: Iterable[str] = ()) -> tuple[str, int] | None:
+    def pop_victim(
+        self, exclude: Iterable[str] = (), spare_unread: bool = False
+    ) -> tuple[str, int] | None:
         """Without a stream, the wrapped policy's victim. With one: a block no stream
         reads again (least recently used first), else the one read farthest ahead;
-        never a block being read."""
+        never a block being read (nor an unread prefetched one with ``spare_unread``)."""
         if not self.streams:
-            victim = self.inner.pop_victim(exclude)
+            victim = self.inner.pop_victim(exclude, spare_unread)
             if victim is not None:
                 self._forget(victim[0])
             return victim
         skip = set(exclude)
+        if spare_unread:
+            skip.update(self.inner.unread())
         key = next((k for k in self._never if k not in skip), None)
         if key is None:
             key = self._pop_farthest(skip)

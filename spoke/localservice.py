@@ -2,8 +2,9 @@
 
 Domain errors are mapped to gRPC status codes here and nowhere else. Every read the mount
 reports (a hit in ``RecordAccess``, a miss in ``EnsureBlocks``) goes to the access log,
-whose subscribers (policy, hints, ledger, cross-file readahead, fill) take it from there;
-misses are then fetched as demand, the mount's readahead as readahead.
+whose subscribers (policy, hints, ledger, fill) take it from there; misses are then
+fetched as demand, the mount's readahead (in-file and cross-file, each its own source in
+the prefetch ledger) as readahead.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from spoke.errors import (
 )
 from spoke.hintservice import HintService
 from spoke.layout import is_digest
+from spoke.ledger import Source
 from spoke.scheduler import FetchScheduler, Priority
 from spoke.snapshots import SnapshotIndex
 
@@ -53,6 +55,13 @@ _CODES: dict[type[SpokeError], grpc.StatusCode] = {  # first match wins: subclas
     CorruptBlock: grpc.StatusCode.DATA_LOSS,
     CorruptManifest: grpc.StatusCode.DATA_LOSS,
     AccessDenied: grpc.StatusCode.PERMISSION_DENIED,
+}
+
+
+_SOURCES = {
+    spoke_pb2.PREFETCH_SOURCE_UNSPECIFIED: Source.READAHEAD,
+    spoke_pb2.PREFETCH_SOURCE_READAHEAD: Source.READAHEAD,
+    spoke_pb2.PREFETCH_SOURCE_CROSSFILE: Source.CROSSFILE,
 }
 
 
@@ -86,7 +95,7 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
         scheduler: fetches misses (demand) and the mount's readahead.
         access: where reads are recorded.
         hints: while a reader waits for a block, its hint stream must not evict it.
-        index: manifests the mount loads are indexed here (cross-file readahead, fill).
+        index: manifests the mount loads are indexed here (background fill).
     """
 
     def __init__(
@@ -191,8 +200,12 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
         if bad:
             raise InvalidRequest(f"malformed block digest {bad[0]!r}")
         self._cache.confirm_resident(d for d, _ in refs)  # the mount found these missing
+        source = _SOURCES.get(request.source)
+        if source is None:
+            raise InvalidRequest(f"unknown prefetch source {request.source}")
+        started = self._scheduler.prefetch(refs, Priority.READAHEAD, source)
         return spoke_pb2.PrefetchResponse(
-            started=self._scheduler.prefetch(refs, Priority.READAHEAD)
+            started=started, room_bytes=self._scheduler.readahead_room(source)
         )
 
     def _prompt(self) -> bool:

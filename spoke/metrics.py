@@ -57,6 +57,18 @@ PREFETCH_USED_BYTES = Counter(
 PREFETCH_WASTED_BYTES = Counter(
     "strata_spoke_prefetch_wasted_bytes", "Prefetched bytes evicted before anyone read them"
 )
+PREFETCH_SOURCE_BYTES = Counter(
+    "strata_spoke_prefetch_source_bytes",
+    "Prefetch bytes by source (hint, readahead, crossfile, fill) and outcome: requested, "
+    "dropped (the source's window was full or off), refused (no room, or the budget), "
+    "issued (cached), used (read), wasted (evicted or discarded unread)",
+    ["source", "outcome"],
+)
+PREFETCH_WINDOW = Gauge(
+    "strata_spoke_prefetch_window_bytes",
+    "Bytes a prefetch source may have outstanding (0: off until a reader confirms it)",
+    ["source"],
+)
 WATCH_SEQUENCE = Gauge(
     "strata_spoke_watch_sequence", "Last hub catalog event applied by invalidation"
 )

@@ -142,8 +142,8 @@ class S3FIFOPolicy(ByteWeightedPolicy):
         super().resize(capacity_bytes)
         self._trim_ghost()
 
-    def resident(self) -> list[str]:
-        """Resident keys: S then M, each oldest first, keys without hits first."""
+    def _ranked(self) -> list[str]:
+        """S then M, each oldest first, keys without hits first."""
         order = [*self.small, *self.main]
         return [k for k in order if not self.freq[k]] + [k for k in order if self.freq[k]]
 
@@ -156,12 +156,12 @@ class S3FIFOPolicy(ByteWeightedPolicy):
         and within its bound; counters are in 0..3."""
         super().check_invariants()
         assert set(self.small).isdisjoint(self.main), "a key is in S and M"
-        assert set(self.small) | set(self.main) == set(self._sizes), "S + M != resident"
-        assert set(self.ghost).isdisjoint(self._sizes), "a resident key is in G"
+        assert set(self.small) | set(self.main) == self._ranked_keys, "S + M != ranked keys"
+        assert set(self.ghost).isdisjoint(self._ranked_keys), "a ranked key is in G"
         assert self.small_bytes == sum(self.size_of(k) for k in self.small), "S bytes"
         assert self.main_bytes == sum(self.size_of(k) for k in self.main), "M bytes"
         assert self.ghost_bytes == sum(self.ghost.values()), "G bytes"
         assert all(s >= 0 for s in self.ghost.values()), "negative ghost size"
         assert self.ghost_bytes <= self.ghost_limit, "G over its bound"
-        assert set(self.freq) == set(self._sizes), "counters out of sync"
+        assert set(self.freq) == self._ranked_keys, "counters out of sync"
         assert all(0 <= f <= MAX_FREQ for f in self.freq.values()), "counter out of range"

@@ -17,8 +17,15 @@ operator asked), **fill** (the rest of a snapshot being read).
   not yet arrived stay under :attr:`spoke.window.LinkWindow.bytes` (measured rate × RTT,
   with a floor and a ceiling), split over several streams, so the link stays full without
   a long queue in front of the next demand miss.
-* **Ledger.** Speculative fetches (hinted, readahead) are counted issued when they arrive,
-  used when read (:meth:`FetchScheduler.note_read`) and wasted when evicted unread.
+* **Ledger and feedback** (:mod:`spoke.ledger`). A fetch asked for ahead of any reader has
+  a source (hint, in-file readahead, cross-file readahead, fill): counted issued when it
+  arrives, used when read (:meth:`FetchScheduler.note_read`), wasted when evicted unread;
+  a source whose blocks go unread has its window shrunk, down to off, and requests past
+  its window are dropped.
+* **Room.** Readahead is dropped when the cache has no room for it above its high
+  watermark (less what is on the way, :attr:`spoke.cache.BlockCache.readahead_room`): a
+  block fetched ahead never makes the cache evict one its policy ranks (it is admitted at
+  the policy's cold end, :class:`spoke.cache.Placement`).
 
 Everything runs on the daemon's event loop (no locks).
 """
@@ -33,9 +40,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from spoke import metrics
-from spoke.cache import BlockCache
+from spoke.cache import BlockCache, Placement
 from spoke.errors import MissDeadline
 from spoke.fetcher import PROBE_S, Fetcher
+from spoke.ledger import PrefetchLedger, Source
 from spoke.window import LinkWindow
 
 
@@ -56,7 +64,10 @@ class Priority(IntEnum):
 
 
 SPECULATIVE = frozenset({Priority.HINT, Priority.READAHEAD})
-"""Classes counted in the prefetch ledger (issued / used / wasted)."""
+"""Classes bounded by the prefetch budget."""
+
+SOURCES = {Priority.HINT: Source.HINT, Priority.READAHEAD: Source.READAHEAD}
+"""The source of a :meth:`FetchScheduler.prefetch` that names none, by class."""
 
 
 def _retrieve(future: asyncio.Future[bytes | None]) -> None:
@@ -72,6 +83,7 @@ class _Flight:
     future: asyncio.Future[bytes | None]
     on_wire: bool = False
     sent_as: Priority | None = None
+    source: Source | None = None  # who asked for it ahead of any reader (the ledger's)
     demanded: bool = False  # a reader joined after it left
     arrived: bool = False
     admitting: bool = False  # arrived, its disk write not done
@@ -108,6 +120,8 @@ class FetchScheduler:
         batch_bytes: most bytes in one non-demand stream.
         prefetch_budget: most bytes of hinted and readahead fetches queued or on the wire;
             requests beyond it are dropped (they are advisory).
+        ledger: every prefetch source's counts and window (a fresh one by default: each
+            window at most ``prefetch_budget``, fill's at most the cache).
     """
 
     def __init__(
@@ -120,6 +134,7 @@ class FetchScheduler:
         batch_blocks: int = 64,
         batch_bytes: int = 16 << 20,
         prefetch_budget: int = 256 << 20,
+        ledger: PrefetchLedger | None = None,
     ) -> None:
         self.fetcher = fetcher
         self.cache = cache
@@ -136,7 +151,9 @@ class FetchScheduler:
         self._admitting_bytes = 0  # arrived, not resident yet (disk writes)
         self._on_the_way_bytes = 0  # queued or on the wire
         self._speculative_bytes = 0  # hinted + readahead, queued or on the wire
-        self._prefetched: dict[str, int] = {}  # speculative, arrived, unread: digest -> size
+        self.ledger = ledger or PrefetchLedger(
+            {s: prefetch_budget for s in Source} | {Source.FILL: cache.capacity_bytes}
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._gauges = {
@@ -148,9 +165,16 @@ class FetchScheduler:
     # -- requests --------------------------------------------------------------------------
 
     async def ensure(
-        self, blocks: Sequence[tuple[str, int]], priority: Priority = Priority.DEMAND
+        self,
+        blocks: Sequence[tuple[str, int]],
+        priority: Priority = Priority.DEMAND,
+        source: Source | None = None,
     ) -> tuple[list[bool], dict[str, bytes]]:
         """Make every ``(digest, size)`` resident and wait for it.
+
+        ``source`` names a prefetcher that waits for its own fetches (background fill):
+        they are its in the ledger. Any other caller is a reader: joining a prefetch of
+        the block makes the fetch the reader's (the source's guess was right).
 
         Returns:
             Per block, whether it was already cached; and the bytes of blocks that could not
@@ -178,9 +202,9 @@ class FetchScheduler:
                 was_cached.append(True)
                 continue
             was_cached.append(False)
-            flight = self._request(digest, size, priority)
-            if flight.on_wire and priority == Priority.DEMAND:
-                flight.demanded = True
+            flight = self._request(digest, size, priority, source)
+            if flight.source is not None and source is None:
+                self._claim(flight)
             waits.append((digest, size, flight.future))
         if not waits:
             return was_cached, {}
@@ -234,39 +258,71 @@ class FetchScheduler:
                 self._pump()
 
     def prefetch(
-        self, blocks: Sequence[tuple[str, int]], priority: Priority = Priority.READAHEAD
+        self,
+        blocks: Sequence[tuple[str, int]],
+        priority: Priority = Priority.READAHEAD,
+        source: Source | None = None,
     ) -> int:
         """Queue blocks nobody waits for yet and return at once.
 
-        Blocks already cached or being fetched are skipped; for hinted and readahead
-        requests so is everything past the prefetch byte budget.
+        Blocks already cached or being fetched are skipped. Hinted and readahead
+        requests are advisory: ``source`` (by default the class's, :data:`SOURCES`) must
+        have room in its window (requests past it are dropped and remembered, see
+        :mod:`spoke.ledger`), and the rest of the request is dropped once past the
+        prefetch byte budget or, for readahead, past the cache's room above its high
+        watermark.
 
         Returns:
             How many fetches were queued.
         """
+        source = source or SOURCES.get(priority)
+        room = self.cache.readahead_room - self._on_the_way_bytes
         started = 0
-        for digest, size in blocks:
-            if self.cache.contains(digest) or digest in self._flights:
+        for n, (digest, size) in enumerate(blocks):
+            if self._known(digest):
                 continue
-            if priority in SPECULATIVE and self._speculative_bytes + size > self.prefetch_budget:
+            if priority in SPECULATIVE and (
+                self._speculative_bytes + size > self.prefetch_budget
+                or (priority == Priority.READAHEAD and size > room)
+            ):
+                if source is not None:
+                    rest = sum(s for d, s in blocks[n:] if not self._known(d))
+                    metrics.PREFETCH_SOURCE_BYTES.labels(source, "refused").inc(rest)
                 break
-            self._request(digest, size, priority)
+            if source is not None and not self.ledger.allows(source, size):
+                self.ledger[source].drop(digest, size)
+                continue
+            self._request(digest, size, priority, source)
+            room -= size
             started += 1
         if started:
             self._pump()
         return started
+
+    def _known(self, digest: str) -> bool:
+        return self.cache.contains(digest) or digest in self._flights
 
     @property
     def prefetch_room(self) -> int:
         """Bytes of hinted or readahead requests the budget still takes."""
         return max(0, self.prefetch_budget - self._speculative_bytes)
 
+    def readahead_room(self, source: Source) -> int:
+        """Bytes of readahead ``source`` may ask for now without any being dropped: what
+        the prefetch budget, the cache's room above its high watermark (less what is on
+        the way) and the source's window leave. A prefetcher sizes its next window by it,
+        so the files it cannot have yet stay ahead of it for its next window."""
+        ledger = self.ledger[source]
+        room = min(
+            self.prefetch_room,
+            self.cache.readahead_room - self._on_the_way_bytes,
+            ledger.window - ledger.outstanding,
+        )
+        return max(0, room)
+
     def note_read(self, digests: Sequence[str]) -> None:
-        """Readers read these blocks: prefetches among them were used."""
-        for digest in digests:
-            size = self._prefetched.pop(digest, None)
-            if size is not None:
-                metrics.PREFETCH_USED_BYTES.inc(size)
+        """Readers read these blocks: prefetches among them were used (the ledger)."""
+        self.ledger.note_read(digests)
 
     # -- state -----------------------------------------------------------------------------
 
@@ -312,7 +368,8 @@ class FetchScheduler:
         return q.count, q.bytes
 
     def snapshot(self) -> dict[str, object]:
-        """JSON-ready state: window, rate, RTT, bytes on the wire, queues by class."""
+        """JSON-ready state: window, rate, RTT, bytes on the wire, queues by class, and
+        the prefetch ledger by source."""
         rate, rtt = self.window.rate_bps, self.window.rtt_s
         return {
             "window_bytes": self.window.bytes,
@@ -323,6 +380,7 @@ class FetchScheduler:
             "queued": {
                 p.label: {"blocks": q.count, "bytes": q.bytes} for p, q in self._queues.items()
             },
+            "prefetch": self.ledger.snapshot(),
         }
 
     async def close(self) -> None:
@@ -337,16 +395,20 @@ class FetchScheduler:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _request(self, digest: str, size: int, priority: Priority) -> _Flight:
+    def _request(
+        self, digest: str, size: int, priority: Priority, source: Source | None = None
+    ) -> _Flight:
         flight = self._flights.get(digest)
         if flight is None:
             future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
             future.add_done_callback(_retrieve)
-            flight = _Flight(digest, size, priority, future)
+            flight = _Flight(digest, size, priority, future, source=source)
             self._flights[digest] = flight
             self._on_the_way_bytes += size
             if priority in SPECULATIVE:
                 self._speculative_bytes += size
+            if source is not None:
+                self.ledger.requested(source, size)
             self._enqueue(flight)
         elif priority < flight.priority:
             if not flight.on_wire:  # leave the old queue (its entry goes stale) for this one
@@ -359,6 +421,15 @@ class FetchScheduler:
             if not flight.on_wire:
                 self._enqueue(flight)
         return flight
+
+    def _claim(self, flight: _Flight) -> None:
+        """A reader waits for a block a prefetch source asked for: the fetch is the
+        reader's now (placed as a demand miss), and the source's guess was right."""
+        if flight.on_wire:
+            flight.demanded = True  # counted issued and used when it arrives
+        elif flight.source is not None:
+            self.ledger.claimed(flight.source, flight.size)
+            flight.source = None
 
     def _enqueue(self, flight: _Flight) -> None:
         q = self._queues[flight.priority]
@@ -495,21 +566,30 @@ class FetchScheduler:
         if flight.admitting:
             flight.admitting = False
             self._admitting_bytes -= flight.size
-        if error is None and data is None and flight.sent_as in SPECULATIVE:
-            metrics.PREFETCH_BYTES.inc(flight.size)
-            if flight.demanded:  # a reader was already waiting for it
-                metrics.PREFETCH_USED_BYTES.inc(flight.size)
-            else:
-                self._prefetched[digest] = flight.size
+        if flight.source is not None:
+            if error is not None:
+                self.ledger.released(flight.source, flight.size)
+            elif data is None or flight.demanded:  # cached, or a reader got its bytes
+                self.ledger.arrived(flight.source, digest, flight.size, read=flight.demanded)
+            else:  # arrived, and the cache had no room for it
+                self.ledger.discarded(flight.source, flight.size)
         if not flight.future.done():
             if error is None:
                 flight.future.set_result(data)
             else:
                 flight.future.set_exception(error)
 
+    def placement(self, digest: str) -> Placement:
+        """How the cache admits an arrived block: ahead of its readers while only its
+        prefetch source asked for it (a hint's, or readahead's and fill's, which must
+        find room), as a reader's otherwise."""
+        flight = self._flights.get(digest)
+        if flight is None or flight.source is None or flight.demanded:
+            return Placement.DEMAND
+        return Placement.HINTED if flight.source is Source.HINT else Placement.AHEAD
+
     def _evicted(self, digest: str, size: int) -> None:
-        if self._prefetched.pop(digest, None) is not None:
-            metrics.PREFETCH_WASTED_BYTES.inc(size)
+        self.ledger.evicted(digest, size)
 
     def _publish(self) -> None:
         for p, q in self._queues.items():

@@ -123,8 +123,8 @@ class SIEVEPolicy(ByteWeightedPolicy):
             node = node.newer
         return out
 
-    def resident(self) -> list[str]:
-        """Resident keys in the hand's order: from the hand to the head, then from the tail
+    def _ranked(self) -> list[str]:
+        """Queued keys in the hand's order: from the hand to the head, then from the tail
         up to the hand, unvisited keys before visited ones (the order a full sweep would
         evict them in, ignoring later hits)."""
         queue = self._walk()
@@ -137,7 +137,7 @@ class SIEVEPolicy(ByteWeightedPolicy):
         super().check_invariants()
         queue = self._walk()
         assert [n.key for n in queue] == [n.key for n in reversed(self._reverse())], "links"
-        assert {n.key for n in queue} == set(self._sizes), "queue != resident keys"
+        assert {n.key for n in queue} == self._ranked_keys, "queue != ranked keys"
         assert len(queue) == len(self._nodes), "a key is in the queue twice"
         assert all(self._nodes[n.key] is n for n in queue), "node table out of sync"
         assert self._hand is None or self._hand in queue, "the hand is off the queue"

@@ -1,8 +1,8 @@
-"""Which snapshots the mount has loaded, and where each block sits in them.
+"""Which snapshots the mount has loaded, and which blocks each holds.
 
-The daemon sees reads only as block digests. Cross-file readahead needs "block → file
-position in manifest order" and background fill needs "block → snapshot"; both come from
-the manifests the mount loads (``GetManifest``), kept here in a small LRU.
+The daemon sees reads only as block digests. Background fill needs "block → snapshot"
+and each snapshot's blocks in manifest order; both come from the manifests the mount
+loads (``GetManifest``), kept here in a small LRU.
 """
 
 from __future__ import annotations
@@ -16,26 +16,18 @@ from protocol.hub.v1 import hub_pb2
 MAX_SNAPSHOTS = 8
 """Snapshots indexed at once (the least recently loaded one is dropped)."""
 
-MAX_POSITIONS = 4
-"""Positions remembered per digest and snapshot (a block shared by many files, such as
-an all-zero chunk, says nothing useful about which file is read)."""
-
 
 @dataclass(eq=False)
 class IndexedSnapshot:
-    """One snapshot's regular files with data, in manifest (path) order.
+    """One snapshot's distinct blocks.
 
     Attributes:
         key: ``dataset@version`` as loaded.
-        files: per position, the file's ``(digest, size)`` blocks.
-        positions: digest → positions of the files holding it (at most
-            :data:`MAX_POSITIONS`).
-        sizes: digest → size of every distinct block.
+        sizes: digest → size of every distinct block of its regular files, in manifest
+            (path) order of first use.
     """
 
     key: str
-    files: list[list[tuple[str, int]]]
-    positions: dict[str, list[int]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -57,18 +49,11 @@ class SnapshotIndex:
         if known is not None:
             self._snapshots.move_to_end(key)
             return known
-        files = [
-            [(b.digest, b.size) for b in e.blocks]
-            for e in entries
-            if e.type == hub_pb2.ENTRY_TYPE_FILE and len(e.blocks) > 0
-        ]
-        snap = IndexedSnapshot(key, files)
-        for position, blocks in enumerate(files):
-            for digest, size in blocks:
-                snap.sizes[digest] = size
-                where = snap.positions.setdefault(digest, [])
-                if len(where) < MAX_POSITIONS and (not where or where[-1] != position):
-                    where.append(position)
+        snap = IndexedSnapshot(key)
+        for entry in entries:
+            if entry.type == hub_pb2.ENTRY_TYPE_FILE:
+                for b in entry.blocks:
+                    snap.sizes.setdefault(b.digest, b.size)
         self._snapshots[key] = snap
         while len(self._snapshots) > self.max_snapshots:
             self._snapshots.popitem(last=False)
@@ -78,9 +63,9 @@ class SnapshotIndex:
         """A snapshot by key."""
         return self._snapshots.get(key)
 
-    def lookup(self, digest: str) -> list[tuple[IndexedSnapshot, list[int]]]:
-        """Every indexed snapshot holding ``digest``, with the positions of its files."""
-        return [(s, s.positions[digest]) for s in self._snapshots.values() if digest in s.positions]
+    def lookup(self, digest: str) -> list[IndexedSnapshot]:
+        """Every indexed snapshot holding ``digest``."""
+        return [s for s in self._snapshots.values() if digest in s.sizes]
 
     def __len__(self) -> int:
         return len(self._snapshots)

@@ -39,6 +39,17 @@ LABELS = {
 """Every row name, with its human label for tables and plots."""
 
 
+SPOKE_COUNTERS = {
+    "hits": "strata_spoke_cache_hits_total",
+    "misses": "strata_spoke_cache_misses_total",
+    "hub_bytes": "strata_spoke_hub_fetch_bytes_total",
+    "prefetch_issued_bytes": "strata_spoke_prefetch_bytes_total",
+    "prefetch_used_bytes": "strata_spoke_prefetch_used_bytes_total",
+    "prefetch_wasted_bytes": "strata_spoke_prefetch_wasted_bytes_total",
+}
+"""A row's spoke counters and the Prometheus samples they come from."""
+
+
 class BenchError(RuntimeError):
     """A step of the harness failed; the message says which."""
 
@@ -96,7 +107,27 @@ class Row:
     trainer_link_bins_mb_s: list[float] = field(default_factory=list)
     fio: dict[str, dict[str, Any]] = field(default_factory=dict)
     cold: dict[str, Any] | None = None
+    spoke: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    def add_spoke(self, counts: dict[str, float]) -> None:
+        """Add a phase's spoke counters (:data:`SPOKE_COUNTERS`: hits, misses, hub bytes,
+        prefetch bytes issued, used and wasted) to the row's."""
+        for key, value in counts.items():
+            self.spoke[key] = self.spoke.get(key, 0.0) + value
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Reads the spoke served from its cache, of all its reads (None: no spoke)."""
+        reads = self.spoke.get("hits", 0.0) + self.spoke.get("misses", 0.0)
+        return self.spoke["hits"] / reads if reads else None
+
+    @property
+    def waste_fraction(self) -> float | None:
+        """Prefetched bytes evicted or dropped unread, of the bytes fetched from the hub
+        (None: nothing was fetched)."""
+        hub = self.spoke.get("hub_bytes", 0.0)
+        return self.spoke.get("prefetch_wasted_bytes", 0.0) / hub if hub else None
 
     @property
     def label(self) -> str:
@@ -104,8 +135,13 @@ class Row:
         return LABELS.get(self.name, self.name)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields, the label included."""
-        return {"label": self.label, **asdict(self)}
+        """JSON-ready fields, the label, hit ratio and waste fraction included."""
+        return {
+            "label": self.label,
+            **asdict(self),
+            "hit_ratio": self.hit_ratio,
+            "waste_fraction": self.waste_fraction,
+        }
 
 
 @dataclass

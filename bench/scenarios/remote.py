@@ -2,7 +2,8 @@
 
 :class:`RemoteScenario` is the measuring plan every remote file system follows;
 :class:`StrataScenario` adds what only Strata has (a warm row with the page cache kept,
-the alternating trainer runs against local disk, the spoke's cache counters), and
+the alternating trainer runs against local disk, the spoke's cache counters: each row's
+hit ratio and prefetch waste), and
 :class:`RcloneScenario` and :class:`HttpdirfsScenario` only say how to mount.
 """
 
@@ -18,7 +19,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from bench.measure import LinkSampler
 from bench.mounts import HttpdirfsMount, RcloneMount, StrataMount
 from bench.scenarios import phases
-from bench.scenarios.base import DATASET, BenchError, Context, Row
+from bench.scenarios.base import DATASET, SPOKE_COUNTERS, BenchError, Context, Row
 
 
 class Mount(Protocol):
@@ -140,30 +141,45 @@ class RemoteScenario(Generic[M]):
         """Notes for the warm row, taken last."""
         return []
 
+    def counters(self, mount: M) -> dict[str, float]:
+        """The cache's counters so far (:data:`~bench.scenarios.base.SPOKE_COUNTERS`;
+        none here)."""
+        return {}
+
+    @contextlib.contextmanager
+    def counted(self, mount: M, row: Row) -> Iterator[None]:
+        """Add what the cache counted during the block to ``row``."""
+        before = self.counters(mount)
+        yield
+        after = self.counters(mount)
+        row.add_spoke({k: v - before.get(k, 0.0) for k, v in after.items()})
+
     def run(self, ctx: Context) -> list[Row]:
         """The cold row, then the warm rows (see the class docstring)."""
         sampler = self.sampler(ctx)
         cold = Row(f"{self.group}-cold", page_cache="cold")
         rows = [cold]
         ctx.drop()
-        with mounted(self.new_mount(ctx)) as mount:
+        with mounted(self.new_mount(ctx)) as mount, self.counted(mount, cold):
             root = self.root(ctx, mount)
             phases.first_byte(ctx, cold, root)
             cold_trainer(ctx, cold, root, sampler, mount.pid)
         with mounted(self.new_mount(ctx)) as mount:
             root = self.root(ctx, mount)
-            phases.cold_pass(ctx, cold, root, sampler, mount.pid)
+            with self.counted(mount, cold):
+                phases.cold_pass(ctx, cold, root, sampler, mount.pid)
             rows += self.warm_extra(ctx, mount, root)
             warm = Row(self.warm_name, page_cache="dropped" if ctx.can_drop else "kept")
             rows.append(warm)
             ctx.echo(f"  {warm.label}")
             t0 = sampler.mark()
             ctx.drop()
-            phases.first_byte(ctx, warm, root)
-            phases.fio_jobs(ctx, warm, root, warm.page_cache, mount.pid)
-            ctx.drop()
-            phases.trainer(ctx, warm, root, "warm", mount.pid)
-            self.after_warm_trainer(ctx, warm, mount, root)
+            with self.counted(mount, warm):
+                phases.first_byte(ctx, warm, root)
+                phases.fio_jobs(ctx, warm, root, warm.page_cache, mount.pid)
+                ctx.drop()
+                phases.trainer(ctx, warm, root, "warm", mount.pid)
+                self.after_warm_trainer(ctx, warm, mount, root)
             warm_bytes = sampler.down_bytes(t0, sampler.mark())
             warm.notes.append(f"{warm_bytes:,} bytes over the link while warm")
             warm.notes += self.warm_notes(mount)
@@ -201,22 +217,22 @@ class StrataScenario(RemoteScenario[StrataMount]):
         ddp = Row("strata-cold-ddp-hints", page_cache="cold")
         ctx.echo(f"  {hints.label}")
         ctx.drop()
-        with mounted(self.new_mount(ctx)) as mount:
+        with mounted(self.new_mount(ctx)) as mount, self.counted(mount, hints):
             root = self.root(ctx, mount)
             hinted = ("--hints", mount.admin, "--hints-token-file", str(mount.token_file))
             cold_trainer(ctx, hints, root, sampler, mount.pid, extra=hinted)
         ctx.echo(f"  {fill.label}")
         ctx.drop()
-        with mounted(self.new_mount(ctx, FILL_FLAGS)) as mount:
+        with mounted(self.new_mount(ctx, FILL_FLAGS)) as mount, self.counted(mount, fill):
             root = self.root(ctx, mount)
             cold_trainer(ctx, fill, root, sampler, mount.pid)
             filled = fill_stats(mount.admin, mount.headers)
             fill.notes.append(f"fill after the trainer: {filled}")
-        with mounted(self.new_mount(ctx, FILL_FLAGS)) as mount:
+        with mounted(self.new_mount(ctx, FILL_FLAGS)) as mount, self.counted(mount, fill):
             phases.cold_pass(ctx, fill, self.root(ctx, mount), sampler, mount.pid)
         ctx.echo(f"  {ddp.label}")
         ctx.drop()
-        with mounted(self.new_mount(ctx)) as mount:
+        with mounted(self.new_mount(ctx)) as mount, self.counted(mount, ddp):
             root = self.root(ctx, mount)
             extra = ("--hints", mount.admin, "--hints-token-file", str(mount.token_file))
             cold_trainer(ctx, ddp, root, sampler, mount.pid, extra=extra, ranks=2)
@@ -260,9 +276,10 @@ class StrataScenario(RemoteScenario[StrataMount]):
         """``strata-warm``: the page cache as the cold pass left it."""
         kept = Row("strata-warm", page_cache="kept")
         ctx.echo("  Strata warm, page cache kept")
-        phases.first_byte(ctx, kept, root)
-        phases.fio_jobs(ctx, kept, root, "kept", mount.pid)
-        phases.trainer(ctx, kept, root, "warm", mount.pid)
+        with self.counted(mount, kept):
+            phases.first_byte(ctx, kept, root)
+            phases.fio_jobs(ctx, kept, root, "kept", mount.pid)
+            phases.trainer(ctx, kept, root, "warm", mount.pid)
         return [kept]
 
     def after_warm_trainer(self, ctx: Context, warm: Row, mount: StrataMount, root: Path) -> None:
@@ -272,6 +289,10 @@ class StrataScenario(RemoteScenario[StrataMount]):
     def warm_notes(self, mount: StrataMount) -> list[str]:
         """The spoke's cache counters (``GET /v1/cache``)."""
         return [f"spoke cache: {cache_stats(mount.admin, mount.headers)}"]
+
+    def counters(self, mount: StrataMount) -> dict[str, float]:
+        """The spoke's hits, misses, hub bytes and prefetch bytes so far (``/metrics``)."""
+        return spoke_counters(mount.admin)
 
 
 COLD_VARIANTS = ("strata-cold-hints", "strata-cold-fill", "strata-cold-ddp-hints")
@@ -291,6 +312,24 @@ def fill_stats(admin: str, headers: dict[str, str]) -> dict[str, Any]:
     keys = ("state", "bytes_total", "bytes_resident", "rate_bytes_per_s")
     snaps = stats.get("fill", {}).get("snapshots", [])
     return {s["snapshot"]: {k: s.get(k) for k in keys} for s in snaps}
+
+
+def spoke_counters(admin: str) -> dict[str, float]:
+    """:data:`~bench.scenarios.base.SPOKE_COUNTERS` from the spoke's ``/metrics`` at
+    ``admin`` (empty when it cannot be read: the row then has no spoke figures).
+    """
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(f"{admin}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return {key: totals.get(name, 0.0) for key, name in SPOKE_COUNTERS.items()}
 
 
 def cache_stats(admin: str, headers: dict[str, str]) -> dict[str, Any]:

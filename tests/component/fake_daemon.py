@@ -26,10 +26,12 @@ class FakeDaemon:
         self.suspects: list[str] = []
         self.fail_catalog = False
         self.prompt = False  # as DaemonClient.prompt
+        self.readahead_room: dict[int, int] = {}  # as DaemonClient.readahead_room
         self.miss_deadline = 5.0
         self.resident: set[str] = set()  # what the daemon's index says is on disk
         self.versions = ["v1"]
         self.reports: list[list[str]] = []
+        self.prefetched: list[tuple[list[tuple[str, int]], int]] = []  # blocks, source
 
     def list_datasets(self) -> list[str]:
         return ["ds"]
@@ -80,7 +82,8 @@ class FakeDaemon:
     def record_access(self, digests: Sequence[str]) -> None:
         self.reports.append(list(digests))
 
-    def prefetch(self, blocks: Sequence[tuple[str, int]]) -> int:
+    def prefetch(self, blocks: Sequence[tuple[str, int]], source: int = 1) -> int:
+        self.prefetched.append((list(blocks), source))
         return 0
 
 

@@ -9,6 +9,7 @@ import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyfuse3
@@ -34,7 +35,7 @@ def ops(tmp_path: Path) -> StrataOperations:
     return StrataOperations(daemon, BlockReader(layout, daemon))  # type: ignore[arg-type]
 
 
-CTX: Any = None
+CTX: Any = SimpleNamespace(pid=4242, uid=0, gid=0, umask=0)  # as pyfuse3 passes one
 
 
 async def _walk(ops: StrataOperations, *names: str) -> pyfuse3.EntryAttributes:

@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -25,7 +26,7 @@ from fusemount.reader import BlockReader
 from spoke.layout import CacheLayout, block_digest
 from tests.component.fake_daemon import FakeDaemon
 
-CTX: Any = None
+CTX: Any = SimpleNamespace(pid=4242, uid=0, gid=0, umask=0)  # as pyfuse3 passes one
 BLOCK = 1000
 
 

@@ -18,9 +18,9 @@ from spoke import metrics
 from spoke.access import AccessLog, SteadyState
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
-from spoke.crossfile import CrossFileReadahead
 from spoke.fetcher import Fetcher
 from spoke.layout import CacheLayout, block_digest
+from spoke.ledger import Source
 from spoke.localservice import SpokeLocalService
 from spoke.policy import LRUPolicy
 from spoke.scheduler import FetchScheduler
@@ -89,7 +89,6 @@ class Service:
         self.heard: list[tuple[list[str], bool]] = []
         self.access.subscribe("test", lambda d, hit: self.heard.append((list(d), hit)))
         index = SnapshotIndex()
-        self.access.subscribe("readahead", CrossFileReadahead(index, self.scheduler).observe)
         self.local = SpokeLocalService(
             cast(SnapshotCatalog, Catalog(self.entries)),
             self.cache,
@@ -132,22 +131,44 @@ def test_reads_are_recorded_once_hits_and_misses(tmp_path: Path) -> None:
     assert s.hub.fetched == [d0]
 
 
-def test_an_in_order_walk_is_read_ahead_across_files(tmp_path: Path) -> None:
+def test_the_daemon_guesses_nothing_and_the_mounts_prefetches_keep_their_source(
+    tmp_path: Path,
+) -> None:
+    """Walks are detected in the mount, per reader (fusemount/crossfile.py): misses
+    arriving in manifest order start nothing here. A Prefetch is its source's in the
+    ledger; an unknown source is INVALID_ARGUMENT."""
     s = Service(tmp_path)
+    context = Context()
 
     async def go() -> int:
-        pages = await s.manifest()
-        assert sum(len(p.entries) for p in pages) == FILES
+        await s.manifest()
         misses = 0
-        for i in range(FILES):
+        for i in range(8):
             reply = await s.ensure(i)
             misses += not reply.was_cached[0]
-            await s.settle()  # let readahead land, as a reader slower than the link would
+            await s.settle()
+        blocks = [hub_pb2.BlockRef(digest=d, size=n) for d, n in s.refs[8:11]]
+        request = spoke_pb2.PrefetchRequest(
+            blocks=blocks, source=spoke_pb2.PREFETCH_SOURCE_CROSSFILE
+        )
+        reply = await s.local.Prefetch(request, context)
+        assert reply.started == 3
+        assert reply.HasField("room_bytes")  # what the mount may ask for next
+        assert reply.room_bytes == s.scheduler.readahead_room(Source.CROSSFILE) > 0
+        await s.settle()
+        with pytest.raises(Aborted, match="unknown prefetch source"):
+            await s.local.Prefetch(
+                spoke_pb2.PrefetchRequest(blocks=blocks, source=7),  # type: ignore[arg-type]
+                context,
+            )
         return misses
 
-    misses = asyncio.run(go())
-    assert misses == 3  # the walk is confirmed after three files; the rest were read ahead
-    assert sorted(s.hub.fetched) == sorted(d for d, _ in s.refs)  # each block once
+    assert asyncio.run(go()) == 8  # every read of the walk was a miss: no daemon-side guess
+    assert s.hub.fetched == [d for d, _ in s.refs[:11]]
+    ledger = s.scheduler.ledger.snapshot()
+    assert ledger["crossfile"]["issued_bytes"] == sum(n for _, n in s.refs[8:11])
+    assert ledger["readahead"]["issued_bytes"] == 0
+    assert context.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_malformed_digests_are_invalid_argument(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from spoke import metrics
-from spoke.cache import BlockCache
+from spoke.cache import BlockCache, Placement
 from spoke.fetcher import Fetcher
 from spoke.layout import CacheLayout, block_digest
 from spoke.policy import LRUPolicy
@@ -254,9 +254,9 @@ def test_a_stream_frees_its_slot_when_its_blocks_arrive_and_disk_writes_are_boun
     disk = asyncio.Event()
     admit = cache.admit
 
-    async def slow_admit(digest: str, data: bytes) -> None:
+    async def slow_admit(digest: str, data: bytes, placement: Placement) -> None:
         await disk.wait()
-        await admit(digest, data)
+        await admit(digest, data, placement)
 
     cache.admit = slow_admit  # type: ignore[method-assign]
 

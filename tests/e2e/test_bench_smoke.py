@@ -124,5 +124,8 @@ def test_hints_mount_bench_tabulates_every_policy(tmp_path: Path) -> None:
             run = row["runs"][mode]
             assert run["reads"] == reads and 0 < run["fetched_blocks"] <= reads + files
         assert 0 < row["belady"] < 1 and set(row["sim"]) == set(modes)
+        assert set(row["waste"]) == set(modes) and all(0 <= w <= 1 for w in row["waste"].values())
     assert "| LRU | ARC | SIEVE | S3-FIFO | hinted | Belady |" in proc.stdout
     assert "mean hit ratio over the traces: LRU " in proc.stdout
+    assert "through the mount vs the simulator: worst " in proc.stdout
+    assert "prefetch waste on shuffled traces: worst " in proc.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import signal
 import subprocess
 import threading
@@ -265,6 +266,55 @@ def test_cat_of_a_chunk_directory_is_read_ahead_across_files(
     assert _metric(metrics, "strata_spoke_prefetch_wasted_bytes_total") == 0
     assert _metric(metrics, "strata_spoke_hub_fetch_blocks_total") == len(files)  # once each
     assert ahead > 0
+
+
+def test_shuffled_epochs_over_a_small_cache_fetch_nothing_ahead(
+    tmp_path: Path, stack: LocalStack
+) -> None:
+    """Every file once per epoch in a shuffled order (what an unhinted training job does),
+    twice, over a cache that holds two thirds of the files: no readahead of any kind
+    starts (chance neighbours in a shuffle are no walk), so the hub sends no more blocks
+    than were read, and every fetch is a miss."""
+    src = tmp_path / "src-shuffled"
+    (src / "train").mkdir(parents=True)
+    files = {f"{i:03d}": os.urandom(BLOCK - 5 * i) for i in range(48)}  # one block each
+    for name, data in files.items():
+        (src / "train" / name).write_bytes(data)
+    publish(tmp_path / "hub", "shuffled", src, "--block-size", str(BLOCK))
+    hub = stack.start_hub(tmp_path / "hub")
+    cache = tmp_path / "cache"
+    stack.start_spoke(hub, cache, tmp_path / "mnt", str(32 * BLOCK))
+    mounted = tmp_path / "mnt" / "shuffled" / "v1" / "train"
+    rng = random.Random(7)
+    reads = 0
+    for _ in range(2):
+        order = sorted(files)
+        rng.shuffle(order)
+        for name in order:
+            with open(mounted / name, "rb", buffering=0) as f:
+                data = f.read()
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # next: the mount
+            assert data == files[name]
+            reads += 1
+    metrics = f"{_admin(cache)}/metrics"
+    deadline = time.monotonic() + 10  # hit reports are batched (0.1 s)
+    while (
+        _metric(metrics, "strata_spoke_cache_hits_total")
+        + _metric(metrics, "strata_spoke_cache_misses_total")
+        < reads
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    fetched = _metric(metrics, "strata_spoke_hub_fetch_blocks_total")
+    misses = _metric(metrics, "strata_spoke_cache_misses_total")
+    assert _metric(metrics, "strata_spoke_cache_hits_total") + misses == reads == 96
+    assert fetched == misses <= reads  # every block from the hub was a reader's miss
+    assert _metric(metrics, "strata_spoke_prefetch_source_bytes_total", outcome="requested") == 0
+    assert _metric(metrics, "strata_spoke_fetch_bytes_total", **{"class": "readahead"}) == 0
+    assert _metric(metrics, "strata_spoke_prefetch_bytes_total") == 0
+    root = tmp_path / "mnt"
+    assert os.getxattr(root, "user.strata.crossfile_windows") == b"0"
+    assert _metric(metrics, "strata_spoke_evictions_total") > 0  # the cache was too small
 
 
 def test_background_fill_makes_a_snapshot_resident_while_the_reader_idles(

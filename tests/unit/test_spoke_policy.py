@@ -101,6 +101,29 @@ def test_recently_used_outlives_least_recently_used(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ALL + WRAPPED)
+def test_a_prefetched_block_waits_at_the_cold_end_and_its_first_read_is_its_miss(
+    name: str,
+) -> None:
+    """Unread prefetched blocks are every policy's first victims (they displace nothing
+    it ranks); once read, a block sits where a miss at that moment would have put it."""
+    p, twin = make_policy(name, 40), make_policy(name, 40)
+    for q in (p, twin):
+        _fill(q, ["a", "b", "c"])
+        q.access("a")
+    p.insert("x", 10, prefetched=True)
+    p.insert("a", 10, prefetched=True)  # already resident: a prefetch is not a read
+    p.check_invariants()
+    assert p.resident()[0] == "x" and p.used_bytes == 40
+    p.insert("y", 10, prefetched=True)
+    assert _evict_to(p, 40, protect="y") == ["x"]  # the oldest unread goes first
+    p.access("y")  # its first read: the miss the twin takes now
+    twin.insert("y", 10)
+    _evict_to(twin, 40, protect="y")
+    assert p.resident() == twin.resident() and p.used_bytes == twin.used_bytes
+    p.check_invariants()
+
+
+@pytest.mark.parametrize("name", ALL + WRAPPED)
 def test_admitting_a_block_larger_than_the_free_room_evicts_just_enough(name: str) -> None:
     p = make_policy(name, 100)
     _fill(p, [f"k{i}" for i in range(6)], size=15)  # 90 bytes: 10 free
@@ -351,6 +374,57 @@ class RefARC:
         return self.b(self.resident())
 
 
+class ColdEnd:
+    """A reference model with the cold end every policy shares (``spoke.policy``):
+    prefetched keys wait unread, oldest first, outside the model's lists; victims come
+    from them first; a key's first read is a miss of the model at that moment."""
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+        self.unread: list[str] = []
+        self.size: dict[str, int] = {}
+
+    def insert(self, k: str, s: int, prefetched: bool = False) -> None:
+        if k in self.unread:
+            if not prefetched:
+                self.access(k)
+        elif prefetched:
+            if k not in self.ref.resident():
+                self.unread.append(k)
+                self.size[k] = s
+        else:
+            self.ref.insert(k, s)
+
+    def access(self, k: str) -> None:
+        if k in self.unread:
+            self.unread.remove(k)
+            self.ref.insert(k, self.size[k])
+        else:
+            self.ref.access(k)
+
+    def remove(self, k: str) -> None:
+        if k in self.unread:
+            self.unread.remove(k)
+        self.ref.remove(k)  # its ghosts too
+
+    def pop_victim(self, exclude: tuple[str, ...]) -> str | None:
+        for k in self.unread:
+            if k not in exclude:
+                self.unread.remove(k)
+                return k
+        victim: str | None = self.ref.pop_victim(exclude)
+        return victim
+
+    def resize(self, c: int) -> None:
+        self.ref.resize(c)
+
+    def resident(self) -> list[str]:
+        return [*self.unread, *self.ref.resident()]
+
+    def used(self) -> int:
+        return sum(self.size[k] for k in self.unread) + int(self.ref.used())
+
+
 KEYS = st.sampled_from([f"k{i}" for i in range(12)])
 
 
@@ -367,16 +441,17 @@ def reference_machine(
     max_examples: int = 150,
 ) -> type[RuleBasedStateMachine]:
     """A state machine that drives a policy and its reference model (one written from the
-    paper, in the test module) with the same random steps and checks after every step that
-    they agree: victims, resident keys (in order when ``ordered``), bytes, and what
-    ``structure(real, ref)`` asserts of the policy's own lists."""
+    paper, in the test module, with :class:`ColdEnd` for prefetched keys) with the same
+    random steps and checks after every step that they agree: victims, resident keys (in
+    order when ``ordered``), bytes, and what ``structure(real, ref)`` asserts of the
+    policy's own lists."""
 
     class PolicyMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
             self.capacity = 10
             self.real = make(self.capacity)
-            self.ref = ref(self.capacity)
+            self.ref = ColdEnd(ref(self.capacity))
 
         def _settle(self, protect: str | None) -> None:
             exclude = () if protect is None else (protect,)
@@ -391,6 +466,12 @@ def reference_machine(
         def miss(self, key: str) -> None:
             self.real.insert(key, _size(key))
             self.ref.insert(key, _size(key))
+            self._settle(protect=key)
+
+        @rule(key=KEYS)
+        def prefetch(self, key: str) -> None:
+            self.real.insert(key, _size(key), prefetched=True)
+            self.ref.insert(key, _size(key), prefetched=True)
             self._settle(protect=key)
 
         @rule(key=KEYS)
@@ -418,7 +499,7 @@ def reference_machine(
             else:
                 assert sorted(self.real.resident()) == sorted(self.ref.resident())
             assert self.real.used_bytes == self.ref.used()
-            structure(self.real, self.ref)
+            structure(self.real, self.ref.ref)
 
     PolicyMachine.TestCase.settings = settings(
         max_examples=max_examples, stateful_step_count=60, deadline=None
@@ -471,6 +552,13 @@ def _invariant_machine(name: str) -> type[RuleBasedStateMachine]:
         @rule(key=KEYS)
         def miss(self, key: str) -> None:
             self.policy.insert(key, _size(key))
+            self.sizes[key] = _size(key)
+            self.policy.check_invariants()
+            self._settle(protect=key)
+
+        @rule(key=KEYS)
+        def prefetch(self, key: str) -> None:
+            self.policy.insert(key, _size(key), prefetched=True)
             self.sizes[key] = _size(key)
             self.policy.check_invariants()
             self._settle(protect=key)

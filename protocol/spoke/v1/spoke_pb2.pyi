@@ -13,6 +13,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from protocol.hub.v1 import hub_pb2 as _hub_pb2
 import builtins as _builtins
 import sys
@@ -25,21 +26,48 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _PrefetchSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PrefetchSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PrefetchSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PREFETCH_SOURCE_UNSPECIFIED: _PrefetchSource.ValueType  # 0
+    """in-file readahead (what older mounts send)"""
+    PREFETCH_SOURCE_READAHEAD: _PrefetchSource.ValueType  # 1
+    """in-file readahead: the next blocks of an open file"""
+    PREFETCH_SOURCE_CROSSFILE: _PrefetchSource.ValueType  # 2
+    """cross-file readahead: the next files of one reader's walk"""
+
+class PrefetchSource(_PrefetchSource, metaclass=_PrefetchSourceEnumTypeWrapper):
+    """Which of the mount's prefetchers asks (the daemon keeps a ledger and a window per source)."""
+
+PREFETCH_SOURCE_UNSPECIFIED: PrefetchSource.ValueType  # 0
+"""in-file readahead (what older mounts send)"""
+PREFETCH_SOURCE_READAHEAD: PrefetchSource.ValueType  # 1
+"""in-file readahead: the next blocks of an open file"""
+PREFETCH_SOURCE_CROSSFILE: PrefetchSource.ValueType  # 2
+"""cross-file readahead: the next files of one reader's walk"""
+Global___PrefetchSource: _TypeAlias = PrefetchSource  # noqa: Y015
+
 @_typing.final
 class PrefetchRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     BLOCKS_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    source: Global___PrefetchSource.ValueType
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[_hub_pb2.BlockRef]: ...
     def __init__(
         self,
         *,
         blocks: _abc.Iterable[_hub_pb2.BlockRef] | None = ...,
+        source: Global___PrefetchSource.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -50,18 +78,27 @@ class PrefetchResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STARTED_FIELD_NUMBER: _builtins.int
+    ROOM_BYTES_FIELD_NUMBER: _builtins.int
     started: _builtins.int
     """Blocks whose fetch this request started."""
+    room_bytes: _builtins.int
+    """Bytes more this source may ask for now without any being skipped (the budget, the
+    cache's room, the source's window): a mount sizes its next windows by it, so what it
+    cannot have yet stays ahead of its reader. Unset from older daemons.
+    """
     def __init__(
         self,
         *,
         started: _builtins.int = ...,
+        room_bytes: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_room_bytes", b"_room_bytes", "room_bytes", b"room_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_room_bytes", b"_room_bytes", "room_bytes", b"room_bytes", "started", b"started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__room_bytes: _TypeAlias = _typing.Literal["room_bytes"]  # noqa: Y015
+    _WhichOneofArgType__room_bytes: _TypeAlias = _typing.Literal["_room_bytes", b"_room_bytes"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__room_bytes) -> _WhichOneofReturnType__room_bytes | None: ...
 
 Global___PrefetchResponse: _TypeAlias = PrefetchResponse  # noqa: Y015
 

@@ -121,7 +121,8 @@ class SpokeLocalServicer:
 
     def Prefetch(self, request, context):
         """Starts fetching blocks a reader will probably want soon (readahead) and returns
-        at once; blocks beyond the daemon's prefetch byte budget are skipped.
+        at once; blocks beyond the daemon's prefetch byte budget, the source's window
+        (shrunk when its blocks are evicted unread) or the cache's free room are skipped.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

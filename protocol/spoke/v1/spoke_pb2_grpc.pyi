@@ -56,7 +56,8 @@ class SpokeLocalStub:
     """Reports cache hits served by the mount, batched."""
     Prefetch: _grpc.UnaryUnaryMultiCallable[_spoke_pb2.PrefetchRequest, _spoke_pb2.PrefetchResponse]
     """Starts fetching blocks a reader will probably want soon (readahead) and returns
-    at once; blocks beyond the daemon's prefetch byte budget are skipped.
+    at once; blocks beyond the daemon's prefetch byte budget, the source's window
+    (shrunk when its blocks are evicted unread) or the cache's free room are skipped.
     """
 
 @_typing.type_check_only
@@ -80,7 +81,8 @@ class SpokeLocalAsyncStub(SpokeLocalStub):
     """Reports cache hits served by the mount, batched."""
     Prefetch: _aio.UnaryUnaryMultiCallable[_spoke_pb2.PrefetchRequest, _spoke_pb2.PrefetchResponse]  # type: ignore[assignment]
     """Starts fetching blocks a reader will probably want soon (readahead) and returns
-    at once; blocks beyond the daemon's prefetch byte budget are skipped.
+    at once; blocks beyond the daemon's prefetch byte budget, the source's window
+    (shrunk when its blocks are evicted unread) or the cache's free room are skipped.
     """
 
 class SpokeLocalServicer(metaclass=_abc_1.ABCMeta):
@@ -143,7 +145,8 @@ class SpokeLocalServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_spoke_pb2.PrefetchResponse, _abc.Awaitable[_spoke_pb2.PrefetchResponse]]:
         """Starts fetching blocks a reader will probably want soon (readahead) and returns
-        at once; blocks beyond the daemon's prefetch byte budget are skipped.
+        at once; blocks beyond the daemon's prefetch byte budget, the source's window
+        (shrunk when its blocks are evicted unread) or the cache's free room are skipped.
         """
 
 def add_SpokeLocalServicer_to_server(servicer: SpokeLocalServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
