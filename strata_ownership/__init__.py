@@ -10,7 +10,10 @@ another local user can change. Another user (anyone but this process's user and 
 root can do anything whatever this module checks) can change what a path means if they
 own a directory on it, or can write one without the sticky bit, or can write a sticky one
 and own the entry there (sticky directories let an entry's owner remove it; ``/tmp`` and
-``/dev/shm`` are sticky, so a directory of ours directly under them is safe). So:
+``/dev/shm`` are sticky, so a directory of ours directly under them is safe). "Can write"
+reads the mode bits: world-writable, or group-writable for a group that is not this
+process's own (a Kubernetes volume shared through the pod's ``fsGroup`` is accepted);
+POSIX ACLs beyond the mask are not read. So:
 
 - :func:`open_private_dir` resolves the path the way the kernel does (path_resolution(7)):
   from ``/``, one component at a time, each relative to the descriptor of the directory
