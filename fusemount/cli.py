@@ -22,6 +22,7 @@ from fusemount.operations import StrataOperations
 from fusemount.passthrough import Passthrough, unavailable_reason
 from fusemount.reader import BlockReader
 from spoke.encryption import BlockCipher, EncryptionError, check_cache_key
+from spoke.hardening import UnsafeDirectory, secure_cache_dir
 from spoke.layout import CacheLayout
 from spoke.mountinfo import mounts
 
@@ -182,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata-mount: error: mountpoint {mountpoint} is not a directory", file=sys.stderr)
         return 2
     layout = CacheLayout(ns.cache_dir)
+    try:  # before anything is read there: refuse a directory another user could change
+        secure_cache_dir(layout)
+    except UnsafeDirectory as err:
+        print(f"strata-mount: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"strata-mount: error: cache dir {layout.root}: {err.strerror}", file=sys.stderr)
+        return 2
     try:
         cipher = BlockCipher.from_file(ns.encryption_key_file) if ns.encryption_key_file else None
         check_cache_key(layout, cipher, ns.encryption_key_file, record=False)

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hub.blocks import block_digest
-from hub.errors import BlockNotFound, ConfigError, CorruptBlob, StorageError
-from hub.modes import DIR_MODE, tighten
+from hub.errors import BlockNotFound, ConfigError, CorruptBlob, StorageError, UnsafeDirectory
+from hub.modes import DIR_MODE
 from hub.names import DIGEST_PATTERN, validate_digest
+from strata_ownership import UnsafePath, private_dir
 
 TEMP_PREFIX = ".tmp-"
 S3_SCHEME = "s3://"
@@ -127,21 +128,25 @@ class LocalBlobStore:
     """A :class:`BlobStore` in a local directory: ``ROOT/<first 2 hex>/<digest>``.
 
     Owner-only: the root and its fan-out directories are 0700 (made so, and tightened
-    here when found looser), blob files 0600 (``mkstemp``).
+    here when found looser), blob files 0600 (``mkstemp``). A root another local user
+    could change, or a fan-out directory or file at the top that is theirs or a symlink,
+    is refused (:func:`strata_ownership.private_dir`).
 
     Args:
         root: The store's directory (``DATA_DIR/blobs``); created when missing.
 
     Raises:
+        UnsafeDirectory: another local user could change the store.
         OSError: ``root`` cannot be created or tightened.
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-        tighten(self.root, DIR_MODE)
-        for shard in self._shards():
-            tighten(Path(shard.path), DIR_MODE)
+        try:
+            private_dir(self.root)
+        except UnsafePath as err:
+            raise UnsafeDirectory(f"blob store {self.root}: {err}") from None
         self._lock = threading.Lock()
         self._unsynced_dirs: set[Path] = set()
 
@@ -411,6 +416,7 @@ def open_blob_store(
     Raises:
         ConfigError: The location is malformed.
         StorageError: The local directory cannot be created.
+        UnsafeDirectory: Another local user could change the local directory.
     """
     text = os.fspath(location)
     if text.startswith(S3_SCHEME):

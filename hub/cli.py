@@ -49,7 +49,7 @@ import typer
 from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog, operator
 from hub.blocks import DEFAULT_BLOCK_SIZE
 from hub.catalog import Catalog
-from hub.datadir import DataDir
+from hub.datadir import DataDir, secure
 from hub.errors import CorruptBlob, CorruptCatalog, HubError, StorageError
 from hub.gc import STALE_AFTER_SECONDS, collect
 from hub.grants import DEFAULT_LIFETIME_S
@@ -627,6 +627,10 @@ def _audit_target(args: list[str]) -> AuditLog | None:
         return AuditLog(Path(tokens).parent / "audit.jsonl") if tokens else None
     data_dir = _option(args, "--data-dir") or os.environ.get("STRATA_HUB_DATA_DIR")
     if not data_dir or not Path(data_dir).is_dir():
+        return None
+    try:  # never write into a directory another user could change (the command refused it)
+        secure(Path(data_dir))
+    except (HubError, OSError):
         return None
     return AuditLog(Path(data_dir) / "audit.jsonl")
 

@@ -13,9 +13,10 @@ Directories are made 0700 and files 0600 with explicit modes (LMDB's ``mode``,
 ``mkstemp``, ``os.open``), and :meth:`DataDir.open` tightens what an older version, another
 umask or a volume's ``fsGroup`` left looser: the directory itself, ``catalog/`` and
 ``blobs/``, the files at its top and the catalog's files (the blob store tightens its own
-fan-out, :class:`hub.blobstore.LocalBlobStore`). Nothing another user owns is changed,
-links are never followed, and a directory that is no data directory (no ``catalog/``,
-not empty) is left alone.
+fan-out, :class:`hub.blobstore.LocalBlobStore`). Before that, a data directory another
+local user could change is refused (:func:`secure`): one that is theirs, sits where they
+could replace it, or holds their files or a symlink. Links are never followed, and a
+directory that is no data directory (no ``catalog/``, not empty) is left alone.
 
 The blocks may live elsewhere (another directory, or ``s3://BUCKET/PREFIX``): the catalog
 records where on first use (:meth:`DataDir.blob_store`), so ``publish``, ``serve`` and
@@ -24,43 +25,50 @@ records where on first use (:meth:`DataDir.blob_store`), so ``publish``, ``serve
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from hub.blobstore import BlobStore, open_blob_store
 from hub.catalog import Catalog
-from hub.errors import Conflict, DataDirNotFound, HubError
-from hub.modes import DIR_MODE, FILE_MODE, tighten
+from hub.errors import Conflict, DataDirNotFound, HubError, UnsafeDirectory
+from hub.modes import DIR_MODE
+from strata_ownership import UnsafePath, check_members, make_private, open_private_dir
 
 DEFAULT_BLOBS = "blobs"
 """The default blob store location, relative to the data directory."""
 
 
 def secure(root: Path) -> None:
-    """Tighten a data directory to owner-only: ``root``, ``catalog/`` and ``blobs/`` 0700,
-    the files at its top and in ``catalog/`` 0600. A directory that holds neither a
-    catalog nor anything at all (a wrong ``--data-dir``) is left as it is.
+    """Refuse a data directory another local user could change, then narrow it to
+    owner-only: ``root``, ``catalog/`` and ``blobs/`` 0700, the files at its top and in
+    ``catalog/`` 0600 (:mod:`strata_ownership`).
+
+    Refused, before anything is read or written there: a directory on the way that
+    another user owns or may write (unless sticky with the next step ours, as under
+    ``/tmp``); ``root`` itself if another user's (or root's and writable by others); and,
+    in a data directory, ``catalog/``, ``blobs/``, their entries or any file at the top
+    (``audit.jsonl``, ``grant.key``, the port file) if another user's or a symlink. A
+    directory that holds neither a catalog nor anything at all (a wrong ``--data-dir``)
+    is checked up to itself and left as it is.
 
     Raises:
+        UnsafeDirectory: one line naming what another user could change.
         OSError: the directory cannot be read or changed.
     """
-    with os.scandir(root) as entries:
-        top = list(entries)
-    if top and not any(e.name == "catalog" and e.is_dir(follow_symlinks=False) for e in top):
-        return
-    tighten(root, DIR_MODE)
-    for entry in top:
-        if entry.is_dir(follow_symlinks=False):
-            if entry.name in ("catalog", DEFAULT_BLOBS):
-                tighten(Path(entry.path), DIR_MODE)
-        elif entry.is_file(follow_symlinks=False):
-            tighten(Path(entry.path), FILE_MODE)
-    with contextlib.suppress(FileNotFoundError), os.scandir(root / "catalog") as entries:
-        for entry in entries:
-            if entry.is_file(follow_symlinks=False):
-                tighten(Path(entry.path), FILE_MODE)
+    try:
+        fd = open_private_dir(root)
+        try:
+            with os.scandir(fd) as entries:
+                top = {entry.name for entry in entries}
+            if top and "catalog" not in top:  # a catalog that is a symlink is refused below
+                return
+            make_private(fd)
+            check_members(fd, root, subdirs=("catalog", DEFAULT_BLOBS))
+        finally:
+            os.close(fd)
+    except UnsafePath as err:
+        raise UnsafeDirectory(f"data dir {root}: {err}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +105,7 @@ class DataDir:
         Raises:
             DataDirNotFound: ``root`` does not exist (and ``create`` is False) or is not
                 a directory.
+            UnsafeDirectory: another local user could change ``root`` (:func:`secure`).
             HubError: ``root`` cannot be created, or its modes cannot be tightened.
         """
         path = Path(root)

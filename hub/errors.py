@@ -91,6 +91,11 @@ class DataDirNotFound(NotFound):
     """The data directory (or the catalog inside it) does not exist."""
 
 
+class UnsafeDirectory(HubError):
+    """A data directory or blob store another local user could change: theirs, on a path
+    they could replace, or holding their files or a symlink (:mod:`strata_ownership`)."""
+
+
 class SourceError(HubError):
     """The publish source tree cannot be published as is (missing, unreadable, odd file type)."""
 

@@ -5,6 +5,8 @@ level of the tree being walked plus one batch of blocks, whatever the number of 
 
 1. walk the source tree in path order (:func:`hub.walk.walk`: through directory
    descriptors, symlinks recorded, never followed), one directory listing at a time;
+   then resolve every symlink inside the staged tree (:mod:`hub.symlinks`) and refuse
+   one that leaves it;
 2. cut every regular file into blocks; stage each manifest entry in the catalog
    (:class:`hub.catalog.PublishSession`, small transactions under a manifest number no
    snapshot points at yet);
@@ -35,6 +37,7 @@ from hub.errors import HubError, SourceError
 from hub.manifest import EntryType, ManifestEntry
 from hub.names import validate_dataset, validate_tag, version_number
 from hub.signing import load_signer
+from hub.symlinks import escape
 from hub.walk import Member, leaves_tree, open_file, read_link, walk
 
 BATCH_BYTES = 64 * MiB
@@ -163,6 +166,28 @@ def _symlink_entry(member: Member, allow_external: bool) -> ManifestEntry:
     )
 
 
+def _refuse_escaping_symlinks(session: PublishSession) -> None:
+    """Resolve every staged symlink inside the staged tree as the kernel would
+    (:func:`hub.symlinks.escape`) and refuse the first that leaves it.
+
+    Raises:
+        SourceError: a symlink leaves the snapshot once other symlinks are followed.
+    """
+
+    def lookup(path: str) -> tuple[EntryType, str] | None:
+        entry = session.staged(path)
+        return None if entry is None else (entry.type, entry.symlink_target)
+
+    for link in session.staged_symlinks():
+        why = escape(link.path, link.symlink_target, lookup)
+        if why is not None:
+            raise SourceError(
+                f"cannot publish symlink {link.path!r}: its target {link.symlink_target!r} "
+                f"{why}, so it points outside the snapshot "
+                "(use --allow-external-symlinks to publish it anyway)"
+            )
+
+
 def publish(
     data_dir: str | os.PathLike[str],
     dataset: str,
@@ -181,12 +206,13 @@ def publish(
     Regular files, directories (empty ones included) and symlinks (stored with their
     target, not followed) are recorded with their permission bits, size and mtime;
     any other file type is refused, and so is a symlink whose target leaves the tree
-    (absolute, or ``..`` above the root; :func:`hub.walk.leaves_tree`) unless
-    ``allow_external_symlinks``. The tree is walked through directory descriptors
-    (:mod:`hub.walk`), so a component swapped for a symlink while publishing is refused,
-    never followed. The data directory is created when missing. Only
-    blocks the store does not hold yet are written, so a new version that changes one
-    file stores only that file's changed blocks.
+    (absolute, or ``..`` above the root: by its text, :func:`hub.walk.leaves_tree`, and
+    once the walk is done, resolved through the snapshot's other symlinks as the kernel
+    would, :func:`hub.symlinks.escape`) unless ``allow_external_symlinks``. The tree is
+    walked through directory descriptors (:mod:`hub.walk`), so a component swapped for a
+    symlink while publishing is refused, never followed. The data directory is created
+    when missing. Only blocks the store does not hold yet are written, so a new version
+    that changes one file stores only that file's changed blocks.
 
     Args:
         data_dir: The hub's data directory.
@@ -243,12 +269,14 @@ def publish(
         session = catalog.begin_publish(block_size)
         try:
             writer = _BlockWriter(store, session, pool)
+            symlinks = 0
             for member in walk(root):
                 kind = stat.S_IFMT(member.mode)
                 if kind == stat.S_IFREG:
                     session.add(_file_entry(member, block_size, writer))
                 elif kind == stat.S_IFLNK:
                     session.add(_symlink_entry(member, allow_external_symlinks))
+                    symlinks += 1
                 else:
                     session.add(
                         ManifestEntry(
@@ -259,6 +287,8 @@ def publish(
                             mtime_ns=member.mtime_ns,
                         )
                     )
+            if symlinks and not allow_external_symlinks:
+                _refuse_escaping_symlinks(session)
             writer.flush()
             try:
                 store.sync()

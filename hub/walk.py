@@ -16,8 +16,9 @@ an open directory file descriptor (``openat(2)`` semantics through ``dir_fd``):
   ``fstat`` as the regular file the listing saw (:func:`open_file`);
 - a symlink is read with ``readlink(name, dir_fd=...)`` (:func:`read_link`); its target is
   recorded, never followed. :func:`leaves_tree` says whether the target points outside the
-  snapshot (absolute, or ``..`` climbing above the root once normalised); the publish
-  refuses those unless asked to allow them.
+  snapshot by its text (absolute, or ``..`` climbing above the root once normalised); the
+  publish refuses those unless asked to allow them, and once the whole tree is staged
+  also those that leave it through other symlinks (:mod:`hub.symlinks`).
 
 Mount points inside the tree are crossed, as a plain ``lstat`` walk would; the identity
 check compares the device too, so a mount appearing mid-walk is a swap like any other.
@@ -234,7 +235,7 @@ def leaves_tree(path: str, target: str) -> bool:
     (``posixpath.normpath`` of the target joined to the link's directory). The check is
     lexical: it does not resolve other symlinks the target passes through, and a target
     that only climbs through a link (``s -> .`` then ``t -> s/../x``) is judged by its
-    text.
+    text; :func:`hub.symlinks.escape` resolves it, once the whole tree is known.
 
     Args:
         path: The link's manifest path (relative to the root).

@@ -17,7 +17,9 @@ snapshot of another dataset, or of another version than ``ref`` when ``ref`` nam
 version, is refused (a lying hub or proxy cannot serve ``b``'s properly signed tree as
 ``a``); with ``--publisher-key`` it must also carry the publisher's valid signature. Both
 checks run on every answer, the hub's and the stored ones; a refused answer is never
-stored.
+stored. A manifest must hash to its snapshot id and be a tree the hub would publish (no
+``..``, empty components, NUL, repeated names or entries inside a file): checked when it
+arrives, and once per start for one stored before.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from spoke.errors import (
     UnsignedSnapshot,
 )
 from spoke.hubclient import HubClient
-from spoke.manifestcheck import snapshot_id
+from spoke.manifestcheck import check_tree, snapshot_id
 from spoke.signature import PublisherKey
 from spoke.source import hub_error
 
@@ -77,6 +79,7 @@ class SnapshotCatalog:
         self.scope = BlockScope(env, self._catalog)  # block -> live stored snapshots
         self._refreshing: dict[bytes, asyncio.Task[None]] = {}  # key -> background refresh
         self._generation = 0  # bumped by forget_refs: older refreshes must not store
+        self._trees_checked: set[str] = set()  # stored manifests checked since start
 
     @property
     def hub_refused(self) -> str | None:
@@ -279,6 +282,9 @@ class SnapshotCatalog:
         sid = snapshot.snapshot_id.encode()
         stored = self._load_manifest(sid)
         if stored is not None:
+            if snapshot.snapshot_id not in self._trees_checked:  # stored by an older spoke?
+                self._check_tree(dataset, snapshot, stored)
+                self._trees_checked.add(snapshot.snapshot_id)
             if not self.scope.is_indexed(snapshot.snapshot_id):  # stored by an older spoke
                 with self._env.begin(write=True) as txn:
                     self.scope.index(txn, snapshot.snapshot_id, stored)
@@ -286,6 +292,8 @@ class SnapshotCatalog:
             return stored
         entries = await self._call(lambda: self._hub.get_manifest(dataset, snapshot.version))
         self._verify(dataset, snapshot, entries)
+        self._check_tree(dataset, snapshot, entries)
+        self._trees_checked.add(snapshot.snapshot_id)
         with self._env.begin(write=True) as txn:
             for entry in entries:
                 txn.put(
@@ -318,6 +326,25 @@ class SnapshotCatalog:
             )
             log.error("%s", message)
             raise CorruptManifest(message)
+
+    @staticmethod
+    def _check_tree(
+        dataset: str, snapshot: hub_pb2.Snapshot, entries: list[hub_pb2.ManifestEntry]
+    ) -> None:
+        """Refuse a manifest whose paths make no tree the hub would publish, even if it
+        hashes to its snapshot id (``..``, empty components, NUL, a name twice, entries
+        inside a file; :func:`spoke.manifestcheck.check_tree`). Nothing is stored.
+
+        Raises:
+            CorruptManifest: an entry breaks a rule (counted, logged).
+        """
+        try:
+            check_tree(entries)
+        except ValueError as err:
+            metrics.INVALID_MANIFESTS.inc()
+            message = f"manifest of {dataset} {snapshot.version} refused: {err}"
+            log.error("%s", message)
+            raise CorruptManifest(message) from None
 
     def _load_manifest(self, sid: bytes) -> list[hub_pb2.ManifestEntry] | None:
         with self._env.begin() as txn:

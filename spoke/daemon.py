@@ -67,8 +67,9 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         spoke.encryption.EncryptionError: the cache dir was written with another
             encryption key (or with one, and none is given).
         spoke.lock.CacheInUse: another daemon uses the cache directory.
-        spoke.hardening.UnsafeDirectory: the gRPC socket's private directory is a link or
-            another user's.
+        spoke.hardening.UnsafeDirectory: the cache directory is one another user could
+            change (:func:`spoke.hardening.secure_cache_dir`), or the gRPC socket's private
+            directory is a link or another user's.
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -79,11 +80,13 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
     layout = CacheLayout(settings.cache_dir)
     private_umask()  # 0700 directories, 0600 files and socket, whatever the caller's umask
     layout.root.mkdir(parents=True, exist_ok=True)
-    owner = lock.hold(layout.daemon_lock, "spoke daemon")  # before touching anything
+    # before anything is read or written there: refuse a directory another user could
+    # change, narrow what an older version or another umask left behind
+    secure_cache_dir(layout)
+    owner = lock.hold(layout.daemon_lock, "spoke daemon")
     metrics.MOUNT_RESTARTS.path = layout.mount_restarts_file
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(os.close, owner)
-        secure_cache_dir(layout)  # what an older version or another umask left behind
         private_socket_dir(layout.private_dir)  # gRPC's own socket: gRPC cannot check peers
         audit = AuditLog(
             settings.audit_log or layout.root / "audit.jsonl",

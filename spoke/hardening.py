@@ -8,6 +8,13 @@ tightens what an older version or another umask left behind. The mount reads blo
 as the same user, so nothing needs more than owner access; other users read data only
 through the mount (``--allow-other``), never from the cache directory.
 
+Modes only help in a directory no other user controls, so a cache directory another user
+owns, could replace (a directory on the way is theirs, or theirs to write) or has put
+something in (a token, the LMDB files, a symlink) is refused before anything is read or
+written there (:func:`secure_cache_dir`, over the shared :mod:`strata_ownership`): the
+attacker's admin token is never used, nothing is written into their files, and the
+daemon's socket never sits where they could move it.
+
 gRPC's own listener cannot check who connects (its local credentials for UNIX sockets
 never read ``SO_PEERCRED``; ``spoke.peercheck`` does, on ``daemon.sock``), so it listens in
 a directory only this user may enter (:func:`private_socket_dir`): the kernel refuses
@@ -28,10 +35,19 @@ import stat
 from pathlib import Path
 
 from spoke.layout import CacheLayout
+from strata_ownership import UnsafePath, check_members, make_private, open_private_dir
 
 PRIVATE_UMASK = 0o077
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+
+USED_SUBDIRS = ("blocks", "index", ".grpc")
+"""The cache directory's subdirectories whose entries the spoke uses (and so checks)."""
+
+
+class UnsafeDirectory(RuntimeError):
+    """A private directory is a link, not a directory, or another user's; or, for the
+    cache directory, something on the way to it or in it is another user's to change."""
 
 
 def private_umask() -> int:
@@ -39,39 +55,35 @@ def private_umask() -> int:
     return os.umask(PRIVATE_UMASK)
 
 
-def _tighten(path: Path, mode: int) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        st = os.lstat(path)
-        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
-            return  # never follow a link, never touch what another user owns
-        if stat.S_IMODE(st.st_mode) & ~mode:
-            os.chmod(path, stat.S_IMODE(st.st_mode) & mode)
-
-
 def secure_cache_dir(layout: CacheLayout) -> None:
-    """Tighten the cache directory to owner-only: 0700 directories (the root, ``blocks/``,
-    its fan-out directories, ``index/``), 0600 files at the top, in ``index/`` (LMDB's
-    ``data.mdb`` and ``lock.mdb``) and the socket. Block files are written 0600 already.
+    """Refuse a cache directory another local user could change, and narrow ours to
+    owner-only (:mod:`strata_ownership`).
+
+    Refused: a directory on the way to it that another user owns or may write (unless
+    sticky with the next step ours, as under ``/tmp`` and ``/dev/shm``); the cache
+    directory itself, ``blocks/`` (and its fan-out directories), ``index/`` (LMDB's
+    ``data.mdb`` and ``lock.mdb``), ``.grpc/`` or any file at the top (tokens, pid and URL
+    files, locks, the audit log, the socket) if another user's, or a symlink (never
+    followed). Then directories are made 0700 and files 0600 (block files are written
+    0600 already). The supervisor, the daemon and the mount all call this before they
+    read or write anything there.
 
     Raises:
+        UnsafeDirectory: the cache directory, or something in it, is not this user's to
+            trust (one line naming the path and why).
         OSError: the cache directory cannot be read or changed.
     """
-    _tighten(layout.root, DIR_MODE)
-    for sub in (layout.blocks_dir, layout.index_dir):
-        _tighten(sub, DIR_MODE)
-    with contextlib.suppress(FileNotFoundError), os.scandir(layout.blocks_dir) as entries:
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                _tighten(Path(entry.path), DIR_MODE)
-    for directory in (layout.root, layout.index_dir):
-        with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
-            for entry in entries:
-                if not entry.is_dir(follow_symlinks=False):
-                    _tighten(Path(entry.path), FILE_MODE)
-
-
-class UnsafeDirectory(RuntimeError):
-    """A private directory exists but is a link, not a directory, or another user's."""
+    try:
+        fd = open_private_dir(layout.root)
+        try:
+            make_private(fd)
+            if os.path.lexists(layout.private_dir):  # its own check, its own message
+                private_socket_dir(layout.private_dir)
+            check_members(fd, layout.root, subdirs=USED_SUBDIRS)
+        finally:
+            os.close(fd)
+    except UnsafePath as err:
+        raise UnsafeDirectory(f"cache dir {layout.root}: {err}") from None
 
 
 def private_socket_dir(path: Path) -> Path:
@@ -125,8 +137,7 @@ def ensure_admin_token(layout: CacheLayout) -> str:
     with contextlib.suppress(FileNotFoundError):
         token = path.read_text().strip()
         if token:
-            _tighten(path, FILE_MODE)
-            return token
+            return token  # checked and narrowed by secure_cache_dir
     token = secrets.token_urlsafe(32)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)

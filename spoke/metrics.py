@@ -76,6 +76,11 @@ MANIFEST_MISMATCHES = Counter(
     "strata_spoke_manifest_mismatches",
     "Manifests from the hub refused because they did not hash to their snapshot id",
 )
+INVALID_MANIFESTS = Counter(
+    "strata_spoke_invalid_manifests",
+    "Manifests refused because an entry's path makes no tree the hub would publish "
+    "('..', empty components, NUL, a name twice, entries inside a file)",
+)
 SIGNATURE_REFUSALS = Counter(
     "strata_spoke_signature_refusals",
     "Snapshots refused because they were unsigned or their publisher signature did not verify",

@@ -32,7 +32,7 @@ from types import FrameType
 from spoke import lock
 from spoke.config import SpokeSettings
 from spoke.encryption import EncryptionError, check_cache_key
-from spoke.hardening import private_umask
+from spoke.hardening import UnsafeDirectory, private_umask, secure_cache_dir
 from spoke.layout import CacheLayout
 from spoke.mountinfo import mounts
 from spoke.processes import Process, cmdline, find, find_daemon, read_pid, same_settings
@@ -242,7 +242,10 @@ class Supervisor:
         private_umask()  # the cache dir, pid files and both children: owner only
         try:
             self.layout.root.mkdir(parents=True, exist_ok=True)
+            secure_cache_dir(self.layout)  # before anything is read or written there
             self._lock = lock.hold(self.layout.spoke_lock, "strata-spoke run")
+        except UnsafeDirectory as err:
+            raise StartupError(str(err)) from None
         except lock.CacheInUse as err:
             raise StartupError(str(err.strerror)) from None
         except OSError as err:

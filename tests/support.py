@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pwd
+import shlex
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,12 +18,16 @@ import pytest
 from deploy.local import publish
 
 __all__ = [
+    "FileState",
+    "file_states",
     "fuse_available",
     "make_tree",
     "other_user",
+    "planted_dir",
     "publish",
     "requires_fuse",
     "sha256",
+    "sticky_dir",
     "tree_digests",
 ]
 
@@ -50,6 +58,67 @@ def other_user() -> pwd.struct_passwd:
             ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER], check=True
         )
         return pwd.getpwnam(OTHER_USER)
+
+
+@contextlib.contextmanager
+def sticky_dir() -> Iterator[Path]:
+    """A fresh root-owned, world-writable, sticky directory directly under ``/tmp`` (as
+    ``/tmp`` and ``/dev/shm`` are: others may add entries, only an entry's owner may
+    remove it), removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="strata-sticky-"))
+    os.chmod(path, 0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def planted_dir(shared: Path, name: str, files: dict[str, bytes]) -> Path:
+    """What another local user leaves for a root process to pick up: ``shared/name``
+    made by the second user (:func:`other_user`, through ``setpriv``) under umask 0, with
+    ``files`` in it (``"index/data.mdb"`` makes ``index/`` too): every directory 0777,
+    every file 0666.
+
+    Returns:
+        ``shared/name``.
+    """
+    other = other_user()
+    root = shared / name
+    script = ["umask 0", f"mkdir -p {shlex.quote(str(root))}"]
+    for rel, data in files.items():
+        path = root / rel
+        script.append(f"mkdir -p {shlex.quote(str(path.parent))}")
+        script.append(f"printf %s {shlex.quote(data.decode())} > {shlex.quote(str(path))}")
+    subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={other.pw_uid}",
+            f"--regid={other.pw_gid}",
+            "--clear-groups",
+            "sh",
+            "-c",
+            " && ".join(script),
+        ],
+        check=True,
+        cwd="/",
+        timeout=30,
+    )
+    return root
+
+
+FileState = tuple[int, int, int, bytes | None]
+"""A path's (uid, st_mode, size, bytes for files) as :func:`file_states` records it."""
+
+
+def file_states(root: Path) -> dict[str, FileState]:
+    """Every path under ``root`` (itself as ``.``), ``lstat``-ed, with the bytes of files:
+    to show that nothing in it was written, added, removed or changed."""
+    out: dict[str, FileState] = {}
+    for path in [root, *sorted(root.rglob("*"))]:
+        st = os.lstat(path)
+        data = path.read_bytes() if path.is_file() and not path.is_symlink() else None
+        out[str(path.relative_to(root))] = (st.st_uid, st.st_mode, st.st_size, data)
+    return out
 
 
 def sha256(path: Path) -> str:

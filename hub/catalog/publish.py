@@ -11,7 +11,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from hub.catalog.records import Snapshot
@@ -30,7 +30,13 @@ from hub.catalog.schema import (
 )
 from hub.errors import CatalogError, CorruptCatalog, InvalidArgument, VersionExists
 from hub.events import EventKind
-from hub.manifest import EntryType, ManifestEntry, ManifestHasher
+from hub.manifest import (
+    MAX_PATH_BYTES,
+    EntryType,
+    ManifestEntry,
+    ManifestHasher,
+    decode_entry,
+)
 from hub.names import validate_dataset, validate_tag, version_name, version_number
 
 if TYPE_CHECKING:
@@ -124,6 +130,50 @@ class PublishSession:
                 txn.put(suffix + index, encoded, db=db[b"manifests"])
                 txn.put(dir_key(self.publish_id, path), index, db=db[b"dirs"])
         self._entries.clear()
+
+    def staged(self, path: str) -> ManifestEntry | None:
+        """The entry added at ``path`` so far, or None (writes the buffered entries first).
+
+        Raises:
+            CatalogError: The catalog cannot be read or written.
+        """
+        if self._entries:
+            self.protect(())
+        if len(path.encode("utf-8")) > MAX_PATH_BYTES:
+            return None  # no entry has such a path (and LMDB keys are shorter)
+        with self._catalog.read() as txn:
+            index = txn.get(dir_key(self.publish_id, path), db=txn.db[b"dirs"])
+            return None if index is None else txn.entry(self.publish_id, index)
+
+    def staged_symlinks(self, page_entries: int = STAGE_ENTRIES) -> Iterator[ManifestEntry]:
+        """The symlinks added so far, in path order, one read transaction per page of
+        ``page_entries`` entries (only symlinks are decoded; writes the buffered entries
+        first).
+
+        Raises:
+            CatalogError: The catalog cannot be read or written.
+        """
+        if self._entries:
+            self.protect(())
+        prefix = U64.pack(self.publish_id)
+        start = 0
+        while start < self._count:
+            found: list[bytes] = []
+            with self._catalog.read() as txn:
+                cursor = txn.cursor(db=txn.db[b"manifests"])
+                if not cursor.set_range(prefix + U64.pack(start)):
+                    return
+                read = 0
+                for key, value in cursor:
+                    if not key.startswith(prefix) or read >= page_entries:
+                        break
+                    read += 1
+                    if value[0] == EntryType.SYMLINK:  # an entry's first byte is its type
+                        found.append(bytes(value))
+            if read == 0:
+                return
+            start += read
+            yield from (decode_entry(value) for value in found)
 
     def commit(
         self,

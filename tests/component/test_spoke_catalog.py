@@ -1,9 +1,12 @@
-"""The spoke's stored catalog answers: the read path never waits on a silent hub."""
+"""The spoke's stored catalog answers: the read path never waits on a silent hub; lying
+answers (another dataset's snapshot, a manifest that is no tree) are refused, stored or not."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -12,8 +15,9 @@ from prometheus_client import REGISTRY
 
 from protocol.hub.v1 import hub_pb2
 from spoke.catalog import SnapshotCatalog
-from spoke.errors import HubUnavailable, NotFound, SnapshotMismatch
+from spoke.errors import CorruptManifest, HubUnavailable, NotFound, SnapshotMismatch
 from spoke.layout import CacheLayout
+from spoke.manifestcheck import check_tree, snapshot_id
 from spoke.store import open_index
 
 
@@ -222,6 +226,125 @@ def test_stored_answers_are_checked_and_a_lying_refresh_keeps_the_good_one(
             await catalog.resolve_ref("a", "v1")  # hub down: from the index
         with pytest.raises(SnapshotMismatch):
             await catalog.resolve_ref("a", "v1", stale_ok=True)
+        await catalog.close()
+
+    asyncio.run(go())
+
+
+def _entry(path: str, kind: int = hub_pb2.ENTRY_TYPE_FILE, target: str = "") -> Any:
+    size = len(target.encode()) if kind == hub_pb2.ENTRY_TYPE_SYMLINK else 0
+    return hub_pb2.ManifestEntry(path=path, type=kind, mode=0o644, size=size, symlink_target=target)
+
+
+DIR, LINK = hub_pb2.ENTRY_TYPE_DIRECTORY, hub_pb2.ENTRY_TYPE_SYMLINK
+
+
+class ManifestHub(SilentHub):
+    """A hub (or a proxy) not trusted for content: it serves ``entries`` as ``ds``'s v1
+    under the id they hash to, so only the paths themselves can give it away."""
+
+    def __init__(self, entries: list[Any]) -> None:
+        super().__init__()
+        self.entries = entries
+
+    async def resolve_ref(self, dataset: str, ref: str) -> hub_pb2.Snapshot:
+        await self._answer()
+        sid = snapshot_id(4096, self.entries)
+        return hub_pb2.Snapshot(dataset=dataset, version="v1", snapshot_id=sid, block_size=4096)
+
+    async def get_manifest(self, dataset: str, ref: str) -> list[Any]:
+        await self._answer()
+        return [hub_pb2.ManifestEntry.FromString(e.SerializeToString()) for e in self.entries]
+
+
+def _invalid() -> float:
+    return REGISTRY.get_sample_value("strata_spoke_invalid_manifests_total") or 0.0
+
+
+@pytest.mark.parametrize(
+    ("entries", "why"),
+    [
+        ([_entry("z/../z.bin")], "invalid path 'z/../z.bin': an empty, '.' or '..' component"),
+        ([_entry("a/./b")], "an empty, '.' or '..' component"),
+        ([_entry("a//b")], "an empty, '.' or '..' component"),
+        ([_entry("a/")], "an empty, '.' or '..' component"),
+        ([_entry("..")], "an empty, '.' or '..' component"),
+        ([_entry("/etc/shadow")], "invalid path '/etc/shadow': empty, absolute or with NUL"),
+        ([_entry("")], "empty, absolute or with NUL"),
+        ([_entry("a\0b")], "empty, absolute or with NUL"),
+        ([_entry("x" * 256)], "a component over 255 bytes"),
+        ([_entry("f"), _entry("f-x"), _entry("f/child")], "'f/child' is inside 'f', which is no"),
+        ([_entry("l", LINK, "d"), _entry("l/child")], "'l/child' is inside 'l', which is no dir"),
+        ([_entry("l", LINK, "a\0b")], "symlink 'l' has an empty target or one with NUL"),
+        ([_entry("t", 7)], "entry 't' has unknown type 7"),
+    ],
+)
+def test_a_manifest_that_is_no_tree_is_refused_however_it_hashes(
+    tmp_path: Path, entries: list[Any], why: str
+) -> None:
+    hub = ManifestHub(entries)
+
+    async def go() -> None:
+        catalog = _catalog(tmp_path, hub)
+        before = _invalid()
+        with pytest.raises(CorruptManifest, match="manifest of ds v1 refused: ") as caught:
+            await catalog.manifest("ds", "v1")
+        assert why in str(caught.value) and "\n" not in str(caught.value)
+        assert _invalid() == before + 1
+        sid = (await hub.resolve_ref("ds", "v1")).snapshot_id
+        assert catalog.stored_manifest(sid) == []  # nothing stored
+        await catalog.close()
+
+    asyncio.run(go())
+
+
+def test_names_twice_or_out_of_order_are_refused_by_the_tree_check_too() -> None:
+    """The hash refuses them as well (the id cannot be computed); the tree check does not
+    rely on it, for manifests stored before it existed."""
+    for entries in ([_entry("a"), _entry("a")], [_entry("b"), _entry("a")]):
+        with pytest.raises(ValueError, match="entry 'a' is out of path order or repeated"):
+            check_tree(entries)
+
+
+def test_a_valid_tree_with_implicit_directories_is_served(tmp_path: Path) -> None:
+    entries = [
+        _entry("a", DIR),
+        _entry("a-b"),  # "-" sorts before "/": between a and its children
+        _entry("a/b"),
+        _entry("c/d/e"),  # c and c/d implicit, as the mount allows
+        _entry("l", LINK, "a"),
+    ]
+    hub = ManifestHub(entries)
+
+    async def go() -> None:
+        catalog = _catalog(tmp_path, hub)
+        assert [e.path for e in await catalog.manifest("ds", "v1")] == [e.path for e in entries]
+        await catalog.close()
+
+    asyncio.run(go())
+
+
+def test_a_stored_manifest_that_is_no_tree_is_refused_too(tmp_path: Path) -> None:
+    """An older spoke stored a lying hub's manifest without this check: refused at its
+    every use after the upgrade, hub or no hub (a good one is checked once per start)."""
+    hub = ManifestHub([_entry("a.bin"), _entry("z/../z.bin")])
+    sid = snapshot_id(4096, hub.entries)
+    env = open_index(CacheLayout(tmp_path))
+    with env.begin(write=True) as txn:  # what the older spoke stored
+        manifests, stored = env.open_db(b"manifests", txn=txn), env.open_db(b"catalog", txn=txn)
+        for e in hub.entries:
+            txn.put(sid.encode() + b"\0" + e.path.encode(), e.SerializeToString(), db=manifests)
+        txn.put(b"manifest-complete/" + sid.encode(), b"2", db=stored)
+
+    async def go() -> None:
+        catalog = SnapshotCatalog(hub, env)  # type: ignore[arg-type]
+        await catalog.resolve_ref("ds", "v1")  # the answer is stored too
+        hub.refuse = True
+        before = _invalid()
+        for _ in range(2):
+            with pytest.raises(CorruptManifest, match=re.escape("'z/../z.bin'")):
+                await catalog.manifest("ds", "v1", stale_ok=True)
+        assert _invalid() == before + 2
         await catalog.close()
 
     asyncio.run(go())

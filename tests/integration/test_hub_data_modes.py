@@ -1,16 +1,28 @@
 """The hub's data directory is owner-only whatever the umask it was started with: a
 publish and a serve under umask 022 leave every directory 0700 and every file 0600 (the
 catalog's ``data.mdb`` names every dataset and digest), and a data directory left looser
-(an older hub, a volume's ``fsGroup``) is tightened when the hub starts."""
+(an older hub, a volume's ``fsGroup``) is tightened when the hub starts; one another local
+user could change (theirs, or holding their files) is refused before anything is read or
+written there."""
 
 from __future__ import annotations
 
 import os
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
-from tests.integration.test_hub_cli import COMMAND, REPO_ROOT, SERVING, read_line
+import pytest
+
+from tests.integration.test_hub_cli import (
+    COMMAND,
+    REPO_ROOT,
+    SERVING,
+    assert_one_line_error,
+    read_line,
+)
+from tests.support import file_states, other_user, planted_dir, sticky_dir
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -101,3 +113,63 @@ def test_a_directory_that_is_no_data_dir_is_left_alone(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert stat.S_IMODE(home.stat().st_mode) == 0o755
     assert stat.S_IMODE((home / "notes.txt").stat().st_mode) == 0o644
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    with sticky_dir() as path:
+        yield path
+
+
+PLANTED = {"catalog/data.mdb": b"", "catalog/lock.mdb": b"", "grant.key": b"their key"}
+"""What another user leaves in a data directory: world-writable catalog files and a grant
+signing key they know (grants signed with it would be theirs to forge)."""
+
+
+@pytest.mark.parametrize("command", ["serve", "publish"])
+def test_another_users_data_dir_is_refused_and_nothing_is_written_there(
+    shared: Path, tmp_path: Path, command: str
+) -> None:
+    evil = planted_dir(shared, "evil", PLANTED)
+    before = file_states(evil)
+    if command == "serve":
+        process = subprocess.Popen(
+            [*COMMAND, "serve", "--data-dir", str(evil), "--listen", "127.0.0.1:0"],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        line = read_line(process, 30)
+        if SERVING.fullmatch(line):
+            process.terminate()
+            process.wait(30)
+            raise AssertionError("the hub serves another user's data dir")
+        _, err = process.communicate(timeout=30)
+        done = subprocess.CompletedProcess(process.args, process.returncode, line, err)
+    else:
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "a.bin").write_bytes(b"a")
+        done = _run("publish", "--data-dir", str(evil), "f3", str(src))
+    uid = other_user().pw_uid
+    assert_one_line_error(
+        done,
+        f"strata-hub: error: data dir {evil}: {evil} belongs to uid {uid}, who could "
+        f"replace it ({shared} is sticky but writable by others)\n",
+    )
+    assert file_states(evil) == before  # no catalog page, no audit line, no key read
+
+
+def test_a_planted_grant_key_in_a_data_dir_of_ours_is_refused(shared: Path, tmp_path: Path) -> None:
+    data = shared / "data"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"a")
+    assert _run("publish", "--data-dir", str(data), "f3", str(src)).returncode == 0
+    os.chmod(data, 0o777)  # left world-writable: another user got a file in
+    planted_dir(data, "grant.key", {})  # an empty directory is enough to take the name
+    done = _run("ls", "--data-dir", str(data))
+    assert_one_line_error(
+        done, f"data dir {data}: {data / 'grant.key'} belongs to uid {other_user().pw_uid}"
+    )
