@@ -38,7 +38,7 @@ from spoke.mesh.admission import CallerLimits, Decision, Refusals, ScopeCheck
 from spoke.mesh.grantcheck import GrantRefused, GrantVerifier
 from spoke.mesh.peerclient import CHUNK_BYTES, MAX_MESSAGE_BYTES
 from spoke.mesh.source import MeshSource
-from spoke.mesh.transport import PeerTls, PeerToken
+from spoke.mesh.transport import MAX_CONNECTIONS, PeerTls, PeerToken, server_options
 from spoke.scheduler import FetchScheduler, Priority
 
 MAX_BLOCKS_PER_REQUEST = 256
@@ -257,9 +257,13 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
 
 
 async def start_peer_server(
-    service: PeerService, listen: str, tls: PeerTls | None = None
+    service: PeerService,
+    listen: str,
+    tls: PeerTls | None = None,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> tuple[grpc.aio.Server, int]:
-    """Serve ``service`` on ``listen`` (``HOST:PORT``; TLS when ``tls`` is given).
+    """Serve ``service`` on ``listen`` (``HOST:PORT``; TLS when ``tls`` is given), with at
+    most ``max_connections`` connections open at once (:mod:`spoke.mesh.transport`).
 
     Returns:
         The started server and the port it bound.
@@ -272,6 +276,7 @@ async def start_peer_server(
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            *server_options(max_connections),
         ]
     )
     peer_pb2_grpc.add_SpokePeerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
