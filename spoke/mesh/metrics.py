@@ -26,7 +26,15 @@ ROUTED_BLOCKS = Counter(
 PEER_ERRORS = Counter(
     "strata_spoke_peer_errors",
     "Peer calls that failed and fell back to the hub, by kind "
-    "(unavailable, timeout, corrupt, lying, refused, protocol, resource_exhausted, ...)",
+    "(unavailable, timeout, slow, deadline, corrupt, lying, refused, protocol, "
+    "resource_exhausted, ...)",
+    ["kind"],
+)
+PEER_QUARANTINES = Counter(
+    "strata_spoke_peer_quarantines",
+    "Peers left out of the mesh for a quarantine, by why: corrupt (a block failed "
+    "verification), lying (a block broke its size), slow (fell behind the pace), timeout "
+    "(sent nothing for --peer-timeout)",
     ["kind"],
 )
 PEER_CORRUPT_BLOCKS = Counter(
