@@ -166,7 +166,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             if problem is not None:
                 await self._refuse(context, _INVALID, "malformed", problem, _READ, subject)
             scopes = list(claims.scopes)
-            await self.scope.load(request.snapshots, scopes)
+            await self.scope.load(request.snapshots, scopes, claims.holder_key)
             decision = self.scope.decide(digests, scopes)
             with self.limits.admit(claims.holder_key, decision.nbytes) as admitted:
                 if not admitted:
@@ -189,18 +189,22 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                     yield chunk
 
     def _declined(self, decision: Decision, asked: int, who: str, subject: str) -> None:
-        """Count, audit and log the blocks of a request that are not served."""
-        for reason, declined in (("unknown", decision.unknown), ("scope", decision.outside)):
-            if declined:
-                metrics.PEER_REFUSED_BLOCKS.labels(reason).inc(len(declined))
-                self.refusals.record(
-                    reason,
-                    f"{len(declined)} of {asked} blocks declined, e.g. {declined[0]}",
-                    who=who,
-                    what=_READ,
-                    subject=subject,
-                    blocks=len(declined),
-                )
+        """Count, audit and log the blocks of a request that are not served: one reason
+        in the metrics and the log (whether this spoke holds a digest for another tenant
+        is nobody else's business); the audit log says which were unknown here."""
+        declined = decision.declined
+        if not declined:
+            return
+        metrics.PEER_REFUSED_BLOCKS.inc(len(declined))
+        self.refusals.record(
+            "declined",
+            f"{len(declined)} of {asked} blocks declined, e.g. {declined[0]}",
+            who=who,
+            what=_READ,
+            subject=subject,
+            blocks=len(declined),
+            audited={"unknown": len(decision.unknown), "outside": len(decision.outside)},
+        )
 
     async def _serve(
         self,
