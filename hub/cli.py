@@ -3,7 +3,8 @@
 ```
 strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--port-file PATH]
                    [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE [--insecure]]
-                   [--max-message-bytes N] [--grace SECONDS] [--blobs DIR|s3://B/P]
+                   [--max-message-bytes N] [--max-connections N] [--handshake-timeout S]
+                   [--grace SECONDS] [--blobs DIR|s3://B/P]
                    [--grant-key PEM] [--grant-lifetime SECONDS]
                    [--audit-log FILE] [--audit-max-bytes N] [--audit-backups N]
 strata-hub publish --data-dir DIR DATASET SRC_DIR [--tag latest] [--block-size BYTES]
@@ -53,6 +54,7 @@ from hub.datadir import DataDir, secure
 from hub.errors import CorruptBlob, CorruptCatalog, HubError, StorageError
 from hub.gc import STALE_AFTER_SECONDS, collect
 from hub.grants import DEFAULT_LIFETIME_S
+from hub.limits import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS, limit_malloc_arenas
 from hub.manifest import EntryType
 from hub.metrics import HubMetrics, MetricsEndpoint
 from hub.modes import PRIVATE_UMASK
@@ -148,7 +150,7 @@ async def _serve(
             stack.callback(loop.remove_signal_handler, signum)
         metrics = HubMetrics()
         if metrics_listen is not None:
-            endpoint = MetricsEndpoint.start(metrics_listen, metrics.registry)
+            endpoint = MetricsEndpoint.start(metrics_listen, metrics)
             stack.callback(endpoint.close)
         server = await HubServer.start(data_dir, listen, metrics=metrics, config=config)
         stack.push_async_callback(server.stop, grace)
@@ -209,6 +211,22 @@ def serve(
         int,
         typer.Option("--max-message-bytes", help="Largest gRPC message sent or received."),
     ] = MAX_MESSAGE_BYTES,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            "--max-connections",
+            help="Most client connections open at once; more are closed as they arrive "
+            "(about 45 KiB each while a TLS handshake is pending).",
+        ),
+    ] = MAX_CONNECTIONS,
+    handshake_timeout: Annotated[
+        float,
+        typer.Option(
+            "--handshake-timeout",
+            help="Seconds a connection may take to finish its TLS handshake and send its "
+            "HTTP/2 settings before it is closed.",
+        ),
+    ] = HANDSHAKE_TIMEOUT_S,
     grace: Annotated[
         float,
         typer.Option("--grace", help="Seconds calls in flight get to finish on shutdown."),
@@ -266,7 +284,10 @@ def serve(
         audit_log=audit_log,
         audit_max_bytes=audit_max_bytes,
         audit_backups=audit_backups,
+        max_connections=max_connections,
+        handshake_timeout_s=handshake_timeout,
     )
+    limit_malloc_arenas()  # before gRPC starts its threads (hub/limits.py)
     asyncio.run(_serve(data_dir, listen, metrics, port_file, config, grace))
 
 

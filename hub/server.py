@@ -41,6 +41,7 @@ from hub.datadir import DataDir
 from hub.errors import ConfigError, ListenError
 from hub.gate import HubGate
 from hub.grants import DEFAULT_LIFETIME_S, GrantIssuer, ensure_grant_key
+from hub.limits import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS, connection_options
 from hub.metrics import HubMetrics
 from hub.service import HubService
 from hub.watch import POLL_SECONDS, CatalogWatcher
@@ -89,6 +90,9 @@ class ServerConfig:
             None for ``DATA_DIR/grant.key``, generated at the first start. Grants, like
             tokens, are issued only over TLS unless ``insecure``.
         grant_lifetime_s: How long a read grant is valid, seconds.
+        max_connections: Most client connections open at once (:mod:`hub.limits`).
+        handshake_timeout_s: Longest a connection may take to finish its TLS handshake and
+            send its HTTP/2 settings, seconds.
     """
 
     tls_cert: Path | None = None
@@ -105,6 +109,8 @@ class ServerConfig:
     poll_s: float = POLL_SECONDS
     grant_key: Path | None = None
     grant_lifetime_s: float = DEFAULT_LIFETIME_S
+    max_connections: int = MAX_CONNECTIONS
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
 
     def credentials(self) -> grpc.ServerCredentials | None:
         """The TLS credentials, or None for plaintext.
@@ -132,8 +138,8 @@ class ServerConfig:
         """Checks the plain values.
 
         Raises:
-            ConfigError: ``max_message_bytes``, ``poll_s`` or an audit limit is out of
-                range.
+            ConfigError: ``max_message_bytes``, ``poll_s``, a connection limit or an audit
+                limit is out of range.
         """
         if self.audit_max_bytes < 1024 or self.audit_backups < 1:
             raise ConfigError(
@@ -147,6 +153,12 @@ class ServerConfig:
             )
         if not 0 < self.poll_s <= 60:
             raise ConfigError(f"poll interval {self.poll_s} s is not in (0, 60]")
+        if self.max_connections < 1:
+            raise ConfigError(f"--max-connections {self.max_connections} is not at least 1")
+        if not 0.1 <= self.handshake_timeout_s <= 120:
+            raise ConfigError(
+                f"--handshake-timeout {self.handshake_timeout_s} s is not in [0.1, 120]"
+            )
 
 
 def _read_pem(path: Path) -> bytes:
@@ -159,16 +171,23 @@ def _read_pem(path: Path) -> bytes:
     return data
 
 
-def server_options(max_message_bytes: int) -> tuple[tuple[str, int], ...]:
-    """gRPC core options for a hub with the given message size limit.
+def server_options(
+    max_message_bytes: int,
+    max_connections: int = MAX_CONNECTIONS,
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+) -> tuple[tuple[str, int], ...]:
+    """gRPC core options for a hub with the given limits.
 
     Args:
         max_message_bytes: The configured limit, bytes (enforced by :class:`hub.wire.HubWire`).
+        max_connections: Most client connections open at once (:mod:`hub.limits`).
+        handshake_timeout_s: Longest a TLS handshake and HTTP/2 settings may take, seconds.
 
     Returns:
         ``(name, value)`` pairs for :func:`grpc.aio.server`.
     """
     return (
+        *connection_options(max_connections, handshake_timeout_s),
         ("grpc.max_send_message_length", max_message_bytes),
         (
             "grpc.max_receive_message_length",
@@ -332,7 +351,9 @@ class HubServer:
                 grants=grants,
             )
             server = grpc.aio.server(
-                options=server_options(config.max_message_bytes),
+                options=server_options(
+                    config.max_message_bytes, config.max_connections, config.handshake_timeout_s
+                ),
                 # the gate first: a call is authenticated before its request is received
                 interceptors=[HubGate(tokens, service.refuse), HubWire(config.max_message_bytes)],
             )

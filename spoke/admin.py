@@ -14,14 +14,11 @@ certificate) with nothing usable cached → 503.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
@@ -29,7 +26,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from protocol.address import parse_hostport
 from spoke import admindocs
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
@@ -475,36 +471,3 @@ def create_app(
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     return app
-
-
-class AdminServer(uvicorn.Server):
-    """uvicorn on a socket we bound ourselves, leaving signal handling to the daemon."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """The daemon owns SIGINT/SIGTERM; uvicorn must not install handlers."""
-        yield
-
-
-def bind(listen: str) -> socket.socket:
-    """Bind a TCP listening socket for ``HOST:PORT`` (port 0 picks a free port).
-
-    Raises:
-        ValueError: ``listen`` is not HOST:PORT.
-        OSError: the address is in use or not local.
-    """
-    try:
-        host, port = parse_hostport(listen, default_host="127.0.0.1")
-    except ValueError:
-        raise ValueError(f"admin address must be HOST:PORT, got {listen!r}") from None
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock

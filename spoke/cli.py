@@ -166,6 +166,14 @@ PeerGrantKeyOpt = Annotated[
 PeerTimeoutOpt = Annotated[
     float, typer.Option("--peer-timeout", help="seconds a peer may take per block, then skipped")
 ]
+PeerMaxConnectionsOpt = Annotated[
+    int,
+    typer.Option(
+        "--peer-max-connections",
+        help="most connections open to the peer port at once; more are closed as they arrive "
+        "(each spoke of the region holds one to every other)",
+    ),
+]
 
 
 def _mesh(
@@ -181,6 +189,7 @@ def _mesh(
     insecure: bool | None,
     grant_key: Path | None,
     timeout: float,
+    max_connections: int,
 ) -> MeshSettings | None:
     """The mesh settings from the ``--peer*`` flags; None without ``--peer-listen``."""
     if listen is None:
@@ -202,6 +211,7 @@ def _mesh(
             insecure=bool(insecure),
             grant_key=grant_key,
             timeout=timeout,
+            max_connections=max_connections,
         )
     except ValidationError as err:
         message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
@@ -259,6 +269,7 @@ _PEER_OPTIONS = (
     "peer_insecure",
     "peer_grant_key",
     "peer_timeout",
+    "peer_max_connections",
 )
 
 
@@ -352,6 +363,7 @@ SPOKE_OPTIONS = (
     _shared("peer_insecure", PeerInsecureOpt),
     _shared("peer_grant_key", PeerGrantKeyOpt),
     _shared("peer_timeout", PeerTimeoutOpt, 2.0),
+    _shared("peer_max_connections", PeerMaxConnectionsOpt, 1024),
     _shared("log_level", LogOpt, "INFO"),
 )
 
@@ -427,7 +439,10 @@ def daemon(**options: Any) -> None:
     from spoke.daemon import run_daemon  # grpc.aio and uvicorn only in this process
     from spoke.encryption import EncryptionError
     from spoke.hardening import UnsafeDirectory
+    from spoke.limits import limit_malloc_arenas
     from spoke.lock import CacheInUse
+
+    limit_malloc_arenas()  # before gRPC starts its threads (spoke/limits.py)
 
     try:
         asyncio.run(run_daemon(settings))

@@ -16,13 +16,19 @@ from collections.abc import Sequence
 
 import grpc
 import grpc.aio
-import uvicorn
 
 from protocol.spoke.v1 import spoke_pb2_grpc
 from spoke import lock, metrics
 from spoke.access import AccessLog, SteadyState
-from spoke.admin import AdminServer, bind, create_app
+from spoke.admin import create_app
 from spoke.adminguard import AdminGuard
+from spoke.adminserver import (
+    AdminServer,
+    admin_config,
+    bind,
+    install_log_limits,
+    quiet_accept_errors,
+)
 from spoke.audit import AuditLog
 from spoke.cache import BlockCache
 from spoke.catalog import SnapshotCatalog
@@ -42,6 +48,7 @@ from spoke.hintservice import HintService
 from spoke.hubclient import HubClient
 from spoke.invalidation import Invalidator
 from spoke.layout import CacheLayout
+from spoke.limits import ConnectionCaps, raise_open_files
 from spoke.localservice import SpokeLocalService
 from spoke.mesh.node import MeshNode
 from spoke.peercheck import PeerCheckedSocket
@@ -76,6 +83,12 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+
+    quiet_accept_errors(loop)  # no traceback per pending connection when fds run out
+    install_log_limits()
+    caps = ConnectionCaps.fit(  # the caps on connections from others, under the fd limit
+        raise_open_files(), settings.mesh.max_connections if settings.mesh else 0
+    )
 
     layout = CacheLayout(settings.cache_dir)
     private_umask()  # 0700 directories, 0600 files and socket, whatever the caller's umask
@@ -124,7 +137,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         )
         stack.push_async_callback(fetcher.close)
         if mesh is not None:  # the region's spokes before the hub (spoke/mesh/)
-            await mesh.start(fetcher, cache)
+            await mesh.start(fetcher, cache, caps.peer)
             stack.push_async_callback(mesh.close)
         hints = HintService(cache, fetcher)
         pins = PinRegistry(env, cache)
@@ -220,7 +233,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             mesh=mesh.snapshot if mesh is not None else None,
         )
         guarded = AdminGuard(app, token, audit)
-        admin = AdminServer(uvicorn.Config(guarded, log_level="warning", lifespan="off"))
+        admin = AdminServer(admin_config(guarded, caps.admin))
         admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]))
 
         async def stop_admin() -> None:

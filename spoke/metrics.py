@@ -160,3 +160,9 @@ STEADY_STATE_SECONDS = Gauge(
     "strata_spoke_steady_state_seconds",
     "From the first read of a cold phase to the first 5 s of reads with at most 1 % misses",
 )
+ADMIN_CONNECTIONS_CLOSED = Counter(
+    "strata_spoke_admin_connections_closed",
+    "Admin API connections the daemon closed unserved, by reason: limit (as they arrived, "
+    "with the most open), timeout (no whole request within the request timeout)",
+    ["reason"],
+)

@@ -7,14 +7,23 @@
   the grant covers, is loaded first through this spoke's own catalog (its own token,
   resolved at its hub, manifest checked against the snapshot id, signatures if
   configured), so an owner that never read the caller's snapshot can still serve it
-  (the region's one copy of each block) without trusting the caller's word.
+  (the region's one copy of each block) without trusting the caller's word. Loads cost
+  hub calls, so each caller (its grant's holder key) starts at most
+  :data:`HINT_LOADS_BURST` at once and :data:`HINT_LOADS_PER_S` on average (a token
+  bucket), and a name that failed to load is not tried again for :data:`HINT_RETRY_S`
+  whoever names it (at most :data:`MAX_FAILED` remembered: when full, nothing new is
+  loaded until entries expire, so no caller can flush what it made fail).
 - **Limits** (:class:`CallerLimits`): per caller (its grant's holder key) at most
   :data:`CALLS_PER_CALLER` calls and :data:`BYTES_PER_CALLER` bytes in flight; beyond,
   RESOURCE_EXHAUSTED, and the caller asks the hub.
 - **Refusals** (:class:`Refusals`): every refused call, and every call with blocks
   declined, is counted (``strata_spoke_peer_refusals_total{reason}``), written to the
   audit log as a refusal (rate-limited there, the rest counted in a summary record by
-  reason), and logged (at most one line per reason every :data:`LOG_EVERY_S`).
+  reason), and logged (at most one line per reason every :data:`LOG_EVERY_S`). Declined
+  blocks are one reason, ``declined``, in the metrics and the log, whether this spoke
+  holds no such block or holds it only for other datasets: anyone who reads ``/metrics``
+  could otherwise tell whether another tenant's spoke holds a digest they guessed. Only
+  the owner-only audit log says which (``unknown``, ``outside``).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +44,7 @@ from spoke.catalog import SnapshotCatalog
 from spoke.errors import SpokeError
 from spoke.layout import is_digest
 from spoke.mesh import metrics
+from strata_audit import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +67,19 @@ still unknown then are declined, and the load goes on for later calls."""
 
 HINT_RETRY_S = 30.0
 """How long a named snapshot that could not be loaded is not tried again, seconds."""
+
+HINT_LOADS_BURST = MAX_HINTS
+"""Most snapshot loads one caller may start at once (one request's worth)."""
+
+HINT_LOADS_PER_S = 0.25
+"""Snapshot loads one caller may start per second on average beyond the burst (a region
+reads a few snapshots; each is loaded once)."""
+
+HOLDERS_TRACKED = 1024
+"""Callers whose load allowance is remembered (least recently seen forgotten first)."""
+
+MAX_FAILED = 1024
+"""Most failed names remembered; when full, nothing new is loaded until some expire."""
 
 MAX_NAME_CHARS = 128
 """Longest dataset or version name in a hint that is looked at."""
@@ -97,30 +121,45 @@ class ScopeCheck:
         self.catalog = catalog
         self._now = now
         self._loading: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._failed: dict[tuple[str, str, str], float] = {}
+        self._failed: dict[tuple[str, str], float] = {}  # (dataset, version) -> retry after
+        self._allowance: OrderedDict[bytes, TokenBucket] = OrderedDict()
 
-    async def load(self, hints: Sequence[peer_pb2.SnapshotRef], scopes: Sequence[str]) -> None:
+    def _may_load(self, holder: bytes) -> bool:
+        """Whether ``holder`` may start one more load now (takes it from its allowance)."""
+        bucket = self._allowance.pop(holder, None)
+        if bucket is None:
+            bucket = TokenBucket(HINT_LOADS_PER_S, HINT_LOADS_BURST, self._now)
+        self._allowance[holder] = bucket  # most recently seen last
+        while len(self._allowance) > HOLDERS_TRACKED:
+            self._allowance.popitem(last=False)
+        return len(self._failed) < MAX_FAILED and bucket.take()
+
+    async def load(
+        self, hints: Sequence[peer_pb2.SnapshotRef], scopes: Sequence[str], holder: bytes = b""
+    ) -> None:
         """Load (once, however many callers name them) the manifests of named snapshots
         this spoke has not stored as those versions, of datasets the grant covers, waiting
-        at most :data:`HINT_WAIT_S`; failures are remembered for :data:`HINT_RETRY_S`."""
+        at most :data:`HINT_WAIT_S`; ``holder`` (the caller's holder key) starts loads
+        within its allowance, and failures are remembered for :data:`HINT_RETRY_S`."""
         now = self._now()
         self._failed = {k: t for k, t in self._failed.items() if t > now}
         waits = []
         for hint in hints[:MAX_HINTS]:
-            key = (hint.dataset, hint.version, hint.snapshot_id)
+            name = (hint.dataset, hint.version)
             if (
                 not is_digest(hint.snapshot_id)
                 or not _name(hint.dataset)
                 or not _name(hint.version)
                 or not covers(scopes, hint.dataset)
-                or (hint.dataset, hint.version) in self.catalog.scope.names(hint.snapshot_id)
-                or key in self._failed
+                or name in self.catalog.scope.names(hint.snapshot_id)
+                or name in self._failed
             ):
                 continue
-            name = (hint.dataset, hint.version)
             task = self._loading.get(name)
             if task is None:
-                task = asyncio.create_task(self._load(*key))
+                if not self._may_load(holder):
+                    continue  # its blocks stay unknown here: declined, read from the hub
+                task = asyncio.create_task(self._load(*name, hint.snapshot_id))
                 self._loading[name] = task
                 task.add_done_callback(functools.partial(self._loaded, name))
             waits.append(task)
@@ -135,9 +174,11 @@ class ScopeCheck:
             await self.catalog.manifest(dataset, version, stale_ok=True)
         except SpokeError as err:
             log.info("snapshot %s@%s a peer named: %s", dataset, version, err)
-            self._failed[(dataset, version, snapshot_id)] = self._now() + HINT_RETRY_S
-            if len(self._failed) > 1024:
-                self._failed.pop(next(iter(self._failed)))
+            self._failed[(dataset, version)] = self._now() + HINT_RETRY_S
+            return
+        if (dataset, version) not in self.catalog.scope.names(snapshot_id):
+            # stored, as another snapshot than named: naming it again asks nothing new
+            self._failed[(dataset, version)] = self._now() + HINT_RETRY_S
 
     def decide(self, digests: Sequence[str], scopes: Sequence[str]) -> Decision:
         """Which of ``digests`` (well-formed, distinct) may be served to a grant of
@@ -227,14 +268,17 @@ class Refusals:
         what: str,
         subject: str | None = None,
         blocks: int | None = None,
+        audited: dict[str, object] | None = None,
     ) -> None:
-        """One refused call (or a call with ``blocks`` declined) for ``reason``."""
+        """One refused call (or a call with ``blocks`` declined) for ``reason``;
+        ``audited`` details go to the owner-only audit log only (not to metrics or log)."""
         metrics.PEER_REFUSALS.labels(reason).inc()
         details: dict[str, object] = {"reason": reason, "detail": message[:200]}
         if subject is not None:
             details["subject"] = subject[:100]
         if blocks is not None:
             details["blocks"] = blocks
+        details.update(audited or {})
         if self.audit is not None:  # rate-limited there, with a count of what it left out
             self.audit.refused(who=who[:100], what=what, outcome=f"refused: {reason}", **details)
         now = self._now()

@@ -10,9 +10,13 @@ refusal, the ``reason`` of ``strata_spoke_peer_refusals_total``):
 3. it carries a proof (``no_proof``) made for this spoke (``wrong_target``), within
    :data:`PROOF_WINDOW_S` of this spoke's clock (``stale_proof``), signed by the grant's
    holder key over this call (``bad_proof``);
-4. the proof's nonce was not seen before (``replayed``; kept for twice the window, at
-   most :data:`REPLAY_CAPACITY` of them: when full, calls are refused ``busy`` rather than
-   forgetting nonces that could still be replayed).
+4. the proof's nonce was not seen before (``replayed``; kept for twice the window). Nonces
+   that could still be replayed are never forgotten, so the cache refuses (``busy``)
+   rather than grow past its bounds, fairly: a holder key with
+   :data:`REPLAY_PER_HOLDER` nonces remembered is refused, whoever else calls; past
+   :data:`REPLAY_CAPACITY` in all, only holders above their fair share (the capacity over
+   the holders remembered) are; and nothing past twice the capacity. So a holder making
+   calls as fast as it can refuses itself, not the region.
 
 After DPoP (RFC 9449 §4.3 and §11.1: the proof's time window and a replay cache of its
 ``jti``). Grant signatures already verified are remembered (:data:`GRANT_CACHE`), so a
@@ -48,7 +52,12 @@ PROOF_WINDOW_S = 30.0
 """How far a proof's time may be from this spoke's clock, seconds."""
 
 REPLAY_CAPACITY = 1 << 17
-"""Most proof nonces remembered (each for ``2 * PROOF_WINDOW_S``)."""
+"""Proof nonces remembered (each for ``2 * PROOF_WINDOW_S``) before holders above their
+fair share are refused; twice as many at most."""
+
+REPLAY_PER_HOLDER = 1 << 14
+"""Most proof nonces remembered for one holder key: 273 calls a second to this spoke,
+sustained (a spoke's scheduler opens at most 16 streams at once, over all owners)."""
 
 GRANT_CACHE = 4096
 """Grant signatures remembered as verified."""
@@ -63,42 +72,70 @@ class GrantRefused(Exception):
 
 
 class ReplayCache:
-    """Nonces seen in the last ``ttl_s`` seconds (arrival order is expiry order).
+    """Nonces seen in the last ``ttl_s`` seconds (arrival order is expiry order), counted
+    per holder key so that one holder filling it refuses only itself.
 
     Args:
         ttl_s: how long a nonce is remembered, seconds.
-        capacity: most nonces remembered.
+        capacity: nonces remembered before holders above their fair share are refused;
+            never more than twice this.
+        per_holder: most nonces remembered for one holder.
         now: the monotonic clock.
     """
 
     def __init__(
-        self, ttl_s: float, capacity: int, now: Callable[[], float] = time.monotonic
+        self,
+        ttl_s: float,
+        capacity: int,
+        per_holder: int | None = None,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ttl_s = ttl_s
         self.capacity = capacity
+        self.per_holder = per_holder if per_holder is not None else capacity
         self._now = now
-        self._seen: OrderedDict[bytes, float] = OrderedDict()
+        self._seen: OrderedDict[bytes, tuple[float, bytes]] = OrderedDict()
+        self._held: dict[bytes, int] = {}  # nonces remembered, by holder
 
     def __len__(self) -> int:
         return len(self._seen)
 
-    def add(self, nonce: bytes) -> None:
-        """Remember ``nonce``.
+    def held(self, holder: bytes) -> int:
+        """Nonces remembered for ``holder``."""
+        return self._held.get(holder, 0)
+
+    def add(self, nonce: bytes, holder: bytes = b"") -> None:
+        """Remember ``nonce`` of ``holder``'s proof.
 
         Raises:
-            GrantRefused: seen before (``replayed``), or the cache is full (``busy``).
+            GrantRefused: seen before (``replayed``), or ``holder`` has used its share of
+                the cache (``busy``).
         """
         now = self._now()
         while self._seen:
-            oldest, until = next(iter(self._seen.items()))
+            oldest, (until, who) = next(iter(self._seen.items()))
             if until > now:
                 break
             del self._seen[oldest]
+            left = self._held[who] - 1
+            if left:
+                self._held[who] = left
+            else:
+                del self._held[who]
         if nonce in self._seen:
             raise GrantRefused("replayed", "this proof was used before")
-        if len(self._seen) >= self.capacity:
-            raise GrantRefused("busy", "too many calls to check for replay; try again")
-        self._seen[nonce] = now + self.ttl_s
+        mine, total = self.held(holder), len(self._seen)
+        fair = self.capacity // max(len(self._held), 1)
+        if (
+            mine >= self.per_holder
+            or (total >= self.capacity and mine >= fair)
+            or total >= 2 * self.capacity
+        ):
+            raise GrantRefused(
+                "busy", f"this caller made {mine} calls here in {self.ttl_s:g} s; try again"
+            )
+        self._seen[nonce] = (now + self.ttl_s, holder)
+        self._held[holder] = mine + 1
 
 
 def _first(metadata: Iterable[tuple[str, str | bytes]], key: str) -> bytes | None:
@@ -128,7 +165,7 @@ class GrantVerifier:
         self.node = node
         self.keys = keys
         self._wall_ns = wall_ns
-        self.replays = ReplayCache(2 * PROOF_WINDOW_S, REPLAY_CAPACITY, mono)
+        self.replays = ReplayCache(2 * PROOF_WINDOW_S, REPLAY_CAPACITY, REPLAY_PER_HOLDER, mono)
         self._verified: OrderedDict[bytes, tuple[bytes, hub_pb2.GrantClaims]] = OrderedDict()
 
     def verify(
@@ -181,7 +218,7 @@ class GrantVerifier:
             raise GrantRefused(
                 "bad_proof", "the proof is not signed by the grant's holder"
             ) from None
-        self.replays.add(proof.nonce)
+        self.replays.add(proof.nonce, claims.holder_key)
         return claims
 
     def _claims(self, raw_grant: bytes) -> tuple[bytes, hub_pb2.GrantClaims]:

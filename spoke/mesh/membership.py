@@ -3,9 +3,12 @@
 
 A peer is live after a probe it answered as itself, and down after a failed probe or a
 failed call (:meth:`Membership.mark_down`), so its share of the blocks is re-hashed onto
-the others at once. A peer that served a corrupt block stays down for a quarantine period
-whatever its probes say. The owner of a block is the rendezvous winner over the live
-peers and this spoke (:mod:`spoke.mesh.rendezvous`).
+the others at once. A peer that served a corrupt or oversized block, fell behind the pace
+or went silent (:meth:`Membership.quarantine`) stays down for a quarantine whatever its
+probes say: :data:`QUARANTINE_S`, doubled at each quarantine in a row up to
+:data:`MAX_QUARANTINE_S`, and back to the first once it delivers a whole stream. The
+owner of a block is the rendezvous winner over the live peers and this spoke
+(:mod:`spoke.mesh.rendezvous`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from spoke.mesh.rendezvous import owner
 log = logging.getLogger(__name__)
 
 QUARANTINE_S = 30.0
-"""How long a peer that served a corrupt block is left out, seconds."""
+"""How long a peer is left out at its first quarantine, seconds."""
+
+MAX_QUARANTINE_S = 960.0
+"""Longest quarantine, seconds (the fifth in a row: 30 s doubled four times)."""
 
 
 class Membership:
@@ -57,6 +63,7 @@ class Membership:
         self.live: set[str] = set()
         self.errors: dict[str, str] = {}  # node -> last error
         self._held_until: dict[str, float] = {}
+        self._strikes: dict[str, int] = {}  # quarantines in a row, by node
         self._nodes: tuple[str, ...] = (me,)
         self._publish()
 
@@ -88,6 +95,24 @@ class Membership:
             log.warning("peer %s down: %s", node, why)
             self.live.discard(node)
             self._publish()
+
+    def quarantine(self, node: str, why: str, kind: str) -> float:
+        """Leave ``node`` out for a quarantine (longer at each one in a row), counted by
+        ``kind`` (``strata_spoke_peer_quarantines_total``).
+
+        Returns:
+            The quarantine's length, seconds.
+        """
+        strikes = self._strikes.get(node, 0) + 1
+        self._strikes[node] = strikes
+        hold = min(QUARANTINE_S * 2.0 ** (strikes - 1), MAX_QUARANTINE_S)
+        metrics.PEER_QUARANTINES.labels(kind).inc()
+        self.mark_down(node, f"{why} (quarantined for {hold:g} s)", hold=hold)
+        return hold
+
+    def delivered(self, node: str) -> None:
+        """``node`` delivered a whole stream: its next quarantine is the first again."""
+        self._strikes.pop(node, None)
 
     # -- probing ---------------------------------------------------------------------------
 

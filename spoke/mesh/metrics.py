@@ -26,7 +26,15 @@ ROUTED_BLOCKS = Counter(
 PEER_ERRORS = Counter(
     "strata_spoke_peer_errors",
     "Peer calls that failed and fell back to the hub, by kind "
-    "(unavailable, timeout, corrupt, lying, refused, protocol, resource_exhausted, ...)",
+    "(unavailable, timeout, slow, deadline, corrupt, lying, refused, protocol, "
+    "resource_exhausted, ...)",
+    ["kind"],
+)
+PEER_QUARANTINES = Counter(
+    "strata_spoke_peer_quarantines",
+    "Peers left out of the mesh for a quarantine, by why: corrupt (a block failed "
+    "verification), lying (a block broke its size), slow (fell behind the pace), timeout "
+    "(sent nothing for --peer-timeout)",
     ["kind"],
 )
 PEER_CORRUPT_BLOCKS = Counter(
@@ -45,14 +53,13 @@ OWNED_SHARE = Gauge(
 PEER_REFUSALS = Counter(
     "strata_spoke_peer_refusals",
     "Peer calls this spoke refused, whole or in part, by reason (token, no_grant, expired, "
-    "wrong_target, replayed, scope, unknown, limit, ...; spoke/mesh/grantcheck.py)",
+    "wrong_target, replayed, busy, declined, limit, ...; spoke/mesh/grantcheck.py)",
     ["reason"],
 )
 PEER_REFUSED_BLOCKS = Counter(
     "strata_spoke_peer_refused_blocks",
-    "Blocks this spoke declined to serve to a peer: unknown (in no live snapshot stored "
-    "here) or scope (outside the caller's grant)",
-    ["reason"],
+    "Blocks this spoke declined to serve to a peer (in no live snapshot stored here, or "
+    "only in ones outside the caller's grant: which, only the audit log says)",
 )
 PEER_DECLINED_BLOCKS = Counter(
     "strata_spoke_peer_declined_blocks",

@@ -91,9 +91,17 @@ class MeshNode:
         self._scope: ScopeCheck | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def start(self, scheduler: FetchScheduler, cache: BlockCache) -> int:
+    async def start(
+        self, scheduler: FetchScheduler, cache: BlockCache, max_connections: int | None = None
+    ) -> int:
         """Serve the peer port, get a read grant and probe the peers once (each bounded),
         and keep both fresh in the background.
+
+        Args:
+            scheduler: fetches what peers ask for and this spoke misses.
+            cache: the block cache.
+            max_connections: most peer port connections open at once (default: the
+                settings'; the daemon fits it under its open-file limit).
 
         Returns:
             The peer port bound.
@@ -123,7 +131,12 @@ class MeshNode:
             token=self.token,
             refusals=Refusals(self.audit),
         )
-        self._server, port = await start_peer_server(service, self.settings.listen, self.tls)
+        self._server, port = await start_peer_server(
+            service,
+            self.settings.listen,
+            self.tls,
+            max_connections or self.settings.max_connections,
+        )
         try:  # most often the hub answers at once; if not, the keeper keeps asking
             await asyncio.wait_for(self.grants.fetch(), GRANT_AT_START_S)
         except Exception as err:  # the reason is in the keeper's next log line

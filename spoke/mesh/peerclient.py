@@ -6,6 +6,12 @@ held to the sizes in this spoke's own manifests: a block is cut off, and the pee
 as lying, the moment it sends a byte more than the block's size, ends it short, or names
 another size; so a flooding peer costs at most one gRPC message (:data:`MAX_MESSAGE_BYTES`).
 
+A read is also held to a pace (:class:`Pace`): block *k* of a stream must have arrived
+``step_timeout`` plus the bytes of blocks 0..*k* at :data:`MIN_RATE_BPS` after the call
+started, and no wait for a chunk may pass ``step_timeout``; a peer that falls behind
+(``slow``: a trickle of valid chunks) or goes silent (``timeout``) is cut off at once.
+The whole call ends at the budget its caller gives it (``deadline``), whatever the pace.
+
 Errors are :class:`PeerError` with a ``kind`` (the label of
 ``strata_spoke_peer_errors_total``); the caller falls back to the hub on any of them.
 """
@@ -13,7 +19,9 @@ Errors are :class:`PeerError` with a ``kind`` (the label of
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import TypeVar
 
 import grpc
 import grpc.aio
@@ -28,8 +36,15 @@ MAX_MESSAGE_BYTES = 8 << 20
 CHUNK_BYTES = 1 << 20
 """Largest ``BlockChunk.data`` the peer service sends."""
 
+_T = TypeVar("_T")
+
 OLD_CHANNEL_GRACE = 60.0
 """Seconds calls in flight on a channel replaced by new certificates get to finish."""
+
+MIN_RATE_BPS = 1 << 20
+"""Slowest pace a peer may keep, bytes per second (1 MiB/s, 8 Mbit/s: far below a region's
+network or an owner's share of the hub link, so an honest peer never falls behind it; a
+4 MiB block gets 4 s on top of ``step_timeout``)."""
 
 
 class PeerError(Exception):
@@ -43,7 +58,7 @@ class PeerError(Exception):
 def _kind(err: grpc.aio.AioRpcError) -> str:
     code = err.code()
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return "timeout"
+        return "deadline"  # the caller's budget (the pace is kept here, and fires first)
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return "refused"
     if code == grpc.StatusCode.UNAVAILABLE:
@@ -58,6 +73,63 @@ def declined_digests(metadata: Sequence[tuple[str, str | bytes]] | None) -> list
         if key == DECLINED_METADATA and isinstance(value, bytes):
             out += [value[i : i + 16].hex() for i in range(0, len(value) - 15, 16)]
     return out
+
+
+class Pace:
+    """When each block of one stream is due, and why a wait ended.
+
+    Args:
+        node: the peer (for messages).
+        step_timeout: longest wait for any chunk (or the initial metadata), seconds.
+        min_rate: slowest pace, bytes per second.
+        end: the caller's budget, monotonic seconds.
+        now: the monotonic clock.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        step_timeout: float,
+        min_rate: float,
+        end: float,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node = node
+        self.step_timeout = step_timeout
+        self.min_rate = min_rate
+        self.end = end
+        self._now = now
+        self.start = now()
+        self.due = self.start + step_timeout  # of what is awaited now
+        self._bytes = 0  # sizes of the blocks awaited so far, this one included
+
+    def expect(self, size: int) -> None:
+        """The next block awaited has ``size`` bytes."""
+        self._bytes += size
+        self.due = self.start + self.step_timeout + self._bytes / self.min_rate
+
+    async def wait(self, awaitable: Awaitable[_T], what: str) -> _T:
+        """``awaitable``'s result, or a :class:`PeerError` when the step, the block's due
+        time or the budget passes first (``timeout``, ``slow``, ``deadline``)."""
+        now = self._now()
+        step = now + self.step_timeout
+        limit = min(step, self.due, self.end)
+        try:
+            return await asyncio.wait_for(awaitable, max(limit - now, 0.0))
+        except TimeoutError:
+            pass
+        if limit == self.end and self.end < min(step, self.due):
+            raise PeerError(
+                "deadline", f"peer {self.node}: the read's time ran out waiting for {what}"
+            ) from None
+        if limit == self.due and self.due < step:
+            raise PeerError(
+                "slow",
+                f"peer {self.node} kept under {self.min_rate:,.0f} bytes/s (waiting for {what})",
+            ) from None
+        raise PeerError(
+            "timeout", f"peer {self.node} sent nothing for {self.step_timeout:g} s"
+        ) from None
 
 
 class PeerClient:
@@ -144,6 +216,7 @@ class PeerClient:
         step_timeout: float,
         snapshots: Sequence[tuple[str, str, str]] = (),
         on_declined: Callable[[list[str]], None] = lambda digests: None,
+        min_rate: float = MIN_RATE_BPS,
     ) -> AsyncIterator[tuple[str, bytes]]:
         """Stream whole blocks, ``(digest, bytes)`` in request order, not yet verified.
 
@@ -151,17 +224,19 @@ class PeerClient:
             blocks: ``(digest, size)`` wanted, each digest once; the sizes are this
                 spoke's (from its manifests) and cap what the peer may send.
             request_class: the asker's class (``demand``, …).
-            timeout: deadline of the whole stream, seconds.
+            timeout: budget of the whole stream, seconds.
             step_timeout: longest wait for any one chunk, seconds (a slow peer is skipped).
             snapshots: ``(dataset, version, snapshot id)`` the blocks come from (a hint
                 that lets the owner load their manifests).
             on_declined: called once, before any block, with the digests the peer will
                 not serve (they are not yielded).
+            min_rate: the slowest pace the peer may keep, bytes per second (:class:`Pace`).
 
         Raises:
-            PeerError: the call failed, a chunk took longer than ``step_timeout``, the
-                stream came out of order (``protocol``), or a block did not keep to its
-                size (``lying``).
+            PeerError: the call failed, the peer sent nothing for ``step_timeout``
+                (``timeout``) or fell behind the pace (``slow``), the budget ran out
+                (``deadline``), the stream came out of order (``protocol``), or a block
+                did not keep to its size (``lying``).
         """
         request = peer_pb2.PeerReadRequest(
             blocks=[hub_pb2.BlockRef(digest=d, size=s) for d, s in blocks],
@@ -171,21 +246,17 @@ class PeerClient:
             ],
         )
         stub, metadata = self._call("ReadBlocks")
+        pace = Pace(self.node, step_timeout, min_rate, time.monotonic() + timeout)
         call = stub.ReadBlocks(iter([request]), timeout=timeout, metadata=metadata)
         sizes = dict(blocks)
         try:
-            try:
-                initial = await asyncio.wait_for(call.initial_metadata(), step_timeout)
-            except TimeoutError:
-                raise PeerError(
-                    "timeout", f"peer {self.node} sent nothing for {step_timeout:g} s"
-                ) from None
+            initial = await pace.wait(call.initial_metadata(), "its answer")
             declined = [d for d in declined_digests(initial) if d in sizes]
             if declined:
                 on_declined(declined)
             skip = set(declined)
             expected = iter([d for d, _ in blocks if d not in skip])
-            async for digest, data in self._blocks(call, expected, sizes, step_timeout):
+            async for digest, data in self._blocks(call, expected, sizes, pace):
                 yield digest, data
         except grpc.aio.AioRpcError as err:
             raise PeerError(_kind(err), f"peer {self.node}: {err.details()}") from err
@@ -197,30 +268,23 @@ class PeerClient:
         call: grpc.aio.StreamStreamCall[peer_pb2.PeerReadRequest, hub_pb2.BlockChunk],
         expected: Iterator[str],
         sizes: dict[str, int],
-        step_timeout: float,
+        pace: Pace,
     ) -> AsyncIterator[tuple[str, bytes]]:
         buf = bytearray()
-        current: str | None = None
-        while True:
-            try:
-                chunk = await asyncio.wait_for(call.read(), step_timeout)
-            except TimeoutError:
-                raise PeerError(
-                    "timeout", f"peer {self.node} sent nothing for {step_timeout:g} s"
-                ) from None
+        current = next(expected, None)
+        size = sizes.get(current or "", 0)
+        pace.expect(size)
+        while current is not None:  # the stream's end is not awaited once all arrived
+            chunk = await pace.wait(call.read(), f"block {current}")
             if chunk is grpc.aio.EOF:
-                return
+                return  # short: the caller fetches what is missing elsewhere
             assert isinstance(chunk, hub_pb2.BlockChunk)
-            if current is None:
-                current = next(expected, "")
-                buf = bytearray()
             if chunk.digest != current or chunk.offset != len(buf):
                 raise PeerError(
                     "protocol",
                     f"peer {self.node} out of order: got {chunk.digest}@{chunk.offset}, "
                     f"expected {current}@{len(buf)}",
                 )
-            size = sizes.get(current, 0)
             end = len(buf) + len(chunk.data)
             if end > size or chunk.block_size != size or (chunk.last != (end == size)):
                 raise PeerError(
@@ -233,4 +297,6 @@ class PeerClient:
             if end == size:
                 data, buf = bytes(buf), bytearray()
                 yield current, data
-                current = None
+                current = next(expected, None)
+                size = sizes.get(current or "", 0)
+                pace.expect(size)

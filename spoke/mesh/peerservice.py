@@ -38,7 +38,7 @@ from spoke.mesh.admission import CallerLimits, Decision, Refusals, ScopeCheck
 from spoke.mesh.grantcheck import GrantRefused, GrantVerifier
 from spoke.mesh.peerclient import CHUNK_BYTES, MAX_MESSAGE_BYTES
 from spoke.mesh.source import MeshSource
-from spoke.mesh.transport import PeerTls, PeerToken
+from spoke.mesh.transport import MAX_CONNECTIONS, PeerTls, PeerToken, server_options
 from spoke.scheduler import FetchScheduler, Priority
 
 MAX_BLOCKS_PER_REQUEST = 256
@@ -166,7 +166,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             if problem is not None:
                 await self._refuse(context, _INVALID, "malformed", problem, _READ, subject)
             scopes = list(claims.scopes)
-            await self.scope.load(request.snapshots, scopes)
+            await self.scope.load(request.snapshots, scopes, claims.holder_key)
             decision = self.scope.decide(digests, scopes)
             with self.limits.admit(claims.holder_key, decision.nbytes) as admitted:
                 if not admitted:
@@ -189,18 +189,22 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                     yield chunk
 
     def _declined(self, decision: Decision, asked: int, who: str, subject: str) -> None:
-        """Count, audit and log the blocks of a request that are not served."""
-        for reason, declined in (("unknown", decision.unknown), ("scope", decision.outside)):
-            if declined:
-                metrics.PEER_REFUSED_BLOCKS.labels(reason).inc(len(declined))
-                self.refusals.record(
-                    reason,
-                    f"{len(declined)} of {asked} blocks declined, e.g. {declined[0]}",
-                    who=who,
-                    what=_READ,
-                    subject=subject,
-                    blocks=len(declined),
-                )
+        """Count, audit and log the blocks of a request that are not served: one reason
+        in the metrics and the log (whether this spoke holds a digest for another tenant
+        is nobody else's business); the audit log says which were unknown here."""
+        declined = decision.declined
+        if not declined:
+            return
+        metrics.PEER_REFUSED_BLOCKS.inc(len(declined))
+        self.refusals.record(
+            "declined",
+            f"{len(declined)} of {asked} blocks declined, e.g. {declined[0]}",
+            who=who,
+            what=_READ,
+            subject=subject,
+            blocks=len(declined),
+            audited={"unknown": len(decision.unknown), "outside": len(decision.outside)},
+        )
 
     async def _serve(
         self,
@@ -257,9 +261,13 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
 
 
 async def start_peer_server(
-    service: PeerService, listen: str, tls: PeerTls | None = None
+    service: PeerService,
+    listen: str,
+    tls: PeerTls | None = None,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> tuple[grpc.aio.Server, int]:
-    """Serve ``service`` on ``listen`` (``HOST:PORT``; TLS when ``tls`` is given).
+    """Serve ``service`` on ``listen`` (``HOST:PORT``; TLS when ``tls`` is given), with at
+    most ``max_connections`` connections open at once (:mod:`spoke.mesh.transport`).
 
     Returns:
         The started server and the port it bound.
@@ -272,6 +280,7 @@ async def start_peer_server(
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            *server_options(max_connections),
         ]
     )
     peer_pb2_grpc.add_SpokePeerServicer_to_server(service, server)  # type: ignore[no-untyped-call]

@@ -72,11 +72,23 @@ class MeshSettings(BaseModel):
         default=2.0, gt=0, description="seconds a peer may take per block before it is skipped"
     )
     probe_interval: float = Field(default=2.0, gt=0, description="seconds between probes")
+    max_connections: int = Field(
+        default=1024,  # spoke.mesh.transport.MAX_CONNECTIONS
+        description="most connections open to the peer port at once (more are closed as "
+        "they arrive)",
+    )
 
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:
         parse_hostport(v, "--peer-listen")
+        return v
+
+    @field_validator("max_connections")
+    @classmethod
+    def _max_connections(cls, v: int) -> int:
+        if v < 8:
+            raise ValueError(f"--peer-max-connections must be at least 8, got {v}")
         return v
 
     @field_validator("advertise")
@@ -172,6 +184,7 @@ class MeshSettings(BaseModel):
     def to_args(self) -> list[str]:
         """The daemon command-line flags that give back these settings."""
         args = ["--peer-listen", self.listen, "--peer-timeout", str(self.timeout)]
+        args += ["--peer-max-connections", str(self.max_connections)]
         if self.advertise:
             args += ["--peer-advertise", self.advertise]
         if self.peers:

@@ -5,12 +5,18 @@ blocks this spoke owns go to the hub; the others go, one stream per owner, to th
 peer port, all at once, each with its size from this spoke's manifests (the most the owner
 may send) and the snapshots it comes from (so the owner can load their manifests; this
 spoke's :mod:`spoke.blockscope` index). Whatever a peer cannot deliver — it is down,
-answers nothing for ``step_timeout`` seconds, errs, declines blocks outside this spoke's
-grant, is over its limits, or sends a block that fails verification or its size — goes to
-the hub in the same call, so the mesh can make a read faster, never fail it. A corrupt or
-oversized block is counted, and its sender is quarantined
-(:data:`~spoke.mesh.membership.QUARANTINE_S`); a peer that declines or is busy stays in the
-mesh. Without a valid read grant (:mod:`spoke.mesh.grants`) every block goes to the hub.
+answers nothing for ``step_timeout`` seconds, falls behind the pace
+(:class:`~spoke.mesh.peerclient.Pace`: ``step_timeout`` plus the bytes so far at
+``min_rate``), errs, declines blocks outside this spoke's grant, is over its limits, or
+sends a block that fails verification or its size — goes to the hub in the same call, so
+the mesh can make a read faster, never fail it. A silent, slow, corrupt or oversized peer
+is counted and quarantined (:meth:`~spoke.mesh.membership.Membership.quarantine`); a peer
+that declines or is busy stays in the mesh. Without a valid read grant
+(:mod:`spoke.mesh.grants`) every block goes to the hub.
+
+One call keeps to its ``timeout``: a peer gets at most :data:`PEER_SHARE` of it, and what
+the peer does not deliver goes to the hub with what is left, so a read through a failing
+peer never takes longer than the same read from the hub would be allowed to.
 
 Blocks a peer asked this spoke for (:meth:`MeshSource.serving`) always go to the hub: a
 request is forwarded at most once, so views of the membership that disagree for a moment
@@ -30,8 +36,8 @@ from spoke.blockscope import BlockScope
 from spoke.layout import block_digest
 from spoke.mesh import metrics
 from spoke.mesh.grants import GrantKeeper
-from spoke.mesh.membership import QUARANTINE_S, Membership
-from spoke.mesh.peerclient import PeerError
+from spoke.mesh.membership import Membership
+from spoke.mesh.peerclient import MIN_RATE_BPS, PeerError
 from spoke.scheduler import Priority
 from spoke.source import BlockSource
 
@@ -39,11 +45,20 @@ log = logging.getLogger(__name__)
 
 _Item = tuple[str, bytes] | BaseException
 
-STAY_LIVE = frozenset({"not_found", "invalid_argument", "permission_denied", "resource_exhausted"})
-"""Peer errors that leave the peer in the mesh (this call's blocks come from the hub)."""
+STAY_LIVE = frozenset(
+    {"not_found", "invalid_argument", "permission_denied", "resource_exhausted", "deadline"}
+)
+"""Peer errors that leave the peer in the mesh (this call's blocks come from the hub;
+``deadline``: the call's own time ran out, not the peer's pace)."""
 
-QUARANTINED = frozenset({"lying"})
-"""Peer errors that leave the peer out for :data:`QUARANTINE_S` (as a corrupt block does)."""
+QUARANTINED = frozenset({"lying", "slow", "timeout"})
+"""Peer errors that quarantine the peer (as a corrupt block does)."""
+
+PEER_SHARE = 0.5
+"""Most of a call's time a peer may take; the hub gets the rest for what it left."""
+
+MIN_HUB_S = 0.05
+"""Least time a fallback to the hub is given, seconds (the call's time may be spent)."""
 
 
 class MeshSource:
@@ -58,6 +73,7 @@ class MeshSource:
             A block whose size it does not know is never asked of a peer.
         grants: this spoke's read grant; without a valid one, peers are not asked.
         scope: this spoke's block scope index (which snapshots a block comes from).
+        min_rate: the slowest pace a peer may keep, bytes per second.
     """
 
     def __init__(
@@ -68,10 +84,12 @@ class MeshSource:
         request_of: Callable[[str], tuple[int, Priority] | None] | None = None,
         grants: GrantKeeper | None = None,
         scope: BlockScope | None = None,
+        min_rate: float = MIN_RATE_BPS,
     ) -> None:
         self.hub = hub
         self.membership = membership
         self.step_timeout = step_timeout
+        self.min_rate = min_rate
         self.request_of = request_of or (lambda digest: None)
         self.grants = grants
         self.scope = scope
@@ -123,9 +141,10 @@ class MeshSource:
             async for item in self._from_hub(hub_only, timeout):
                 yield item
             return
+        deadline = time.monotonic() + timeout
         out: asyncio.Queue[_Item] = asyncio.Queue()
         tasks = [
-            asyncio.create_task(self._peer_then_hub(node, wanted, timeout, out))
+            asyncio.create_task(self._peer_then_hub(node, wanted, deadline, out))
             for node, wanted in routes.items()
             if node is not None
         ]
@@ -162,11 +181,15 @@ class MeshSource:
         except Exception as err:  # handed to the reader, which raises it
             out.put_nowait(err)
 
+    def _left(self, deadline: float) -> float:
+        return max(deadline - time.monotonic(), MIN_HUB_S)
+
     async def _peer_then_hub(
-        self, node: str, digests: list[str], timeout: float, out: asyncio.Queue[_Item]
+        self, node: str, digests: list[str], deadline: float, out: asyncio.Queue[_Item]
     ) -> None:
         """Ask ``node`` for ``digests``; what it does not deliver, verified, ask the hub
-        (what it declines at once, the rest when its stream ends)."""
+        (what it declines at once, the rest when its stream ends), all by ``deadline``
+        (monotonic seconds)."""
         left = dict.fromkeys(digests)
         blocks = []
         urgent = Priority.FILL
@@ -184,7 +207,9 @@ class MeshSource:
         def to_hub(some: list[str]) -> None:
             for digest in some:
                 left.pop(digest, None)
-            declined.append(asyncio.create_task(self._into(self._from_hub(some, timeout), out)))
+            declined.append(
+                asyncio.create_task(self._into(self._from_hub(some, self._left(deadline)), out))
+            )
 
         def on_declined(some: list[str]) -> None:
             metrics.PEER_DECLINED_BLOCKS.inc(len(some))
@@ -197,32 +222,37 @@ class MeshSource:
         try:
             if blocks:
                 client = self.membership.client(node)
+                corrupt = False
                 async for digest, data in client.read_blocks(
                     blocks,
                     urgent.label,
-                    timeout,
+                    (deadline - started) * PEER_SHARE,
                     self.step_timeout,
                     snapshots=snapshots,
                     on_declined=on_declined,
+                    min_rate=self.min_rate,
                 ):
                     if digest not in left:
                         continue
                     if block_digest(data) != digest:
                         metrics.PEER_CORRUPT_BLOCKS.inc()
                         metrics.PEER_ERRORS.labels("corrupt").inc()
-                        self.membership.mark_down(
-                            node, f"served block {digest} with the wrong bytes", hold=QUARANTINE_S
+                        self.membership.quarantine(
+                            node, f"served block {digest} with the wrong bytes", "corrupt"
                         )
+                        corrupt = True
                         break
                     del left[digest]
                     metrics.SOURCE_BYTES.labels("peer").inc(len(data))
                     metrics.SOURCE_BLOCKS.labels("peer").inc()
                     out.put_nowait((digest, data))
+                if not corrupt and not any(d in left for d, _ in blocks):
+                    self.membership.delivered(node)
         except PeerError as err:
             metrics.PEER_ERRORS.labels(err.kind).inc()
             log.info("%s; %d blocks from the hub instead", err, len(left))
             if err.kind in QUARANTINED:
-                self.membership.mark_down(node, str(err), hold=QUARANTINE_S)
+                self.membership.quarantine(node, str(err), err.kind)
             elif err.kind not in STAY_LIVE:
                 self.membership.mark_down(node, str(err))
         except KeyError:  # the peer left the mesh between routing and now
@@ -231,7 +261,7 @@ class MeshSource:
             metrics.SOURCE_SECONDS.labels("peer").observe(time.monotonic() - started)
         try:
             if left:
-                await self._into(self._from_hub(list(left), timeout), out)
+                await self._into(self._from_hub(list(left), self._left(deadline)), out)
             await asyncio.gather(*declined)
         finally:
             for task in declined:

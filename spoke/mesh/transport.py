@@ -11,6 +11,15 @@ both re-read when their files change, as the hub's are (:mod:`spoke.hubauth`).
   required by the peer port. A changed file is used from the next call; the peer port
   keeps accepting the previous token for :data:`TOKEN_GRACE_S`, so a rotation rolled out
   file by file across a region never refuses a call.
+- **Connections** (:func:`server_options`): the peer port closes connections beyond
+  ``--peer-max-connections`` as they arrive (``grpc.max_allowed_incoming_connections``;
+  each spoke of the region holds one to every other, two for a minute after a
+  certificate renewal), closes a connection that has not finished its TLS handshake and
+  sent its HTTP/2 settings within :data:`HANDSHAKE_TIMEOUT_S` (120 s in gRPC core) and one
+  with no call for :data:`IDLE_S` (peers probe every 2 s), and carries at most
+  :data:`MAX_STREAMS` calls per connection. A connection pending its TLS handshake costs
+  about 45 KiB: 12,000 idle ones took a daemon from 94 to 969 MiB in three rounds before
+  these limits, with them it stays under 200 MiB (``spoke/DESIGN.md``).
 """
 
 from __future__ import annotations
@@ -36,6 +45,37 @@ TOKEN_GRACE_S = 60.0
 
 RECHECK_S = 1.0
 """Least time between two looks at the certificate files from the client side, seconds."""
+
+MAX_CONNECTIONS = 1024
+"""Default most connections open to the peer port at once (``--peer-max-connections``)."""
+
+HANDSHAKE_TIMEOUT_S = 5.0
+"""Longest a connection to the peer port may take to finish its TLS handshake and send its
+HTTP/2 settings, seconds (peers are in one region: a handshake takes milliseconds)."""
+
+IDLE_S = 60.0
+"""A peer port connection without a call for this long is closed (GOAWAY), seconds."""
+
+MAX_STREAMS = 128
+"""Most calls one connection to the peer port carries at once (a caller gets 32 in flight,
+:class:`spoke.mesh.admission.CallerLimits`; more are queued by its client)."""
+
+
+def server_options(max_connections: int = MAX_CONNECTIONS) -> list[tuple[str, int]]:
+    """gRPC core options bounding what callers may hold open at the peer port.
+
+    Args:
+        max_connections: Most connections open at once.
+
+    Returns:
+        ``(name, value)`` pairs for :func:`grpc.aio.server`.
+    """
+    return [
+        ("grpc.max_allowed_incoming_connections", max_connections),
+        ("grpc.server_handshake_timeout_ms", round(HANDSHAKE_TIMEOUT_S * 1000)),
+        ("grpc.max_connection_idle_ms", round(IDLE_S * 1000)),
+        ("grpc.max_concurrent_streams", MAX_STREAMS),
+    ]
 
 
 class PeerToken:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -100,6 +101,7 @@ class Region:
             metrics=f"127.0.0.1:{self.metrics_port}",
             extra=extra or ("--insecure",),
         )
+        self.hub_address = hub  # the hub itself, not the link in front of it
         host, _, port = hub.rpartition(":")
         self.wan = WanProxy((host, int(port)), self.link)
         self.wan.__enter__()
@@ -112,8 +114,16 @@ class Region:
         self.spokes.append(spoke)
         return spoke
 
-    def start(self, spoke: Spoke, peers: list[Spoke] | None = None) -> None:
-        """Start ``spoke``'s daemon, peering with ``peers`` (default: every spoke added)."""
+    def start(
+        self,
+        spoke: Spoke,
+        peers: list[Spoke] | None = None,
+        open_files: int | None = None,
+        log: Path | None = None,
+    ) -> None:
+        """Start ``spoke``'s daemon, peering with ``peers`` (default: every spoke added),
+        with at most ``open_files`` descriptors (soft and hard limit; default: this
+        process's) and its output appended to ``log`` (default: this process's)."""
         listed = ",".join(s.node for s in (peers if peers is not None else self.spokes))
         url = spoke.cache / "admin.url"
         url.unlink(missing_ok=True)
@@ -123,7 +133,20 @@ class Region:
         cmd += ["--log-level", "WARNING", "--miss-deadline", "60"]
         cmd += ["--peer-listen", spoke.node, "--peers", listed, "--peer-timeout", "10"]
         cmd += self.peer_flags
-        spoke.proc = subprocess.Popen([*cmd, *spoke.extra], start_new_session=True)
+
+        def limit() -> None:
+            if open_files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
+        with contextlib.ExitStack() as files:
+            out = files.enter_context(log.open("ab")) if log is not None else None
+            spoke.proc = subprocess.Popen(
+                [*cmd, *spoke.extra],
+                start_new_session=True,
+                preexec_fn=limit if open_files is not None else None,
+                stdout=out,
+                stderr=out,
+            )
         proc = spoke.proc
         wait_until(lambda: url.exists() or proc.poll() is not None, f"{spoke.name} started")
         assert proc.poll() is None, f"{spoke.name} exited with {proc.returncode}"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import grpc.aio
+import httpx
 import pytest
 
 from deploy.pki import LocalCa
@@ -164,6 +165,13 @@ class Peer:
             await self.keeper.hub.close()
 
 
+def _series(spoke: Spoke) -> dict[str, float]:
+    """The peer refusal series of a spoke's /metrics (no token needed), by name and labels."""
+    text = httpx.get(f"{spoke.admin}/metrics", timeout=10).text
+    lines = (line.rpartition(" ") for line in text.splitlines() if not line.startswith("#"))
+    return {k: float(v) for k, _, v in lines if k.startswith("strata_spoke_peer_refus")}
+
+
 def _owned_by(spoke: Spoke, nodes: list[Spoke], blocks: list[tuple[str, int]]) -> list[str]:
     return [d for d, _ in blocks if owner(d, [s.node for s in nodes]) == spoke.node]
 
@@ -177,7 +185,7 @@ def test_a_spoke_scoped_to_a_gets_no_block_of_b_from_a_peer(tenants: Tenants) ->
     uncached = _owned_by(y, [x, y], b_blocks[len(b_blocks) // 2 :])
     assert cached and uncached
     y_hub_blocks = y.metric("strata_spoke_source_blocks_total", source="hub")
-    scope0 = y.metric("strata_spoke_peer_refused_blocks_total", reason="scope")
+    declined0 = y.metric("strata_spoke_peer_refused_blocks_total")
 
     # the real spoke x, asked (as a mount would be) for b's blocks y owns
     sizes = dict(b_blocks)
@@ -186,7 +194,7 @@ def test_a_spoke_scoped_to_a_gets_no_block_of_b_from_a_peer(tenants: Tenants) ->
             read_all(x, [(digest, sizes[digest])])
         assert refused.value.code() == grpc.StatusCode.NOT_FOUND  # the hub's answer to x
         assert not CacheLayout(x.cache).block_path(digest).exists()
-    assert y.metric("strata_spoke_peer_refused_blocks_total", reason="scope") - scope0 == 2
+    assert y.metric("strata_spoke_peer_refused_blocks_total") - declined0 == 2
     # y fetched nothing for x: its own reads of b are all it asked the hub for
     assert y.metric("strata_spoke_source_blocks_total", source="hub") == y_hub_blocks
 
@@ -210,13 +218,26 @@ def test_a_spoke_scoped_to_a_gets_no_block_of_b_from_a_peer(tenants: Tenants) ->
         assert sorted(declined) == sorted([cached[0], uncached[0]])
         assert list(served) == [a_digest] and block_digest(served[a_digest]) == a_digest
         assert announced == [a_size]  # its own manifest's size, not the 1 asked
+        # a digest y holds for b and one nobody holds look the same to the tenant, in its
+        # answer and in y's /metrics (open to anyone who reaches the admin port)
+        changed = []
+        for guess in (cached[1], block_digest(os.urandom(64))):
+            before = _series(y)
+            declined, served, _ = await tenant.read([(guess, 1)])
+            assert declined == [guess] and served == {}
+            after = _series(y)
+            changed.append({k for k, v in after.items() if before.get(k) != v})
+        assert changed[0] == changed[1] and changed[0]
         await tenant.close()
 
     asyncio.run(attack())
     assert y.metric("strata_spoke_source_blocks_total", source="hub") == y_hub_blocks + 1
     audit = [json.loads(line) for line in (y.cache / "audit.jsonl").read_text().splitlines()]
     outcomes = {r["outcome"] for r in audit if r["what"] == "peer ReadBlocks"}
-    assert {"refused: scope", "refused: no_grant", "refused: token"} <= outcomes
+    assert {"refused: declined", "refused: no_grant", "refused: token"} <= outcomes
+    # only the owner-only audit log says which declined blocks were another tenant's
+    declines = [r for r in audit if r["outcome"] == "refused: declined"]
+    assert any(r["outside"] for r in declines) and any(r["unknown"] for r in declines)
 
 
 def test_a_narrowed_token_loses_its_datasets_on_peers_within_a_grant_lifetime(
@@ -272,10 +293,10 @@ def test_a_narrowed_token_loses_its_datasets_on_peers_within_a_grant_lifetime(
         "x's grant follows its narrowed token",
         timeout=LIFETIME_S + 5,
     )
-    scope0 = y.metric("strata_spoke_peer_refused_blocks_total", reason="scope")
+    declined0 = y.metric("strata_spoke_peer_refused_blocks_total")
     with pytest.raises(grpc.RpcError):
         read_all(x, [(mine[3], sizes[mine[3]])])
-    assert y.metric("strata_spoke_peer_refused_blocks_total", reason="scope") - scope0 == 1
+    assert y.metric("strata_spoke_peer_refused_blocks_total") - declined0 == 1
     assert not CacheLayout(x.cache).block_path(mine[3]).exists()
 
 
@@ -305,7 +326,7 @@ def test_unknown_digests_and_made_up_sizes_or_classes_queue_nothing(region: Regi
         return {c: y.metric("strata_spoke_fetch_bytes_total", **{"class": c}) for c in classes}
 
     before, served_before = fetched(), region.hub_metric("strata_hub_blocks_served_total")
-    unknown0 = y.metric("strata_spoke_peer_refused_blocks_total", reason="unknown")
+    unknown0 = y.metric("strata_spoke_peer_refused_blocks_total")
     huge = 0xFFFFFFFF  # the largest size a BlockRef holds: 256 of them ask for 1 TiB
     bogus = [(block_digest(os.urandom(64)), huge) for _ in range(256)]
 
@@ -338,7 +359,7 @@ def test_unknown_digests_and_made_up_sizes_or_classes_queue_nothing(region: Regi
         "fill": 0,
     }
     assert region.hub_metric("strata_hub_blocks_served_total") - served_before == 1
-    assert y.metric("strata_spoke_peer_refused_blocks_total", reason="unknown") - unknown0 == 256
+    assert y.metric("strata_spoke_peer_refused_blocks_total") - unknown0 == 256
     assert y.metric("strata_spoke_fetch_queued_bytes") == 0
     assert y.stats()["fetch"]["queued"]["peer"] == {"blocks": 0, "bytes": 0}
 

@@ -7,7 +7,7 @@ import pytest
 from hub.address import Address
 from hub.errors import InvalidArgument
 from protocol.address import parse_hostport, split_hostport
-from spoke.admin import bind
+from spoke.adminserver import bind
 from spoke.config import parse_hostport as spoke_parse_hostport
 
 

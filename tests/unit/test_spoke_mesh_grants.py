@@ -247,3 +247,34 @@ def test_a_grant_ends_with_its_token_and_the_issuer_checks_its_input() -> None:
         issuer.issue(ALICE, hub_pb2.IssueGrantRequest(holder_key=holder, node="a b"))
     with pytest.raises(ConfigError, match="lifetime"):
         GrantIssuer(Ed25519PrivateKey.generate(), 3600)
+
+
+def test_a_holder_that_fills_the_replay_cache_refuses_only_itself() -> None:
+    clock = Clock()
+    issuer = GrantIssuer(Ed25519PrivateKey.generate(), 120.0, now_ns=clock.wall)
+    hub = IssuingHub(issuer)
+    keys = HubGrantKeys(hub, now=clock.monotonic)  # type: ignore[arg-type]
+    keepers = [
+        GrantKeeper(hub, f"127.0.0.1:{7100 + i}", keys, mono=clock.monotonic, wall_ns=clock.wall)  # type: ignore[arg-type]
+        for i in range(3)
+    ]
+    for keeper in keepers:
+        asyncio.run(keeper.fetch())
+    flooder, polite, late = keepers
+    verifier = GrantVerifier(OWNER, keys, wall_ns=clock.wall, mono=clock.monotonic)
+    verifier.replays = ReplayCache(60.0, capacity=8, per_holder=5, now=clock.monotonic)
+
+    def call(keeper: GrantKeeper) -> None:
+        verifier.verify(keeper.metadata(OWNER, "ReadBlocks"), "ReadBlocks")
+
+    for _ in range(5):
+        call(flooder)
+    assert _reason(verifier, flooder.metadata(OWNER, "ReadBlocks")) == "busy"
+    for _ in range(3):  # the cache is full now (8): others under their fair share go on
+        call(polite)
+    call(late)  # past the capacity, a holder below its share (8 / 3) still gets in
+    assert _reason(verifier, flooder.metadata(OWNER, "ReadBlocks")) == "busy"
+    assert _reason(verifier, polite.metadata(OWNER, "ReadBlocks")) == "busy"  # at 3 >= 8 // 3
+    clock.advance(61)  # every nonce forgotten in its time
+    call(flooder)
+    assert len(verifier.replays) == 1

@@ -1,0 +1,105 @@
+"""What one peer's snapshot hints may make the owner ask its hub: a few loads at once per
+caller and a few a minute after that, each failed name remembered for everyone, and a
+memory of failures no caller can flush."""
+
+from __future__ import annotations
+
+import asyncio
+
+from protocol.spoke.v1 import peer_pb2
+from spoke.errors import NotFound
+from spoke.mesh.admission import (
+    HINT_LOADS_BURST,
+    HINT_LOADS_PER_S,
+    HINT_RETRY_S,
+    MAX_FAILED,
+    ScopeCheck,
+)
+
+SID = "0" * 32
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Scope:
+    """The block scope index of a spoke that has stored nothing."""
+
+    def names(self, snapshot_id: str) -> frozenset[tuple[str, str]]:
+        return frozenset()
+
+
+class Catalog:
+    """What a ScopeCheck uses of a SnapshotCatalog; every load is a hub call that finds
+    nothing (the versions are made up), counted."""
+
+    def __init__(self) -> None:
+        self.scope = Scope()
+        self.loads: list[tuple[str, str]] = []
+
+    async def manifest(self, dataset: str, version: str, stale_ok: bool = False) -> None:
+        self.loads.append((dataset, version))
+        raise NotFound(f"{dataset}@{version}: no such version")
+
+
+def _hints(first: int, n: int = 8) -> list[peer_pb2.SnapshotRef]:
+    return [
+        peer_pb2.SnapshotRef(dataset="a", version=f"v{i}", snapshot_id=SID)
+        for i in range(first, first + n)
+    ]
+
+
+def test_each_caller_starts_a_few_loads_and_failures_are_remembered_for_all() -> None:
+    clock, catalog = Clock(), Catalog()
+    check = ScopeCheck(catalog, now=clock)  # type: ignore[arg-type]
+
+    async def go() -> None:
+        for call in range(20):  # one caller naming 8 made-up versions a call, 160 in all
+            await check.load(_hints(call * 8), ["a"], b"flooder")
+        assert len(catalog.loads) == HINT_LOADS_BURST  # its burst, then nothing
+        await check.load(_hints(1000), ["a"], b"other")  # another caller has its own
+        assert len(catalog.loads) == 2 * HINT_LOADS_BURST
+        await check.load(_hints(0), ["a"], b"fresh")  # names that failed: not asked again
+        await check.load(
+            [peer_pb2.SnapshotRef(dataset="a", version="v0", snapshot_id="1" * 32)],
+            ["a"],
+            b"fresh",
+        )  # nor under another snapshot id
+        assert len(catalog.loads) == 2 * HINT_LOADS_BURST
+        clock.now += 1 / HINT_LOADS_PER_S  # the flooder's allowance refills by one
+        await check.load(_hints(5000), ["a"], b"flooder")
+        assert len(catalog.loads) == 2 * HINT_LOADS_BURST + 1
+
+    asyncio.run(go())
+
+
+def test_the_memory_of_failures_cannot_be_flushed() -> None:
+    clock, catalog = Clock(), Catalog()
+    check = ScopeCheck(catalog, now=clock)  # type: ignore[arg-type]
+
+    async def go() -> None:
+        callers = MAX_FAILED // HINT_LOADS_BURST
+        for i in range(callers):  # many callers (holder keys) fill it
+            await check.load(_hints(i * 8), ["a"], b"caller %d" % i)
+        assert len(catalog.loads) == MAX_FAILED
+        # full: nothing new is loaded, and what failed stays failed (asked of nobody)
+        await check.load(_hints(0), ["a"], b"late")
+        await check.load(_hints(10**6), ["a"], b"late")
+        assert len(catalog.loads) == MAX_FAILED
+        clock.now += HINT_RETRY_S + 1  # entries expire in their time, and loads resume
+        await check.load(_hints(0, 1), ["a"], b"late")
+        assert catalog.loads[-1] == ("a", "v0") and len(catalog.loads) == MAX_FAILED + 1
+
+    asyncio.run(go())
+
+
+def test_a_dataset_outside_the_grant_is_never_loaded() -> None:
+    catalog = Catalog()
+    check = ScopeCheck(catalog)  # type: ignore[arg-type]
+    asyncio.run(check.load(_hints(0), ["b"], b"caller"))
+    assert catalog.loads == []
