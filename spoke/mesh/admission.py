@@ -1,7 +1,7 @@
 """What the owner lets a peer's call ask for, decided before anything is queued.
 
 - **Scope** (:class:`ScopeCheck`): a block is served only if it is in a live snapshot this
-  spoke stores (its own catalog, :mod:`spoke.blockscope`) of a dataset the caller's grant
+  spoke stores (its own catalog, :mod:`spoke.catalog.blockscope`) of a dataset the caller's grant
   covers; its size is the one in this spoke's manifests, whatever the caller wrote. The
   snapshots a caller names are a hint: one this spoke has not stored yet, of a dataset
   the grant covers, is loaded first through this spoke's own catalog (its own token,
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from protocol.grants import covers
 from protocol.spoke.v1 import peer_pb2
 from spoke.audit import AuditLog
-from spoke.catalog import SnapshotCatalog
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.disk.layout import is_digest
 from spoke.errors import SpokeError
-from spoke.layout import is_digest
 from spoke.mesh import metrics
 from strata_audit import TokenBucket
 

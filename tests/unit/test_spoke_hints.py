@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.policy_sim import belady, lockstep_ranks
-from spoke.hints import NEVER, HintedPolicy
-from spoke.policy import ARCPolicy, LRUPolicy
+from spoke.cache.hinted import NEVER, HintedPolicy
+from spoke.cache.policy import ARCPolicy, LRUPolicy
 
 
 def _replay(policy: HintedPolicy, keys: list[str], cache_blocks: int) -> float:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spoke.mountinfo import Mount, mounts
-from spoke.supervisor import mounted_paths
+from spoke.disk.mountinfo import Mount, mounts
+from spoke.run.supervisor import mounted_paths
 
 TABLE = (
     "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
