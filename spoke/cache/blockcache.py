@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterable
 from enum import Enum
 
 from spoke import metrics
-from spoke.cache.policy import ARCPolicy, EvictionPolicy
+from spoke.cache.arc import ARCPolicy
+from spoke.cache.policy import EvictionPolicy
 from spoke.cache.store import BlockStore
 
 log = logging.getLogger(__name__)

@@ -1,13 +1,16 @@
 """The eviction policies by their ``--policy`` names, and the default.
 
-``arc`` and ``lru`` live in :mod:`spoke.cache.policy`, ``sieve`` in :mod:`spoke.cache.sieve`,
-``s3fifo`` in :mod:`spoke.cache.s3fifo`; all are byte-weighted and can be wrapped by
-:class:`spoke.cache.hinted.HintedPolicy`. How the default was chosen: ``spoke/DESIGN.md``.
+``arc`` lives in :mod:`spoke.cache.arc`, ``lru`` in :mod:`spoke.cache.lru`, ``sieve`` in
+:mod:`spoke.cache.sieve`, ``s3fifo`` in :mod:`spoke.cache.s3fifo`; all are byte-weighted
+(:mod:`spoke.cache.policy`) and can be wrapped by :class:`spoke.cache.hinted.HintedPolicy`.
+How the default was chosen: ``spoke/DESIGN.md``.
 """
 
 from __future__ import annotations
 
-from spoke.cache.policy import ARCPolicy, EvictionPolicy, LRUPolicy
+from spoke.cache.arc import ARCPolicy
+from spoke.cache.lru import LRUPolicy
+from spoke.cache.policy import EvictionPolicy
 from spoke.cache.s3fifo import S3FIFOPolicy
 from spoke.cache.sieve import SIEVEPolicy
 

@@ -47,8 +47,8 @@ from spoke.errors import (
     SnapshotMismatch,
     UnsignedSnapshot,
 )
-from spoke.fetch.source import hub_error
 from spoke.hublink.client import HubClient
+from spoke.hublink.source import hub_error
 
 log = logging.getLogger(__name__)
 

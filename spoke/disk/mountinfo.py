@@ -5,11 +5,18 @@ line is ``mount-id parent-id major:minor root mount-point options ...`` with spa
 tabs, newlines and backslashes in paths written as octal escapes (``\\040``); see
 proc(5). The supervisor asks whether a path is mounted, the mount which device backs its
 mountpoint.
+
+Mountpoints are compared as strings, resolved once before mounting
+(:func:`resolve_mountpoint`), and a dead FUSE mount is detached lazily
+(:func:`lazy_unmount`).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 MOUNTINFO = "/proc/self/mountinfo"
 
@@ -46,3 +53,34 @@ def mounts(path: str = MOUNTINFO) -> list[Mount]:
                 point = fields[4].encode().decode("unicode_escape")
                 table.append(Mount(fields[2], point, fstype))
     return table
+
+
+def mounted_paths() -> set[str]:
+    """Mountpoints currently in this process's mount namespace (from /proc/self/mountinfo)."""
+    return {m.mountpoint for m in mounts()}
+
+
+def is_mounted(path: Path) -> bool:
+    """True when ``path`` (absolute and already resolved) is a mountpoint.
+
+    The path is compared as a string and never stat'ed: a hung FUSE mount there must not
+    hang the caller. Resolve it once, before mounting.
+    """
+    return str(path) in mounted_paths()
+
+
+def resolve_mountpoint(path: Path) -> Path:
+    """``path`` made absolute with its parent's symlinks resolved, without touching ``path``
+    itself (a dead FUSE mount there answers every stat with ENOTCONN)."""
+    absolute = Path(os.path.abspath(path))
+    return absolute.parent.resolve() / absolute.name
+
+
+def lazy_unmount(path: Path) -> None:
+    """Detach a (possibly dead) FUSE mount: ``fusermount3 -u -z``."""
+    subprocess.run(
+        ["fusermount3", "-u", "-z", str(path)],
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )

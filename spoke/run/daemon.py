@@ -22,7 +22,7 @@ from spoke import metrics
 from spoke.audit import AuditLog
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.hinted import HintedPolicy
-from spoke.cache.policy import make_policy
+from spoke.cache.registry import make_policy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.catalog import SnapshotCatalog
 from spoke.catalog.snapshots import SnapshotIndex
@@ -37,8 +37,9 @@ from spoke.disk.layout import CacheLayout
 from spoke.errors import HubUnavailable
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler
-from spoke.fetch.source import BlockSource, HubSource
+from spoke.fetch.source import BlockSource
 from spoke.hublink.client import HubClient
+from spoke.hublink.source import HubSource
 from spoke.mesh.node import MeshNode
 from spoke.prefetch.fill import BackgroundFill
 from spoke.prefetch.hints import HintService

@@ -32,7 +32,7 @@ from types import FrameType
 from spoke.disk.encryption import EncryptionError, check_cache_key
 from spoke.disk.hardening import UnsafeDirectory, private_umask, secure_cache_dir
 from spoke.disk.layout import CacheLayout
-from spoke.disk.mountinfo import mounts
+from spoke.disk.mountinfo import is_mounted, lazy_unmount, resolve_mountpoint
 from spoke.run import lock
 from spoke.run.processes import Process, cmdline, find, find_daemon, read_pid, same_settings
 from spoke.run.settings import SpokeSettings
@@ -49,37 +49,6 @@ RELOAD_ENV = "STRATA_SPOKE_RELOADED"  # set across the SIGHUP re-exec: restart t
 
 class StartupError(Exception):
     """The spoke could not start; the message is the one-line reason."""
-
-
-def mounted_paths() -> set[str]:
-    """Mountpoints currently in this process's mount namespace (from /proc/self/mountinfo)."""
-    return {m.mountpoint for m in mounts()}
-
-
-def is_mounted(path: Path) -> bool:
-    """True when ``path`` (absolute and already resolved) is a mountpoint.
-
-    The path is compared as a string and never stat'ed: a hung FUSE mount there must not
-    hang the caller. Resolve it once, before mounting.
-    """
-    return str(path) in mounted_paths()
-
-
-def resolve_mountpoint(path: Path) -> Path:
-    """``path`` made absolute with its parent's symlinks resolved, without touching ``path``
-    itself (a dead FUSE mount there answers every stat with ENOTCONN)."""
-    absolute = Path(os.path.abspath(path))
-    return absolute.parent.resolve() / absolute.name
-
-
-def lazy_unmount(path: Path) -> None:
-    """Detach a (possibly dead) FUSE mount: ``fusermount3 -u -z``."""
-    subprocess.run(
-        ["fusermount3", "-u", "-z", str(path)],
-        check=False,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
 
 
 def check_mountpoint(path: Path) -> None:

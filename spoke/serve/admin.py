@@ -30,6 +30,7 @@ from spoke.cache.blockcache import BlockCache
 from spoke.cache.hintstream import HintPlan, PlanBuilder
 from spoke.catalog.catalog import SnapshotCatalog
 from spoke.catalog.selection import MAX_GLOB_CHARS, MAX_GLOBS, hint_plan, unique_blocks
+from spoke.disk.mountinfo import is_mounted
 from spoke.errors import (
     AccessDenied,
     CorruptManifest,
@@ -43,7 +44,6 @@ from spoke.fetch.scheduler import FetchScheduler
 from spoke.prefetch.fill import BackgroundFill
 from spoke.prefetch.hints import HintService
 from spoke.prefetch.prewarm import CapacityError, PrewarmJobs
-from spoke.run.supervisor import is_mounted
 from spoke.serve import admindocs
 from spoke.upkeep.pins import PinRegistry
 

@@ -17,14 +17,14 @@ from hub.publish import publish
 from hub.server import ServerThread
 from spoke.audit import AuditLog
 from spoke.cache.blockcache import BlockCache
-from spoke.cache.policy import make_policy
+from spoke.cache.registry import make_policy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.catalog import SnapshotCatalog
 from spoke.disk.layout import CacheLayout
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler
-from spoke.fetch.source import HubSource
 from spoke.hublink.client import HubClient
+from spoke.hublink.source import HubSource
 from spoke.prefetch.prewarm import PrewarmJobs
 from spoke.serve import admin as admin_module
 from spoke.serve.admin import create_app

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from spoke.cache.blockcache import BlockCache, CacheFull
-from spoke.cache.policy import make_policy
+from spoke.cache.registry import make_policy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest
 from tests.component.test_spoke_fetcher import FakeHub, _scheduler

@@ -14,13 +14,13 @@ import grpc.aio
 import pytest
 
 from spoke.cache.blockcache import BlockCache
-from spoke.cache.policy import LRUPolicy
+from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.errors import HubUnavailable, MissDeadline, NotFound
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler
-from spoke.fetch.source import HubSource
+from spoke.hublink.source import HubSource
 
 
 class FakeHub:

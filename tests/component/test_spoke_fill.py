@@ -14,7 +14,7 @@ import pytest
 from protocol.hub.v1 import hub_pb2
 from spoke import metrics
 from spoke.cache.blockcache import BlockCache
-from spoke.cache.policy import LRUPolicy
+from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.snapshots import SnapshotIndex
 from spoke.disk.layout import CacheLayout, block_digest

@@ -18,14 +18,14 @@ from hub.publish import publish
 from hub.server import ServerThread
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.hinted import HintedPolicy
-from spoke.cache.policy import make_policy
+from spoke.cache.registry import make_policy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.catalog import SnapshotCatalog
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler
-from spoke.fetch.source import HubSource
 from spoke.hublink.client import HubClient
+from spoke.hublink.source import HubSource
 from spoke.prefetch import hints as hintservice
 from spoke.prefetch.hints import HintService
 from spoke.prefetch.prewarm import PrewarmJobs

@@ -13,9 +13,9 @@ from typing import cast
 import pytest
 
 from bench.policy_sim import belady, shuffled_epochs
+from spoke.cache.arc import ARCPolicy
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.hinted import HintedPolicy
-from spoke.cache.policy import ARCPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.errors import InvalidRequest

@@ -17,7 +17,7 @@ import pytest
 
 from protocol.hub.v1 import hub_pb2
 from spoke.cache.blockcache import BlockCache
-from spoke.cache.policy import LRUPolicy
+from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.catalog import SnapshotCatalog
 from spoke.catalog.manifestcheck import snapshot_id

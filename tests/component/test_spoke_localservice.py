@@ -16,7 +16,7 @@ from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import spoke_pb2
 from spoke import metrics
 from spoke.cache.blockcache import BlockCache
-from spoke.cache.policy import LRUPolicy
+from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.catalog import SnapshotCatalog
 from spoke.catalog.snapshots import SnapshotIndex

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from spoke.cache.blockcache import BlockCache
-from spoke.cache.policy import LRUPolicy
+from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher

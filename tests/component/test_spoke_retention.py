@@ -13,15 +13,15 @@ from hub.publish import publish
 from hub.server import ServerThread
 from spoke.audit import AuditLog
 from spoke.cache.blockcache import BlockCache
-from spoke.cache.policy import make_policy
+from spoke.cache.registry import make_policy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.catalog import SnapshotCatalog
 from spoke.catalog.selection import unique_blocks
 from spoke.disk.layout import CacheLayout
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler
-from spoke.fetch.source import HubSource
 from spoke.hublink.client import HubClient
+from spoke.hublink.source import HubSource
 from spoke.run.settings import parse_duration
 from spoke.upkeep.pins import PinRegistry
 from spoke.upkeep.retention import ReadClock, Retention

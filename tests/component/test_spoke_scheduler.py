@@ -11,7 +11,7 @@ import pytest
 
 from spoke import metrics
 from spoke.cache.blockcache import BlockCache, Placement
-from spoke.cache.policy import LRUPolicy
+from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher

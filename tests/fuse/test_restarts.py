@@ -18,8 +18,8 @@ import pytest
 
 from deploy.local import LocalStack, admin_headers
 from spoke.disk.layout import CacheLayout
+from spoke.disk.mountinfo import is_mounted, lazy_unmount
 from spoke.run.processes import cmdline, read_pid
-from spoke.run.supervisor import is_mounted, lazy_unmount
 from tests.support import publish, requires_fuse
 
 pytestmark = [pytest.mark.fuse, requires_fuse]

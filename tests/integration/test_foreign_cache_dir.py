@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from spoke.disk.layout import CacheLayout
-from spoke.run.supervisor import is_mounted, lazy_unmount
+from spoke.disk.mountinfo import is_mounted, lazy_unmount
 from tests.support import file_states, other_user, planted_dir, requires_fuse, sticky_dir
 
 ATTACKER_TOKEN = b"the-attackers-token\n"

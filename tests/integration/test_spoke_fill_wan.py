@@ -14,16 +14,16 @@ import pytest
 from bench.wan import LinkSpec, WanLink, parse_hostport
 from deploy.local import LocalStack
 from spoke.cache.blockcache import BlockCache
-from spoke.cache.policy import LRUPolicy
+from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.catalog import SnapshotCatalog
 from spoke.catalog.snapshots import SnapshotIndex
 from spoke.disk.layout import CacheLayout
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler
-from spoke.fetch.source import HubSource
 from spoke.fetch.window import LinkWindow
 from spoke.hublink.client import HubClient
+from spoke.hublink.source import HubSource
 from spoke.prefetch.fill import BATCH_BYTES, PARALLEL_BATCHES, BackgroundFill
 from tests.support import publish
 

@@ -14,10 +14,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from spoke.cache.arc import ARCPolicy
 from spoke.cache.hinted import HintedPolicy
-from spoke.cache.policy import ARCPolicy, EvictionPolicy, LRUPolicy
-from spoke.cache.policy import make_policy as _make_named
+from spoke.cache.lru import LRUPolicy
+from spoke.cache.policy import EvictionPolicy
 from spoke.cache.registry import POLICIES
+from spoke.cache.registry import make_policy as _make_named
 
 ALL = [*sorted(POLICIES), "hinted"]  # hinted: HintedPolicy over ARC, no hint installed
 WRAPPED = [f"hinted+{name}" for name in sorted(POLICIES)]  # HintedPolicy over each
