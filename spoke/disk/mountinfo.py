@@ -3,12 +3,10 @@
 Read as text and never by ``stat``: a hung FUSE mount must not hang whoever asks. Each
 line is ``mount-id parent-id major:minor root mount-point options ...`` with spaces,
 tabs, newlines and backslashes in paths written as octal escapes (``\\040``); see
-proc(5). The supervisor asks whether a path is mounted, the mount which device backs its
-mountpoint.
-
+proc(5). The supervisor and the admin API ask whether a path is mounted
+(:func:`is_mounted`), the mount which device backs its mountpoint (:func:`mounts`).
 Mountpoints are compared as strings, resolved once before mounting
-(:func:`resolve_mountpoint`), and a dead FUSE mount is detached lazily
-(:func:`lazy_unmount`).
+(:func:`resolve_mountpoint`); a dead FUSE mount is detached lazily (:func:`lazy_unmount`).
 """
 
 from __future__ import annotations
