@@ -54,10 +54,15 @@ def other_user() -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(OTHER_USER)
     except KeyError:
-        subprocess.run(
-            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER], check=True
+        made = subprocess.run(
+            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+            capture_output=True,
+            text=True,
         )
-        return pwd.getpwnam(OTHER_USER)
+        try:  # another test worker may have made it first (useradd exits 9: it exists)
+            return pwd.getpwnam(OTHER_USER)
+        except KeyError:
+            raise AssertionError(f"useradd {OTHER_USER} failed: {made.stderr.strip()}") from None
 
 
 @contextlib.contextmanager
