@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from hub.atomic import write_atomic
 from hub.blocks import block_digest
 from hub.errors import BlockNotFound, ConfigError, CorruptBlob, StorageError, UnsafeDirectory
 from hub.modes import DIR_MODE
@@ -175,17 +175,7 @@ class LocalBlobStore:
             shard.mkdir(exist_ok=True, mode=DIR_MODE)
             with self._lock:
                 self._unsynced_dirs.add(self.root)
-        fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=shard)
-        try:
-            with os.fdopen(fd, "wb") as stream:
-                stream.write(data)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.replace(temp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
+        write_atomic(target, data, prefix=TEMP_PREFIX)
         with self._lock:
             self._unsynced_dirs.add(shard)
         return True
