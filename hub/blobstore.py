@@ -30,7 +30,7 @@ from hub.blocks import block_digest
 from hub.errors import BlockNotFound, ConfigError, CorruptBlob, StorageError, UnsafeDirectory
 from hub.modes import DIR_MODE
 from hub.names import DIGEST_PATTERN, validate_digest
-from strata_ownership import UnsafePath, private_dir
+from strata_local.ownership import UnsafePath, private_dir
 
 TEMP_PREFIX = ".tmp-"
 S3_SCHEME = "s3://"
@@ -130,7 +130,7 @@ class LocalBlobStore:
     Owner-only: the root and its fan-out directories are 0700 (made so, and tightened
     here when found looser), blob files 0600 (``mkstemp``). A root another local user
     could change, or a fan-out directory or file at the top that is theirs or a symlink,
-    is refused (:func:`strata_ownership.private_dir`).
+    is refused (:func:`strata_local.ownership.private_dir`).
 
     Args:
         root: The store's directory (``DATA_DIR/blobs``); created when missing.
