@@ -86,11 +86,6 @@ class DataDir:
         """The LMDB environment directory, ``DATA_DIR/catalog``."""
         return self.root / "catalog"
 
-    @property
-    def blobs_path(self) -> Path:
-        """The blob store directory, ``DATA_DIR/blobs``."""
-        return self.root / "blobs"
-
     @classmethod
     def open(cls, root: str | os.PathLike[str], *, create: bool) -> DataDir:
         """Locates (and optionally creates) a data directory.
