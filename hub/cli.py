@@ -40,13 +40,13 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from hub.atomic import write_atomic
 from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog, operator
 from hub.blocks import DEFAULT_BLOCK_SIZE
 from hub.catalog import Catalog
@@ -122,15 +122,7 @@ def _say(message: str) -> None:
 
 def _write_port_file(path: Path, port: int) -> None:
     """Writes ``port`` and a newline to ``path`` atomically (temp file, then rename)."""
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as stream:
-            stream.write(f"{port}\n")
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    write_atomic(path, f"{port}\n".encode())
 
 
 async def _serve(

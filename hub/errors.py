@@ -93,7 +93,7 @@ class DataDirNotFound(NotFound):
 
 class UnsafeDirectory(HubError):
     """A data directory or blob store another local user could change: theirs, on a path
-    they could replace, or holding their files or a symlink (:mod:`strata_ownership`)."""
+    they could replace, or holding their files or a symlink (:mod:`strata_local.ownership`)."""
 
 
 class SourceError(HubError):

@@ -44,7 +44,7 @@ from spoke.catalog import SnapshotCatalog
 from spoke.errors import SpokeError
 from spoke.layout import is_digest
 from spoke.mesh import metrics
-from strata_audit import TokenBucket
+from strata_local.audit import TokenBucket
 
 log = logging.getLogger(__name__)
 
