@@ -9,6 +9,7 @@ import pwd
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,3 +161,18 @@ def make_tree(root: Path, seed: int = 0) -> None:
     (root / "nested" / "a.bin").write_bytes(rng.randbytes(65_536))  # exactly one block
     (root / "nested" / "deeper" / "b.bin").write_bytes(rng.randbytes(65_537))
     (root / "link-to-small").symlink_to("small.txt")
+
+
+def run_module(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` from the repository root, output captured (text).
+
+    Raises:
+        subprocess.TimeoutExpired: it ran longer than ``timeout`` seconds.
+    """
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
