@@ -60,19 +60,19 @@ def test_each_caller_starts_a_few_loads_and_failures_are_remembered_for_all() ->
 
     async def go() -> None:
         for call in range(20):  # one caller naming 8 made-up versions a call, 160 in all
-            await check.load(_hints(call * 8), ["a"], b"flooder")
+            await check.load(_hints(call * 8), ["a"], "flooder")
         assert len(catalog.loads) == HINT_LOADS_BURST  # its burst, then nothing
-        await check.load(_hints(1000), ["a"], b"other")  # another caller has its own
+        await check.load(_hints(1000), ["a"], "other")  # another caller has its own
         assert len(catalog.loads) == 2 * HINT_LOADS_BURST
-        await check.load(_hints(0), ["a"], b"fresh")  # names that failed: not asked again
+        await check.load(_hints(0), ["a"], "fresh")  # names that failed: not asked again
         await check.load(
             [peer_pb2.SnapshotRef(dataset="a", version="v0", snapshot_id="1" * 32)],
             ["a"],
-            b"fresh",
+            "fresh",
         )  # nor under another snapshot id
         assert len(catalog.loads) == 2 * HINT_LOADS_BURST
         clock.now += 1 / HINT_LOADS_PER_S  # the flooder's allowance refills by one
-        await check.load(_hints(5000), ["a"], b"flooder")
+        await check.load(_hints(5000), ["a"], "flooder")
         assert len(catalog.loads) == 2 * HINT_LOADS_BURST + 1
 
     asyncio.run(go())
@@ -84,15 +84,15 @@ def test_the_memory_of_failures_cannot_be_flushed() -> None:
 
     async def go() -> None:
         callers = MAX_FAILED // HINT_LOADS_BURST
-        for i in range(callers):  # many callers (holder keys) fill it
-            await check.load(_hints(i * 8), ["a"], b"caller %d" % i)
+        for i in range(callers):  # many callers (subjects) fill it
+            await check.load(_hints(i * 8), ["a"], f"caller {i}")
         assert len(catalog.loads) == MAX_FAILED
         # full: nothing new is loaded, and what failed stays failed (asked of nobody)
-        await check.load(_hints(0), ["a"], b"late")
-        await check.load(_hints(10**6), ["a"], b"late")
+        await check.load(_hints(0), ["a"], "late")
+        await check.load(_hints(10**6), ["a"], "late")
         assert len(catalog.loads) == MAX_FAILED
         clock.now += HINT_RETRY_S + 1  # entries expire in their time, and loads resume
-        await check.load(_hints(0, 1), ["a"], b"late")
+        await check.load(_hints(0, 1), ["a"], "late")
         assert catalog.loads[-1] == ("a", "v0") and len(catalog.loads) == MAX_FAILED + 1
 
     asyncio.run(go())
@@ -101,5 +101,5 @@ def test_the_memory_of_failures_cannot_be_flushed() -> None:
 def test_a_dataset_outside_the_grant_is_never_loaded() -> None:
     catalog = Catalog()
     check = ScopeCheck(catalog)  # type: ignore[arg-type]
-    asyncio.run(check.load(_hints(0), ["b"], b"caller"))
+    asyncio.run(check.load(_hints(0), ["b"], "caller"))
     assert catalog.loads == []
