@@ -297,22 +297,15 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         """A checked block file's chunks, each read when the one before has been taken."""
         with block:
             for offset in block.offsets():
-                try:
-                    data = await asyncio.to_thread(block.read, offset)
+                try:  # the bytes read live on in the message only, while it is sent
+                    message = _chunk(block, offset, await asyncio.to_thread(block.read, offset))
                 except (OSError, ValueError) as err:  # CorruptBlock is a ValueError
                     self.cache.drop(block.digest)
                     await context.abort(
                         grpc.StatusCode.NOT_FOUND,
                         f"block {block.digest} failed here after it was checked: {err}",
                     )
-                yield hub_pb2.BlockChunk(
-                    digest=block.digest,
-                    offset=offset,
-                    data=data,
-                    block_size=block.size,
-                    last=offset + block.chunk >= block.size,
-                )
-                del data
+                yield message
 
     async def _from_memory(
         self,
@@ -362,6 +355,16 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             metrics.PEER_SERVED_BYTES.labels(how).inc(size)
             return block
         raise HubUnavailable(f"block {digest} could not be kept long enough to serve it")
+
+
+def _chunk(block: BlockFile, offset: int, data: bytes) -> hub_pb2.BlockChunk:
+    return hub_pb2.BlockChunk(
+        digest=block.digest,
+        offset=offset,
+        data=data,
+        block_size=block.size,
+        last=offset + block.chunk >= block.size,
+    )
 
 
 async def start_peer_server(

@@ -1,6 +1,7 @@
 """What one peer's snapshot hints may make the owner ask its hub: a few loads at once per
 caller and a few a minute after that, each failed name remembered for everyone, and a
-memory of failures no caller can flush."""
+memory of failures no caller can flush. What the peer port holds for callers: bounded in
+all, half of it at most for one, fair shares once busy."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from spoke.mesh.admission import (
     HINT_LOADS_PER_S,
     HINT_RETRY_S,
     MAX_FAILED,
+    MemoryBudget,
     ScopeCheck,
 )
 
@@ -103,3 +105,22 @@ def test_a_dataset_outside_the_grant_is_never_loaded() -> None:
     check = ScopeCheck(catalog)  # type: ignore[arg-type]
     asyncio.run(check.load(_hints(0), ["b"], "caller"))
     assert catalog.loads == []
+
+
+def test_the_memory_budget_bounds_all_half_for_one_and_fair_shares_when_busy() -> None:
+    budget = MemoryBudget(100)
+    assert budget.take("a", 50) and not budget.take("a", 1)  # one caller: half at most
+    assert budget.take("b", 30)  # 80 held: b under its share (100 // 2)
+    assert not budget.take("b", 21)  # past it
+    assert budget.take("c", 20) and budget.held == 100
+    assert not budget.take("d", 1)  # full: nothing more for anyone
+    budget.give("a", 50)
+    assert budget.take("d", 33) and not budget.take("d", 1)  # busy: 100 // 3 each
+    with budget.hold("e", 0) as held:  # nothing to hold: not counted as a holder
+        assert held and budget.held_by("e") == 0
+    with budget.hold("e", 17) as held:  # 100 held: e within its share, 100 // 4
+        assert held and budget.held == 100 and budget.held_by("e") == 17
+    assert budget.held == 83 and budget.held_by("e") == 0
+    budget.give("c", 20)  # 63 held, by b and d
+    assert not budget.take("e", 34)  # room for it, but past e's share (100 // 3)
+    assert budget.take("e", 33) and budget.held == 96
