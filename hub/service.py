@@ -173,6 +173,24 @@ def _streaming(
 _AUDITED_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
+class _Digests(Sequence[str]):
+    """A request's digests, 16 bytes each instead of a str object (81 bytes) each: what a
+    stream holds while it waits for room (:mod:`hub.budget`)."""
+
+    __slots__ = ("_packed",)
+
+    def __init__(self, digests: Sequence[str]) -> None:
+        self._packed = bytes.fromhex("".join(digests))
+
+    def __len__(self) -> int:
+        return len(self._packed) // 16
+
+    def __getitem__(self, index: int) -> str:  # type: ignore[override]
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._packed[index * 16 : index * 16 + 16].hex()
+
+
 @dataclass(slots=True)
 class _Run:
     """Blocks sent together: one block, or a packed run of small ones (``packed``).
@@ -422,8 +440,9 @@ class HubService(hub_pb2_grpc.HubServicer):
                         f"{len(request.digests)} digests in one request; "
                         f"at most {MAX_DIGESTS_PER_REQUEST} are allowed"
                     )
-                digests = [validate_digest(digest) for digest in request.digests]
+                digests = _Digests([validate_digest(digest) for digest in request.digests])
                 pack_bytes = min(request.pack_bytes, self._chunk_bytes)
+                request = None  # type: ignore[assignment]  # not kept while the stream waits
                 async for message in self._block_messages(
                     digests, readable, pack_bytes, principal.name
                 ):
