@@ -52,10 +52,13 @@ MIN_LIFETIME_S = 1.0
 MAX_NODE_CHARS = 255
 """Longest node name recorded in a grant."""
 
-HOLDERS_PER_TOKEN = 16
+HOLDERS_PER_TOKEN = 256
 """Default most holder keys one token may hold live grants for (``--grant-holders-per-token``):
-what a region's nodes sharing one token need, each with a second key for the lifetime after
-a restart (its in-memory key is new), so 8 nodes restarting at once."""
+what a region of 128 nodes sharing one token needs, each with a second key for the lifetime
+after a restart (its in-memory key is new). More keys buy a caller nothing at the peers,
+whose allowances are per token subject (:mod:`spoke.mesh.admission`), so the bound only
+keeps a token from minting grants without end (at most 256 x :data:`ISSUES_PER_HOLDER`
+signatures a lifetime, about 9 a second at 120 s)."""
 
 ISSUES_PER_HOLDER = 4
 """Most grants issued to one holder key within a grant lifetime: a spoke renews at half
