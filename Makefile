@@ -39,8 +39,11 @@ check: $(READY)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The suite on every core: one test file a worker (a file's module fixtures are set up once);
+# TEST_WORKERS=0 runs it in this process (pdb, -s)
+TEST_WORKERS ?= auto
 pytest: $(READY) deploy-deps
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 setup: $(READY)
 

@@ -55,6 +55,7 @@ import shutil
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,21 +216,28 @@ def _metrics(admin: str) -> dict[str, float]:
 
 
 def read_all(
-    root: Path, orders: list[list[int]], sha: dict[int, str], step: int = 0
+    root: Path,
+    orders: list[list[int]],
+    sha: dict[int, str],
+    step: int = 0,
+    at_step: Callable[[int], None] | None = None,
 ) -> tuple[list[int], list[int]]:
     """Each reader's files of one dataset (at ``root``) on its own thread; returns the reads
     in the order they ended, and which reader made each. With ``step``, readers wait for
     each other after every ``step`` reads, as the ranks of one DDP job do at each
-    optimizer step.
+    optimizer step; ``at_step(reads)``, if given, runs once at each such step while every
+    reader waits (``reads``: files read so far, all readers together).
 
     Raises:
         AssertionError: a file's bytes differ from the source.
     """
-    return read_jobs([(root, order, sha) for order in orders], step)
+    return read_jobs([(root, order, sha) for order in orders], step, at_step)
 
 
 def read_jobs(
-    tasks: list[tuple[Path, list[int], dict[int, str]]], step: int = 0
+    tasks: list[tuple[Path, list[int], dict[int, str]]],
+    step: int = 0,
+    at_step: Callable[[int], None] | None = None,
 ) -> tuple[list[int], list[int]]:
     """:func:`read_all` for readers of different datasets: each task is a dataset root,
     the files to read there in order, and their sha256 digests.
@@ -241,7 +249,8 @@ def read_jobs(
     who: list[int] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
-    barrier = threading.Barrier(len(tasks))
+    action = (lambda: at_step(len(trace))) if at_step is not None else None
+    barrier = threading.Barrier(len(tasks), action=action)
     shortest = min(len(order) for _, order, _ in tasks)
 
     def reader(r: int, root: Path, order: list[int], sha: dict[int, str]) -> None:

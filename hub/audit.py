@@ -1,6 +1,6 @@
 """The hub's audit trail: one JSON object per line (``DATA_DIR/audit.jsonl`` by default, or
 ``$STRATA_HUB_AUDIT_LOG``, or ``serve --audit-log FILE``), mode 0600, rotated by size
-(``--audit-max-bytes``, ``--audit-backups``; :mod:`strata_audit` does the writing).
+(``--audit-max-bytes``, ``--audit-backups``; :mod:`strata_local.audit` does the writing).
 
 Recorded: every refused call of ``serve`` (UNAUTHENTICATED, PERMISSION_DENIED; ``who`` is
 the caller's address and, when the token was valid, its id), rate-limited with a summary of
@@ -20,8 +20,8 @@ import getpass
 import os
 from pathlib import Path
 
-import strata_audit
-from strata_audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
+import strata_local.audit
+from strata_local.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
 
 __all__ = ["DEFAULT_BACKUPS", "DEFAULT_MAX_BYTES", "ENV", "AuditLog", "operator"]
 
@@ -37,8 +37,8 @@ def operator() -> str:
         return f"uid {os.getuid()}"
 
 
-class AuditLog(strata_audit.AuditLog):
-    """The hub's audit file (:class:`strata_audit.AuditLog`); ``$STRATA_HUB_AUDIT_LOG``
+class AuditLog(strata_local.audit.AuditLog):
+    """The hub's audit file (:class:`strata_local.audit.AuditLog`); ``$STRATA_HUB_AUDIT_LOG``
     wins over ``path`` when set.
 
     Args:

@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from hub.atomic import write_atomic
 from hub.blocks import block_digest
 from hub.errors import BlockNotFound, ConfigError, CorruptBlob, StorageError, UnsafeDirectory
 from hub.modes import DIR_MODE
 from hub.names import DIGEST_PATTERN, validate_digest
-from strata_ownership import UnsafePath, private_dir
+from strata_local.ownership import UnsafePath, private_dir
 
 TEMP_PREFIX = ".tmp-"
 S3_SCHEME = "s3://"
@@ -130,7 +130,7 @@ class LocalBlobStore:
     Owner-only: the root and its fan-out directories are 0700 (made so, and tightened
     here when found looser), blob files 0600 (``mkstemp``). A root another local user
     could change, or a fan-out directory or file at the top that is theirs or a symlink,
-    is refused (:func:`strata_ownership.private_dir`).
+    is refused (:func:`strata_local.ownership.private_dir`).
 
     Args:
         root: The store's directory (``DATA_DIR/blobs``); created when missing.
@@ -175,17 +175,7 @@ class LocalBlobStore:
             shard.mkdir(exist_ok=True, mode=DIR_MODE)
             with self._lock:
                 self._unsynced_dirs.add(self.root)
-        fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=shard)
-        try:
-            with os.fdopen(fd, "wb") as stream:
-                stream.write(data)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.replace(temp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
+        write_atomic(target, data, prefix=TEMP_PREFIX)
         with self._lock:
             self._unsynced_dirs.add(shard)
         return True

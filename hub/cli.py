@@ -4,6 +4,8 @@
 strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--port-file PATH]
                    [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE [--insecure]]
                    [--max-message-bytes N] [--max-connections N] [--handshake-timeout S]
+                   [--max-streams-per-token N] [--max-bytes-per-token N]
+                   [--max-bytes-in-flight N] [--budget-wait S] [--grant-holders-per-token N]
                    [--grace SECONDS] [--blobs DIR|s3://B/P]
                    [--grant-key PEM] [--grant-lifetime SECONDS]
                    [--audit-log FILE] [--audit-max-bytes N] [--audit-backups N]
@@ -40,20 +42,21 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from hub.atomic import write_atomic
 from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog, operator
 from hub.blocks import DEFAULT_BLOCK_SIZE
+from hub.budget import BYTES_PER_TOKEN, STREAMS_PER_TOKEN, TOTAL_BYTES, WAIT_S
 from hub.catalog import Catalog
 from hub.datadir import DataDir, secure
 from hub.errors import CorruptBlob, CorruptCatalog, HubError, StorageError
 from hub.gc import STALE_AFTER_SECONDS, collect
-from hub.grants import DEFAULT_LIFETIME_S
+from hub.grants import DEFAULT_LIFETIME_S, HOLDERS_PER_TOKEN
 from hub.limits import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS, limit_malloc_arenas
 from hub.manifest import EntryType
 from hub.metrics import HubMetrics, MetricsEndpoint
@@ -122,15 +125,7 @@ def _say(message: str) -> None:
 
 def _write_port_file(path: Path, port: int) -> None:
     """Writes ``port`` and a newline to ``path`` atomically (temp file, then rename)."""
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as stream:
-            stream.write(f"{port}\n")
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    write_atomic(path, f"{port}\n".encode())
 
 
 async def _serve(
@@ -227,6 +222,45 @@ def serve(
             "HTTP/2 settings before it is closed.",
         ),
     ] = HANDSHAKE_TIMEOUT_S,
+    max_streams_per_token: Annotated[
+        int,
+        typer.Option(
+            "--max-streams-per-token",
+            help="Most ReadBlocks streams one token may have open; more are refused "
+            "(RESOURCE_EXHAUSTED). A spoke opens up to 16.",
+        ),
+    ] = STREAMS_PER_TOKEN,
+    max_bytes_per_token: Annotated[
+        int,
+        typer.Option(
+            "--max-bytes-per-token",
+            help="Most block bytes the hub holds for one token's ReadBlocks streams "
+            "(unread by the client); a stream waits for room, up to --budget-wait.",
+        ),
+    ] = BYTES_PER_TOKEN,
+    max_bytes_in_flight: Annotated[
+        int,
+        typer.Option(
+            "--max-bytes-in-flight",
+            help="Most block bytes the hub holds for every ReadBlocks stream together.",
+        ),
+    ] = TOTAL_BYTES,
+    budget_wait: Annotated[
+        float,
+        typer.Option(
+            "--budget-wait",
+            help="Seconds a ReadBlocks stream waits for room in the byte budget before it "
+            "is refused (RESOURCE_EXHAUSTED).",
+        ),
+    ] = WAIT_S,
+    grant_holders_per_token: Annotated[
+        int,
+        typer.Option(
+            "--grant-holders-per-token",
+            help="Most holder keys (spokes) one token may hold live read grants for; a "
+            "region whose nodes share one token needs about twice its node count.",
+        ),
+    ] = HOLDERS_PER_TOKEN,
     grace: Annotated[
         float,
         typer.Option("--grace", help="Seconds calls in flight get to finish on shutdown."),
@@ -286,6 +320,11 @@ def serve(
         audit_backups=audit_backups,
         max_connections=max_connections,
         handshake_timeout_s=handshake_timeout,
+        max_streams_per_token=max_streams_per_token,
+        max_bytes_per_token=max_bytes_per_token,
+        max_bytes_in_flight=max_bytes_in_flight,
+        budget_wait_s=budget_wait,
+        grant_holders_per_token=grant_holders_per_token,
     )
     limit_malloc_arenas()  # before gRPC starts its threads (hub/limits.py)
     asyncio.run(_serve(data_dir, listen, metrics, port_file, config, grace))

@@ -33,7 +33,7 @@ from hub.blobstore import BlobStore, open_blob_store
 from hub.catalog import Catalog
 from hub.errors import Conflict, DataDirNotFound, HubError, UnsafeDirectory
 from hub.modes import DIR_MODE
-from strata_ownership import UnsafePath, check_members, make_private, open_private_dir
+from strata_local.ownership import UnsafePath, check_members, make_private, open_private_dir
 
 DEFAULT_BLOBS = "blobs"
 """The default blob store location, relative to the data directory."""
@@ -42,7 +42,7 @@ DEFAULT_BLOBS = "blobs"
 def secure(root: Path) -> None:
     """Refuse a data directory another local user could change, then narrow it to
     owner-only: ``root``, ``catalog/`` and ``blobs/`` 0700, the files at its top and in
-    ``catalog/`` 0600 (:mod:`strata_ownership`).
+    ``catalog/`` 0600 (:mod:`strata_local.ownership`).
 
     Refused, before anything is read or written there: a directory on the way that
     another user owns or may write (unless sticky with the next step ours, as under
@@ -85,11 +85,6 @@ class DataDir:
     def catalog_path(self) -> Path:
         """The LMDB environment directory, ``DATA_DIR/catalog``."""
         return self.root / "catalog"
-
-    @property
-    def blobs_path(self) -> Path:
-        """The blob store directory, ``DATA_DIR/blobs``."""
-        return self.root / "blobs"
 
     @classmethod
     def open(cls, root: str | os.PathLike[str], *, create: bool) -> DataDir:

@@ -31,6 +31,20 @@ class LimitExceeded(HubError):
     """A request beyond a configured bound: a message over the size limit, too many digests."""
 
 
+class QuotaExceeded(LimitExceeded):
+    """A caller over its share of what the hub holds for it (:mod:`hub.budget`) or of the
+    grants it may be issued (:class:`hub.grants.GrantLimiter`): counted by ``limit`` in
+    ``strata_hub_limit_refusals_total`` and audited.
+
+    Attributes:
+        limit: Which limit: ``streams``, ``bytes`` or ``grants``.
+    """
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 class Unauthenticated(HubError):
     """The caller presented no bearer token, or one the hub does not know."""
 
@@ -93,7 +107,7 @@ class DataDirNotFound(NotFound):
 
 class UnsafeDirectory(HubError):
     """A data directory or blob store another local user could change: theirs, on a path
-    they could replace, or holding their files or a symlink (:mod:`strata_ownership`)."""
+    they could replace, or holding their files or a symlink (:mod:`strata_local.ownership`)."""
 
 
 class SourceError(HubError):

@@ -16,6 +16,7 @@ spoke of the region accepts.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import logging
 import os
@@ -32,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from hub.auth import Principal
-from hub.errors import ConfigError, InvalidArgument
+from hub.errors import ConfigError, InvalidArgument, QuotaExceeded
 from protocol.grants import PUBLIC_KEY_BYTES, grant_message, key_id
 from protocol.hub.v1 import hub_pb2
 
@@ -50,6 +51,19 @@ MIN_LIFETIME_S = 1.0
 
 MAX_NODE_CHARS = 255
 """Longest node name recorded in a grant."""
+
+HOLDERS_PER_TOKEN = 256
+"""Default most holder keys one token may hold live grants for (``--grant-holders-per-token``):
+what a region of 128 nodes sharing one token needs, each with a second key for the lifetime
+after a restart (its in-memory key is new). More keys buy a caller nothing at the peers,
+whose allowances are per token subject (:mod:`spoke.mesh.admission`), so the bound only
+keeps a token from minting grants without end (at most 256 x :data:`ISSUES_PER_HOLDER`
+signatures a lifetime, about 9 a second at 120 s)."""
+
+ISSUES_PER_HOLDER = 4
+"""Most grants issued to one holder key within a grant lifetime: a spoke renews at half
+the lifetime (:class:`spoke.mesh.grants.GrantKeeper`), so at most 3 fall in any window of
+one lifetime; one more for a renewal whose answer was lost and retried."""
 
 KEY_FILE = "grant.key"
 """The generated grant key's name in the data directory."""
@@ -155,10 +169,8 @@ class GrantIssuer:
             keys=[hub_pb2.GrantKey(key_id=self.key_id, public_key=self.public_key)]
         )
 
-    def issue(self, principal: Principal, request: hub_pb2.IssueGrantRequest) -> hub_pb2.ReadGrant:
-        """A grant of ``principal``'s scopes to the holder of ``request.holder_key``.
-
-        It expires after the lifetime, or when the principal's token does if sooner.
+    def check(self, request: hub_pb2.IssueGrantRequest) -> None:
+        """Checks a grant request's holder key and node name.
 
         Raises:
             InvalidArgument: the holder key is not a 32-byte Ed25519 public key, or the
@@ -179,6 +191,17 @@ class GrantIssuer:
             raise InvalidArgument(
                 f"node must be 1 to {MAX_NODE_CHARS} visible ASCII characters (HOST:PORT)"
             )
+
+    def issue(self, principal: Principal, request: hub_pb2.IssueGrantRequest) -> hub_pb2.ReadGrant:
+        """A grant of ``principal``'s scopes to the holder of ``request.holder_key``.
+
+        It expires after the lifetime, or when the principal's token does if sooner.
+
+        Raises:
+            InvalidArgument: as :meth:`check`.
+        """
+        self.check(request)
+        holder, node = request.holder_key, request.node
         issued = self._now_ns()
         expires = issued + int(self.lifetime_s * 1e9)
         if principal.expires is not None:
@@ -197,3 +220,84 @@ class GrantIssuer:
         return hub_pb2.ReadGrant(
             claims=claims, signature=self._key.sign(grant_message(claims)), key_id=self.key_id
         )
+
+
+class GrantLimiter:
+    """How many grants a token may be issued: live holder keys and renewals per key.
+
+    A grant multiplies what its token may do at the spokes' peers, which bound each holder
+    key on its own; so a token holds live grants (issued within the last lifetime) for at
+    most ``holders`` keys, and one key is issued at most :data:`ISSUES_PER_HOLDER` grants
+    per lifetime. A well-behaved spoke uses one key for as long as it runs and renews it
+    at half the lifetime: it is never refused. Beyond either, ``IssueGrant`` answers
+    RESOURCE_EXHAUSTED; a key frees its slot one lifetime after its last grant.
+
+    Args:
+        lifetime_s: The grant lifetime, seconds (the window counted over).
+        holders: Most live holder keys per token.
+        per_holder: Most grants per holder key per lifetime.
+        mono: Monotonic clock, seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        lifetime_s: float,
+        holders: int = HOLDERS_PER_TOKEN,
+        per_holder: int = ISSUES_PER_HOLDER,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if holders < 1 or per_holder < 1:
+            raise ConfigError(f"--grant-holders-per-token {holders} is not at least 1")
+        self.lifetime_s = lifetime_s
+        self.holders = holders
+        self.per_holder = per_holder
+        self._mono = mono
+        self._issued: dict[str, dict[bytes, collections.deque[float]]] = {}
+
+    def live(self, name: str) -> int:
+        """Holder keys of principal ``name`` with a grant issued within a lifetime."""
+        self._prune(name, self._mono())
+        return len(self._issued.get(name, {}))
+
+    def _prune(self, name: str, now: float) -> None:
+        keys = self._issued.get(name)
+        if keys is None:
+            return
+        for holder in list(keys):
+            times = keys[holder]
+            while times and times[0] <= now - self.lifetime_s:
+                times.popleft()
+            if not times:
+                del keys[holder]
+        if not keys:
+            del self._issued[name]
+
+    def take(self, name: str, holder: bytes) -> None:
+        """Counts a grant to ``holder`` for principal ``name``.
+
+        Raises:
+            QuotaExceeded: the token already holds live grants for :attr:`holders` other
+                keys, or this key was issued :attr:`per_holder` grants within a lifetime.
+        """
+        now = self._mono()
+        self._prune(name, now)
+        keys = self._issued.setdefault(name, {})
+        times = keys.get(holder)
+        if times is None and len(keys) >= self.holders:
+            oldest = min(t[-1] for t in keys.values())
+            raise QuotaExceeded(
+                "grants",
+                f"token {name} holds live read grants for {len(keys)} holder keys, the most "
+                f"this hub allows one token (--grant-holders-per-token {self.holders}); "
+                f"renew a grant with its own key, or retry in "
+                f"{oldest + self.lifetime_s - now:.0f} s",
+            )
+        if times is not None and len(times) >= self.per_holder:
+            raise QuotaExceeded(
+                "grants",
+                f"holder key of token {name} was issued {len(times)} read grants within "
+                f"{self.lifetime_s:g} s (the grant lifetime), the most allowed; a grant is "
+                f"renewed at half its lifetime: retry in "
+                f"{times[0] + self.lifetime_s - now:.0f} s",
+            )
+        keys.setdefault(holder, collections.deque()).append(now)

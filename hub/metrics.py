@@ -51,6 +51,12 @@ class HubMetrics:
         publish_duration: ``strata_hub_publish_duration_seconds``: how long publishes took,
             from their start to their commit, as seen in the catalog's events (publishes
             by any process, committed while this server runs).
+        limit_refusals: ``strata_hub_limit_refusals_total{limit}``: calls refused for a
+            token's share (:mod:`hub.budget`, :class:`hub.grants.GrantLimiter`):
+            ``streams`` (ReadBlocks streams per token), ``bytes`` (no room in the read
+            budget within the wait), ``grants`` (IssueGrant beyond the token's grants).
+        read_bytes_held: ``strata_hub_read_bytes_held``: block bytes charged to ReadBlocks
+            streams now (:class:`hub.budget.ReadBudget`; read at scrape time).
         events: ``strata_hub_catalog_events_total{kind}``: catalog events seen.
         metrics_connections_closed: ``strata_hub_metrics_connections_closed_total{reason}``:
             connections to the metrics endpoint closed unserved (``limit``: with
@@ -86,6 +92,17 @@ class HubMetrics:
             "strata_hub_active_streams",
             "Streaming gRPC calls in flight, by method.",
             ["method"],
+            registry=self.registry,
+        )
+        self.limit_refusals = Counter(
+            "strata_hub_limit_refusals",
+            "Calls refused for a token's share, by limit (streams, bytes, grants).",
+            ["limit"],
+            registry=self.registry,
+        )
+        self.read_bytes_held = Gauge(
+            "strata_hub_read_bytes_held",
+            "Block bytes held for ReadBlocks streams (charged to the read budget).",
             registry=self.registry,
         )
         self.publish_duration = Histogram(

@@ -36,11 +36,18 @@ from hub.address import Address
 from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog
 from hub.auth import TokenFile
 from hub.blocks import MiB
+from hub.budget import BYTES_PER_TOKEN, STREAMS_PER_TOKEN, TOTAL_BYTES, WAIT_S, ReadBudget
 from hub.catalog import Catalog
 from hub.datadir import DataDir
 from hub.errors import ConfigError, ListenError
 from hub.gate import HubGate
-from hub.grants import DEFAULT_LIFETIME_S, GrantIssuer, ensure_grant_key
+from hub.grants import (
+    DEFAULT_LIFETIME_S,
+    HOLDERS_PER_TOKEN,
+    GrantIssuer,
+    GrantLimiter,
+    ensure_grant_key,
+)
 from hub.limits import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS, connection_options
 from hub.metrics import HubMetrics
 from hub.service import HubService
@@ -61,6 +68,10 @@ CORE_CEILING_BYTES = 64 * MiB
 """Least receive limit given to gRPC core, bytes. Requests up to the larger of this and
 twice the configured limit are refused by the hub itself (RESOURCE_EXHAUSTED, counted);
 larger ones by gRPC core before any handler runs (RESOURCE_EXHAUSTED, not counted)."""
+
+MIB_FLOOR = MiB
+"""Smallest read budget accepted, bytes (a block larger than the budget still passes
+alone)."""
 
 GRACE_SECONDS = 5.0
 """How long :meth:`HubServer.stop` lets calls in flight finish, seconds."""
@@ -93,6 +104,13 @@ class ServerConfig:
         max_connections: Most client connections open at once (:mod:`hub.limits`).
         handshake_timeout_s: Longest a connection may take to finish its TLS handshake and
             send its HTTP/2 settings, seconds.
+        max_streams_per_token: Most ReadBlocks streams one token may have open
+            (:mod:`hub.budget`).
+        max_bytes_per_token: Most block bytes held for one token's streams.
+        max_bytes_in_flight: Most block bytes held for every stream together.
+        budget_wait_s: Longest a stream waits for room in the read budget, seconds.
+        grant_holders_per_token: Most holder keys one token may hold live read grants for
+            (:class:`hub.grants.GrantLimiter`).
     """
 
     tls_cert: Path | None = None
@@ -111,6 +129,11 @@ class ServerConfig:
     grant_lifetime_s: float = DEFAULT_LIFETIME_S
     max_connections: int = MAX_CONNECTIONS
     handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
+    max_streams_per_token: int = STREAMS_PER_TOKEN
+    max_bytes_per_token: int = BYTES_PER_TOKEN
+    max_bytes_in_flight: int = TOTAL_BYTES
+    budget_wait_s: float = WAIT_S
+    grant_holders_per_token: int = HOLDERS_PER_TOKEN
 
     def credentials(self) -> grpc.ServerCredentials | None:
         """The TLS credentials, or None for plaintext.
@@ -138,8 +161,8 @@ class ServerConfig:
         """Checks the plain values.
 
         Raises:
-            ConfigError: ``max_message_bytes``, ``poll_s``, a connection limit or an audit
-                limit is out of range.
+            ConfigError: ``max_message_bytes``, ``poll_s``, a connection limit, a read
+                budget limit, the grant limit or an audit limit is out of range.
         """
         if self.audit_max_bytes < 1024 or self.audit_backups < 1:
             raise ConfigError(
@@ -159,6 +182,18 @@ class ServerConfig:
             raise ConfigError(
                 f"--handshake-timeout {self.handshake_timeout_s} s is not in [0.1, 120]"
             )
+        if self.max_streams_per_token < 1 or self.grant_holders_per_token < 1:
+            raise ConfigError(
+                f"--max-streams-per-token {self.max_streams_per_token} and "
+                f"--grant-holders-per-token {self.grant_holders_per_token} must be at least 1"
+            )
+        if not MIB_FLOOR <= self.max_bytes_per_token <= self.max_bytes_in_flight:
+            raise ConfigError(
+                f"--max-bytes-per-token {self.max_bytes_per_token} must be at least {MIB_FLOOR} "
+                f"and at most --max-bytes-in-flight {self.max_bytes_in_flight}"
+            )
+        if not 0 <= self.budget_wait_s <= 600:
+            raise ConfigError(f"--budget-wait {self.budget_wait_s} s is not in [0, 600]")
 
 
 def _read_pem(path: Path) -> bytes:
@@ -349,6 +384,17 @@ class HubServer:
                 watcher=watcher,
                 audit=audit,
                 grants=grants,
+                budget=ReadBudget(
+                    config.max_streams_per_token,
+                    config.max_bytes_per_token,
+                    config.max_bytes_in_flight,
+                    config.budget_wait_s,
+                ),
+                grant_limiter=(
+                    GrantLimiter(grants.lifetime_s, config.grant_holders_per_token)
+                    if grants is not None
+                    else None
+                ),
             )
             server = grpc.aio.server(
                 options=server_options(

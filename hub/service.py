@@ -24,9 +24,11 @@ same message, so guessing digests reveals nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -34,6 +36,7 @@ import grpc
 from hub.audit import AuditLog
 from hub.auth import Principal
 from hub.blobstore import BlobStore
+from hub.budget import ReadBudget, block_charge
 from hub.catalog import Catalog, Snapshot, Tag
 from hub.errors import (
     BlockNotFound,
@@ -41,11 +44,12 @@ from hub.errors import (
     CorruptBlob,
     HubError,
     LimitExceeded,
+    QuotaExceeded,
     SequenceOutOfRange,
     Unauthenticated,
     VersionRevoked,
 )
-from hub.grants import GrantIssuer
+from hub.grants import GrantIssuer, GrantLimiter
 from hub.manifest import validate_path
 from hub.metrics import HubMetrics
 from hub.names import validate_dataset, validate_digest
@@ -169,6 +173,45 @@ def _streaming(
 _AUDITED_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
+class _Digests(Sequence[str]):
+    """A request's digests, 16 bytes each instead of a str object (81 bytes) each: what a
+    stream holds while it waits for room (:mod:`hub.budget`)."""
+
+    __slots__ = ("_packed",)
+
+    def __init__(self, digests: Sequence[str]) -> None:
+        self._packed = bytes.fromhex("".join(digests))
+
+    def __len__(self) -> int:
+        return len(self._packed) // 16
+
+    def __getitem__(self, index: int) -> str:  # type: ignore[override]
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._packed[index * 16 : index * 16 + 16].hex()
+
+
+@dataclass(slots=True)
+class _Run:
+    """Blocks sent together: one block, or a packed run of small ones (``packed``).
+
+    Attributes:
+        blocks: ``(digest, size)`` in order.
+        packed: Whether they go as one packed message.
+        end: The index after the run in the request's digests.
+        size: Their bytes.
+        charge: What the run is charged in the read budget (:func:`hub.budget.block_charge`).
+        data: Their bytes once read.
+    """
+
+    blocks: list[tuple[str, int]]
+    packed: bool
+    end: int
+    size: int
+    charge: int
+    data: list[bytes] = field(default_factory=list)
+
+
 class HubService(hub_pb2_grpc.HubServicer):
     """Implements ``protocol.hub.v1.Hub`` over a catalog and a blob store.
 
@@ -187,6 +230,10 @@ class HubService(hub_pb2_grpc.HubServicer):
         audit: Where refused calls (UNAUTHENTICATED, PERMISSION_DENIED) are recorded.
         grants: Signs read grants (``IssueGrant``); None (a hub without TLS nor
             ``--insecure``) answers it FAILED_PRECONDITION.
+        budget: Streams and bytes in flight per token and in total (:mod:`hub.budget`);
+            the defaults when None.
+        grant_limiter: How many grants a token may hold (:class:`hub.grants.GrantLimiter`);
+            the defaults over the issuer's lifetime when None.
     """
 
     def __init__(
@@ -199,6 +246,8 @@ class HubService(hub_pb2_grpc.HubServicer):
         watcher: CatalogWatcher | None = None,
         audit: AuditLog | None = None,
         grants: GrantIssuer | None = None,
+        budget: ReadBudget | None = None,
+        grant_limiter: GrantLimiter | None = None,
     ) -> None:
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -209,6 +258,11 @@ class HubService(hub_pb2_grpc.HubServicer):
         self._watcher = watcher
         self._audit = audit
         self._grants = grants
+        self._budget = budget if budget is not None else ReadBudget()
+        self._metrics.read_bytes_held.set_function(lambda: self._budget.held)
+        if grant_limiter is None and grants is not None:
+            grant_limiter = GrantLimiter(grants.lifetime_s)
+        self._grant_limiter = grant_limiter
 
     def _count(self, method: str, code: grpc.StatusCode) -> None:
         self._metrics.requests.labels(method=method, code=code.name).inc()
@@ -226,7 +280,11 @@ class HubService(hub_pb2_grpc.HubServicer):
             logger.exception("%s failed", method, exc_info=error)
             code, details = grpc.StatusCode.INTERNAL, f"internal error in {method}"
         self._count(method, code)
-        if self._audit is not None and code in _AUDITED_CODES:
+        quota = False
+        if isinstance(error, QuotaExceeded):
+            quota = True
+            self._metrics.limit_refusals.labels(limit=error.limit).inc()
+        if self._audit is not None and (quota or code in _AUDITED_CODES):
             self._audit.refused(
                 who=str(context.peer()), what=method, outcome=code.name, detail=details
             )
@@ -366,120 +424,172 @@ class HubService(hub_pb2_grpc.HubServicer):
     async def ReadBlocks(  # type: ignore[override]  # bytes pass HubWire's serializer
         self, request_iterator: AsyncIterator[hub_pb2.ReadBlocksRequest], principal: Principal
     ) -> AsyncIterator[bytes]:
-        """Answers each requested digest, in order, with its bytes in chunks."""
-        readable = None if principal.scopes == ("*",) else principal.may_read
-        async for request in request_iterator:
-            if isinstance(request, Oversize):
-                raise request.error()
-            if len(request.digests) > MAX_DIGESTS_PER_REQUEST:
-                raise LimitExceeded(
-                    f"{len(request.digests)} digests in one request; "
-                    f"at most {MAX_DIGESTS_PER_REQUEST} are allowed"
-                )
-            digests = [validate_digest(digest) for digest in request.digests]
-            pack_bytes = min(request.pack_bytes, self._chunk_bytes)
-            async for message in self._block_messages(digests, readable, pack_bytes):
-                yield message
+        """Answers each requested digest, in order, with its bytes in chunks.
 
-    def _load_block(
-        self, digest: str, readable: Callable[[str], bool] | None, size: int | None = None
-    ) -> tuple[list[bytes], int]:
-        """Checks a block is readable by the caller (unless its ``size`` was looked up
-        already), reads it and encodes its chunks.
-
-        The block is read whole (one request to the store, so the kernel's readahead or
-        one ranged GET covers it) and each chunk serialized with
-        :func:`encode_block_chunk` from a view of it (one copy besides the read).
-
-        Returns:
-            The serialized chunks in order, and the block's length in bytes.
-
-        Raises:
-            BlockNotFound: unknown (or, for this caller, unreadable) digest.
-            CorruptBlob: the stored bytes have the wrong length.
+        The stream takes one of the caller's stream slots before its request is read, and
+        charges each block to the caller's share of the read budget before reading it
+        (:mod:`hub.budget`): over either, RESOURCE_EXHAUSTED.
         """
-        if size is None:
-            size = self._catalog.block_size(digest, readable)
-        if size is None:
-            raise BlockNotFound(f"unknown block {digest}")
-        data = self._store.read(digest)
-        if len(data) != size:
-            raise CorruptBlob(f"block {digest} has {len(data)} bytes, not {size}")
-        view = memoryview(data)
-        step = self._chunk_bytes
-        chunks = [
-            encode_block_chunk(
-                digest, offset, view[offset : offset + step], size, offset + step >= size
-            )
-            for offset in range(0, size, step)
-        ]
-        return chunks, size
+        readable = None if principal.scopes == ("*",) else principal.may_read
+        with self._budget.stream(principal.name):
+            async for request in request_iterator:
+                if isinstance(request, Oversize):
+                    raise request.error()
+                if len(request.digests) > MAX_DIGESTS_PER_REQUEST:
+                    raise LimitExceeded(
+                        f"{len(request.digests)} digests in one request; "
+                        f"at most {MAX_DIGESTS_PER_REQUEST} are allowed"
+                    )
+                digests = _Digests([validate_digest(digest) for digest in request.digests])
+                pack_bytes = min(request.pack_bytes, self._chunk_bytes)
+                request = None  # type: ignore[assignment]  # not kept while the stream waits
+                async for message in self._block_messages(
+                    digests, readable, pack_bytes, principal.name
+                ):
+                    yield message
 
-    def _load_run(
+    def _plan_run(
         self,
         digests: Sequence[str],
         start: int,
         readable: Callable[[str], bool] | None,
         pack_bytes: int,
-    ) -> tuple[list[bytes], int, int]:
-        """Loads ``digests[start]`` and, with ``pack_bytes``, the blocks after it that
+    ) -> _Run:
+        """Looks up ``digests[start]`` and, with ``pack_bytes``, the blocks after it that
         fit in one message with it; runs in a worker thread (one hop for the run).
 
         A run of whole one-chunk blocks totalling at most ``pack_bytes`` data bytes
         (at most :data:`PACK_MOST_BLOCKS`) becomes one message: the first block's
         ``BlockChunk`` with the others in its ``more`` (:func:`pack_into_first`).
+        Nothing is read yet: the run is charged to the budget first.
 
-        Returns:
-            The messages to send in order, the index after the run, and its bytes.
+        Raises:
+            BlockNotFound: ``digests[start]`` is unknown (or unreadable by this caller); a
+                later one ends the run and fails on its own turn.
         """
-        chunks, size = self._load_block(digests[start], readable)
-        end = start + 1
-        if not pack_bytes or len(chunks) > 1 or size > pack_bytes:
-            return chunks, end, size
-        messages, total = [chunks[0]], size
-        while end < len(digests) and end - start < PACK_MOST_BLOCKS:
+        size = self._catalog.block_size(digests[start], readable)
+        if size is None:
+            raise BlockNotFound(f"unknown block {digests[start]}")
+        blocks = [(digests[start], size)]
+        packed = bool(pack_bytes) and 0 < size <= min(pack_bytes, self._chunk_bytes)
+        total, end = size, start + 1
+        while packed and end < len(digests) and end - start < PACK_MOST_BLOCKS:
             next_size = self._catalog.block_size(digests[end], readable)
             if next_size is None or total + next_size > pack_bytes:
                 break  # an unknown one fails on its own turn, after what came before
-            more, _ = self._load_block(digests[end], readable, next_size)
-            messages.append(more[0])
+            blocks.append((digests[end], next_size))
             total += next_size
             end += 1
-        return [pack_into_first(messages, hub_pb2.BlockChunk.MORE_FIELD_NUMBER)], end, total
+        charge = block_charge(total, self._chunk_bytes) + (total if packed else 0)
+        return _Run(blocks, packed, end, total, charge)
+
+    def _read_run(self, run: _Run) -> None:
+        """Reads a planned run's blocks whole (one request to the store each, so the
+        kernel's readahead or one ranged GET covers a block); in a worker thread.
+
+        Raises:
+            CorruptBlob: the stored bytes have the wrong length.
+        """
+        for digest, size in run.blocks:
+            data = self._store.read(digest)
+            if len(data) != size:
+                raise CorruptBlob(f"block {digest} has {len(data)} bytes, not {size}")
+            run.data.append(data)
+
+    async def _load_run(
+        self,
+        digests: Sequence[str],
+        start: int,
+        readable: Callable[[str], bool] | None,
+        pack_bytes: int,
+        who: str,
+        wait: bool,
+    ) -> _Run | None:
+        """Plans the run at ``start``, charges it to ``who`` (waiting for room, or with
+        ``wait`` false giving up at once: None) and reads it."""
+        run = await asyncio.to_thread(self._plan_run, digests, start, readable, pack_bytes)
+        if wait:
+            await self._budget.take(who, run.charge)
+        elif not self._budget.try_take(who, run.charge):
+            return None
+        try:
+            await asyncio.to_thread(self._read_run, run)
+        except BaseException:
+            self._budget.release(who, run.charge)
+            raise
+        return run
+
+    def _run_messages(self, run: _Run) -> Iterator[bytes]:
+        """A run's messages, each encoded only when the previous one has been sent
+        (:func:`encode_block_chunk` from a view of the block: one copy besides the read)."""
+        if run.packed:
+            messages = [
+                encode_block_chunk(digest, 0, data, size, True)
+                for (digest, size), data in zip(run.blocks, run.data, strict=True)
+            ]
+            yield pack_into_first(messages, hub_pb2.BlockChunk.MORE_FIELD_NUMBER)
+            return
+        (digest, size), data = run.blocks[0], run.data[0]
+        view = memoryview(data)
+        step = self._chunk_bytes
+        for offset in range(0, size, step):
+            yield encode_block_chunk(
+                digest, offset, view[offset : offset + step], size, offset + step >= size
+            )
 
     async def _block_messages(
-        self, digests: Sequence[str], readable: Callable[[str], bool] | None, pack_bytes: int
+        self,
+        digests: Sequence[str],
+        readable: Callable[[str], bool] | None,
+        pack_bytes: int,
+        who: str,
     ) -> AsyncIterator[bytes]:
-        """Streams blocks in order, reading the next run while this one is being sent."""
+        """Streams blocks in order, each charged to ``who`` while it is held; the next
+        run is read while this one is being sent when the budget has room for both."""
         if not digests:
             return
         load = self._load_run
-        pending = asyncio.ensure_future(asyncio.to_thread(load, digests, 0, readable, pack_bytes))
+        pending: asyncio.Future[_Run | None] | None = None
         start = 0
         try:
-            while True:
-                messages, end, size = await pending
-                if end < len(digests):
-                    pending = asyncio.ensure_future(
-                        asyncio.to_thread(load, digests, end, readable, pack_bytes)
-                    )
-                for message in messages:
-                    yield message
-                self._metrics.blocks_served_bytes.inc(size)
-                self._metrics.blocks_served.inc(end - start)
-                if end >= len(digests):
-                    return
-                start = end
+            while start < len(digests):
+                run = await pending if pending is not None else None
+                pending = None
+                if run is None:
+                    run = await load(digests, start, readable, pack_bytes, who, True)
+                    assert run is not None  # a waiting load charges or raises
+                try:
+                    if run.end < len(digests):
+                        pending = asyncio.ensure_future(
+                            load(digests, run.end, readable, pack_bytes, who, False)
+                        )
+                    for message in self._run_messages(run):
+                        yield message
+                finally:
+                    run.data.clear()
+                    self._budget.release(who, run.charge)
+                self._metrics.blocks_served_bytes.inc(run.size)
+                self._metrics.blocks_served.inc(run.end - start)
+                start = run.end
         finally:
-            if not pending.done():
+            if pending is not None:
                 pending.cancel()
+                with contextlib.suppress(BaseException):
+                    ahead = await pending
+                    if ahead is not None:
+                        self._budget.release(who, ahead.charge)
 
     @_unary
     async def IssueGrant(
         self, request: hub_pb2.IssueGrantRequest, principal: Principal
     ) -> hub_pb2.ReadGrant:
-        """A short-lived grant of the caller's scopes to the key it holds (hub.grants)."""
-        return self._issuer().issue(principal, request)
+        """A short-lived grant of the caller's scopes to the key it holds (hub.grants),
+        within the token's grant limits (:class:`hub.grants.GrantLimiter`)."""
+        issuer = self._issuer()
+        issuer.check(request)
+        if self._grant_limiter is not None:
+            self._grant_limiter.take(principal.name, request.holder_key)
+        return issuer.issue(principal, request)
 
     @_unary
     async def GrantKeys(

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import secrets
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from hub.atomic import write_atomic
 from hub.auth import MANAGED_VERSION, TokenTable, _scopes, hash_token, parse_timestamp
 from hub.errors import ConfigError, NotFound
 
@@ -91,18 +91,7 @@ def _dump(path: Path, data: dict[str, Any]) -> None:
         text = json.dumps(data, indent=2, default=str) + "\n"
     else:
         text = _HEADER + yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    write_atomic(path, text.encode("utf-8"))
 
 
 @contextlib.contextmanager

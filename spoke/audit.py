@@ -1,7 +1,7 @@
 """The spoke's audit trail: one JSON object per line, appended to ``CACHE_DIR/audit.jsonl``
 (or ``--audit-log FILE``, which may be on another disk), mode 0600, rotated by size
 (``--audit-max-bytes``, ``--audit-backups``: ``FILE.1`` ... ``FILE.N`` beside it, also
-0600). :mod:`strata_audit` does the writing, shared with the hub.
+0600). :mod:`strata_local.audit` does the writing, shared with the hub.
 
 Each record says when (``ts``, ISO 8601 UTC), who (``who``: the admin client's address, or
 ``daemon`` for the spoke's own actions such as retention and revocation purges), what
@@ -16,6 +16,6 @@ writers and a crash leave no torn records.
 
 from __future__ import annotations
 
-from strata_audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog
+from strata_local.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog
 
 __all__ = ["DEFAULT_BACKUPS", "DEFAULT_MAX_BYTES", "AuditLog"]

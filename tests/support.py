@@ -9,6 +9,7 @@ import pwd
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,10 +55,15 @@ def other_user() -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(OTHER_USER)
     except KeyError:
-        subprocess.run(
-            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER], check=True
+        made = subprocess.run(
+            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+            capture_output=True,
+            text=True,
         )
-        return pwd.getpwnam(OTHER_USER)
+        try:  # another test worker may have made it first (useradd exits 9: it exists)
+            return pwd.getpwnam(OTHER_USER)
+        except KeyError:
+            raise AssertionError(f"useradd {OTHER_USER} failed: {made.stderr.strip()}") from None
 
 
 @contextlib.contextmanager
@@ -155,3 +161,18 @@ def make_tree(root: Path, seed: int = 0) -> None:
     (root / "nested" / "a.bin").write_bytes(rng.randbytes(65_536))  # exactly one block
     (root / "nested" / "deeper" / "b.bin").write_bytes(rng.randbytes(65_537))
     (root / "link-to-small").symlink_to("small.txt")
+
+
+def run_module(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` from the repository root, output captured (text).
+
+    Raises:
+        subprocess.TimeoutExpired: it ran longer than ``timeout`` seconds.
+    """
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

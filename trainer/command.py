@@ -1,6 +1,6 @@
 """The ``strata-train fit`` command line, for programs that run the trainer as a child.
 
-The benchmarks (:mod:`bench.measure`) and the demo (:mod:`deploy.demo`) both start
+The benchmarks (:mod:`bench.measure`) and the demo (:mod:`demo.cli`) both start
 ``python -m trainer fit``; they build its arguments here, next to the command they name
 (:func:`trainer.cli.fit`), so a renamed flag breaks one place. Importing this module
 imports nothing heavy (no torch, no zarr).

@@ -1,4 +1,4 @@
-"""The :class:`Catalog`: datasets, versions, tags, revocation, publishes, statistics."""
+"""The :class:`Catalog`: datasets, versions, tags, revocation, the blob store, statistics."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 from hub.catalog.base import CatalogBase
 from hub.catalog.events import EventsMixin
 from hub.catalog.manifests import ManifestsMixin
-from hub.catalog.publish import PublishSession
-from hub.catalog.records import CatalogStats, Dataset, PublishRecord, Revocation, Snapshot, Tag
+from hub.catalog.publish import PublishesMixin
+from hub.catalog.records import CatalogStats, Dataset, Revocation, Snapshot, Tag
 from hub.catalog.refs import RefsMixin, count_blocks
 from hub.catalog.schema import (
     I64,
@@ -16,7 +16,6 @@ from hub.catalog.schema import (
     META_BLOCK_BYTES,
     META_LIVE_SNAPSHOTS,
     META_SEQUENCE,
-    PUBLISH,
     SNAPSHOT,
     U32,
     U64,
@@ -35,13 +34,14 @@ from hub.names import (
 )
 
 
-class Catalog(ManifestsMixin, RefsMixin, EventsMixin, CatalogBase):
+class Catalog(ManifestsMixin, RefsMixin, EventsMixin, PublishesMixin, CatalogBase):
     """The hub's catalog in an LMDB environment (``DATA_DIR/catalog``).
 
     Safe to use from several threads; every method runs its own transaction. Use as a
     context manager or call :meth:`close`. The methods are grouped by module: manifests
     (:mod:`hub.catalog.manifests`), block references (:mod:`hub.catalog.refs`), events
-    (:mod:`hub.catalog.events`) and, here, datasets, versions, tags and publishes.
+    (:mod:`hub.catalog.events`), staged publishes (:mod:`hub.catalog.publish`) and, here,
+    datasets, versions, tags and revocation.
 
     Args:
         path: The environment directory.
@@ -157,16 +157,6 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, CatalogBase):
             txn.require_dataset(dataset)
             return txn.version(dataset, number)
 
-    def list_publishes(self) -> list[PublishRecord]:
-        """Lists publishes staged but not committed: in progress, or abandoned by a crash."""
-        with self.read() as txn:
-            records = []
-            for key, value in txn.cursor(db=self._db[b"publishes"]):
-                started_ns, pid = PUBLISH.unpack_from(value)
-                host = value[PUBLISH.size :].decode("utf-8")
-                records.append(PublishRecord(U64.unpack(key)[0], started_ns, pid, host))
-            return records
-
     def blobs_location(self) -> str | None:
         """The blob store this catalog's blocks live in, as recorded by the first publish."""
         with self.read() as txn:
@@ -221,18 +211,6 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, CatalogBase):
                     f"catalog at {self.path} keeps its blocks in {current.decode('utf-8')}, "
                     f"not {location}"
                 )
-
-    def begin_publish(self, block_size: int) -> PublishSession:
-        """Starts a staged publish; see :class:`PublishSession`.
-
-        Args:
-            block_size: The snapshot's maximum block length, bytes.
-
-        Raises:
-            InvalidArgument: ``block_size`` is out of range.
-            CatalogError: The catalog cannot be written.
-        """
-        return PublishSession(self, block_size)
 
     def set_tag(self, dataset: str, tag: str, ref: str) -> Tag:
         """Points a tag at a live version, creating or moving it.
@@ -361,29 +339,3 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, CatalogBase):
             )
             revoked = txn.version(dataset, number)
         return Revocation(revoked, tuple(removed), dropped)
-
-    def drop_publish(self, publish_id: int) -> bool:
-        """Removes a staged publish: its manifest, its index, its protections, its record.
-
-        Args:
-            publish_id: The publish's number.
-
-        Returns:
-            True when the publish was still recorded.
-
-        Raises:
-            CatalogError: The catalog cannot be written.
-        """
-        key = U64.pack(publish_id)
-        with self.write() as txn:
-            found = txn.delete(key, db=self._db[b"publishes"])
-            txn.drop_manifest(publish_id)
-            cursor = txn.cursor(db=self._db[b"pending"])
-            positioned = cursor.first()
-            while positioned:
-                if cursor.key()[16:] == key:
-                    cursor.delete()  # moves to the next record, or unpositions at the end
-                    positioned = bool(cursor.key())
-                else:
-                    positioned = cursor.next()
-            return bool(found)

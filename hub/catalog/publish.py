@@ -3,6 +3,7 @@
 A :class:`PublishSession` writes through the catalog's public transactions
 (:meth:`hub.catalog.base.CatalogBase.write`) and the record operations of
 :class:`~hub.catalog.txn.CatalogTxn`; see :mod:`hub.catalog` for the protocol.
+:class:`PublishesMixin` gives :class:`hub.catalog.Catalog` the staged publishes' records.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from hub.catalog.records import Snapshot
+from hub.catalog.base import CatalogBase
+from hub.catalog.records import PublishRecord, Snapshot
 from hub.catalog.refs import count_blocks
 from hub.catalog.schema import (
     DATASET,
@@ -40,7 +42,6 @@ from hub.manifest import (
 from hub.names import validate_dataset, validate_tag, version_name, version_number
 
 if TYPE_CHECKING:
-    from hub.catalog.catalog import Catalog
     from hub.signing import Signer
 
 logger = logging.getLogger("hub.catalog")
@@ -64,7 +65,7 @@ class PublishSession:
         CatalogError: The catalog cannot be written.
     """
 
-    def __init__(self, catalog: Catalog, block_size: int) -> None:
+    def __init__(self, catalog: PublishesMixin, block_size: int) -> None:
         self._catalog = catalog
         self._hasher = ManifestHasher(block_size)
         self.block_size = block_size
@@ -280,3 +281,55 @@ class PublishSession:
             logger.warning(
                 "could not remove staged publish %d; gc will", self.publish_id, exc_info=True
             )
+
+
+class PublishesMixin(CatalogBase):
+    """Staged publishes: begun, listed while in progress or abandoned, and dropped."""
+
+    def list_publishes(self) -> list[PublishRecord]:
+        """Lists publishes staged but not committed: in progress, or abandoned by a crash."""
+        with self.read() as txn:
+            records = []
+            for key, value in txn.cursor(db=self._db[b"publishes"]):
+                started_ns, pid = PUBLISH.unpack_from(value)
+                host = value[PUBLISH.size :].decode("utf-8")
+                records.append(PublishRecord(U64.unpack(key)[0], started_ns, pid, host))
+            return records
+
+    def begin_publish(self, block_size: int) -> PublishSession:
+        """Starts a staged publish; see :class:`PublishSession`.
+
+        Args:
+            block_size: The snapshot's maximum block length, bytes.
+
+        Raises:
+            InvalidArgument: ``block_size`` is out of range.
+            CatalogError: The catalog cannot be written.
+        """
+        return PublishSession(self, block_size)
+
+    def drop_publish(self, publish_id: int) -> bool:
+        """Removes a staged publish: its manifest, its index, its protections, its record.
+
+        Args:
+            publish_id: The publish's number.
+
+        Returns:
+            True when the publish was still recorded.
+
+        Raises:
+            CatalogError: The catalog cannot be written.
+        """
+        key = U64.pack(publish_id)
+        with self.write() as txn:
+            found = txn.delete(key, db=self._db[b"publishes"])
+            txn.drop_manifest(publish_id)
+            cursor = txn.cursor(db=self._db[b"pending"])
+            positioned = cursor.first()
+            while positioned:
+                if cursor.key()[16:] == key:
+                    cursor.delete()  # moves to the next record, or unpositions at the end
+                    positioned = bool(cursor.key())
+                else:
+                    positioned = cursor.next()
+            return bool(found)

@@ -215,11 +215,6 @@ class CatalogTxn:
         self.put(key, U64.pack(count), db=meta)
         return count
 
-    def meta_u64(self, key: bytes) -> int:
-        """The u64 ``meta`` counter ``key`` (0 when absent)."""
-        value = self.get(key, db=self.db[b"meta"])
-        return U64.unpack(value)[0] if value is not None else 0
-
     def drop_manifest(self, manifest: int) -> None:
         """Deletes a manifest's entries and its directory index."""
         prefix = U64.pack(manifest)

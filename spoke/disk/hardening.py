@@ -11,7 +11,7 @@ through the mount (``--allow-other``), never from the cache directory.
 Modes only help in a directory no other user controls, so a cache directory another user
 owns, could replace (a directory on the way is theirs, or theirs to write) or has put
 something in (a token, the LMDB files, a symlink) is refused before anything is read or
-written there (:func:`secure_cache_dir`, over the shared :mod:`strata_ownership`): the
+written there (:func:`secure_cache_dir`, over the shared :mod:`strata_local.ownership`): the
 attacker's admin token is never used, nothing is written into their files, and the
 daemon's socket never sits where they could move it.
 
@@ -35,7 +35,7 @@ import stat
 from pathlib import Path
 
 from spoke.disk.layout import CacheLayout
-from strata_ownership import UnsafePath, check_members, make_private, open_private_dir
+from strata_local.ownership import UnsafePath, check_members, make_private, open_private_dir
 
 PRIVATE_UMASK = 0o077
 DIR_MODE = 0o700
@@ -57,7 +57,7 @@ def private_umask() -> int:
 
 def secure_cache_dir(layout: CacheLayout) -> None:
     """Refuse a cache directory another local user could change, and narrow ours to
-    owner-only (:mod:`strata_ownership`).
+    owner-only (:mod:`strata_local.ownership`).
 
     Refused: a directory on the way to it that another user owns or may write (unless
     sticky with the next step ours, as under ``/tmp`` and ``/dev/shm``); the cache

@@ -8,14 +8,24 @@
   resolved at its hub, manifest checked against the snapshot id, signatures if
   configured), so an owner that never read the caller's snapshot can still serve it
   (the region's one copy of each block) without trusting the caller's word. Loads cost
-  hub calls, so each caller (its grant's holder key) starts at most
+  hub calls, so each caller starts at most
   :data:`HINT_LOADS_BURST` at once and :data:`HINT_LOADS_PER_S` on average (a token
   bucket), and a name that failed to load is not tried again for :data:`HINT_RETRY_S`
   whoever names it (at most :data:`MAX_FAILED` remembered: when full, nothing new is
   loaded until entries expire, so no caller can flush what it made fail).
-- **Limits** (:class:`CallerLimits`): per caller (its grant's holder key) at most
-  :data:`CALLS_PER_CALLER` calls and :data:`BYTES_PER_CALLER` bytes in flight; beyond,
-  RESOURCE_EXHAUSTED, and the caller asks the hub.
+- **Who the caller is** (:func:`~spoke.mesh.grantcheck.caller_of`): the subject the hub
+  signed into its grant (the token's name), never the grant's holder key nor its node
+  name: the caller picks both when it asks the hub for a grant, so keying anything by
+  them would let one token multiply its allowance by minting grants. Every allowance
+  here is per subject: the spokes of a region sharing one hub token share it at each
+  owner.
+- **Limits** (:class:`CallerLimits`): per caller at most :data:`CALLS_PER_CALLER` calls
+  and :data:`BYTES_PER_CALLER` bytes asked for in flight; beyond, RESOURCE_EXHAUSTED, and
+  the caller asks the hub.
+- **Memory** (:class:`MemoryBudget`): what the peer port holds for callers, all of them
+  together, is at most :data:`MEMORY_BUDGET` bytes, and one caller holds at most half of
+  it (its fair share once more than half is held); a call that would pass it is refused
+  (RESOURCE_EXHAUSTED, reason ``memory``) before anything is queued.
 - **Refusals** (:class:`Refusals`): every refused call, and every call with blocks
   declined, is counted (``strata_spoke_peer_refusals_total{reason}``), written to the
   audit log as a refusal (rate-limited there, the rest counted in a summary record by
@@ -44,18 +54,37 @@ from spoke.catalog.catalog import SnapshotCatalog
 from spoke.disk.layout import is_digest
 from spoke.errors import SpokeError
 from spoke.mesh import metrics
-from strata_audit import TokenBucket
+from strata_local.audit import TokenBucket
 
 log = logging.getLogger(__name__)
 
 CALLS_PER_CALLER = 32
-"""Most calls one caller may have in flight at this owner. A spoke's scheduler opens at
-most 16 streams, split over every owner of the region."""
+"""Most calls one caller (subject) may have in flight at this owner. A spoke's scheduler
+opens at most 16 streams, split over every owner of the region: ``N`` spokes sharing one
+token keep about 16 in flight at each owner of ``N``, so this leaves room for twice that."""
 
 BYTES_PER_CALLER = 512 << 20
 """Most bytes of blocks one caller may have asked of this owner and not received: twice
 what a spoke's scheduler puts on the wire at most (its 256 MiB link window and 8 demand
-streams of 16 MiB)."""
+streams of 16 MiB). What this bounds is work queued here (hub fetches on the caller's
+behalf go through this spoke's own link window); memory is :data:`MEMORY_BUDGET`'s."""
+
+MEMORY_BUDGET = 256 << 20
+"""Most bytes the peer port holds for callers, all of them together (blocks sent from
+memory, the chunk each call has on its way out and gRPC's copies of it). Sized for the
+DaemonSet's 1 GiB memory limit (``deploy/k8s/base/spoke/daemonset.yaml``):
+
+- the daemon at rest, catalog and index maps: about 130 MiB;
+- the scheduler's link window, the block bytes of hub fetches in flight: 256 MiB at most
+  (:mod:`spoke.fetch.window`), whoever asked for them, a peer included;
+- this budget: 256 MiB;
+- the rest, about 380 MiB, for the mount's and hint streams' work and allocator slack.
+
+So stalled peers, however many and with however many grants, leave a daemon at about
+130 + 256 = 390 MiB, under the 512 MiB the issue 23 probe holds it to, and with the link
+window full besides, under 650 MiB of the 1 GiB. A call is charged
+:data:`CALL_HOLD_BYTES` (``spoke.mesh.peerservice``) when it is admitted, and a block it
+is sent from memory (one the cache could not take) its size while it is sent."""
 
 MAX_HINTS = 8
 """Most snapshots a request may name."""
@@ -75,7 +104,7 @@ HINT_LOADS_PER_S = 0.25
 """Snapshot loads one caller may start per second on average beyond the burst (a region
 reads a few snapshots; each is loaded once)."""
 
-HOLDERS_TRACKED = 1024
+CALLERS_TRACKED = 1024
 """Callers whose load allowance is remembered (least recently seen forgotten first)."""
 
 MAX_FAILED = 1024
@@ -122,25 +151,25 @@ class ScopeCheck:
         self._now = now
         self._loading: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._failed: dict[tuple[str, str], float] = {}  # (dataset, version) -> retry after
-        self._allowance: OrderedDict[bytes, TokenBucket] = OrderedDict()
+        self._allowance: OrderedDict[str, TokenBucket] = OrderedDict()
 
-    def _may_load(self, holder: bytes) -> bool:
-        """Whether ``holder`` may start one more load now (takes it from its allowance)."""
-        bucket = self._allowance.pop(holder, None)
+    def _may_load(self, caller: str) -> bool:
+        """Whether ``caller`` may start one more load now (takes it from its allowance)."""
+        bucket = self._allowance.pop(caller, None)
         if bucket is None:
             bucket = TokenBucket(HINT_LOADS_PER_S, HINT_LOADS_BURST, self._now)
-        self._allowance[holder] = bucket  # most recently seen last
-        while len(self._allowance) > HOLDERS_TRACKED:
+        self._allowance[caller] = bucket  # most recently seen last
+        while len(self._allowance) > CALLERS_TRACKED:
             self._allowance.popitem(last=False)
         return len(self._failed) < MAX_FAILED and bucket.take()
 
     async def load(
-        self, hints: Sequence[peer_pb2.SnapshotRef], scopes: Sequence[str], holder: bytes = b""
+        self, hints: Sequence[peer_pb2.SnapshotRef], scopes: Sequence[str], caller: str = ""
     ) -> None:
         """Load (once, however many callers name them) the manifests of named snapshots
         this spoke has not stored as those versions, of datasets the grant covers, waiting
-        at most :data:`HINT_WAIT_S`; ``holder`` (the caller's holder key) starts loads
-        within its allowance, and failures are remembered for :data:`HINT_RETRY_S`."""
+        at most :data:`HINT_WAIT_S`; ``caller`` (a grant's subject) starts loads within
+        its allowance, and failures are remembered for :data:`HINT_RETRY_S`."""
         now = self._now()
         self._failed = {k: t for k, t in self._failed.items() if t > now}
         waits = []
@@ -157,7 +186,7 @@ class ScopeCheck:
                 continue
             task = self._loading.get(name)
             if task is None:
-                if not self._may_load(holder):
+                if not self._may_load(caller):
                     continue  # its blocks stay unknown here: declined, read from the hub
                 task = asyncio.create_task(self._load(*name, hint.snapshot_id))
                 self._loading[name] = task
@@ -210,7 +239,7 @@ def _name(text: str) -> bool:
 
 
 class CallerLimits:
-    """Calls and bytes in flight per caller.
+    """Calls and bytes in flight per caller (a grant's subject).
 
     Args:
         calls: most calls one caller may have in flight.
@@ -220,14 +249,14 @@ class CallerLimits:
     def __init__(self, calls: int = CALLS_PER_CALLER, nbytes: int = BYTES_PER_CALLER) -> None:
         self.calls = calls
         self.nbytes = nbytes
-        self._held: dict[bytes, tuple[int, int]] = {}
+        self._held: dict[str, tuple[int, int]] = {}
 
-    def in_flight(self, caller: bytes) -> tuple[int, int]:
+    def in_flight(self, caller: str) -> tuple[int, int]:
         """Calls and bytes ``caller`` has in flight now."""
         return self._held.get(caller, (0, 0))
 
     @contextlib.contextmanager
-    def admit(self, caller: bytes, nbytes: int) -> Iterator[bool]:
+    def admit(self, caller: str, nbytes: int) -> Iterator[bool]:
         """While inside, ``caller`` holds one more call and ``nbytes`` more bytes; yields
         False (holding nothing) when that would exceed a limit."""
         calls, held = self.in_flight(caller)
@@ -243,6 +272,73 @@ class CallerLimits:
                 del self._held[caller]
             else:
                 self._held[caller] = (calls - 1, held - nbytes)
+
+
+class MemoryBudget:
+    """Bytes the peer port holds for callers: at most ``capacity`` in all, at most half of
+    it for one caller, and once more than half is held, at most its fair share (the
+    capacity over the callers holding some) for a caller asking for more. So one caller
+    stalling every call it may make leaves the other half to the others, and a few
+    callers filling it leave each newcomer its share as calls end.
+
+    A caller refused is told at once (RESOURCE_EXHAUSTED), not made to wait: it asks the
+    hub for those blocks in the same call's time, where a wait here would spend that time
+    and make an honest owner look silent to its pace (``spoke.mesh.peerclient.Pace``).
+
+    Args:
+        capacity: most bytes held in all (:data:`MEMORY_BUDGET`).
+    """
+
+    def __init__(self, capacity: int = MEMORY_BUDGET) -> None:
+        self.capacity = capacity
+        self.held = 0
+        self._held: dict[str, int] = {}
+
+    def held_by(self, caller: str) -> int:
+        """Bytes held for ``caller`` now."""
+        return self._held.get(caller, 0)
+
+    def take(self, caller: str, nbytes: int) -> bool:
+        """Hold ``nbytes`` more for ``caller`` if that keeps within the bounds (True);
+        else hold nothing (False)."""
+        mine = self.held_by(caller)
+        after = self.held + nbytes
+        holders = len(self._held) + (0 if mine else 1)
+        if (
+            after > self.capacity
+            or mine + nbytes > self.capacity // 2
+            or (after > self.capacity // 2 and mine + nbytes > self.capacity // holders)
+        ):
+            return False
+        self.held = after
+        self._held[caller] = mine + nbytes
+        metrics.PEER_HELD_BYTES.set(self.held)
+        return True
+
+    def give(self, caller: str, nbytes: int) -> None:
+        """Release ``nbytes`` held for ``caller``."""
+        left = self._held[caller] - nbytes
+        if left:
+            self._held[caller] = left
+        else:
+            del self._held[caller]
+        self.held -= nbytes
+        metrics.PEER_HELD_BYTES.set(self.held)
+
+    @contextlib.contextmanager
+    def hold(self, caller: str, nbytes: int) -> Iterator[bool]:
+        """While inside, ``nbytes`` are held for ``caller``; yields False (holding
+        nothing) when the budget cannot take them (nothing to hold: True)."""
+        if not nbytes:
+            yield True
+            return
+        if not self.take(caller, nbytes):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self.give(caller, nbytes)
 
 
 class Refusals:

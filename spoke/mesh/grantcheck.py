@@ -12,11 +12,13 @@ refusal, the ``reason`` of ``strata_spoke_peer_refusals_total``):
    holder key over this call (``bad_proof``);
 4. the proof's nonce was not seen before (``replayed``; kept for twice the window). Nonces
    that could still be replayed are never forgotten, so the cache refuses (``busy``)
-   rather than grow past its bounds, fairly: a holder key with
-   :data:`REPLAY_PER_HOLDER` nonces remembered is refused, whoever else calls; past
-   :data:`REPLAY_CAPACITY` in all, only holders above their fair share (the capacity over
-   the holders remembered) are; and nothing past twice the capacity. So a holder making
-   calls as fast as it can refuses itself, not the region.
+   rather than grow past its bounds, fairly: a caller with :data:`REPLAY_PER_HOLDER`
+   nonces remembered is refused, whoever else calls; past :data:`REPLAY_CAPACITY` in
+   all, only callers above their fair share (the capacity over the callers remembered)
+   are; and nothing past twice the capacity. So a caller making calls as fast as it can
+   refuses itself, not the region. A caller is the grant's subject (the hub's name for
+   its token), not its holder key: a token holder can mint as many grants, hence holder
+   keys, as it likes, but not subjects (:func:`caller_of`).
 
 After DPoP (RFC 9449 §4.3 and §11.1: the proof's time window and a replay cache of its
 ``jti``). Grant signatures already verified are remembered (:data:`GRANT_CACHE`), so a
@@ -45,6 +47,20 @@ from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2
 from spoke.mesh.grants import HubGrantKeys
 
+
+def caller_of(claims: hub_pb2.GrantClaims) -> str:
+    """Who a call is from, for every per-caller allowance at this owner (calls, bytes,
+    memory, the replay cache's share, hint loads): the subject the hub signed into the
+    grant, the name of the token it was issued to.
+
+    Not the holder key, nor the node name: the caller chooses both in ``IssueGrant`` (the
+    hub checks only their form), so one token could mint a grant per allowance it wants.
+    The spokes of a region that share one hub token are one caller at each owner; each
+    spoke its own token (``strata-hub token create``) gives each its own allowance.
+    """
+    return claims.subject
+
+
 SKEW_S = 5.0
 """Clock difference allowed between the hub and this spoke for a grant's times, seconds."""
 
@@ -52,12 +68,13 @@ PROOF_WINDOW_S = 30.0
 """How far a proof's time may be from this spoke's clock, seconds."""
 
 REPLAY_CAPACITY = 1 << 17
-"""Proof nonces remembered (each for ``2 * PROOF_WINDOW_S``) before holders above their
+"""Proof nonces remembered (each for ``2 * PROOF_WINDOW_S``) before callers above their
 fair share are refused; twice as many at most."""
 
 REPLAY_PER_HOLDER = 1 << 14
-"""Most proof nonces remembered for one holder key: 273 calls a second to this spoke,
-sustained (a spoke's scheduler opens at most 16 streams at once, over all owners)."""
+"""Most proof nonces remembered for one caller (subject): 273 calls a second to this
+spoke, sustained, from every spoke of the region that shares the subject's token (a
+spoke's scheduler opens at most 16 streams at once, over all owners)."""
 
 GRANT_CACHE = 4096
 """Grant signatures remembered as verified."""
@@ -73,13 +90,13 @@ class GrantRefused(Exception):
 
 class ReplayCache:
     """Nonces seen in the last ``ttl_s`` seconds (arrival order is expiry order), counted
-    per holder key so that one holder filling it refuses only itself.
+    per caller (a grant's subject) so that one caller filling it refuses only itself.
 
     Args:
         ttl_s: how long a nonce is remembered, seconds.
-        capacity: nonces remembered before holders above their fair share are refused;
+        capacity: nonces remembered before callers above their fair share are refused;
             never more than twice this.
-        per_holder: most nonces remembered for one holder.
+        per_holder: most nonces remembered for one caller.
         now: the monotonic clock.
     """
 
@@ -94,21 +111,21 @@ class ReplayCache:
         self.capacity = capacity
         self.per_holder = per_holder if per_holder is not None else capacity
         self._now = now
-        self._seen: OrderedDict[bytes, tuple[float, bytes]] = OrderedDict()
-        self._held: dict[bytes, int] = {}  # nonces remembered, by holder
+        self._seen: OrderedDict[bytes, tuple[float, str]] = OrderedDict()
+        self._held: dict[str, int] = {}  # nonces remembered, by caller
 
     def __len__(self) -> int:
         return len(self._seen)
 
-    def held(self, holder: bytes) -> int:
-        """Nonces remembered for ``holder``."""
-        return self._held.get(holder, 0)
+    def held(self, caller: str) -> int:
+        """Nonces remembered for ``caller``."""
+        return self._held.get(caller, 0)
 
-    def add(self, nonce: bytes, holder: bytes = b"") -> None:
-        """Remember ``nonce`` of ``holder``'s proof.
+    def add(self, nonce: bytes, caller: str = "") -> None:
+        """Remember ``nonce`` of ``caller``'s proof.
 
         Raises:
-            GrantRefused: seen before (``replayed``), or ``holder`` has used its share of
+            GrantRefused: seen before (``replayed``), or ``caller`` has used its share of
                 the cache (``busy``).
         """
         now = self._now()
@@ -124,7 +141,7 @@ class ReplayCache:
                 del self._held[who]
         if nonce in self._seen:
             raise GrantRefused("replayed", "this proof was used before")
-        mine, total = self.held(holder), len(self._seen)
+        mine, total = self.held(caller), len(self._seen)
         fair = self.capacity // max(len(self._held), 1)
         if (
             mine >= self.per_holder
@@ -134,8 +151,8 @@ class ReplayCache:
             raise GrantRefused(
                 "busy", f"this caller made {mine} calls here in {self.ttl_s:g} s; try again"
             )
-        self._seen[nonce] = (now + self.ttl_s, holder)
-        self._held[holder] = mine + 1
+        self._seen[nonce] = (now + self.ttl_s, caller)
+        self._held[caller] = mine + 1
 
 
 def _first(metadata: Iterable[tuple[str, str | bytes]], key: str) -> bytes | None:
@@ -218,7 +235,7 @@ class GrantVerifier:
             raise GrantRefused(
                 "bad_proof", "the proof is not signed by the grant's holder"
             ) from None
-        self.replays.add(proof.nonce, claims.holder_key)
+        self.replays.add(proof.nonce, caller_of(claims))
         return claims
 
     def _claims(self, raw_grant: bytes) -> tuple[bytes, hub_pb2.GrantClaims]:

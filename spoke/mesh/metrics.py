@@ -53,8 +53,12 @@ OWNED_SHARE = Gauge(
 PEER_REFUSALS = Counter(
     "strata_spoke_peer_refusals",
     "Peer calls this spoke refused, whole or in part, by reason (token, no_grant, expired, "
-    "wrong_target, replayed, busy, declined, limit, ...; spoke/mesh/grantcheck.py)",
+    "wrong_target, replayed, busy, declined, limit, memory, ...; spoke/mesh/grantcheck.py)",
     ["reason"],
+)
+PEER_HELD_BYTES = Gauge(
+    "strata_spoke_peer_held_bytes",
+    "Bytes the peer port holds for callers now (spoke/mesh/admission.py MemoryBudget)",
 )
 PEER_REFUSED_BLOCKS = Counter(
     "strata_spoke_peer_refused_blocks",

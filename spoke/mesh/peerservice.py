@@ -7,7 +7,10 @@ UNAUTHENTICATED); the request's shape (INVALID_ARGUMENT); which blocks may be se
 that grant, with their sizes from this spoke's own manifests
 (:class:`~spoke.mesh.admission.ScopeCheck`: the others are declined in the initial
 metadata, and the caller gets them from the hub); the caller's calls and bytes in flight
-(RESOURCE_EXHAUSTED). Only then is anything queued.
+(RESOURCE_EXHAUSTED, ``limit``); the peer port's memory for callers
+(:class:`~spoke.mesh.admission.MemoryBudget`: RESOURCE_EXHAUSTED, ``memory``). Only then
+is anything queued. Every per-caller allowance is the grant's subject's
+(:func:`~spoke.mesh.grantcheck.caller_of`), however many grants it minted.
 
 A block allowed is served from the cache, or fetched from the hub through this spoke's own
 scheduler in its ``peer`` class (after local demand, through the link window: a peer never
@@ -16,6 +19,12 @@ once makes one hub fetch) and then kept here: the owner holds the region's copy.
 block counts as a read in the owner's eviction policy, so blocks the region reads stay
 cached at their owner — a placement hint, not a pin. Blocks read back from disk are
 verified before they are sent; a bad one is dropped and fetched again.
+
+A block is sent a chunk of :data:`SERVE_CHUNK_BYTES` at a time, each read from the block's
+open file when the caller has taken the one before (:mod:`spoke.mesh.blockfile`), so a
+caller that stops reading holds one chunk here (and gRPC's copies of it), which its call
+is charged for (:data:`CALL_HOLD_BYTES`); a block the cache could not take is sent from
+memory, charged its size while it is.
 """
 
 from __future__ import annotations
@@ -35,14 +44,27 @@ from spoke.disk.layout import is_digest
 from spoke.errors import HubUnavailable, InvalidRequest, NotFound
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.mesh import metrics
-from spoke.mesh.admission import CallerLimits, Decision, Refusals, ScopeCheck
-from spoke.mesh.grantcheck import GrantRefused, GrantVerifier
-from spoke.mesh.peerclient import CHUNK_BYTES, MAX_MESSAGE_BYTES
+from spoke.mesh.admission import CallerLimits, Decision, MemoryBudget, Refusals, ScopeCheck
+from spoke.mesh.blockfile import BlockFile
+from spoke.mesh.grantcheck import GrantRefused, GrantVerifier, caller_of
+from spoke.mesh.peerclient import MAX_MESSAGE_BYTES
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import MAX_CONNECTIONS, PeerTls, PeerToken, server_options
 
 MAX_BLOCKS_PER_REQUEST = 256
 """Most blocks one request may name (a spoke's scheduler asks for at most 64)."""
+
+SERVE_CHUNK_BYTES = 256 << 10
+"""Block bytes in one chunk sent: at most :data:`~spoke.mesh.peerclient.CHUNK_BYTES` (what
+a caller accepts), a multiple of the encryption's 32 KiB segments (a chunk of a sealed
+block file opens whole segments), small enough that a stalled call holds little and
+large enough that a chunk costs gRPC far less than sending it does."""
+
+CALL_HOLD_BYTES = 5 * SERVE_CHUNK_BYTES
+"""What one admitted call is charged in the peer port's :class:`MemoryBudget`: the chunk
+on its way out in four copies at most (the bytes read, the message, its serialization,
+gRPC core's buffer of it, measured by ``tests/integration/test_spoke_mesh_budget.py``) and
+one chunk for the call's own state and the request. 256 MiB hold 204 stalled calls."""
 
 CLASSES = {p.label: p for p in Priority}
 
@@ -77,6 +99,8 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         token: the region's token, or None to accept calls without one (``--peer-insecure``).
         limits: per-caller limits (defaults otherwise).
         refusals: where refusals are counted and audited (a fresh one without audit log).
+        memory: the peer port's memory for callers (:data:`~spoke.mesh.admission.MEMORY_BUDGET`
+            otherwise).
     """
 
     def __init__(
@@ -90,6 +114,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         token: PeerToken | None = None,
         limits: CallerLimits | None = None,
         refusals: Refusals | None = None,
+        memory: MemoryBudget | None = None,
     ) -> None:
         self.node = node
         self.cache = cache
@@ -100,6 +125,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         self.token = token
         self.limits = limits or CallerLimits()
         self.refusals = refusals or Refusals(None)
+        self.memory = memory or MemoryBudget()
 
     async def _refuse(
         self,
@@ -143,7 +169,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         context: grpc.aio.ServicerContext[peer_pb2.PeerReadRequest, hub_pb2.BlockChunk],
     ) -> AsyncIterator[hub_pb2.BlockChunk]:
         """Each requested block the caller may have, in order, in chunks of at most
-        :data:`CHUNK_BYTES`; the others are declined up front."""
+        :data:`SERVE_CHUNK_BYTES`; the others are declined up front."""
         await self._authorize(context, _READ)
         try:
             claims = self.verifier.verify(context.invocation_metadata() or (), "ReadBlocks")
@@ -153,6 +179,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                 code = grpc.StatusCode.RESOURCE_EXHAUSTED
             await self._refuse(context, code, err.reason, str(err), _READ)
         subject = f"{claims.subject} at {claims.node}"
+        caller = caller_of(claims)
         served = False
         async for request in request_iterator:
             if served:
@@ -166,27 +193,56 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             if problem is not None:
                 await self._refuse(context, _INVALID, "malformed", problem, _READ, subject)
             scopes = list(claims.scopes)
-            await self.scope.load(request.snapshots, scopes, claims.holder_key)
+            await self.scope.load(request.snapshots, scopes, caller)
             decision = self.scope.decide(digests, scopes)
-            with self.limits.admit(claims.holder_key, decision.nbytes) as admitted:
+            hold = CALL_HOLD_BYTES if decision.allowed else 0
+            with (
+                self.limits.admit(caller, decision.nbytes) as admitted,
+                self.memory.hold(caller, hold if admitted else 0) as held,
+            ):
                 if not admitted:
-                    calls, held = self.limits.in_flight(claims.holder_key)
+                    calls, asked_bytes = self.limits.in_flight(caller)
                     await self._refuse(
                         context,
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         "limit",
-                        f"{calls} calls and {held:,} bytes in flight here; at most "
-                        f"{self.limits.calls} and {self.limits.nbytes:,}",
+                        f"{calls} calls and {asked_bytes:,} bytes in flight here for "
+                        f"{claims.subject}; at most {self.limits.calls} and "
+                        f"{self.limits.nbytes:,}",
                         _READ,
                         subject,
                     )
+                if not held:
+                    await self._memory_spent(context, caller, hold, subject)
                 self._declined(decision, len(digests), context.peer(), subject)
                 raw = b"".join(bytes.fromhex(d) for d in decision.declined)
                 await context.send_initial_metadata(((DECLINED_METADATA, raw),) if raw else ())
                 # a peer never preempts this spoke's own demand misses
                 priority = max(Priority.PEER, asked or Priority.DEMAND)
-                async for chunk in self._serve(decision.allowed, priority, context):
+                async for chunk in self._serve(
+                    decision.allowed, priority, context, caller, subject
+                ):
                     yield chunk
+
+    async def _memory_spent(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        caller: str,
+        nbytes: int,
+        subject: str,
+    ) -> NoReturn:
+        """Refuse a call the peer port's memory cannot take ``nbytes`` more for."""
+        budget = self.memory
+        await self._refuse(
+            context,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "memory",
+            f"the peer port holds {budget.held:,} of its {budget.capacity:,} bytes for "
+            f"callers ({budget.held_by(caller):,} for this one), {nbytes:,} more asked; "
+            "read these blocks from the hub",
+            _READ,
+            subject,
+        )
 
     def _declined(self, decision: Decision, asked: int, who: str, subject: str) -> None:
         """Count, audit and log the blocks of a request that are not served: one reason
@@ -211,6 +267,8 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         blocks: list[tuple[str, int]],
         priority: Priority,
         context: grpc.aio.ServicerContext[Any, Any],
+        caller: str,
+        subject: str,
     ) -> AsyncIterator[hub_pb2.BlockChunk]:
         if not blocks:
             return
@@ -219,26 +277,63 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             self.scheduler.prefetch(blocks, priority)
             for digest, size in blocks:
                 try:
-                    data = await self._block(digest, size, priority)
+                    block = await self._block(digest, size, priority)
                 except NotFound as err:
                     await context.abort(grpc.StatusCode.NOT_FOUND, str(err))
                 except InvalidRequest as err:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 except HubUnavailable as err:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-                view = memoryview(data)
-                for offset in range(0, max(len(data), 1), CHUNK_BYTES):
-                    end = offset + CHUNK_BYTES
-                    yield hub_pb2.BlockChunk(
-                        digest=digest,
-                        offset=offset,
-                        data=bytes(view[offset:end]),
-                        block_size=len(data),
-                        last=end >= len(data),
-                    )
+                if isinstance(block, bytes):
+                    chunks = self._from_memory(block, digest, context, caller, subject)
+                else:
+                    chunks = self._from_file(block, context)
+                async for chunk in chunks:
+                    yield chunk
 
-    async def _block(self, digest: str, size: int, priority: Priority) -> bytes:
-        """The verified bytes of one block, fetched into the cache first if need be.
+    async def _from_file(
+        self, block: BlockFile, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[hub_pb2.BlockChunk]:
+        """A checked block file's chunks, each read when the one before has been taken."""
+        with block:
+            for offset in block.offsets():
+                try:  # the bytes read live on in the message only, while it is sent
+                    message = _chunk(block, offset, await asyncio.to_thread(block.read, offset))
+                except (OSError, ValueError) as err:  # CorruptBlock is a ValueError
+                    self.cache.drop(block.digest)
+                    await context.abort(
+                        grpc.StatusCode.NOT_FOUND,
+                        f"block {block.digest} failed here after it was checked: {err}",
+                    )
+                yield message
+
+    async def _from_memory(
+        self,
+        data: bytes,
+        digest: str,
+        context: grpc.aio.ServicerContext[Any, Any],
+        caller: str,
+        subject: str,
+    ) -> AsyncIterator[hub_pb2.BlockChunk]:
+        """A block held in memory (the cache could not take it), charged its size while
+        it is sent."""
+        with self.memory.hold(caller, len(data)) as held:
+            if not held:
+                await self._memory_spent(context, caller, len(data), subject)
+            view = memoryview(data)
+            for offset in range(0, max(len(data), 1), SERVE_CHUNK_BYTES):
+                end = offset + SERVE_CHUNK_BYTES
+                yield hub_pb2.BlockChunk(
+                    digest=digest,
+                    offset=offset,
+                    data=bytes(view[offset:end]),
+                    block_size=len(data),
+                    last=end >= len(data),
+                )
+
+    async def _block(self, digest: str, size: int, priority: Priority) -> BlockFile | bytes:
+        """One block, checked, fetched into the cache first if need be: its open file, or
+        its bytes when the cache could not take it.
 
         Raises:
             HubUnavailable, NotFound, InvalidRequest: the fetch failed.
@@ -248,16 +343,28 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             if digest in uncached:  # the cache could not take it: sent from memory
                 metrics.PEER_SERVED_BYTES.labels("fetched").inc(len(uncached[digest]))
                 return uncached[digest]
-            # verified (and decrypted, with encryption at rest) as read
-            data = await asyncio.to_thread(self.cache.store.read, digest)
-            if data is None:  # evicted between the fetch and the read, or damaged on disk
+            # checked (and decrypted, with encryption at rest) a chunk at a time
+            block = await asyncio.to_thread(
+                BlockFile.open, self.cache.store, digest, size, SERVE_CHUNK_BYTES
+            )
+            if block is None:  # evicted between the fetch and the read, or damaged on disk
                 self.cache.drop(digest)
                 continue
             self.cache.record_access([digest])
             how = "cache" if was_cached[0] else "fetched"
-            metrics.PEER_SERVED_BYTES.labels(how).inc(len(data))
-            return data
+            metrics.PEER_SERVED_BYTES.labels(how).inc(size)
+            return block
         raise HubUnavailable(f"block {digest} could not be kept long enough to serve it")
+
+
+def _chunk(block: BlockFile, offset: int, data: bytes) -> hub_pb2.BlockChunk:
+    return hub_pb2.BlockChunk(
+        digest=block.digest,
+        offset=offset,
+        data=data,
+        block_size=block.size,
+        last=offset + block.chunk >= block.size,
+    )
 
 
 async def start_peer_server(

@@ -40,7 +40,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from protocol.address import parse_hostport
 from spoke import metrics
 from spoke.serve.limits import ADMIN_MAX_CONNECTIONS
-from strata_audit import TokenBucket
+from strata_local.audit import TokenBucket
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.run import LABELS
-from tests.support import requires_fuse
+from tests.support import requires_fuse, run_module
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.fuse, requires_fuse]
 
@@ -81,19 +81,9 @@ def test_quick_bench_writes_json_table_and_plots(seismic: Path, tmp_path: Path) 
     assert "| Strata cold |" in text
 
 
-def _bench(module: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def test_prewarm_link_bench_measures_the_link(tmp_path: Path) -> None:
     out = tmp_path / "prewarm.json"
-    proc = _bench(
+    proc = run_module(
         "bench.prewarm_link", "--size", "8MiB", "--only", "chunks,small", "--rtt-ms", "10",
         "--json", str(out),
     )  # fmt: skip
@@ -105,27 +95,3 @@ def test_prewarm_link_bench_measures_the_link(tmp_path: Path) -> None:
         assert r["link_down_bytes"] >= r["bytes_total"]  # every byte crossed the link
         assert 0 < r["link_utilisation"] <= 1.05
     assert "| 64 KiB files | 128 |" in proc.stdout
-
-
-def test_hints_mount_bench_tabulates_every_policy(tmp_path: Path) -> None:
-    out = tmp_path / "hints.json"
-    proc = _bench(
-        "bench.hints_mount", "--files", "24", "--cache-blocks", "16", "--epochs", "2",
-        "--block-kib", "64", "--readers", "1,2", "--json", str(out),
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads(out.read_text())
-    assert [r["readers"] for r in rows] == [1, 2, 2, 2]
-    assert [r["all_hinted"] for r in rows] == [True, True, False, False]
-    modes = ("lru", "arc", "sieve", "s3fifo", "hinted")
-    for row, reads, files in zip(rows, (48, 48, 96, 32), (24, 24, 36, 24), strict=True):
-        assert row["reads"] == reads and row["files"] == files
-        for mode in modes:
-            run = row["runs"][mode]
-            assert run["reads"] == reads and 0 < run["fetched_blocks"] <= reads + files
-        assert 0 < row["belady"] < 1 and set(row["sim"]) == set(modes)
-        assert set(row["waste"]) == set(modes) and all(0 <= w <= 1 for w in row["waste"].values())
-    assert "| LRU | ARC | SIEVE | S3-FIFO | hinted | Belady |" in proc.stdout
-    assert "mean hit ratio over the traces: LRU " in proc.stdout
-    assert "through the mount vs the simulator: worst " in proc.stdout
-    assert "prefetch waste on shuffled traces: worst " in proc.stdout

@@ -5,7 +5,8 @@ Belady's optimum needs (Belady 1966; NoPFS, Dryden et al., SC 2021)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,10 @@ def test_two_readers_hinted_come_close_to_belady(spoke: Spoke) -> None:
             ("rank0", "ds@v1"),
             ("rank1", "ds@v1"),
         ]
-        trace, who = read_all(spoke.mnt / "ds" / "v1", orders, spoke.sha, step=4)  # bytes checked
+        # bytes checked; at each step the policy has seen every read so far (see below)
+        trace, who = read_all(
+            spoke.mnt / "ds" / "v1", orders, spoke.sha, step=4, at_step=_reported(c)
+        )
         fetched = _fetched(c) - before
         stats = c.get("/v1/cache").json()
         assert stats["used_bytes"] <= CACHE_BLOCKS * BLOCK
@@ -121,6 +125,28 @@ def test_two_readers_hinted_come_close_to_belady(spoke: Spoke) -> None:
     optimum = belady(trace, CACHE_BLOCKS)
     print(f"hinted hit ratio {hinted:.3f} (hub fetches), Belady {optimum:.3f}")
     assert hinted >= 0.95 * optimum
+
+
+def _reported(c: httpx.Client) -> Callable[[int], None]:
+    """A step action that waits until the hint streams' cursors have followed ``reads``
+    reads. The mount reports hits at most every 10 ms (fusemount/hits.py: a trainer's
+    prefetch window is seconds long), but these readers read 64 KiB files as fast as the
+    page cache serves them, a file every few milliseconds; unawaited, the cursors would
+    trail by a few reads, and blocks read a moment ago would look like the next ones
+    planned. What is measured here is the hinted policy's choices, so each step starts
+    once the daemon knows where the readers are, as a trainer's compute time lets it.
+
+    Raises:
+        AssertionError: the cursors did not follow within 30 s.
+    """
+
+    def wait(reads: int) -> None:
+        deadline = time.monotonic() + 30
+        while (seen := sum(s["cursor"] for s in c.get("/v1/hints").json())) < reads:
+            assert time.monotonic() < deadline, f"cursors at {seen} of {reads} reads"
+            time.sleep(0.002)
+
+    return wait
 
 
 def _fetched(c: httpx.Client) -> int:

@@ -1,4 +1,4 @@
-"""The audit trail hub and spoke share (``strata_audit``): rotation by size and count into
+"""The audit trail hub and spoke share (``strata_local.audit``): rotation by size and count into
 owner-only files, fields cut to a few hundred characters, refusals rate-limited with an
 exact count of what was left out."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from strata_audit import FIELD_CHARS, SUMMARY_S, AuditLog, TokenBucket, truncate
+from strata_local.audit import FIELD_CHARS, SUMMARY_S, AuditLog, TokenBucket, truncate
 
 
 class Clock:

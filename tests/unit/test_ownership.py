@@ -1,4 +1,4 @@
-"""``strata_ownership``: a private directory is refused when another user could change it
+"""``strata_local.ownership``: a private directory is refused when another user could change it
 (theirs, on a path they could replace, holding their files or a symlink), and accepted
 where only this user and root could (a directory of ours directly under a sticky one)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_ownership import MAX_LINKS, UnsafePath, open_private_dir, private_dir
+from strata_local.ownership import MAX_LINKS, UnsafePath, open_private_dir, private_dir
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files away")
 

@@ -52,10 +52,11 @@ def test_key_files_raw_or_hex_owner_only(tmp_path: Path) -> None:
         (None, 0o600, "No such file"),
         (b"00" * 31 + b"\n", 0o600, "expected a 32-byte key"),
         (b"zz" * 32, 0o600, "expected a 32-byte key"),
-        (os.urandom(33), 0o600, "expected a 32-byte key"),
-        (os.urandom(KEY_BYTES), 0o640, "readable by group or others (mode 0640)"),
-        (os.urandom(KEY_BYTES), 0o604, "chmod 600"),
+        (bytes(range(200, 233)), 0o600, "expected a 32-byte key"),
+        (bytes(range(100, 100 + KEY_BYTES)), 0o640, "readable by group or others (mode 0640)"),
+        (bytes(range(1, 1 + KEY_BYTES)), 0o604, "chmod 600"),
     ],
+    ids=["missing", "hex-31", "not-hex", "33-bytes", "mode-0640", "mode-0604"],
 )
 def test_bad_key_files_say_why(
     tmp_path: Path, content: bytes | None, mode: int, message: str

@@ -249,13 +249,18 @@ def test_a_grant_ends_with_its_token_and_the_issuer_checks_its_input() -> None:
         GrantIssuer(Ed25519PrivateKey.generate(), 3600)
 
 
-def test_a_holder_that_fills_the_replay_cache_refuses_only_itself() -> None:
+def test_a_subject_that_fills_the_replay_cache_refuses_only_itself() -> None:
     clock = Clock()
     issuer = GrantIssuer(Ed25519PrivateKey.generate(), 120.0, now_ns=clock.wall)
-    hub = IssuingHub(issuer)
-    keys = HubGrantKeys(hub, now=clock.monotonic)  # type: ignore[arg-type]
-    keepers = [
-        GrantKeeper(hub, f"127.0.0.1:{7100 + i}", keys, mono=clock.monotonic, wall_ns=clock.wall)  # type: ignore[arg-type]
+    keys = HubGrantKeys(IssuingHub(issuer), now=clock.monotonic)  # type: ignore[arg-type]
+    keepers = [  # three tokens (subjects), a grant each
+        GrantKeeper(
+            IssuingHub(issuer, Principal(f"tok-{i}", ("a",))),  # type: ignore[arg-type]
+            f"127.0.0.1:{7100 + i}",
+            keys,
+            mono=clock.monotonic,
+            wall_ns=clock.wall,
+        )
         for i in range(3)
     ]
     for keeper in keepers:
@@ -278,3 +283,35 @@ def test_a_holder_that_fills_the_replay_cache_refuses_only_itself() -> None:
     clock.advance(61)  # every nonce forgotten in its time
     call(flooder)
     assert len(verifier.replays) == 1
+
+
+def test_grants_minted_by_one_subject_share_its_replay_allowance() -> None:
+    """A token holder minting a grant per holder key (and per made-up node name) is still
+    one caller: its grants share the replay cache's share of that subject."""
+    clock = Clock()
+    issuer = GrantIssuer(Ed25519PrivateKey.generate(), 120.0, now_ns=clock.wall)
+    hub = IssuingHub(issuer)
+    keys = HubGrantKeys(hub, now=clock.monotonic)  # type: ignore[arg-type]
+    minted = [
+        GrantKeeper(hub, f"10.0.0.{i}:7000", keys, mono=clock.monotonic, wall_ns=clock.wall)  # type: ignore[arg-type]
+        for i in range(8)
+    ]
+    for keeper in minted:
+        asyncio.run(keeper.fetch())
+    assert len({k.holder_key for k in minted}) == 8
+    verifier = GrantVerifier(OWNER, keys, wall_ns=clock.wall, mono=clock.monotonic)
+    verifier.replays = ReplayCache(60.0, capacity=64, per_holder=5, now=clock.monotonic)
+    for keeper in minted[:5]:  # one call per grant: five of the subject's five
+        verifier.verify(keeper.metadata(OWNER, "ReadBlocks"), "ReadBlocks")
+    for keeper in minted:  # every grant of the subject is refused now, fresh ones too
+        assert _reason(verifier, keeper.metadata(OWNER, "ReadBlocks")) == "busy"
+    assert verifier.replays.held("tok-alice") == 5
+    bob = GrantKeeper(
+        IssuingHub(issuer, Principal("tok-bob", ("a",))),  # type: ignore[arg-type]
+        OTHER,
+        keys,
+        mono=clock.monotonic,
+        wall_ns=clock.wall,
+    )
+    asyncio.run(bob.fetch())
+    verifier.verify(bob.metadata(OWNER, "ReadBlocks"), "ReadBlocks")  # bob's own share

@@ -1,0 +1,244 @@
+"""What one token may make the hub hold for its block streams, and what all of them may.
+
+A ``ReadBlocks`` stream holds the block it is sending in memory until the client has
+taken its last chunk: a client that asks and never reads pins it. So every block a stream
+loads is charged, before it is read, to the caller's share and to the hub's budget
+(:class:`ReadBudget`), and released when its last chunk has left; a stream charges at
+most the block it is sending and, when there is room, the next one read ahead.
+
+Charged per block: its bytes plus two chunk-sized copies (the message being encoded and
+the copy gRPC core keeps until the peer's flow-control window takes it),
+``size + 2 * min(size, chunk)``; a packed run of small blocks the same over the run.
+
+Limits, per principal (the token's id; ``anonymous`` without tokens):
+
+- at most ``streams_per_token`` ``ReadBlocks`` streams at once (:data:`STREAMS_PER_TOKEN`):
+  one more is refused at once, ``RESOURCE_EXHAUSTED``.
+- at most ``bytes_per_token`` charged at once (:data:`BYTES_PER_TOKEN`), and at most
+  ``total_bytes`` over every principal (:data:`TOTAL_BYTES`). A stream with no room
+  *waits* (first come, first served) up to :data:`WAIT_S` for it, then is refused
+  ``RESOURCE_EXHAUSTED``. Waiting, not refusing at once, because a busy region's spokes
+  fill the budget in normal operation (their windows exceed what the hub holds): a full
+  budget is backpressure, and a reader that gets room within seconds has lost nothing. A
+  stream that holds a charge never waits for another (read-ahead only takes free room),
+  so streams cannot wait on each other in a cycle. A block larger than a limit is let
+  through alone when nothing else is charged (to the principal, or at all).
+
+Sizing, for the shipped Deployment (``memory: 1Gi``): a serving hub holds 92 to 143 MiB
+at its measured peak (``bench.rss``, local blobs and S3). Stalled streams hold at most
+:data:`TOTAL_BYTES` (384 MiB) of blocks and their copies, one token at most
+:data:`BYTES_PER_TOKEN` (192 MiB, half: a token that stalls leaves the other half to every
+other token). A stream waiting for room holds its request and gRPC's call state: a few
+KiB for a spoke's 16-digest request, at most about 500 KiB for one of 4,096 digests, so a
+token's :data:`STREAMS_PER_TOKEN` (512) streams hold at most about 256 MiB more.
+143 + 384 + 256 = 783 MiB, under 1 GiB with room for the allocator's slack.
+
+A spoke opens at most 16 block streams (``spoke.fetch.scheduler``: 8 for every class and 8 more
+for demand misses), so 512 streams is 32 spokes sharing one token at full concurrency; a
+region whose nodes share one hub token and more run at once raises
+``--max-streams-per-token`` (with the memory it costs, above) or gives nodes their own
+tokens. Refused streams are retried by spokes (``spoke.fetch.fetcher``), within their miss
+deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from hub.blocks import MiB
+from hub.errors import QuotaExceeded
+
+STREAMS_PER_TOKEN = 512
+"""Default most ``ReadBlocks`` streams one token may have open (``--max-streams-per-token``)."""
+
+BYTES_PER_TOKEN = 192 * MiB
+"""Default most block bytes the hub holds for one token's streams
+(``--max-bytes-per-token``)."""
+
+TOTAL_BYTES = 384 * MiB
+"""Default most block bytes the hub holds for every stream together
+(``--max-bytes-in-flight``)."""
+
+WAIT_S = 10.0
+"""Default longest a stream waits for room in the budget before it is refused, seconds
+(``--budget-wait``); shorter when the call's deadline is nearer."""
+
+
+def block_charge(size: int, chunk_bytes: int) -> int:
+    """What a block (or a packed run) of ``size`` bytes costs while a stream sends it."""
+    return size + 2 * min(size, chunk_bytes)
+
+
+@dataclass
+class _Share:
+    streams: int = 0
+    held: int = 0
+
+
+@dataclass
+class _Waiter:
+    name: str
+    amount: int
+    future: asyncio.Future[None] = field(repr=False)
+
+
+class ReadBudget:
+    """Streams and bytes in flight, per principal and in total (see the module docstring).
+
+    One instance per server, used from its event loop only.
+
+    Args:
+        streams_per_token: Most streams open at once per principal.
+        bytes_per_token: Most bytes charged at once per principal.
+        total_bytes: Most bytes charged at once in total.
+        wait_s: Longest a charge waits for room, seconds.
+    """
+
+    def __init__(
+        self,
+        streams_per_token: int = STREAMS_PER_TOKEN,
+        bytes_per_token: int = BYTES_PER_TOKEN,
+        total_bytes: int = TOTAL_BYTES,
+        wait_s: float = WAIT_S,
+    ) -> None:
+        if streams_per_token < 1 or bytes_per_token < 1 or total_bytes < 1 or wait_s < 0:
+            raise ValueError("read budget limits must be positive")
+        self.streams_per_token = streams_per_token
+        self.bytes_per_token = bytes_per_token
+        self.total_bytes = total_bytes
+        self.wait_s = wait_s
+        self.held = 0
+        self._shares: dict[str, _Share] = {}
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+
+    def held_by(self, name: str) -> int:
+        """Bytes charged to principal ``name`` now."""
+        share = self._shares.get(name)
+        return share.held if share is not None else 0
+
+    def streams_of(self, name: str) -> int:
+        """Streams principal ``name`` has open."""
+        share = self._shares.get(name)
+        return share.streams if share is not None else 0
+
+    @contextlib.contextmanager
+    def stream(self, name: str) -> Iterator[None]:
+        """Holds one of ``name``'s stream slots for the ``with`` block.
+
+        Raises:
+            QuotaExceeded: ``name`` already has :attr:`streams_per_token` streams open.
+        """
+        share = self._shares.setdefault(name, _Share())
+        if share.streams >= self.streams_per_token:
+            raise QuotaExceeded(
+                "streams",
+                f"token {name} has {share.streams} ReadBlocks streams open, the most this "
+                f"hub allows one token (--max-streams-per-token {self.streams_per_token}); "
+                "finish or cancel some first",
+            )
+        share.streams += 1
+        try:
+            yield
+        finally:
+            share.streams -= 1
+            self._forget(name, share)
+
+    def _fits(self, name: str, amount: int) -> bool:
+        held = self.held_by(name)
+        mine = held == 0 or held + amount <= self.bytes_per_token
+        total = self.held == 0 or self.held + amount <= self.total_bytes
+        return mine and total
+
+    def try_take(self, name: str, amount: int) -> bool:
+        """Charges ``amount`` to ``name`` if it fits now and no stream that could be
+        served waits before it; never waits."""
+        if not self._fits(name, amount) or any(self._servable(w) for w in self._waiters):
+            return False
+        self._take(name, amount)
+        return True
+
+    def _servable(self, waiter: _Waiter) -> bool:
+        """Whether ``waiter`` waits for the hub's room, not for its own principal's."""
+        held = self.held_by(waiter.name)
+        return held == 0 or held + waiter.amount <= self.bytes_per_token
+
+    async def take(self, name: str, amount: int, timeout_s: float | None = None) -> None:
+        """Charges ``amount`` to ``name``, waiting (in arrival order) for room.
+
+        Args:
+            name: The principal.
+            amount: Bytes.
+            timeout_s: Longest wait, seconds; :attr:`wait_s` when None or longer.
+
+        Raises:
+            QuotaExceeded: No room came within the wait.
+        """
+        wait = self.wait_s if timeout_s is None else max(0.0, min(timeout_s, self.wait_s))
+        waiter = _Waiter(name, amount, asyncio.get_running_loop().create_future())
+        self._waiters.append(waiter)
+        self._wake()
+        if waiter.future.done():
+            return
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), wait)
+        except TimeoutError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                return  # granted just as the wait ended: keep it
+            waiter.future.cancel()
+            mine = self.held_by(name)
+            raise QuotaExceeded(
+                "bytes",
+                f"the hub holds {mine} bytes of blocks for token {name}'s streams "
+                f"(its share: --max-bytes-per-token {self.bytes_per_token}) and "
+                f"{self.held} bytes in all (--max-bytes-in-flight {self.total_bytes}); "
+                f"no room for {amount} more bytes within {time.monotonic() - started:.1f} s: "
+                "read what the open streams are sending, or retry",
+            ) from None
+        except BaseException:
+            if waiter.future.done() and not waiter.future.cancelled():
+                self.release(name, amount)
+            else:
+                waiter.future.cancel()
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+            self._wake()
+
+    def release(self, name: str, amount: int) -> None:
+        """Gives back ``amount`` bytes charged to ``name``; wakes the waiters that fit."""
+        share = self._shares.get(name)
+        if share is None:
+            return
+        share.held -= amount
+        self.held -= amount
+        self._forget(name, share)
+        self._wake()
+
+    def _take(self, name: str, amount: int) -> None:
+        self._shares.setdefault(name, _Share()).held += amount
+        self.held += amount
+
+    def _forget(self, name: str, share: _Share) -> None:
+        if share.streams == 0 and share.held == 0:
+            self._shares.pop(name, None)
+
+    def _wake(self) -> None:
+        """Grants waiting charges in order; one that does not fit is passed over only
+        when its principal is at its own share (others must not wait behind it)."""
+        for waiter in list(self._waiters):
+            if waiter.future.done():
+                self._waiters.remove(waiter)
+                continue
+            if self._fits(waiter.name, waiter.amount):
+                self._take(waiter.name, waiter.amount)
+                waiter.future.set_result(None)
+                self._waiters.remove(waiter)
+            elif self._servable(waiter):
+                break  # the hub is full: first come, first served

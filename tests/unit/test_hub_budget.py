@@ -1,0 +1,110 @@
+"""The read budget's accounting (shares, waiting in order, refusal after the wait) and the
+grant limiter's windows, including a spoke that renews at half the lifetime forever."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hub.budget import ReadBudget, block_charge
+from hub.errors import QuotaExceeded
+from hub.grants import ISSUES_PER_HOLDER, GrantLimiter
+
+
+def test_a_block_is_charged_with_its_two_chunk_copies() -> None:
+    assert block_charge(4 << 20, 1 << 20) == 6 << 20
+    assert block_charge(4096, 1 << 20) == 3 * 4096
+
+
+def test_one_tokens_share_leaves_the_rest_to_others_and_waiters_are_served_in_order() -> None:
+    async def run() -> None:
+        budget = ReadBudget(streams_per_token=8, bytes_per_token=10, total_bytes=16, wait_s=5)
+        await budget.take("a", 10)
+        waiting_a = asyncio.ensure_future(budget.take("a", 4))
+        await asyncio.sleep(0)
+        assert not waiting_a.done()  # a is at its share
+        await asyncio.wait_for(budget.take("b", 6), 1)  # b is not held up behind a
+        waiting_b = asyncio.ensure_future(budget.take("b", 4))  # the hub is full now
+        await asyncio.sleep(0)
+        assert not waiting_b.done() and not budget.try_take("c", 1)
+        budget.release("a", 10)
+        await asyncio.wait_for(asyncio.gather(waiting_a, waiting_b), 1)
+        assert (budget.held_by("a"), budget.held_by("b"), budget.held) == (4, 10, 14)
+
+    asyncio.run(run())
+
+
+def test_a_charge_without_room_is_refused_after_the_wait_and_holds_nothing() -> None:
+    async def run() -> None:
+        budget = ReadBudget(bytes_per_token=10, total_bytes=10, wait_s=0.05)
+        await budget.take("a", 8)
+        with pytest.raises(QuotaExceeded, match="--max-bytes-per-token 10") as refused:
+            await budget.take("a", 8)
+        assert refused.value.limit == "bytes"
+        assert budget.held == 8
+        budget.release("a", 8)
+        await asyncio.wait_for(budget.take("a", 100), 1)  # larger than the budget: alone
+        assert budget.held == 100
+
+    asyncio.run(run())
+
+
+def test_a_cancelled_waiter_leaves_no_charge() -> None:
+    async def run() -> None:
+        budget = ReadBudget(bytes_per_token=10, total_bytes=10, wait_s=5)
+        await budget.take("a", 10)
+        waiter = asyncio.ensure_future(budget.take("a", 5))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        budget.release("a", 10)
+        assert budget.held == 0 and budget.held_by("a") == 0
+
+    asyncio.run(run())
+
+
+def test_streams_per_token_are_capped() -> None:
+    budget = ReadBudget(streams_per_token=2)
+    with budget.stream("a"), budget.stream("a"):
+        with pytest.raises(QuotaExceeded, match="--max-streams-per-token 2"), budget.stream("a"):
+            pass
+        with budget.stream("b"):
+            assert budget.streams_of("b") == 1
+    assert budget.streams_of("a") == 0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_spoke_renewing_at_half_the_lifetime_is_never_refused() -> None:
+    clock = Clock()
+    limiter = GrantLimiter(120.0, holders=2, mono=clock)
+    for _ in range(200):  # 100 lifetimes
+        limiter.take("tok-1", b"spoke key")
+        clock.now += 60.0  # spoke.mesh.grants.GrantKeeper: lifetime / 2
+    assert limiter.live("tok-1") == 1
+
+
+def test_a_token_gets_grants_for_a_bounded_number_of_keys_freed_after_a_lifetime() -> None:
+    clock = Clock()
+    limiter = GrantLimiter(120.0, holders=2, mono=clock)
+    limiter.take("tok-1", b"k1")
+    limiter.take("tok-1", b"k2")
+    with pytest.raises(QuotaExceeded, match="--grant-holders-per-token 2") as refused:
+        limiter.take("tok-1", b"k3")
+    assert refused.value.limit == "grants"
+    limiter.take("tok-2", b"k3")  # another token
+    for _ in range(ISSUES_PER_HOLDER - 1):
+        limiter.take("tok-1", b"k1")
+    with pytest.raises(QuotaExceeded, match="within 120 s"):
+        limiter.take("tok-1", b"k1")
+    clock.now += 120.0
+    limiter.take("tok-1", b"k3")  # k1 and k2 expired unrenewed
+    assert limiter.live("tok-1") == 1
