@@ -4,7 +4,7 @@
 
 One hub, two spokes started in the same run over the same published tree: one stores
 block files as they are, the other with ``--encryption-key-file`` (AES-256-GCM, see
-``spoke/encryption.py``). Both caches are filled first (every file read once), then each
+``spoke/disk/encryption.py``). Both caches are filled first (every file read once), then each
 fio job of :mod:`bench.mount_io` (sequential 1 MiB, random 4 KiB and 1 MiB, small files)
 runs on the plain mount and on the encrypted one, the kernel page cache dropped before
 each run, so reads come from the spokes' disks and the encrypted mount decrypts every
@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.mount_io import jobs, make_source, run_fio
 from deploy.local import LocalStack, drop_page_cache, publish
-from spoke.encryption import write_key
+from spoke.disk.encryption import write_key
 
 
 def _fill(mounted: Path) -> None:

@@ -30,7 +30,7 @@ import trio
 
 from deploy.local import stop_process
 from fusemount.cli import mount_options, set_read_ahead
-from spoke.supervisor import is_mounted, lazy_unmount
+from spoke.disk.mountinfo import is_mounted, lazy_unmount
 
 TIMEOUT = 3600.0  # seconds: the tree does not change under a benchmark
 

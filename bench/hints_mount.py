@@ -66,7 +66,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.hints_report import markdown, verdicts
 from bench.policy_sim import HINTED, ONLINE, belady, rank_plans, simulate, zipf
 from deploy.local import LocalStack, admin_headers, publish
-from spoke.policies import DEFAULT_POLICY
+from spoke.cache.registry import DEFAULT_POLICY
 
 MIN_CACHE_BLOCKS = 8
 """Smaller caches are all watermark rounding (a 2-block cache holds 1 between evictions)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.policy_sim import DEFAULT_SLACK, HINTED, ONLINE
-from spoke.policies import DEFAULT_POLICY
+from spoke.cache.registry import DEFAULT_POLICY
 
 MODES = (*ONLINE, HINTED)
 NAMES = {"lru": "LRU", "arc": "ARC", "sieve": "SIEVE", "s3fifo": "S3-FIFO", HINTED: "hinted"}

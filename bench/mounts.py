@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 
 from deploy.local import LocalStack, stop_process
-from spoke.supervisor import is_mounted, lazy_unmount, resolve_mountpoint
+from spoke.disk.mountinfo import is_mounted, lazy_unmount, resolve_mountpoint
 
 
 class MountError(RuntimeError):

@@ -34,7 +34,7 @@ from deploy.local import LocalStack, admin_headers, free_port, publish, stop_pro
 from deploy.pki import region_flags
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc, spoke_pb2, spoke_pb2_grpc
-from spoke.layout import CacheLayout, block_digest
+from spoke.disk.layout import CacheLayout, block_digest
 from spoke.mesh.rendezvous import owner
 
 MiB = 1 << 20

@@ -1,4 +1,4 @@
-"""Cost of the daemon socket's SO_PEERCRED front door (spoke/peercheck.py), side by side.
+"""Cost of the daemon socket's SO_PEERCRED front door (spoke/serve/frontdoor.py), side by side.
 
 Starts a spoke daemon (no mount) over a local hub holding one snapshot of many small files,
 then times the same calls to the daemon through ``daemon.sock`` (the front door the mount

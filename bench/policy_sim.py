@@ -28,7 +28,7 @@ Belady's MIN (Belady, "A study of replacement algorithms for a virtual-storage c
 IBM Systems Journal 1966) evicts the block whose next use is farthest in the future; with
 uniform block sizes it is optimal, so it bounds every online policy from above.
 
-``hinted`` is :class:`spoke.hints.HintedPolicy` over the default policy, given the trace
+``hinted`` is :class:`spoke.cache.hinted.HintedPolicy` over the default policy, given the trace
 itself (or each hinted reader's part of it) as its read-order hint, as a training job
 posts its planned chunk order to ``POST /v1/hints`` (NoPFS: Dryden et al., "Clairvoyant
 Prefetching for Distributed Machine Learning I/O", SC 2021). It sees each read as the
@@ -50,9 +50,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spoke.hints import HintedPolicy
-from spoke.policies import DEFAULT_POLICY, make_policy
-from spoke.policy import EvictionPolicy
+from spoke.cache.hinted import HintedPolicy
+from spoke.cache.policy import EvictionPolicy
+from spoke.cache.registry import DEFAULT_POLICY, make_policy
 
 BLOCK = 4 * 1024 * 1024  # bytes; every block the same size
 HINTED = "hinted"
@@ -87,8 +87,8 @@ def simulate(
 ) -> float:
     """Hit ratio of ``policy_name`` on ``keys`` with room for ``cache_blocks`` blocks.
 
-    The policy is driven as :class:`spoke.cache.BlockCache` drives it: a hit is an access;
-    a miss admits the block and then evicts (never the block just admitted) until the cache
+    The policy is driven as :class:`spoke.cache.blockcache.BlockCache` drives it: a hit is an
+    access; a miss admits the block and then evicts (never the block just admitted) until the cache
     is within capacity. ``hinted`` (over the default policy) gets ``keys`` as its hint (or
     each of ``streams`` as a stream of its own) and observes every read.
 

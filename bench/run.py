@@ -59,7 +59,7 @@ from bench.scenarios.base import DATASET
 from bench.targets import targets
 from bench.wan import LinkSpec, WanProxy, parse_hostport, parse_rate
 from deploy.local import LocalStack, StackError, drop_page_cache, publish, stop_process
-from spoke.supervisor import is_mounted, lazy_unmount
+from spoke.disk.mountinfo import is_mounted, lazy_unmount
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "bench" / "results"

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from spoke.process import stop_process as stop_process  # re-exported: the harness's callers
-from spoke.supervisor import is_mounted, lazy_unmount, resolve_mountpoint
+from spoke.disk.mountinfo import is_mounted, lazy_unmount, resolve_mountpoint
+from spoke.run.process import stop_process as stop_process  # re-exported: the harness's callers
 
 
 class StackError(RuntimeError):

@@ -21,7 +21,7 @@ with the verified bytes of that digest.
 
 Encryption at rest (``cipher``; ``encrypted`` is then True, and the bytes on disk are not
 the block's): a read decrypts only the 32 KiB segments it covers, each authenticated
-(AES-GCM, :class:`~spoke.encryption.BlockCipher`), instead of the first-read digest
+(AES-GCM, :class:`~spoke.disk.encryption.BlockCipher`), instead of the first-read digest
 check; the fast path reads those segments with ``RWF_NOWAIT`` and decrypts them on the
 loop. A segment that fails authentication is a :class:`CorruptBlockError`.
 """
@@ -36,8 +36,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from io import FileIO
 
-from spoke.encryption import SEGMENT_BYTES, BlockCipher, CorruptBlock, FileKey
-from spoke.layout import CacheLayout, block_digest
+from spoke.disk.encryption import SEGMENT_BYTES, BlockCipher, CorruptBlock, FileKey
+from spoke.disk.layout import CacheLayout, block_digest
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ class BlockFiles:
         with self._lock:  # dup under the lock: a concurrent drop cannot close it first
             return os.dup(entry.fd) if self._open.get(digest) is entry else None
 
-    # -- encryption at rest (spoke/encryption.py) -------------------------------------------
+    # -- encryption at rest (spoke/disk/encryption.py) -------------------------------------------
 
     def _keep_sealed(
         self, digest: str, file: FileIO, identity: Identity, offset: int, size: int

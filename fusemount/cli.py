@@ -21,10 +21,10 @@ from fusemount.client import DaemonClient
 from fusemount.operations import StrataOperations
 from fusemount.passthrough import Passthrough, unavailable_reason
 from fusemount.reader import BlockReader
-from spoke.encryption import BlockCipher, EncryptionError, check_cache_key
-from spoke.hardening import UnsafeDirectory, secure_cache_dir
-from spoke.layout import CacheLayout
-from spoke.mountinfo import mounts
+from spoke.disk.encryption import BlockCipher, EncryptionError, check_cache_key
+from spoke.disk.hardening import UnsafeDirectory, secure_cache_dir
+from spoke.disk.layout import CacheLayout
+from spoke.disk.mountinfo import mounts
 
 log = logging.getLogger("fusemount")
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import pyfuse3
 
 from fusemount.tree import Node
-from spoke.mountinfo import mounts
+from spoke.disk.mountinfo import mounts
 
 log = logging.getLogger(__name__)
 

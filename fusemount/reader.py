@@ -23,8 +23,8 @@ from fusemount.readahead import Readahead
 from fusemount.source import BlockSource
 from fusemount.tree import Node
 from protocol.spoke.v1 import spoke_pb2
-from spoke.encryption import BlockCipher
-from spoke.layout import CacheLayout
+from spoke.disk.encryption import BlockCipher
+from spoke.disk.layout import CacheLayout
 
 READAHEAD_QUEUE = 64  # readahead windows waiting; a full queue drops new ones
 IN_FILE = spoke_pb2.PREFETCH_SOURCE_READAHEAD

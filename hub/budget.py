@@ -33,11 +33,11 @@ KiB for a spoke's 16-digest request, at most about 500 KiB for one of 4,096 dige
 token's :data:`STREAMS_PER_TOKEN` (512) streams hold at most about 256 MiB more.
 143 + 384 + 256 = 783 MiB, under 1 GiB with room for the allocator's slack.
 
-A spoke opens at most 16 block streams (``spoke.scheduler``: 8 for every class and 8 more
+A spoke opens at most 16 block streams (``spoke.fetch.scheduler``: 8 for every class and 8 more
 for demand misses), so 512 streams is 32 spokes sharing one token at full concurrency; a
 region whose nodes share one hub token and more run at once raises
 ``--max-streams-per-token`` (with the memory it costs, above) or gives nodes their own
-tokens. Refused streams are retried by spokes (``spoke.fetcher``), within their miss
+tokens. Refused streams are retried by spokes (``spoke.fetch.fetcher``), within their miss
 deadline.
 """
 

@@ -11,7 +11,7 @@ So:
 - at most ``max_connections`` connections are open at once
   (``grpc.max_allowed_incoming_connections``); gRPC core closes every connection beyond
   it as it accepts it, before any handshake. Spokes hold one connection each (two for
-  the two minutes after a certificate renewal, :mod:`spoke.hubclient`), so the default
+  the two minutes after a certificate renewal, :mod:`spoke.hublink.client`), so the default
   serves about a thousand spokes; a larger region raises ``--max-connections``.
 - a connection that has not finished its TLS handshake and sent its HTTP/2 settings
   within ``handshake_timeout_s`` is closed (``grpc.server_handshake_timeout_ms``, 120 s

@@ -1,6 +1,6 @@
 """``python -m spoke`` = ``strata-spoke``."""
 
-from spoke.cli import main
+from spoke.run.cli import main
 
 if __name__ == "__main__":
     main()

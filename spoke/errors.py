@@ -1,4 +1,4 @@
-"""Domain errors of the spoke daemon; :mod:`spoke.localservice` maps them to gRPC codes."""
+"""Domain errors of the spoke daemon; :mod:`spoke.serve.local` maps them to gRPC codes."""
 
 from __future__ import annotations
 

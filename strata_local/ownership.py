@@ -2,7 +2,7 @@
 or point elsewhere.
 
 The one implementation behind :mod:`hub.datadir` (the hub's data directory and blob store)
-and :mod:`spoke.hardening` (the spoke's cache directory): hub and spoke never import each
+and :mod:`spoke.disk.hardening` (the spoke's cache directory): hub and spoke never import each
 other, so what both need lives here; it imports nothing of Strata.
 
 A process that keeps tokens, keys, an index and sockets in a directory must not use one

@@ -10,4 +10,8 @@ Trust: a spoke proves its dataset scope with a hub-signed read grant and a proof
 possession (:mod:`spoke.mesh.grants`, checked by :mod:`spoke.mesh.grantcheck`); an owner
 serves only its own live snapshots' blocks the grant covers (:mod:`spoke.mesh.admission`),
 over TLS with the region's token (:mod:`spoke.mesh.transport`).
+
+It imports :mod:`spoke.upkeep` and the rooms below it (the scheduler it fetches through,
+the cache it serves from, the catalog that says what it may serve), never
+:mod:`spoke.prefetch` (its sibling).
 """

@@ -1,7 +1,7 @@
 """What the owner lets a peer's call ask for, decided before anything is queued.
 
 - **Scope** (:class:`ScopeCheck`): a block is served only if it is in a live snapshot this
-  spoke stores (its own catalog, :mod:`spoke.blockscope`) of a dataset the caller's grant
+  spoke stores (its own catalog, :mod:`spoke.catalog.blockscope`) of a dataset the caller's grant
   covers; its size is the one in this spoke's manifests, whatever the caller wrote. The
   snapshots a caller names are a hint: one this spoke has not stored yet, of a dataset
   the grant covers, is loaded first through this spoke's own catalog (its own token,
@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from protocol.grants import covers
 from protocol.spoke.v1 import peer_pb2
 from spoke.audit import AuditLog
-from spoke.catalog import SnapshotCatalog
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.disk.layout import is_digest
 from spoke.errors import SpokeError
-from spoke.layout import is_digest
 from spoke.mesh import metrics
 from strata_local.audit import TokenBucket
 
@@ -76,7 +76,7 @@ DaemonSet's 1 GiB memory limit (``deploy/k8s/base/spoke/daemonset.yaml``):
 
 - the daemon at rest, catalog and index maps: about 130 MiB;
 - the scheduler's link window, the block bytes of hub fetches in flight: 256 MiB at most
-  (:mod:`spoke.window`), whoever asked for them, a peer included;
+  (:mod:`spoke.fetch.window`), whoever asked for them, a peer included;
 - this budget: 256 MiB;
 - the rest, about 380 MiB, for the mount's and hint streams' work and allocator slack.
 

@@ -17,8 +17,8 @@ from types import TracebackType
 
 import xxhash
 
-from spoke.encryption import HEADER_BYTES, SEGMENT_BYTES, TAG_BYTES, BlockCipher, CorruptBlock
-from spoke.store import BlockStore
+from spoke.cache.store import BlockStore
+from spoke.disk.encryption import HEADER_BYTES, SEGMENT_BYTES, TAG_BYTES, BlockCipher, CorruptBlock
 
 
 class BlockFile:

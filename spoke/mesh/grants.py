@@ -40,7 +40,7 @@ from tenacity import (
 from protocol.grants import GRANT_METADATA, NONCE_BYTES, PROOF_METADATA, key_id, proof_message
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2
-from spoke.hubclient import HubClient
+from spoke.hublink.client import HubClient
 from spoke.mesh import metrics
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,11 @@ import grpc.aio
 from prometheus_client import REGISTRY
 
 from spoke.audit import AuditLog
-from spoke.cache import BlockCache
-from spoke.catalog import SnapshotCatalog
-from spoke.hubclient import HubClient
+from spoke.cache.blockcache import BlockCache
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.fetch.scheduler import FetchScheduler
+from spoke.fetch.source import BlockSource
+from spoke.hublink.client import HubClient
 from spoke.mesh.admission import Refusals, ScopeCheck
 from spoke.mesh.grantcheck import GrantVerifier
 from spoke.mesh.grants import GrantKeeper, HubGrantKeys, load_public_key
@@ -24,8 +26,6 @@ from spoke.mesh.peerservice import PeerService, start_peer_server
 from spoke.mesh.settings import MeshSettings
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import PeerTls, PeerToken
-from spoke.scheduler import FetchScheduler
-from spoke.source import BlockSource
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class MeshNode:
         audit: where refused peer calls are recorded.
 
     Raises:
-        spoke.hubauth.CredentialError: a certificate, key or token file is unusable.
+        spoke.hublink.credentials.CredentialError: a certificate, key or token file is unusable.
         spoke.mesh.grants.GrantKeyError: the pinned grant key is unusable.
     """
 

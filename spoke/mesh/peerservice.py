@@ -39,9 +39,10 @@ import grpc.aio
 from protocol.grants import DECLINED_METADATA
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
-from spoke.cache import BlockCache
+from spoke.cache.blockcache import BlockCache
+from spoke.disk.layout import is_digest
 from spoke.errors import HubUnavailable, InvalidRequest, NotFound
-from spoke.layout import is_digest
+from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.mesh import metrics
 from spoke.mesh.admission import CallerLimits, Decision, MemoryBudget, Refusals, ScopeCheck
 from spoke.mesh.blockfile import BlockFile
@@ -49,7 +50,6 @@ from spoke.mesh.grantcheck import GrantRefused, GrantVerifier, caller_of
 from spoke.mesh.peerclient import MAX_MESSAGE_BYTES
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import MAX_CONNECTIONS, PeerTls, PeerToken, server_options
-from spoke.scheduler import FetchScheduler, Priority
 
 MAX_BLOCKS_PER_REQUEST = 256
 """Most blocks one request may name (a spoke's scheduler asks for at most 64)."""

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 def parse_hostport(value: str, what: str) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (IPv6 hosts in brackets), as :func:`spoke.config.parse_hostport`
+    """Split ``HOST:PORT`` (IPv6 hosts in brackets), as :func:`spoke.run.settings.parse_hostport`
     (which this module cannot import: the spoke's settings import these).
 
     Raises:
@@ -153,7 +153,7 @@ class MeshSettings(BaseModel):
     def _usable(self) -> MeshSettings:
         """The certificates load and match, and the pinned grant key is an Ed25519 key
         (after :meth:`_consistent`, which pydantic runs first: it is defined first)."""
-        from spoke.hubauth import CredentialError
+        from spoke.hublink.credentials import CredentialError
         from spoke.mesh.grants import GrantKeyError, load_public_key
         from spoke.mesh.transport import PeerTls
 

@@ -1,10 +1,10 @@
-"""The mesh as a :class:`~spoke.source.BlockSource`: each block from its owner, else the hub.
+"""The mesh as a :class:`~spoke.fetch.source.BlockSource`: each block from its owner, else the hub.
 
 Every batch the fetcher asks for is split by owner (:class:`~spoke.mesh.membership.Membership`):
 blocks this spoke owns go to the hub; the others go, one stream per owner, to their owner's
 peer port, all at once, each with its size from this spoke's manifests (the most the owner
 may send) and the snapshots it comes from (so the owner can load their manifests; this
-spoke's :mod:`spoke.blockscope` index). Whatever a peer cannot deliver — it is down,
+spoke's :mod:`spoke.catalog.blockscope` index). Whatever a peer cannot deliver — it is down,
 answers nothing for ``step_timeout`` seconds, falls behind the pace
 (:class:`~spoke.mesh.peerclient.Pace`: ``step_timeout`` plus the bytes so far at
 ``min_rate``), errs, declines blocks outside this spoke's grant, is over its limits, or
@@ -32,14 +32,14 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
-from spoke.blockscope import BlockScope
-from spoke.layout import block_digest
+from spoke.catalog.blockscope import BlockScope
+from spoke.disk.layout import block_digest
+from spoke.fetch.scheduler import Priority
+from spoke.fetch.source import BlockSource
 from spoke.mesh import metrics
 from spoke.mesh.grants import GrantKeeper
 from spoke.mesh.membership import Membership
 from spoke.mesh.peerclient import MIN_RATE_BPS, PeerError
-from spoke.scheduler import Priority
-from spoke.source import BlockSource
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ class MeshSource:
         membership: the live mesh.
         step_timeout: longest a peer may take for one chunk before it is skipped, seconds.
         request_of: ``digest -> (size, class)`` of a fetch in flight (the scheduler's
-            :meth:`~spoke.scheduler.FetchScheduler.request_of`); set once the scheduler exists.
-            A block whose size it does not know is never asked of a peer.
+            :meth:`~spoke.fetch.scheduler.FetchScheduler.request_of`); set once the scheduler
+            exists. A block whose size it does not know is never asked of a peer.
         grants: this spoke's read grant; without a valid one, peers are not asked.
         scope: this spoke's block scope index (which snapshots a block comes from).
         min_rate: the slowest pace a peer may keep, bytes per second.

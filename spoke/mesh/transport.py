@@ -1,5 +1,5 @@
 """How the spokes of a region reach each other: TLS certificates and the region's token,
-both re-read when their files change, as the hub's are (:mod:`spoke.hubauth`).
+both re-read when their files change, as the hub's are (:mod:`spoke.hublink.credentials`).
 
 - **TLS** (``--peer-cert``/``--peer-key``, the same pair serving the peer port and, with
   ``--peer-ca``, presented to peers as the client certificate: mTLS). The server side uses
@@ -35,7 +35,13 @@ from pathlib import Path
 import grpc
 from cryptography.hazmat.primitives import serialization
 
-from spoke.hubauth import CredentialError, file_stamp, load_certificate, read_file, read_token
+from spoke.hublink.credentials import (
+    CredentialError,
+    file_stamp,
+    load_certificate,
+    read_file,
+    read_token,
+)
 from spoke.mesh import metrics
 
 log = logging.getLogger(__name__)

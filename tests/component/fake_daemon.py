@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from protocol.hub.v1 import hub_pb2
-from spoke.layout import CacheLayout, block_digest
+from spoke.disk.layout import CacheLayout, block_digest
 
 
 class FakeDaemon:

@@ -20,7 +20,7 @@ from fusemount import boundary
 from fusemount.hits import PROMPT_INTERVAL
 from fusemount.operations import StrataOperations
 from fusemount.reader import BlockReader
-from spoke.layout import CacheLayout, block_digest
+from spoke.disk.layout import CacheLayout, block_digest
 from tests.component.fake_daemon import FakeDaemon
 
 

@@ -23,7 +23,7 @@ import trio
 from fusemount.hits import HitLog
 from fusemount.operations import StrataOperations
 from fusemount.reader import BlockReader
-from spoke.layout import CacheLayout, block_digest
+from spoke.disk.layout import CacheLayout, block_digest
 from tests.component.fake_daemon import FakeDaemon
 
 CTX: Any = SimpleNamespace(pid=4242, uid=0, gid=0, umask=0)  # as pyfuse3 passes one

@@ -15,21 +15,21 @@ import pytest
 
 from hub.publish import publish
 from hub.server import ServerThread
-from spoke import admin as admin_module
-from spoke.admin import create_app
-from spoke.adminguard import MAX_BODY_BYTES, AdminGuard
 from spoke.audit import AuditLog
-from spoke.cache import BlockCache
-from spoke.catalog import SnapshotCatalog
-from spoke.fetcher import Fetcher
-from spoke.hubclient import HubClient
-from spoke.layout import CacheLayout
-from spoke.pins import PinRegistry
-from spoke.policy import make_policy
-from spoke.prewarm import PrewarmJobs
-from spoke.scheduler import FetchScheduler
-from spoke.source import HubSource
-from spoke.store import BlockStore, open_index
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.registry import make_policy
+from spoke.cache.store import BlockStore, open_index
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.disk.layout import CacheLayout
+from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.scheduler import FetchScheduler
+from spoke.hublink.client import HubClient
+from spoke.hublink.source import HubSource
+from spoke.prefetch.prewarm import PrewarmJobs
+from spoke.serve import admin as admin_module
+from spoke.serve.admin import create_app
+from spoke.serve.adminguard import MAX_BODY_BYTES, AdminGuard
+from spoke.upkeep.pins import PinRegistry
 from tests.integration.hub_support import write_tree
 
 TOKEN = "admin-secret-0123456789"
@@ -173,7 +173,7 @@ def test_docs_work_offline(tmp_path: Path, hub_port: int) -> None:
 
 def test_pins_of_a_revoked_version_go_with_it(tmp_path: Path, hub_port: int) -> None:
     from protocol.hub.v1 import hub_pb2
-    from spoke.invalidation import Invalidator
+    from spoke.upkeep.invalidation import Invalidator
 
     async def main() -> None:
         layout = CacheLayout(tmp_path / "cache")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from spoke.cache import BlockCache, CacheFull
-from spoke.layout import CacheLayout, block_digest
-from spoke.policy import make_policy
-from spoke.store import BlockStore, open_index
+from spoke.cache.blockcache import BlockCache, CacheFull
+from spoke.cache.registry import make_policy
+from spoke.cache.store import BlockStore, open_index
+from spoke.disk.layout import CacheLayout, block_digest
 from tests.component.test_spoke_fetcher import FakeHub, _scheduler
 
 
@@ -169,7 +169,7 @@ def test_concurrent_admissions_never_exceed_capacity(tmp_path: Path) -> None:
 
 
 def test_hinted_policy_evicts_on_demand_only(tmp_path: Path) -> None:
-    from spoke.hints import HintedPolicy
+    from spoke.cache.hinted import HintedPolicy
 
     blocks = _blocks(12, 1000)
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from spoke.cache import BlockCache
-from spoke.hints import HintedPolicy
-from spoke.layout import CacheLayout
-from spoke.policies import POLICIES, make_policy
-from spoke.store import BlockStore, block_digest, open_index
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.hinted import HintedPolicy
+from spoke.cache.registry import POLICIES, make_policy
+from spoke.cache.store import BlockStore, block_digest, open_index
+from spoke.disk.layout import CacheLayout
 
 
 def _blocks(n: int, size: int) -> list[tuple[str, bytes]]:

@@ -14,11 +14,11 @@ import pytest
 from prometheus_client import REGISTRY
 
 from protocol.hub.v1 import hub_pb2
-from spoke.catalog import SnapshotCatalog
+from spoke.cache.store import open_index
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.catalog.manifestcheck import check_tree, snapshot_id
+from spoke.disk.layout import CacheLayout
 from spoke.errors import CorruptManifest, HubUnavailable, NotFound, SnapshotMismatch
-from spoke.layout import CacheLayout
-from spoke.manifestcheck import check_tree, snapshot_id
-from spoke.store import open_index
 
 
 class SilentHub:

@@ -13,14 +13,14 @@ import grpc
 import grpc.aio
 import pytest
 
-from spoke.cache import BlockCache
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.lru import LRUPolicy
+from spoke.cache.store import BlockStore, open_index
+from spoke.disk.layout import CacheLayout, block_digest
 from spoke.errors import HubUnavailable, MissDeadline, NotFound
-from spoke.fetcher import Fetcher
-from spoke.layout import CacheLayout, block_digest
-from spoke.policy import LRUPolicy
-from spoke.scheduler import FetchScheduler
-from spoke.source import HubSource
-from spoke.store import BlockStore, open_index
+from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.scheduler import FetchScheduler
+from spoke.hublink.source import HubSource
 
 
 class FakeHub:

@@ -13,15 +13,15 @@ import pytest
 
 from protocol.hub.v1 import hub_pb2
 from spoke import metrics
-from spoke.cache import BlockCache
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.lru import LRUPolicy
+from spoke.cache.store import BlockStore, open_index
+from spoke.catalog.snapshots import SnapshotIndex
+from spoke.disk.layout import CacheLayout, block_digest
 from spoke.errors import HubUnavailable
-from spoke.fetcher import Fetcher
-from spoke.fill import BackgroundFill, FillMode
-from spoke.layout import CacheLayout, block_digest
-from spoke.policy import LRUPolicy
-from spoke.scheduler import FetchScheduler, Priority
-from spoke.snapshots import SnapshotIndex
-from spoke.store import BlockStore, open_index
+from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.scheduler import FetchScheduler, Priority
+from spoke.prefetch.fill import BackgroundFill, FillMode
 
 BLOCK = 4096
 FILES = 24

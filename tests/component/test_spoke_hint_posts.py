@@ -16,23 +16,23 @@ import pytest
 
 from hub.publish import publish
 from hub.server import ServerThread
-from spoke import admin as admin_module
-from spoke import hintservice
-from spoke.admin import create_app
-from spoke.adminguard import AdminGuard
-from spoke.cache import BlockCache
-from spoke.catalog import SnapshotCatalog
-from spoke.fetcher import Fetcher
-from spoke.hints import HintedPolicy
-from spoke.hintservice import HintService
-from spoke.hubclient import HubClient
-from spoke.layout import CacheLayout, block_digest
-from spoke.pins import PinRegistry
-from spoke.policy import make_policy
-from spoke.prewarm import PrewarmJobs
-from spoke.scheduler import FetchScheduler
-from spoke.source import HubSource
-from spoke.store import BlockStore, open_index
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.hinted import HintedPolicy
+from spoke.cache.registry import make_policy
+from spoke.cache.store import BlockStore, open_index
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.disk.layout import CacheLayout, block_digest
+from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.scheduler import FetchScheduler
+from spoke.hublink.client import HubClient
+from spoke.hublink.source import HubSource
+from spoke.prefetch import hints as hintservice
+from spoke.prefetch.hints import HintService
+from spoke.prefetch.prewarm import PrewarmJobs
+from spoke.serve import admin as admin_module
+from spoke.serve.admin import create_app
+from spoke.serve.adminguard import AdminGuard
+from spoke.upkeep.pins import PinRegistry
 from tests.integration.hub_support import write_tree
 
 TOKEN = "hint-posts-0123456789"

@@ -13,15 +13,15 @@ from typing import cast
 import pytest
 
 from bench.policy_sim import belady, shuffled_epochs
-from spoke import hintservice
-from spoke.cache import BlockCache
+from spoke.cache.arc import ARCPolicy
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.hinted import HintedPolicy
+from spoke.cache.store import BlockStore, open_index
+from spoke.disk.layout import CacheLayout, block_digest
 from spoke.errors import InvalidRequest
-from spoke.hints import HintedPolicy
-from spoke.hintservice import HintService
-from spoke.layout import CacheLayout, block_digest
-from spoke.policy import ARCPolicy
-from spoke.scheduler import FetchScheduler, Priority
-from spoke.store import BlockStore, open_index
+from spoke.fetch.scheduler import FetchScheduler, Priority
+from spoke.prefetch import hints as hintservice
+from spoke.prefetch.hints import HintService
 
 SIZE = 512  # bytes per block
 

@@ -16,14 +16,14 @@ import grpc.aio
 import pytest
 
 from protocol.hub.v1 import hub_pb2
-from spoke.cache import BlockCache
-from spoke.catalog import SnapshotCatalog
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.lru import LRUPolicy
+from spoke.cache.store import BlockStore, open_index
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.catalog.manifestcheck import snapshot_id
+from spoke.disk.layout import CacheLayout, block_digest
 from spoke.errors import HubUnavailable, NotFound
-from spoke.invalidation import Invalidator
-from spoke.layout import CacheLayout, block_digest
-from spoke.manifestcheck import snapshot_id
-from spoke.policy import LRUPolicy
-from spoke.store import BlockStore, open_index
+from spoke.upkeep.invalidation import Invalidator
 
 PUBLISHED = hub_pb2.EVENT_KIND_VERSION_PUBLISHED
 TAG_MOVED = hub_pb2.EVENT_KIND_TAG_MOVED

@@ -15,17 +15,17 @@ import pytest
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import spoke_pb2
 from spoke import metrics
-from spoke.access import AccessLog, SteadyState
-from spoke.cache import BlockCache
-from spoke.catalog import SnapshotCatalog
-from spoke.fetcher import Fetcher
-from spoke.layout import CacheLayout, block_digest
-from spoke.ledger import Source
-from spoke.localservice import SpokeLocalService
-from spoke.policy import LRUPolicy
-from spoke.scheduler import FetchScheduler
-from spoke.snapshots import SnapshotIndex
-from spoke.store import BlockStore, open_index
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.lru import LRUPolicy
+from spoke.cache.store import BlockStore, open_index
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.catalog.snapshots import SnapshotIndex
+from spoke.disk.layout import CacheLayout, block_digest
+from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.ledger import Source
+from spoke.fetch.scheduler import FetchScheduler
+from spoke.serve.access import AccessLog, SteadyState
+from spoke.serve.local import SpokeLocalService
 
 FILES = 40
 

@@ -26,11 +26,14 @@ from hub.auth import Principal
 from hub.grants import GrantIssuer
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
-from spoke.cache import BlockCache
-from spoke.catalog import SnapshotCatalog
-from spoke.fetcher import Fetcher
-from spoke.hubclient import HubClient
-from spoke.layout import CacheLayout, block_digest
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.lru import LRUPolicy
+from spoke.cache.store import BlockStore, open_index
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.disk.layout import CacheLayout, block_digest
+from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.scheduler import FetchScheduler, Priority
+from spoke.hublink.client import HubClient
 from spoke.mesh import metrics
 from spoke.mesh.admission import CallerLimits, ScopeCheck
 from spoke.mesh.grantcheck import GrantVerifier
@@ -41,9 +44,6 @@ from spoke.mesh.peerservice import PeerService, start_peer_server
 from spoke.mesh.rendezvous import owner
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import PeerTls, PeerToken
-from spoke.policy import LRUPolicy
-from spoke.scheduler import FetchScheduler, Priority
-from spoke.store import BlockStore, open_index
 
 pytestmark = pytest.mark.timeout(60)
 

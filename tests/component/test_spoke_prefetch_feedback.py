@@ -8,13 +8,13 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from spoke.cache import BlockCache
-from spoke.fetcher import Fetcher
-from spoke.layout import CacheLayout, block_digest
-from spoke.ledger import PrefetchLedger, Source
-from spoke.policy import LRUPolicy
-from spoke.scheduler import FetchScheduler, Priority
-from spoke.store import BlockStore, open_index
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.lru import LRUPolicy
+from spoke.cache.store import BlockStore, open_index
+from spoke.disk.layout import CacheLayout, block_digest
+from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.ledger import PrefetchLedger, Source
+from spoke.fetch.scheduler import FetchScheduler, Priority
 
 BLOCK = 4096
 

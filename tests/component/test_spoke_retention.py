@@ -12,19 +12,19 @@ import pytest
 from hub.publish import publish
 from hub.server import ServerThread
 from spoke.audit import AuditLog
-from spoke.cache import BlockCache
-from spoke.catalog import SnapshotCatalog
-from spoke.config import parse_duration
-from spoke.fetcher import Fetcher
-from spoke.hubclient import HubClient
-from spoke.layout import CacheLayout
-from spoke.pins import PinRegistry
-from spoke.policy import make_policy
-from spoke.retention import ReadClock, Retention
-from spoke.scheduler import FetchScheduler
-from spoke.selection import unique_blocks
-from spoke.source import HubSource
-from spoke.store import BlockStore, open_index
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.registry import make_policy
+from spoke.cache.store import BlockStore, open_index
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.catalog.selection import unique_blocks
+from spoke.disk.layout import CacheLayout
+from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.scheduler import FetchScheduler
+from spoke.hublink.client import HubClient
+from spoke.hublink.source import HubSource
+from spoke.run.settings import parse_duration
+from spoke.upkeep.pins import PinRegistry
+from spoke.upkeep.retention import ReadClock, Retention
 from tests.integration.hub_support import write_tree
 
 DAY = 86400.0

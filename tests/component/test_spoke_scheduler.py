@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from spoke import metrics
-from spoke.cache import BlockCache, Placement
-from spoke.fetcher import Fetcher
-from spoke.layout import CacheLayout, block_digest
-from spoke.policy import LRUPolicy
-from spoke.scheduler import FetchScheduler, Priority
-from spoke.store import BlockStore, open_index
-from spoke.window import LinkWindow
+from spoke.cache.blockcache import BlockCache, Placement
+from spoke.cache.lru import LRUPolicy
+from spoke.cache.store import BlockStore, open_index
+from spoke.disk.layout import CacheLayout, block_digest
+from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.scheduler import FetchScheduler, Priority
+from spoke.fetch.window import LinkWindow
 
 BLOCK = 4096
 

@@ -21,7 +21,7 @@ import pytest
 
 from deploy.image import REPO, build, ulimit_args
 from deploy.local import free_port
-from spoke.supervisor import is_mounted, lazy_unmount
+from spoke.disk.mountinfo import is_mounted, lazy_unmount
 from tests.support import make_tree, requires_fuse, tree_digests
 
 HUB_UID = 10001

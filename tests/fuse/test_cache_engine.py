@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.local import LocalStack, admin_headers, drop_page_cache, free_port, stop_process
-from spoke.layout import CacheLayout
+from spoke.disk.layout import CacheLayout
 from tests.support import publish, requires_fuse, sha256
 
 pytestmark = [pytest.mark.fuse, requires_fuse]

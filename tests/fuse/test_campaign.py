@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from deploy.local import LocalStack, stop_process
-from spoke.supervisor import is_mounted
+from spoke.disk.mountinfo import is_mounted
 from tests.support import publish, requires_fuse
 
 pytestmark = [pytest.mark.fuse, requires_fuse]

@@ -15,8 +15,8 @@ import pytest
 
 from deploy.local import LocalStack
 from hub.publish import publish
-from spoke.encryption import OVERHEAD, TAG_BYTES, BlockCipher, write_key
-from spoke.layout import CacheLayout, block_digest
+from spoke.disk.encryption import OVERHEAD, TAG_BYTES, BlockCipher, write_key
+from spoke.disk.layout import CacheLayout, block_digest
 from tests.integration.hub_support import write_tree
 from tests.support import requires_fuse
 

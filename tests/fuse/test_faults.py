@@ -16,7 +16,7 @@ import pytest
 from bench.wan import CutMode, LinkSpec, WanProxy
 from deploy.local import LocalStack, admin_headers
 from fusemount.blockfiles import RECHECK_AFTER
-from spoke.layout import CacheLayout
+from spoke.disk.layout import CacheLayout
 from tests.support import publish, requires_fuse
 
 pytestmark = [pytest.mark.fuse, requires_fuse]

@@ -22,7 +22,7 @@ from deploy.local import LocalStack
 from hub.publish import publish
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import spoke_pb2_grpc
-from spoke.layout import CacheLayout
+from spoke.disk.layout import CacheLayout
 from tests.integration.hub_support import write_tree
 from tests.support import other_user, requires_fuse
 

@@ -21,7 +21,7 @@ from deploy.local import LocalStack
 from hub.publish import publish
 from hub.server import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
-from spoke.manifestcheck import snapshot_id
+from spoke.catalog.manifestcheck import snapshot_id
 from tests.integration.hub_support import write_tree
 from tests.support import requires_fuse
 

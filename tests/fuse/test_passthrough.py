@@ -20,7 +20,7 @@ import pytest
 
 from deploy.local import LocalStack
 from fusemount.passthrough import has_cap_sys_admin, library_supports
-from spoke.layout import CacheLayout
+from spoke.disk.layout import CacheLayout
 from tests.support import publish, requires_fuse
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
@@ -262,7 +262,7 @@ def test_passthrough_off_keeps_every_read_on_the_pyfuse3_path(
 def test_encrypted_block_files_are_never_passed_through(
     tmp_path: Path, src: Path, stack: LocalStack
 ) -> None:
-    from spoke.encryption import write_key
+    from spoke.disk.encryption import write_key
 
     key = tmp_path / "cache.key"
     write_key(key)

@@ -16,8 +16,8 @@ import pytest
 
 from deploy.local import LocalStack
 from fusemount.boundary import FAULT_FILE_ENV
-from spoke.layout import CacheLayout
-from spoke.supervisor import is_mounted
+from spoke.disk.layout import CacheLayout
+from spoke.disk.mountinfo import is_mounted
 from tests.support import make_tree, publish, requires_fuse, tree_digests
 
 pytestmark = [pytest.mark.fuse, requires_fuse]

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from deploy.local import LocalStack, admin_headers
-from spoke.layout import CacheLayout
-from spoke.processes import cmdline, read_pid
-from spoke.supervisor import is_mounted, lazy_unmount
+from spoke.disk.layout import CacheLayout
+from spoke.disk.mountinfo import is_mounted, lazy_unmount
+from spoke.run.processes import cmdline, read_pid
 from tests.support import publish, requires_fuse
 
 pytestmark = [pytest.mark.fuse, requires_fuse]

@@ -19,9 +19,9 @@ import pytest
 
 from deploy.local import admin_headers
 from deploy.pki import LocalCa
-from spoke.adminserver import REQUEST_TIMEOUT_S
-from spoke.limits import ADMIN_MAX_CONNECTIONS
 from spoke.mesh.transport import HANDSHAKE_TIMEOUT_S
+from spoke.serve.adminserver import REQUEST_TIMEOUT_S
+from spoke.serve.limits import ADMIN_MAX_CONNECTIONS
 from tests.integration.mesh_support import Region, Spoke, manifest_blocks, read_all, wait_until
 from tests.support import publish
 
@@ -219,7 +219,7 @@ def test_idle_and_slow_admin_connections_are_closed_and_cold_reads_go_on(
     spoke = region.add("admin-flood", site.spoke.extra)
     region.start(spoke, peers=[spoke], open_files=1024, log=log)
     assert spoke.proc is not None
-    cap = min(ADMIN_MAX_CONNECTIONS, 1024 // 8)  # spoke/limits.py fits the cap under 1024
+    cap = min(ADMIN_MAX_CONNECTIONS, 1024 // 8)  # spoke/serve/limits.py fits the cap under 1024
     host, _, port = spoke.admin.removeprefix("http://").rpartition(":")
     logged = log.stat().st_size
 

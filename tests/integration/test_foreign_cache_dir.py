@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from spoke.layout import CacheLayout
-from spoke.supervisor import is_mounted, lazy_unmount
+from spoke.disk.layout import CacheLayout
+from spoke.disk.mountinfo import is_mounted, lazy_unmount
 from tests.support import file_states, other_user, planted_dir, requires_fuse, sticky_dir
 
 ATTACKER_TOKEN = b"the-attackers-token\n"

@@ -13,18 +13,18 @@ import pytest
 
 from bench.wan import LinkSpec, WanLink, parse_hostport
 from deploy.local import LocalStack
-from spoke.cache import BlockCache
-from spoke.catalog import SnapshotCatalog
-from spoke.fetcher import Fetcher
-from spoke.fill import BATCH_BYTES, PARALLEL_BATCHES, BackgroundFill
-from spoke.hubclient import HubClient
-from spoke.layout import CacheLayout
-from spoke.policy import LRUPolicy
-from spoke.scheduler import FetchScheduler
-from spoke.snapshots import SnapshotIndex
-from spoke.source import HubSource
-from spoke.store import BlockStore, open_index
-from spoke.window import LinkWindow
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.lru import LRUPolicy
+from spoke.cache.store import BlockStore, open_index
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.catalog.snapshots import SnapshotIndex
+from spoke.disk.layout import CacheLayout
+from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.scheduler import FetchScheduler
+from spoke.fetch.window import LinkWindow
+from spoke.hublink.client import HubClient
+from spoke.hublink.source import HubSource
+from spoke.prefetch.fill import BATCH_BYTES, PARALLEL_BATCHES, BackgroundFill
 from tests.support import publish
 
 BLOCK = 256 << 10

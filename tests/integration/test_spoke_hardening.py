@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from spoke.layout import CacheLayout
+from spoke.disk.layout import CacheLayout
 from tests.support import other_user
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from bench.wan import LinkSpec, WanProxy
 from deploy.local import LocalStack
-from spoke.hubclient import HubClient
+from spoke.hublink.client import HubClient
 from tests.support import publish
 
 

@@ -11,7 +11,7 @@ from hub.blocks import MiB, block_digest
 from hub.publish import publish
 from hub.server import ServerThread
 from protocol.hub.v1 import hub_pb2
-from spoke.hubclient import PAGE_ENTRIES, HubClient
+from spoke.hublink.client import PAGE_ENTRIES, HubClient
 
 FILES = 3 * PAGE_ENTRIES + 17
 

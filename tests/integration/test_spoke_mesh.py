@@ -15,7 +15,7 @@ import pytest
 
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
-from spoke.hubclient import HubClient
+from spoke.hublink.client import HubClient
 from tests.integration.mesh_support import BLOCK, Region, manifest_blocks, read_all
 from tests.support import publish
 

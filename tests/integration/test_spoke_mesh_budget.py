@@ -22,9 +22,9 @@ import pytest
 from deploy.pki import LocalCa
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
-from spoke.hubauth import HubCredentials
-from spoke.hubclient import HubClient
-from spoke.layout import block_digest
+from spoke.disk.layout import block_digest
+from spoke.hublink.client import HubClient
+from spoke.hublink.credentials import HubCredentials
 from spoke.mesh.admission import CALLS_PER_CALLER, MEMORY_BUDGET
 from spoke.mesh.grants import GrantKeeper
 from spoke.mesh.peerservice import CALL_HOLD_BYTES

@@ -18,7 +18,7 @@ import pytest
 
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
-from spoke.layout import block_digest
+from spoke.disk.layout import block_digest
 from spoke.mesh.rendezvous import owner
 from tests.integration.mesh_support import Region, manifest_blocks, read_all
 from tests.support import publish

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fusemount.blockfiles import BlockFiles, CorruptBlockError
-from spoke.layout import CacheLayout, block_digest
+from spoke.disk.layout import CacheLayout, block_digest
 
 
 def _put(layout: CacheLayout, data: bytes) -> str:

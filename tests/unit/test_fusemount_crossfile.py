@@ -11,7 +11,7 @@ from fusemount.crossfile import CrossFileReadahead
 from fusemount.reader import BlockReader
 from fusemount.tree import DIR_MODE, InodeTable, Node, Role
 from protocol.hub.v1 import hub_pb2
-from spoke.layout import CacheLayout
+from spoke.disk.layout import CacheLayout
 from tests.component.fake_daemon import FakeDaemon
 
 SIZE = 1 << 20

@@ -13,7 +13,7 @@ from hub.datadir import DataDir
 from hub.publish import publish
 from hub.signing import SigningKeyError, keygen, load_signer
 from hub.wire import snapshot_message
-from spoke.signature import PublisherKey, PublisherKeyError
+from spoke.catalog.signature import PublisherKey, PublisherKeyError
 
 
 def _tree(root: Path) -> Path:

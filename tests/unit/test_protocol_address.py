@@ -7,8 +7,8 @@ import pytest
 from hub.address import Address
 from hub.errors import InvalidArgument
 from protocol.address import parse_hostport, split_hostport
-from spoke.adminserver import bind
-from spoke.config import parse_hostport as spoke_parse_hostport
+from spoke.run.settings import parse_hostport as spoke_parse_hostport
+from spoke.serve.adminserver import bind
 
 
 @pytest.mark.parametrize(

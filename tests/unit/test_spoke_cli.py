@@ -57,14 +57,14 @@ def test_prewarm_with_an_empty_ref_is_refused_before_any_request() -> None:
 
 
 def test_every_policy_is_a_choice_and_the_default_is_the_registrys() -> None:
-    """The CLI and the settings offer exactly the policies spoke.policies builds, and
+    """The CLI and the settings offer exactly the policies spoke.cache.registry builds, and
     default to the one spoke/DESIGN.md says was chosen by measurement."""
     import inspect
     import typing
 
-    from spoke import cli
-    from spoke.config import SpokeSettings
-    from spoke.policies import DEFAULT_POLICY, POLICIES
+    from spoke.cache.registry import DEFAULT_POLICY, POLICIES
+    from spoke.run import cli
+    from spoke.run.settings import SpokeSettings
 
     field = SpokeSettings.model_fields["policy"]
     assert set(typing.get_args(field.annotation)) == set(POLICIES)
@@ -76,7 +76,7 @@ def test_every_policy_is_a_choice_and_the_default_is_the_registrys() -> None:
 
 
 def test_lock_holder_names_a_live_holder_only(tmp_path: Path) -> None:
-    from spoke import lock
+    from spoke.run import lock
 
     path = tmp_path / "daemon.lock"
     assert lock.holder(path) is None  # no file
@@ -85,7 +85,7 @@ def test_lock_holder_names_a_live_holder_only(tmp_path: Path) -> None:
     assert lock.holder(path) is None  # the file names a pid, but nobody holds it
     child = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from pathlib import Path; from spoke import lock; "
+         "import sys, time; from pathlib import Path; from spoke.run import lock; "
          f"lock.hold(Path({str(path)!r}), 'x'); print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from fusemount.blockfiles import BlockFiles, CorruptBlockError
-from spoke.encryption import (
+from spoke.cache.store import BlockStore, open_index
+from spoke.disk.encryption import (
     HEADER_BYTES,
     KEY_BYTES,
     OVERHEAD,
@@ -24,8 +25,7 @@ from spoke.encryption import (
     load_key,
     write_key,
 )
-from spoke.layout import CacheLayout, block_digest
-from spoke.store import BlockStore, open_index
+from spoke.disk.layout import CacheLayout, block_digest
 
 
 def _key(tmp_path: Path, name: str = "key") -> Path:
@@ -229,8 +229,8 @@ def test_settings_take_the_key_from_a_variable_and_pass_it_on(
 ) -> None:
     from pydantic import ValidationError
 
-    from spoke.config import SpokeSettings
-    from spoke.supervisor import Supervisor
+    from spoke.run.settings import SpokeSettings
+    from spoke.run.supervisor import Supervisor
 
     key = _key(tmp_path)
     monkeypatch.setenv("STRATA_SPOKE_ENCRYPTION_KEY_FILE", str(key))

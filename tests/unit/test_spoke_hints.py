@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.policy_sim import belady, lockstep_ranks
-from spoke.hints import NEVER, HintedPolicy
-from spoke.policy import ARCPolicy, LRUPolicy
+from spoke.cache.arc import ARCPolicy
+from spoke.cache.hinted import NEVER, HintedPolicy
+from spoke.cache.lru import LRUPolicy
 
 
 def _replay(policy: HintedPolicy, keys: list[str], cache_blocks: int) -> float:

@@ -13,9 +13,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from typer.testing import CliRunner
 
-from spoke.cli import app
-from spoke.config import CONFIG_ENV, SpokeSettings
-from spoke.hubauth import HubCredentials
+from spoke.hublink.credentials import HubCredentials
+from spoke.run.cli import app
+from spoke.run.settings import CONFIG_ENV, SpokeSettings
 from tests.integration.hub_support import CertificateAuthority
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from spoke.encryption import SEGMENT_BYTES, BlockCipher
-from spoke.layout import CacheLayout, block_digest
+from spoke.cache.store import BlockStore, open_index
+from spoke.disk.encryption import SEGMENT_BYTES, BlockCipher
+from spoke.disk.layout import CacheLayout, block_digest
 from spoke.mesh.blockfile import BlockFile
 from spoke.mesh.peerclient import CHUNK_BYTES
 from spoke.mesh.peerservice import CALL_HOLD_BYTES, SERVE_CHUNK_BYTES
-from spoke.store import BlockStore, open_index
 
 CHUNK = 4 * SEGMENT_BYTES
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from spoke.cli import app
 from spoke.mesh.rendezvous import owner, ranked
 from spoke.mesh.settings import MeshSettings, split_peers
+from spoke.run.cli import app
 
 NODES = [f"10.0.0.{i}:7879" for i in range(1, 6)]
 KEYS = [f"{i:032x}" for i in range(4000)]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spoke.mountinfo import Mount, mounts
-from spoke.supervisor import mounted_paths
+from spoke.disk.mountinfo import Mount, mounted_paths, mounts
 
 TABLE = (
     "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"

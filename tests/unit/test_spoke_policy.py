@@ -14,10 +14,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from spoke.hints import HintedPolicy
-from spoke.policies import POLICIES
-from spoke.policy import ARCPolicy, EvictionPolicy, LRUPolicy
-from spoke.policy import make_policy as _make_named
+from spoke.cache.arc import ARCPolicy
+from spoke.cache.hinted import HintedPolicy
+from spoke.cache.lru import LRUPolicy
+from spoke.cache.policy import EvictionPolicy
+from spoke.cache.registry import POLICIES
+from spoke.cache.registry import make_policy as _make_named
 
 ALL = [*sorted(POLICIES), "hinted"]  # hinted: HintedPolicy over ARC, no hint installed
 WRAPPED = [f"hinted+{name}" for name in sorted(POLICIES)]  # HintedPolicy over each
@@ -375,7 +377,7 @@ class RefARC:
 
 
 class ColdEnd:
-    """A reference model with the cold end every policy shares (``spoke.policy``):
+    """A reference model with the cold end every policy shares (``spoke.cache.policy``):
     prefetched keys wait unread, oldest first, outside the model's lists; victims come
     from them first; a key's first read is a miss of the model at that moment."""
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 from hypothesis.stateful import RuleBasedStateMachine
 
-from spoke.policy import EvictionPolicy
-from spoke.s3fifo import S3FIFOPolicy
-from spoke.sieve import SIEVEPolicy
+from spoke.cache.policy import EvictionPolicy
+from spoke.cache.s3fifo import S3FIFOPolicy
+from spoke.cache.sieve import SIEVEPolicy
 from tests.unit.test_spoke_policy import reference_machine
 
 

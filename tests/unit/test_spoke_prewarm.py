@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spoke.prewarm import fetch_batches
+from spoke.prefetch.prewarm import fetch_batches
 
 
 def test_batches_keep_order_and_respect_both_bounds() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spoke.hardening import UnsafeDirectory, private_socket_dir
+from spoke.disk.hardening import UnsafeDirectory, private_socket_dir
 
 
 def _mode(path: Path) -> int:

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from spoke.process import stop_process
+from spoke.run.process import stop_process
 
 IGNORES_TERM = (
     "import signal, sys, time\n"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from spoke.cache import BlockCache, CacheFull
-from spoke.layout import CacheLayout, block_digest
-from spoke.policy import LRUPolicy
-from spoke.store import BlockStore, open_index
+from spoke.cache.blockcache import BlockCache, CacheFull
+from spoke.cache.lru import LRUPolicy
+from spoke.cache.store import BlockStore, open_index
+from spoke.disk.layout import CacheLayout, block_digest
 
 
 def _block(i: int, size: int = 100) -> tuple[str, bytes]:

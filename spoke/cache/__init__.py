@@ -1,0 +1,9 @@
+"""The block cache: block files and their index (:mod:`~spoke.cache.store`), the cache
+that admits, pins and evicts them under its watermarks (:mod:`~spoke.cache.blockcache`),
+the eviction policies (:mod:`~spoke.cache.policy` and its subclasses in
+:mod:`~spoke.cache.lru`, :mod:`~spoke.cache.arc`, :mod:`~spoke.cache.sieve`,
+:mod:`~spoke.cache.s3fifo`, named for ``--policy`` in :mod:`~spoke.cache.registry`), and
+the hinted policy that follows the readers' planned reads (:mod:`~spoke.cache.hinted`,
+over :mod:`~spoke.cache.hintstream`). It knows nothing of where blocks come from; it
+imports only :mod:`spoke.disk` and the top-level leaves.
+"""

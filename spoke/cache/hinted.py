@@ -1,0 +1,416 @@
+"""Clairvoyant caching from read-order hints: Belady's rule on the planned reads of jobs.
+
+A training job with a seeded shuffling sampler knows, before an epoch starts, the order in
+which it will read every chunk. NoPFS (Dryden et al., "Clairvoyant Prefetching for
+Distributed Machine Learning I/O", SC 2021) uses exactly that knowledge, derived from the
+shuffle seed, to prefetch in read order and to evict the sample needed farthest in the
+future. That eviction rule is Belady's MIN (Belady, "A study of replacement algorithms for
+a virtual-storage computer", IBM Systems Journal 1966), optimal for uniform block sizes.
+
+A hint is a **stream**: one reader's planned reads (one rank of a job; several ranks on a
+node post one stream each). Each :class:`HintStream` has a cursor that follows the reads
+the mount reports; reads may arrive out of order within ``tolerance`` positions
+(DataLoader workers, batched hit reports), and a repeated report of one read is not
+mistaken for the block's next hinted read.
+
+:class:`HintedPolicy` wraps the configured policy (SIEVE, ARC, LRU or S3-FIFO). With no
+stream installed it *is* that policy. With streams it evicts blocks no stream reads again
+first (least recently used first), then the block whose next hinted read is farthest.
+
+Streams share one clock, counted in reads (every read that counts for some stream ticks
+it). Streams are assumed to read at the same speed, as the ranks of one DDP job do (they
+meet at every optimizer step): with ``n`` streams each is predicted to advance one
+position every ``n`` ticks, and a block's next use is the earliest prediction over the
+streams that read it. When a stream runs ahead of or behind its prediction by more than
+``2 x tolerance`` positions, every stream is predicted afresh from where it is and the
+next uses recomputed (at most once per ``max(tolerance, resident blocks / 16)`` reads, so
+the cost stays a few next-use lookups per read). Measuring each stream's speed instead was
+tried and lost: hit reports arrive in batches, so speeds measured over short windows are
+noise.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from spoke.cache.hintstream import DEFAULT_TOLERANCE, NEVER, HintPlan, HintStream
+from spoke.cache.policy import EvictionPolicy
+
+__all__ = ["BEING_READ", "DEFAULT_TOLERANCE", "NEVER", "HintPlan", "HintStream", "HintedPolicy"]
+
+BEING_READ = -(1 << 62)  # "next use" of a block a reader is reading right now
+# (far below any clock time: an overdue planned read — a reader skipped it — is predicted
+# at a time before now, which may be negative; -1 once collided with such a prediction and
+# made an overdue block unevictable)
+DEFAULT_STREAM = "default"
+
+
+@dataclass(frozen=True)
+class Victim:
+    """A resident block in eviction order, with its next use on the streams' clock."""
+
+    digest: str
+    size: int
+    next_use: float
+
+
+class HintedPolicy(EvictionPolicy):
+    """Belady's farthest-next-use eviction over read-order hints; ``inner`` otherwise.
+
+    Residency and byte accounting stay in ``inner`` (:attr:`used_bytes` and
+    :meth:`size_of` read it, no copy is kept here): every call is forwarded there, so the
+    wrapped policy keeps learning and takes over unchanged when the last stream goes.
+    Only :meth:`pop_victim` differs while a stream is installed.
+
+    Args:
+        inner: the fallback policy (the daemon's ``--policy``).
+        tolerance: how far (in positions) each stream's reads may be out of order.
+        in_use: per stream, the blocks of this many latest reads count as still being read
+            (never victims): the mount reads a missed block from disk just after the
+            daemon admits it, and prefetches landing in between must not evict it.
+            0 (pure Belady) in simulation.
+    """
+
+    def __init__(
+        self, inner: EvictionPolicy, tolerance: int = DEFAULT_TOLERANCE, in_use: int = 0
+    ) -> None:
+        super().__init__(inner.capacity_bytes)
+        if tolerance < 1 or in_use < 0:
+            raise ValueError("tolerance must be >= 1 and in_use >= 0")
+        self.inner = inner
+        self.name = f"hinted+{inner.name}"
+        self.tolerance = tolerance
+        self.in_use = in_use
+        self.streams: dict[str, HintStream] = {}
+        self._recent: OrderedDict[str, None] = OrderedDict()  # latest reads, being read
+        self._held: dict[str, int] = {}  # digest -> readers waiting for it (hold/release)
+        self._next: dict[str, float] = {}  # resident digest -> next use (finite only)
+        self._never: OrderedDict[str, None] = OrderedDict()  # resident, not read again; LRU first
+        self._heap: list[tuple[float, int, str]] = []  # (-next use, tiebreak, digest); lazy
+        self._seq = itertools.count()
+        self.clock = 0  # reads counted for some stream
+        self._synced_at = 0  # clock of the last speed measurement
+
+    # -- streams ---------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """True while some stream is installed."""
+        return bool(self.streams)
+
+    def stream(self, name: str = DEFAULT_STREAM) -> HintStream | None:
+        """The installed stream ``name``, if any."""
+        return self.streams.get(name)
+
+    def set_hint(
+        self,
+        digests: Sequence[str] | HintPlan,
+        append: bool = False,
+        stream: str = DEFAULT_STREAM,
+    ) -> HintStream | None:
+        """Install ``digests`` (or a prepared :class:`HintPlan`, :mod:`spoke.cache.hintstream`)
+        as stream ``stream``'s planned read order.
+
+        Replacing (or creating) starts the stream's cursor at its first position, expected
+        now; ``append`` extends the stream instead. An empty replacement removes the
+        stream. Every stream is predicted afresh from where it is.
+
+        Returns:
+            The stream, or None when it was removed.
+        """
+        current = self.streams.get(stream)
+        if append and current is not None:
+            current.extend(digests)
+        elif not digests:
+            self.streams.pop(stream, None)
+            current = None
+        else:
+            self.streams.pop(stream, None)
+            current = HintStream(stream, self.tolerance)
+            current.extend(digests)
+            self.streams[stream] = current
+        self._resync()
+        return current
+
+    def clear_hint(self, stream: str | None = None) -> bool:
+        """Remove one stream (None: all); returns whether anything was removed. With no
+        stream left, eviction is the wrapped policy's again."""
+        if stream is None:
+            removed = bool(self.streams)
+            self.streams.clear()
+        else:
+            removed = self.streams.pop(stream, None) is not None
+        if removed:
+            self._recent.clear()
+            self._recompute_all()
+        return removed
+
+    def next_use(self, digest: str) -> float:
+        """Clock time of ``digest``'s next planned read over every stream, or :data:`NEVER`."""
+        best: float = NEVER
+        for s in self.streams.values():
+            pos = s.next_use(digest)
+            if pos != NEVER:
+                best = min(best, s.when(pos))
+        return best
+
+    def upcoming(self, count: int) -> list[tuple[float, str]]:
+        """Up to ``count`` unread planned reads per stream as ``(clock time, digest)``,
+        soonest first, each digest once."""
+        return [(when, digest) for when, digest, _ in self.upcoming_blocks(count)]
+
+    def upcoming_blocks(self, count: int) -> list[tuple[float, str, int]]:
+        """As :meth:`upcoming`, with each block's planned size (bytes; 0: not given)."""
+        merged = sorted(
+            (s.when(pos), digest, size)
+            for s in self.streams.values()
+            for pos, digest, size in s.upcoming_blocks(count)
+        )
+        seen: set[str] = set()
+        out: list[tuple[float, str, int]] = []
+        for when, digest, size in merged:
+            if digest not in seen:
+                seen.add(digest)
+                out.append((when, digest, size))
+        return out
+
+    def observe(self, digest: str) -> HintStream | None:
+        """A reader read ``digest`` (hit or miss): move the cursor of the stream whose plan
+        it matches best (the one that expects it soonest).
+
+        Returns:
+            The stream the read counted for, or None when it matched no stream's plan.
+        """
+        best: HintStream | None = None
+        best_distance = 0
+        for s in self.streams.values():
+            distance = s.distance(digest)
+            if distance is not None and (best is None or distance < best_distance):
+                best, best_distance = s, distance
+        if best is None:
+            return None
+        changed = best.observe(digest) or []
+        self.clock += 1
+        if self.in_use:
+            self._recent[digest] = None
+            self._recent.move_to_end(digest)
+            while len(self._recent) > self.in_use * len(self.streams):
+                old, _ = self._recent.popitem(last=False)
+                changed.append(old)
+        drift = abs(best.head - best.predicted_head(self.clock))
+        if drift > 2 * self.tolerance and self.clock - self._synced_at >= max(
+            self.tolerance, len(self.inner) // 16
+        ):
+            self._resync()  # recomputes every next use
+        else:
+            for key in changed:
+                self._refresh(key)
+        return best
+
+    def hold(self, digests: Iterable[str]) -> None:
+        """Readers wait for these blocks: never evict them until :meth:`release`."""
+        for digest in digests:
+            self._held[digest] = self._held.get(digest, 0) + 1
+            self._refresh(digest)
+
+    def release(self, digests: Iterable[str]) -> None:
+        """Undo one :meth:`hold` of each digest."""
+        for digest in digests:
+            left = self._held.get(digest, 0) - 1
+            if left > 0:
+                self._held[digest] = left
+            else:
+                self._held.pop(digest, None)
+            self._refresh(digest)
+
+    def victims(self, want_bytes: int) -> list[Victim]:
+        """The blocks :meth:`pop_victim` would evict next, in order, until their sizes add
+        up to ``want_bytes`` (or none is left); nothing is evicted. Only meaningful while
+        a stream is installed."""
+        out: list[Victim] = []
+        total = 0
+        for digest in self._never:
+            if total >= want_bytes:
+                return out
+            out.append(Victim(digest, self.inner.size_of(digest), NEVER))
+            total += out[-1].size
+        popped: list[tuple[float, int, str]] = []
+        try:
+            while total < want_bytes and self._heap:
+                entry = heapq.heappop(self._heap)
+                neg, _, digest = entry
+                if self._next.get(digest) != -neg:
+                    continue  # stale
+                popped.append(entry)
+                if -neg == BEING_READ:
+                    break  # everything left is being read
+                out.append(Victim(digest, self.inner.size_of(digest), -neg))
+                total += out[-1].size
+        finally:
+            for entry in popped:
+                heapq.heappush(self._heap, entry)
+        return out
+
+    def _resync(self) -> None:
+        """Predict every stream from where it is now, at a fair share of the reads each,
+        and recompute every resident block's next use."""
+        now = self.clock
+        fair = 1.0 / max(1, len(self.streams))
+        for s in self.streams.values():
+            s.t0, s.p0, s.rate = now, s.head, fair
+        self._synced_at = now
+        self._recompute_all()
+
+    # -- next-use bookkeeping ---------------------------------------------------------------
+
+    def _refresh(self, digest: str) -> None:
+        """Recompute a resident block's next use (no-op for blocks not resident, and while
+        no stream is installed: :meth:`_recompute_all` places everything when one is)."""
+        if not self.streams or digest not in self.inner:
+            return
+        nxt = self.next_use(digest)
+        if digest in self._recent or digest in self._held:
+            nxt = BEING_READ
+        if nxt == NEVER:
+            self._next.pop(digest, None)
+            if digest not in self._never:
+                self._never[digest] = None
+            return
+        self._never.pop(digest, None)
+        if self._next.get(digest) != nxt:
+            self._next[digest] = nxt
+            heapq.heappush(self._heap, (-nxt, next(self._seq), digest))
+
+    def _recompute_all(self) -> None:
+        self._next.clear()
+        self._heap.clear()
+        self._never = OrderedDict()
+        for digest in self.inner.resident():  # the wrapped policy's victim order
+            self._refresh(digest)
+
+    # -- EvictionPolicy ----------------------------------------------------------------------
+
+    @property
+    def evict_on_demand(self) -> bool:
+        """While a stream is installed: Belady's rule picks each victim when an admission
+        needs its room, so the cache uses all of its capacity (no watermark band)."""
+        return bool(self.streams)
+
+    def resize(self, capacity_bytes: int) -> None:
+        """Resize the wrapped policy too."""
+        super().resize(capacity_bytes)
+        self.inner.resize(capacity_bytes)
+
+    @property
+    def used_bytes(self) -> int:
+        """The wrapped policy's resident bytes (its accounting is the only one)."""
+        return self.inner.used_bytes
+
+    @property
+    def unread_bytes(self) -> int:
+        """The wrapped policy's unread prefetched bytes."""
+        return self.inner.unread_bytes
+
+    def unread(self) -> list[str]:
+        """The wrapped policy's unread prefetched keys."""
+        return self.inner.unread()
+
+    def size_of(self, key: str) -> int:
+        """The wrapped policy's size of ``key`` (0 when not resident)."""
+        return self.inner.size_of(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def insert(self, key: str, size: int, prefetched: bool = False) -> None:
+        """Admit ``key`` in the wrapped policy (at its cold end when ``prefetched``) and
+        place it by its next hinted use."""
+        self.inner.insert(key, size, prefetched)
+        if key in self.inner:
+            self._refresh(key)
+            if key in self._never:
+                self._never.move_to_end(key)
+
+    def access(self, key: str) -> None:
+        """A hit (recency for the wrapped policy). Reads move cursors via :meth:`observe`."""
+        self.inner.access(key)
+        if key in self._never:
+            self._never.move_to_end(key)
+
+    def remove(self, key: str) -> int:
+        """Forget ``key`` here and in the wrapped policy."""
+        self._next.pop(key, None)
+        self._never.pop(key, None)
+        return self.inner.remove(key)
+
+    def pop_victim(
+        self, exclude: Iterable[str] = (), spare_unread: bool = False
+    ) -> tuple[str, int] | None:
+        """Without a stream, the wrapped policy's victim. With one: a block no stream
+        reads again (least recently used first), else the one read farthest ahead;
+        never a block being read (nor an unread prefetched one with ``spare_unread``)."""
+        if not self.streams:
+            victim = self.inner.pop_victim(exclude, spare_unread)
+            if victim is not None:
+                self._forget(victim[0])
+            return victim
+        skip = set(exclude)
+        if spare_unread:
+            skip.update(self.inner.unread())
+        key = next((k for k in self._never if k not in skip), None)
+        if key is None:
+            key = self._pop_farthest(skip)
+        if key is None:
+            return None
+        return key, self.remove(key)
+
+    def _forget(self, key: str) -> None:
+        self._next.pop(key, None)
+        self._never.pop(key, None)
+
+    def _pop_farthest(self, skip: set[str]) -> str | None:
+        held: list[tuple[float, int, str]] = []
+        found: str | None = None
+        while self._heap:
+            entry = heapq.heappop(self._heap)
+            neg, _, digest = entry
+            if self._next.get(digest) != -neg:
+                continue  # stale
+            if digest in skip or -neg == BEING_READ:
+                held.append(entry)
+                continue
+            found = digest
+            break
+        for entry in held:
+            heapq.heappush(self._heap, entry)
+        return found
+
+    def resident(self) -> list[str]:
+        """Resident keys, the next victim first (by the hints when a stream is installed)."""
+        if not self.streams:
+            return self.inner.resident()
+        hinted = sorted(self._next, key=lambda d: -self._next[d])
+        return [*self._never, *hinted]
+
+    def check_invariants(self) -> None:
+        """The wrapped policy's invariants; every resident key is placed exactly once."""
+        self.inner.check_invariants()
+        resident = set(self.inner.resident())
+        for s in self.streams.values():
+            s.check_invariants()
+        if not self.streams:
+            assert not self._next and not self._never, "placements kept without a stream"
+            return
+        assert set(self._next).isdisjoint(self._never), "a key both hinted and never"
+        assert set(self._next) | set(self._never) == resident, "placement out of sync"
+        for digest, nxt in self._next.items():
+            being_read = digest in self._recent or digest in self._held
+            want = BEING_READ if being_read else self.next_use(digest)
+            assert nxt == want != NEVER, f"stale next use of {digest}"

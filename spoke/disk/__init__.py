@@ -1,0 +1,8 @@
+"""The cache on local disk as both processes see it: where its files live and how a block
+file is named and read (:mod:`~spoke.disk.layout`), encryption at rest
+(:mod:`~spoke.disk.encryption`), the directory's modes and ownership checks
+(:mod:`~spoke.disk.hardening`) and the mount table (:mod:`~spoke.disk.mountinfo`). This is
+the side of the spoke that :mod:`fusemount` may import; it imports nothing else of the
+spoke but the top-level leaves (:mod:`spoke.errors`, :mod:`spoke.metrics`,
+:mod:`spoke.audit`).
+"""

@@ -1,0 +1,211 @@
+"""The fetcher: runs one batch of block fetches against a :class:`~spoke.fetch.source.BlockSource`.
+
+A batch is one stream from the source, carrying a per-stream deadline and retried with
+exponential backoff and jitter (tenacity) until the miss deadline; each retry asks only for
+what has not arrived. Every block is verified against its digest before it is admitted; a
+mismatch is counted and refetched. A block the cache cannot hold (disk full, everything
+pinned) is handed on in memory instead (stream-through). What to fetch, when, and who waits
+for it is the scheduler's business (:mod:`spoke.fetch.scheduler`); the fetcher reports each
+block's arrival and outcome to a :class:`FetchListener`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from spoke import metrics
+from spoke.cache.blockcache import BlockCache, CacheFull, Placement, PrefetchRefused
+from spoke.disk.layout import block_digest
+from spoke.errors import CorruptBlock, HubUnavailable, MissDeadline, SpokeError
+from spoke.fetch.source import BlockSource
+
+log = logging.getLogger(__name__)
+
+ADMIT_AHEAD_BYTES = 16 << 20
+"""Most bytes of one stream's arrived blocks waiting for their disk writes at once."""
+
+GAVE_UP_MEMORY_S = 0.5
+"""How long a miss that gave up at its deadline shortens new misses of that block to a
+probe, while nothing has arrived from the source since. The kernel asks again at once
+(within milliseconds) for a failed readahead page: without this every failed read took two
+miss deadlines. Kept short, so a reader that tries again later (the hub may be back, its
+connection still in reconnect backoff) gets a full deadline."""
+
+PROBE_S = 1.0
+"""Longest wait of such a probe (at most a quarter of the miss deadline): its fetch goes on
+with the full deadline for later readers, and a hub that came back answers it in time."""
+
+
+class FetchListener(Protocol):
+    """What the fetcher tells about a batch as it goes."""
+
+    def first_bytes(self, seconds: float, nbytes: int) -> None:
+        """A stream's first block (``nbytes``) arrived ``seconds`` after it was opened."""
+
+    def arrived(self, digest: str, nbytes: int) -> None:
+        """A block arrived and was verified (its admission follows)."""
+
+    def resolved(self, digest: str, error: BaseException | None, data: bytes | None) -> None:
+        """A block is done: resident (``data`` None), streamed through (``data``), or
+        failed (``error``)."""
+
+    def placement(self, digest: str) -> Placement:
+        """How an arrived block is admitted: for a reader, or ahead of any."""
+
+
+class Fetcher:
+    """Fetch batches of blocks from a source into the cache.
+
+    Args:
+        source: where blocks come from.
+        cache: where they go.
+        miss_deadline: how long a batch may keep retrying before it fails, seconds.
+        stream_timeout: deadline of one stream, seconds.
+    """
+
+    def __init__(
+        self,
+        source: BlockSource,
+        cache: BlockCache,
+        miss_deadline: float = 60.0,
+        stream_timeout: float = 60.0,
+    ) -> None:
+        self.source = source
+        self.cache = cache
+        self.miss_deadline = miss_deadline
+        self.stream_timeout = stream_timeout
+        self._gave_up: dict[str, tuple[float, MissDeadline]] = {}  # digest -> when, why
+        self._last_arrival = float("-inf")  # monotonic time a block last arrived
+
+    def gave_up_on(self, digest: str) -> MissDeadline | None:
+        """The error of a recent fetch of ``digest`` that gave up at its miss deadline, if
+        the source has delivered nothing since (a new miss of it is then only a probe of at
+        most :data:`PROBE_S`); else None."""
+        gave_up = self._gave_up.get(digest)
+        if gave_up is None:
+            return None
+        when, error = gave_up
+        if (
+            time.monotonic() - when < min(GAVE_UP_MEMORY_S, self.miss_deadline)
+            and when > self._last_arrival
+        ):
+            return error
+        del self._gave_up[digest]
+        return None
+
+    async def fetch(self, digests: list[str], listener: FetchListener) -> None:
+        """Fetch ``digests`` until each is resolved (never raises, except on cancellation:
+        then the blocks not yet resolved are left to the caller)."""
+        pending = list(digests)
+        deadline = time.monotonic() + self.miss_deadline
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_delay(self.miss_deadline),
+                wait=wait_exponential_jitter(initial=0.1, max=5.0, jitter=0.5),
+                retry=retry_if_exception_type((HubUnavailable, CorruptBlock)),
+                reraise=True,
+            ):
+                with attempt:  # no attempt outlives the miss deadline (a silent link)
+                    left = deadline - time.monotonic()
+                    timeout = max(min(self.stream_timeout, left), 0.05)
+                    await self._attempt(pending, listener, timeout)
+        except (HubUnavailable, CorruptBlock) as err:
+            error = MissDeadline(
+                f"{self.source.name} did not deliver within {self.miss_deadline:g} s: {err}"
+            )
+            now = time.monotonic()
+            for digest in pending:
+                self._gave_up[digest] = (now, error)
+            while len(self._gave_up) > 4096:  # oldest first
+                del self._gave_up[next(iter(self._gave_up))]
+            self._fail(pending, error, listener)
+        except SpokeError as err:  # NotFound, InvalidRequest: another attempt cannot help
+            self._fail(pending, err, listener)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # never leave a waiter hanging
+            log.exception("fetch of %d blocks failed", len(pending))
+            self._fail(pending, HubUnavailable(f"fetch failed: {err}"), listener)
+
+    async def _attempt(self, pending: list[str], listener: FetchListener, timeout: float) -> None:
+        """One stream for ``pending`` (deadline ``timeout`` seconds); removes each digest
+        once it has arrived.
+
+        Arrived blocks are admitted by tasks of their own while the stream goes on (each
+        admission is a disk write in a worker thread; awaiting them one by one held every
+        stream to one block per thread hand-off), at most :data:`ADMIT_AHEAD_BYTES` of
+        them at once; the attempt returns when all of them are done.
+
+        Raises:
+            HubUnavailable, CorruptBlock: retry what is left.
+            NotFound, InvalidRequest: give up.
+        """
+        started = time.monotonic()
+        first = True
+        admitting: dict[asyncio.Task[None], int] = {}
+        try:
+            async for digest, data in self.source.read_blocks(list(pending), timeout):
+                if first:
+                    listener.first_bytes(time.monotonic() - started, len(data))
+                    first = False
+                if block_digest(data) != digest:
+                    metrics.CORRUPT_BLOCKS.inc()
+                    raise CorruptBlock(f"block {digest} failed verification")
+                metrics.HUB_FETCH_BYTES.inc(len(data))
+                metrics.HUB_FETCH_BLOCKS.inc()
+                self._last_arrival = time.monotonic()
+                pending.remove(digest)
+                listener.arrived(digest, len(data))
+                while admitting and sum(admitting.values()) + len(data) > ADMIT_AHEAD_BYTES:
+                    await asyncio.wait(admitting, return_when=asyncio.FIRST_COMPLETED)
+                task = asyncio.create_task(self._admit(digest, data, listener))
+                admitting[task] = len(data)
+                task.add_done_callback(admitting.pop)
+        except HubUnavailable as err:
+            log.warning("block fetch failed (%s); retrying", err)
+            raise
+        finally:
+            if admitting:
+                await asyncio.wait(list(admitting))
+            metrics.HUB_FETCH_SECONDS.observe(time.monotonic() - started)
+        if pending:
+            raise HubUnavailable(f"stream ended with {len(pending)} blocks missing")
+
+    async def _admit(self, digest: str, data: bytes, listener: FetchListener) -> None:
+        """Cache a verified block and resolve it; never raises.
+
+        A block the cache cannot take (disk full with nothing evictable, or a failed
+        write) is resolved with its bytes instead, so readers waiting for it still succeed.
+        """
+        try:
+            await self.cache.admit(digest, data, listener.placement(digest))
+        except PrefetchRefused as err:  # nobody waits for it: the cache is under pressure
+            log.debug("%s", err)
+            listener.resolved(digest, None, data)
+            return
+        except CacheFull as err:
+            log.warning("%s; streaming the block through uncached", err)
+            metrics.STREAMED_THROUGH.inc()
+            listener.resolved(digest, None, data)
+            return
+        except Exception:
+            log.exception("could not cache block %s; streaming it through uncached", digest)
+            metrics.STREAMED_THROUGH.inc()
+            listener.resolved(digest, None, data)
+            return
+        listener.resolved(digest, None, None)
+
+    @staticmethod
+    def _fail(digests: list[str], error: BaseException, listener: FetchListener) -> None:
+        for digest in digests:
+            listener.resolved(digest, error, None)

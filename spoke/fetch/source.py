@@ -1,0 +1,40 @@
+"""Where blocks come from: the :class:`BlockSource` interface.
+
+A source streams whole blocks for a list of digests. It says nothing about caching,
+verification or retries (the fetcher does those); it only delivers bytes or raises a
+:class:`spoke.errors.SpokeError`. The hub is one (:class:`spoke.hublink.source.HubSource`);
+the regional mesh (another spoke that has the block, :mod:`spoke.mesh.source`) is tried
+before the hub behind the same interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+
+class BlockSource(Protocol):
+    """Something that can deliver blocks by digest."""
+
+    @property
+    def name(self) -> str:
+        """Where the blocks come from, for logs and status (``HOST:PORT`` for the hub)."""
+        ...
+
+    def read_blocks(
+        self, digests: Sequence[str], timeout: float
+    ) -> AsyncIterator[tuple[str, bytes]]:
+        """Yield ``(digest, bytes)`` for every digest, each once, unverified (the hub: in
+        request order; the regional mesh, :mod:`spoke.mesh.source`: as they arrive).
+
+        Args:
+            digests: the blocks wanted.
+            timeout: deadline of the whole stream, seconds.
+
+        Raises:
+            NotFound: the source does not have a block (no point retrying).
+            InvalidRequest: the source refused the request.
+            HubUnavailable: the source could not be reached, or the stream broke or came
+                out of order; another attempt may succeed.
+        """
+        ...

@@ -1,0 +1,368 @@
+"""Hint-driven prefetch: install read-order hints and keep fetching ahead of the readers.
+
+``POST /v1/hints`` resolves a job's planned file order into blocks and installs it as one
+stream of the cache's :class:`spoke.cache.hinted.HintedPolicy` (one stream per rank: a new post
+replaces only its own stream). As the mount reports reads, the cursors move and the
+service tops up a window of the soonest planned blocks not yet cached.
+
+Prefetching never costs a fetch that Belady's MIN would not make: a planned block is
+fetched early only into free room, or in place of a block whose next planned read comes
+*later* than its own; MIN would evict that block for it on the miss anyway. Anything
+else waits until it is nearer. (While a stream is installed the cache evicts only as
+admissions need room, :attr:`spoke.cache.hinted.HintedPolicy.evict_on_demand`, so it keeps all
+of its capacity.) (With uniform block sizes a prefetch schedule that follows this rule makes
+exactly MIN's fetches, only earlier; Cao, Felten, Karlin & Li, "A Study of Integrated
+Prefetching and Caching Strategies", SIGMETRICS 1995, rule "do no harm".)
+
+A stream nobody reads from or posts to for ``idle_s`` seconds is dropped (a job that
+ended without deleting its hint must not steer eviction forever).
+
+Memory is capped: at most :data:`MAX_STREAMS` streams, :data:`MAX_STREAM_POSITIONS`
+planned reads a stream, :data:`MAX_TOTAL_POSITIONS` over all streams and
+:data:`MAX_TOTAL_BLOCKS` distinct blocks (summed per stream), :data:`MAX_STREAM_PLANS`
+posts kept per stream; a post past one is refused with :class:`~spoke.errors.OverLimit`
+naming it (a 400 whose body says which limit and its value). Plans are compact
+(:mod:`spoke.cache.hintstream`: 8 bytes a planned read, about 100 a distinct block), so the
+caps hold the hints to about 330 MiB at worst. :meth:`HintService.post` builds a plan in a
+worker thread (one post at a time), so the event loop only installs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from spoke.cache.hinted import HintedPolicy, HintPlan, HintStream
+from spoke.cache.hintstream import PlanBuilder, PlanLimit
+from spoke.errors import OverLimit
+from spoke.fetch.scheduler import Priority
+
+if TYPE_CHECKING:
+    from spoke.cache.blockcache import BlockCache
+    from spoke.fetch.scheduler import FetchScheduler
+
+log = logging.getLogger(__name__)
+
+MAX_STREAMS = 64
+"""Hint streams installed at once (ranks of every job on one node)."""
+
+MAX_STREAM_POSITIONS = 4_000_000
+"""Most planned reads one stream holds (appends beyond it are refused)."""
+
+MAX_TOTAL_POSITIONS = 16_000_000
+"""Most planned reads all streams hold together (8 bytes each: 128 MiB)."""
+
+MAX_TOTAL_BLOCKS = 2_000_000
+"""Most distinct blocks all streams plan, summed per stream (about 100 bytes each)."""
+
+MAX_STREAM_PLANS = 16
+"""Most posts a stream keeps (a post is dropped once its reads are behind the cursor)."""
+
+MAX_LOOKAHEAD = 1024
+"""Most planned positions per stream a prefetch plan looks at."""
+
+IDLE_S = 900.0
+"""A stream without a read or a post for this long is dropped, seconds."""
+
+
+@dataclass(frozen=True)
+class HintStatus:
+    """One stream as the admin API shows it."""
+
+    stream: str
+    source: str
+    hint_length: int
+    cursor: int
+    remaining: int
+    idle_s: float
+
+    def public(self) -> dict[str, object]:
+        """JSON-ready view."""
+        return {
+            "stream": self.stream,
+            "source": self.source,
+            "hint_length": self.hint_length,
+            "cursor": self.cursor,
+            "remaining": self.remaining,
+            "idle_s": round(self.idle_s, 3),
+        }
+
+
+class HintService:
+    """Installs hint streams in the cache's :class:`HintedPolicy` and prefetches ahead.
+
+    Args:
+        cache: its policy must be a :class:`HintedPolicy`.
+        fetcher: prefetches through :meth:`spoke.fetch.scheduler.FetchScheduler.prefetch`, as
+            hinted (the class after demand misses).
+        window_bytes: how many bytes of planned reads ahead of the readers to look at for
+            prefetch (cached ones included); at most half the cache. The default covers
+            2 s of a 1 Gbit/s link.
+        idle_s: streams idle this long are dropped, seconds.
+        clock: monotonic seconds (tests pass a fake).
+
+    Raises:
+        TypeError: the cache's policy is not a :class:`HintedPolicy`.
+    """
+
+    def __init__(
+        self,
+        cache: BlockCache,
+        fetcher: FetchScheduler,
+        window_bytes: int = 256 << 20,
+        idle_s: float = IDLE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not isinstance(cache.policy, HintedPolicy):
+            raise TypeError("hints need the cache's policy to be a HintedPolicy")
+        self.policy: HintedPolicy = cache.policy
+        self.cache = cache
+        self.fetcher = fetcher
+        self.window_bytes = max(0, min(window_bytes, cache.capacity_bytes // 2))
+        self.idle_s = idle_s
+        self._clock = clock
+        self._active: dict[str, float] = {}  # stream -> last post or counted read
+        self._smallest = 1 << 62  # smallest hinted block, bytes
+        self._sources: dict[str, list[str]] = {}  # stream -> snapshots its plan reads
+        self._posting = asyncio.Lock()  # one post builds at a time (the caps hold)
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def room(self, stream: str, append: bool = False) -> _Builder:
+        """A builder for stream ``stream``'s next post that stops at the first cap it
+        would pass (so a worker thread never builds what :meth:`install` refuses).
+
+        Raises:
+            OverLimit: the post is refused whatever it holds (too many streams or posts).
+        """
+        self.expire()
+        current = self.policy.stream(stream)
+        if current is None and len(self.policy.streams) >= MAX_STREAMS:
+            raise OverLimit(
+                f"{MAX_STREAMS} hint streams are installed already; delete one "
+                f"(DELETE /v1/hints/{{stream}}) or reuse a stream name",
+                "streams",
+                MAX_STREAMS,
+            )
+        kept = current if append else None
+        if kept is not None and kept.plans >= MAX_STREAM_PLANS:
+            raise OverLimit(
+                f"stream {stream!r} keeps {MAX_STREAM_PLANS} posts not yet read; "
+                "post the rest once reads have caught up (or replace the stream)",
+                "stream_plans",
+                MAX_STREAM_PLANS,
+            )
+        others = [s for name, s in self.policy.streams.items() if name != stream]
+        total_positions = sum(len(s) for s in others) + (len(kept) if kept else 0)
+        total_blocks = sum(s.distinct_blocks() for s in others)
+        total_blocks += kept.distinct_blocks() if kept else 0
+        stream_room = MAX_STREAM_POSITIONS - (kept.remaining if kept else 0)
+        total_room = MAX_TOTAL_POSITIONS - total_positions
+        if stream_room <= total_room:
+            positions = ("stream_positions", MAX_STREAM_POSITIONS, stream_room)
+        else:
+            positions = ("total_positions", MAX_TOTAL_POSITIONS, total_room)
+        return _Builder(
+            positions, ("total_blocks", MAX_TOTAL_BLOCKS, MAX_TOTAL_BLOCKS - total_blocks)
+        )
+
+    def install(
+        self,
+        stream: str,
+        blocks: Sequence[tuple[str, int]] | HintPlan,
+        append: bool = False,
+        source: str = "",
+    ) -> tuple[HintStatus, int]:
+        """Make ``blocks`` (``(digest, size)`` in read order, or a plan built with
+        :meth:`room`) stream ``stream``'s plan (``append``: extend it; a stream that does
+        not exist yet is started) and start prefetching. ``source`` says what the blocks
+        are of (e.g. ``f3@v1``), for :meth:`status`.
+
+        Returns:
+            The stream's status and how many prefetches started.
+
+        Raises:
+            OverLimit: too many streams or posts, the stream would grow too long, or all
+                streams together would hold too many planned reads or blocks.
+        """
+        builder = self.room(stream, append)
+        if not isinstance(blocks, HintPlan):
+            blocks = HintPlan.of((d for d, _ in blocks), (size for _, size in blocks))
+        plan = blocks
+        current = self.policy.stream(stream)
+        kept = current.remaining if append and current is not None else 0
+        if kept + len(plan) > MAX_STREAM_POSITIONS:
+            raise OverLimit(
+                f"stream {stream!r} would hold {kept + len(plan):,} planned reads; "
+                f"at most {MAX_STREAM_POSITIONS:,} are kept",
+                "stream_positions",
+                MAX_STREAM_POSITIONS,
+            )
+        builder.check(len(plan), len(plan.keys))
+        self._smallest = min(self._smallest, max(1, plan.smallest))
+        installed = self.policy.set_hint(plan, append=append, stream=stream)
+        self._active[stream] = self._clock()
+        sources = self._sources.get(stream, []) if append and current is not None else []
+        self._sources[stream] = sources if source in sources else [*sources, source]
+        assert installed is not None
+        log.info(
+            "hint stream %s: %d blocks %s, %d planned reads ahead",
+            stream,
+            len(plan),
+            "appended" if append else "installed",
+            installed.remaining,
+        )
+        return self._status(installed), self.prefetch_ahead()
+
+    async def post(
+        self,
+        stream: str,
+        build: Callable[[PlanBuilder], HintPlan],
+        append: bool = False,
+        source: str = "",
+    ) -> tuple[HintStatus, int]:
+        """:meth:`install` a plan that ``build`` makes in a worker thread (it gets the
+        :meth:`room` builder; parsing and building never run on the event loop). One
+        post at a time, so the caps checked before the build still hold after it.
+
+        Raises:
+            OverLimit: as :meth:`install`, or ``build`` passed a cap.
+            Exception: whatever ``build`` raises (e.g. InvalidRequest for a bad path).
+        """
+        async with self._posting:
+            builder = self.room(stream, append)
+            try:
+                plan = await asyncio.to_thread(build, builder)
+            except PlanLimit as err:
+                raise OverLimit(str(err), err.limit, err.value) from None
+            return self.install(stream, plan, append=append, source=source)
+
+    def remove(self, stream: str) -> bool:
+        """Drop a stream; returns whether it was installed."""
+        removed = self.policy.clear_hint(stream)
+        self._active.pop(stream, None)
+        self._sources.pop(stream, None)
+        return removed
+
+    def status(self) -> list[HintStatus]:
+        """Every installed stream, by name."""
+        self.expire()
+        return [self._status(s) for _, s in sorted(self.policy.streams.items())]
+
+    def expire(self) -> list[str]:
+        """Drop streams idle for ``idle_s`` seconds; returns their names."""
+        now = self._clock()
+        idle = [
+            name for name in self.policy.streams if now - self._active.get(name, now) >= self.idle_s
+        ]
+        for name in idle:
+            log.info("hint stream %s idle for %.0f s: dropped", name, self.idle_s)
+            self.remove(name)
+        return idle
+
+    def _status(self, s: HintStream) -> HintStatus:
+        idle = self._clock() - self._active.get(s.name, self._clock())
+        source = ", ".join(x for x in self._sources.get(s.name, []) if x)
+        return HintStatus(s.name, source, len(s), s.cursor, s.remaining, idle)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def observe(self, digests: Iterable[str], hit: bool = True) -> None:
+        """The mount read these blocks (an access-log subscriber; hit or miss alike):
+        move cursors and top up the prefetch window."""
+        if not self.policy.active:
+            return
+        moved = False
+        now = self._clock()
+        for digest in digests:
+            stream = self.policy.observe(digest)
+            if stream is not None:
+                self._active[stream.name] = now
+                moved = True
+        if moved:
+            self.prefetch_ahead()
+
+    def hold(self, digests: Sequence[str]) -> None:
+        """A reader waits for these blocks (see :meth:`HintedPolicy.hold`)."""
+        self.policy.hold(digests)
+
+    def release(self, digests: Sequence[str]) -> None:
+        """The reader has them."""
+        self.policy.release(digests)
+
+    # -- prefetch --------------------------------------------------------------------------
+
+    def plan(self) -> list[tuple[str, int]]:
+        """The planned blocks to fetch now, soonest first (see the module docstring)."""
+        window: list[tuple[float, str, int]] = []
+        total = 0
+        # enough positions per stream to fill the window, within reason (each plan runs
+        # on every reported read)
+        count = min(MAX_LOOKAHEAD, max(16, self.window_bytes // max(1, self._smallest)))
+        for when, digest, size in self.policy.upcoming_blocks(count):
+            if total + size > self.window_bytes:
+                break
+            total += size
+            if not self.cache.contains(digest) and not self.fetcher.is_fetching(digest):
+                window.append((when, digest, size))
+        if not window:
+            return []
+        room = self.cache.free_bytes - self.fetcher.on_the_way_bytes
+        want = sum(size for _, _, size in window) - room
+        victims = iter(self.policy.victims(want) if want > 0 else [])
+        victim = next(victims, None)
+        chosen: list[tuple[str, int]] = []
+        for when, digest, size in window:
+            while room < size and victim is not None and victim.next_use > when:
+                room += victim.size
+                victim = next(victims, None)
+            if room < size:
+                break
+            room -= size
+            chosen.append((digest, size))
+        return chosen
+
+    def prefetch_ahead(self) -> int:
+        """Start fetching :meth:`plan`; returns how many fetches started."""
+        chosen = self.plan()
+        return self.fetcher.prefetch(chosen, Priority.HINT) if chosen else 0
+
+
+class _Builder(PlanBuilder):
+    """A :class:`PlanBuilder` whose limits are the service's caps less what is held."""
+
+    def __init__(self, positions: tuple[str, int, int], blocks: tuple[str, int, int]) -> None:
+        super().__init__(max(0, positions[2]), max(0, blocks[2]), (positions[0], blocks[0]))
+        self._positions, self._blocks = positions, blocks
+
+    def check(self, positions: int, blocks: int) -> None:
+        """Refuses a built plan of this many positions and distinct blocks past a cap.
+
+        Raises:
+            OverLimit: naming the cap and its value.
+        """
+        if positions > self._positions[2]:
+            self._too_many(positions)
+        if blocks > self._blocks[2]:
+            self._too_many_blocks(blocks)
+
+    def _too_many(self, positions: int) -> None:
+        self._refuse(self._positions, positions, "planned reads")
+
+    def _too_many_blocks(self, blocks: int) -> None:
+        self._refuse(self._blocks, blocks, "distinct blocks")
+
+    @staticmethod
+    def _refuse(limit: tuple[str, int, int], wanted: int, what: str) -> None:
+        name, cap, room = limit
+        where = "stream" if name.startswith("stream") else "hint streams together"
+        raise OverLimit(
+            f"the {where} would hold {cap - room + wanted:,} {what} or more; "
+            f"at most {cap:,} are kept ({name})",
+            name,
+            cap,
+        )

@@ -1,0 +1,256 @@
+"""Prewarm jobs: fetch a snapshot's files (or some of them) into the cache before a job runs.
+
+A job resolves its ref once, selects files with globs, and fetches their distinct blocks
+with several ReadBlocks batches in flight at once (enough to fill a high-latency link),
+reporting bytes done and total, rate and ETA. With ``pin`` the blocks are pinned first, and
+a job whose blocks cannot fit next to what is already pinned fails before fetching anything,
+so pinned data is never evicted for it. Without ``pin`` a job that asks for more than the
+cache holds finishes and says how many of its bytes stayed cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from protocol.hub.v1 import hub_pb2
+from spoke.cache.blockcache import BlockCache
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.catalog.selection import select, unique_blocks, validate_globs
+from spoke.errors import InvalidRequest, SpokeError
+from spoke.fetch.scheduler import FetchScheduler, Priority
+from spoke.upkeep.pins import PinRegistry
+
+log = logging.getLogger(__name__)
+
+State = Literal["running", "done", "failed", "cancelled"]
+BATCH_BLOCKS = 16  # most blocks per fetch batch (one ReadBlocks stream)
+BATCH_BYTES = 32 << 20  # most bytes per fetch batch
+PARALLEL_BATCHES = 32  # batches waiting per job; the scheduler sends a window of them
+KEEP_FINISHED = 100  # finished jobs remembered
+
+
+@dataclass
+class Job:
+    """One prewarm job (the admin API's view of it is :meth:`public`)."""
+
+    id: str
+    dataset: str
+    ref: str
+    version: str
+    paths: list[str]
+    pin: bool
+    files: int
+    blocks: dict[str, int] = field(repr=False)
+    bytes_total: int = 0
+    bytes_done: int = 0
+    state: State = "running"
+    error: str = ""
+    message: str = ""
+    pin_id: str = ""
+    cached_bytes: int = 0
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def public(self) -> dict[str, object]:
+        """State, progress (bytes), rate (bytes/s) and ETA (s) of the job."""
+        elapsed = (self.finished or time.time()) - self.started
+        rate = self.bytes_done / elapsed if elapsed > 0 else 0.0
+        left = self.bytes_total - self.bytes_done
+        return {
+            "id": self.id,
+            "dataset": self.dataset,
+            "ref": self.ref,
+            "version": self.version,
+            "paths": self.paths,
+            "pin": self.pin,
+            "pin_id": self.pin_id or None,
+            "state": self.state,
+            "files": self.files,
+            "blocks": len(self.blocks),
+            "bytes_total": self.bytes_total,
+            "bytes_done": self.bytes_done,
+            "cached_bytes": self.cached_bytes,
+            "rate_bytes_per_s": rate,
+            "eta_s": (left / rate if rate > 0 else None) if self.state == "running" else 0.0,
+            "elapsed_s": elapsed,
+            "error": self.error or None,
+            "message": self.message or None,
+        }
+
+
+def fetch_batches(
+    blocks: list[tuple[str, int]], most_blocks: int = BATCH_BLOCKS, most_bytes: int = BATCH_BYTES
+) -> list[list[tuple[str, int]]]:
+    """Split ``(digest, size)`` pairs, in order, into batches of at most ``most_blocks``
+    blocks and ``most_bytes`` bytes (a block larger than that is a batch of its own).
+
+    With :data:`PARALLEL_BATCHES` batches waiting a job keeps 32 MiB (64 KiB blocks)
+    to 1 GiB (4 MiB blocks) queued at the scheduler, several times the window it puts on
+    the wire (the bandwidth-delay product of 1 Gbit/s at 50 ms is 6.25 MB), so the
+    window never runs dry while a batch completes.
+    """
+    batches: list[list[tuple[str, int]]] = []
+    batch: list[tuple[str, int]] = []
+    size = 0
+    for digest, nbytes in blocks:
+        if batch and (len(batch) >= most_blocks or size + nbytes > most_bytes):
+            batches.append(batch)
+            batch, size = [], 0
+        batch.append((digest, nbytes))
+        size += nbytes
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+class CapacityError(SpokeError):
+    """A pinned prewarm cannot fit next to what is already pinned."""
+
+
+class PrewarmJobs:
+    """Runs and tracks prewarm jobs on the daemon's event loop."""
+
+    def __init__(
+        self,
+        catalog: SnapshotCatalog,
+        cache: BlockCache,
+        fetcher: FetchScheduler,
+        pins: PinRegistry,
+    ) -> None:
+        self._catalog = catalog
+        self._cache = cache
+        self._fetcher = fetcher
+        self._pins = pins
+        self._jobs: dict[str, Job] = {}
+
+    async def start(self, dataset: str, ref: str, paths: list[str], pin: bool) -> Job:
+        """Validate, resolve and start a job.
+
+        Raises:
+            InvalidRequest: bad globs, or globs that match no file.
+            NotFound: unknown dataset or ref.
+            HubUnavailable: the snapshot is not known here and the hub is unreachable.
+            CapacityError: ``pin`` and the blocks cannot fit beside existing pins.
+        """
+        snapshot, globs, entries, blocks = await self.resolve(dataset, ref, paths)
+        total = sum(blocks.values())
+        if pin:
+            self.check_pin_room(f"{dataset}@{ref}", blocks)
+        job = Job(
+            secrets.token_hex(8),
+            dataset,
+            ref,
+            snapshot.version,
+            globs,
+            pin,
+            len(entries),
+            blocks,
+            bytes_total=total,
+        )
+        if pin:
+            job.pin_id = self._pins.add(dataset, ref, snapshot.version, globs, blocks).id
+        job.task = asyncio.create_task(self._run(job))
+        self._jobs[job.id] = job
+        self._forget_old()
+        return job
+
+    async def resolve(
+        self, dataset: str, ref: str, paths: list[str]
+    ) -> tuple[hub_pb2.Snapshot, list[str], list[hub_pb2.ManifestEntry], dict[str, int]]:
+        """The snapshot, validated globs, selected files and their distinct blocks.
+
+        Raises:
+            InvalidRequest: bad globs, or globs that match no file.
+            NotFound, HubUnavailable: as :meth:`SnapshotCatalog.resolve_ref`.
+        """
+        globs = validate_globs(paths)
+        snapshot = await self._catalog.resolve_ref(dataset, ref)
+        entries = select(await self._catalog.manifest(dataset, snapshot.version), globs)
+        if not entries:
+            raise InvalidRequest(f"no file of {dataset}@{ref} matches {globs}")
+        return snapshot, globs, entries, unique_blocks(entries)
+
+    def check_pin_room(self, what: str, blocks: dict[str, int]) -> None:
+        """Refuse a pin that cannot fit beside the pins already held.
+
+        Raises:
+            CapacityError: the not-yet-pinned bytes exceed the cache's unpinned room.
+        """
+        room = self._cache.capacity_bytes - self._cache.pinned_bytes
+        new = sum(s for d, s in blocks.items() if not self._cache.is_pinned(d))
+        if new > room:
+            raise CapacityError(
+                f"cannot pin {new:,} bytes of {what}: only {room:,} of the cache's "
+                f"{self._cache.capacity_bytes:,} bytes are not pinned already"
+            )
+
+    def get(self, job_id: str) -> Job | None:
+        """A job by id."""
+        return self._jobs.get(job_id)
+
+    def all(self) -> list[Job]:
+        """Every remembered job, newest first."""
+        return sorted(self._jobs.values(), key=lambda j: j.started, reverse=True)
+
+    async def cancel(self, job_id: str) -> Job | None:
+        """Cancel a running job (its pin, if any, stays); None for an unknown id."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
+        if job.task is not None and not job.task.done():
+            job.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await job.task
+        return job
+
+    async def close(self) -> None:
+        """Cancel every running job."""
+        for job in list(self._jobs.values()):
+            await self.cancel(job.id)
+
+    async def _run(self, job: Job) -> None:
+        batches = fetch_batches(list(job.blocks.items()))
+        queue: asyncio.Queue[list[tuple[str, int]]] = asyncio.Queue()
+        for batch in batches:
+            queue.put_nowait(batch)
+
+        async def worker() -> None:
+            while not queue.empty():
+                batch = queue.get_nowait()
+                await self._fetcher.ensure(batch, Priority.PREWARM)
+                job.bytes_done += sum(size for _, size in batch)
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(min(PARALLEL_BATCHES, len(batches)))))
+            job.state = "done"
+        except asyncio.CancelledError:
+            job.state = "cancelled"
+            raise
+        except SpokeError as err:
+            job.state, job.error = "failed", str(err)
+        except Exception as err:
+            log.exception("prewarm job %s failed", job.id)
+            job.state, job.error = "failed", f"{type(err).__name__}: {err}"
+        finally:
+            job.finished = time.time()
+            job.cached_bytes = sum(s for d, s in job.blocks.items() if self._cache.contains(d))
+            if job.state == "done" and job.cached_bytes < job.bytes_total:
+                job.message = (
+                    f"{job.cached_bytes:,} of {job.bytes_total:,} bytes stayed cached: the "
+                    f"selection is larger than the cache ({self._cache.capacity_bytes:,} bytes)"
+                )
+            log.info(
+                "prewarm %s %s: %d/%d bytes", job.id, job.state, job.bytes_done, job.bytes_total
+            )
+
+    def _forget_old(self) -> None:
+        finished = [j for j in self.all() if j.state != "running"]
+        for job in finished[KEEP_FINISHED:]:
+            self._jobs.pop(job.id, None)

@@ -1,0 +1,327 @@
+"""Spoke settings (pydantic-settings): command-line flags, ``STRATA_SPOKE_*`` variables, or a
+TOML config file (``--config FILE`` / ``STRATA_SPOKE_CONFIG``), in that order of precedence.
+
+The config file holds the same names as the flags, with ``_`` for ``-``::
+
+    # /etc/strata/spoke.toml
+    hub = "hub.example.org:7070"
+    hub_ca = "/etc/strata/hub-ca.pem"
+    hub_cert = "/etc/strata/spoke.pem"
+    hub_key = "/etc/strata/spoke.key"
+    hub_token_file = "/etc/strata/hub-token"
+    encryption_key_file = "/etc/strata/cache.key"
+    cache_dir = "/var/cache/strata"
+    cache_size = "500GiB"
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ByteSize, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from protocol import address
+from spoke.audit import DEFAULT_BACKUPS as DEFAULT_AUDIT_BACKUPS
+from spoke.audit import DEFAULT_MAX_BYTES as DEFAULT_AUDIT_MAX_BYTES
+from spoke.catalog.signature import PublisherKey, PublisherKeyError
+from spoke.disk.encryption import BlockCipher, EncryptionError, load_key
+from spoke.disk.layout import CacheLayout
+from spoke.hublink.credentials import CredentialError, HubCredentials
+from spoke.mesh.settings import MeshSettings
+
+CONFIG_ENV = "STRATA_SPOKE_CONFIG"
+"""Variable naming the TOML config file when ``--config`` is not given."""
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(value: str) -> float:
+    """``90s``, ``30m``, ``12h``, ``7d``, ``2w`` (or a sum such as ``1d12h``) in seconds.
+
+    Raises:
+        ValueError: not such a duration, or not positive.
+    """
+    text = value.strip().lower()
+    parts = re.findall(r"(\d+)([smhdw])", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"--retention: {value!r} is not a duration such as 12h, 7d or 2w")
+    seconds = sum(int(n) * _UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise ValueError(f"--retention: {value!r} must be positive")
+    return float(seconds)
+
+
+def parse_hostport(value: str, what: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (IPv6 hosts in brackets; :func:`protocol.address.parse_hostport`).
+
+    Raises:
+        ValueError: not HOST:PORT, or the port is outside 0..65535.
+    """
+    try:
+        return address.parse_hostport(value)
+    except ValueError:
+        raise ValueError(f"{what} must be HOST:PORT, got {value!r}") from None
+
+
+MAX_SOCKET_PATH = 107
+"""Longest path of a UNIX socket, bytes (``sun_path`` is 108 bytes with its NUL; unix(7))."""
+
+
+class SpokeSettings(BaseSettings):
+    """Everything a spoke daemon and its mount need.
+
+    Sizes accept units (``10GiB``, ``512MB``); times are seconds.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_SPOKE_", extra="forbid")
+
+    hub: str = Field(description="the hub's HOST:PORT")
+    cache_dir: Path = Field(description="directory of the block cache")
+    cache_size: ByteSize = Field(description="most bytes of blocks kept on disk")
+    mount: Path | None = Field(default=None, description="mountpoint of the read-only tree")
+    admin: str = Field(default="127.0.0.1:7878", description="admin API HOST:PORT")
+    policy: Literal["arc", "lru", "s3fifo", "sieve"] = Field(
+        default="sieve", description="eviction policy"
+    )
+    high_watermark: float = Field(default=0.95, gt=0, le=1, description="start evicting above")
+    low_watermark: float = Field(default=0.90, gt=0, le=1, description="evict down to")
+    miss_deadline: float = Field(default=60.0, gt=0, description="longest wait of a miss")
+    allow_other: bool = Field(default=False, description="let other users read the mount")
+    admin_token_file: Path | None = Field(
+        default=None, description="file holding the admin API's bearer token"
+    )
+    read_ahead_kb: int = Field(default=1024, ge=0, description="kernel readahead of the mount")
+    passthrough: Literal["auto", "off"] = Field(
+        default="auto", description="FUSE passthrough of cached one-block files (fusemount)"
+    )
+    background_fill: Literal["auto", "off"] = Field(
+        default="off", description="fetch the rest of snapshots being read, at lowest priority"
+    )
+    fill_rate: ByteSize | None = Field(
+        default=None, description="most bytes per second background fill uses (None: no cap)"
+    )
+    mesh: MeshSettings | None = Field(
+        default=None, description="the region's spoke mesh (spoke/mesh/); None: hub only"
+    )
+    fill_share: float = Field(
+        default=0.5, gt=0, le=1, description="fill snapshots that fit in this share of the cache"
+    )
+    hub_ca: Path | None = Field(default=None, description="PEM CA bundle the hub's cert is from")
+    hub_server_name: str | None = Field(
+        default=None, description="name in the hub's certificate, if not the --hub host"
+    )
+    hub_cert: Path | None = Field(default=None, description="PEM client certificate (mTLS)")
+    hub_key: Path | None = Field(default=None, description="PEM private key of --hub-cert")
+    hub_token_file: Path | None = Field(default=None, description="file with the hub token")
+    hub_tls: bool = Field(default=False, description="TLS with the system's CA roots")
+    hub_insecure: bool = Field(
+        default=False, description="allow sending the hub token without TLS (testing only)"
+    )
+    no_admin_token: bool = Field(
+        default=False, description="admin API without a token: any local user may use it"
+    )
+    retention: str | None = Field(
+        default=None, description="evict snapshots nobody read for this long, e.g. 7d"
+    )
+    audit_log: Path | None = Field(
+        default=None, description="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"
+    )
+    audit_max_bytes: ByteSize = Field(
+        default=ByteSize(DEFAULT_AUDIT_MAX_BYTES),
+        description="rotate the audit log before it passes this size",
+    )
+    audit_backups: int = Field(
+        default=DEFAULT_AUDIT_BACKUPS, ge=1, description="rotated audit logs kept"
+    )
+    encryption_key_file: Path | None = Field(
+        default=None, description="AES-256-GCM key (0600) that encrypts block files at rest"
+    )
+    publisher_key: Path | None = Field(
+        default=None, description="Ed25519 public key: only snapshots it signed are served"
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags, then ``STRATA_SPOKE_*`` variables, then the TOML file of ``CONFIG_ENV``."""
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config = os.environ.get(CONFIG_ENV)
+        if config:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config)))
+        return tuple(sources)
+
+    def hub_credentials(self) -> HubCredentials:
+        """The credentials for the hub, loaded now.
+
+        Raises:
+            CredentialError: a file is missing, malformed, expired or mismatched.
+        """
+        return HubCredentials(
+            ca=self.hub_ca,
+            cert=self.hub_cert,
+            key=self.hub_key,
+            token_file=self.hub_token_file,
+            server_name=self.hub_server_name,
+            tls=self.hub_tls,
+        )
+
+    def block_cipher(self) -> BlockCipher | None:
+        """The block-file cipher of ``--encryption-key-file`` (None: encryption off).
+
+        Raises:
+            EncryptionError: the key file is missing, unreadable, too open or malformed.
+        """
+        if self.encryption_key_file is None:
+            return None
+        return BlockCipher.from_file(self.encryption_key_file)
+
+    def security_args(self) -> list[str]:
+        """The flags that give a child daemon these same credentials and audit settings."""
+        args: list[str] = []
+        if self.no_admin_token:
+            args.append("--no-admin-token")
+        if self.audit_log is not None:
+            args += ["--audit-log", str(self.audit_log.resolve())]
+        if self.audit_max_bytes != DEFAULT_AUDIT_MAX_BYTES:
+            args += ["--audit-max-bytes", str(int(self.audit_max_bytes))]
+        if self.audit_backups != DEFAULT_AUDIT_BACKUPS:
+            args += ["--audit-backups", str(self.audit_backups)]
+        if self.retention is not None:
+            args += ["--retention", self.retention]
+        for flag, path in (
+            ("--hub-ca", self.hub_ca),
+            ("--hub-cert", self.hub_cert),
+            ("--hub-key", self.hub_key),
+            ("--hub-token-file", self.hub_token_file),
+            ("--encryption-key-file", self.encryption_key_file),
+            ("--publisher-key", self.publisher_key),
+        ):
+            if path is not None:
+                args += [flag, str(path.resolve())]
+        if self.hub_server_name is not None:
+            args += ["--hub-server-name", self.hub_server_name]
+        if self.hub_tls:
+            args.append("--hub-tls")
+        if self.hub_insecure:
+            args.append("--hub-insecure")
+        return args
+
+    @field_validator("retention")
+    @classmethod
+    def _retention(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_duration(v)
+        return v
+
+    def retention_seconds(self) -> float | None:
+        """``retention`` in seconds (None: keep blocks until evicted for room)."""
+        return parse_duration(self.retention) if self.retention is not None else None
+
+    @model_validator(mode="after")
+    def _hub_credentials(self) -> SpokeSettings:
+        try:
+            creds = self.hub_credentials()
+        except CredentialError as err:
+            raise ValueError(str(err)) from None
+        if creds.token_file is not None and not creds.tls and not self.hub_insecure:
+            raise ValueError(
+                "--hub-token-file without TLS would send the token in cleartext: add "
+                "--hub-ca (or --hub-tls), or --hub-insecure on a trusted network"
+            )
+        return self
+
+    @field_validator("hub")
+    @classmethod
+    def _hub(cls, v: str) -> str:
+        parse_hostport(v, "--hub")
+        return v
+
+    @field_validator("admin")
+    @classmethod
+    def _admin(cls, v: str) -> str:
+        parse_hostport(v, "--admin")
+        return v
+
+    @field_validator("admin_token_file")
+    @classmethod
+    def _token(cls, v: Path | None) -> Path | None:
+        if v is not None and not (v.is_file() and v.read_text().strip()):
+            raise ValueError(f"--admin-token-file {v} is missing or empty")
+        return v
+
+    @field_validator("encryption_key_file")
+    @classmethod
+    def _encryption_key(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            try:
+                load_key(v)
+            except EncryptionError as err:
+                raise ValueError(str(err)) from None
+        return v
+
+    @field_validator("publisher_key")
+    @classmethod
+    def _publisher_key(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            try:
+                PublisherKey.from_file(v)
+            except PublisherKeyError as err:
+                raise ValueError(str(err)) from None
+        return v
+
+    def publisher(self) -> PublisherKey | None:
+        """The publisher key of ``--publisher-key`` (None: signatures are not checked).
+
+        Raises:
+            PublisherKeyError: the file is missing, unreadable or not an Ed25519 key.
+        """
+        return PublisherKey.from_file(self.publisher_key) if self.publisher_key else None
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _cache_dir(cls, v: Path) -> Path:
+        socket = str(CacheLayout(v.resolve()).socket_path)
+        if len(socket.encode()) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"--cache-dir {v} is too long: the daemon's socket {socket} would have "
+                f"{len(socket.encode())} bytes, UNIX sockets allow {MAX_SOCKET_PATH}; "
+                "use a shorter path"
+            )
+        return v
+
+    @field_validator("cache_size")
+    @classmethod
+    def _size(cls, v: ByteSize) -> ByteSize:
+        if v <= 0:
+            raise ValueError("--cache-size must be positive")
+        return v
+
+    @field_validator("audit_max_bytes")
+    @classmethod
+    def _audit_size(cls, v: ByteSize) -> ByteSize:
+        if v < 1024:
+            raise ValueError("--audit-max-bytes must be at least 1 KiB")
+        return v
+
+    @field_validator("fill_rate")
+    @classmethod
+    def _fill_rate(cls, v: ByteSize | None) -> ByteSize | None:
+        if v is not None and v <= 0:
+            raise ValueError("--fill-rate must be a positive size per second, e.g. 50MiB")
+        return v

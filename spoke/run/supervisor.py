@@ -1,0 +1,399 @@
+"""``strata-spoke run``: start the daemon and the mount as two processes and keep them up.
+
+Process model (DESIGN.md): the daemon and the mount are separate processes so that a
+stall or crash in the daemon never takes the mount down. The supervisor starts the daemon,
+waits until it serves, starts the mount, waits until the kernel shows it mounted, and then
+watches both: a daemon that dies is restarted (the mount's misses wait for it); a mount
+that dies is lazily unmounted and mounted again. A restart that fails is retried with
+exponential backoff for as long as the spoke is asked to serve.
+
+Signals: SIGINT/SIGTERM stop the mount first (unmount), then the daemon. SIGHUP upgrades
+in place: the supervisor re-executes itself (new code), keeps the mount process (readers
+holding open files notice nothing) and restarts the daemon (new code; misses wait for it).
+SIGUSR1 makes the supervisor exit and leave both serving, for the next ``strata-spoke run``
+on the cache directory, which adopts them, as it adopts the daemon and mount of a
+supervisor that was killed (:mod:`spoke.run.processes`). Daemon or mount processes of the
+cache directory started with other settings are stopped cleanly and started anew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from spoke.disk.encryption import EncryptionError, check_cache_key
+from spoke.disk.hardening import UnsafeDirectory, private_umask, secure_cache_dir
+from spoke.disk.layout import CacheLayout
+from spoke.disk.mountinfo import is_mounted, lazy_unmount, resolve_mountpoint
+from spoke.run import lock
+from spoke.run.processes import Process, cmdline, find, find_daemon, read_pid, same_settings
+from spoke.run.settings import SpokeSettings
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT = 30.0  # seconds for a child to come up
+STOP_TIMEOUT = 10.0  # seconds for a child to stop after SIGTERM
+BACKOFF_FIRST = 0.5  # seconds before the first retry of a failed restart
+BACKOFF_MAX = 30.0  # most seconds between retries
+STABLE_AFTER = 10.0  # a child up this long resets its backoff
+RELOAD_ENV = "STRATA_SPOKE_RELOADED"  # set across the SIGHUP re-exec: restart the daemon
+
+
+class StartupError(Exception):
+    """The spoke could not start; the message is the one-line reason."""
+
+
+def check_mountpoint(path: Path) -> None:
+    """Make sure ``path`` can be mounted on; a stale FUSE mount there is cleaned up.
+
+    Raises:
+        StartupError: missing, not a directory, or busy with a live mount.
+    """
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ENOTCONN:  # a dead FUSE daemon left its mount behind
+            log.warning("cleaning up stale mount at %s", path)
+            lazy_unmount(path)
+        elif err.errno == errno.ENOENT:
+            raise StartupError(f"mountpoint {path} does not exist") from None
+        else:
+            raise StartupError(f"mountpoint {path}: {err.strerror}") from None
+    if not path.is_dir():
+        raise StartupError(f"mountpoint {path} is not a directory")
+    if is_mounted(path):
+        owners = mount_processes(path)
+        by = f" (strata mount pid {', '.join(map(str, owners))})" if owners else ""
+        raise StartupError(
+            f"mountpoint {path} is busy: something other than this cache dir's mount is "
+            f"mounted there{by}"
+        )
+
+
+def mount_processes(path: Path) -> list[int]:
+    """Pids of strata mount processes serving ``path`` (by their command lines)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            args = cmdline(int(entry.name)) or []
+            if "fusemount" in args and args[-1:] == [str(path)]:
+                pids.append(int(entry.name))
+    return sorted(pids)
+
+
+class _Restarts:
+    """Backoff of one child's restarts: 0.5 s doubling to 30 s, reset once it stays up."""
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.next_try = 0.0
+        self.started = 0.0
+
+    def due(self) -> bool:
+        return time.monotonic() >= self.next_try
+
+    def failed(self) -> float:
+        self.delay = min(max(self.delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
+        self.next_try = time.monotonic() + self.delay
+        return self.delay
+
+    def up(self) -> None:
+        self.started = time.monotonic()
+
+    def died(self) -> None:
+        if time.monotonic() - self.started >= STABLE_AFTER:
+            self.delay = 0.0
+        self.next_try = time.monotonic() + (self.delay or BACKOFF_FIRST / 5)
+
+
+class Supervisor:
+    """Runs and watches the daemon and mount processes of one spoke.
+
+    Args:
+        settings: validated spoke settings (``mount`` must be set).
+        log_level: passed to both children.
+    """
+
+    def __init__(self, settings: SpokeSettings, log_level: str = "INFO") -> None:
+        if settings.mount is None:
+            raise StartupError("--mount is required")
+        self.settings = settings
+        self.mountpoint = resolve_mountpoint(settings.mount)
+        self.layout = CacheLayout(settings.cache_dir.resolve())
+        self.log_level = log_level
+        self.daemon: Process | None = None
+        self.mount: Process | None = None
+        self._stop = False
+        self._leave = False  # SIGUSR1: exit, leaving both serving
+        self._reload = False  # SIGHUP: re-exec, keep the mount, restart the daemon
+        self._lock: int | None = None  # CACHE_DIR/spoke.lock while running
+        self._mounted = False  # a mount of ours was (or is) on the mountpoint
+        self._daemon_restarts = _Restarts()
+        self._mount_restarts = _Restarts()
+
+    def _daemon_cmd(self) -> list[str]:
+        s = self.settings
+        cmd = [sys.executable, "-m", "spoke", "daemon", "--hub", s.hub]
+        cmd += ["--cache-dir", str(self.layout.root), "--cache-size", str(int(s.cache_size))]
+        cmd += ["--admin", s.admin, "--policy", s.policy]
+        cmd += ["--miss-deadline", str(s.miss_deadline), "--log-level", self.log_level]
+        if s.admin_token_file is not None:
+            cmd += ["--admin-token-file", str(s.admin_token_file.resolve())]
+        cmd += ["--background-fill", s.background_fill]
+        if s.fill_rate is not None:
+            cmd += ["--fill-rate", str(int(s.fill_rate))]
+        if s.mesh is not None:
+            cmd += s.mesh.to_args()
+        return [*cmd, *s.security_args(), "--mount", str(self.mountpoint)]
+
+    def _mount_cmd(self) -> list[str]:
+        s = self.settings
+        cmd = [sys.executable, "-m", "fusemount", "--cache-dir", str(self.layout.root)]
+        cmd += ["--miss-deadline", str(s.miss_deadline), "--log-level", self.log_level]
+        cmd += ["--read-ahead-kb", str(s.read_ahead_kb), "--passthrough", s.passthrough]
+        if s.encryption_key_file is not None:
+            cmd += ["--encryption-key-file", str(s.encryption_key_file.resolve())]
+        if s.allow_other:
+            cmd.append("--allow-other")
+        return [*cmd, str(self.mountpoint)]
+
+    def _start_daemon(self) -> None:
+        self.layout.admin_url_file.unlink(missing_ok=True)
+        self.daemon = subprocess.Popen(self._daemon_cmd(), start_new_session=True)
+        self._wait(self.daemon, "daemon", self.layout.admin_url_file.exists)
+        self._daemon_restarts.up()
+
+    def _start_mount(self) -> None:
+        self.mount = subprocess.Popen(self._mount_cmd(), start_new_session=True)
+        self._mounted = True
+        self._wait(self.mount, "mount", lambda: is_mounted(self.mountpoint))
+        self._mount_restarts.up()
+
+    def _wait(self, proc: Process, what: str, ready: object) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not ready():  # type: ignore[operator]
+            if proc.poll() is not None:
+                raise StartupError(f"{what} exited with status {proc.poll()} during start-up")
+            if self._stop:
+                _terminate(proc)
+                raise StartupError(f"interrupted while the {what} was starting")
+            if time.monotonic() > deadline:
+                _terminate(proc)
+                raise StartupError(f"{what} not ready after {READY_TIMEOUT:.0f} s")
+            time.sleep(0.05)
+
+    def admin_url(self) -> str:
+        """The admin API's base URL (as written by the daemon)."""
+        return self.layout.admin_url_file.read_text().strip()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            self._reload = True
+        elif signum == signal.SIGUSR1:
+            self._leave = True
+        self._stop = True
+
+    def run(self) -> int:
+        """Start (or adopt) both processes, watch them until a signal, then stop them, leave
+        them serving (SIGUSR1) or re-execute with them (SIGHUP). Returns the exit code.
+
+        Raises:
+            StartupError: the spoke could not start (one-line reason); nothing is left running.
+        """
+        private_umask()  # the cache dir, pid files and both children: owner only
+        try:
+            self.layout.root.mkdir(parents=True, exist_ok=True)
+            secure_cache_dir(self.layout)  # before anything is read or written there
+            self._lock = lock.hold(self.layout.spoke_lock, "strata-spoke run")
+        except UnsafeDirectory as err:
+            raise StartupError(str(err)) from None
+        except lock.CacheInUse as err:
+            raise StartupError(str(err.strerror)) from None
+        except OSError as err:
+            raise StartupError(f"cache dir {self.layout.root}: {err.strerror}") from None
+        reloaded = bool(os.environ.pop(RELOAD_ENV, None))
+        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+        previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        try:
+            self._check_encryption()
+            adopted = self._adopt()
+            if self.mount is None:
+                check_mountpoint(self.mountpoint)
+            if self.daemon is None:
+                self._start_daemon()
+            elif reloaded:
+                adopted = adopted.replace("daemon", "mount; restarted the daemon", 1)
+                self._restart_daemon()
+            if self.mount is None:
+                self._start_mount()
+            if adopted:
+                print(f"strata-spoke: {adopted}", flush=True)
+            print(
+                f"strata-spoke: mounted {self.mountpoint} (hub {self.settings.hub}, "
+                f"cache {self.layout.root}, admin {self.admin_url()})",
+                flush=True,
+            )
+            self._watch()
+            return 0
+        finally:
+            if self._reload:
+                self._reexec()
+            if self._leave:
+                self._release()
+                print(
+                    f"strata-spoke: left daemon pid {_pid(self.daemon)} and mount pid "
+                    f"{_pid(self.mount)} serving; the next strata-spoke run on "
+                    f"{self.layout.root} adopts them",
+                    flush=True,
+                )
+            else:
+                self.shutdown()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _check_encryption(self) -> None:
+        """Refuse a cache dir written with another encryption key, or with one when none is
+        given (before anything starts; the daemon records a new key itself)."""
+        s = self.settings
+        try:
+            check_cache_key(self.layout, s.block_cipher(), s.encryption_key_file, record=False)
+        except EncryptionError as err:
+            raise StartupError(str(err)) from None
+
+    def _adopt(self) -> str:
+        """Take over a live daemon and mount of this cache directory (their supervisor was
+        killed, or this one re-executed); stop those started with other settings.
+
+        Returns:
+            What was done, for the operator ("" when nothing was found).
+        """
+        done: list[str] = []
+        expected = self._daemon_cmd()
+        daemon, args = find_daemon(self.layout.daemon_lock, expected)
+        if daemon is not None and args is not None:
+            if same_settings(args, expected) and self.layout.admin_url_file.exists():
+                self.daemon = daemon
+                self._daemon_restarts.up()
+                done.append(f"adopted daemon pid {daemon.pid}")
+            else:
+                _terminate(daemon)
+                done.append(f"stopped daemon pid {daemon.pid} (other settings)")
+        expected = self._mount_cmd()
+        mount, args = find(read_pid(self.layout.mount_pid_file), expected)
+        if mount is not None and args is not None:
+            if same_settings(args, expected) and is_mounted(self.mountpoint):
+                self.mount = mount
+                self._mounted = True
+                self._mount_restarts.up()
+                done.append(f"adopted mount pid {mount.pid}")
+            else:
+                _terminate(mount)
+                done.append(f"stopped mount pid {mount.pid} (other settings)")
+        if not done:
+            return ""
+        if len(done) == 2 and done[0].split()[0] == done[1].split()[0]:  # the same verb
+            done[1] = done[1].split(" ", 1)[1]
+        message = " and ".join(done) + f" of {self.layout.root}"
+        log.warning("%s", message)
+        return message
+
+    def _restart_daemon(self) -> None:
+        if self.daemon is not None:
+            _terminate(self.daemon)
+        self._start_daemon()
+
+    def _reexec(self) -> None:
+        """Replace this process with a fresh ``strata-spoke run`` (the code on disk now),
+        leaving the daemon and mount running for it to adopt."""
+        log.warning("SIGHUP: re-executing the supervisor; the mount stays, the daemon restarts")
+        self._release()
+        os.environ[RELOAD_ENV] = "1"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+    def _watch(self) -> None:
+        while not self._stop:
+            time.sleep(0.2)
+            if self._stop:
+                break
+            if self.daemon is not None and self.daemon.poll() is not None:
+                log.error("daemon exited with status %s; restarting", self.daemon.poll())
+                self.daemon = None
+                self._daemon_restarts.died()
+            if self.daemon is None and self._daemon_restarts.due():
+                self._restart(self._start_daemon, self._daemon_restarts, "daemon")
+            if self.mount is not None and self.mount.poll() is not None:
+                log.error("mount exited with status %s; remounting", self.mount.poll())
+                self.mount = None
+                self._mount_restarts.died()
+            if self.mount is None and self._mount_restarts.due() and not self._stop:
+                lazy_unmount(self.mountpoint)
+                if self._restart(self._start_mount, self._mount_restarts, "mount"):
+                    count_mount_restart(self.layout)
+
+    def _restart(self, start: object, backoff: _Restarts, what: str) -> bool:
+        """One restart attempt; a failure is logged and retried after a backoff (never an
+        exit while the spoke is asked to serve)."""
+        try:
+            start()  # type: ignore[operator]
+        except StartupError as err:
+            if self._stop:
+                return False
+            log.error("%s restart failed: %s; retrying in %.1f s", what, err, backoff.failed())
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        """Unmount, then stop the daemon; safe to call more than once."""
+        if self.mount is not None:
+            _terminate(self.mount)
+            self.mount = None
+        if self._mounted and is_mounted(self.mountpoint):  # never another spoke's mount
+            lazy_unmount(self.mountpoint)
+        if self.daemon is not None:
+            _terminate(self.daemon)
+            self.daemon = None
+        self.layout.mount_pid_file.unlink(missing_ok=True)  # the mount's, now stopped
+        self._release()
+
+
+def count_mount_restarts(layout: CacheLayout) -> int:
+    """How many times a supervisor of this cache directory has remounted a mount that died
+    (kept in ``CACHE_DIR/mount-restarts`` across supervisors and daemons)."""
+    return read_pid(layout.mount_restarts_file) or 0
+
+
+def count_mount_restart(layout: CacheLayout) -> None:
+    """Count one remount (atomically: temp file + rename)."""
+    tmp = layout.mount_restarts_file.with_suffix(".tmp")
+    tmp.write_text(f"{count_mount_restarts(layout) + 1}\n")
+    tmp.replace(layout.mount_restarts_file)
+
+
+def _pid(proc: Process | None) -> str:
+    return str(proc.pid) if proc is not None else "-"
+
+
+def _terminate(proc: Process) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(STOP_TIMEOUT)
