@@ -12,6 +12,13 @@ The config file holds the same names as the flags, with ``_`` for ``-``::
     encryption_key_file = "/etc/strata/cache.key"
     cache_dir = "/var/cache/strata"
     cache_size = "500GiB"
+
+    [mesh]            # the --peer-* flags, by MeshSettings' names
+    listen = "10.0.0.1:7879"
+
+:class:`SpokeSettings` is the one declaration of these options: ``strata-spoke``'s flags are
+generated from its fields (:func:`options`, :mod:`spoke.run.schema`), and the children of a
+supervisor get them validated, as a file.
 """
 
 from __future__ import annotations

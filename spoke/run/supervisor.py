@@ -42,13 +42,8 @@ from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import is_mounted, lazy_unmount, resolve_mountpoint
 from spoke.run import lock
 from spoke.run.processes import Process, cmdline, find, find_daemon, read_pid, same_settings
-from spoke.run.settings import (
-    MountSettings,
-    SpokeSettings,
-    resolved,
-    settings_file,
-    write_settings,
-)
+from spoke.run.schema import MountSettings, resolved, settings_file, write_settings
+from spoke.run.settings import SpokeSettings
 
 log = logging.getLogger(__name__)
 
@@ -154,9 +149,7 @@ class Supervisor:
 
     def mount_settings(self) -> MountSettings:
         """The part of the settings the mount process runs with."""
-        return MountSettings.model_validate(
-            self.settings.model_dump(include=set(MountSettings.model_fields))
-        )
+        return MountSettings(**self.settings.model_dump(include=set(MountSettings.model_fields)))
 
     def _daemon_cmd(self) -> list[str]:
         path, _ = settings_file(self.settings, self.layout.private_dir, "daemon")
@@ -167,8 +160,7 @@ class Supervisor:
         return [sys.executable, "-m", "fusemount", "--settings", str(path), str(self.mountpoint)]
 
     def _hand(self, settings: BaseModel, role: str) -> None:
-        """Write the settings file the child ``role`` is started with (owner-only, in the
-        cache's private directory)."""
+        """Write the settings file (owner-only, private) the child ``role`` starts with."""
         try:
             write_settings(settings, self.layout.private_dir, role)
         except OSError as err:
