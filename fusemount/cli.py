@@ -2,6 +2,10 @@
 
 strata-mount --cache-dir DIR [--socket PATH] [--miss-deadline S] [--allow-other]
              [--encryption-key-file KEY] [--passthrough auto|off] MOUNTPOINT
+strata-mount --settings FILE [--socket PATH] MOUNTPOINT
+
+The options, their defaults and help are those of the spoke's settings
+(spoke.run.schema.MountSettings); ``strata-spoke run`` hands them over as a file.
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ from pathlib import Path
 
 import pyfuse3
 import trio
+from pydantic import ValidationError
 
 from fusemount.client import DaemonClient
 from fusemount.operations import StrataOperations
 from fusemount.passthrough import Passthrough, unavailable_reason
 from fusemount.reader import BlockReader
-from spoke.disk.encryption import BlockCipher, EncryptionError, check_cache_key
+from spoke.disk.encryption import EncryptionError, check_cache_key
 from spoke.disk.hardening import UnsafeDirectory, secure_cache_dir
 from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import mounts
+from spoke.run.schema import MountSettings, declared, read_settings
 
 log = logging.getLogger("fusemount")
 
@@ -132,49 +138,75 @@ async def serve(
     await reader.flush_hits()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code (2 for bad input)."""
+def _parser() -> argparse.ArgumentParser:
+    """The mount's flags: those of :class:`MountSettings` (flag, help and default from the
+    one schema), its own ``--socket``, and ``--settings`` (the file the supervisor writes)."""
     parser = argparse.ArgumentParser(
         prog="strata-mount",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("mountpoint", type=Path)
-    parser.add_argument("--cache-dir", type=Path, required=True)
+    parser.add_argument(
+        "--settings",
+        type=Path,
+        default=None,
+        help="the mount's settings as JSON (strata-spoke run writes it); no other settings",
+    )
     parser.add_argument(
         "--socket", type=Path, default=None, help="daemon socket (default CACHE_DIR/daemon.sock)"
     )
-    parser.add_argument("--miss-deadline", type=float, default=60.0)
-    parser.add_argument(
-        "--allow-other",
-        action="store_true",
-        help="let other users read the mount (kernel checks the file modes)",
-    )
-    parser.add_argument(
-        "--read-ahead-kb",
-        type=int,
-        default=1024,
-        help="kernel readahead window of the mount, KiB (0 leaves it)",
-    )
-    parser.add_argument(
-        "--encryption-key-file",
-        type=Path,
-        default=None,
-        help="key of block files encrypted at rest (the daemon's --encryption-key-file)",
-    )
-    parser.add_argument(
-        "--passthrough",
-        choices=("auto", "off"),
-        default="auto",
-        help="let the kernel read cached one-block files itself (FUSE passthrough) where "
-        "the kernel, libfuse and privileges allow it (auto), or never (off)",
-    )
-    parser.add_argument(
-        "--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR")
-    )
-    ns = parser.parse_args(argv)
+    for option in declared(MountSettings):
+        shown = f" (default {option.default})" if option.default not in (None, False) else ""
+        if option.kind is bool:
+            parser.add_argument(
+                option.flag, dest=option.field, action="store_true", default=None,
+                help=option.help,
+            )  # fmt: skip
+        else:
+            parser.add_argument(
+                option.flag, dest=option.field, type=option.kind, default=None,
+                choices=option.choices or None, help=option.help + shown,
+            )  # fmt: skip
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"strata-mount: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _settings(ns: argparse.Namespace) -> MountSettings | str:
+    """The mount's settings from ``--settings`` or from its flags; or why not, in one line."""
+    given = {o.field: getattr(ns, o.field) for o in declared(MountSettings)}
+    given = {k: v for k, v in given.items() if v is not None}
+    try:
+        if ns.settings is None:
+            return MountSettings(**given)
+        if given:
+            return "--settings takes no other settings: " + " ".join(
+                "--" + k.replace("_", "-") for k in given
+            )
+        return read_settings(MountSettings, ns.settings)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = "--" + ".".join(str(p) for p in first["loc"]).replace("_", "-")
+        if first["type"] == "missing":
+            return f"{where} is required"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        return message if message.startswith("--") else f"{where}: {message}"
+    except OSError as err:
+        return f"--settings {ns.settings}: {err.strerror or err}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code (2 for bad input)."""
+    ns = _parser().parse_args(argv)
+    settings = _settings(ns)
+    if isinstance(settings, str):
+        return _fail(settings)
     logging.basicConfig(
-        level=ns.log_level.upper(),
+        level=settings.log_level,
         format="%(asctime)s strata-mount %(levelname)s %(name)s: %(message)s",
     )
     raise_open_file_limit()
@@ -182,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if not mountpoint.is_dir():
         print(f"strata-mount: error: mountpoint {mountpoint} is not a directory", file=sys.stderr)
         return 2
-    layout = CacheLayout(ns.cache_dir)
+    layout = CacheLayout(settings.cache_dir)
     try:  # before anything is read there: refuse a directory another user could change
         secure_cache_dir(layout)
     except UnsafeDirectory as err:
@@ -192,28 +224,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata-mount: error: cache dir {layout.root}: {err.strerror}", file=sys.stderr)
         return 2
     try:
-        cipher = BlockCipher.from_file(ns.encryption_key_file) if ns.encryption_key_file else None
-        check_cache_key(layout, cipher, ns.encryption_key_file, record=False)
+        cipher = settings.block_cipher()
+        check_cache_key(layout, cipher, settings.encryption_key_file, record=False)
     except EncryptionError as err:
         print(f"strata-mount: error: {err}", file=sys.stderr)
         return 2
-    client = DaemonClient(ns.socket or layout.socket_path, miss_deadline=ns.miss_deadline)
+    client = DaemonClient(ns.socket or layout.socket_path, miss_deadline=settings.miss_deadline)
     reader = BlockReader(layout, client, cipher=cipher)
     encrypted = bool(getattr(reader.files, "encrypted", False))
-    passthrough = Passthrough(unavailable_reason(ns.passthrough, ns.cache_dir, encrypted))
+    passthrough = Passthrough(
+        unavailable_reason(settings.passthrough, settings.cache_dir, encrypted)
+    )
     ops = StrataOperations(client, reader, passthrough)
     # written first: whoever sees the mount appear (libfuse 3.17 makes it visible before
     # init returns) finds the pid of the process serving it
     layout.mount_pid_file.write_text(f"{os.getpid()}\n")
     try:
-        pyfuse3.init(ops, str(mountpoint), mount_options(ns.allow_other))
+        pyfuse3.init(ops, str(mountpoint), mount_options(settings.allow_other))
     except RuntimeError as err:
         layout.mount_pid_file.unlink(missing_ok=True)
         print(f"strata-mount: error: cannot mount {mountpoint}: {err}", file=sys.stderr)
         return 2
     log.info("mounted %s", mountpoint)
     try:
-        trio.run(serve, ops, reader, mountpoint, ns.read_ahead_kb)
+        trio.run(serve, ops, reader, mountpoint, settings.read_ahead_kb)
     finally:
         pyfuse3.close(unmount=True)
         client.close()

@@ -24,12 +24,14 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
 DEFAULT_POLICY = "sieve"  # chosen by measurement: spoke/DESIGN.md
 
 
-def make_policy(name: str, capacity_bytes: int) -> EvictionPolicy:
+def make_policy(name: str, capacity_bytes: int = 0) -> EvictionPolicy:
     """Build a policy by its command-line name (one of :data:`POLICIES`).
 
     Args:
         name: ``arc``, ``lru``, ``s3fifo`` or ``sieve``.
-        capacity_bytes: the bytes it may keep resident.
+        capacity_bytes: the bytes it may keep resident; leave it out for a policy given to
+            a :class:`~spoke.cache.blockcache.BlockCache`, which sizes its policy itself
+            (to ``--cache-size`` less the pinned bytes).
 
     Raises:
         ValueError: unknown policy name, or a negative capacity.

@@ -9,6 +9,7 @@ hits straight from block files, with no daemon round trip)::
       index/                       LMDB index, written only by the daemon
       daemon.sock                  the daemon's local gRPC socket (SpokeLocal), peer-checked
       .grpc/sock                   where gRPC itself listens, in a private (0700) directory
+      .grpc/{daemon,mount}-*.json  the settings the supervisor hands each child (0600)
       admin.url                    the admin API's base URL, written once it listens
       daemon.pid, mount.pid        process ids of the running daemon and mount
       mount-restarts               remounts of a mount that died, counted by supervisors
@@ -66,8 +67,8 @@ class CacheLayout:
 
     @property
     def private_dir(self) -> Path:
-        """Owner-only (0700) directory of the gRPC server's own socket
-        (:func:`spoke.disk.hardening.private_socket_dir`)."""
+        """Owner-only (0700) directory of the gRPC server's own socket and the children's
+        settings files (:func:`spoke.disk.hardening.private_socket_dir`)."""
         return self.root / ".grpc"
 
     @property

@@ -39,43 +39,78 @@ class MeshSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    listen: str = Field(description="peer port HOST:PORT to serve blocks to other spokes on")
-    advertise: str | None = Field(
-        default=None, description="this spoke's name in the mesh, HOST:PORT (default: listen)"
+    listen: str = Field(
+        description="join the region's mesh: serve blocks to other spokes on HOST:PORT",
+        json_schema_extra={"flag": "--peer-listen"},
     )
-    peers: tuple[str, ...] = Field(default=(), description="other spokes' HOST:PORT")
+    advertise: str | None = Field(
+        default=None,
+        description="this spoke's name in the mesh, HOST:PORT (default: listen)",
+        json_schema_extra={"flag": "--peer-advertise"},
+    )
+    peers: tuple[str, ...] = Field(
+        default=(),
+        description="the region's spokes, HOST:PORT,HOST:PORT,…",
+        json_schema_extra={"flag": "--peers"},
+    )
     peers_dns: str | None = Field(
         default=None,
         description="NAME or NAME:PORT resolving to every spoke (a headless Service); "
         "the port defaults to listen's",
+        json_schema_extra={"flag": "--peers-dns"},
     )
-    token_file: Path | None = Field(default=None, description="file with the region's token")
-    cert: Path | None = Field(default=None, description="TLS certificate of the peer port (PEM)")
-    key: Path | None = Field(default=None, description="its private key (PEM)")
+    token_file: Path | None = Field(
+        default=None,
+        description="file with the region's token",
+        json_schema_extra={"flag": "--peer-token-file"},
+    )
+    cert: Path | None = Field(
+        default=None,
+        description="TLS certificate of the peer port (PEM)",
+        json_schema_extra={"flag": "--peer-cert"},
+    )
+    key: Path | None = Field(
+        default=None, description="its private key (PEM)", json_schema_extra={"flag": "--peer-key"}
+    )
     ca: Path | None = Field(
-        default=None, description="CA (PEM) peers' certificates must chain to: mTLS"
+        default=None,
+        description="CA (PEM) peers' certificates must chain to: mTLS",
+        json_schema_extra={"flag": "--peer-ca"},
     )
     server_name: str | None = Field(
         default=None,
         description="the name in peers' certificates, when it is not the host they are "
         "dialled by (one certificate for the region)",
+        json_schema_extra={"flag": "--peer-server-name"},
     )
     insecure: bool = Field(
         default=False,
         description="allow a plaintext peer port and no region token (trusted networks only)",
+        json_schema_extra={"flag": "--peer-insecure"},
     )
     grant_key: Path | None = Field(
         default=None,
-        description="the hub's grant public key (PEM), pinned instead of asking the hub",
+        description="the hub's grant public key (PEM) to check peers' read grants with, "
+        "pinned instead of asking the hub",
+        json_schema_extra={"flag": "--peer-grant-key"},
     )
     timeout: float = Field(
-        default=2.0, gt=0, description="seconds a peer may take per block before it is skipped"
+        default=2.0,
+        gt=0,
+        description="seconds a peer may take per block before it is skipped",
+        json_schema_extra={"flag": "--peer-timeout"},
     )
-    probe_interval: float = Field(default=2.0, gt=0, description="seconds between probes")
+    probe_interval: float = Field(
+        default=2.0,
+        gt=0,
+        description="seconds between probes of the peers",
+        json_schema_extra={"flag": "--peer-probe-interval"},
+    )
     max_connections: int = Field(
         default=1024,  # spoke.mesh.transport.MAX_CONNECTIONS
-        description="most connections open to the peer port at once (more are closed as "
-        "they arrive)",
+        description="most connections open to the peer port at once; more are closed as "
+        "they arrive (each spoke of the region holds one to every other)",
+        json_schema_extra={"flag": "--peer-max-connections"},
     )
 
     @field_validator("listen")
@@ -99,6 +134,12 @@ class MeshSettings(BaseModel):
             if host in WILDCARD_HOSTS or port == 0:
                 raise ValueError(f"--peer-advertise must name one host and port, got {v!r}")
         return v
+
+    @field_validator("peers", mode="before")
+    @classmethod
+    def _peer_list(cls, v: object) -> object:
+        """``--peers a:1,b:2`` (or a variable's string) as the tuple it stands for."""
+        return split_peers(v) if isinstance(v, str) else v
 
     @field_validator("peers")
     @classmethod
@@ -180,31 +221,6 @@ class MeshSettings(BaseModel):
         if sep and port.isdigit():
             return name, int(port)
         return self.peers_dns, parse_hostport(self.listen, "--peer-listen")[1]
-
-    def to_args(self) -> list[str]:
-        """The daemon command-line flags that give back these settings."""
-        args = ["--peer-listen", self.listen, "--peer-timeout", str(self.timeout)]
-        args += ["--peer-max-connections", str(self.max_connections)]
-        if self.advertise:
-            args += ["--peer-advertise", self.advertise]
-        if self.peers:
-            args += ["--peers", ",".join(self.peers)]
-        if self.peers_dns:
-            args += ["--peers-dns", self.peers_dns]
-        if self.server_name:
-            args += ["--peer-server-name", self.server_name]
-        if self.insecure:
-            args.append("--peer-insecure")
-        for flag, path in (
-            ("--peer-token-file", self.token_file),
-            ("--peer-cert", self.cert),
-            ("--peer-key", self.key),
-            ("--peer-ca", self.ca),
-            ("--peer-grant-key", self.grant_key),
-        ):
-            if path is not None:
-                args += [flag, str(path.resolve())]
-        return args
 
 
 def split_peers(value: str | None) -> tuple[str, ...]:

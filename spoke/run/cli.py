@@ -15,7 +15,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import httpx
 import typer
-from pydantic import ValidationError
+from pydantic import ByteSize, ValidationError
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -25,8 +25,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from spoke.mesh.settings import MeshSettings, split_peers
-from spoke.run.settings import CONFIG_ENV, SpokeSettings
+from spoke.mesh.settings import MeshSettings
+from spoke.run.settings import CONFIG_ENV, Option, SpokeSettings, options, read_settings
 from spoke.run.supervisor import StartupError, Supervisor
 
 app = typer.Typer(
@@ -37,185 +37,18 @@ app = typer.Typer(
     add_completion=False,
 )
 
-LogOpt = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR")]
-TokenOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--admin-token-file",
-        help="file with the admin API's bearer token (default: made at first start, "
-        "CACHE_DIR/admin.token)",
-    ),
-]
-NoAdminTokenOpt = Annotated[
-    bool | None,
-    typer.Option("--no-admin-token", help="admin API without a token (any local user may use it)"),
-]
-RetentionOpt = Annotated[
-    str | None,
-    typer.Option("--retention", help="evict snapshots nobody read for this long, e.g. 7d"),
-]
-AuditLogOpt = Annotated[
-    Path | None,
-    typer.Option("--audit-log", help="JSON-lines audit log (default CACHE_DIR/audit.jsonl)"),
-]
-AuditMaxBytesOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--audit-max-bytes", help="rotate the audit log before it passes this, e.g. 16MiB"
-    ),
-]
-AuditBackupsOpt = Annotated[
-    int | None,
-    typer.Option("--audit-backups", help="rotated audit logs kept (FILE.1 ...), default 4"),
-]
-EncryptionKeyOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--encryption-key-file",
-        help="encrypt block files at rest with this AES-256 key (0600; strata-spoke "
-        "encryption-key FILE makes one)",
-    ),
-]
-PublisherKeyOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--publisher-key",
-        help="Ed25519 public key (strata-hub keygen): serve only snapshots it signed",
-    ),
-]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option("--config", help=f"TOML file of settings (or ${CONFIG_ENV}); flags win"),
 ]
-HubCaOpt = Annotated[
-    Path | None, typer.Option("--hub-ca", help="PEM CA bundle the hub's certificate is from")
-]
-HubNameOpt = Annotated[
-    str | None,
-    typer.Option("--hub-server-name", help="name in the hub's certificate, if not its host"),
-]
-HubCertOpt = Annotated[
-    Path | None, typer.Option("--hub-cert", help="PEM client certificate for mutual TLS")
-]
-HubKeyOpt = Annotated[Path | None, typer.Option("--hub-key", help="PEM key of --hub-cert")]
-HubTokenOpt = Annotated[
-    Path | None, typer.Option("--hub-token-file", help="file with the hub's bearer token")
-]
-HubTlsOpt = Annotated[
-    bool | None, typer.Option("--hub-tls", help="TLS to the hub with the system's CA roots")
-]
-HubInsecureOpt = Annotated[
-    bool | None,
-    typer.Option("--hub-insecure", help="allow a hub token without TLS (trusted networks only)"),
-]
-FillOpt = Annotated[
-    str,
-    typer.Option(
-        "--background-fill", help="auto: fetch the rest of snapshots being read; off: never"
-    ),
-]
-FillRateOpt = Annotated[
-    str | None,
-    typer.Option("--fill-rate", help="most bytes per second the fill uses, e.g. 50MiB"),
-]
-
-PeerListenOpt = Annotated[
-    str | None,
-    typer.Option("--peer-listen", help="join the region's mesh: serve blocks on HOST:PORT"),
-]
-PeerAdvertiseOpt = Annotated[
-    str | None,
-    typer.Option("--peer-advertise", help="this spoke's HOST:PORT as peers dial it"),
-]
-PeersOpt = Annotated[
-    str | None, typer.Option("--peers", help="the region's spokes, HOST:PORT,HOST:PORT,…")
-]
-PeersDnsOpt = Annotated[
-    str | None,
-    typer.Option("--peers-dns", help="NAME[:PORT] resolving to the region's spokes"),
-]
-PeerTokenOpt = Annotated[
-    Path | None, typer.Option("--peer-token-file", help="file with the region's peer token")
-]
-PeerCertOpt = Annotated[
-    Path | None, typer.Option("--peer-cert", help="TLS certificate of the peer port (PEM)")
-]
-PeerKeyOpt = Annotated[Path | None, typer.Option("--peer-key", help="its private key (PEM)")]
-PeerCaOpt = Annotated[
-    Path | None, typer.Option("--peer-ca", help="CA peers' certificates chain to (mTLS)")
-]
-PeerServerNameOpt = Annotated[
-    str | None,
-    typer.Option("--peer-server-name", help="name in peers' certificates, if not their host"),
-]
-PeerInsecureOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--peer-insecure",
-        help="allow a plaintext peer port without a region token (trusted networks only)",
-    ),
-]
-PeerGrantKeyOpt = Annotated[
+SettingsFileOpt = Annotated[
     Path | None,
     typer.Option(
-        "--peer-grant-key",
-        help="the hub's grant public key (PEM) to check peers' read grants with, "
-        "instead of asking the hub",
+        "--settings",
+        hidden=True,
+        help="validated settings as JSON (written by strata-spoke run); no other flags",
     ),
 ]
-PeerTimeoutOpt = Annotated[
-    float, typer.Option("--peer-timeout", help="seconds a peer may take per block, then skipped")
-]
-PeerMaxConnectionsOpt = Annotated[
-    int,
-    typer.Option(
-        "--peer-max-connections",
-        help="most connections open to the peer port at once; more are closed as they arrive "
-        "(each spoke of the region holds one to every other)",
-    ),
-]
-
-
-def _mesh(
-    listen: str | None,
-    advertise: str | None,
-    peers: str | None,
-    peers_dns: str | None,
-    token_file: Path | None,
-    cert: Path | None,
-    key: Path | None,
-    ca: Path | None,
-    server_name: str | None,
-    insecure: bool | None,
-    grant_key: Path | None,
-    timeout: float,
-    max_connections: int,
-) -> MeshSettings | None:
-    """The mesh settings from the ``--peer*`` flags; None without ``--peer-listen``."""
-    if listen is None:
-        given = (peers, peers_dns, advertise, token_file, cert, key, ca, server_name, grant_key)
-        if any(given) or insecure:
-            _fail("--peers, --peers-dns and the other --peer-* flags need --peer-listen")
-        return None
-    try:
-        return MeshSettings(
-            listen=listen,
-            advertise=advertise,
-            peers=split_peers(peers),
-            peers_dns=peers_dns,
-            token_file=token_file,
-            cert=cert,
-            key=key,
-            ca=ca,
-            server_name=server_name,
-            insecure=bool(insecure),
-            grant_key=grant_key,
-            timeout=timeout,
-            max_connections=max_connections,
-        )
-    except ValidationError as err:
-        message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
-        _fail(message if message.startswith("--") else f"--peer-*: {message}")
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -223,219 +56,154 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _settings(config: Path | None = None, **values: object) -> SpokeSettings:
+def _invalid(err: ValidationError) -> NoReturn:
+    """Exit with the first problem of ``err`` as one line naming its flag."""
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]).replace("_", "-")
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "missing":
+        env = "STRATA_SPOKE_" + where.replace("-", "_").upper()
+        _fail(f"--{where} is required (the flag, ${env} or the config file)")
+    if not where:
+        _fail(message)
+    _fail(message if message.startswith("--") else f"--{where}: {message}")
+
+
+OPTIONS = options()
+"""Every option of ``run`` and ``daemon``, from the one schema (:class:`SpokeSettings`)."""
+
+
+def _with_mesh(given: dict[str, Any]) -> dict[str, Any]:
+    """The settings' values from a command's options: the flags given (None: not given),
+    with the ``--peer-*`` ones folded into one ``mesh`` setting (needs ``--peer-listen``)."""
+    values: dict[str, Any] = {}
+    mesh: dict[str, Any] = {}
+    for option in OPTIONS:
+        value = given.get(option.name)
+        if value is not None:
+            (mesh if option.mesh else values)[option.field] = value
+    if mesh and "listen" not in mesh:
+        _fail("--peers, --peers-dns and the other --peer-* flags need --peer-listen")
+    if mesh:
+        try:
+            values["mesh"] = MeshSettings(**mesh)
+        except ValidationError as err:
+            message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+            _fail(message if message.startswith("--") else f"--peer-*: {message}")
+    return values
+
+
+def _settings(config: Path | None, given: dict[str, Any]) -> SpokeSettings:
     """Settings from the flags given (None: not given), the environment and the config file."""
     if config is not None:
         if not config.is_file():
             _fail(f"--config {config}: no such file")
         os.environ[CONFIG_ENV] = str(config)
+    values = _with_mesh(given)
     try:
-        return SpokeSettings(**{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]
+        return SpokeSettings(**values)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]).replace("_", "-")
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if first["type"] == "missing":
-            env = "STRATA_SPOKE_" + where.replace("-", "_").upper()
-            _fail(f"--{where} is required (the flag, ${env} or the config file)")
-        if not where:
-            _fail(message)
-        _fail(message if message.startswith("--") else f"--{where}: {message}")
+        _invalid(err)
     except (OSError, ValueError) as err:  # an unreadable or malformed config file
         _fail(f"config file {os.environ.get(CONFIG_ENV)}: {err}")
 
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+def _from_file(path: Path, given: dict[str, Any]) -> SpokeSettings:
+    """The settings a supervisor handed its daemon (``--settings``), and nothing else."""
+    flags = [o.flag for o in OPTIONS if given.get(o.name) is not None]
+    if flags:
+        _fail(f"--settings takes no other settings: {' '.join(flags)}")
+    try:
+        return read_settings(SpokeSettings, path)
+    except ValidationError as err:
+        _invalid(err)
+    except OSError as err:
+        _fail(f"--settings {path}: {err.strerror or err}")
 
 
 def _logging(level: str, who: str) -> None:
-    if level.upper() not in LOG_LEVELS:
-        _fail(f"--log-level: {level!r} is not one of {', '.join(LOG_LEVELS)}")
     logging.basicConfig(
-        level=level.upper(), format=f"%(asctime)s {who} %(levelname)s %(name)s: %(message)s"
+        level=level, format=f"%(asctime)s {who} %(levelname)s %(name)s: %(message)s"
     )
 
 
-_PEER_OPTIONS = (
-    "peer_listen",
-    "peer_advertise",
-    "peers",
-    "peers_dns",
-    "peer_token_file",
-    "peer_cert",
-    "peer_key",
-    "peer_ca",
-    "peer_server_name",
-    "peer_insecure",
-    "peer_grant_key",
-    "peer_timeout",
-    "peer_max_connections",
-)
+def _help(option: Option) -> str:
+    """An option's help: its description, default and variable, from the schema."""
+    notes = []
+    if option.default not in (None, False, ()):
+        shown = option.default
+        if isinstance(shown, ByteSize):
+            shown = shown.human_readable(decimal=False).replace(".0", "")
+        notes.append(f"default {shown}")
+    if option.env is not None:
+        notes.append(f"${option.env}")
+    return f"{option.help} ({'; '.join(notes)})" if notes else option.help
 
 
-def _with_mesh(options: dict[str, Any]) -> dict[str, Any]:
-    """A command's options with its ``--peer*`` flags folded into one ``mesh`` setting."""
-    values = dict(options)
-    values["mesh"] = _mesh(*(values.pop(name) for name in _PEER_OPTIONS))
-    return values
-
-
-def _configure(who: str, options: dict[str, Any]) -> SpokeSettings:
-    """Validated settings from a command's options (its ``locals()``), and logging set up
-    for ``who`` at the ``log_level`` among them; a bad value exits with a one-line error."""
-    values = {k: v for k, v in options.items() if k != "log_level"}
-    settings = _settings(**values)
-    _logging(options["log_level"], who)
-    return settings
-
-
-def _shared(name: str, annotation: object, default: object = None) -> inspect.Parameter:
+def _parameter(name: str, annotation: object) -> inspect.Parameter:
     return inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+        name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
     )
 
 
-# The options ``run`` and ``daemon`` share, once. A default of None leaves the value to
-# SpokeSettings (its defaults, STRATA_SPOKE_* variables, the config file); so does the help.
-SPOKE_OPTIONS = (
-    _shared("hub", Annotated[str | None, typer.Option("--hub", help="the hub's HOST:PORT")]),
-    _shared(
-        "cache_dir",
-        Annotated[Path | None, typer.Option("--cache-dir", help="block cache directory")],
-    ),
-    _shared(
-        "cache_size",
-        Annotated[
-            str | None, typer.Option("--cache-size", help="most bytes of blocks kept, e.g. 10GiB")
-        ],
-    ),
-    _shared(
-        "admin",
-        Annotated[
-            str | None,
-            typer.Option(
-                "--admin", help="admin API HOST:PORT, default 127.0.0.1:7878 (0: any port)"
-            ),
-        ],
-    ),
-    _shared(
-        "policy",
-        Annotated[
-            str | None,
-            typer.Option("--policy", help="eviction policy: sieve (default), arc, lru, s3fifo"),
-        ],
-    ),
-    _shared(
-        "miss_deadline",
-        Annotated[
-            float | None,
-            typer.Option(
-                "--miss-deadline", help="seconds a miss may wait for the hub (60), then EIO"
-            ),
-        ],
-    ),
-    _shared("admin_token_file", TokenOpt),
-    _shared("hub_ca", HubCaOpt),
-    _shared("hub_server_name", HubNameOpt),
-    _shared("hub_cert", HubCertOpt),
-    _shared("hub_key", HubKeyOpt),
-    _shared("hub_token_file", HubTokenOpt),
-    _shared("hub_tls", HubTlsOpt),
-    _shared("hub_insecure", HubInsecureOpt),
-    _shared("no_admin_token", NoAdminTokenOpt),
-    _shared("audit_log", AuditLogOpt),
-    _shared("audit_max_bytes", AuditMaxBytesOpt),
-    _shared("audit_backups", AuditBackupsOpt),
-    _shared("retention", RetentionOpt),
-    _shared("encryption_key_file", EncryptionKeyOpt),
-    _shared("publisher_key", PublisherKeyOpt),
-    _shared("background_fill", FillOpt),
-    _shared("fill_rate", FillRateOpt),
-    _shared("peer_listen", PeerListenOpt),
-    _shared("peer_advertise", PeerAdvertiseOpt),
-    _shared("peers", PeersOpt),
-    _shared("peers_dns", PeersDnsOpt),
-    _shared("peer_token_file", PeerTokenOpt),
-    _shared("peer_cert", PeerCertOpt),
-    _shared("peer_key", PeerKeyOpt),
-    _shared("peer_ca", PeerCaOpt),
-    _shared("peer_server_name", PeerServerNameOpt),
-    _shared("peer_insecure", PeerInsecureOpt),
-    _shared("peer_grant_key", PeerGrantKeyOpt),
-    _shared("peer_timeout", PeerTimeoutOpt, 2.0),
-    _shared("peer_max_connections", PeerMaxConnectionsOpt, 1024),
-    _shared("log_level", LogOpt, "INFO"),
-)
+def _parameters(command: str) -> list[inspect.Parameter]:
+    """The typer parameters of ``command``'s settings options, each defaulting to None so
+    that an option not given is left to SpokeSettings (its default, STRATA_SPOKE_*
+    variables, the config file)."""
+    return [
+        _parameter(
+            option.name,
+            Annotated[
+                option.kind | None,  # type: ignore[operator]
+                typer.Option(option.flag, help=_help(option), show_default=False),
+            ],
+        )
+        for option in OPTIONS
+        if command in option.commands
+    ]
+
 
 _Command = TypeVar("_Command", bound=Callable[..., None])
 
 
-def _with_options(*own: inspect.Parameter) -> Callable[[_Command], _Command]:
-    """Give a command taking ``**options`` the parameters ``own`` + :data:`SPOKE_OPTIONS`
-    (typer reads a function's ``__signature__``), so ``run`` and ``daemon`` list them once."""
+def _with_options(command_name: str, *own: inspect.Parameter) -> Callable[[_Command], _Command]:
+    """Give a command taking ``**options`` the parameters ``own`` and those of the settings
+    it takes (typer reads a function's ``__signature__``), so no option is declared here."""
 
     def wrap(command: _Command) -> _Command:
-        setattr(command, "__signature__", inspect.Signature([*own, *SPOKE_OPTIONS]))  # noqa: B010
+        signature = inspect.Signature([*own, *_parameters(command_name)])
+        setattr(command, "__signature__", signature)  # noqa: B010
         return command
 
     return wrap
 
 
 @app.command()
-@_with_options(
-    _shared(
-        "mount",
-        Annotated[Path | None, typer.Option("--mount", help="mountpoint (an existing directory)")],
-    ),
-    _shared(
-        "allow_other",
-        Annotated[
-            bool | None, typer.Option("--allow-other", help="let other users read the mount")
-        ],
-    ),
-    _shared(
-        "read_ahead_kb",
-        Annotated[
-            int | None, typer.Option("--read-ahead-kb", help="kernel readahead of the mount, KiB")
-        ],
-    ),
-    _shared(
-        "passthrough",
-        Annotated[
-            str | None,
-            typer.Option(
-                "--passthrough", help="auto (default): the kernel reads cached one-block files; off"
-            ),
-        ],
-    ),
-    _shared("config", ConfigOpt),
-)
+@_with_options("run", _parameter("config", ConfigOpt))
 def run(**options: Any) -> None:
     """Start the spoke daemon and its mount; stop both on SIGINT/SIGTERM.
 
     SIGHUP upgrades in place (new supervisor and daemon code; the mount process and its
     open files stay); SIGUSR1 exits leaving both serving for the next ``run`` to adopt.
     """
-    settings = _configure("strata-spoke", _with_mesh(options))
+    settings = _settings(options.pop("config"), options)
+    _logging(settings.log_level, "strata-spoke")
     try:
-        code = Supervisor(settings, options["log_level"]).run()
+        code = Supervisor(settings).run()
     except StartupError as err:
         _fail(str(err), 1)
     raise typer.Exit(code)
 
 
 @app.command(hidden=True)
-@_with_options(
-    _shared(
-        "mount",
-        Annotated[
-            Path | None, typer.Option("--mount", help="the mount /readyz reports on (resolved)")
-        ],
-    ),
-)
+@_with_options("daemon", _parameter("config", ConfigOpt), _parameter("settings", SettingsFileOpt))
 def daemon(**options: Any) -> None:
-    """Run only the daemon (``run`` starts it for you)."""
-    settings = _configure("strata-spoke-daemon", _with_mesh(options))
+    """Run only the daemon (``run`` starts it for you, with ``--settings``)."""
+    config, path = options.pop("config"), options.pop("settings")
+    if path is not None and config is not None:
+        _fail("--settings takes no other settings: --config")
+    settings = _from_file(path, options) if path is not None else _settings(config, options)
+    _logging(settings.log_level, "strata-spoke-daemon")
     from spoke.disk.encryption import EncryptionError
     from spoke.disk.hardening import UnsafeDirectory
     from spoke.run.daemon import run_daemon  # grpc.aio and uvicorn only in this process

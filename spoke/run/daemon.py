@@ -113,13 +113,13 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         check_cache_key(layout, cipher, settings.encryption_key_file, record=True)
         env = open_index(layout)
         stack.callback(env.close)
-        capacity = int(settings.cache_size)
         cache = BlockCache(
             BlockStore(layout, env, cipher),
             # the configured policy until a job posts hints; per hint stream, the
-            # blocks of the last 2 reads are still being read (DESIGN.md: Hints)
-            HintedPolicy(make_policy(settings.policy, capacity), in_use=2),
-            capacity,
+            # blocks of the last 2 reads are still being read (DESIGN.md: Hints).
+            # The cache sizes its policy: --cache-size has one owner
+            HintedPolicy(make_policy(settings.policy), in_use=2),
+            int(settings.cache_size),
             high_watermark=settings.high_watermark,
             low_watermark=settings.low_watermark,
         )

@@ -151,10 +151,19 @@ def _same_program(args: list[str], expected: list[str]) -> bool:
     def key(cmd: list[str]) -> tuple[list[str], str | None]:
         at = cmd.index("-m") + 1 if "-m" in cmd else len(cmd)
         module = cmd[at : at + 2] if cmd[at : at + 1] == ["spoke"] else cmd[at : at + 1]
-        cache = cmd[cmd.index("--cache-dir") + 1] if "--cache-dir" in cmd[:-1] else None
-        return module, cache
+        return module, _cache_dir(cmd)
 
     return key(args) == key(expected)
+
+
+def _cache_dir(cmd: list[str]) -> str | None:
+    """The cache directory a child's command line names: its ``--cache-dir``, or the one
+    its ``--settings`` file lies in (``CACHE_DIR/.grpc/ROLE-DIGEST.json``)."""
+    if "--cache-dir" in cmd[:-1]:
+        return cmd[cmd.index("--cache-dir") + 1]
+    if "--settings" in cmd[:-1]:
+        return str(Path(cmd[cmd.index("--settings") + 1]).parent.parent)
+    return None
 
 
 def same_settings(args: list[str], expected: list[str]) -> bool:

@@ -12,6 +12,13 @@ The config file holds the same names as the flags, with ``_`` for ``-``::
     encryption_key_file = "/etc/strata/cache.key"
     cache_dir = "/var/cache/strata"
     cache_size = "500GiB"
+
+    [mesh]            # the --peer-* flags, by MeshSettings' names
+    listen = "10.0.0.1:7879"
+
+:class:`SpokeSettings` is the one declaration of these options: ``strata-spoke``'s flags are
+generated from its fields (:func:`options`, :mod:`spoke.run.schema`), and the children of a
+supervisor get them validated, as a file.
 """
 
 from __future__ import annotations
@@ -33,10 +40,30 @@ from protocol import address
 from spoke.audit import DEFAULT_BACKUPS as DEFAULT_AUDIT_BACKUPS
 from spoke.audit import DEFAULT_MAX_BYTES as DEFAULT_AUDIT_MAX_BYTES
 from spoke.catalog.signature import PublisherKey, PublisherKeyError
-from spoke.disk.encryption import BlockCipher, EncryptionError, load_key
 from spoke.disk.layout import CacheLayout
 from spoke.hublink.credentials import CredentialError, HubCredentials
 from spoke.mesh.settings import MeshSettings
+from spoke.run.schema import (
+    MountSettings,
+    Option,
+    declared,
+    read_settings,
+    resolved,
+    settings_file,
+    write_settings,
+)
+
+__all__ = [
+    "CONFIG_ENV",
+    "MountSettings",
+    "Option",
+    "SpokeSettings",
+    "options",
+    "read_settings",
+    "resolved",
+    "settings_file",
+    "write_settings",
+]
 
 CONFIG_ENV = "STRATA_SPOKE_CONFIG"
 """Variable naming the TOML config file when ``--config`` is not given."""
@@ -77,8 +104,10 @@ MAX_SOCKET_PATH = 107
 """Longest path of a UNIX socket, bytes (``sun_path`` is 108 bytes with its NUL; unix(7))."""
 
 
-class SpokeSettings(BaseSettings):
-    """Everything a spoke daemon and its mount need.
+class SpokeSettings(BaseSettings, MountSettings):
+    """Everything a spoke daemon and its mount need: the one declaration of every option of
+    ``strata-spoke run``/``daemon`` (its flag, ``STRATA_SPOKE_*`` variable, TOML key, default
+    and help; :func:`options`). The mesh's options are :class:`MeshSettings`'s, as ``--peer-*``.
 
     Sizes accept units (``10GiB``, ``512MB``); times are seconds.
     """
@@ -86,49 +115,56 @@ class SpokeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STRATA_SPOKE_", extra="forbid")
 
     hub: str = Field(description="the hub's HOST:PORT")
-    cache_dir: Path = Field(description="directory of the block cache")
-    cache_size: ByteSize = Field(description="most bytes of blocks kept on disk")
-    mount: Path | None = Field(default=None, description="mountpoint of the read-only tree")
-    admin: str = Field(default="127.0.0.1:7878", description="admin API HOST:PORT")
+    cache_size: ByteSize = Field(description="most bytes of blocks kept on disk, e.g. 10GiB")
+    mount: Path | None = Field(
+        default=None,
+        description="mountpoint of the read-only tree, an existing directory (daemon: the "
+        "mount /readyz reports on)",
+    )
+    admin: str = Field(default="127.0.0.1:7878", description="admin API HOST:PORT (port 0: any)")
     policy: Literal["arc", "lru", "s3fifo", "sieve"] = Field(
-        default="sieve", description="eviction policy"
+        default="sieve", description="eviction policy: sieve, arc, lru or s3fifo"
     )
-    high_watermark: float = Field(default=0.95, gt=0, le=1, description="start evicting above")
-    low_watermark: float = Field(default=0.90, gt=0, le=1, description="evict down to")
-    miss_deadline: float = Field(default=60.0, gt=0, description="longest wait of a miss")
-    allow_other: bool = Field(default=False, description="let other users read the mount")
+    high_watermark: float = Field(
+        default=0.95, gt=0, le=1, description="start evicting above this share of --cache-size"
+    )
+    low_watermark: float = Field(
+        default=0.90, gt=0, le=1, description="evict down to this share of --cache-size"
+    )
     admin_token_file: Path | None = Field(
-        default=None, description="file holding the admin API's bearer token"
-    )
-    read_ahead_kb: int = Field(default=1024, ge=0, description="kernel readahead of the mount")
-    passthrough: Literal["auto", "off"] = Field(
-        default="auto", description="FUSE passthrough of cached one-block files (fusemount)"
+        default=None,
+        description="file with the admin API's bearer token (default: made at first start, "
+        "CACHE_DIR/admin.token)",
     )
     background_fill: Literal["auto", "off"] = Field(
-        default="off", description="fetch the rest of snapshots being read, at lowest priority"
+        default="off", description="auto: fetch the rest of snapshots being read; off: never"
     )
     fill_rate: ByteSize | None = Field(
-        default=None, description="most bytes per second background fill uses (None: no cap)"
-    )
-    mesh: MeshSettings | None = Field(
-        default=None, description="the region's spoke mesh (spoke/mesh/); None: hub only"
+        default=None, description="most bytes per second the background fill uses, e.g. 50MiB"
     )
     fill_share: float = Field(
         default=0.5, gt=0, le=1, description="fill snapshots that fit in this share of the cache"
     )
-    hub_ca: Path | None = Field(default=None, description="PEM CA bundle the hub's cert is from")
+    mesh: MeshSettings | None = Field(
+        default=None, description="the region's spoke mesh (spoke/mesh/); None: hub only"
+    )
+    hub_ca: Path | None = Field(
+        default=None, description="PEM CA bundle the hub's certificate is from"
+    )
     hub_server_name: str | None = Field(
         default=None, description="name in the hub's certificate, if not the --hub host"
     )
-    hub_cert: Path | None = Field(default=None, description="PEM client certificate (mTLS)")
+    hub_cert: Path | None = Field(default=None, description="PEM client certificate for mutual TLS")
     hub_key: Path | None = Field(default=None, description="PEM private key of --hub-cert")
-    hub_token_file: Path | None = Field(default=None, description="file with the hub token")
-    hub_tls: bool = Field(default=False, description="TLS with the system's CA roots")
+    hub_token_file: Path | None = Field(
+        default=None, description="file with the hub's bearer token"
+    )
+    hub_tls: bool = Field(default=False, description="TLS to the hub with the system's CA roots")
     hub_insecure: bool = Field(
-        default=False, description="allow sending the hub token without TLS (testing only)"
+        default=False, description="allow a hub token without TLS (trusted networks only)"
     )
     no_admin_token: bool = Field(
-        default=False, description="admin API without a token: any local user may use it"
+        default=False, description="admin API without a token (any local user may use it)"
     )
     retention: str | None = Field(
         default=None, description="evict snapshots nobody read for this long, e.g. 7d"
@@ -138,16 +174,14 @@ class SpokeSettings(BaseSettings):
     )
     audit_max_bytes: ByteSize = Field(
         default=ByteSize(DEFAULT_AUDIT_MAX_BYTES),
-        description="rotate the audit log before it passes this size",
+        description="rotate the audit log before it passes this size, e.g. 16MiB",
     )
     audit_backups: int = Field(
-        default=DEFAULT_AUDIT_BACKUPS, ge=1, description="rotated audit logs kept"
-    )
-    encryption_key_file: Path | None = Field(
-        default=None, description="AES-256-GCM key (0600) that encrypts block files at rest"
+        default=DEFAULT_AUDIT_BACKUPS, ge=1, description="rotated audit logs kept (FILE.1 ...)"
     )
     publisher_key: Path | None = Field(
-        default=None, description="Ed25519 public key: only snapshots it signed are served"
+        default=None,
+        description="Ed25519 public key (strata-hub keygen): serve only snapshots it signed",
     )
 
     @classmethod
@@ -180,47 +214,6 @@ class SpokeSettings(BaseSettings):
             server_name=self.hub_server_name,
             tls=self.hub_tls,
         )
-
-    def block_cipher(self) -> BlockCipher | None:
-        """The block-file cipher of ``--encryption-key-file`` (None: encryption off).
-
-        Raises:
-            EncryptionError: the key file is missing, unreadable, too open or malformed.
-        """
-        if self.encryption_key_file is None:
-            return None
-        return BlockCipher.from_file(self.encryption_key_file)
-
-    def security_args(self) -> list[str]:
-        """The flags that give a child daemon these same credentials and audit settings."""
-        args: list[str] = []
-        if self.no_admin_token:
-            args.append("--no-admin-token")
-        if self.audit_log is not None:
-            args += ["--audit-log", str(self.audit_log.resolve())]
-        if self.audit_max_bytes != DEFAULT_AUDIT_MAX_BYTES:
-            args += ["--audit-max-bytes", str(int(self.audit_max_bytes))]
-        if self.audit_backups != DEFAULT_AUDIT_BACKUPS:
-            args += ["--audit-backups", str(self.audit_backups)]
-        if self.retention is not None:
-            args += ["--retention", self.retention]
-        for flag, path in (
-            ("--hub-ca", self.hub_ca),
-            ("--hub-cert", self.hub_cert),
-            ("--hub-key", self.hub_key),
-            ("--hub-token-file", self.hub_token_file),
-            ("--encryption-key-file", self.encryption_key_file),
-            ("--publisher-key", self.publisher_key),
-        ):
-            if path is not None:
-                args += [flag, str(path.resolve())]
-        if self.hub_server_name is not None:
-            args += ["--hub-server-name", self.hub_server_name]
-        if self.hub_tls:
-            args.append("--hub-tls")
-        if self.hub_insecure:
-            args.append("--hub-insecure")
-        return args
 
     @field_validator("retention")
     @classmethod
@@ -263,16 +256,6 @@ class SpokeSettings(BaseSettings):
     def _token(cls, v: Path | None) -> Path | None:
         if v is not None and not (v.is_file() and v.read_text().strip()):
             raise ValueError(f"--admin-token-file {v} is missing or empty")
-        return v
-
-    @field_validator("encryption_key_file")
-    @classmethod
-    def _encryption_key(cls, v: Path | None) -> Path | None:
-        if v is not None:
-            try:
-                load_key(v)
-            except EncryptionError as err:
-                raise ValueError(str(err)) from None
         return v
 
     @field_validator("publisher_key")
@@ -325,3 +308,11 @@ class SpokeSettings(BaseSettings):
         if v is not None and v <= 0:
             raise ValueError("--fill-rate must be a positive size per second, e.g. 50MiB")
         return v
+
+
+def options() -> tuple[Option, ...]:
+    """Every option of ``strata-spoke run`` and ``daemon``, in declaration order: the
+    settings' own, then the mesh's (``--peer-*``)."""
+    prefix = SpokeSettings.model_config.get("env_prefix")
+    own = [name for name in SpokeSettings.model_fields if name != "mesh"]
+    return declared(SpokeSettings, own, prefix) + declared(MeshSettings, mesh=True)

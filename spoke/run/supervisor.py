@@ -29,12 +29,20 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from pydantic import BaseModel
+
 from spoke.disk.encryption import EncryptionError, check_cache_key
-from spoke.disk.hardening import UnsafeDirectory, private_umask, secure_cache_dir
+from spoke.disk.hardening import (
+    UnsafeDirectory,
+    private_socket_dir,
+    private_umask,
+    secure_cache_dir,
+)
 from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import is_mounted, lazy_unmount, resolve_mountpoint
 from spoke.run import lock
 from spoke.run.processes import Process, cmdline, find, find_daemon, read_pid, same_settings
+from spoke.run.schema import MountSettings, resolved, settings_file, write_settings
 from spoke.run.settings import SpokeSettings
 
 log = logging.getLogger(__name__)
@@ -118,17 +126,17 @@ class Supervisor:
     """Runs and watches the daemon and mount processes of one spoke.
 
     Args:
-        settings: validated spoke settings (``mount`` must be set).
-        log_level: passed to both children.
+        settings: validated spoke settings (``mount`` must be set); the children get them
+            as files (:func:`spoke.run.settings.write_settings`), never as flags.
     """
 
-    def __init__(self, settings: SpokeSettings, log_level: str = "INFO") -> None:
+    def __init__(self, settings: SpokeSettings) -> None:
         if settings.mount is None:
             raise StartupError("--mount is required")
-        self.settings = settings
         self.mountpoint = resolve_mountpoint(settings.mount)
         self.layout = CacheLayout(settings.cache_dir.resolve())
-        self.log_level = log_level
+        # what both children run with: these settings, every path absolute
+        self.settings = resolved(settings, cache_dir=self.layout.root, mount=self.mountpoint)
         self.daemon: Process | None = None
         self.mount: Process | None = None
         self._stop = False
@@ -139,39 +147,34 @@ class Supervisor:
         self._daemon_restarts = _Restarts()
         self._mount_restarts = _Restarts()
 
+    def mount_settings(self) -> MountSettings:
+        """The part of the settings the mount process runs with."""
+        return MountSettings(**self.settings.model_dump(include=set(MountSettings.model_fields)))
+
     def _daemon_cmd(self) -> list[str]:
-        s = self.settings
-        cmd = [sys.executable, "-m", "spoke", "daemon", "--hub", s.hub]
-        cmd += ["--cache-dir", str(self.layout.root), "--cache-size", str(int(s.cache_size))]
-        cmd += ["--admin", s.admin, "--policy", s.policy]
-        cmd += ["--miss-deadline", str(s.miss_deadline), "--log-level", self.log_level]
-        if s.admin_token_file is not None:
-            cmd += ["--admin-token-file", str(s.admin_token_file.resolve())]
-        cmd += ["--background-fill", s.background_fill]
-        if s.fill_rate is not None:
-            cmd += ["--fill-rate", str(int(s.fill_rate))]
-        if s.mesh is not None:
-            cmd += s.mesh.to_args()
-        return [*cmd, *s.security_args(), "--mount", str(self.mountpoint)]
+        path, _ = settings_file(self.settings, self.layout.private_dir, "daemon")
+        return [sys.executable, "-m", "spoke", "daemon", "--settings", str(path)]
 
     def _mount_cmd(self) -> list[str]:
-        s = self.settings
-        cmd = [sys.executable, "-m", "fusemount", "--cache-dir", str(self.layout.root)]
-        cmd += ["--miss-deadline", str(s.miss_deadline), "--log-level", self.log_level]
-        cmd += ["--read-ahead-kb", str(s.read_ahead_kb), "--passthrough", s.passthrough]
-        if s.encryption_key_file is not None:
-            cmd += ["--encryption-key-file", str(s.encryption_key_file.resolve())]
-        if s.allow_other:
-            cmd.append("--allow-other")
-        return [*cmd, str(self.mountpoint)]
+        path, _ = settings_file(self.mount_settings(), self.layout.private_dir, "mount")
+        return [sys.executable, "-m", "fusemount", "--settings", str(path), str(self.mountpoint)]
+
+    def _hand(self, settings: BaseModel, role: str) -> None:
+        """Write the settings file (owner-only, private) the child ``role`` starts with."""
+        try:
+            write_settings(settings, self.layout.private_dir, role)
+        except OSError as err:
+            raise StartupError(f"{role} settings in {self.layout.private_dir}: {err}") from None
 
     def _start_daemon(self) -> None:
         self.layout.admin_url_file.unlink(missing_ok=True)
+        self._hand(self.settings, "daemon")
         self.daemon = subprocess.Popen(self._daemon_cmd(), start_new_session=True)
         self._wait(self.daemon, "daemon", self.layout.admin_url_file.exists)
         self._daemon_restarts.up()
 
     def _start_mount(self) -> None:
+        self._hand(self.mount_settings(), "mount")
         self.mount = subprocess.Popen(self._mount_cmd(), start_new_session=True)
         self._mounted = True
         self._wait(self.mount, "mount", lambda: is_mounted(self.mountpoint))
@@ -212,6 +215,7 @@ class Supervisor:
         try:
             self.layout.root.mkdir(parents=True, exist_ok=True)
             secure_cache_dir(self.layout)  # before anything is read or written there
+            private_socket_dir(self.layout.private_dir)  # where the children's settings go
             self._lock = lock.hold(self.layout.spoke_lock, "strata-spoke run")
         except UnsafeDirectory as err:
             raise StartupError(str(err)) from None

@@ -239,10 +239,9 @@ def test_settings_take_the_key_from_a_variable_and_pass_it_on(
         hub="127.0.0.1:1", cache_dir=tmp_path / "c", cache_size="1MiB", mount=tmp_path / "mnt"
     )
     assert settings.block_cipher() is not None
-    args = settings.security_args()
-    assert args[args.index("--encryption-key-file") + 1] == str(key.resolve())
-    mount_cmd = Supervisor(settings)._mount_cmd()
-    assert mount_cmd[mount_cmd.index("--encryption-key-file") + 1] == str(key.resolve())
+    supervisor = Supervisor(settings)  # what it hands the daemon and the mount
+    assert supervisor.settings.encryption_key_file == key.resolve()
+    assert supervisor.mount_settings().encryption_key_file == key.resolve()
     key.chmod(0o644)
     with pytest.raises(ValidationError, match="readable by group or others"):
         SpokeSettings(hub="127.0.0.1:1", cache_dir=tmp_path / "c", cache_size="1MiB")

@@ -15,7 +15,13 @@ from typer.testing import CliRunner
 
 from spoke.hublink.credentials import HubCredentials
 from spoke.run.cli import app
-from spoke.run.settings import CONFIG_ENV, SpokeSettings
+from spoke.run.settings import (
+    CONFIG_ENV,
+    SpokeSettings,
+    read_settings,
+    resolved,
+    write_settings,
+)
 from tests.integration.hub_support import CertificateAuthority
 
 
@@ -96,7 +102,8 @@ def test_config_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert settings.hub == "hub.example:7070"
     assert int(settings.cache_size) == 4 << 30  # flags win
     assert settings.policy == "arc"  # then variables, then the file
-    assert "--hub-token-file" in settings.security_args()
+    handed = read_settings(SpokeSettings, write_settings(resolved(settings), tmp_path, "daemon"))
+    assert handed.hub_token_file == token.resolve()  # what a child daemon is given
     creds = settings.hub_credentials()
     assert creds.tls and creds.metadata() == (("authorization", "Bearer first-token-0123456789"),)
     token.write_text("second-token-0123456789\n")

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from spoke.mesh.rendezvous import owner, ranked
 from spoke.mesh.settings import MeshSettings, split_peers
 from spoke.run.cli import app
+from spoke.run.settings import options
 
 NODES = [f"10.0.0.{i}:7879" for i in range(1, 6)]
 KEYS = [f"{i:032x}" for i in range(4000)]
@@ -52,8 +53,11 @@ def test_settings() -> None:
     plain = MeshSettings(listen="127.0.0.1:1", peers_dns="spokes:9", insecure=True)
     assert plain.dns == ("spokes", 9)
     assert split_peers(" a:1, ,b:2 ") == ("a:1", "b:2")
-    args = MeshSettings(listen="127.0.0.1:1", peers=("a:1", "b:2"), insecure=True).to_args()
-    assert args[args.index("--peers") + 1] == "a:1,b:2" and "--peer-insecure" in args
+    flags = {option.flag: option.field for option in options() if option.mesh}
+    given = {"--peer-listen": "127.0.0.1:1", "--peers": "a:1,b:2", "--peer-insecure": True}
+    listed = MeshSettings.model_validate({flags[flag]: value for flag, value in given.items()})
+    assert listed.peers == ("a:1", "b:2") and listed.insecure
+    assert MeshSettings.model_validate_json(listed.model_dump_json()) == listed  # as handed on
     with pytest.raises(ValueError, match="--peer-advertise"):
         MeshSettings(listen="0.0.0.0:7879", insecure=True)
     with pytest.raises(ValueError, match="--peers must be HOST:PORT"):

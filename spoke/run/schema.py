@@ -1,0 +1,232 @@
+"""The one schema of the spoke's options, and how it reaches the processes it runs.
+
+Every option is declared once, as a pydantic field: its name is the TOML key, ``--NAME``
+(or the field's ``json_schema_extra["flag"]``) its flag, ``STRATA_SPOKE_NAME`` its variable,
+and the field's default and description its default and help. :func:`declared` reads those
+declarations for the command lines that offer them (``strata-spoke``'s typer options,
+``strata-mount``'s argparse flags), so no command line declares an option itself.
+
+A supervisor hands a child process its validated settings as a file, never as flags:
+:func:`write_settings` writes them owner-only into the cache's private directory under a
+name that is their digest, and the child reads them back with :func:`read_settings`.
+
+:class:`MountSettings` lives here rather than in :mod:`spoke.run.settings` because the mount
+imports it, and may import only the read side of the spoke.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
+
+from spoke.disk.encryption import BlockCipher, EncryptionError, load_key
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+RUN = "run"
+DAEMON = "daemon"
+"""The ``strata-spoke`` commands an option may belong to (``json_schema_extra["commands"]``;
+both by default): the mount's own options are ``run``'s alone."""
+
+
+class MountSettings(BaseModel):
+    """What the mount process (``fusemount``) needs: the part of :class:`SpokeSettings` the
+    supervisor hands it in its settings file, and the options ``strata-mount`` takes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cache_dir: Path = Field(description="directory of the block cache")
+    miss_deadline: float = Field(
+        default=60.0, gt=0, description="seconds a miss may wait for the hub, then EIO"
+    )
+    allow_other: bool = Field(
+        default=False,
+        description="let other users read the mount (the kernel checks the file modes)",
+        json_schema_extra={"commands": [RUN]},
+    )
+    read_ahead_kb: int = Field(
+        default=1024,
+        ge=0,
+        description="kernel readahead window of the mount, KiB (0 leaves it)",
+        json_schema_extra={"commands": [RUN]},
+    )
+    passthrough: Literal["auto", "off"] = Field(
+        default="auto",
+        description="let the kernel read cached one-block files itself (FUSE passthrough) "
+        "where the kernel, libfuse and privileges allow it (auto), or never (off)",
+        json_schema_extra={"commands": [RUN]},
+    )
+    encryption_key_file: Path | None = Field(
+        default=None,
+        description="encrypt block files at rest with this AES-256-GCM key (0600; "
+        "strata-spoke encryption-key FILE makes one)",
+    )
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+
+    def block_cipher(self) -> BlockCipher | None:
+        """The block-file cipher of ``--encryption-key-file`` (None: encryption off).
+
+        Raises:
+            EncryptionError: the key file is missing, unreadable, too open or malformed.
+        """
+        if self.encryption_key_file is None:
+            return None
+        return BlockCipher.from_file(self.encryption_key_file)
+
+    @field_validator("encryption_key_file")
+    @classmethod
+    def _encryption_key(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            try:
+                load_key(v)
+            except EncryptionError as err:
+                raise ValueError(str(err)) from None
+        return v
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, v: str) -> str:
+        if v.upper() not in LOG_LEVELS:
+            raise ValueError(f"{v!r} is not one of {', '.join(LOG_LEVELS)}")
+        return v.upper()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of the schema, as a command line offers it (:func:`options`)."""
+
+    name: str
+    """The keyword a command receives it as (``peer_listen``)."""
+    field: str
+    """Its field in its model (``listen`` of :class:`MeshSettings`)."""
+    flag: str
+    """``--peer-listen``."""
+    help: str
+    kind: type
+    """What a command line parses it to: ``str`` (sizes, lists and choices too), ``Path``,
+    ``bool`` (a switch), ``int`` or ``float``; the model validates it."""
+    choices: tuple[str, ...]
+    default: Any
+    env: str | None
+    """Its ``STRATA_SPOKE_*`` variable (None: set it in the TOML file's ``[mesh]`` table)."""
+    commands: tuple[str, ...]
+    """``run``, ``daemon``: the ``strata-spoke`` commands that take it."""
+    mesh: bool
+    """A field of :class:`MeshSettings` rather than of the settings themselves."""
+
+
+def _without_none(annotation: Any) -> Any:
+    if get_origin(annotation) in (Union, UnionType):
+        (inner,) = (a for a in get_args(annotation) if a is not type(None))
+        return inner
+    return annotation
+
+
+def _kind(annotation: Any) -> tuple[type, tuple[str, ...]]:
+    inner = _without_none(annotation)
+    if get_origin(inner) is Literal:
+        return str, tuple(str(c) for c in get_args(inner))
+    if inner is ByteSize or get_origin(inner) is tuple:  # 10GiB; a:1,b:2
+        return str, ()
+    if inner in (bool, int, float, str, Path):
+        return inner, ()
+    raise TypeError(f"no command-line form for {annotation!r}")
+
+
+def _option(model: type[BaseModel], name: str, env_prefix: str | None, mesh: bool) -> Option:
+    info = model.model_fields[name]
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    flag = str(extra.get("flag", "--" + name.replace("_", "-")))
+    kind, choices = _kind(info.annotation)
+    commands = extra.get("commands", [RUN, DAEMON])
+    assert isinstance(commands, list)
+    return Option(
+        name=flag.removeprefix("--").replace("-", "_"),
+        field=name,
+        flag=flag,
+        help=info.description or "",
+        kind=kind,
+        choices=choices,
+        default=None if info.is_required() else info.default,
+        env=env_prefix + name.upper() if env_prefix is not None else None,
+        commands=tuple(str(c) for c in commands),
+        mesh=mesh,
+    )
+
+
+def declared(
+    model: type[BaseModel],
+    names: list[str] | None = None,
+    env_prefix: str | None = None,
+    *,
+    mesh: bool = False,
+) -> tuple[Option, ...]:
+    """The options ``model`` declares (those of ``names``; all by default), in declaration
+    order: a field's flag is ``--NAME`` unless its ``json_schema_extra`` gives ``flag``;
+    the commands that take it are ``run`` and ``daemon`` unless it gives ``commands``."""
+    chosen = list(model.model_fields) if names is None else names
+    return tuple(_option(model, name, env_prefix, mesh) for name in chosen)
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def resolved(model: Model, **update: Any) -> Model:
+    """A copy of ``model`` whose paths are absolute and resolved (a child process may run
+    elsewhere), nested models' too, with ``update`` applied (its paths left as given)."""
+    changes: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if name in update:
+            continue
+        if isinstance(value, Path):
+            changes[name] = value.resolve()
+        elif isinstance(value, BaseModel):
+            changes[name] = resolved(value)
+    return model.model_copy(update={**changes, **update})
+
+
+def settings_file(model: BaseModel, directory: Path, role: str) -> tuple[Path, str]:
+    """Where ``model`` is handed to a child and what that file holds: ``ROLE-DIGEST.json`` in
+    ``directory``, named by its content, so a child's command line says which settings it
+    runs with (the supervisor adopts a running child only with the same ones)."""
+    text = model.model_dump_json()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return directory / f"{role}-{digest}.json", text
+
+
+def write_settings(model: BaseModel, directory: Path, role: str) -> Path:
+    """Write :func:`settings_file` owner-only (0600) and atomically, and remove the files of
+    ``role`` other settings left there.
+
+    Returns:
+        Its path, for the child's ``--settings``.
+    """
+    path, text = settings_file(model, directory, role)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    tmp.replace(path)
+    for old in directory.glob(f"{role}-*.json"):
+        if old != path:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def read_settings(model: type[Model], path: Path) -> Model:
+    """The settings a parent wrote to ``path`` (:func:`write_settings`), validated again;
+    nothing else (flags, variables, a TOML file) is read.
+
+    Raises:
+        OSError: the file cannot be read.
+        pydantic.ValidationError: it does not hold valid settings.
+    """
+    return model.model_validate_json(path.read_text())
