@@ -35,8 +35,9 @@ class SlowHub:
         self.scheduler: FetchScheduler | None = None
 
     async def read_blocks(
-        self, digests: Sequence[str], timeout: float
+        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
     ) -> AsyncIterator[tuple[str, bytes]]:
+        digests = [d for d, _ in blocks]
         self.calls.append(list(digests))
         if self.scheduler is not None:
             self.wire_at_open.append(self.scheduler.wire_bytes)
@@ -175,7 +176,7 @@ def test_ledger_counts_issued_used_and_prewarm_is_not_a_miss(tmp_path: Path) -> 
         await scheduler.ensure(refs[3:], Priority.PREWARM)
         while scheduler.inflight:
             await asyncio.sleep(0.01)
-        scheduler.note_read([refs[0][0], refs[3][0]])  # one prefetched, one prewarmed
+        scheduler.ledger.note_read([refs[0][0], refs[3][0]])  # one prefetched, one prewarmed
 
     asyncio.run(go())
     assert metrics.PREFETCH_BYTES._value.get() - issued0 == 3 * BLOCK
