@@ -119,6 +119,10 @@ class SourceLedger:
 class PrefetchLedger:
     """Every source's ledger, and the blocks cached ahead of their first read.
 
+    One method per event in a prefetch's life (requested, claimed, arrived, discarded,
+    released, settled, read, evicted) and the questions about it: many small methods,
+    one concern.
+
     Args:
         max_bytes: each source's largest window, bytes, by source (missing: 256 MiB).
     """
