@@ -6,7 +6,9 @@ what has not arrived. Every block is verified against its digest before it is ad
 mismatch is counted and refetched. A block the cache cannot hold (disk full, everything
 pinned) is handed on in memory instead (stream-through). What to fetch, when, and who waits
 for it is the scheduler's business (:mod:`spoke.fetch.scheduler`); the fetcher reports each
-block's arrival and outcome to a :class:`FetchListener`.
+block's arrival and outcome to a :class:`FetchListener`. It owns every deadline
+(:mod:`spoke.fetch.deadlines`): its batches', and a reader's wait (:meth:`Fetcher.wait`),
+which the scheduler asks for instead of reading the fetcher's state.
 """
 
 from __future__ import annotations
@@ -14,36 +16,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable, Sequence
 from typing import Protocol
-
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_exponential_jitter,
-)
 
 from spoke import metrics
 from spoke.cache.blockcache import BlockCache, CacheFull, Placement, PrefetchRefused
 from spoke.disk.layout import block_digest
 from spoke.errors import CorruptBlock, HubUnavailable, MissDeadline, SpokeError
+from spoke.fetch.deadlines import RETRIED, Deadlines, ReaderWait
+from spoke.fetch.priority import Priority
 from spoke.fetch.source import BlockSource
 
 log = logging.getLogger(__name__)
 
 ADMIT_AHEAD_BYTES = 16 << 20
 """Most bytes of one stream's arrived blocks waiting for their disk writes at once."""
-
-GAVE_UP_MEMORY_S = 0.5
-"""How long a miss that gave up at its deadline shortens new misses of that block to a
-probe, while nothing has arrived from the source since. The kernel asks again at once
-(within milliseconds) for a failed readahead page: without this every failed read took two
-miss deadlines. Kept short, so a reader that tries again later (the hub may be back, its
-connection still in reconnect backoff) gets a full deadline."""
-
-PROBE_S = 1.0
-"""Longest wait of such a probe (at most a quarter of the miss deadline): its fetch goes on
-with the full deadline for later readers, and a hub that came back answers it in time."""
 
 
 class FetchListener(Protocol):
@@ -69,7 +56,8 @@ class Fetcher:
     Args:
         source: where blocks come from.
         cache: where they go.
-        miss_deadline: how long a batch may keep retrying before it fails, seconds.
+        miss_deadline: how long a batch may keep retrying before it fails, and a reader
+            may wait, seconds.
         stream_timeout: deadline of one stream, seconds.
     """
 
@@ -82,52 +70,37 @@ class Fetcher:
     ) -> None:
         self.source = source
         self.cache = cache
-        self.miss_deadline = miss_deadline
-        self.stream_timeout = stream_timeout
-        self._gave_up: dict[str, tuple[float, MissDeadline]] = {}  # digest -> when, why
-        self._last_arrival = float("-inf")  # monotonic time a block last arrived
+        self.deadlines = Deadlines(miss_deadline, stream_timeout)
 
-    def gave_up_on(self, digest: str) -> MissDeadline | None:
-        """The error of a recent fetch of ``digest`` that gave up at its miss deadline, if
-        the source has delivered nothing since (a new miss of it is then only a probe of at
-        most :data:`PROBE_S`); else None."""
-        gave_up = self._gave_up.get(digest)
-        if gave_up is None:
-            return None
-        when, error = gave_up
-        if (
-            time.monotonic() - when < min(GAVE_UP_MEMORY_S, self.miss_deadline)
-            and when > self._last_arrival
-        ):
-            return error
-        del self._gave_up[digest]
-        return None
+    @property
+    def name(self) -> str:
+        """Where blocks come from (the source's name: the hub's ``HOST:PORT``)."""
+        return self.source.name
 
-    async def fetch(self, digests: list[str], listener: FetchListener) -> None:
-        """Fetch ``digests`` until each is resolved (never raises, except on cancellation:
-        then the blocks not yet resolved are left to the caller)."""
-        pending = list(digests)
-        deadline = time.monotonic() + self.miss_deadline
+    def wait(self, misses: Sequence[str]) -> ReaderWait:
+        """The wait of a reader that misses ``misses``, starting now: its own miss
+        deadline, or only a probe if a fetch of one of them just gave up
+        (:meth:`spoke.fetch.deadlines.Deadlines.reader`)."""
+        return self.deadlines.reader(misses)
+
+    async def fetch(
+        self, blocks: Sequence[tuple[str, int]], priority: Priority, listener: FetchListener
+    ) -> None:
+        """Fetch ``(digest, size)`` of class ``priority`` until each is resolved (never
+        raises, except on cancellation: then the blocks not yet resolved are left to the
+        caller)."""
+        pending = dict(blocks)
+        retrying, stream_timeout = self.deadlines.attempts()
         try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_delay(self.miss_deadline),
-                wait=wait_exponential_jitter(initial=0.1, max=5.0, jitter=0.5),
-                retry=retry_if_exception_type((HubUnavailable, CorruptBlock)),
-                reraise=True,
-            ):
-                with attempt:  # no attempt outlives the miss deadline (a silent link)
-                    left = deadline - time.monotonic()
-                    timeout = max(min(self.stream_timeout, left), 0.05)
-                    await self._attempt(pending, listener, timeout)
-        except (HubUnavailable, CorruptBlock) as err:
+            async for attempt in retrying:
+                with attempt:
+                    await self._attempt(pending, priority, listener, stream_timeout())
+        except RETRIED as err:
+            miss_deadline = self.deadlines.miss_deadline
             error = MissDeadline(
-                f"{self.source.name} did not deliver within {self.miss_deadline:g} s: {err}"
+                f"{self.source.name} did not deliver within {miss_deadline:g} s: {err}"
             )
-            now = time.monotonic()
-            for digest in pending:
-                self._gave_up[digest] = (now, error)
-            while len(self._gave_up) > 4096:  # oldest first
-                del self._gave_up[next(iter(self._gave_up))]
+            self.deadlines.gave_up(pending, error)
             self._fail(pending, error, listener)
         except SpokeError as err:  # NotFound, InvalidRequest: another attempt cannot help
             self._fail(pending, err, listener)
@@ -137,9 +110,15 @@ class Fetcher:
             log.exception("fetch of %d blocks failed", len(pending))
             self._fail(pending, HubUnavailable(f"fetch failed: {err}"), listener)
 
-    async def _attempt(self, pending: list[str], listener: FetchListener, timeout: float) -> None:
-        """One stream for ``pending`` (deadline ``timeout`` seconds); removes each digest
-        once it has arrived.
+    async def _attempt(
+        self,
+        pending: dict[str, int],
+        priority: Priority,
+        listener: FetchListener,
+        timeout: float,
+    ) -> None:
+        """One stream for ``pending`` (digest -> size; deadline ``timeout`` seconds);
+        removes each digest once it has arrived.
 
         Arrived blocks are admitted by tasks of their own while the stream goes on (each
         admission is a disk write in a worker thread; awaiting them one by one held every
@@ -154,7 +133,9 @@ class Fetcher:
         first = True
         admitting: dict[asyncio.Task[None], int] = {}
         try:
-            async for digest, data in self.source.read_blocks(list(pending), timeout):
+            async for digest, data in self.source.read_blocks(
+                list(pending.items()), timeout, priority
+            ):
                 if first:
                     listener.first_bytes(time.monotonic() - started, len(data))
                     first = False
@@ -163,8 +144,8 @@ class Fetcher:
                     raise CorruptBlock(f"block {digest} failed verification")
                 metrics.HUB_FETCH_BYTES.inc(len(data))
                 metrics.HUB_FETCH_BLOCKS.inc()
-                self._last_arrival = time.monotonic()
-                pending.remove(digest)
+                self.deadlines.delivered()
+                del pending[digest]
                 listener.arrived(digest, len(data))
                 while admitting and sum(admitting.values()) + len(data) > ADMIT_AHEAD_BYTES:
                     await asyncio.wait(admitting, return_when=asyncio.FIRST_COMPLETED)
@@ -206,6 +187,6 @@ class Fetcher:
         listener.resolved(digest, None, None)
 
     @staticmethod
-    def _fail(digests: list[str], error: BaseException, listener: FetchListener) -> None:
-        for digest in digests:
+    def _fail(digests: Iterable[str], error: BaseException, listener: FetchListener) -> None:
+        for digest in list(digests):
             listener.resolved(digest, error, None)

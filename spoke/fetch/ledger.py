@@ -19,9 +19,13 @@ SIGCOMM 1988):
   to the source's maximum;
 * requests dropped while the source is off are remembered (a bounded list of *ghosts*,
   as ARC remembers evicted keys); a reader reading one confirms the source would have
-  been right, and opens the window to that block's size. That is the only way an off
+    been right, and opens the window to that block's size. That is the only way an off
   source comes back: on confirmed use, never by itself, and one block at a time (its
   blocks must then be read before they are evicted to grow it further).
+
+The ledger learns of reads as a subscriber of the access log (:meth:`PrefetchLedger.observe`,
+:mod:`spoke.serve.access`) and of evictions as one of the cache's (``BlockCache.on_evict``);
+the scheduler tells it what is requested, claimed by a reader, and how each fetch ended.
 
 Everything runs on the daemon's event loop (no locks).
 """
@@ -29,7 +33,7 @@ Everything runs on the daemon's event loop (no locks).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -115,6 +119,10 @@ class SourceLedger:
 class PrefetchLedger:
     """Every source's ledger, and the blocks cached ahead of their first read.
 
+    One method per event in a prefetch's life (requested, claimed, arrived, discarded,
+    released, settled, read, evicted) and the questions about it: many small methods,
+    one concern.
+
     Args:
         max_bytes: each source's largest window, bytes, by source (missing: 256 MiB).
     """
@@ -158,6 +166,19 @@ class PrefetchLedger:
         else:
             self._unread[digest] = (size, source)
 
+    def settled(
+        self, source: Source, digest: str, size: int, *, failed: bool, kept: bool, read: bool
+    ) -> None:
+        """The source's fetch of ``digest`` is done: ``failed`` (it is no longer the
+        source's), else arrived and ``kept`` in the cache or not (no room); ``read`` when a
+        reader was waiting for it (it had its bytes either way)."""
+        if failed:
+            self.released(source, size)
+        elif kept or read:
+            self.arrived(source, digest, size, read=read)
+        else:
+            self.discarded(source, size)
+
     def discarded(self, source: Source, size: int) -> None:
         """The source's block arrived and could not be kept (no room): fetched for
         nothing."""
@@ -166,6 +187,11 @@ class PrefetchLedger:
         metrics.PREFETCH_BYTES.inc(size)
         metrics.PREFETCH_SOURCE_BYTES.labels(source, "issued").inc(size)
         self._wasted(ledger, size)
+
+    def observe(self, digests: Sequence[str], hit: bool) -> None:
+        """The access log's subscriber: readers read ``digests`` (hits and misses alike),
+        see :meth:`note_read`."""
+        self.note_read(digests)
 
     def note_read(self, digests: Iterable[str]) -> None:
         """Readers read these blocks: cached prefetches among them were used, and

@@ -1,6 +1,8 @@
 """Where blocks come from: the :class:`BlockSource` interface.
 
-A source streams whole blocks for a list of digests. It says nothing about caching,
+A source streams whole blocks for a list of ``(digest, size)``, asked for in one class
+(:class:`~spoke.fetch.priority.Priority`): everything a source needs to know about a
+request comes in the call, so a source never asks the scheduler. It says nothing about caching,
 verification or retries (the fetcher does those); it only delivers bytes or raises a
 :class:`spoke.errors.SpokeError`. The hub is one (:class:`spoke.hublink.source.HubSource`);
 the regional mesh (another spoke that has the block, :mod:`spoke.mesh.source`) is tried
@@ -12,6 +14,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
+from spoke.fetch.priority import Priority
+
 
 class BlockSource(Protocol):
     """Something that can deliver blocks by digest."""
@@ -22,14 +26,16 @@ class BlockSource(Protocol):
         ...
 
     def read_blocks(
-        self, digests: Sequence[str], timeout: float
+        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
     ) -> AsyncIterator[tuple[str, bytes]]:
-        """Yield ``(digest, bytes)`` for every digest, each once, unverified (the hub: in
+        """Yield ``(digest, bytes)`` for every block, each once, unverified (the hub: in
         request order; the regional mesh, :mod:`spoke.mesh.source`: as they arrive).
 
         Args:
-            digests: the blocks wanted.
+            blocks: the blocks wanted, ``(digest, size)`` (the size from this spoke's
+                manifests: the most a source may send).
             timeout: deadline of the whole stream, seconds.
+            priority: the class they were asked for in.
 
         Raises:
             NotFound: the source does not have a block (no point retrying).

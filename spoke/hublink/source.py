@@ -11,6 +11,7 @@ import grpc.aio
 
 from spoke import metrics
 from spoke.errors import AccessDenied, HubUnavailable, InvalidRequest, NotFound, SpokeError
+from spoke.fetch.priority import Priority
 from spoke.hublink.client import HubClient
 
 OFFLINE_CODES = frozenset(
@@ -74,12 +75,13 @@ class HubSource:
         return self.hub.target
 
     async def read_blocks(
-        self, digests: Sequence[str], timeout: float
+        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
     ) -> AsyncIterator[tuple[str, bytes]]:
         """As :meth:`~spoke.fetch.source.BlockSource.read_blocks`; failed attempts are counted
-        by gRPC code."""
+        by gRPC code (the hub is asked for the digests; it knows their sizes, and serves
+        every class alike)."""
         try:
-            async for digest, data in self.hub.read_blocks(digests, timeout):
+            async for digest, data in self.hub.read_blocks([d for d, _ in blocks], timeout):
                 yield digest, data
             metrics.HUB_UP.set(1)
         except grpc.aio.AioRpcError as err:

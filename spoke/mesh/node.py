@@ -37,8 +37,9 @@ keeps asking in the background, and peers are not asked meanwhile)."""
 class MeshNode:
     """This spoke as a member of its region's mesh.
 
-    Build it before the scheduler (its :attr:`source` is the scheduler's source), then
-    :meth:`start` it once the scheduler exists.
+    Build it before the scheduler: its :attr:`source` is the fetcher's source, and needs
+    nothing of the scheduler (each call carries its blocks' sizes and class). Then
+    :meth:`start` it with the scheduler, which its peer port fetches through.
 
     Args:
         settings: the mesh settings.
@@ -119,7 +120,6 @@ class MeshNode:
                 if self.tls is None
                 else "no region token",
             )
-        self.source.request_of = scheduler.request_of
         self._scope = ScopeCheck(self.catalog)
         service = PeerService(
             self.settings.node,

@@ -3,7 +3,8 @@
 Every batch the fetcher asks for is split by owner (:class:`~spoke.mesh.membership.Membership`):
 blocks this spoke owns go to the hub; the others go, one stream per owner, to their owner's
 peer port, all at once, each with its size from this spoke's manifests (the most the owner
-may send) and the snapshots it comes from (so the owner can load their manifests; this
+may send; it comes with the call, as does the batch's class, which the owner is told) and
+the snapshots it comes from (so the owner can load their manifests; this
 spoke's :mod:`spoke.catalog.blockscope` index). Whatever a peer cannot deliver — it is down,
 answers nothing for ``step_timeout`` seconds, falls behind the pace
 (:class:`~spoke.mesh.peerclient.Pace`: ``step_timeout`` plus the bytes so far at
@@ -30,11 +31,11 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 from spoke.catalog.blockscope import BlockScope
 from spoke.disk.layout import block_digest
-from spoke.fetch.scheduler import Priority
+from spoke.fetch.priority import Priority
 from spoke.fetch.source import BlockSource
 from spoke.mesh import metrics
 from spoke.mesh.grants import GrantKeeper
@@ -68,9 +69,6 @@ class MeshSource:
         hub: the hub as a source.
         membership: the live mesh.
         step_timeout: longest a peer may take for one chunk before it is skipped, seconds.
-        request_of: ``digest -> (size, class)`` of a fetch in flight (the scheduler's
-            :meth:`~spoke.fetch.scheduler.FetchScheduler.request_of`); set once the scheduler
-            exists. A block whose size it does not know is never asked of a peer.
         grants: this spoke's read grant; without a valid one, peers are not asked.
         scope: this spoke's block scope index (which snapshots a block comes from).
         min_rate: the slowest pace a peer may keep, bytes per second.
@@ -81,7 +79,6 @@ class MeshSource:
         hub: BlockSource,
         membership: Membership,
         step_timeout: float = 2.0,
-        request_of: Callable[[str], tuple[int, Priority] | None] | None = None,
         grants: GrantKeeper | None = None,
         scope: BlockScope | None = None,
         min_rate: float = MIN_RATE_BPS,
@@ -90,7 +87,6 @@ class MeshSource:
         self.membership = membership
         self.step_timeout = step_timeout
         self.min_rate = min_rate
-        self.request_of = request_of or (lambda digest: None)
         self.grants = grants
         self.scope = scope
         self._serving: Counter[str] = Counter()
@@ -119,7 +115,7 @@ class MeshSource:
         granted = self.grants is not None and self.grants.valid
         for digest in digests:
             node: str | None = None
-            if granted and digest not in self._serving and self.request_of(digest) is not None:
+            if granted and digest not in self._serving:
                 owner = self.membership.owner(digest)
                 node = None if owner == me else owner
             metrics.ROUTED_BLOCKS.labels("self" if node is None else "peer").inc()
@@ -127,7 +123,7 @@ class MeshSource:
         return routes
 
     async def read_blocks(
-        self, digests: Sequence[str], timeout: float
+        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
     ) -> AsyncIterator[tuple[str, bytes]]:
         """As :meth:`BlockSource.read_blocks`, but in arrival order; peers' blocks are
         verified here (a bad one is fetched from the hub instead).
@@ -135,23 +131,28 @@ class MeshSource:
         Raises:
             HubUnavailable, NotFound, InvalidRequest: from the hub, for blocks it was asked.
         """
-        routes = self.route(digests)
+        sizes = dict(blocks)
+        routes = {
+            node: [(d, sizes[d]) for d in digests]
+            for node, digests in self.route(list(sizes)).items()
+        }
         hub_only = routes.pop(None, [])
         if not routes:
-            async for item in self._from_hub(hub_only, timeout):
+            async for item in self._from_hub(hub_only, timeout, priority):
                 yield item
             return
         deadline = time.monotonic() + timeout
         out: asyncio.Queue[_Item] = asyncio.Queue()
         tasks = [
-            asyncio.create_task(self._peer_then_hub(node, wanted, deadline, out))
+            asyncio.create_task(self._peer_then_hub(node, wanted, priority, deadline, out))
             for node, wanted in routes.items()
             if node is not None
         ]
         if hub_only:
-            tasks.append(asyncio.create_task(self._into(self._from_hub(hub_only, timeout), out)))
+            hub = self._from_hub(hub_only, timeout, priority)
+            tasks.append(asyncio.create_task(self._into(hub, out)))
         try:
-            for _ in range(len(digests)):
+            for _ in range(len(sizes)):
                 got = await out.get()
                 if isinstance(got, BaseException):
                     raise got
@@ -162,11 +163,11 @@ class MeshSource:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _from_hub(
-        self, digests: Sequence[str], timeout: float
+        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
     ) -> AsyncIterator[tuple[str, bytes]]:
         started = time.monotonic()
         try:
-            async for digest, data in self.hub.read_blocks(digests, timeout):
+            async for digest, data in self.hub.read_blocks(blocks, timeout, priority):
                 metrics.SOURCE_BYTES.labels("hub").inc(len(data))
                 metrics.SOURCE_BLOCKS.labels("hub").inc()
                 yield digest, data
@@ -185,69 +186,60 @@ class MeshSource:
         return max(deadline - time.monotonic(), MIN_HUB_S)
 
     async def _peer_then_hub(
-        self, node: str, digests: list[str], deadline: float, out: asyncio.Queue[_Item]
+        self,
+        node: str,
+        blocks: list[tuple[str, int]],
+        priority: Priority,
+        deadline: float,
+        out: asyncio.Queue[_Item],
     ) -> None:
-        """Ask ``node`` for ``digests``; what it does not deliver, verified, ask the hub
-        (what it declines at once, the rest when its stream ends), all by ``deadline``
-        (monotonic seconds)."""
-        left = dict.fromkeys(digests)
-        blocks = []
-        urgent = Priority.FILL
-        unsized = []  # finished meanwhile: nothing caps what a peer would send
-        for digest in digests:
-            request = self.request_of(digest)
-            if request is None:
-                unsized.append(digest)
-                continue
-            blocks.append((digest, request[0]))
-            urgent = min(urgent, request[1])
-        snapshots = self.scope.snapshots_of(digests) if self.scope is not None else []
+        """Ask ``node`` for ``blocks`` (``(digest, size)``, of class ``priority``); what it
+        does not deliver, verified, ask the hub (what it declines at once, the rest when
+        its stream ends), all by ``deadline`` (monotonic seconds)."""
+        sizes = dict(blocks)
+        left = dict.fromkeys(sizes)
+        snapshots = self.scope.snapshots_of(list(sizes)) if self.scope is not None else []
         declined: list[asyncio.Task[None]] = []
 
         def to_hub(some: list[str]) -> None:
             for digest in some:
                 left.pop(digest, None)
-            declined.append(
-                asyncio.create_task(self._into(self._from_hub(some, self._left(deadline)), out))
-            )
+            hub = self._from_hub([(d, sizes[d]) for d in some], self._left(deadline), priority)
+            declined.append(asyncio.create_task(self._into(hub, out)))
 
         def on_declined(some: list[str]) -> None:
             metrics.PEER_DECLINED_BLOCKS.inc(len(some))
             to_hub(some)
 
-        if unsized:
-            to_hub(unsized)
-
         started = time.monotonic()
         try:
-            if blocks:
-                client = self.membership.client(node)
-                corrupt = False
-                async for digest, data in client.read_blocks(
-                    blocks,
-                    urgent.label,
-                    (deadline - started) * PEER_SHARE,
-                    self.step_timeout,
-                    snapshots=snapshots,
-                    on_declined=on_declined,
-                    min_rate=self.min_rate,
-                ):
-                    if digest not in left:
-                        continue
-                    if block_digest(data) != digest:
-                        metrics.PEER_CORRUPT_BLOCKS.inc()
-                        metrics.PEER_ERRORS.labels("corrupt").inc()
-                        self.membership.quarantine(
-                            node, f"served block {digest} with the wrong bytes", "corrupt"
-                        )
-                        corrupt = True
-                        break
-                    del left[digest]
-                    metrics.SOURCE_BYTES.labels("peer").inc(len(data))
-                    metrics.SOURCE_BLOCKS.labels("peer").inc()
-                    out.put_nowait((digest, data))
-                if not corrupt and not any(d in left for d, _ in blocks):
-                    self.membership.delivered(node)
+            client = self.membership.client(node)
+            corrupt = False
+            async for digest, data in client.read_blocks(
+                blocks,
+                priority.label,
+                (deadline - started) * PEER_SHARE,
+                self.step_timeout,
+                snapshots=snapshots,
+                on_declined=on_declined,
+                min_rate=self.min_rate,
+            ):
+                if digest not in left:
+                    continue
+                if block_digest(data) != digest:
+                    metrics.PEER_CORRUPT_BLOCKS.inc()
+                    metrics.PEER_ERRORS.labels("corrupt").inc()
+                    self.membership.quarantine(
+                        node, f"served block {digest} with the wrong bytes", "corrupt"
+                    )
+                    corrupt = True
+                    break
+                del left[digest]
+                metrics.SOURCE_BYTES.labels("peer").inc(len(data))
+                metrics.SOURCE_BLOCKS.labels("peer").inc()
+                out.put_nowait((digest, data))
+            if not corrupt and not any(d in left for d, _ in blocks):
+                self.membership.delivered(node)
         except PeerError as err:
             metrics.PEER_ERRORS.labels(err.kind).inc()
             log.info("%s; %d blocks from the hub instead", err, len(left))
@@ -261,7 +253,8 @@ class MeshSource:
             metrics.SOURCE_SECONDS.labels("peer").observe(time.monotonic() - started)
         try:
             if left:
-                await self._into(self._from_hub(list(left), self._left(deadline)), out)
+                rest = [(d, sizes[d]) for d in left]
+                await self._into(self._from_hub(rest, self._left(deadline), priority), out)
             await asyncio.gather(*declined)
         finally:
             for task in declined:

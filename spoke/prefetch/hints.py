@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from spoke.cache.hinted import HintedPolicy, HintPlan, HintStream
 from spoke.cache.hintstream import PlanBuilder, PlanLimit
 from spoke.errors import OverLimit
-from spoke.fetch.scheduler import Priority
+from spoke.fetch.priority import Priority
 
 if TYPE_CHECKING:
     from spoke.cache.blockcache import BlockCache
@@ -97,8 +97,9 @@ class HintService:
 
     Args:
         cache: its policy must be a :class:`HintedPolicy`.
-        fetcher: prefetches through :meth:`spoke.fetch.scheduler.FetchScheduler.prefetch`, as
-            hinted (the class after demand misses).
+        scheduler: prefetches through
+            :meth:`spoke.fetch.scheduler.FetchScheduler.prefetch`, as hinted (the class
+            after demand misses).
         window_bytes: how many bytes of planned reads ahead of the readers to look at for
             prefetch (cached ones included); at most half the cache. The default covers
             2 s of a 1 Gbit/s link.
@@ -112,7 +113,7 @@ class HintService:
     def __init__(
         self,
         cache: BlockCache,
-        fetcher: FetchScheduler,
+        scheduler: FetchScheduler,
         window_bytes: int = 256 << 20,
         idle_s: float = IDLE_S,
         clock: Callable[[], float] = time.monotonic,
@@ -121,7 +122,7 @@ class HintService:
             raise TypeError("hints need the cache's policy to be a HintedPolicy")
         self.policy: HintedPolicy = cache.policy
         self.cache = cache
-        self.fetcher = fetcher
+        self.scheduler = scheduler
         self.window_bytes = max(0, min(window_bytes, cache.capacity_bytes // 2))
         self.idle_s = idle_s
         self._clock = clock
@@ -307,11 +308,11 @@ class HintService:
             if total + size > self.window_bytes:
                 break
             total += size
-            if not self.cache.contains(digest) and not self.fetcher.is_fetching(digest):
+            if not self.cache.contains(digest) and not self.scheduler.is_fetching(digest):
                 window.append((when, digest, size))
         if not window:
             return []
-        room = self.cache.free_bytes - self.fetcher.on_the_way_bytes
+        room = self.cache.free_bytes - self.scheduler.on_the_way_bytes
         want = sum(size for _, _, size in window) - room
         victims = iter(self.policy.victims(want) if want > 0 else [])
         victim = next(victims, None)
@@ -329,7 +330,7 @@ class HintService:
     def prefetch_ahead(self) -> int:
         """Start fetching :meth:`plan`; returns how many fetches started."""
         chosen = self.plan()
-        return self.fetcher.prefetch(chosen, Priority.HINT) if chosen else 0
+        return self.scheduler.prefetch(chosen, Priority.HINT) if chosen else 0
 
 
 class _Builder(PlanBuilder):

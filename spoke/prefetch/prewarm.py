@@ -23,7 +23,8 @@ from spoke.cache.blockcache import BlockCache
 from spoke.catalog.catalog import SnapshotCatalog
 from spoke.catalog.selection import select, unique_blocks, validate_globs
 from spoke.errors import InvalidRequest, SpokeError
-from spoke.fetch.scheduler import FetchScheduler, Priority
+from spoke.fetch.priority import Priority
+from spoke.fetch.scheduler import FetchScheduler
 from spoke.upkeep.pins import PinRegistry
 
 log = logging.getLogger(__name__)
@@ -121,12 +122,12 @@ class PrewarmJobs:
         self,
         catalog: SnapshotCatalog,
         cache: BlockCache,
-        fetcher: FetchScheduler,
+        scheduler: FetchScheduler,
         pins: PinRegistry,
     ) -> None:
         self._catalog = catalog
         self._cache = cache
-        self._fetcher = fetcher
+        self._scheduler = scheduler
         self._pins = pins
         self._jobs: dict[str, Job] = {}
 
@@ -224,7 +225,7 @@ class PrewarmJobs:
         async def worker() -> None:
             while not queue.empty():
                 batch = queue.get_nowait()
-                await self._fetcher.ensure(batch, Priority.PREWARM)
+                await self._scheduler.ensure(batch, Priority.PREWARM)
                 job.bytes_done += sum(size for _, size in batch)
 
         try:

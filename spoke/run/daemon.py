@@ -133,15 +133,15 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             if settings.mesh is not None
             else None
         )
-        fetcher = FetchScheduler(
+        scheduler = FetchScheduler(
             Fetcher(mesh.source if mesh else source, cache, miss_deadline=settings.miss_deadline),
             cache,
         )
-        stack.push_async_callback(fetcher.close)
+        stack.push_async_callback(scheduler.close)
         if mesh is not None:  # the region's spokes before the hub (spoke/mesh/)
-            await mesh.start(fetcher, cache, caps.peer)
+            await mesh.start(scheduler, cache, caps.peer)
             stack.push_async_callback(mesh.close)
-        hints = HintService(cache, fetcher)
+        hints = HintService(cache, scheduler)
         pins = PinRegistry(env, cache)
         index = SnapshotIndex()
         access = AccessLog()  # every read the mount reports goes, in this order, to:
@@ -150,15 +150,12 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             if hit:  # a miss reaches the policy when its block is admitted
                 cache.record_access(digests)
 
-        def ledger(digests: Sequence[str], hit: bool) -> None:
-            fetcher.note_read(digests)
-
         access.subscribe("policy", policy)
         access.subscribe("hints", hints.observe)
-        access.subscribe("ledger", ledger)
+        access.subscribe("ledger", scheduler.ledger.observe)
         fill = BackgroundFill(
             index,
-            fetcher,
+            scheduler,
             cache,
             mode=settings.background_fill,
             rate_bps=float(settings.fill_rate) if settings.fill_rate is not None else None,
@@ -198,7 +195,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             ]
         )
         spoke_pb2_grpc.add_SpokeLocalServicer_to_server(  # type: ignore[no-untyped-call]
-            SpokeLocalService(catalog, cache, fetcher, access, hints, index), server
+            SpokeLocalService(catalog, cache, scheduler, access, hints, index), server
         )
         backend = layout.grpc_socket_path  # private (see above); the mount dials the front door
         backend.unlink(missing_ok=True)
@@ -212,7 +209,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         front = PeerCheckedSocket(layout.socket_path, backend, audit)  # own uid and root only
         stack.callback(front.close)
 
-        jobs = PrewarmJobs(catalog, cache, fetcher, pins)
+        jobs = PrewarmJobs(catalog, cache, scheduler, pins)
         stack.push_async_callback(jobs.close)
         token: str | None
         if settings.admin_token_file is not None:
@@ -224,7 +221,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             token = ensure_admin_token(layout)
         app = create_app(
             cache,
-            fetcher,
+            scheduler,
             catalog,
             jobs,
             pins,

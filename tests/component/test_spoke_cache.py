@@ -140,10 +140,10 @@ def test_full_disk_with_everything_pinned_streams_through(tiny_fs: Path) -> None
             BlockStore(layout, open_index(layout)), make_policy("arc", 1 << 30), 1 << 30
         )
         cache.pin(d for d, _ in blocks)
-        fetcher = _scheduler(hub, cache)
+        scheduler = _scheduler(hub, cache)
         streamed = {}
         for d, data in blocks:
-            _, uncached = await fetcher.ensure([(d, len(data))])
+            _, uncached = await scheduler.ensure([(d, len(data))])
             streamed.update(uncached)
         assert streamed, "the disk never filled"
         for d, data in streamed.items():
@@ -216,12 +216,12 @@ def test_a_cache_fully_pinned_streams_unpinned_blocks_through(tmp_path: Path, po
 
     async def go() -> None:
         cache = _cache(tmp_path, 6_000, policy)
-        fetcher = _scheduler(hub, cache)
+        scheduler = _scheduler(hub, cache)
         cache.pin(d for d, _ in pinned)
-        await fetcher.ensure([(d, len(b)) for d, b in pinned])
+        await scheduler.ensure([(d, len(b)) for d, b in pinned])
         assert cache.used_bytes == cache.pinned_bytes == 6_000
         for d, data in unpinned:
-            was_cached, uncached = await fetcher.ensure([(d, len(data))])
+            was_cached, uncached = await scheduler.ensure([(d, len(data))])
             assert was_cached == [False] and uncached == {d: data}
             assert not cache.contains(d) and not cache.store.layout.block_path(d).exists()
             assert cache.used_bytes <= 6_000 and _on_disk(tmp_path) <= 6_000
@@ -239,17 +239,17 @@ def test_a_cache_almost_fully_pinned_keeps_the_rest_within_its_size(tmp_path: Pa
 
     async def go() -> None:
         cache = _cache(tmp_path, 6_500)
-        fetcher = _scheduler(hub, cache)
+        scheduler = _scheduler(hub, cache)
         cache.pin(d for d, _ in blocks[:5])
-        await fetcher.ensure([(d, len(b)) for d, b in blocks[:5]])
+        await scheduler.ensure([(d, len(b)) for d, b in blocks[:5]])
         streamed = 0
         for d, data in blocks[5:]:  # one unpinned block fits at a time
-            _, uncached = await fetcher.ensure([(d, len(data))])
+            _, uncached = await scheduler.ensure([(d, len(data))])
             streamed += len(uncached)
             assert cache.used_bytes <= 6_500 and _on_disk(tmp_path) == cache.used_bytes
         assert streamed == 0 and cache.used_bytes == 6_000
         # several at once: what fits is cached, the rest streams through
-        await asyncio.gather(*(fetcher.ensure([(d, len(b))]) for d, b in blocks[12:]))
+        await asyncio.gather(*(scheduler.ensure([(d, len(b))]) for d, b in blocks[12:]))
         assert cache.used_bytes <= 6_500 and _on_disk(tmp_path) == cache.used_bytes
 
     asyncio.run(go())
@@ -261,15 +261,15 @@ def test_block_files_gone_from_the_disk_are_dropped_as_misses(tmp_path: Path) ->
 
     async def go() -> None:
         cache = _cache(tmp_path, 10_000)
-        fetcher = _scheduler(hub, cache)
+        scheduler = _scheduler(hub, cache)
         refs = [(d, len(b)) for d, b in blocks]
-        await fetcher.ensure(refs)
+        await scheduler.ensure(refs)
         for d, _ in blocks[:2]:
             cache.store.layout.block_path(d).unlink()
         assert cache.confirm_resident(d for d, _ in refs) == 2
         assert len(cache) == 3 and cache.used_bytes == 3_000
         assert {b.digest for b in cache.store} == {d for d, _ in blocks[2:]}
-        was_cached, _ = await fetcher.ensure(refs)
+        was_cached, _ = await scheduler.ensure(refs)
         assert was_cached == [False, False, True, True, True]
         assert _on_disk(tmp_path) == cache.used_bytes == 5_000
 

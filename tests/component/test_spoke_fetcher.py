@@ -80,8 +80,8 @@ def test_sixteen_concurrent_misses_make_one_hub_request(tmp_path: Path) -> None:
     hub.delay = 0.05
 
     async def go() -> list[tuple[list[bool], dict[str, bytes]]]:
-        fetcher = _scheduler(hub, cache)
-        return await asyncio.gather(*[fetcher.ensure(refs[:1]) for _ in range(16)])
+        scheduler = _scheduler(hub, cache)
+        return await asyncio.gather(*[scheduler.ensure(refs[:1]) for _ in range(16)])
 
     results = asyncio.run(go())
     assert hub.calls == [[refs[0][0]]]
@@ -93,9 +93,9 @@ def test_batch_and_already_cached(tmp_path: Path) -> None:
     hub, cache, refs = _setup(tmp_path)
 
     async def go() -> tuple[list[bool], list[bool]]:
-        fetcher = _scheduler(hub, cache, batch_blocks=3)
-        first, _ = await fetcher.ensure(refs)
-        second, _ = await fetcher.ensure(refs)
+        scheduler = _scheduler(hub, cache, batch_blocks=3)
+        first, _ = await scheduler.ensure(refs)
+        second, _ = await scheduler.ensure(refs)
         return first, second
 
     first, second = asyncio.run(go())
@@ -121,8 +121,8 @@ def test_transient_failures_are_retried(tmp_path: Path) -> None:
     hub.fail_times = 2
 
     async def go() -> list[bool]:
-        fetcher = _scheduler(hub, cache, miss_deadline=10)
-        return (await fetcher.ensure(refs[:2]))[0]
+        scheduler = _scheduler(hub, cache, miss_deadline=10)
+        return (await scheduler.ensure(refs[:2]))[0]
 
     assert asyncio.run(go()) == [False, False]
     assert len(hub.calls) == 3
@@ -161,9 +161,9 @@ def test_a_failed_disk_write_streams_the_block_through(
     monkeypatch.setattr(cache.store, "write_many", broken)
 
     async def go() -> tuple[list[bool], dict[str, bytes]]:
-        fetcher = _scheduler(hub, cache)
-        result = await asyncio.wait_for(fetcher.ensure(refs[:2]), 10)  # never hangs
-        assert fetcher.on_the_way_bytes == 0 and fetcher.inflight == 0
+        scheduler = _scheduler(hub, cache)
+        result = await asyncio.wait_for(scheduler.ensure(refs[:2]), 10)  # never hangs
+        assert scheduler.on_the_way_bytes == 0 and scheduler.inflight == 0
         return result
 
     was_cached, uncached = asyncio.run(go())
@@ -184,9 +184,9 @@ def test_arrived_blocks_are_written_while_the_stream_goes_on(tmp_path: Path) -> 
     cache.store.write_many = counting  # type: ignore[method-assign]
 
     async def go() -> None:
-        fetcher = _scheduler(hub, cache, batch_blocks=12)
-        await fetcher.ensure(refs)
-        assert fetcher.on_the_way_bytes == 0
+        scheduler = _scheduler(hub, cache, batch_blocks=12)
+        await scheduler.ensure(refs)
+        assert scheduler.on_the_way_bytes == 0
 
     asyncio.run(go())
     assert all(cache.contains(d) for d, _ in refs)
@@ -200,19 +200,19 @@ def test_a_miss_that_gave_up_fails_its_retry_at_once(tmp_path: Path) -> None:
     hub.fail_times = 10_000
 
     async def go() -> None:
-        fetcher = _scheduler(hub, cache, miss_deadline=2.0)
+        scheduler = _scheduler(hub, cache, miss_deadline=2.0)
         with pytest.raises(MissDeadline):
-            await fetcher.ensure(refs[:2])
+            await scheduler.ensure(refs[:2])
         start = time.monotonic()
         for _ in range(3):  # a short probe (its fetch goes on), not another deadline
             with pytest.raises(MissDeadline):
-                await fetcher.ensure([refs[1], refs[0]])
+                await scheduler.ensure([refs[1], refs[0]])
         assert time.monotonic() - start < 2.0 * 3  # three probes of 0.5 s, not 6 s
-        while fetcher._tasks:  # the probes' fetch gives up too
+        while scheduler._tasks:  # the probes' fetch gives up too
             await asyncio.sleep(0.05)
         hub.fail_times = 0  # the hub is back: the next probe's fetch gets the blocks
-        assert (await fetcher.ensure(refs[:2]))[0] == [False, False]
-        assert (await fetcher.ensure(refs[:3]))[0] == [True, True, False]
+        assert (await scheduler.ensure(refs[:2]))[0] == [False, False]
+        assert (await scheduler.ensure(refs[:3]))[0] == [True, True, False]
 
     asyncio.run(go())
 
@@ -224,13 +224,13 @@ def test_a_failed_fetch_nobody_waits_for_logs_no_unretrieved_exception(tmp_path:
 
     async def go() -> None:
         asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: problems.append(ctx))
-        fetcher = _scheduler(hub, cache, miss_deadline=0.3)
-        reader = asyncio.create_task(fetcher.ensure(refs[:1]))
+        scheduler = _scheduler(hub, cache, miss_deadline=0.3)
+        reader = asyncio.create_task(scheduler.ensure(refs[:1]))
         await asyncio.sleep(0.05)
         reader.cancel()  # the reader gave up (its gRPC call was cancelled)
         with pytest.raises(asyncio.CancelledError):
             await reader
-        while fetcher._tasks:
+        while scheduler._tasks:
             await asyncio.sleep(0.05)
         del reader
         gc.collect()

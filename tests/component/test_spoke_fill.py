@@ -36,8 +36,9 @@ class Hub:
         self.down = 0  # streams that fail before this one works
 
     async def read_blocks(
-        self, digests: Sequence[str], timeout: float
+        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
     ) -> AsyncIterator[tuple[str, bytes]]:
+        digests = [d for d, _ in blocks]
         await asyncio.sleep(0.002)
         if self.down:
             self.down -= 1
@@ -195,7 +196,7 @@ def test_fill_survives_a_link_cut(tmp_path: Path) -> None:
 
 def test_a_demand_miss_during_a_fill_goes_first(tmp_path: Path) -> None:
     s = Setup(tmp_path)
-    s.scheduler.max_streams = 1
+    s.scheduler.pacer.max_streams = 1
     s.scheduler.batch_blocks = 1
 
     async def go() -> None:

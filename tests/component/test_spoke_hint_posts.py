@@ -62,11 +62,11 @@ def run(tmp_path: Path, port: int, scenario: Scenario) -> None:
         policy = HintedPolicy(make_policy("lru", 1 << 24))
         cache = BlockCache(BlockStore(layout, env), policy, 1 << 24)
         catalog = SnapshotCatalog(hub, env)
-        fetcher = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
+        scheduler = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
         pins = PinRegistry(env, cache)
-        jobs = PrewarmJobs(catalog, cache, fetcher, pins)
-        hints = HintService(cache, fetcher)
-        app = create_app(cache, fetcher, catalog, jobs, pins, token=TOKEN, hints=hints)
+        jobs = PrewarmJobs(catalog, cache, scheduler, pins)
+        hints = HintService(cache, scheduler)
+        app = create_app(cache, scheduler, catalog, jobs, pins, token=TOKEN, hints=hints)
         transport = httpx.ASGITransport(app=AdminGuard(app, TOKEN))  # type: ignore[arg-type]
         try:
             async with httpx.AsyncClient(
@@ -75,7 +75,7 @@ def run(tmp_path: Path, port: int, scenario: Scenario) -> None:
                 await scenario(client, hints)
         finally:
             await jobs.close()
-            await fetcher.close()
+            await scheduler.close()
             await hub.close()
             env.close()
 

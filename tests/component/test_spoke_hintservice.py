@@ -26,8 +26,8 @@ from spoke.prefetch.hints import HintService
 SIZE = 512  # bytes per block
 
 
-class InstantFetcher:
-    """A fetcher whose prefetches the test admits itself, at once, counting every fetch."""
+class InstantScheduler:
+    """A scheduler whose prefetches the test admits itself, at once, counting every fetch."""
 
     def __init__(self) -> None:
         self.queued: list[tuple[str, int]] = []
@@ -50,25 +50,25 @@ def _data(i: int) -> bytes:
 
 def _setup(
     root: Path, cache_blocks: int, idle_s: float = 900.0, clock: list[float] | None = None
-) -> tuple[BlockCache, InstantFetcher, HintService, list[float]]:
+) -> tuple[BlockCache, InstantScheduler, HintService, list[float]]:
     layout = CacheLayout(root)
     capacity = cache_blocks * SIZE
     policy = HintedPolicy(ARCPolicy(capacity), in_use=0)
     cache = BlockCache(BlockStore(layout, open_index(layout)), policy, capacity)
-    fetcher = InstantFetcher()
+    scheduler = InstantScheduler()
     now = clock if clock is not None else [0.0]
     service = HintService(
         cache,
-        cast(FetchScheduler, fetcher),
+        cast(FetchScheduler, scheduler),
         window_bytes=capacity,
         idle_s=idle_s,
         clock=lambda: now[0],
     )
-    return cache, fetcher, service, now
+    return cache, scheduler, service, now
 
 
 async def _replay(
-    cache: BlockCache, fetcher: InstantFetcher, service: HintService, trace: list[int]
+    cache: BlockCache, scheduler: InstantScheduler, service: HintService, trace: list[int]
 ) -> int:
     """Read ``trace`` as the mount would (observe, then fetch a miss); prefetches land at
     once. Returns how many blocks were fetched in all."""
@@ -76,10 +76,10 @@ async def _replay(
     by_digest = {d: i for i, d in digests.items()}
 
     async def land() -> None:
-        while fetcher.queued:
-            digest, _ = fetcher.queued.pop(0)
+        while scheduler.queued:
+            digest, _ = scheduler.queued.pop(0)
             if not cache.contains(digest):
-                fetcher.fetches += 1
+                scheduler.fetches += 1
                 await cache.admit(digest, _data(by_digest[digest]))
 
     await land()
@@ -89,12 +89,12 @@ async def _replay(
         service.observe([digest])
         await land()
         if not cache.contains(digest):
-            fetcher.fetches += 1
+            scheduler.fetches += 1
             await cache.admit(digest, _data(i))
         service.release([digest])
         assert cache.used_bytes <= cache.capacity_bytes
         cache.policy.check_invariants()
-    return fetcher.fetches
+    return scheduler.fetches
 
 
 def _epochs(blocks: int, epochs: int, seed: int) -> list[int]:
@@ -108,9 +108,9 @@ def test_prefetching_fetches_about_what_belady_does(
     trace = _epochs(blocks, 4, seed=blocks + cache_blocks)
 
     async def go() -> None:
-        cache, fetcher, service, _ = _setup(tmp_path, cache_blocks)
+        cache, scheduler, service, _ = _setup(tmp_path, cache_blocks)
         service.install("r0", [(block_digest(_data(i)), SIZE) for i in trace])
-        fetched = await _replay(cache, fetcher, service, trace)
+        fetched = await _replay(cache, scheduler, service, trace)
         # a fetch per block MIN misses (prefetching can only move fetches earlier), give or
         # take one point of hit ratio: evicting the farthest block early for a prefetch
         # can differ from MIN's choice at the later miss
@@ -130,10 +130,10 @@ def test_two_ranks_in_lockstep_reach_belady(tmp_path: Path) -> None:
     trace = [i for pair in zip(*shards, strict=True) for i in pair]  # one read each in turn
 
     async def go() -> None:
-        cache, fetcher, service, _ = _setup(tmp_path, 40)
+        cache, scheduler, service, _ = _setup(tmp_path, 40)
         for r, shard in enumerate(shards):
             service.install(f"rank{r}", [(block_digest(_data(i)), SIZE) for i in shard])
-        fetched = await _replay(cache, fetcher, service, trace)
+        fetched = await _replay(cache, scheduler, service, trace)
         optimum = belady(trace, 40)
         assert optimum - 0.01 <= 1 - fetched / len(trace) <= optimum
 
@@ -189,14 +189,14 @@ def test_limits_are_clear_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 def test_prefetch_does_no_harm_when_the_cache_holds_sooner_blocks(tmp_path: Path) -> None:
     async def go() -> None:
-        cache, fetcher, service, _ = _setup(tmp_path, 4)
+        cache, scheduler, service, _ = _setup(tmp_path, 4)
         service.window_bytes = 8 * SIZE  # look at the whole plan
         digests = [block_digest(_data(i)) for i in range(8)]
         for i in range(4):  # resident: blocks 0-3, all read before 4-7
             await cache.admit(digests[i], _data(i))
         service.install("r", [(d, SIZE) for d in digests])
-        assert fetcher.queued == []  # fetching 4-7 now would evict blocks needed sooner
+        assert scheduler.queued == []  # fetching 4-7 now would evict blocks needed sooner
         service.observe(digests[:2])  # 0 and 1 are read and never needed again
-        assert [d for d, _ in fetcher.queued] == digests[4:6]  # they make room for 4 and 5
+        assert [d for d, _ in scheduler.queued] == digests[4:6]  # they make room for 4 and 5
 
     asyncio.run(go())

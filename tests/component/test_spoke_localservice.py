@@ -23,6 +23,7 @@ from spoke.catalog.snapshots import SnapshotIndex
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.ledger import Source
+from spoke.fetch.priority import Priority
 from spoke.fetch.scheduler import FetchScheduler
 from spoke.serve.access import AccessLog, SteadyState
 from spoke.serve.local import SpokeLocalService
@@ -38,8 +39,9 @@ class Hub:
         self.fetched: list[str] = []
 
     async def read_blocks(
-        self, digests: Sequence[str], timeout: float
+        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
     ) -> AsyncIterator[tuple[str, bytes]]:
+        digests = [d for d, _ in blocks]
         await asyncio.sleep(0.005)
         for d in digests:
             self.fetched.append(d)

@@ -9,7 +9,7 @@ every peer checks); the hub's blocks come from a dict.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 
 import grpc
@@ -62,8 +62,9 @@ class FakeHub:
         self.delay = delay
 
     async def read_blocks(
-        self, digests: Sequence[str], timeout: float
+        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
     ) -> AsyncIterator[tuple[str, bytes]]:
+        digests = [d for d, _ in blocks]
         await asyncio.sleep(self.delay)
         for d in digests:
             self.sent.append(d)
@@ -126,9 +127,10 @@ def _live(membership: Membership, *nodes: str) -> None:
     membership._publish()
 
 
-def _sizes(blocks: dict[str, bytes]) -> object:
-    """``request_of`` for a source used without a scheduler: sizes from the manifest."""
-    return lambda digest: (len(blocks[digest]), Priority.DEMAND) if digest in blocks else None
+def _sized(blocks: dict[str, bytes], digests: Iterable[str]) -> list[tuple[str, int]]:
+    """``(digest, size)`` of ``digests`` for a source read without a scheduler: sizes
+    from the manifest."""
+    return [(d, len(blocks[d])) for d in digests]
 
 
 class Owner:
@@ -149,7 +151,6 @@ class Owner:
         self.cache = cache
         source = MeshSource(self.hub, Membership(self.node))
         self.scheduler = FetchScheduler(Fetcher(source, cache), cache)
-        source.request_of = self.scheduler.request_of
         service = PeerService(
             self.node,
             cache,
@@ -176,7 +177,7 @@ async def _asker(
     await membership.refresh()
     assert membership.live == {owner.node}
     hub = FakeHub(blocks)
-    source = MeshSource(hub, membership, request_of=_sizes(blocks), grants=keeper)  # type: ignore[arg-type]
+    source = MeshSource(hub, membership, grants=keeper)
     return source, membership, hub
 
 
@@ -191,7 +192,10 @@ def test_the_owner_fetches_each_block_once_for_every_asker(tmp_path: Path) -> No
         wanted = [[d for d in blocks if owner(d, m.nodes) == owner_.node] for _, m, _ in askers]
 
         async def read(source: MeshSource, digests: list[str]) -> int:
-            got = {d: b async for d, b in source.read_blocks(digests, 10)}
+            got = {
+                d: b
+                async for d, b in source.read_blocks(_sized(blocks, digests), 10, Priority.DEMAND)
+            }
             assert got == {d: blocks[d] for d in digests}
             return len(got)
 
@@ -227,7 +231,7 @@ def test_blocks_outside_the_grant_or_unknown_to_the_owner_come_from_the_hub(
         # scoped to "other": the owner's ds blocks are refused, and so is what it lacks
         source, membership, hub = await _asker(owner_, both, Principal("tok-o", ("other",)))
         asked = {d for d in both if membership.owner(d) == owner_.node}
-        got = {d: b async for d, b in source.read_blocks(list(both), 10)}
+        got = {d: b async for d, b in source.read_blocks(_sized(both, both), 10, Priority.DEMAND)}
         live = set(membership.live)
         await membership.close()
         await owner_.stop()
@@ -290,7 +294,9 @@ def test_a_caller_over_its_limits_is_sent_to_the_hub_and_the_peer_stays(tmp_path
         # at most 100 bytes in flight per caller: smaller than any one block
         await owner_.start(limits=CallerLimits(calls=4, nbytes=100))
         source, membership, hub = await _asker(owner_, blocks)
-        got = {d: b async for d, b in source.read_blocks(list(blocks), 10)}
+        got = {
+            d: b async for d, b in source.read_blocks(_sized(blocks, blocks), 10, Priority.DEMAND)
+        }
         live = set(membership.live)
         await membership.close()
         await owner_.stop()
@@ -339,10 +345,11 @@ def test_dead_and_stalled_peers_fall_back_to_the_hub_and_leave_the_mesh() -> Non
             hub,
             membership,
             step_timeout=0.5,
-            request_of=_sizes(blocks),  # type: ignore[arg-type]
             grants=keeper,
         )
-        got = {d: b async for d, b in source.read_blocks(list(blocks), 30)}
+        got = {
+            d: b async for d, b in source.read_blocks(_sized(blocks, blocks), 30, Priority.DEMAND)
+        }
         await membership.close()
         await server.stop(0)
         return got, hub, membership

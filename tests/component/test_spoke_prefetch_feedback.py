@@ -29,8 +29,9 @@ class Hub:
         self.fetched: list[str] = []
 
     async def read_blocks(
-        self, digests: Sequence[str], timeout: float
+        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
     ) -> AsyncIterator[tuple[str, bytes]]:
+        digests = [d for d, _ in blocks]
         for d in digests:
             self.fetched.append(d)
             await asyncio.sleep(0)
@@ -105,16 +106,16 @@ def test_an_off_source_comes_back_only_when_a_reader_confirms_it(tmp_path: Path)
 
     async def go() -> tuple[int, int, int]:
         refused = scheduler.prefetch(refs[:2], Priority.READAHEAD)
-        scheduler.note_read([refs[5][0]])  # a read of something it never asked for
+        scheduler.ledger.note_read([refs[5][0]])  # a read of something it never asked for
         still_off = scheduler.prefetch(refs[2:3], Priority.READAHEAD)
-        scheduler.note_read([refs[0][0]])  # a read of what it would have fetched
+        scheduler.ledger.note_read([refs[0][0]])  # a read of what it would have fetched
         back = scheduler.prefetch(refs[3:5], Priority.READAHEAD)  # room for one block
         await _settle(scheduler)
         return refused, still_off, back
 
     assert asyncio.run(go()) == (0, 0, 1)
     assert ledger.window == BLOCK and ledger.outstanding == BLOCK
-    scheduler.note_read([refs[3][0]])  # its prefetch was read: used, and it grows
+    scheduler.ledger.note_read([refs[3][0]])  # its prefetch was read: used, and it grows
     assert ledger.used == BLOCK and ledger.outstanding == 0 and ledger.window == BLOCK
 
 
@@ -164,6 +165,6 @@ def test_the_background_evictor_spares_prefetched_blocks_on_their_way_to_a_reade
 
     asyncio.run(go())
     assert cache.resident() == [d for d, _ in (*ahead, *read[3:])]
-    scheduler.note_read([d for d, _ in ahead])
+    scheduler.ledger.note_read([d for d, _ in ahead])
     ledger = scheduler.ledger[Source.READAHEAD]
     assert ledger.used == 3 * BLOCK and ledger.wasted == 0

@@ -46,7 +46,7 @@ def test_stale_snapshots_lose_their_own_blocks_only(tmp_path: Path) -> None:
             hub = HubClient(f"127.0.0.1:{hub_server.port}")
             cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 24), 1 << 24)
             catalog = SnapshotCatalog(hub, env)
-            fetcher = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
+            scheduler = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
             pins = PinRegistry(env, cache)
             audit = AuditLog(tmp_path / "audit.jsonl")
             clock = ReadClock(lambda: now[0])
@@ -55,7 +55,7 @@ def test_stale_snapshots_lose_their_own_blocks_only(tmp_path: Path) -> None:
                 for dataset, version in (("ds", "v1"), ("ds", "v2"), ("pinned", "v1")):
                     manifest = await catalog.manifest(dataset, version)
                     blocks[dataset, version] = unique_blocks(manifest)
-                    await fetcher.ensure(list(blocks[dataset, version].items()))
+                    await scheduler.ensure(list(blocks[dataset, version].items()))
                 pins.add("pinned", "v1", "v1", [], blocks["pinned", "v1"])
                 v1_only = set(blocks["ds", "v1"]) - set(blocks["ds", "v2"])
                 shared = set(blocks["ds", "v1"]) & set(blocks["ds", "v2"])
@@ -78,7 +78,7 @@ def test_stale_snapshots_lose_their_own_blocks_only(tmp_path: Path) -> None:
                 ]
                 assert records[0]["what"].startswith("retention evict ds snapshot ")
             finally:
-                await fetcher.close()
+                await scheduler.close()
                 await hub.close()
                 audit.close()
         env.close()

@@ -35,8 +35,9 @@ class SlowHub:
         self.scheduler: FetchScheduler | None = None
 
     async def read_blocks(
-        self, digests: Sequence[str], timeout: float
+        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
     ) -> AsyncIterator[tuple[str, bytes]]:
+        digests = [d for d, _ in blocks]
         self.calls.append(list(digests))
         if self.scheduler is not None:
             self.wire_at_open.append(self.scheduler.wire_bytes)
@@ -146,6 +147,27 @@ def test_sixteen_waiters_of_a_queued_block_make_one_fetch(tmp_path: Path) -> Non
     assert [c[0] for c in hub.calls].count(refs[1][0]) == 1
 
 
+def test_every_count_returns_to_zero_when_a_queued_fill_is_asked_for_as_hinted(
+    tmp_path: Path,
+) -> None:
+    # a peer may ask in the hint class for a block this spoke has queued for fill: the
+    # flight joins a speculative class, and leaves it again when it is done
+    _, _, scheduler, refs = _setup(tmp_path, 6, max_streams=1, batch_blocks=1)
+
+    async def go() -> None:
+        assert scheduler.prefetch(refs, Priority.FILL) == 6
+        await scheduler.ensure(refs[-2:], Priority.HINT)
+        assert scheduler.prefetch_room == scheduler.prefetch_budget
+        await scheduler.ensure(refs)  # every fetch done
+        assert scheduler.prefetch_room == scheduler.prefetch_budget
+        assert scheduler.on_the_way_bytes == scheduler.wire_bytes == 0
+        assert scheduler.admitting_bytes == 0 and scheduler.inflight == 0
+        assert all(scheduler.queued(p) == (0, 0) for p in Priority)
+        await scheduler.close()
+
+    asyncio.run(go())
+
+
 def test_the_window_bounds_bytes_on_the_wire(tmp_path: Path) -> None:
     hub, cache, scheduler, refs = _setup(
         tmp_path, 40, window=3 * BLOCK, max_streams=8, batch_blocks=1
@@ -175,7 +197,7 @@ def test_ledger_counts_issued_used_and_prewarm_is_not_a_miss(tmp_path: Path) -> 
         await scheduler.ensure(refs[3:], Priority.PREWARM)
         while scheduler.inflight:
             await asyncio.sleep(0.01)
-        scheduler.note_read([refs[0][0], refs[3][0]])  # one prefetched, one prewarmed
+        scheduler.ledger.note_read([refs[0][0], refs[3][0]])  # one prefetched, one prewarmed
 
     asyncio.run(go())
     assert metrics.PREFETCH_BYTES._value.get() - issued0 == 3 * BLOCK
