@@ -228,7 +228,6 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             catalog,
             jobs,
             pins,
-            token=token,
             hints=hints,
             mount=settings.mount,
             fill=fill,

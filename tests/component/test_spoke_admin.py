@@ -60,7 +60,7 @@ def run(tmp_path: Path, port: int, scenario: Scenario) -> None:
         pins = PinRegistry(env, cache)
         jobs = PrewarmJobs(catalog, cache, fetcher, pins)
         audit = AuditLog(tmp_path / "audit.jsonl")
-        app = AdminGuard(create_app(cache, fetcher, catalog, jobs, pins, token=TOKEN), TOKEN, audit)
+        app = AdminGuard(create_app(cache, fetcher, catalog, jobs, pins), TOKEN, audit)
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 4242))  # type: ignore[arg-type]
         try:
             async with httpx.AsyncClient(transport=transport, base_url="http://spoke") as client:
