@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, ValidationError
 
-from spoke.cache.hintstream import HintPlan, PlanBuilder
+from spoke.cache.hintplan import HintPlan, PlanBuilder
 from spoke.catalog.selection import MAX_GLOB_CHARS, hint_plan
 from spoke.errors import InvalidRequest, NotFound
 from spoke.serve.routes.context import NAME, STRICT, Context, v1_router
