@@ -2,7 +2,7 @@
 
 Runs on the daemon's event loop; block file writes go to worker threads, batched: writes
 that queue up while one batch is being written go together in the next, one thread
-hand-off and one index commit per batch (:class:`BlockWriter`). Capacity rules:
+hand-off and one index commit per batch (:class:`~spoke.cache.writer.BlockWriter`). Capacity rules:
 
 * Above the **high watermark** (default 95 % of ``--cache-size``) a background task evicts
   down to the **low watermark** (default 90 %), so admissions rarely wait and reads never
@@ -43,6 +43,7 @@ from spoke import metrics
 from spoke.cache.arc import ARCPolicy
 from spoke.cache.policy import EvictionPolicy
 from spoke.cache.store import BlockStore
+from spoke.cache.writer import BlockWriter
 
 log = logging.getLogger(__name__)
 
@@ -66,75 +67,16 @@ class Placement(Enum):
     HINTED = "hinted"  # a hinted prefetch: the cold end; the hinted policy picks its room
 
 
-class BlockWriter:
-    """Writes blocks for the event loop in batches, in a worker thread.
-
-    One :meth:`write` alone is one :meth:`BlockStore.write_many` call of one block; while
-    a batch is being written, later writes queue up and go together in the next batch
-    (at most ``most_blocks`` blocks or ``most_bytes`` bytes). Under load that turns a
-    thread hand-off and an index commit per block into one per batch: with 64 KiB blocks
-    the per-block cost of the hand-off (GIL contention with the loop) was what limited
-    prewarm.
-
-    Args:
-        store: where blocks go.
-        most_blocks, most_bytes: the largest batch.
-    """
-
-    def __init__(self, store: BlockStore, most_blocks: int = 64, most_bytes: int = 64 << 20):
-        self._store = store
-        self._most_blocks = most_blocks
-        self._most_bytes = most_bytes
-        self._queue: list[tuple[str, bytes, int, asyncio.Future[None]]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def write(self, digest: str, data: bytes, tick: int) -> None:
-        """Store a verified block (as :meth:`BlockStore.write`), batched with others.
-
-        Raises:
-            OSError: the cache filesystem refused this block (e.g. ENOSPC).
-            lmdb.Error: the index commit of its batch failed.
-        """
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((digest, data, tick, future))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._drain())
-        await future
-
-    async def _drain(self) -> None:
-        while self._queue:
-            size = count = 0
-            for _digest, data, _tick, _future in self._queue:
-                if count and (count >= self._most_blocks or size + len(data) > self._most_bytes):
-                    break
-                count += 1
-                size += len(data)
-            batch, self._queue = self._queue[:count], self._queue[count:]
-            try:
-                errors = await asyncio.to_thread(
-                    self._store.write_many, [(d, b, t) for d, b, t, _ in batch]
-                )
-            except asyncio.CancelledError:
-                for *_, future in batch + self._queue:
-                    future.cancel()
-                self._queue = []
-                raise
-            except Exception as err:
-                for *_, future in batch:
-                    if not future.done():
-                        future.set_exception(err)
-                continue
-            for (*_, future), error in zip(batch, errors, strict=True):
-                if future.done():
-                    continue
-                if error is None:
-                    future.set_result(None)
-                else:
-                    future.set_exception(error)
-
-
 class BlockCache:
     """Cached blocks, their recency, pins, and eviction to stay within ``capacity_bytes``.
+
+    Its two dozen methods are one concern, the byte accounting of the resident blocks: each reads
+    or changes the same totals (the bytes the policy ranks, the unread prefetched bytes,
+    the pinned bytes, the bytes being written) under one rule (they never pass the
+    capacity), so admission, pins and the background evictor stay together; the parts
+    with a concern of their own are elsewhere (the order of victims in the policy, the
+    block writes in :class:`~spoke.cache.writer.BlockWriter`, the files and index in
+    :class:`~spoke.cache.store.BlockStore`).
 
     Args:
         store: block files and index; recovered (stray temp files removed) on construction.

@@ -37,7 +37,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from spoke.cache.hintstream import DEFAULT_TOLERANCE, NEVER, HintPlan, HintStream
+from spoke.cache.hintplan import HintPlan
+from spoke.cache.hintstream import DEFAULT_TOLERANCE, NEVER, HintStream
 from spoke.cache.policy import EvictionPolicy
 
 __all__ = ["BEING_READ", "DEFAULT_TOLERANCE", "NEVER", "HintPlan", "HintStream", "HintedPolicy"]
@@ -65,6 +66,12 @@ class HintedPolicy(EvictionPolicy):
     :meth:`size_of` read it, no copy is kept here): every call is forwarded there, so the
     wrapped policy keeps learning and takes over unchanged when the last stream goes.
     Only :meth:`pop_victim` differs while a stream is installed.
+
+    About thirty methods, for one concern: half are the :class:`EvictionPolicy` interface,
+    mostly a line or two that forward to ``inner`` and keep the next-use heap in step; the other
+    half install and follow the streams and answer from that heap. The heap's entries
+    change on every forwarded call, so the two halves cannot be split without one reading
+    the other's state; the per-stream bookkeeping is already :class:`HintStream`'s.
 
     Args:
         inner: the fallback policy (the daemon's ``--policy``).
@@ -112,7 +119,7 @@ class HintedPolicy(EvictionPolicy):
         append: bool = False,
         stream: str = DEFAULT_STREAM,
     ) -> HintStream | None:
-        """Install ``digests`` (or a prepared :class:`HintPlan`, :mod:`spoke.cache.hintstream`)
+        """Install ``digests`` (or a prepared :class:`HintPlan`, :mod:`spoke.cache.hintplan`)
         as stream ``stream``'s planned read order.
 
         Replacing (or creating) starts the stream's cursor at its first position, expected

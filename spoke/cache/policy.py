@@ -135,6 +135,10 @@ class ByteWeightedPolicy(EvictionPolicy):
     the subclass's lists: the cold end. :meth:`pop_victim` takes them first; a read
     (:meth:`access`, or a demand :meth:`insert`) hands the key to :meth:`_admit`.
 
+    Its twenty methods are the :class:`EvictionPolicy` interface and the five hooks it
+    calls: one concern (the sizes and the cold end), kept in one class so that no policy
+    keeps sizes of its own.
+
     Attributes:
         used_bytes: sum of the sizes of the resident keys, bytes (read-only).
     """

@@ -32,13 +32,12 @@ from typing import TypeVar
 
 import grpc.aio
 import lmdb
-from google.protobuf.message import Message
 
 from protocol.hub.v1 import hub_pb2
 from spoke import metrics
-from spoke.catalog.blockscope import BlockScope
 from spoke.catalog.manifestcheck import check_tree, snapshot_id
 from spoke.catalog.signature import PublisherKey
+from spoke.catalog.stored import M, StoredCatalog
 from spoke.errors import (
     CorruptManifest,
     HubUnavailable,
@@ -52,15 +51,17 @@ from spoke.hublink.source import hub_error
 
 log = logging.getLogger(__name__)
 
-M = TypeVar("M", bound=Message)
 R = TypeVar("R")
 
 VERSION = re.compile(r"v[1-9][0-9]*")
 """A version name (``hub.names``): a ref that matches names a version, any other a tag."""
 
 
-class SnapshotCatalog:
+class SnapshotCatalog(StoredCatalog):
     """Datasets, versions, tags and manifests, from the hub or from the local index.
+
+    This class asks the hub, checks its answers and keeps them fresh; what is stored, and
+    the lookups that read only the index, are :class:`~spoke.catalog.stored.StoredCatalog`'s.
 
     Args:
         hub: the hub client.
@@ -71,12 +72,9 @@ class SnapshotCatalog:
     def __init__(
         self, hub: HubClient, env: lmdb.Environment, publisher: PublisherKey | None = None
     ) -> None:
+        super().__init__(env)
         self._hub = hub
         self._publisher = publisher
-        self._env = env
-        self._catalog = env.open_db(b"catalog")
-        self._manifests = env.open_db(b"manifests")
-        self.scope = BlockScope(env, self._catalog)  # block -> live stored snapshots
         self._refreshing: dict[bytes, asyncio.Task[None]] = {}  # key -> background refresh
         self._generation = 0  # bumped by forget_refs: older refreshes must not store
         self._trees_checked: set[str] = set()  # stored manifests checked since start
@@ -187,87 +185,9 @@ class SnapshotCatalog:
                 raise UnsignedSnapshot(message)
 
     def forget_refs(self, dataset: str | None = None) -> None:
-        """Drop stored answers about a dataset's versions and tags (every dataset's when
-        ``dataset`` is None): they changed at the hub, so the next question goes there."""
-        prefixes = [b"versions/", b"ref/"] if dataset is None else [f"ref/{dataset}@".encode()]
+        """As :meth:`StoredCatalog.forget_refs`; refreshes under way no longer store."""
         self._generation += 1
-        with self._env.begin(write=True, db=self._catalog) as txn:
-            if dataset is not None:
-                txn.delete(b"versions/" + dataset.encode())
-            for prefix in prefixes:
-                cursor = txn.cursor()
-                if not cursor.set_range(prefix):
-                    continue
-                while cursor.key().startswith(prefix):
-                    if not cursor.delete():
-                        break
-
-    def mark_revoked(self, dataset: str, version: str, snapshot_id: str) -> None:
-        """Remember a revoked version: it no longer resolves here, even from stored answers,
-        and its blocks are no longer served to peers as that version's."""
-        with self._env.begin(write=True, db=self._catalog) as txn:
-            txn.put(f"revoked/{dataset}/{version}".encode(), snapshot_id.encode())
-        self.scope.remove_name(snapshot_id, dataset, version)
-
-    def is_revoked(self, dataset: str, version: str, snapshot_id: str | None = None) -> bool:
-        """True once the hub said ``dataset`` ``version`` was revoked.
-
-        Args:
-            snapshot_id: the version's snapshot id now; a revocation recorded for another
-                snapshot id does not count (the hub was replaced by one with another
-                catalog under the same address, where that version is something else).
-        """
-        with self._env.begin(db=self._catalog) as txn:
-            raw = txn.get(f"revoked/{dataset}/{version}".encode())
-        if raw is None:
-            return False
-        return snapshot_id is None or not raw or raw.decode() == snapshot_id
-
-    def revoked_snapshots(self) -> set[str]:
-        """Snapshot ids of every version known to be revoked."""
-        out = set()
-        with self._env.begin(db=self._catalog) as txn:
-            cursor = txn.cursor()
-            if cursor.set_range(b"revoked/"):
-                for key, value in cursor:
-                    if not key.startswith(b"revoked/"):
-                        break
-                    out.add(value.decode())
-        return out
-
-    def stored_snapshots(self) -> list[str]:
-        """Snapshot ids whose manifests are stored here."""
-        out = []
-        with self._env.begin(db=self._catalog) as txn:
-            cursor = txn.cursor()
-            prefix = b"manifest-complete/"
-            if cursor.set_range(prefix):
-                for key, _ in cursor:
-                    if not key.startswith(prefix):
-                        break
-                    out.append(key[len(prefix) :].decode())
-        return out
-
-    def snapshot_dataset(self, snapshot_id: str) -> str | None:
-        """The dataset a stored manifest was fetched for."""
-        with self._env.begin(db=self._catalog) as txn:
-            raw = txn.get(b"manifest-dataset/" + snapshot_id.encode())
-        return raw.decode() if raw else None
-
-    def stored_manifest(self, snapshot_id: str) -> list[hub_pb2.ManifestEntry]:
-        """A stored manifest by snapshot id (empty if none is stored)."""
-        return self._load_manifest(snapshot_id.encode()) or []
-
-    def get_sequence(self) -> int:
-        """The last catalog event sequence applied here (0: none yet)."""
-        with self._env.begin(db=self._catalog) as txn:
-            raw = txn.get(b"watch-sequence")
-        return int(raw) if raw else 0
-
-    def set_sequence(self, sequence: int) -> None:
-        """Persist the last catalog event sequence applied."""
-        with self._env.begin(write=True, db=self._catalog) as txn:
-            txn.put(b"watch-sequence", str(sequence).encode())
+        super().forget_refs(dataset)
 
     async def manifest(
         self, dataset: str, ref: str, stale_ok: bool = False
@@ -279,8 +199,7 @@ class SnapshotCatalog:
             NotFound, InvalidRequest, HubUnavailable.
         """
         snapshot = await self.resolve_ref(dataset, ref, stale_ok)
-        sid = snapshot.snapshot_id.encode()
-        stored = self._load_manifest(sid)
+        stored = self._load_manifest(snapshot.snapshot_id.encode())
         if stored is not None:
             if snapshot.snapshot_id not in self._trees_checked:  # stored by an older spoke?
                 self._check_tree(dataset, snapshot, stored)
@@ -294,15 +213,7 @@ class SnapshotCatalog:
         self._verify(dataset, snapshot, entries)
         self._check_tree(dataset, snapshot, entries)
         self._trees_checked.add(snapshot.snapshot_id)
-        with self._env.begin(write=True) as txn:
-            for entry in entries:
-                txn.put(
-                    sid + b"\0" + entry.path.encode(), entry.SerializeToString(), db=self._manifests
-                )
-            txn.put(b"manifest-complete/" + sid, str(len(entries)).encode(), db=self._catalog)
-            txn.put(b"manifest-dataset/" + sid, dataset.encode(), db=self._catalog)
-            self.scope.index(txn, snapshot.snapshot_id, entries)
-        self.scope.add_name(snapshot.snapshot_id, dataset, snapshot.version)
+        self._store_manifest(dataset, snapshot, entries)
         return entries
 
     @staticmethod
@@ -346,20 +257,6 @@ class SnapshotCatalog:
             log.error("%s", message)
             raise CorruptManifest(message) from None
 
-    def _load_manifest(self, sid: bytes) -> list[hub_pb2.ManifestEntry] | None:
-        with self._env.begin() as txn:
-            if txn.get(b"manifest-complete/" + sid, db=self._catalog) is None:
-                return None
-            cursor = txn.cursor(db=self._manifests)
-            prefix = sid + b"\0"
-            out: list[hub_pb2.ManifestEntry] = []
-            if cursor.set_range(prefix):
-                for key, value in cursor:
-                    if not key.startswith(prefix):
-                        break
-                    out.append(hub_pb2.ManifestEntry.FromString(value))
-            return out
-
     async def _cached(
         self,
         key: bytes,
@@ -394,15 +291,6 @@ class SnapshotCatalog:
             check(fresh)
         self._store(key, fresh)
         return fresh
-
-    def _stored(self, key: bytes, kind: type[M]) -> M | None:
-        with self._env.begin(db=self._catalog) as txn:
-            raw = txn.get(key)
-        return None if raw is None else kind.FromString(raw)
-
-    def _store(self, key: bytes, answer: Message) -> None:
-        with self._env.begin(write=True, db=self._catalog) as txn:
-            txn.put(key, answer.SerializeToString())
 
     async def _refresh(
         self,

@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 
 from protocol.hub.v1 import hub_pb2
-from spoke.cache.hintstream import HintPlan, PlanBuilder
+from spoke.cache.hintplan import HintPlan, PlanBuilder
 from spoke.errors import InvalidRequest
 
 MAX_GLOBS = 10_000
@@ -92,7 +92,7 @@ def hint_plan(
     builder: PlanBuilder,
 ) -> HintPlan:
     """The blocks of the files ``paths`` names, in that order (a file read twice is
-    planned twice), as a compact :class:`~spoke.cache.hintstream.HintPlan` built within
+    planned twice), as a compact :class:`~spoke.cache.hintplan.HintPlan` built within
     ``builder``'s limits; each distinct path is looked up once (a job re-reading files
     repeats them), and nothing per position is a Python object. Meant for a worker thread:
     it touches nothing shared.

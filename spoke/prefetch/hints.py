@@ -22,7 +22,7 @@ planned reads a stream, :data:`MAX_TOTAL_POSITIONS` over all streams and
 :data:`MAX_TOTAL_BLOCKS` distinct blocks (summed per stream), :data:`MAX_STREAM_PLANS`
 posts kept per stream; a post past one is refused with :class:`~spoke.errors.OverLimit`
 naming it (a 400 whose body says which limit and its value). Plans are compact
-(:mod:`spoke.cache.hintstream`: 8 bytes a planned read, about 100 a distinct block), so the
+(:mod:`spoke.cache.hintplan`: 8 bytes a planned read, about 100 a distinct block), so the
 caps hold the hints to about 330 MiB at worst. :meth:`HintService.post` builds a plan in a
 worker thread (one post at a time), so the event loop only installs it.
 """
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spoke.cache.hinted import HintedPolicy, HintPlan, HintStream
-from spoke.cache.hintstream import PlanBuilder, PlanLimit
+from spoke.cache.hintplan import PlanBuilder, PlanLimit
 from spoke.errors import OverLimit
 from spoke.fetch.priority import Priority
 

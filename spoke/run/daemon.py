@@ -225,7 +225,6 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             catalog,
             jobs,
             pins,
-            token=token,
             hints=hints,
             mount=settings.mount,
             fill=fill,

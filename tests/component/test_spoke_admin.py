@@ -56,18 +56,18 @@ def run(tmp_path: Path, port: int, scenario: Scenario) -> None:
         hub = HubClient(f"127.0.0.1:{port}")
         cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 24), 1 << 24)
         catalog = SnapshotCatalog(hub, env)
-        fetcher = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
+        scheduler = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
         pins = PinRegistry(env, cache)
-        jobs = PrewarmJobs(catalog, cache, fetcher, pins)
+        jobs = PrewarmJobs(catalog, cache, scheduler, pins)
         audit = AuditLog(tmp_path / "audit.jsonl")
-        app = AdminGuard(create_app(cache, fetcher, catalog, jobs, pins, token=TOKEN), TOKEN, audit)
+        app = AdminGuard(create_app(cache, scheduler, catalog, jobs, pins), TOKEN, audit)
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 4242))  # type: ignore[arg-type]
         try:
             async with httpx.AsyncClient(transport=transport, base_url="http://spoke") as client:
                 await scenario(client, tmp_path / "audit.jsonl")
         finally:
             await jobs.close()
-            await fetcher.close()
+            await scheduler.close()
             await hub.close()
             audit.close()
             env.close()
@@ -182,9 +182,9 @@ def test_pins_of_a_revoked_version_go_with_it(tmp_path: Path, hub_port: int) -> 
         hub = HubClient(f"127.0.0.1:{hub_port}")
         cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 24), 1 << 24)
         catalog = SnapshotCatalog(hub, env)
-        fetcher = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
+        scheduler = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
         pins = PinRegistry(env, cache)
-        jobs = PrewarmJobs(catalog, cache, fetcher, pins)
+        jobs = PrewarmJobs(catalog, cache, scheduler, pins)
         try:
             snapshot, globs, _, blocks = await jobs.resolve("ds", "v1", [])
             kept = pins.add("other", "v1", "v1", [], {})
@@ -203,7 +203,7 @@ def test_pins_of_a_revoked_version_go_with_it(tmp_path: Path, hub_port: int) -> 
             assert [p.id for p in PinRegistry(env, cache).all()] == [kept.id]  # persisted
         finally:
             await jobs.close()
-            await fetcher.close()
+            await scheduler.close()
             await hub.close()
             env.close()
 

@@ -29,9 +29,9 @@ from spoke.hublink.source import HubSource
 from spoke.prefetch import hints as hintservice
 from spoke.prefetch.hints import HintService
 from spoke.prefetch.prewarm import PrewarmJobs
-from spoke.serve import admin as admin_module
 from spoke.serve.admin import create_app
 from spoke.serve.adminguard import AdminGuard
+from spoke.serve.routes import hints as hint_routes
 from spoke.upkeep.pins import PinRegistry
 from tests.integration.hub_support import write_tree
 
@@ -66,7 +66,7 @@ def run(tmp_path: Path, port: int, scenario: Scenario) -> None:
         pins = PinRegistry(env, cache)
         jobs = PrewarmJobs(catalog, cache, scheduler, pins)
         hints = HintService(cache, scheduler)
-        app = create_app(cache, scheduler, catalog, jobs, pins, token=TOKEN, hints=hints)
+        app = create_app(cache, scheduler, catalog, jobs, pins, hints=hints)
         transport = httpx.ASGITransport(app=AdminGuard(app, TOKEN))  # type: ignore[arg-type]
         try:
             async with httpx.AsyncClient(
@@ -167,7 +167,7 @@ def test_the_plan_is_built_off_the_loop_while_healthz_answers(
 ) -> None:
     building, released = threading.Event(), threading.Event()
     answered_while_building: list[bool] = []
-    real = admin_module.hint_plan
+    real = hint_routes.hint_plan
 
     def held(*args: object) -> object:
         building.set()
@@ -175,7 +175,7 @@ def test_the_plan_is_built_off_the_loop_while_healthz_answers(
         answered_while_building.append(released.wait(30))
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(admin_module, "hint_plan", held)
+    monkeypatch.setattr(hint_routes, "hint_plan", held)
 
     async def scenario(client: httpx.AsyncClient, hints: HintService) -> None:
         post = asyncio.ensure_future(client.post("/v1/hints", json=hint([1, 2, 3])))

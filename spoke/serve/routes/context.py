@@ -1,0 +1,125 @@
+"""What every admin route shares: the running components (:class:`AdminContext`, in
+``app.state``, handed to routes by the :data:`Context` dependency), the error answers the
+OpenAPI document lists, and the declaration of the bearer token.
+
+The token is *checked* in one place, :class:`spoke.serve.adminguard.AdminGuard`, before any
+byte of a body is read (FastAPI parses a body before it runs dependencies). The ``/v1/``
+routers here only declare the scheme (:data:`BEARER_DECLARED`), so that the OpenAPI document
+says which routes need ``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.security import HTTPBearer
+from prometheus_client import REGISTRY
+from pydantic import BaseModel, ConfigDict, Field
+
+from spoke.cache.blockcache import BlockCache
+from spoke.catalog.catalog import SnapshotCatalog
+from spoke.catalog.selection import MAX_GLOB_CHARS, MAX_GLOBS
+from spoke.errors import SpokeError
+from spoke.fetch.scheduler import FetchScheduler
+from spoke.prefetch.fill import BackgroundFill
+from spoke.prefetch.hints import HintService
+from spoke.prefetch.prewarm import PrewarmJobs
+from spoke.upkeep.pins import PinRegistry
+
+STRICT = ConfigDict(extra="forbid", strict=True)  # unknown fields and "yes" for true: 422
+NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"  # dataset, version and tag names (the hub's rule)
+Globs = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=MAX_GLOB_CHARS)]],
+    Field(
+        default_factory=list,
+        max_length=MAX_GLOBS,
+        description="globs relative to the snapshot root; empty means every file",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class AdminContext:
+    """The daemon's running components the admin routes act on.
+
+    Attributes:
+        mount: the spoke's mountpoint (resolved), checked by ``/readyz``.
+        fill: background fill, shown in ``/v1/cache``.
+        mesh: the regional mesh's state, shown in ``/v1/cache``.
+        max_pins: most pins a spoke keeps; more are refused with 429.
+        max_running_jobs: most prewarm jobs running at once; more are refused with 429.
+    """
+
+    cache: BlockCache
+    scheduler: FetchScheduler
+    catalog: SnapshotCatalog
+    jobs: PrewarmJobs
+    pins: PinRegistry
+    hints: HintService | None
+    mount: Path | None
+    fill: BackgroundFill | None
+    mesh: Callable[[], dict[str, Any]] | None
+    max_pins: int
+    max_running_jobs: int
+
+
+async def admin_context(request: Request) -> AdminContext:
+    """The dependency behind :data:`Context` (a coroutine: no worker thread per request)."""
+    context: AdminContext = request.app.state.admin
+    return context
+
+
+Context = Annotated[AdminContext, Depends(admin_context)]
+
+BEARER_DECLARED = HTTPBearer(auto_error=False)
+"""Declares the bearer scheme of ``/v1/`` routes in the OpenAPI document; it refuses
+nothing (the token is checked by :class:`~spoke.serve.adminguard.AdminGuard`)."""
+
+
+class LimitReached(SpokeError):
+    """Too many pins or running jobs; the message says which limit and what to do."""
+
+
+class ErrorBody(BaseModel):
+    """Every error this API raises itself: one line saying what is wrong."""
+
+    detail: str
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "invalid paths or arguments"},
+    401: {"model": ErrorBody, "description": "missing or wrong token"},
+    403: {"model": ErrorBody, "description": "the hub's token may not read the dataset"},
+    404: {"model": ErrorBody, "description": "unknown dataset, ref, job or pin"},
+    409: {"model": ErrorBody, "description": "does not fit beside existing pins"},
+    413: {"model": ErrorBody, "description": "request body too large"},
+    429: {"model": ErrorBody, "description": "too many pins or running jobs"},
+    502: {"model": ErrorBody, "description": "the hub sent a manifest that fails its id"},
+    503: {"model": ErrorBody, "description": "hub unreachable and nothing usable cached"},
+}
+"""The error answers every ``/v1/`` route lists in the OpenAPI document."""
+
+
+def v1_router() -> APIRouter:
+    """A router for ``/v1/`` routes: the bearer scheme declared, :data:`ERRORS` listed."""
+    return APIRouter(dependencies=[Depends(BEARER_DECLARED)], responses=ERRORS)
+
+
+def sample(name: str) -> float:
+    """A metric's current value in the process registry (0 when it has none yet)."""
+    value = REGISTRY.get_sample_value(name)
+    return 0.0 if value is None else value
+
+
+def pin_room(context: AdminContext) -> None:
+    """Refuse a new pin when :attr:`AdminContext.max_pins` exist.
+
+    Raises:
+        LimitReached: the limit is reached.
+    """
+    if len(context.pins.all()) >= context.max_pins:
+        raise LimitReached(f"{context.max_pins} pins exist; remove some (DELETE /v1/pins/ID)")

@@ -1,0 +1,113 @@
+"""``/v1/hints``: read-order hints, one stream per reader, installed, listed, removed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field, ValidationError
+
+from spoke.cache.hintplan import HintPlan, PlanBuilder
+from spoke.catalog.selection import MAX_GLOB_CHARS, hint_plan
+from spoke.errors import InvalidRequest, NotFound
+from spoke.serve.routes.context import NAME, STRICT, Context, v1_router
+
+router = v1_router()
+
+MAX_HINT_PATHS = 1_000_000
+
+
+class HintRequest(BaseModel):
+    """``POST /v1/hints``: files in the order the job will read them (NoPFS-style hints)."""
+
+    model_config = STRICT
+
+    dataset: str = Field(pattern=NAME)
+    ref: str = Field(default="latest", pattern=NAME)
+    paths: list[Annotated[str, Field(min_length=1, max_length=MAX_GLOB_CHARS)]] = Field(
+        min_length=1,
+        max_length=MAX_HINT_PATHS,
+        description="file paths relative to the snapshot root, in planned read order",
+    )
+    append: bool = Field(default=False, description="extend the stream's hint, not replace it")
+    stream: str = Field(
+        default="default",
+        pattern=NAME,
+        description="whose reads these are, e.g. one name per rank of a job; a post "
+        "replaces (or extends) only its own stream",
+    )
+
+
+def _hint_request(raw: bytes) -> HintRequest:
+    """Parses and validates a ``POST /v1/hints`` body (in a worker thread).
+
+    Raises:
+        RequestValidationError: FastAPI's 422, as for any other body.
+    """
+    try:
+        return HintRequest.model_validate_json(raw)
+    except ValidationError as err:
+        errors = err.errors(include_url=False)
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
+
+
+_HINT_BODY = {
+    "required": True,
+    "content": {"application/json": {"schema": HintRequest.model_json_schema()}},
+}
+
+
+@router.post("/v1/hints", status_code=202, openapi_extra={"requestBody": _HINT_BODY})
+async def post_hints(request: Request, context: Context) -> dict[str, object]:
+    """Install a read-order hint: prefetch ahead of the reads, evict by Belady's rule.
+
+    The body (up to 8 MiB, a million paths) is parsed and turned into a compact plan
+    in a worker thread, so the daemon keeps serving meanwhile; a hint past a memory
+    cap is a 400 whose body names the cap (``limit``) and its value (``value``).
+    """
+    body = await asyncio.to_thread(_hint_request, await request.body())
+    hints = context.hints
+    if hints is None:
+        raise InvalidRequest("this spoke was started without hint support")
+    catalog = context.catalog
+    snapshot = await catalog.resolve_ref(body.dataset, body.ref)
+    manifest = await catalog.manifest(body.dataset, snapshot.version)
+    what = f"{body.dataset}@{body.ref}"
+    built: list[int] = []
+
+    def build(builder: PlanBuilder) -> HintPlan:
+        plan = hint_plan(manifest, body.paths, what, builder)
+        built.append(len(plan))
+        return plan
+
+    status, prefetching = await hints.post(
+        body.stream,
+        build,
+        append=body.append,
+        source=f"{body.dataset}@{snapshot.version}",
+    )
+    return {
+        "dataset": body.dataset,
+        "version": snapshot.version,
+        "paths": len(body.paths),
+        "blocks": built[0],
+        **status.public(),
+        "prefetching": prefetching,
+    }
+
+
+@router.get("/v1/hints")
+def list_hints(context: Context) -> list[dict[str, object]]:
+    """Every installed hint stream: planned reads, cursor, seconds since last used."""
+    hints = context.hints
+    return [s.public() for s in hints.status()] if hints is not None else []
+
+
+@router.delete("/v1/hints/{stream}")
+def delete_hint(stream: str, context: Context) -> dict[str, object]:
+    """Remove a hint stream (a job that ended); eviction forgets its plan."""
+    if context.hints is None or not context.hints.remove(stream):
+        raise NotFound(f"no hint stream {stream!r}")
+    return {"stream": stream, "removed": True}

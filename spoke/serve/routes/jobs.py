@@ -1,0 +1,69 @@
+"""``/v1/prewarm`` and ``/v1/jobs``: prewarm jobs, started, listed, cancelled."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from spoke.errors import NotFound
+from spoke.serve.routes.context import (
+    NAME,
+    STRICT,
+    Context,
+    Globs,
+    LimitReached,
+    pin_room,
+    v1_router,
+)
+
+router = v1_router()
+
+
+class PrewarmRequest(BaseModel):
+    """``POST /v1/prewarm``."""
+
+    model_config = STRICT
+
+    dataset: str = Field(pattern=NAME)
+    ref: str = Field(default="latest", pattern=NAME, description="a version or a tag")
+    paths: Globs
+    pin: bool = False
+
+
+@router.post("/v1/prewarm", status_code=202)
+async def prewarm(body: PrewarmRequest, context: Context) -> dict[str, object]:
+    """Start fetching a snapshot's files into the cache; returns the job."""
+    jobs = context.jobs
+    running = sum(1 for j in jobs.all() if j.state == "running")
+    if running >= context.max_running_jobs:
+        raise LimitReached(
+            f"{running} prewarm jobs are running (at most {context.max_running_jobs}); "
+            "wait for one or cancel it (DELETE /v1/jobs/ID)"
+        )
+    if body.pin:
+        pin_room(context)
+    job = await jobs.start(body.dataset, body.ref, body.paths, body.pin)
+    return job.public()
+
+
+@router.get("/v1/jobs")
+def list_jobs(context: Context) -> list[dict[str, object]]:
+    """Every remembered prewarm job, newest first."""
+    return [j.public() for j in context.jobs.all()]
+
+
+@router.get("/v1/jobs/{job_id}")
+def get_job(job_id: str, context: Context) -> dict[str, object]:
+    """A job's state, bytes done/total, rate (bytes/s) and ETA (s)."""
+    job = context.jobs.get(job_id)
+    if job is None:
+        raise NotFound(f"no prewarm job {job_id!r}")
+    return job.public()
+
+
+@router.delete("/v1/jobs/{job_id}")
+async def cancel_job(job_id: str, context: Context) -> dict[str, object]:
+    """Cancel a running job (blocks already fetched stay cached)."""
+    job = await context.jobs.cancel(job_id)
+    if job is None:
+        raise NotFound(f"no prewarm job {job_id!r}")
+    return job.public()

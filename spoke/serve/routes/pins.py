@@ -1,0 +1,45 @@
+"""``/v1/pins``: files of a snapshot held out of eviction."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from spoke.errors import NotFound
+from spoke.serve.routes.context import NAME, STRICT, Context, Globs, pin_room, v1_router
+
+router = v1_router()
+
+
+class PinRequest(BaseModel):
+    """``POST /v1/pins``: keep these files' blocks out of eviction."""
+
+    model_config = STRICT
+
+    dataset: str = Field(pattern=NAME)
+    ref: str = Field(default="latest", pattern=NAME)
+    paths: Globs
+
+
+@router.post("/v1/pins", status_code=201)
+async def add_pin(body: PinRequest, context: Context) -> dict[str, object]:
+    """Pin files of a snapshot (their blocks stay cached once fetched)."""
+    pin_room(context)
+    jobs = context.jobs
+    snapshot, globs, _, blocks = await jobs.resolve(body.dataset, body.ref, body.paths)
+    jobs.check_pin_room(f"{body.dataset}@{body.ref}", blocks)
+    return context.pins.add(body.dataset, body.ref, snapshot.version, globs, blocks).public()
+
+
+@router.get("/v1/pins")
+def list_pins(context: Context) -> list[dict[str, object]]:
+    """Every pin, oldest first."""
+    return [p.public() for p in context.pins.all()]
+
+
+@router.delete("/v1/pins/{pin_id}")
+def delete_pin(pin_id: str, context: Context) -> dict[str, object]:
+    """Remove a pin; its blocks become evictable unless another pin holds them."""
+    pin = context.pins.remove(pin_id)
+    if pin is None:
+        raise NotFound(f"no pin {pin_id!r}")
+    return pin.public()
