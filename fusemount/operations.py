@@ -284,6 +284,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             source = self.reader.source
             out[b"user.strata.loop_reads"] = str(source.loop_reads).encode()
             out[b"user.strata.thread_reads"] = str(source.thread_reads).encode()
+            out[b"user.strata.hits"] = str(self.reader.hit_log.count).encode()
             pt = self.passthrough
             out[b"user.strata.passthrough"] = b"on" if pt.enabled else f"off: {pt.reason}".encode()
             out[b"user.strata.passthrough_opens"] = str(pt.opens).encode()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import inspect
 import os
 import pwd
 import shlex
@@ -11,8 +13,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -20,6 +24,9 @@ from deploy.local import publish
 
 __all__ = [
     "FileState",
+    "all_hits_reported",
+    "eventually",
+    "eventually_async",
     "file_states",
     "fuse_available",
     "make_tree",
@@ -31,6 +38,8 @@ __all__ = [
     "sticky_dir",
     "tree_digests",
 ]
+
+T = TypeVar("T")
 
 OTHER_USER = "strata-test-other"
 """A second, non-root local user for tests of what other users may not do."""
@@ -175,4 +184,65 @@ def run_module(module: str, *args: str, timeout: float = 300) -> subprocess.Comp
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def eventually(
+    predicate: Callable[[], T],
+    what: str | Callable[[], str],
+    timeout: float = 30.0,
+    interval: float = 0.05,
+) -> T:
+    """Call ``predicate`` every ``interval`` seconds until it returns something true, and
+    return that: the one way tests wait for a condition instead of sleeping a fixed time.
+
+    Raises:
+        AssertionError: still false after ``timeout`` seconds (the message names ``what``,
+            or is what it returns then, and the last value).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(_late(what, timeout, value))
+        time.sleep(interval)
+
+
+def _late(what: str | Callable[[], str], timeout: float, value: object) -> str:
+    said = what() if callable(what) else what
+    return f"{said}: not within {timeout} s (last: {value!r})"
+
+
+async def eventually_async(
+    predicate: Callable[[], T | Awaitable[T]],
+    what: str | Callable[[], str],
+    timeout: float = 30.0,
+    interval: float = 0.01,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> T:
+    """:func:`eventually` on a running event loop: ``predicate`` (plain or a coroutine
+    function) is tried every ``interval`` seconds, the loop running meanwhile (asyncio's;
+    ``sleep=trio.sleep`` for trio's)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        value: T = await got if inspect.isawaitable(got) else got  # type: ignore[assignment]
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(_late(what, timeout, value))
+        await sleep(interval)
+
+
+def all_hits_reported(mnt: Path, daemon_hits: Callable[[], float], timeout: float = 30.0) -> None:
+    """Until the daemon has heard of every hit the mount at ``mnt`` gathered so far
+    (hits go out in batches, every 0.1 s): ``daemon_hits()`` (its hit count, e.g. from
+    ``/v1/cache``) reaches the mount's ``user.strata.hits``."""
+    gathered = int(os.getxattr(mnt, "user.strata.hits"))
+    eventually(
+        lambda: daemon_hits() >= gathered,
+        f"the daemon hearing of the mount's {gathered} hits",
+        timeout,
     )

@@ -66,6 +66,7 @@ class Fill:
     reason: str = ""
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
+    passes: int = 0  # passes of the fill loop over this snapshot that have ended
     logged: str = field(default="", repr=False)  # the last state said in the log
 
     def say(self, state: FillState, reason: str) -> None:
@@ -85,7 +86,8 @@ class Fill:
         return self.bytes_filled / elapsed if elapsed > 0 else 0.0
 
     def public(self) -> dict[str, object]:
-        """JSON-ready progress: bytes, rate (bytes/s), ETA (s), state and why."""
+        """JSON-ready progress: bytes, rate (bytes/s), ETA (s), state and why, and how many
+        passes (a first one, then one per recheck) have ended."""
         rate = self.rate_bps
         left = self.bytes_total - self.bytes_resident
         return {
@@ -98,6 +100,7 @@ class Fill:
             "bytes_remaining": left,
             "rate_bytes_per_s": round(rate),
             "eta_s": round(left / rate, 1) if rate > 0 and self.state == "filling" else None,
+            "passes": self.passes,
         }
 
 
@@ -181,6 +184,7 @@ class BackgroundFill:
                 await self._wake.wait()
                 continue
             await self._fill(fill)
+            fill.passes += 1
             if fill.state in ("stopped", "waiting"):  # look again in a while
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.recheck_s)

@@ -22,6 +22,7 @@ from fusemount.operations import StrataOperations
 from fusemount.reader import BlockReader
 from spoke.disk.layout import CacheLayout, block_digest
 from tests.component.fake_daemon import FakeDaemon
+from tests.support import eventually_async
 
 
 @pytest.fixture
@@ -145,11 +146,14 @@ def test_hits_are_reported_at_once_while_the_daemon_asks_for_it(ops: StrataOpera
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ops.reader.flush_hits_forever, 10.0)  # a long interval
             await ops.read(fi.fh, 0, 10)  # a hit: batched, not reported yet
+            # Nothing to await: the reporter sleeps its 10 s interval unless add() sets its
+            # Event (a full batch or prompt), and a woken one reports within a loop turn;
+            # 0.05 s is many turns (the prompt case below shows one suffices).
             await trio.sleep(0.05)
             assert reports == []
             daemon.prompt = True  # e.g. an EnsureBlocks answer said a hint is installed
             await ops.read(fi.fh, 1000, 10)  # the next hit goes out at once
-            await trio.sleep(0.05)
+            await eventually_async(lambda: reports, "the prompt report", 5, sleep=trio.sleep)
             assert len(reports) == 1 and len(reports[0]) == 2
             nursery.cancel_scope.cancel()
 
@@ -173,8 +177,13 @@ def test_prompt_reports_go_out_at_most_once_per_interval(ops: StrataOperations) 
             nursery.start_soon(ops.reader.flush_hits_forever, 10.0)
             for _ in range(200):  # a burst of hits, as a trainer's FUSE reads make
                 await ops.read(fi.fh, 0, 10)
-                await trio.sleep(0.0005)
-            await trio.sleep(3 * PROMPT_INTERVAL)
+                await trio.sleep(0.0005)  # the workload: hits spread over time
+            await eventually_async(
+                lambda: sum(len(digests) for _, digests in reports) >= 200,
+                "the burst's last prompt report",
+                5,
+                sleep=trio.sleep,
+            )
             nursery.cancel_scope.cancel()
 
     trio.run(go)

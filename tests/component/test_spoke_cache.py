@@ -15,6 +15,7 @@ from spoke.cache.registry import make_policy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest
 from tests.component.test_spoke_fetcher import FakeHub, _scheduler
+from tests.support import eventually_async
 
 
 def _blocks(n: int, size: int) -> list[tuple[str, bytes]]:
@@ -62,6 +63,9 @@ def test_background_eviction_from_high_to_low_watermark(tmp_path: Path) -> None:
         await asyncio.sleep(0)
         for d, data in blocks[:10]:
             await cache.admit(d, data)  # 10_000 bytes = exactly the high mark: no eviction
+        # Nothing to await: the evictor has no timer, it runs only when admit() sets its
+        # Event (above the high mark), and a woken one evicts within a loop turn or two;
+        # 0.05 s is hundreds of turns.
         await asyncio.sleep(0.05)
         assert cache.used_bytes == 10_000
         await cache.admit(*blocks[10])  # above the high mark: background evicts to low
@@ -181,12 +185,12 @@ def test_hinted_policy_evicts_on_demand_only(tmp_path: Path) -> None:
         policy.set_hint([d for d, _ in blocks])
         for d, data in blocks:
             await cache.admit(d, data)
-            await asyncio.sleep(0.01)  # the evictor could run here
+            await asyncio.sleep(0.01)  # the evictor could run here (a woken one takes a turn)
         # no watermark band: the cache stays full, evicting a block per admission
         assert cache.used_bytes == 10_000 and len(cache) == 10
         policy.clear_hint()
         await cache.admit(*_blocks(13, 1000)[12])
-        await asyncio.sleep(0.05)
+        await eventually_async(lambda: cache.used_bytes <= cache.low_bytes, "evicted to low")
         assert cache.used_bytes <= cache.low_bytes  # without a hint the band is back
         evictor.cancel()
 

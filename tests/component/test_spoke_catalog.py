@@ -19,6 +19,7 @@ from spoke.catalog.catalog import SnapshotCatalog
 from spoke.catalog.manifestcheck import check_tree, snapshot_id
 from spoke.disk.layout import CacheLayout
 from spoke.errors import CorruptManifest, HubUnavailable, NotFound, SnapshotMismatch
+from tests.support import eventually_async
 
 
 class SilentHub:
@@ -118,7 +119,7 @@ def test_a_catalog_event_during_a_refresh_wins(tmp_path: Path) -> None:
         assert (await catalog.resolve_ref("ds", "latest", stale_ok=True)).version == "v1"
         catalog.forget_refs("ds")  # the tag moved while the refresh was out
         hub.open.set()
-        await asyncio.sleep(0.05)
+        await eventually_async(lambda: not catalog._refreshing, "the refresh landed")
         hub.versions = ["v1", "v2"]
         assert (await catalog.resolve_ref("ds", "latest", stale_ok=True)).version == "v2"
         await catalog.close()

@@ -21,6 +21,7 @@ from spoke.errors import HubUnavailable, MissDeadline, NotFound
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler
 from spoke.hublink.source import HubSource
+from tests.support import eventually_async
 
 
 class FakeHub:
@@ -208,8 +209,7 @@ def test_a_miss_that_gave_up_fails_its_retry_at_once(tmp_path: Path) -> None:
             with pytest.raises(MissDeadline):
                 await scheduler.ensure([refs[1], refs[0]])
         assert time.monotonic() - start < 2.0 * 3  # three probes of 0.5 s, not 6 s
-        while scheduler._tasks:  # the probes' fetch gives up too
-            await asyncio.sleep(0.05)
+        await eventually_async(lambda: not scheduler._tasks, "the probes' fetch gives up too")
         hub.fail_times = 0  # the hub is back: the next probe's fetch gets the blocks
         assert (await scheduler.ensure(refs[:2]))[0] == [False, False]
         assert (await scheduler.ensure(refs[:3]))[0] == [True, True, False]
@@ -226,12 +226,11 @@ def test_a_failed_fetch_nobody_waits_for_logs_no_unretrieved_exception(tmp_path:
         asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: problems.append(ctx))
         scheduler = _scheduler(hub, cache, miss_deadline=0.3)
         reader = asyncio.create_task(scheduler.ensure(refs[:1]))
-        await asyncio.sleep(0.05)
+        await eventually_async(lambda: scheduler._tasks, "the reader's fetch started")
         reader.cancel()  # the reader gave up (its gRPC call was cancelled)
         with pytest.raises(asyncio.CancelledError):
             await reader
-        while scheduler._tasks:
-            await asyncio.sleep(0.05)
+        await eventually_async(lambda: not scheduler._tasks, "the failed fetch ended")
         del reader
         gc.collect()
         await asyncio.sleep(0)

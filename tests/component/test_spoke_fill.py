@@ -22,6 +22,7 @@ from spoke.errors import HubUnavailable
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.prefetch.fill import BackgroundFill, FillMode
+from tests.support import eventually_async
 
 BLOCK = 4096
 FILES = 24
@@ -87,11 +88,19 @@ class Setup:
         return str(self.fill.fills["ds@v1"].state)
 
     async def until(self, state: str, timeout: float = 10.0) -> None:
-        async def wait() -> None:
-            while "ds@v1" not in self.fill.fills or self.state() != state:
-                await asyncio.sleep(0.01)
+        await eventually_async(
+            lambda: "ds@v1" in self.fill.fills and self.state() == state,
+            f"fill state {state!r}",
+            timeout,
+        )
 
-        await asyncio.wait_for(wait(), timeout)
+    async def looked_again(self) -> None:
+        """Until a pass of the fill that began after this call has ended (the one running
+        now may have read the cache before the caller's last change)."""
+        ended = self.fill.fills["ds@v1"].passes
+        await eventually_async(
+            lambda: self.fill.fills["ds@v1"].passes >= ended + 2, "the fill's next pass"
+        )
 
 
 def test_a_snapshot_being_read_is_filled_completely(tmp_path: Path) -> None:
@@ -124,7 +133,7 @@ def test_fill_waits_while_paused_then_resumes(tmp_path: Path) -> None:
         runner = asyncio.create_task(s.fill.run())
         s.fill.observe([s.refs[3][0]], hit=True)
         await s.until("waiting")
-        await asyncio.sleep(0.2)
+        await s.looked_again()  # a whole pass after it first waited: still no fetch
         assert s.hub.fetched == []
         assert "hint" in s.fill.fills["ds@v1"].reason
         paused[0] = False
@@ -150,7 +159,7 @@ def test_fill_stops_when_the_cache_has_no_room_and_never_evicts(tmp_path: Path) 
         s.fill.observe([s.refs[0][0]], hit=False)
         await s.until("stopped")
         assert "cache under pressure" in s.fill.fills["ds@v1"].reason
-        await asyncio.sleep(0.2)  # it looks again, and stays stopped
+        await s.looked_again()  # it looks again, and stays stopped
         assert s.state() == "stopped"
         assert metrics.EVICTIONS._value.get() == evictions
         runner.cancel()
@@ -166,6 +175,10 @@ def test_a_snapshot_larger_than_the_share_is_not_filled(tmp_path: Path) -> None:
     async def go() -> None:
         runner = asyncio.create_task(s.fill.run())
         s.fill.observe([s.refs[0][0]], hit=False)
+        # Nothing to await: a "too large" fill never gets a pass, so no event says the
+        # loop has looked. observe() wakes run() through an Event (no recheck_s wait), so
+        # it looks within a few loop turns; 0.1 s is also 50 times the fake hub's 2 ms
+        # answer, long enough for a wrongly started fetch to have reached it.
         await asyncio.sleep(0.1)
         runner.cancel()
         await s.scheduler.close()
@@ -215,6 +228,9 @@ def test_fill_off_fills_nothing(tmp_path: Path, mode: FillMode) -> None:
     async def go() -> None:
         runner = asyncio.create_task(s.fill.run())
         s.fill.observe([s.refs[0][0]], hit=False)
+        # Nothing to await: with fill off no Fill exists to count passes. A read that did
+        # start one would wake run() at once (an Event, not recheck_s), and 0.1 s is 50
+        # times the fake hub's 2 ms answer: a fetch would have reached it by now.
         await asyncio.sleep(0.1)
         runner.cancel()
         await s.scheduler.close()

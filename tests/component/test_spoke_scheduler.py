@@ -17,6 +17,7 @@ from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.fetch.window import LinkWindow
+from tests.support import eventually_async
 
 BLOCK = 4096
 
@@ -284,8 +285,14 @@ def test_a_stream_frees_its_slot_when_its_blocks_arrive_and_disk_writes_are_boun
 
     async def go() -> None:
         scheduler.prefetch(refs, Priority.PREWARM)
-        for _ in range(100):
-            await asyncio.sleep(0.01)
+        await eventually_async(
+            lambda: scheduler.admitting_bytes >= 4 * BLOCK, "four blocks waiting for the disk"
+        )
+        # A fifth stream would open when a slot frees (a stream's blocks arriving), and the
+        # fake hub records a call as it opens; with four blocks held at the disk nothing
+        # frees one. 0.2 s is ten times the hub's 20 ms answer: any stream the scheduler
+        # was going to send is in hub.calls by then.
+        await asyncio.sleep(0.2)
         # two slots, yet four streams went out: each freed its slot on arrival; the
         # fifth waits, as four blocks wait for the disk (2 × a 2-block window)
         assert len(hub.calls) == 4

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.local import LocalStack, admin_headers, drop_page_cache, free_port, stop_process
 from spoke.disk.layout import CacheLayout
-from tests.support import publish, requires_fuse, sha256
+from tests.support import all_hits_reported, publish, requires_fuse, sha256
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
 
@@ -229,8 +229,10 @@ def test_sequential_read_prefetches_ahead(tmp_path: Path, stack: LocalStack) -> 
     with open(tmp_path / "mnt" / "seq" / "v1" / "long.bin", "rb", buffering=0) as f:
         got = b"".join(iter(lambda: f.read(BLOCK // 2), b""))
     assert got == data
-    time.sleep(1.0)  # batched access reports
     metrics = f"{_admin(cache)}/metrics"
+    all_hits_reported(  # batched access reports: the prefetch ledger counts use from them
+        tmp_path / "mnt", lambda: _metric(metrics, "strata_spoke_cache_hits_total")
+    )
     issued = _metric(metrics, "strata_spoke_prefetch_bytes_total")
     used = _metric(metrics, "strata_spoke_prefetch_used_bytes_total")
     assert issued > 10 * BLOCK  # most of the file was fetched ahead of the reader
@@ -256,8 +258,10 @@ def test_cat_of_a_chunk_directory_is_read_ahead_across_files(
         "cat *", shell=True, cwd=mounted, capture_output=True, check=True, env={"LC_ALL": "C"}
     ).stdout
     assert got == b"".join(files[name] for name in sorted(files))  # the shell's order
-    time.sleep(1.0)  # batched access reports
     metrics = f"{_admin(cache)}/metrics"
+    all_hits_reported(  # batched access reports: the prefetch ledger counts use from them
+        tmp_path / "mnt", lambda: _metric(metrics, "strata_spoke_cache_hits_total")
+    )
     ahead = _metric(metrics, "strata_spoke_fetch_bytes_total", **{"class": "readahead"})
     issued = _metric(metrics, "strata_spoke_prefetch_bytes_total")
     used = _metric(metrics, "strata_spoke_prefetch_used_bytes_total")

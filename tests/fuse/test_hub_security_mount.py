@@ -27,7 +27,7 @@ from tests.integration.hub_support import (
     sample,
     write_tree,
 )
-from tests.support import requires_fuse
+from tests.support import eventually, requires_fuse
 
 pytestmark = [pytest.mark.fuse, requires_fuse, pytest.mark.timeout(240)]
 
@@ -138,7 +138,7 @@ def test_mtls_token_mount_and_rotation_while_reading(
                 for name in names:
                     assert (root / name).read_bytes() == FILES[name], name
                     progress[0] += 1
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # a reader spread over the rotation, not a wait
             except BaseException as err:
                 errors.append(err)
             finally:
@@ -146,18 +146,19 @@ def test_mtls_token_mount_and_rotation_while_reading(
 
         thread = threading.Thread(target=reader)
         thread.start()
-        while progress[0] < 10 and not done.is_set():
-            time.sleep(0.02)
+        eventually(lambda: progress[0] >= 10 or done.is_set(), "ten files read", 120)
         # rotate the token: a new one in the spoke's file, then the old one revoked
         _, second = create(hub.tokens, ["alpha"])
         token_file(token, second)
-        while metric(admin, "strata_spoke_hub_credential_reloads_total") < 1:
-            time.sleep(0.05)
+        eventually(
+            lambda: metric(admin, "strata_spoke_hub_credential_reloads_total") >= 1,
+            "the spoke reloading its token",
+        )
         revoke(hub.tokens, first_id)
         # renew the client certificate (a new key too), key and certificate replaced apart
         renewed = pki.ca.issue("spoke-client-renewed", server=False)
         copy_pem(renewed.key, tmp_path / "creds" / "spoke.key")
-        time.sleep(0.2)
+        time.sleep(0.2)  # the workload: a window in which key and certificate do not match
         copy_pem(renewed.cert, tmp_path / "creds" / "spoke.crt")
         thread.join(120)
         assert not errors, errors
@@ -172,14 +173,14 @@ def test_mtls_token_mount_and_rotation_while_reading(
         (tmp_path / "alpha2").mkdir()
         (tmp_path / "alpha2" / "new.bin").write_bytes(b"v2")
         publish(hub.data, "alpha", tmp_path / "alpha2")
-        deadline = time.monotonic() + 20
-        while metric(admin, "strata_spoke_watch_sequence") <= before:
-            assert time.monotonic() < deadline, "no catalog event reached the spoke"
-            time.sleep(0.1)
+        eventually(
+            lambda: metric(admin, "strata_spoke_watch_sequence") > before,
+            "a catalog event reaching the spoke",
+            20,
+        )
         new = tmp_path / "mnt" / "alpha" / "v2" / "new.bin"
-        while not new.exists():  # the mount refreshes listings once a second
-            assert time.monotonic() < deadline + 10, "v2 never appeared in the mount"
-            time.sleep(0.2)
+        # the mount refreshes listings once a second
+        eventually(new.exists, "v2 appearing in the mount", 20)
         assert new.read_bytes() == b"v2"
 
 

@@ -16,7 +16,14 @@ import httpx
 import pytest
 
 from deploy.local import LocalStack, admin_headers, drop_page_cache
-from tests.support import make_tree, publish, requires_fuse, sha256, tree_digests
+from tests.support import (
+    all_hits_reported,
+    make_tree,
+    publish,
+    requires_fuse,
+    sha256,
+    tree_digests,
+)
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
 
@@ -131,7 +138,10 @@ def test_pread_at_and_past_eof(mounted: Mounted) -> None:
 def test_second_read_is_a_hit_and_fetches_nothing(mounted: Mounted) -> None:
     path = mounted.mount / "demo" / "v2" / "nested" / "deeper" / "b.bin"
     path.read_bytes()
-    time.sleep(1.0)  # the mount reports hits in batches (every 0.1 s or 64 hits)
+    all_hits_reported(  # the mount reports hits in batches (every 0.1 s or 1024 hits)
+        mounted.mount,
+        lambda: httpx.get(f"{mounted.admin}/v1/cache", headers=mounted.auth).json()["hits"],
+    )
     before = httpx.get(f"{mounted.admin}/v1/cache", headers=mounted.auth).json()
     if not drop_page_cache():  # so the read reaches the mount
         pytest.skip("cannot drop the kernel page cache (not root)")

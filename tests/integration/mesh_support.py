@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from deploy.pki import region_flags
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2_grpc, spoke_pb2, spoke_pb2_grpc
 from spoke.disk.layout import CacheLayout, block_digest
+from tests.support import eventually
 
 BLOCK = 65_536
 
@@ -47,11 +47,7 @@ def metric(url: str, name: str, **labels: str) -> float:
 
 def wait_until(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     """Poll ``cond`` every 50 ms until true; AssertionError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not after {timeout:.0f} s")
-        time.sleep(0.05)
+    eventually(cond, what, timeout)
 
 
 @dataclass

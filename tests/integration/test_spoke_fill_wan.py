@@ -25,7 +25,7 @@ from spoke.fetch.window import LinkWindow
 from spoke.hublink.client import HubClient
 from spoke.hublink.source import HubSource
 from spoke.prefetch.fill import BATCH_BYTES, PARALLEL_BATCHES, BackgroundFill
-from tests.support import publish
+from tests.support import eventually_async, publish
 
 BLOCK = 256 << 10
 FILES = 192  # 48 MiB: about 2 s of a 200 Mbit/s link
@@ -63,8 +63,9 @@ async def _fill_over_the_link(hub: str, cache_dir: Path, cut: str) -> dict[str, 
             digests = list(snapshot.sizes)
             fill.observe(digests[:1], hit=False)
             state = fill.fills["ds@v1"]
-            while state.bytes_filled < 2 * BLOCK:
-                await asyncio.sleep(0.005)
+            await eventually_async(
+                lambda: state.bytes_filled >= 2 * BLOCK, "two blocks filled", interval=0.005
+            )
             last = digests[-1]
             assert not cache.contains(last) and state.bytes_resident < state.bytes_total // 2
             wire = scheduler.wire_bytes
@@ -73,12 +74,11 @@ async def _fill_over_the_link(hub: str, cache_dir: Path, cut: str) -> dict[str, 
             waited = time.monotonic() - started
             left_then = state.bytes_total - state.bytes_resident
             link.cut(cut)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # the workload: the link stays cut for a second
             link.restore()
-            deadline = time.monotonic() + 60
-            while state.state != "done":
-                assert time.monotonic() < deadline, state.public()
-                await asyncio.sleep(0.05)
+            await eventually_async(
+                lambda: state.state == "done", lambda: str(state.public()), 60, 0.05
+            )
             assert all(cache.contains(d) and cache.store.verify(d) for d in digests)
             return {"waited": waited, "wire": wire, "left": left_then}
         finally:

@@ -37,7 +37,7 @@ from tests.integration.mesh_support import (
     read_all,
     wait_until,
 )
-from tests.support import publish
+from tests.support import eventually_async, publish
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -168,7 +168,13 @@ class Staller:
         """Once every call was admitted or refused: how many stand stalled, and the
         refused ones' codes with the reason in their message."""
         await asyncio.gather(*(c.initial_metadata() for c in self.calls))
-        await asyncio.sleep(0.5)  # refused calls end right after their (empty) metadata
+
+        def accounted() -> bool:  # refused calls end right after their (empty) metadata
+            ended = sum(c.done() for c in self.calls)
+            held = self.mesh.y.metric("strata_spoke_peer_held_bytes") // CALL_HOLD_BYTES
+            return ended + held >= len(self.calls)  # each call ended, or admitted and held
+
+        await eventually_async(accounted, "every call refused or held")
         refused: dict[str, int] = {}
         for call in self.calls:
             if call.done():
@@ -213,7 +219,12 @@ def test_grants_minted_by_one_tenant_share_its_allowance_and_memory_stays_bounde
             assert mesh.refusals("limit") - limits0 == grants * per_grant - stalled
             held = y.metric("strata_spoke_peer_held_bytes")
             assert held == stalled * CALL_HOLD_BYTES
-            await asyncio.sleep(2)  # long enough for what the stalled calls hold to show
+            # Nothing says when gRPC has copied each stalled call's first chunk (the
+            # held-bytes count is charged at admission, before it): each admitted call reads
+            # one SERVE_CHUNK_BYTES chunk in a thread and hands it to gRPC at once, which
+            # takes milliseconds; 2 s leaves a loaded machine a wide margin for the RSS to
+            # show it before the bound is checked.
+            await asyncio.sleep(2)
             rss = _rss(y.proc.pid)  # type: ignore[union-attr]
             assert rss - rss0 < stalled * CALL_HOLD_BYTES + SLACK, (rss0, rss)
             # meanwhile tenant b's spoke reads through the mesh, from y too, unrefused
@@ -259,7 +270,7 @@ def test_many_tenants_stalling_fill_at_most_the_memory_budget(mesh: Mesh) -> Non
             held = y.metric("strata_spoke_peer_held_bytes")
             assert held == stalled * CALL_HOLD_BYTES <= MEMORY_BUDGET
             assert stalled * CALL_HOLD_BYTES > MEMORY_BUDGET * 3 // 4  # the budget bounded it
-            await asyncio.sleep(2)
+            await asyncio.sleep(2)  # as above: for what the stalled calls hold to show in RSS
             rss = _rss(y.proc.pid)  # type: ignore[union-attr]
             assert rss - rss0 < MEMORY_BUDGET, (rss0, rss)
             assert rss < RSS_BOUND, (rss0, rss)
