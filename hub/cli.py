@@ -57,7 +57,7 @@ from hub.datadir import DataDir, secure
 from hub.errors import CorruptBlob, CorruptCatalog, HubError, StorageError
 from hub.gc import STALE_AFTER_SECONDS, collect
 from hub.grants import DEFAULT_LIFETIME_S, HOLDERS_PER_TOKEN
-from hub.limits import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS, limit_malloc_arenas
+from hub.limits import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS
 from hub.manifest import EntryType
 from hub.metrics import HubMetrics, MetricsEndpoint
 from hub.modes import PRIVATE_UMASK
@@ -66,6 +66,7 @@ from hub.server import GRACE_SECONDS, MAX_MESSAGE_BYTES, HubServer, ServerConfig
 from hub.signing import keygen as keygen_pair
 from hub.tokencli import token_app
 from hub.verify import verify as verify_version
+from strata_local.memory import limit_malloc_arenas
 
 PROG = "strata-hub"
 EXIT_USAGE = 2
@@ -326,7 +327,7 @@ def serve(
         budget_wait_s=budget_wait,
         grant_holders_per_token=grant_holders_per_token,
     )
-    limit_malloc_arenas()  # before gRPC starts its threads (hub/limits.py)
+    limit_malloc_arenas()  # before gRPC starts its threads (strata_local/memory.py)
     asyncio.run(_serve(data_dir, listen, metrics, port_file, config, grace))
 
 

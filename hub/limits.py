@@ -31,16 +31,12 @@ handshake, so one host can take every slot; a per-address limit belongs in front
 hub (a firewall's connection limit, a Kubernetes NetworkPolicy). Connections open before
 a flood keep working through it.
 
-glibc gives each thread that allocates its own arena (up to 8 per core), and memory freed
-in one is not reused by another: after each flood of handshakes the hub kept more. With
-:data:`MALLOC_ARENAS` arenas (``mallopt(M_ARENA_MAX)``, glibc's ``glibc.malloc.arena_max``
-tunable) the same floods level off after the first.
+``serve`` also limits glibc's malloc arenas before gRPC starts its threads
+(:func:`strata_local.memory.limit_malloc_arenas`): after each flood of handshakes the hub
+kept more without it.
 """
 
 from __future__ import annotations
-
-import ctypes
-import ctypes.util
 
 MAX_CONNECTIONS = 2048
 """Default most connections open at once (``--max-connections``)."""
@@ -56,11 +52,6 @@ IDLE_S = 60.0
 MAX_STREAMS = 256
 """Most calls one connection carries at once (a spoke uses up to 16 block streams, its
 Watch stream and catalog calls)."""
-
-MALLOC_ARENAS = 2
-"""glibc malloc arenas of a ``serve`` process (see the module docstring)."""
-
-_M_ARENA_MAX = -8  # glibc malloc.h
 
 
 def connection_options(
@@ -81,23 +72,3 @@ def connection_options(
         ("grpc.max_connection_idle_ms", round(IDLE_S * 1000)),
         ("grpc.max_concurrent_streams", MAX_STREAMS),
     )
-
-
-def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
-    """Limit glibc's malloc to ``arenas`` arenas; call it before threads start.
-
-    Args:
-        arenas: Most arenas.
-
-    Returns:
-        True when set; False where the C library is not glibc (nothing changes).
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        mallopt = libc.mallopt
-        libc.gnu_get_libc_version  # noqa: B018 (only glibc has it; musl's mallopt is a no-op)
-    except (OSError, AttributeError, TypeError):
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_ARENA_MAX, arenas))

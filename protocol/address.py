@@ -43,3 +43,16 @@ def parse_hostport(text: str, default_host: str | None = None) -> tuple[str, int
     if not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"expected HOST:PORT with a port from 0 to 65535, not {text!r}")
     return host, int(port)
+
+
+def parse_option_hostport(value: str, option: str) -> tuple[str, int]:
+    """:func:`parse_hostport` of a command-line option's value, the error naming the option
+    (``--hub must be HOST:PORT, got 'x'``), for settings validators.
+
+    Raises:
+        ValueError: ``value`` is not ``HOST:PORT`` with a port from 0 to 65535.
+    """
+    try:
+        return parse_hostport(value)
+    except ValueError:
+        raise ValueError(f"{option} must be HOST:PORT, got {value!r}") from None

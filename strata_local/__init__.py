@@ -1,9 +1,10 @@
-"""What hub and spoke both do to files on their own machine, written once for both.
+"""What hub and spoke both do on their own machine, written once for both.
 
 Hub and spoke never import each other, so the pieces both need live here:
 :mod:`strata_local.audit`, the audit trail in bounded space (JSON lines, rotated by size,
 refusals rate-limited), and :mod:`strata_local.ownership`, the checks that a directory is
-private to this user (no other user can swap, fill or point it elsewhere). This package
-imports nothing of Strata (an import-linter contract keeps it so), and its two modules do
-not import each other.
+private to this user (no other user can swap, fill or point it elsewhere), and
+:mod:`strata_local.memory`, glibc's malloc arenas limited before a daemon's threads start.
+This package imports nothing of Strata (an import-linter contract keeps it so), and its
+modules do not import each other.
 """

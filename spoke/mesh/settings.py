@@ -11,20 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-
-def parse_hostport(value: str, what: str) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (IPv6 hosts in brackets), as :func:`spoke.run.settings.parse_hostport`
-    (which this module cannot import: the spoke's settings import these).
-
-    Raises:
-        ValueError: not HOST:PORT, or the port is outside 0..65535.
-    """
-    host, sep, port = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{what} must be HOST:PORT, got {value!r}")
-    return host, int(port)
-
+from protocol.address import parse_option_hostport
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
@@ -116,7 +103,7 @@ class MeshSettings(BaseModel):
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:
-        parse_hostport(v, "--peer-listen")
+        parse_option_hostport(v, "--peer-listen")
         return v
 
     @field_validator("max_connections")
@@ -130,7 +117,7 @@ class MeshSettings(BaseModel):
     @classmethod
     def _advertise(cls, v: str | None) -> str | None:
         if v is not None:
-            host, port = parse_hostport(v, "--peer-advertise")
+            host, port = parse_option_hostport(v, "--peer-advertise")
             if host in WILDCARD_HOSTS or port == 0:
                 raise ValueError(f"--peer-advertise must name one host and port, got {v!r}")
         return v
@@ -145,7 +132,7 @@ class MeshSettings(BaseModel):
     @classmethod
     def _peers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         for peer in v:
-            parse_hostport(peer, "--peers")
+            parse_option_hostport(peer, "--peers")
         return v
 
     @field_validator("peers_dns")
@@ -182,7 +169,7 @@ class MeshSettings(BaseModel):
                 "peer port call it: give the region's token, or --peer-insecure"
             )
         if self.advertise is None:
-            host, port = parse_hostport(self.listen, "--peer-listen")
+            host, port = parse_option_hostport(self.listen, "--peer-listen")
             if host in WILDCARD_HOSTS or port == 0:
                 raise ValueError(
                     f"--peer-listen {self.listen} is not a name peers can dial: "
@@ -220,7 +207,7 @@ class MeshSettings(BaseModel):
         name, sep, port = self.peers_dns.rpartition(":")
         if sep and port.isdigit():
             return name, int(port)
-        return self.peers_dns, parse_hostport(self.listen, "--peer-listen")[1]
+        return self.peers_dns, parse_option_hostport(self.listen, "--peer-listen")[1]
 
 
 def split_peers(value: str | None) -> tuple[str, ...]:

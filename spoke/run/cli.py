@@ -208,9 +208,9 @@ def daemon(**options: Any) -> None:
     from spoke.disk.hardening import UnsafeDirectory
     from spoke.run.daemon import run_daemon  # grpc.aio and uvicorn only in this process
     from spoke.run.lock import CacheInUse
-    from spoke.serve.limits import limit_malloc_arenas
+    from strata_local.memory import limit_malloc_arenas
 
-    limit_malloc_arenas()  # before gRPC starts its threads (spoke/serve/limits.py)
+    limit_malloc_arenas()  # before gRPC starts its threads (strata_local/memory.py)
 
     try:
         asyncio.run(run_daemon(settings))

@@ -36,7 +36,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from protocol import address
+from protocol.address import parse_option_hostport
 from spoke.audit import DEFAULT_BACKUPS as DEFAULT_AUDIT_BACKUPS
 from spoke.audit import DEFAULT_MAX_BYTES as DEFAULT_AUDIT_MAX_BYTES
 from spoke.catalog.signature import PublisherKey, PublisherKeyError
@@ -86,18 +86,6 @@ def parse_duration(value: str) -> float:
     if seconds <= 0:
         raise ValueError(f"--retention: {value!r} must be positive")
     return float(seconds)
-
-
-def parse_hostport(value: str, what: str) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (IPv6 hosts in brackets; :func:`protocol.address.parse_hostport`).
-
-    Raises:
-        ValueError: not HOST:PORT, or the port is outside 0..65535.
-    """
-    try:
-        return address.parse_hostport(value)
-    except ValueError:
-        raise ValueError(f"{what} must be HOST:PORT, got {value!r}") from None
 
 
 MAX_SOCKET_PATH = 107
@@ -242,13 +230,13 @@ class SpokeSettings(BaseSettings, MountSettings):
     @field_validator("hub")
     @classmethod
     def _hub(cls, v: str) -> str:
-        parse_hostport(v, "--hub")
+        parse_option_hostport(v, "--hub")
         return v
 
     @field_validator("admin")
     @classmethod
     def _admin(cls, v: str) -> str:
-        parse_hostport(v, "--admin")
+        parse_option_hostport(v, "--admin")
         return v
 
     @field_validator("admin_token_file")

@@ -1,5 +1,5 @@
 """What the daemon may hold open for others: its open-file limit, the caps on connections
-to its admin API and peer port fitted under that limit, and glibc's malloc arenas.
+to its admin API and peer port fitted under that limit.
 
 - **Open files.** The daemon raises its soft ``RLIMIT_NOFILE`` to the hard limit at start
   (as the mount does; systemd's default soft limit is 1024), then fits the caps under it:
@@ -9,17 +9,13 @@ to its admin API and peer port fitted under that limit, and glibc's malloc arena
   Connections beyond a cap are closed as they arrive, so the daemon never runs out of
   descriptors to a flood of idle connections (reads of cold blocks then stalled, and
   asyncio logged its accept failure hundreds of thousands of times a minute).
-- **Malloc arenas.** glibc gives each thread that allocates its own arena (up to 8 per
-  core) and does not reuse memory freed in one arena in another, so each flood of
-  connections that gRPC core's threads served left the daemon larger than the last. With
-  :data:`MALLOC_ARENAS` (``mallopt(M_ARENA_MAX)``, glibc's ``glibc.malloc.arena_max``
-  tunable) the same floods level off after the first.
+- **Malloc arenas.** The daemon limits glibc's malloc arenas before gRPC starts its
+  threads (:func:`strata_local.memory.limit_malloc_arenas`), so floods of connections
+  level off after the first instead of leaving it larger each time.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import resource
 from dataclasses import dataclass
@@ -29,11 +25,6 @@ log = logging.getLogger(__name__)
 ADMIN_MAX_CONNECTIONS = 256
 """Most connections open to the admin API at once (operators, Prometheus, probes, the
 training jobs' hint posts need a few each)."""
-
-MALLOC_ARENAS = 2
-"""glibc malloc arenas of the daemon (see the module docstring)."""
-
-_M_ARENA_MAX = -8  # glibc malloc.h
 
 
 def raise_open_files() -> int:
@@ -87,23 +78,3 @@ class ConnectionCaps:
                 peer,
             )
         return fitted
-
-
-def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
-    """Limit glibc's malloc to ``arenas`` arenas; call it before threads start.
-
-    Args:
-        arenas: Most arenas.
-
-    Returns:
-        True when set; False where the C library is not glibc (nothing changes).
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        mallopt = libc.mallopt
-        libc.gnu_get_libc_version  # noqa: B018 (only glibc has it; musl's mallopt is a no-op)
-    except (OSError, AttributeError, TypeError):
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_ARENA_MAX, arenas))

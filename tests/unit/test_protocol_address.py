@@ -6,8 +6,7 @@ import pytest
 
 from hub.address import Address
 from hub.errors import InvalidArgument
-from protocol.address import parse_hostport, split_hostport
-from spoke.run.settings import parse_hostport as spoke_parse_hostport
+from protocol.address import parse_hostport, parse_option_hostport, split_hostport
 from spoke.serve.adminserver import bind
 
 
@@ -22,7 +21,7 @@ from spoke.serve.adminserver import bind
 )
 def test_valid_addresses(text: str, expected: tuple[str, int]) -> None:
     assert parse_hostport(text) == expected
-    assert spoke_parse_hostport(text, "--hub") == expected
+    assert parse_option_hostport(text, "--hub") == expected
     assert (Address.parse(text).host, Address.parse(text).port) == expected
 
 
@@ -31,7 +30,7 @@ def test_invalid_addresses_name_the_text(text: str) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_hostport(text)
     with pytest.raises(ValueError, match=r"--hub must be HOST:PORT"):
-        spoke_parse_hostport(text, "--hub")
+        parse_option_hostport(text, "--hub")
     with pytest.raises(InvalidArgument, match="invalid address"):
         Address.parse(text)
 
