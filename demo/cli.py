@@ -82,7 +82,7 @@ def cache_stats(admin_url: str, headers: dict[str, str] | None = None) -> dict[s
 def wait_for_hits(
     admin_url: str, above: int, timeout: float = 3.0, headers: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """Cache stats once the mount's batched hit reports (every 0.1 s or 64 hits) have arrived."""
+    """Cache stats once the mount's batched hit reports (every 0.1 s or 1,024 hits) have arrived."""
     deadline = time.monotonic() + timeout
     stats = cache_stats(admin_url, headers)
     while stats["hits"] <= above and time.monotonic() < deadline:

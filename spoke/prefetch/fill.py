@@ -39,6 +39,7 @@ from spoke.catalog.snapshots import SnapshotIndex
 from spoke.errors import HubUnavailable, SpokeError
 from spoke.fetch.ledger import Source
 from spoke.fetch.scheduler import FetchScheduler, Priority
+from spoke.prefetch.prewarm import fetch_batches
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +204,7 @@ class BackgroundFill:
         if self._paused():
             fill.say("waiting", "a read-order hint is installed")
             return
-        batches = _batches(missing, BATCH_BYTES)
+        batches = fetch_batches(missing, most_blocks=None, most_bytes=BATCH_BYTES)
         self._submitted, self._since = 0, time.monotonic()  # the rate limit counts per pass
         running: set[asyncio.Task[None]] = set()
         complete = False
@@ -295,18 +296,3 @@ class BackgroundFill:
             "rate_limit_bytes_per_s": self.rate_bps,
             "snapshots": [f.public() for f in self.fills.values()],
         }
-
-
-def _batches(blocks: list[tuple[str, int]], most_bytes: int) -> list[list[tuple[str, int]]]:
-    out: list[list[tuple[str, int]]] = []
-    batch: list[tuple[str, int]] = []
-    size = 0
-    for digest, nbytes in blocks:
-        if batch and size + nbytes > most_bytes:
-            out.append(batch)
-            batch, size = [], 0
-        batch.append((digest, nbytes))
-        size += nbytes
-    if batch:
-        out.append(batch)
-    return out

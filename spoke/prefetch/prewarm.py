@@ -87,10 +87,13 @@ class Job:
 
 
 def fetch_batches(
-    blocks: list[tuple[str, int]], most_blocks: int = BATCH_BLOCKS, most_bytes: int = BATCH_BYTES
+    blocks: list[tuple[str, int]],
+    most_blocks: int | None = BATCH_BLOCKS,
+    most_bytes: int = BATCH_BYTES,
 ) -> list[list[tuple[str, int]]]:
     """Split ``(digest, size)`` pairs, in order, into batches of at most ``most_blocks``
-    blocks and ``most_bytes`` bytes (a block larger than that is a batch of its own).
+    blocks (None: any number) and ``most_bytes`` bytes (a block larger than that is a batch
+    of its own). Prewarm jobs and the background fill batch this way.
 
     With :data:`PARALLEL_BATCHES` batches waiting a job keeps 32 MiB (64 KiB blocks)
     to 1 GiB (4 MiB blocks) queued at the scheduler, several times the window it puts on
@@ -101,7 +104,8 @@ def fetch_batches(
     batch: list[tuple[str, int]] = []
     size = 0
     for digest, nbytes in blocks:
-        if batch and (len(batch) >= most_blocks or size + nbytes > most_bytes):
+        full = most_blocks is not None and len(batch) >= most_blocks
+        if batch and (full or size + nbytes > most_bytes):
             batches.append(batch)
             batch, size = [], 0
         batch.append((digest, nbytes))

@@ -13,14 +13,14 @@ import os
 import signal
 import subprocess
 
+from spoke.run.processes import Process
 
-def stop_process(
-    proc: subprocess.Popen[bytes], timeout: float = 20.0, *, group: bool = True
-) -> None:
+
+def stop_process(proc: Process, timeout: float = 20.0, *, group: bool = True) -> None:
     """Stop ``proc``: SIGTERM, wait up to ``timeout`` s, then SIGKILL; no-op once it exited.
 
     Args:
-        proc: The child.
+        proc: The child (a :class:`subprocess.Popen`, or a process the supervisor adopted).
         timeout: Seconds to wait after SIGTERM, and again after SIGKILL (default 20 s:
             a hub or spoke of the local harness flushing its state).
         group: SIGKILL the child's whole process group (``killpg``; the child must lead

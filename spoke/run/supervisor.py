@@ -18,7 +18,6 @@ cache directory started with other settings are stopped cleanly and started anew
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -41,6 +40,7 @@ from spoke.disk.hardening import (
 from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import is_mounted, lazy_unmount, resolve_mountpoint
 from spoke.run import lock
+from spoke.run.process import stop_process
 from spoke.run.processes import Process, cmdline, find, find_daemon, read_pid, same_settings
 from spoke.run.schema import MountSettings, resolved, settings_file, write_settings
 from spoke.run.settings import SpokeSettings
@@ -393,11 +393,4 @@ def _pid(proc: Process | None) -> str:
 
 
 def _terminate(proc: Process) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(STOP_TIMEOUT)
+    stop_process(proc, STOP_TIMEOUT, group=False)
