@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -150,76 +151,56 @@ class HubClient:
             task.cancel()
         await asyncio.gather(*self._old, return_exceptions=True)
 
-    async def list_datasets(self) -> hub_pb2.ListDatasetsResponse:
-        """Every dataset the hub has (that the token may read)."""
+    async def _unary(self, method: str, request: object) -> Any:
+        """The hub's unary ``method`` with ``request``, this client's deadline and credentials;
+        a failure is counted against the channel (:meth:`_failed`) and raised again.
+
+        Raises:
+            grpc.aio.AioRpcError: the call failed.
+        """
         stub, metadata = self._call()
         try:
-            reply: hub_pb2.ListDatasetsResponse = await stub.ListDatasets(
-                hub_pb2.ListDatasetsRequest(), timeout=self.timeout, metadata=metadata
-            )
+            reply = await getattr(stub, method)(request, timeout=self.timeout, metadata=metadata)
         except grpc.aio.AioRpcError as err:
             self._failed(err)
             raise
         self._ok()
+        return reply
+
+    async def list_datasets(self) -> hub_pb2.ListDatasetsResponse:
+        """Every dataset the hub has (that the token may read)."""
+        reply: hub_pb2.ListDatasetsResponse = await self._unary(
+            "ListDatasets", hub_pb2.ListDatasetsRequest()
+        )
         return reply
 
     async def list_versions(self, dataset: str) -> hub_pb2.ListVersionsResponse:
         """A dataset's versions and tags. Raises grpc.aio.AioRpcError (NOT_FOUND, …)."""
-        stub, metadata = self._call()
-        try:
-            reply: hub_pb2.ListVersionsResponse = await stub.ListVersions(
-                hub_pb2.ListVersionsRequest(dataset=dataset),
-                timeout=self.timeout,
-                metadata=metadata,
-            )
-        except grpc.aio.AioRpcError as err:
-            self._failed(err)
-            raise
-        self._ok()
+        reply: hub_pb2.ListVersionsResponse = await self._unary(
+            "ListVersions", hub_pb2.ListVersionsRequest(dataset=dataset)
+        )
         return reply
 
     async def resolve_ref(self, dataset: str, ref: str) -> hub_pb2.Snapshot:
         """Resolve a version or tag to its snapshot. Raises grpc.aio.AioRpcError."""
-        stub, metadata = self._call()
-        try:
-            reply: hub_pb2.Snapshot = await stub.ResolveRef(
-                hub_pb2.ResolveRefRequest(dataset=dataset, ref=ref),
-                timeout=self.timeout,
-                metadata=metadata,
-            )
-        except grpc.aio.AioRpcError as err:
-            self._failed(err)
-            raise
-        self._ok()
+        reply: hub_pb2.Snapshot = await self._unary(
+            "ResolveRef", hub_pb2.ResolveRefRequest(dataset=dataset, ref=ref)
+        )
         return reply
 
     async def issue_grant(self, holder_key: bytes, node: str) -> hub_pb2.ReadGrant:
         """A read grant of this spoke's scopes to ``holder_key`` (32 raw bytes), naming
         ``node`` (the regional mesh, :mod:`spoke.mesh.grants`). Raises grpc.aio.AioRpcError."""
-        stub, metadata = self._call()
-        try:
-            reply: hub_pb2.ReadGrant = await stub.IssueGrant(
-                hub_pb2.IssueGrantRequest(holder_key=holder_key, node=node),
-                timeout=self.timeout,
-                metadata=metadata,
-            )
-        except grpc.aio.AioRpcError as err:
-            self._failed(err)
-            raise
-        self._ok()
+        reply: hub_pb2.ReadGrant = await self._unary(
+            "IssueGrant", hub_pb2.IssueGrantRequest(holder_key=holder_key, node=node)
+        )
         return reply
 
     async def grant_keys(self) -> hub_pb2.GrantKeysResponse:
         """The public keys the hub signs read grants with. Raises grpc.aio.AioRpcError."""
-        stub, metadata = self._call()
-        try:
-            reply: hub_pb2.GrantKeysResponse = await stub.GrantKeys(
-                hub_pb2.GrantKeysRequest(), timeout=self.timeout, metadata=metadata
-            )
-        except grpc.aio.AioRpcError as err:
-            self._failed(err)
-            raise
-        self._ok()
+        reply: hub_pb2.GrantKeysResponse = await self._unary(
+            "GrantKeys", hub_pb2.GrantKeysRequest()
+        )
         return reply
 
     async def get_manifest(self, dataset: str, ref: str) -> list[hub_pb2.ManifestEntry]:
