@@ -125,6 +125,12 @@ class _Restarts:
 class Supervisor:
     """Runs and watches the daemon and mount processes of one spoke.
 
+    Its 19 methods are one life cycle — start or adopt each child, wait for it to be ready,
+    watch and restart it with backoff, re-exec on SIGHUP, stop or leave both — around one
+    piece of state (the two children, the lock, the restart clocks), so they stay together;
+    what needs no such state lives beside it (:mod:`spoke.run.processes`,
+    :mod:`spoke.run.process`, :mod:`spoke.disk.mountinfo`).
+
     Args:
         settings: validated spoke settings (``mount`` must be set); the children get them
             as files (:func:`spoke.run.settings.write_settings`), never as flags.
