@@ -6,6 +6,7 @@ strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--po
                    [--max-message-bytes N] [--max-connections N] [--handshake-timeout S]
                    [--max-streams-per-token N] [--max-bytes-per-token N]
                    [--max-bytes-in-flight N] [--budget-wait S] [--grant-holders-per-token N]
+                   [--max-manifest-streams N] [--max-watch-streams N]
                    [--grace SECONDS] [--blobs DIR|s3://B/P]
                    [--grant-key PEM] [--grant-lifetime SECONDS]
                    [--audit-log FILE] [--audit-max-bytes N] [--audit-backups N]
@@ -64,6 +65,7 @@ from hub.modes import PRIVATE_UMASK
 from hub.publish import publish as publish_tree
 from hub.server import GRACE_SECONDS, MAX_MESSAGE_BYTES, HubServer, ServerConfig
 from hub.signing import keygen as keygen_pair
+from hub.streams import MANIFEST_STREAMS, WATCH_STREAMS
 from hub.tokencli import token_app
 from hub.verify import verify as verify_version
 from strata_local.memory import limit_malloc_arenas
@@ -254,6 +256,22 @@ def serve(
             "is refused (RESOURCE_EXHAUSTED).",
         ),
     ] = WAIT_S,
+    max_manifest_streams: Annotated[
+        int,
+        typer.Option(
+            "--max-manifest-streams",
+            help="Most GetManifest streams open at once, one token at most an eighth; a "
+            "stream waits for a slot up to --budget-wait, then is refused.",
+        ),
+    ] = MANIFEST_STREAMS,
+    max_watch_streams: Annotated[
+        int,
+        typer.Option(
+            "--max-watch-streams",
+            help="Most Watch streams open at once (a spoke holds one), one token at most "
+            "an eighth; more are refused (RESOURCE_EXHAUSTED).",
+        ),
+    ] = WATCH_STREAMS,
     grant_holders_per_token: Annotated[
         int,
         typer.Option(
@@ -326,6 +344,8 @@ def serve(
         max_bytes_in_flight=max_bytes_in_flight,
         budget_wait_s=budget_wait,
         grant_holders_per_token=grant_holders_per_token,
+        max_manifest_streams=max_manifest_streams,
+        max_watch_streams=max_watch_streams,
     )
     limit_malloc_arenas()  # before gRPC starts its threads (strata_local/memory.py)
     asyncio.run(_serve(data_dir, listen, metrics, port_file, config, grace))

@@ -51,6 +51,7 @@ from hub.grants import (
 from hub.limits import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS, connection_options
 from hub.metrics import HubMetrics
 from hub.service import HubService
+from hub.streams import MANIFEST_STREAMS, TOKEN_SHARE, WATCH_STREAMS
 from hub.watch import POLL_SECONDS, CatalogWatcher
 from hub.wire import CHUNK_BYTES, SERVICE_NAME, HubWire
 from protocol.hub.v1 import hub_pb2_grpc
@@ -111,6 +112,8 @@ class ServerConfig:
         budget_wait_s: Longest a stream waits for room in the read budget, seconds.
         grant_holders_per_token: Most holder keys one token may hold live read grants for
             (:class:`hub.grants.GrantLimiter`).
+        max_manifest_streams: Most GetManifest streams open at once (:mod:`hub.streams`).
+        max_watch_streams: Most Watch streams open at once.
     """
 
     tls_cert: Path | None = None
@@ -134,6 +137,8 @@ class ServerConfig:
     max_bytes_in_flight: int = TOTAL_BYTES
     budget_wait_s: float = WAIT_S
     grant_holders_per_token: int = HOLDERS_PER_TOKEN
+    max_manifest_streams: int = MANIFEST_STREAMS
+    max_watch_streams: int = WATCH_STREAMS
 
     def credentials(self) -> grpc.ServerCredentials | None:
         """The TLS credentials, or None for plaintext.
@@ -194,6 +199,11 @@ class ServerConfig:
             )
         if not 0 <= self.budget_wait_s <= 600:
             raise ConfigError(f"--budget-wait {self.budget_wait_s} s is not in [0, 600]")
+        if min(self.max_manifest_streams, self.max_watch_streams) < TOKEN_SHARE:
+            raise ConfigError(
+                f"--max-manifest-streams {self.max_manifest_streams} and --max-watch-streams "
+                f"{self.max_watch_streams} must be at least {TOKEN_SHARE}"
+            )
 
 
 def _read_pem(path: Path) -> bytes:
@@ -395,6 +405,8 @@ class HubServer:
                     if grants is not None
                     else None
                 ),
+                manifest_streams=config.max_manifest_streams,
+                watch_streams=config.max_watch_streams,
             )
             server = grpc.aio.server(
                 options=server_options(

@@ -53,6 +53,7 @@ from hub.grants import GrantIssuer, GrantLimiter
 from hub.manifest import validate_path
 from hub.metrics import HubMetrics
 from hub.names import validate_dataset, validate_digest
+from hub.streams import MANIFEST_STREAMS, WATCH_STREAMS, StreamSlots
 from hub.watch import CatalogWatcher
 from hub.wire import (
     CHUNK_BYTES,
@@ -234,6 +235,8 @@ class HubService(hub_pb2_grpc.HubServicer):
             the defaults when None.
         grant_limiter: How many grants a token may hold (:class:`hub.grants.GrantLimiter`);
             the defaults over the issuer's lifetime when None.
+        manifest_streams: Most ``GetManifest`` streams open at once (:mod:`hub.streams`).
+        watch_streams: Most ``Watch`` streams open at once.
     """
 
     def __init__(
@@ -248,6 +251,8 @@ class HubService(hub_pb2_grpc.HubServicer):
         grants: GrantIssuer | None = None,
         budget: ReadBudget | None = None,
         grant_limiter: GrantLimiter | None = None,
+        manifest_streams: int = MANIFEST_STREAMS,
+        watch_streams: int = WATCH_STREAMS,
     ) -> None:
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -259,6 +264,11 @@ class HubService(hub_pb2_grpc.HubServicer):
         self._audit = audit
         self._grants = grants
         self._budget = budget if budget is not None else ReadBudget()
+        wait_s = self._budget.wait_s
+        self._manifest_slots = StreamSlots(
+            "GetManifest", "--max-manifest-streams", manifest_streams, wait_s
+        )
+        self._watch_slots = StreamSlots("Watch", "--max-watch-streams", watch_streams)
         self._metrics.read_bytes_held.set_function(lambda: self._budget.held)
         if grant_limiter is None and grants is not None:
             grant_limiter = GrantLimiter(grants.lifetime_s)
@@ -353,7 +363,16 @@ class HubService(hub_pb2_grpc.HubServicer):
     async def GetManifest(  # type: ignore[override]  # bytes pass HubWire's serializer
         self, request: hub_pb2.GetManifestRequest, principal: Principal
     ) -> AsyncIterator[bytes]:
-        """Streams a snapshot's manifest in path order, one catalog page at a time.
+        """Streams a snapshot's manifest in path order, one catalog page at a time, in one
+        of the hub's manifest stream slots (:mod:`hub.streams`)."""
+        async with self._manifest_slots.slot(principal.name):
+            async for message in self._manifest_messages(request, principal):
+                yield message
+
+    async def _manifest_messages(
+        self, request: hub_pb2.GetManifestRequest, principal: Principal
+    ) -> AsyncIterator[bytes]:
+        """A snapshot's manifest in path order, one catalog page at a time.
 
         Each page is read, converted and serialized in a worker thread (the event loop
         only sends), while the next page is read ahead. With ``page_entries`` the page
@@ -610,7 +629,16 @@ class HubService(hub_pb2_grpc.HubServicer):
     async def Watch(
         self, request: hub_pb2.WatchRequest, principal: Principal
     ) -> AsyncIterator[hub_pb2.CatalogEvent]:
-        """Streams catalog events after ``after_sequence``, then live ones, until shutdown."""
+        """Streams catalog events after ``after_sequence``, then live ones, until shutdown,
+        in one of the hub's watch stream slots (:mod:`hub.streams`)."""
+        async with self._watch_slots.slot(principal.name):
+            async for event in self._events(request, principal):
+                yield event
+
+    async def _events(
+        self, request: hub_pb2.WatchRequest, principal: Principal
+    ) -> AsyncIterator[hub_pb2.CatalogEvent]:
+        """Catalog events after ``after_sequence``, then live ones, until shutdown."""
         wanted = set(request.datasets)
         for dataset in wanted:
             validate_dataset(dataset)

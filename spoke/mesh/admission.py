@@ -256,22 +256,23 @@ class CallerLimits:
         return self._held.get(caller, (0, 0))
 
     @contextlib.contextmanager
-    def admit(self, caller: str, nbytes: int) -> Iterator[bool]:
-        """While inside, ``caller`` holds one more call and ``nbytes`` more bytes; yields
-        False (holding nothing) when that would exceed a limit."""
-        calls, held = self.in_flight(caller)
-        if calls + 1 > self.calls or held + nbytes > self.nbytes:
+    def admit(self, caller: str, nbytes: int, calls: int = 1) -> Iterator[bool]:
+        """While inside, ``caller`` holds ``calls`` more calls (1: a call is admitted; 0:
+        the bytes of a call already admitted) and ``nbytes`` more bytes; yields False
+        (holding nothing) when that would exceed a limit."""
+        held_calls, held = self.in_flight(caller)
+        if held_calls + calls > self.calls or held + nbytes > self.nbytes:
             yield False
             return
-        self._held[caller] = (calls + 1, held + nbytes)
+        self._held[caller] = (held_calls + calls, held + nbytes)
         try:
             yield True
         finally:
-            calls, held = self._held[caller]
-            if calls == 1:
+            held_calls, held = self._held[caller]
+            if (held_calls - calls, held - nbytes) == (0, 0):
                 del self._held[caller]
             else:
-                self._held[caller] = (calls - 1, held - nbytes)
+                self._held[caller] = (held_calls - calls, held - nbytes)
 
 
 class MemoryBudget:

@@ -30,6 +30,7 @@ memory, charged its size while it is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
@@ -64,7 +65,23 @@ CALL_HOLD_BYTES = 5 * SERVE_CHUNK_BYTES
 """What one admitted call is charged in the peer port's :class:`MemoryBudget`: the chunk
 on its way out in four copies at most (the bytes read, the message, its serialization,
 gRPC core's buffer of it, measured by ``tests/integration/test_spoke_mesh_budget.py``) and
-one chunk for the call's own state and the request. 256 MiB hold 204 stalled calls."""
+one chunk for the call's own state and the request (:data:`PENDING_HOLD_BYTES` of it is
+taken when the call is admitted, the rest once its request names blocks to send). 256 MiB
+hold 204 stalled calls."""
+
+PENDING_HOLD_BYTES = 64 << 10
+"""What a call is charged in the :class:`MemoryBudget` from its admission until its request
+has arrived: gRPC's state of an open call is about 25 KiB (47,000 calls that never sent a
+request held an owner at 1.2 GiB), so 256 MiB bound such calls to 4,096 in all, about
+100 MiB, however many subjects open them."""
+
+REQUEST_WAIT_S = 5.0
+"""Longest an admitted call may take to send its one request, seconds: a peer sends it as
+it opens the call; one that does not is holding a call slot of its subject's allowance."""
+
+REFUSE_READ_S = 1.0
+"""Longest a call refused at admission waits for its request before the refusal, seconds
+(see :meth:`PeerService._take_request`); such a call holds no slot meanwhile."""
 
 CLASSES = {p.label: p for p in Priority}
 
@@ -180,13 +197,19 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             await self._refuse(context, code, err.reason, str(err), _READ)
         subject = f"{claims.subject} at {claims.node}"
         caller = caller_of(claims)
-        served = False
-        async for request in request_iterator:
-            if served:
-                await self._refuse(
-                    context, _INVALID, "malformed", "one request per call", _READ, subject
-                )
-            served = True
+        # the call's slot and memory are taken before its request is read: a caller that
+        # opens calls and never sends a request holds them, within its allowance
+        with (
+            self.limits.admit(caller, 0) as admitted,
+            self.memory.hold(caller, PENDING_HOLD_BYTES if admitted else 0) as pending,
+        ):
+            if not (admitted and pending):
+                await self._take_request(request_iterator)
+            if not admitted:
+                await self._over_limit(context, caller, claims.subject, subject)
+            if not pending:
+                await self._memory_spent(context, caller, PENDING_HOLD_BYTES, subject)
+            request = await self._request(request_iterator, context, subject)
             digests = [b.digest for b in request.blocks]
             asked = CLASSES.get(request.request_class or "demand")
             problem = _problem(digests, request.request_class if asked is None else None)
@@ -195,23 +218,14 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             scopes = list(claims.scopes)
             await self.scope.load(request.snapshots, scopes, caller)
             decision = self.scope.decide(digests, scopes)
-            hold = CALL_HOLD_BYTES if decision.allowed else 0
+            # a call that sends blocks holds CALL_HOLD_BYTES in all, its pending part included
+            hold = CALL_HOLD_BYTES - PENDING_HOLD_BYTES if decision.allowed else 0
             with (
-                self.limits.admit(caller, decision.nbytes) as admitted,
-                self.memory.hold(caller, hold if admitted else 0) as held,
+                self.limits.admit(caller, decision.nbytes, calls=0) as carried,
+                self.memory.hold(caller, hold if carried else 0) as held,
             ):
-                if not admitted:
-                    calls, asked_bytes = self.limits.in_flight(caller)
-                    await self._refuse(
-                        context,
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        "limit",
-                        f"{calls} calls and {asked_bytes:,} bytes in flight here for "
-                        f"{claims.subject}; at most {self.limits.calls} and "
-                        f"{self.limits.nbytes:,}",
-                        _READ,
-                        subject,
-                    )
+                if not carried:
+                    await self._over_limit(context, caller, claims.subject, subject)
                 if not held:
                     await self._memory_spent(context, caller, hold, subject)
                 self._declined(decision, len(digests), context.peer(), subject)
@@ -223,6 +237,60 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                     decision.allowed, priority, context, caller, subject
                 ):
                     yield chunk
+            async for _ in request_iterator:
+                await self._refuse(
+                    context, _INVALID, "malformed", "one request per call", _READ, subject
+                )
+
+    @staticmethod
+    async def _take_request(requests: AsyncIterator[peer_pb2.PeerReadRequest]) -> None:
+        """Take a refused call's request off the wire first, for at most
+        :data:`REFUSE_READ_S`: a call ended while its caller is still sending its request
+        reaches the caller as INTERNAL, not as the refusal (gRPC core), and a peer reads
+        RESOURCE_EXHAUSTED as "ask the hub", INTERNAL as a faulty peer."""
+        with contextlib.suppress(TimeoutError, StopAsyncIteration):
+            await asyncio.wait_for(anext(requests), REFUSE_READ_S)
+
+    async def _request(
+        self,
+        requests: AsyncIterator[peer_pb2.PeerReadRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+        subject: str,
+    ) -> peer_pb2.PeerReadRequest:
+        """The call's one request, within :data:`REQUEST_WAIT_S`; refuses a call that sends
+        none in time (``no_request``) or ends without one (``malformed``)."""
+        try:
+            return await asyncio.wait_for(anext(requests), REQUEST_WAIT_S)
+        except TimeoutError:
+            await self._refuse(
+                context,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                "no_request",
+                f"no request within {REQUEST_WAIT_S:g} s of the call",
+                _READ,
+                subject,
+            )
+        except StopAsyncIteration:
+            await self._refuse(context, _INVALID, "malformed", "no request", _READ, subject)
+
+    async def _over_limit(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        caller: str,
+        who: str,
+        subject: str,
+    ) -> NoReturn:
+        """Refuse a call over its caller's allowance of calls or bytes in flight."""
+        calls, asked_bytes = self.limits.in_flight(caller)
+        await self._refuse(
+            context,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "limit",
+            f"{calls} calls and {asked_bytes:,} bytes in flight here for "
+            f"{who}; at most {self.limits.calls} and {self.limits.nbytes:,}",
+            _READ,
+            subject,
+        )
 
     async def _memory_spent(
         self,

@@ -278,3 +278,59 @@ def test_issue_grant_is_limited_per_token_and_per_holder_key(tmp_path: Path) -> 
     assert metrics.limit_refusals.labels(limit="grants")._value.get() == 2
     records = _audited(tmp_path / "audit.jsonl", "RESOURCE_EXHAUSTED")
     assert [record["what"] for record in records] == ["IssueGrant", "IssueGrant"]
+
+
+def test_manifest_and_watch_streams_are_bounded_per_token(tmp_path: Path) -> None:
+    """The second probe's case: GetManifest and Watch streams a token opens and never reads.
+    With 8 slots of each kind (one per token), a token's second manifest stream waits for
+    --budget-wait and is refused, its second watch at once; the other token is served."""
+    data, config = _stream_config(
+        tmp_path, max_manifest_streams=8, max_watch_streams=8, budget_wait_s=0.5
+    )
+    # a manifest of a's bigger than a stalled client's 64 KiB window: its stream stays open
+    names = {f"deep/{'x' * 150}/{i:05d}.bin": b"z" for i in range(2000)}
+    publish(data, "a", write_tree(tmp_path / "src-a-many", names))
+    metrics = HubMetrics()
+    with ServerThread(data, config=config, metrics=metrics) as server:
+        address = f"127.0.0.1:{server.port}"
+
+        async def streams() -> tuple[list[str], list[str], int]:
+            async with grpc.aio.insecure_channel(address, options=STALL) as channel:
+                stub = hub_pb2_grpc.HubStub(channel)
+                manifest = hub_pb2.GetManifestRequest(dataset="a", ref="latest")
+                held = stub.GetManifest(manifest, metadata=bearer(TOKEN_A), timeout=30)
+                await held.read()  # it holds its slot, unread
+                codes, details = [], []
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.GetManifest(manifest, metadata=bearer(TOKEN_A), timeout=30).read()
+                codes.append(refused.value.code().name)
+                details.append(refused.value.details() or "")
+                # two watches of one token: whichever asks second is refused, the other stays
+                watches = [
+                    stub.Watch(hub_pb2.WatchRequest(), metadata=bearer(TOKEN_A), timeout=30)
+                    for _ in range(2)
+                ]
+                reads = [asyncio.ensure_future(w.read()) for w in watches]
+                done, _ = await asyncio.wait(reads, timeout=20, return_when="FIRST_COMPLETED")
+                assert len(done) == 1
+                error = done.pop().exception()
+                assert isinstance(error, grpc.aio.AioRpcError)
+                codes.append(error.code().name)
+                details.append(error.details() or "")
+                other = hub_pb2.GetManifestRequest(dataset="b", ref="latest")
+                entries = [e async for e in stub.GetManifest(other, metadata=bearer(TOKEN_B))]
+                held.cancel()
+                for w, r in zip(watches, reads, strict=True):
+                    w.cancel()
+                    r.cancel()
+                return codes, details, len(entries)
+
+        codes, details, served = asyncio.run(streams())
+    assert codes == ["RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"]
+    assert "GetManifest streams are open (1 for token" in details[0]
+    assert "(--max-manifest-streams), 1 per token" in details[0]
+    assert "(--max-watch-streams), 1 per token" in details[1]
+    assert served > 0  # the other token's manifest is read meanwhile
+    assert metrics.limit_refusals.labels(limit="streams")._value.get() == 2
+    records = _audited(tmp_path / "audit.jsonl", "RESOURCE_EXHAUSTED")
+    assert sorted(r["what"] for r in records) == ["GetManifest", "Watch"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from spoke.hublink.client import HubClient
 from spoke.hublink.credentials import HubCredentials
 from spoke.mesh.admission import CALLS_PER_CALLER, MEMORY_BUDGET
 from spoke.mesh.grants import GrantKeeper
-from spoke.mesh.peerservice import CALL_HOLD_BYTES
+from spoke.mesh.peerservice import CALL_HOLD_BYTES, PENDING_HOLD_BYTES, REQUEST_WAIT_S
 from spoke.mesh.transport import PeerTls, PeerToken
 from tests.integration.mesh_support import (
     BLOCK,
@@ -163,6 +163,21 @@ class Staller:
             request = peer_pb2.PeerReadRequest(blocks=[hub_pb2.BlockRef(digest=digest, size=size)])
             metadata = self.token.metadata() + keeper.metadata(node, "ReadBlocks")
             self.calls.append(stub.ReadBlocks(iter([request]), metadata=metadata, timeout=120))
+
+    def open_silent(self, keeper: GrantKeeper, count: int) -> None:
+        """``count`` calls under ``keeper``'s grant that never send their request."""
+        node = self.mesh.y.node
+        channel = grpc.aio.secure_channel(node, self.tls.channel_credentials())
+        self.channels.append(channel)
+        stub = peer_pb2_grpc.SpokePeerStub(channel)
+
+        async def never() -> AsyncIterator[peer_pb2.PeerReadRequest]:
+            await asyncio.Event().wait()
+            yield peer_pb2.PeerReadRequest()  # pragma: no cover (never reached)
+
+        for _ in range(count):
+            metadata = self.token.metadata() + keeper.metadata(node, "ReadBlocks")
+            self.calls.append(stub.ReadBlocks(never(), metadata=metadata, timeout=120))
 
     async def settle(self) -> tuple[int, dict[str, int]]:
         """Once every call was admitted or refused: how many stand stalled, and the
@@ -304,3 +319,42 @@ async def _one_read(mesh: Mesh) -> None:
     finally:
         await staller.close()
         await keeper.hub.close()
+
+
+def test_calls_that_never_send_a_request_hold_a_slot_and_end_within_the_wait(
+    mesh: Mesh,
+) -> None:
+    """The second probe's case: calls opened with a fresh proof each and never a request.
+    Their slots and memory are taken at admission, so one subject holds at most its
+    allowance of them, each ends after REQUEST_WAIT_S, and everything is given back."""
+    y, opened = mesh.y, 4 * CALLS_PER_CALLER
+    limits0, waits0 = mesh.refusals("limit"), mesh.refusals("no_request")
+
+    async def flood() -> None:
+        staller = Staller(mesh)
+        keeper = mesh.keeper(_token_a(0), "127.0.0.1:9")
+        await keeper.fetch()
+        staller.open_silent(keeper, opened)
+        try:
+            # every call beyond the subject's allowance is refused at once
+            await eventually_async(
+                lambda: mesh.refusals("limit") - limits0 == opened - CALLS_PER_CALLER,
+                "the calls beyond the allowance refused",
+            )
+            held = y.metric("strata_spoke_peer_held_bytes")
+            assert held == CALLS_PER_CALLER * PENDING_HOLD_BYTES
+            codes = await asyncio.wait_for(
+                asyncio.gather(*(c.code() for c in staller.calls)), REQUEST_WAIT_S + 30
+            )
+            assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == opened - CALLS_PER_CALLER
+            assert codes.count(grpc.StatusCode.DEADLINE_EXCEEDED) == CALLS_PER_CALLER
+            waited = [await c.details() for c in staller.calls if c.done()]
+            assert sum("no request within" in d for d in waited) == CALLS_PER_CALLER
+            assert mesh.refusals("no_request") - waits0 == CALLS_PER_CALLER
+        finally:
+            await staller.close()
+            await keeper.hub.close()
+
+    asyncio.run(flood())
+    wait_until(lambda: y.metric("strata_spoke_peer_held_bytes") == 0, "pending calls released")
+    asyncio.run(_one_read(mesh))  # the slots are free again: a call is served whole

@@ -1,0 +1,96 @@
+"""hub.streams.StreamSlots: per-token and total caps, waiting in order, bounded waiters."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from hub.errors import QuotaExceeded
+from hub.streams import TOKEN_SHARE, WAITING_PER_SLOT, StreamSlots
+
+
+def test_a_token_holds_at_most_its_share_and_is_refused_at_once_without_a_wait() -> None:
+    async def go() -> None:
+        slots = StreamSlots("Watch", "--max-watch-streams", 8 * TOKEN_SHARE)
+        async with contextlib.AsyncExitStack() as stack:
+            for _ in range(slots.per_token):
+                await stack.enter_async_context(slots.slot("a"))
+            with pytest.raises(
+                QuotaExceeded, match=r"at most 64 \(--max-watch-streams\), 8 per token"
+            ) as refused:
+                await stack.enter_async_context(slots.slot("a"))
+            assert refused.value.limit == "streams"
+            await stack.enter_async_context(slots.slot("b"))  # another token is not held up
+            assert (slots.open, slots.open_by("a"), slots.open_by("b")) == (9, 8, 1)
+        assert slots.open == 0 and slots.open_by("a") == 0
+
+    asyncio.run(go())
+
+
+def test_the_total_is_shared_by_every_token() -> None:
+    async def go() -> None:
+        slots = StreamSlots("Watch", "--max-watch-streams", TOKEN_SHARE)  # one per token
+        async with contextlib.AsyncExitStack() as stack:
+            for i in range(TOKEN_SHARE):
+                await stack.enter_async_context(slots.slot(f"t{i}"))
+            with pytest.raises(QuotaExceeded):
+                await stack.enter_async_context(slots.slot("late"))
+
+    asyncio.run(go())
+
+
+def test_a_waiting_stream_gets_the_slot_freed_and_times_out_without_one() -> None:
+    async def go() -> None:
+        slots = StreamSlots("GetManifest", "--max-manifest-streams", TOKEN_SHARE, wait_s=5)
+        freed = asyncio.Event()
+
+        async def holder() -> None:
+            async with slots.slot("a"):
+                await freed.wait()
+
+        first = asyncio.create_task(holder())
+        await asyncio.sleep(0)
+        got = asyncio.Event()
+
+        async def waiter() -> None:
+            async with slots.slot("a"):
+                got.set()
+
+        second = asyncio.create_task(waiter())
+        await asyncio.sleep(0.01)
+        assert not got.is_set()  # waits: the token's one slot is held
+        freed.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+        assert got.is_set() and slots.open == 0
+
+        quick = StreamSlots("GetManifest", "--max-manifest-streams", TOKEN_SHARE, wait_s=0.05)
+        async with quick.slot("a"):
+            with pytest.raises(QuotaExceeded, match="1 for token a"):
+                async with quick.slot("a"):
+                    pass  # pragma: no cover (refused)
+        assert quick.open == 0
+
+    asyncio.run(go())
+
+
+def test_a_token_may_have_only_so_many_streams_waiting() -> None:
+    async def go() -> None:
+        slots = StreamSlots("GetManifest", "--max-manifest-streams", TOKEN_SHARE, wait_s=30)
+        release = asyncio.Event()
+
+        async def hold() -> None:
+            async with slots.slot("a"):
+                await release.wait()
+
+        tasks = [asyncio.create_task(hold()) for _ in range(1 + WAITING_PER_SLOT)]
+        await asyncio.sleep(0.01)  # one holds the slot, WAITING_PER_SLOT wait
+        with pytest.raises(QuotaExceeded):
+            async with slots.slot("a"):
+                pass  # pragma: no cover (refused)
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        assert slots.open == 0
+
+    asyncio.run(go())
