@@ -53,7 +53,13 @@ from hub.grants import GrantIssuer, GrantLimiter
 from hub.manifest import validate_path
 from hub.metrics import HubMetrics
 from hub.names import validate_dataset, validate_digest
-from hub.streams import MANIFEST_STREAMS, WATCH_STREAMS, StreamSlots
+from hub.streams import (
+    LISTING_CALLS,
+    MANIFEST_STREAMS,
+    UNARY_CALLS,
+    WATCH_STREAMS,
+    StreamSlots,
+)
 from hub.watch import CatalogWatcher
 from hub.wire import (
     CHUNK_BYTES,
@@ -91,7 +97,7 @@ DEFAULT_PAGE_SIZE = 1000
 """``ListDirectory`` entries per page when the request says 0."""
 
 
-MAX_PAGE_SIZE = 10_000
+MAX_PAGE_SIZE = 2_000
 """Largest ``ListDirectory`` page; larger requests are served this many (AIP-158)."""
 
 
@@ -124,6 +130,11 @@ def _unary(
                 raise _UNGATED
             if isinstance(request, Oversize):
                 raise request.error()
+            # the slot is held until the reply has left (a reply the client does not read
+            # stays at the hub after the handler returned), released when the call is done
+            slots = self._unary_slots(name)
+            await slots.acquire(principal.name)
+            context.add_done_callback(lambda _: slots.release(principal.name))
             response = await method(self, request, principal)
         except asyncio.CancelledError:
             self._count(name, grpc.StatusCode.CANCELLED)
@@ -269,10 +280,20 @@ class HubService(hub_pb2_grpc.HubServicer):
             "GetManifest", "--max-manifest-streams", manifest_streams, wait_s
         )
         self._watch_slots = StreamSlots("Watch", "--max-watch-streams", watch_streams)
+        self._listing_slots = StreamSlots(
+            "ListDirectory", "hub.streams.LISTING_CALLS", LISTING_CALLS
+        )
+        self._call_slots = StreamSlots("unary", "hub.streams.UNARY_CALLS", UNARY_CALLS)
         self._metrics.read_bytes_held.set_function(lambda: self._budget.held)
         if grant_limiter is None and grants is not None:
             grant_limiter = GrantLimiter(grants.lifetime_s)
         self._grant_limiter = grant_limiter
+
+    def _unary_slots(self, method: str) -> StreamSlots:
+        """The slots a unary call of ``method`` takes (:mod:`hub.streams`): its reply waits
+        at the hub until the client reads it, so calls are bounded in number; listings (up
+        to :data:`MAX_PAGE_SIZE` entries a reply) in fewer slots than the small replies."""
+        return self._listing_slots if method == "ListDirectory" else self._call_slots
 
     def _count(self, method: str, code: grpc.StatusCode) -> None:
         self._metrics.requests.labels(method=method, code=code.name).inc()

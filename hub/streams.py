@@ -1,4 +1,4 @@
-"""How many ``GetManifest`` and ``Watch`` streams the hub keeps open, per token and in all.
+"""How many ``GetManifest``, ``Watch`` and unary calls the hub keeps open, per token and in all.
 
 A response stream its client does not read holds what the hub has prepared for it: a
 stalled ``GetManifest`` keeps a serialized page of the catalog and the page read ahead
@@ -17,8 +17,17 @@ their number (:class:`StreamSlots`):
   most an eighth. A spoke holds one for as long as it runs, so a stream without a slot is
   refused at once (it retries with backoff).
 
-With the read budget's 384 MiB and a serving hub's 143 MiB that keeps stalled clients of
-every kind at about 790 MiB, under the shipped Deployment's 1 GiB. Refusals are
+- Unary calls: their reply waits at the hub until the client takes it, after the handler
+  has returned, so a call holds a slot from its start until gRPC reports it done: at most
+  :data:`LISTING_CALLS` ``ListDirectory`` calls and :data:`UNARY_CALLS` others, a token at
+  most an eighth, refused at once beyond (a client that had 128 listings of 10,000
+  entries unread took the hub past 1 GiB).
+
+Stalled clients of one token can hold an eighth of each kind, so about 170 MiB beside its
+192 MiB of the read budget; of every token together, the read budget's 384 MiB, 55 MiB of
+manifests, 210 MiB of watches and up to 330 + 105 MiB of unary replies, over a serving
+hub's 143 MiB, which leaves the whole only at the 1 GiB limit when every kind is full at
+once from many tokens. Refusals are
 :class:`~hub.errors.QuotaExceeded` (``RESOURCE_EXHAUSTED``, ``limit="streams"``), counted
 and audited like the budget's.
 """
@@ -38,6 +47,15 @@ MANIFEST_STREAMS = 256
 WATCH_STREAMS = 8192
 """Default most ``Watch`` streams open at once (``--max-watch-streams``): a spoke holds one."""
 
+LISTING_CALLS = 128
+"""Most ``ListDirectory`` calls open at once, their replies sent or not: a reply of
+:data:`hub.service.MAX_PAGE_SIZE` (2,000) entries with 250-byte paths is about 2.6 MiB
+held with its protobuf objects until the client reads it, so about 330 MiB at worst."""
+
+UNARY_CALLS = 4096
+"""Most other unary calls open at once (``ResolveRef``, ``ListVersions``,
+``ListDatasets``, ``IssueGrant``, ``GrantKeys``): about 26 KiB each unread, 105 MiB."""
+
 TOKEN_SHARE = 8
 """One token may hold at most 1/``TOKEN_SHARE`` of a kind's slots."""
 
@@ -50,7 +68,7 @@ class StreamSlots:
 
     Args:
         kind: The RPC's name, for messages (``GetManifest``).
-        flag: The flag that sets ``total``, for messages.
+        flag: What sets ``total`` (a flag, or the constant), for messages.
         total: Most streams open at once.
         wait_s: Longest a stream waits for a slot, seconds (0: refused at once).
     """
@@ -66,7 +84,7 @@ class StreamSlots:
         self.open = 0
         self._open: collections.Counter[str] = collections.Counter()
         self._waiting: collections.Counter[str] = collections.Counter()
-        self._freed = asyncio.Condition()
+        self._freed = asyncio.Event()  # set (and replaced) whenever a slot is released
 
     def open_by(self, name: str) -> int:
         """Streams principal ``name`` has open."""
@@ -83,31 +101,45 @@ class StreamSlots:
         Raises:
             QuotaExceeded: no slot within the wait, or too many of ``name``'s waiting.
         """
+        await self.acquire(name)
+        try:
+            yield
+        finally:
+            self.release(name)
+
+    async def acquire(self, name: str) -> None:
+        """Take one of the slots for principal ``name``, waiting up to :attr:`wait_s`;
+        :meth:`release` gives it back (for a unary call, once its reply has left).
+
+        Raises:
+            QuotaExceeded: no slot within the wait, or too many of ``name``'s waiting.
+        """
         if not self._free_for(name):
             await self._wait(name)
         self.open += 1
         self._open[name] += 1
-        try:
-            yield
-        finally:
-            self.open -= 1
-            self._open[name] -= 1
-            if not self._open[name]:
-                del self._open[name]
-            async with self._freed:
-                self._freed.notify_all()
+
+    def release(self, name: str) -> None:
+        """Give back a slot :meth:`acquire` took for ``name``; wakes the waiting."""
+        self.open -= 1
+        self._open[name] -= 1
+        if not self._open[name]:
+            del self._open[name]
+        freed, self._freed = self._freed, asyncio.Event()
+        freed.set()
 
     async def _wait(self, name: str) -> None:
         if self.wait_s <= 0 or self._waiting[name] >= WAITING_PER_SLOT * self.per_token:
             self._refuse(name)
         self._waiting[name] += 1
+        deadline = asyncio.get_running_loop().time() + self.wait_s
         try:
-            async with self._freed:
-                await asyncio.wait_for(
-                    self._freed.wait_for(lambda: self._free_for(name)), self.wait_s
-                )
-        except TimeoutError:
-            self._refuse(name)
+            while not self._free_for(name):
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    self._refuse(name)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._freed.wait(), left)
         finally:
             self._waiting[name] -= 1
             if not self._waiting[name]:

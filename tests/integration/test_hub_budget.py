@@ -24,6 +24,7 @@ from hub.budget import BYTES_PER_TOKEN, block_charge
 from hub.metrics import HubMetrics
 from hub.publish import publish
 from hub.server import ServerConfig, ServerThread
+from hub.streams import LISTING_CALLS, TOKEN_SHARE, UNARY_CALLS
 from hub.wire import CHUNK_BYTES
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import RPC_TIMEOUT, bearer, write_tree
@@ -334,3 +335,29 @@ def test_manifest_and_watch_streams_are_bounded_per_token(tmp_path: Path) -> Non
     assert metrics.limit_refusals.labels(limit="streams")._value.get() == 2
     records = _audited(tmp_path / "audit.jsonl", "RESOURCE_EXHAUSTED")
     assert sorted(r["what"] for r in records) == ["GetManifest", "Watch"]
+
+
+def test_unary_slots_are_given_back_when_each_call_is_done(tmp_path: Path) -> None:
+    """A unary call holds a slot until gRPC reports it done (its reply may wait unread at
+    the hub): more calls in turn than a token's share are all served, so each gave its slot
+    back; what an unread reply holds is bounded by the slots (hub/streams.py)."""
+    data, config = _stream_config(tmp_path)
+    with (
+        ServerThread(data, config=config) as server,
+        grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel,
+    ):
+        stub = hub_pb2_grpc.HubStub(channel)
+        share = UNARY_CALLS // TOKEN_SHARE
+        for _ in range(share + 10):
+            stub.ResolveRef(
+                hub_pb2.ResolveRefRequest(dataset="a", ref="latest"),
+                metadata=bearer(TOKEN_A),
+                timeout=RPC_TIMEOUT,
+            )
+        listing = LISTING_CALLS // TOKEN_SHARE
+        for _ in range(listing + 5):
+            stub.ListDirectory(
+                hub_pb2.ListDirectoryRequest(dataset="a", ref="latest"),
+                metadata=bearer(TOKEN_A),
+                timeout=RPC_TIMEOUT,
+            )
