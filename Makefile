@@ -40,10 +40,12 @@ check: $(READY)
 	$(BIN)/lint-imports
 
 # The suite on every core: one test file a worker (a file's module fixtures are set up once);
-# TEST_WORKERS=0 runs it in this process (pdb, -s)
+# TEST_WORKERS=0 runs it in this process (pdb, -s). Tests that assert a wall-clock duration
+# (marker timing) run after, alone, so the other workers' load cannot stretch them.
 TEST_WORKERS ?= auto
 pytest: $(READY) deploy-deps
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not timing"
+	$(BIN)/pytest -m timing
 
 setup: $(READY)
 

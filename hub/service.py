@@ -184,6 +184,25 @@ def _streaming(
 
 _AUDITED_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
+REFUSE_READ_S = 1.0
+"""Longest a stream about to be refused waits for its request first, seconds."""
+
+
+async def _first_taken(requests: AsyncIterator[_Request]) -> AsyncIterator[_Request]:
+    """``requests`` with its first message already read (within :data:`REFUSE_READ_S`;
+    none if it did not come), as an iterator that yields it again first."""
+    first: list[_Request] = []
+    with contextlib.suppress(TimeoutError, StopAsyncIteration):
+        first.append(await asyncio.wait_for(anext(requests), REFUSE_READ_S))
+
+    async def chained() -> AsyncIterator[_Request]:
+        for request in first:
+            yield request
+        async for request in requests:
+            yield request
+
+    return chained()
+
 
 class _Digests(Sequence[str]):
     """A request's digests, 16 bytes each instead of a str object (81 bytes) each: what a
@@ -471,8 +490,13 @@ class HubService(hub_pb2_grpc.HubServicer):
         (:mod:`hub.budget`): over either, RESOURCE_EXHAUSTED.
         """
         readable = None if principal.scopes == ("*",) else principal.may_read
+        requests = request_iterator
+        if self._budget.streams_of(principal.name) >= self._budget.streams_per_token:
+            # to be refused: take the request off the wire first, or the client may see
+            # INTERNAL (a call ended while its request is being sent), not the refusal
+            requests = await _first_taken(request_iterator)
         with self._budget.stream(principal.name):
-            async for request in request_iterator:
+            async for request in requests:
                 if isinstance(request, Oversize):
                     raise request.error()
                 if len(request.digests) > MAX_DIGESTS_PER_REQUEST:

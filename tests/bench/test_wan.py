@@ -20,6 +20,9 @@ import pytest
 
 from bench.wan import LinkSpec, WanProxy, format_rate, parse_hostport, parse_rate
 
+# the emulator is checked against wall-clock delays and rates: run alone (make pytest)
+pytestmark = pytest.mark.timing
+
 
 class _Server:
     """A threaded TCP server on 127.0.0.1: ``echo`` sends back what it gets, ``source``

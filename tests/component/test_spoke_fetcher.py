@@ -194,6 +194,7 @@ def test_arrived_blocks_are_written_while_the_stream_goes_on(tmp_path: Path) -> 
     assert sum(calls) == 12 and len(calls) < 12  # batched: fewer writes than blocks
 
 
+@pytest.mark.timing  # bounds a probe's wall-clock time: run alone (make pytest)
 def test_a_miss_that_gave_up_fails_its_retry_at_once(tmp_path: Path) -> None:
     """Issue 17 item 4: the kernel asks again for a page whose read just failed; that miss
     fails at once instead of waiting a second deadline, until the hub delivers again."""
