@@ -79,6 +79,11 @@ REQUEST_WAIT_S = 5.0
 """Longest an admitted call may take to send its one request, seconds: a peer sends it as
 it opens the call; one that does not is holding a call slot of its subject's allowance."""
 
+PROBE_CALLS = 1024
+"""Most ``Probe`` calls open at once: an unread reply holds about 26 KiB of gRPC state, and
+the port's connection and stream caps alone would let a region-token holder keep 131,072
+open (3.4 GiB); a region's spokes probe each other every few seconds, a few at a time."""
+
 REFUSE_READ_S = 1.0
 """Longest a call refused at admission waits for its request before the refusal, seconds
 (see :meth:`PeerService._take_request`); such a call holds no slot meanwhile."""
@@ -143,6 +148,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         self.limits = limits or CallerLimits()
         self.refusals = refusals or Refusals(None)
         self.memory = memory or MemoryBudget()
+        self.probing = 0  # Probe calls not done yet (their replies may wait unread)
 
     async def _refuse(
         self,
@@ -176,9 +182,23 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         request: peer_pb2.ProbeRequest,
         context: grpc.aio.ServicerContext[peer_pb2.ProbeRequest, peer_pb2.ProbeResponse],
     ) -> peer_pb2.ProbeResponse:
-        """Who this is and how many blocks it holds."""
+        """Who this is and how many blocks it holds; at most :data:`PROBE_CALLS` at once
+        (a call counts until gRPC reports it done: its reply may wait unread)."""
         await self._authorize(context, "peer Probe")
+        if self.probing >= PROBE_CALLS:
+            await self._refuse(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "limit",
+                f"{self.probing} Probe calls are open here, the most this peer port takes",
+                "peer Probe",
+            )
+        self.probing += 1
+        context.add_done_callback(self._probe_done)
         return peer_pb2.ProbeResponse(node=self.node, cached_blocks=len(self.cache))
+
+    def _probe_done(self, _: object) -> None:
+        self.probing -= 1
 
     async def ReadBlocks(
         self,

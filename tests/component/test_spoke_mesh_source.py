@@ -40,10 +40,11 @@ from spoke.mesh.grantcheck import GrantVerifier
 from spoke.mesh.grants import GrantKeeper, HubGrantKeys
 from spoke.mesh.membership import Membership
 from spoke.mesh.peerclient import PeerClient
-from spoke.mesh.peerservice import PeerService, start_peer_server
+from spoke.mesh.peerservice import PROBE_CALLS, PeerService, start_peer_server
 from spoke.mesh.rendezvous import owner
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import PeerTls, PeerToken
+from tests.support import eventually_async
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -161,6 +162,7 @@ class Owner:
             token=token,
             limits=limits,
         )
+        self.service = service
         self.server, _ = await start_peer_server(service, self.node, tls)
 
     async def stop(self) -> None:
@@ -394,3 +396,30 @@ def test_mtls_admits_the_region_and_refuses_a_foreign_certificate(tmp_path: Path
     got, refused = asyncio.run(go())
     assert got == blocks
     assert refused is not None
+
+
+def test_probe_calls_are_counted_until_done_and_capped(tmp_path: Path) -> None:
+    """More Probe calls in turn than PROBE_CALLS are all answered (each is given back when
+    done); with the count at the cap, the next is refused RESOURCE_EXHAUSTED."""
+    blocks = _blocks(2)
+
+    async def go() -> grpc.StatusCode:
+        owner_ = Owner(tmp_path / "owner", FakeHub(blocks), blocks)
+        await owner_.start()
+        try:
+            async with grpc.aio.insecure_channel(owner_.node) as channel:
+                stub = peer_pb2_grpc.SpokePeerStub(channel)
+                for _ in range(PROBE_CALLS + 8):
+                    reply = await stub.Probe(peer_pb2.ProbeRequest(), timeout=10)
+                    assert reply.node == owner_.node
+                service = owner_.service
+                await eventually_async(lambda: service.probing == 0, "every Probe given back")
+                service.probing = PROBE_CALLS  # as if that many replies waited unread
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Probe(peer_pb2.ProbeRequest(), timeout=10)
+                service.probing = 0
+                return refused.value.code()
+        finally:
+            await owner_.stop()
+
+    assert asyncio.run(go()) == grpc.StatusCode.RESOURCE_EXHAUSTED
