@@ -11,7 +11,8 @@ and then either
 
 - passes the call on with the caller's :class:`~hub.auth.Principal` bound to the
   handler's ``principal`` argument (:func:`hub.service._unary` / ``_streaming`` take it
-  from there), or
+  from there), a call with a unary request first taking one of its token's call slots
+  (:data:`CALLS`) and receiving its request within :data:`REQUEST_WAIT_S`, or
 - answers ``UNAUTHENTICATED`` through a handler that takes a request *stream* and never
   iterates it, so gRPC never receives the message: it is counted and audited
   (rate-limited) like any refused call, by :meth:`hub.service.HubService.refuse`.
@@ -21,6 +22,7 @@ Health checking and reflection are not Hub calls and stay open (see :mod:`hub.se
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
@@ -28,17 +30,77 @@ from typing import Any, NoReturn
 import grpc
 
 from hub.auth import ANONYMOUS, Principal, TokenFile, TokenTable
-from hub.errors import HubError, Unauthenticated
+from hub.errors import HubError, InvalidArgument, LimitExceeded, QuotaExceeded, Unauthenticated
+from hub.streams import StreamSlots
 from hub.wire import SERVICE_NAME
 
 Refuse = Callable[[str, Any, HubError], Awaitable[NoReturn]]
 """Ends a call with an error: ``(method name, context, error)``."""
 
+CALLS = 4096
+"""Most calls with a unary request open at once, a token at most an eighth (512): from
+their headers until done, their request received or not (``ReadBlocks`` streams have
+their own slots, :mod:`hub.budget`). 4,096 calls whose request never completes hold about
+230 MiB."""
 
-def _bind(handler: grpc.RpcMethodHandler, principal: Principal) -> grpc.RpcMethodHandler:
+
+REQUEST_WAIT_S = 10.0
+"""Longest an authenticated call may take to send its request message, seconds."""
+
+class _Admission:
+    """A call's slot among the calls open for its token (:data:`CALLS`), taken when its
+    headers pass the gate and given back when gRPC reports it done, and its one request,
+    read within :data:`REQUEST_WAIT_S`. A token whose clients start calls and never finish
+    sending them (gRPC holds what arrived, about 57 KiB each) holds at most its share."""
+
+    def __init__(self, slots: StreamSlots, refuse: Refuse, method: str) -> None:
+        self.slots, self.refuse, self.method = slots, refuse, method
+
+    async def request(self, requests: AsyncIterator[Any], context: Any, name: str) -> Any:
+        """The call's request once its slot is held; refuses the call otherwise."""
+        try:
+            await self.slots.acquire(name)
+        except QuotaExceeded as error:  # at once: waiting for its request would hold it
+            await self.refuse(self.method, context, error)
+        context.add_done_callback(lambda _: self.slots.release(name))
+        try:
+            return await asyncio.wait_for(anext(requests), REQUEST_WAIT_S)
+        except TimeoutError:
+            late = LimitExceeded(f"no request within {REQUEST_WAIT_S:g} s of the call")
+            await self.refuse(self.method, context, late)
+        except StopAsyncIteration:
+            await self.refuse(self.method, context, InvalidArgument("no request message"))
+
+
+def _bind(
+    handler: grpc.RpcMethodHandler, principal: Principal, admission: _Admission
+) -> grpc.RpcMethodHandler:
     """``handler`` with its behaviour called as ``behaviour(request, context,
-    principal=principal)``."""
-    for field in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+    principal=principal)``; a unary request is taken as a request stream, so the call is
+    admitted (:class:`_Admission`) before its message is received (the wire is the same)."""
+    name = principal.name
+    serializers = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None:
+        unary = handler.unary_unary
+
+        async def answer(requests: AsyncIterator[Any], context: Any) -> Any:
+            request = await admission.request(requests, context, name)
+            return await unary(request, context, principal=principal)
+
+        return grpc.stream_unary_rpc_method_handler(answer, **serializers)
+    if handler.unary_stream is not None:
+        streaming = handler.unary_stream
+
+        async def stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+            request = await admission.request(requests, context, name)
+            async for response in streaming(request, context, principal=principal):
+                yield response
+
+        return grpc.stream_stream_rpc_method_handler(stream, **serializers)
+    for field in ("stream_unary", "stream_stream"):
         behaviour = getattr(handler, field)
         if behaviour is not None:
             # functools.partial keeps inspect.iscoroutinefunction / isasyncgenfunction
@@ -70,9 +132,12 @@ class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         refuse: Ends a refused call (counts, audits and aborts; it always raises).
     """
 
-    def __init__(self, tokens: TokenTable | TokenFile | None, refuse: Refuse) -> None:
+    def __init__(
+        self, tokens: TokenTable | TokenFile | None, refuse: Refuse, calls: int = CALLS
+    ) -> None:
         self._tokens = tokens
         self._refuse = refuse
+        self._calls = StreamSlots("call", "hub.gate.CALLS", calls)
 
     def authenticate(self, metadata: Any) -> Principal:
         """The caller of a call with this invocation metadata.
@@ -97,4 +162,5 @@ class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             principal = self.authenticate(handler_call_details.invocation_metadata)
         except Unauthenticated as error:
             return _refusal(handler, method.rpartition("/")[2], error, self._refuse)
-        return _bind(handler, principal)
+        admission = _Admission(self._calls, self._refuse, method.rpartition("/")[2])
+        return _bind(handler, principal, admission)

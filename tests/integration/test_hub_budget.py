@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -20,6 +21,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deploy.local import LocalStack, free_port
+from hub import gate
 from hub.budget import BYTES_PER_TOKEN, block_charge
 from hub.metrics import HubMetrics
 from hub.publish import publish
@@ -361,3 +363,57 @@ def test_unary_slots_are_given_back_when_each_call_is_done(tmp_path: Path) -> No
                 metadata=bearer(TOKEN_A),
                 timeout=RPC_TIMEOUT,
             )
+
+
+def test_calls_that_never_finish_their_request_hold_a_bounded_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fourth probe's case: a token's clients start calls and never finish sending the
+    request. Each holds one of its token's call slots from its headers on (a token an
+    eighth of hub.gate.CALLS); beyond, refused; each ends after REQUEST_WAIT_S; another
+    token is served meanwhile."""
+    monkeypatch.setattr(gate, "REQUEST_WAIT_S", 2.0)
+    data, config = _stream_config(tmp_path)
+    share = gate.CALLS // TOKEN_SHARE
+    with ServerThread(data, config=config) as server:
+        address = f"127.0.0.1:{server.port}"
+
+        async def calls() -> tuple[list[str], list[str], str]:
+            # 3 connections: a connection carries at most 256 calls (hub.limits)
+            channels = [grpc.aio.insecure_channel(address, options=OWN) for _ in range(3)]
+
+            async def never() -> AsyncIterator[hub_pb2.ResolveRefRequest]:
+                await asyncio.Event().wait()
+                yield hub_pb2.ResolveRefRequest()  # pragma: no cover (never reached)
+
+            try:
+                pending = []
+                for i in range(share + 8):
+                    resolve = channels[i % 3].stream_unary(  # ResolveRef, request never sent
+                        "/protocol.hub.v1.Hub/ResolveRef",
+                        request_serializer=hub_pb2.ResolveRefRequest.SerializeToString,
+                        response_deserializer=hub_pb2.Snapshot.FromString,
+                    )
+                    pending.append(resolve(never(), metadata=bearer(TOKEN_A), timeout=30))
+                async with grpc.aio.insecure_channel(address, options=OWN) as other:
+                    snapshot = await hub_pb2_grpc.HubStub(other).ResolveRef(
+                        hub_pb2.ResolveRefRequest(dataset="b", ref="latest"),
+                        metadata=bearer(TOKEN_B),
+                        timeout=RPC_TIMEOUT,
+                    )
+                codes, details = [], []
+                for call in pending:
+                    with pytest.raises(grpc.aio.AioRpcError) as ended:
+                        await call
+                    codes.append(ended.value.code().name)
+                    details.append(ended.value.details() or "")
+                return codes, details, snapshot.dataset
+            finally:
+                for channel in channels:
+                    await channel.close()
+
+        codes, details, served = asyncio.run(calls())
+    assert served == "b"
+    assert codes == ["RESOURCE_EXHAUSTED"] * (share + 8)
+    assert sum("no request within 2 s" in d for d in details) == share
+    assert sum(f"{share} per token" in d for d in details) == 8
