@@ -47,6 +47,7 @@ their own slots, :mod:`hub.budget`). 4,096 calls whose request never completes h
 REQUEST_WAIT_S = 10.0
 """Longest an authenticated call may take to send its request message, seconds."""
 
+
 class _Admission:
     """A call's slot among the calls open for its token (:data:`CALLS`), taken when its
     headers pass the gate and given back when gRPC reports it done, and its one request,
