@@ -184,6 +184,7 @@ def test_a_cut_hub_never_stalls_lookups_of_cached_files(
         stack.stop_spoke()
 
 
+@pytest.mark.timing  # bounds a miss's wall-clock time: run alone (make pytest)
 def test_a_failed_miss_takes_one_miss_deadline(
     tmp_path: Path, stack: LocalStack, capfd: pytest.CaptureFixture[str]
 ) -> None:
