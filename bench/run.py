@@ -71,7 +71,7 @@ ROWS = {s.group: s.rows for s in SCENARIOS}
 """Each group's rows, in order."""
 
 QUICK_TRAINER_ROWS = frozenset(
-    {"local", "strata-cold", "strata-warm-dropped", "strata-cold-hints", "strata-cold-fill"}
+    {"local", "strata-cold", "strata-warm-dropped", "strata-cold-hints", "strata-cold-lazy"}
 )
 """With ``--quick`` the trainer runs only here (each run costs seconds of start-up, and
 httpdirfs's cold one tens of seconds of listing)."""

@@ -79,26 +79,46 @@ def targets(rows: dict[str, Row], link: LinkSpec) -> list[dict[str, Any]]:
                 ", ".join(f"{j} {r:.2f}×" for j, r in shown.items()),
                 min(shown.values()) >= 0.8,
             )
-    hinted, filled = _get(rows, "strata-cold-hints"), _get(rows, "strata-cold-fill")
+    if local and local.trainer and cold and cold.trainer:
+        dw = cold.trainer["data_wait_fraction"] - local.trainer["data_wait_fraction"]
+        add(
+            "cold (defaults): data wait − local",
+            "≤ +3 points",
+            f"{100 * dw:+.1f} points",
+            dw <= 0.03,
+        )
+        snapshot_s = (cold.trainer_link_bytes or 0) * 8 / link.rate_bps
+        bound = 1.2 * max(local.trainer["wall_s"], snapshot_s)
+        took = cold.trainer["wall_s"]
+        add(
+            "cold (defaults): trainer wall time",
+            "≤ 1.2 × max(local, bytes ÷ link)",
+            f"{took:.1f} s (bound {bound:.1f} s)",
+            took <= bound,
+        )
+    hinted = _get(rows, "strata-cold-hints")
     if local and local.trainer and hinted and hinted.trainer:
         dw = hinted.trainer["data_wait_fraction"] - local.trainer["data_wait_fraction"]
         add("cold + hints: data wait − local", "≤ +3 points", f"{100 * dw:+.1f} points", dw <= 0.03)
         r = hinted.trainer["wall_s"] / local.trainer["wall_s"]
         add("cold + hints: trainer wall time vs local", "≤ 1.15×", f"{r:.2f}×", r <= 1.15)
-    if local and local.trainer and filled and filled.trainer:
-        snapshot_s = (filled.trainer_link_bytes or 0) * 8 / link.rate_bps
-        bound = 1.2 * max(local.trainer["wall_s"], snapshot_s)
-        took = filled.trainer["wall_s"]
-        text = f"{took:.1f} s (bound {bound:.1f} s)"
-        add(
-            "cold + fill: trainer wall time",
-            "≤ 1.2 × max(local, bytes ÷ link)",
-            text,
-            took <= bound,
-        )
-    if filled and filled.cold:
-        u = filled.cold["link_utilisation"]
-        add("cold + fill: sequential pass link use", "≥ 80 %", f"{100 * u:.0f} %", u >= 0.8)
+        if hinted.first_batch_s is not None:
+            base = statistics.median(r["time_to_first_batch_s"] for r in local.trainer["runs"])
+            extra = hinted.first_batch_s - base
+            add(
+                "cold + hints: first batch − local",
+                "≤ +1 s",
+                f"{hinted.first_batch_s:.2f} s ({extra:+.2f} s)",
+                extra <= 1.0,
+            )
+        if cold and cold.trainer:
+            took, filled = hinted.trainer["wall_s"], cold.trainer["wall_s"]
+            add(
+                "cold + hints: trainer wall time vs cold (fill on)",
+                "≤ 1×",
+                f"{took:.1f} s vs {filled:.1f} s",
+                took <= filled,
+            )
     spoke_rows = [r for r in rows.values() if r.status == "ok" and r.waste_fraction is not None]
     if spoke_rows:
         worst = max(spoke_rows, key=lambda r: r.waste_fraction or 0.0)

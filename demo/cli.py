@@ -8,7 +8,8 @@
    the WAN emulator (:mod:`bench.wan`: 50 ms RTT, 1 Gbit/s unless told otherwise);
 3. start a spoke (daemon + FUSE mount) with an empty cache, prewarming nothing: it
    reaches the hub only through the link (``--background-fill`` passes the spoke's
-   option on; off by default, as in the spoke);
+   option on; ``auto`` by default, as in the spoke: once a snapshot is read, the rest of
+   it is fetched at the lowest priority);
 4. train the tiny 3D ViT-MAE reading ``MOUNT/f3/latest/f3.mdio`` (and, with
    ``--second-pass-steps``, a second pass on the warm cache);
 5. train on the synthetic volume cold (a fresh, empty cache: every chunk a reader
@@ -110,7 +111,7 @@ def run_demo(
     synth_shape: str = "256x256x1024",
     synth_steps: int = 60,
     png: Path | None = None,
-    background_fill: str = "off",
+    background_fill: str = "auto",
 ) -> dict[str, Any]:
     """Run every step in ``work``; returns the summary (also printed).
 
@@ -348,8 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--background-fill",
         choices=("auto", "off"),
-        default="off",
-        help="the spoke's --background-fill (off: the cold runs read lazily)",
+        default="auto",
+        help="the spoke's --background-fill (auto, its default: the rest of a snapshot "
+        "being read is fetched in the background; off: the cold runs read lazily)",
     )
     parser.add_argument(
         "--work",

@@ -29,7 +29,7 @@ LABELS = {
     "strata-warm": "Strata warm (page cache kept)",
     "strata-warm-dropped": "Strata warm (page cache dropped)",
     "strata-cold-hints": "Strata cold + hints",
-    "strata-cold-fill": "Strata cold + background fill",
+    "strata-cold-lazy": "Strata cold, background fill off",
     "strata-cold-ddp-hints": "Strata cold, 2-rank torchrun + hints",
     "rclone-cold": "rclone cold",
     "rclone-warm": "rclone warm (page cache dropped)",

@@ -154,6 +154,10 @@ class RemoteScenario(Generic[M]):
         after = self.counters(mount)
         row.add_spoke({k: v - before.get(k, 0.0) for k, v in after.items()})
 
+    def cold_notes(self, mount: M) -> list[str]:
+        """Notes for the cold row after its trainer run (none here)."""
+        return []
+
     def run(self, ctx: Context) -> list[Row]:
         """The cold row, then the warm rows (see the class docstring)."""
         sampler = self.sampler(ctx)
@@ -164,6 +168,7 @@ class RemoteScenario(Generic[M]):
             root = self.root(ctx, mount)
             phases.first_byte(ctx, cold, root)
             cold_trainer(ctx, cold, root, sampler, mount.pid)
+            cold.notes += self.cold_notes(mount)
         with mounted(self.new_mount(ctx)) as mount:
             root = self.root(ctx, mount)
             with self.counted(mount, cold):
@@ -199,8 +204,9 @@ class StrataScenario(RemoteScenario[StrataMount]):
 
     @property
     def rows(self) -> tuple[str, ...]:
-        """Cold, warm with the page cache kept, warm with it dropped, then the cold
-        variants: with hints, with background fill, 2 ranks with hints."""
+        """Cold (the spoke's defaults: background fill on), warm with the page cache kept,
+        warm with it dropped, then the cold variants: with hints, with background fill off,
+        2 ranks with hints."""
         return ("strata-cold", "strata-warm", self.warm_name, *COLD_VARIANTS)
 
     def run(self, ctx: Context) -> list[Row]:
@@ -210,10 +216,11 @@ class StrataScenario(RemoteScenario[StrataMount]):
     def cold_variants(self, ctx: Context) -> list[Row]:
         """Each on a fresh spoke with an empty cache: the trainer posting read-order hints;
         the trainer and then (another fresh spoke) the sequential pass with background
-        fill on; a 2-rank ``torchrun`` trainer posting hints (one stream per rank)."""
+        fill off (reads fetch only what they touch, and readahead); a 2-rank ``torchrun``
+        trainer posting hints (one stream per rank)."""
         sampler = self.sampler(ctx)
         hints = Row("strata-cold-hints", page_cache="cold")
-        fill = Row("strata-cold-fill", page_cache="cold")
+        lazy = Row("strata-cold-lazy", page_cache="cold")
         ddp = Row("strata-cold-ddp-hints", page_cache="cold")
         ctx.echo(f"  {hints.label}")
         ctx.drop()
@@ -221,22 +228,19 @@ class StrataScenario(RemoteScenario[StrataMount]):
             root = self.root(ctx, mount)
             hinted = ("--hints", mount.admin, "--hints-token-file", str(mount.token_file))
             cold_trainer(ctx, hints, root, sampler, mount.pid, extra=hinted)
-        ctx.echo(f"  {fill.label}")
+        ctx.echo(f"  {lazy.label}")
         ctx.drop()
-        with mounted(self.new_mount(ctx, FILL_FLAGS)) as mount, self.counted(mount, fill):
-            root = self.root(ctx, mount)
-            cold_trainer(ctx, fill, root, sampler, mount.pid)
-            filled = fill_stats(mount.admin, mount.headers)
-            fill.notes.append(f"fill after the trainer: {filled}")
-        with mounted(self.new_mount(ctx, FILL_FLAGS)) as mount, self.counted(mount, fill):
-            phases.cold_pass(ctx, fill, self.root(ctx, mount), sampler, mount.pid)
+        with mounted(self.new_mount(ctx, LAZY_FLAGS)) as mount, self.counted(mount, lazy):
+            cold_trainer(ctx, lazy, self.root(ctx, mount), sampler, mount.pid)
+        with mounted(self.new_mount(ctx, LAZY_FLAGS)) as mount, self.counted(mount, lazy):
+            phases.cold_pass(ctx, lazy, self.root(ctx, mount), sampler, mount.pid)
         ctx.echo(f"  {ddp.label}")
         ctx.drop()
         with mounted(self.new_mount(ctx)) as mount, self.counted(mount, ddp):
             root = self.root(ctx, mount)
             extra = ("--hints", mount.admin, "--hints-token-file", str(mount.token_file))
             cold_trainer(ctx, ddp, root, sampler, mount.pid, extra=extra, ranks=2)
-        return [hints, fill, ddp]
+        return [hints, lazy, ddp]
 
     @property
     def warm_name(self) -> str:
@@ -286,6 +290,10 @@ class StrataScenario(RemoteScenario[StrataMount]):
         """The alternating trainer runs against local disk."""
         phases.repeat_warm_vs_local(ctx, warm, root, mount.pid)
 
+    def cold_notes(self, mount: StrataMount) -> list[str]:
+        """The background fill's state after the cold trainer (``GET /v1/cache``)."""
+        return [f"fill after the trainer: {fill_stats(mount.admin, mount.headers)}"]
+
     def warm_notes(self, mount: StrataMount) -> list[str]:
         """The spoke's cache counters (``GET /v1/cache``)."""
         return [f"spoke cache: {cache_stats(mount.admin, mount.headers)}"]
@@ -295,10 +303,11 @@ class StrataScenario(RemoteScenario[StrataMount]):
         return spoke_counters(mount.admin)
 
 
-COLD_VARIANTS = ("strata-cold-hints", "strata-cold-fill", "strata-cold-ddp-hints")
+COLD_VARIANTS = ("strata-cold-hints", "strata-cold-lazy", "strata-cold-ddp-hints")
 """Strata's cold rows beyond ``strata-cold``, in order."""
 
-FILL_FLAGS = ("--background-fill", "auto")
+LAZY_FLAGS = ("--background-fill", "off")
+"""The spoke's flags for the ``strata-cold-lazy`` row (its default is ``auto``)."""
 
 
 def fill_stats(admin: str, headers: dict[str, str]) -> dict[str, Any]:

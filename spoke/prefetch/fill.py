@@ -150,6 +150,18 @@ class BackgroundFill:
         self._submitted = 0  # bytes handed to the scheduler (the rate limit's count)
         self._since = time.monotonic()
 
+    def describe(self) -> str:
+        """One line for the start-up log: what the fill will fetch and how to turn it off."""
+        if self.mode == "off":
+            return "background fill off: only blocks that are read (and prefetched) are fetched"
+        limit = int(self.share * self.cache.capacity_bytes)
+        rate = f", at most {self.rate_bps / 2**20:,.1f} MiB/s" if self.rate_bps else ""
+        return (
+            f"background fill on: once a snapshot is read, the rest of it is fetched at the "
+            f"lowest priority if it is at most {limit:,} bytes ({self.share:.0%} of the "
+            f"cache){rate}; --background-fill off turns it off"
+        )
+
     # -- hearing of reads ------------------------------------------------------------------
 
     def observe(self, digests: Sequence[str], hit: bool) -> None:
@@ -170,9 +182,16 @@ class BackgroundFill:
                         f"({limit:,} bytes)",
                     )
                 else:
-                    fill.say("filling", f"{total:,} bytes")
+                    fill.say(
+                        "filling",
+                        f"{total - self._resident(snapshot.sizes):,} of {total:,} bytes "
+                        "to fetch over the link; --background-fill off turns it off",
+                    )
                 self.fills[snapshot.key] = fill
                 self._wake.set()
+
+    def _resident(self, sizes: dict[str, int]) -> int:
+        return sum(s for d, s in sizes.items() if self.cache.contains(d))
 
     # -- the fill loop ---------------------------------------------------------------------
 

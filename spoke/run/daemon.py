@@ -163,6 +163,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             paused=lambda: hints.policy.active,
         )
         access.subscribe("fill", fill.observe)
+        log.info("%s", fill.describe())
         access.subscribe("steady state", SteadyState().observe)
         retention_s = settings.retention_seconds()
         # retention: when each block was last read (persisted in the index with --retention)

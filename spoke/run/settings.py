@@ -125,7 +125,9 @@ class SpokeSettings(BaseSettings, MountSettings):
         "CACHE_DIR/admin.token)",
     )
     background_fill: Literal["auto", "off"] = Field(
-        default="off", description="auto: fetch the rest of snapshots being read; off: never"
+        default="auto",
+        description="auto: once a snapshot is read, fetch the rest of it at the lowest "
+        "priority if it fits in --fill-share of the cache; off: fetch only what is read",
     )
     fill_rate: ByteSize | None = Field(
         default=None, description="most bytes per second the background fill uses, e.g. 50MiB"

@@ -96,7 +96,8 @@ def test_sixteen_readers_of_one_uncached_block_cost_one_hub_fetch(
 ) -> None:
     metrics_port = free_port()
     hub = stack.start_hub(tmp_path / "hub", metrics=f"127.0.0.1:{metrics_port}")
-    stack.start_spoke(hub, tmp_path / "cache", tmp_path / "mnt", "64MiB")
+    lazy = ("--background-fill", "off")  # the hub's count is this block's fetches alone
+    stack.start_spoke(hub, tmp_path / "cache", tmp_path / "mnt", "64MiB", extra=lazy)
     path = tmp_path / "mnt" / "ds" / "v1" / "d" / "f2.bin"
     os.stat(path)  # load the tree first: only block reads below
     hub_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -170,7 +171,9 @@ def test_hub_outage_hits_served_misses_eio_then_resume(
     hub = stack.start_hub(tmp_path / "hub", listen=listen)
     mnt = tmp_path / "mnt"
     # 4 s: room for gRPC's reconnect backoff (up to 2 s) once the hub is back
-    stack.start_spoke(hub, tmp_path / "cache", mnt, "64MiB", extra=("--miss-deadline", "4"))
+    # no fill: the blocks not read before the outage stay misses
+    flags = ("--miss-deadline", "4", "--background-fill", "off")
+    stack.start_spoke(hub, tmp_path / "cache", mnt, "64MiB", extra=flags)
     d = mnt / "ds" / "v1" / "d"
     assert (d / "f0.bin").read_bytes() == (source / "d" / "f0.bin").read_bytes()
     os.stat(d / "f1.bin")
@@ -252,7 +255,8 @@ def test_cat_of_a_chunk_directory_is_read_ahead_across_files(
     publish(tmp_path / "hub", "chunks", src, "--block-size", str(BLOCK))
     hub = stack.start_hub(tmp_path / "hub")
     cache = tmp_path / "cache"
-    stack.start_spoke(hub, cache, tmp_path / "mnt", "64MiB")
+    lazy = ("--background-fill", "off")  # the readahead's bytes, not the fill's
+    stack.start_spoke(hub, cache, tmp_path / "mnt", "64MiB", extra=lazy)
     mounted = tmp_path / "mnt" / "chunks" / "v1" / "vol.zarr" / "c" / "0" / "0"
     got = subprocess.run(
         "cat *", shell=True, cwd=mounted, capture_output=True, check=True, env={"LC_ALL": "C"}
@@ -326,7 +330,7 @@ def test_background_fill_makes_a_snapshot_resident_while_the_reader_idles(
 ) -> None:
     hub = stack.start_hub(tmp_path / "hub")
     cache = tmp_path / "cache"
-    stack.start_spoke(hub, cache, tmp_path / "mnt", "64MiB", extra=("--background-fill", "auto"))
+    stack.start_spoke(hub, cache, tmp_path / "mnt", "64MiB")  # fill on: the default
     mounted = tmp_path / "mnt" / "ds" / "v1" / "d"
     with open(mounted / "f0.bin", "rb") as f:  # one small read, then nothing
         assert f.read(100) == (source / "d" / "f0.bin").read_bytes()[:100]

@@ -127,6 +127,7 @@ class Region:
         cmd += ["--cache-dir", str(spoke.cache), "--cache-size", "256MiB"]
         cmd += ["--admin", "127.0.0.1:0"]  # the test reads /v1/cache with the generated token
         cmd += ["--log-level", "WARNING", "--miss-deadline", "60"]
+        cmd += ["--background-fill", "off"]  # the tests count which source served each block
         cmd += ["--peer-listen", spoke.node, "--peers", listed, "--peer-timeout", "10"]
         cmd += self.peer_flags
 
