@@ -13,6 +13,12 @@ for two reasons only, until ``--miss-deadline``:
   (evicted at once, or deleted or damaged on the cache disk): ask again, naming it
   *suspect* so the daemon re-verifies, drops and refetches it.
 
+The daemon answers a miss it could not serve at the deadline (``DEADLINE_EXCEEDED``, having
+noted the give-up, so the kernel's next request for the same range, which follows at once,
+gets only a short probe): each call may run :data:`ANSWER_MARGIN` past the deadline, so that
+answer comes before the call's own timeout, which stays the backstop for a daemon that does
+not answer.
+
 Every ``grpc.RpcError`` of a read becomes a :class:`BlockUnavailableError` here and
 nowhere else. A block the daemon could not cache (disk full, everything pinned) arrives
 inline and is kept in a small in-memory table so the rest of it costs no second fetch.
@@ -35,6 +41,7 @@ from fusemount.hits import HitLog
 STREAMED_BLOCKS = 8  # streamed-through blocks kept in memory
 FETCH_ATTEMPTS = 3  # "on disk" answers whose file could not be read, before giving up
 RETRY_PAUSE = 0.05  # seconds between asking a restarting daemon again
+ANSWER_MARGIN = 0.25  # seconds a miss call may outlive the deadline: the daemon answers first
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +138,7 @@ class BlockSource:
                     self.client.ensure_blocks,
                     [(digest, size)],
                     [digest] if suspect else [],
-                    max(deadline - time.monotonic(), 0.001),
+                    max(deadline - time.monotonic(), 0.001) + ANSWER_MARGIN,
                     limiter=self._miss_limiter,
                 )
             except grpc.RpcError as err:

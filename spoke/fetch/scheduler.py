@@ -147,7 +147,7 @@ class FetchScheduler:
         uncached: dict[str, bytes] = {}
         for digest, size, future in waits:
             again = functools.partial(self._again, digest, size, priority)
-            data = await wait.outcome(future, again)
+            data = await wait.outcome(digest, future, again)
             if data is not None:
                 uncached[digest] = data
         if priority == Priority.DEMAND:

@@ -209,11 +209,68 @@ def test_a_miss_that_gave_up_fails_its_retry_at_once(tmp_path: Path) -> None:
         for _ in range(3):  # a short probe (its fetch goes on), not another deadline
             with pytest.raises(MissDeadline):
                 await scheduler.ensure([refs[1], refs[0]])
-        assert time.monotonic() - start < 2.0 * 3  # three probes of 0.5 s, not 6 s
+        assert time.monotonic() - start < 2.0 * 3  # three probes of 0.2 s, not 6 s
         await eventually_async(lambda: not scheduler._tasks, "the probes' fetch gives up too")
         hub.fail_times = 0  # the hub is back: the next probe's fetch gets the blocks
         assert (await scheduler.ensure(refs[:2]))[0] == [False, False]
         assert (await scheduler.ensure(refs[:3]))[0] == [True, True, False]
+
+    asyncio.run(go())
+
+
+@pytest.mark.timing  # bounds a batch's wall-clock time: run alone (make pytest)
+def test_a_refused_batch_gives_up_at_its_miss_deadline_not_after_a_backoff(
+    tmp_path: Path,
+) -> None:
+    """Issue 25 item 6: a hub refusing every stream at once (stopped, or its link reset):
+    the batch's backoff never sleeps past the miss deadline, so its reader fails at the
+    deadline (the backoff's doubling sleeps used to carry it to 3-4 s of a 2 s deadline,
+    and the kernel's retry, arriving at the deadline, joined it and waited another)."""
+    hub, cache, refs = _setup(tmp_path)
+    hub.fail_times = 10_000
+
+    async def go() -> None:
+        scheduler = _scheduler(hub, cache, miss_deadline=2.0)
+        start = time.monotonic()
+        with pytest.raises(MissDeadline):
+            await scheduler.ensure(refs[:1])
+        took = time.monotonic() - start
+        await eventually_async(lambda: not scheduler._tasks, "the batch ends", timeout=1.0)
+        ended = time.monotonic() - start
+        assert 1.8 < took < 2.2, f"the reader failed after {took:.2f} s"
+        assert ended < 2.2, f"the batch gave up after {ended:.2f} s"
+
+    asyncio.run(go())
+
+
+@pytest.mark.timing  # bounds a reader's wall-clock time: run alone (make pytest)
+def test_a_reader_gives_up_at_its_own_deadline_and_its_retry_is_a_probe(
+    tmp_path: Path,
+) -> None:
+    """Issue 25 item 6: a reader that joined a fetch started earlier (readahead) follows it
+    with a fetch of its own when it runs out, but waits no longer than its own deadline
+    (it used to wait for that whole second fetch); and its give-up makes the next miss of
+    the block (the kernel's retry) a probe, not another deadline."""
+    hub, cache, refs = _setup(tmp_path)
+    hub.fail_times = 10_000
+
+    async def go() -> None:
+        scheduler = _scheduler(hub, cache, miss_deadline=2.0)
+        assert scheduler.prefetch(refs[:1]) == 1  # readahead: its fetch starts now
+        await asyncio.sleep(1.2)
+        start = time.monotonic()
+        with pytest.raises(MissDeadline):
+            await scheduler.ensure(refs[:1])  # joins it, then fetches on its own
+        took = time.monotonic() - start
+        assert 1.8 < took < 2.2, f"the reader failed after {took:.2f} s, deadline 2 s"
+        start = time.monotonic()
+        with pytest.raises(MissDeadline):
+            await scheduler.ensure(refs[:1])
+        took = time.monotonic() - start
+        assert took < 0.5, f"the retry after the give-up took {took:.2f} s"
+        hub.fail_times = 0  # the hub is back: the fetch going on delivers
+        await eventually_async(lambda: cache.contains(refs[0][0]), "the block arrives")
+        assert (await scheduler.ensure(refs[:1]))[0] == [True]
 
     asyncio.run(go())
 
