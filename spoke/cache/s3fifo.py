@@ -23,7 +23,7 @@ removed (a wrapping :class:`~spoke.cache.hinted.HintedPolicy` evicts that way), 
 admission finds S and M over the capacity. Without it a cold cache first holds only S and
 then empties it into G, key by key, before M holds anything: on a loop over data 1.5x the
 cache that gave 0.267 where libCacheSim gives 0.317, and beside a one-time scan 0.306
-against 0.385 (``bench.policy_sim``); with it Strata is within half a point of a reference
+against 0.385 (``bench.policy_sim``); with it Strata is within a point of a reference
 written from Algorithm 1 on every trace there (``tests/unit/test_spoke_s3fifo_reference.py``;
 and within 0.1 point of libCacheSim's own hit ratios at 2,000 blocks, checked once against
 its Python bindings outside the project).
