@@ -14,8 +14,27 @@ the mount reports; reads may arrive out of order within ``tolerance`` positions
 mistaken for the block's next hinted read.
 
 :class:`HintedPolicy` wraps the configured policy (SIEVE, ARC, LRU or S3-FIFO). With no
-stream installed it *is* that policy. With streams it evicts blocks no stream reads again
-first (least recently used first), then the block whose next hinted read is farthest.
+stream installed it *is* that policy. With streams, a resident block is one of three kinds:
+
+* **planned**: a stream will read it; ordered by its next planned read (Belady's rule);
+* **done**: a kept plan mentions it but no stream reads it again;
+* **unhinted**: no kept plan mentions it (a job that posts no hint reads it).
+
+A job that posts no hint must not pay for one that does. So a **shadow** of the wrapped
+policy, a second instance of its class holding keys only, sees every read (hit or miss)
+and evicts on its own, at the same capacity: it is the wrapped policy alone, as if no
+hint were installed. An unhinted block the shadow still holds is *kept* for its job: the
+shadow's unhinted blocks are what the wrapped policy alone would hold, so that job hits
+at least whenever it would have. Victims, in order: done blocks (least recently used
+first); unhinted blocks the shadow has let go (first let go first); the planned block read
+farthest ahead; and only when nothing else is left, the wrapped policy's own choice among
+the kept blocks. The planned blocks get every byte the kept ones leave, which is at least
+what they would get from the wrapped policy alone, and Belady's rule uses it best. When
+every reader posts a hint there is no unhinted block and this is Belady's rule. (The old
+rule, unhinted blocks first with the done ones, lost the other job's hot set: 0.387 for
+two jobs, one hinted, through a real mount, against SIEVE's 0.467.) The shadow is made
+from the wrapped policy's resident keys when the first stream is installed, and dropped
+with the last.
 
 Streams share one clock, counted in reads (every read that counts for some stream ticks
 it). Streams are assumed to read at the same speed, as the ranks of one DDP job do (they
@@ -99,6 +118,9 @@ class HintedPolicy(EvictionPolicy):
         self._never: OrderedDict[str, None] = OrderedDict()  # resident, not read again; LRU first
         self._heap: list[tuple[float, int, str]] = []  # (-next use, tiebreak, digest); lazy
         self._seq = itertools.count()
+        self._shadow: EvictionPolicy | None = None  # the wrapped policy alone (keys only)
+        self._unhinted: set[str] = set()  # resident, mentioned by no kept plan
+        self._surplus: OrderedDict[str, None] = OrderedDict()  # unhinted, not in the shadow
         self.clock = 0  # reads counted for some stream
         self._synced_at = 0  # clock of the last speed measurement
 
@@ -140,6 +162,7 @@ class HintedPolicy(EvictionPolicy):
             current = HintStream(stream, self.tolerance)
             current.extend(digests)
             self.streams[stream] = current
+        self._follow_streams()
         self._resync()
         return current
 
@@ -153,8 +176,13 @@ class HintedPolicy(EvictionPolicy):
             removed = self.streams.pop(stream, None) is not None
         if removed:
             self._recent.clear()
+            self._follow_streams()
             self._recompute_all()
         return removed
+
+    def mentioned(self, digest: str) -> bool:
+        """True when a kept plan of some stream reads ``digest`` (read or not yet)."""
+        return any(s.mentions(digest) for s in self.streams.values())
 
     def next_use(self, digest: str) -> float:
         """Clock time of ``digest``'s next planned read over every stream, or :data:`NEVER`."""
@@ -237,10 +265,11 @@ class HintedPolicy(EvictionPolicy):
     def victims(self, want_bytes: int) -> list[Victim]:
         """The blocks :meth:`pop_victim` would evict next, in order, until their sizes add
         up to ``want_bytes`` (or none is left); nothing is evicted. Only meaningful while
-        a stream is installed."""
+        a stream is installed. The unhinted blocks the shadow keeps are never listed: a
+        hinted prefetch must not take their room."""
         out: list[Victim] = []
         total = 0
-        for digest in self._never:
+        for digest in itertools.chain(self._never, self._surplus):
             if total >= want_bytes:
                 return out
             out.append(Victim(digest, self.inner.size_of(digest), NEVER))
@@ -284,10 +313,22 @@ class HintedPolicy(EvictionPolicy):
             nxt = BEING_READ
         if nxt == NEVER:
             self._next.pop(digest, None)
-            if digest not in self._never:
-                self._never[digest] = None
+            if self.mentioned(digest):
+                self._unhinted.discard(digest)
+                self._surplus.pop(digest, None)
+                if digest not in self._never:
+                    self._never[digest] = None
+                return
+            self._never.pop(digest, None)
+            self._unhinted.add(digest)
+            if self._shadow is not None and digest in self._shadow:
+                self._surplus.pop(digest, None)
+            elif digest not in self._surplus:
+                self._surplus[digest] = None
             return
         self._never.pop(digest, None)
+        self._unhinted.discard(digest)
+        self._surplus.pop(digest, None)
         if self._next.get(digest) != nxt:
             self._next[digest] = nxt
             heapq.heappush(self._heap, (-nxt, next(self._seq), digest))
@@ -296,8 +337,49 @@ class HintedPolicy(EvictionPolicy):
         self._next.clear()
         self._heap.clear()
         self._never = OrderedDict()
+        self._unhinted.clear()
+        self._surplus = OrderedDict()
         for digest in self.inner.resident():  # the wrapped policy's victim order
             self._refresh(digest)
+
+    # -- the shadow: the wrapped policy alone -------------------------------------------------
+
+    def _follow_streams(self) -> None:
+        """Make the shadow when the first stream arrives, from the wrapped policy's ranked
+        keys (next victim first, so it goes first there too); drop it with the last."""
+        if not self.streams:
+            self._shadow = None
+            return
+        if self._shadow is not None:
+            return
+        shadow = type(self.inner)(self.inner.capacity_bytes)
+        unread = set(self.inner.unread())
+        for key in self.inner.resident():
+            if key not in unread:
+                shadow.insert(key, self.inner.size_of(key))
+        self._shadow = shadow
+
+    def _shadow_read(self, key: str, size: int) -> None:
+        """A reader read ``key``: a hit or a miss of the shadow, which then evicts (never
+        ``key``) to its capacity; unhinted blocks it lets go become victims here."""
+        shadow = self._shadow
+        if shadow is None:
+            return
+        if key in shadow:
+            shadow.access(key)
+            return
+        shadow.insert(key, size)
+        self._surplus.pop(key, None)
+        self._trim_shadow((key,))
+
+    def _trim_shadow(self, protect: tuple[str, ...] = ()) -> None:
+        shadow = self._shadow
+        while shadow is not None and shadow.used_bytes > shadow.capacity_bytes:
+            victim = shadow.pop_victim(protect)
+            if victim is None:
+                return
+            if victim[0] in self._unhinted:
+                self._surplus[victim[0]] = None
 
     # -- EvictionPolicy ----------------------------------------------------------------------
 
@@ -308,9 +390,12 @@ class HintedPolicy(EvictionPolicy):
         return bool(self.streams)
 
     def resize(self, capacity_bytes: int) -> None:
-        """Resize the wrapped policy too."""
+        """Resize the wrapped policy (and the shadow) too."""
         super().resize(capacity_bytes)
         self.inner.resize(capacity_bytes)
+        if self._shadow is not None:
+            self._shadow.resize(capacity_bytes)
+            self._trim_shadow()
 
     @property
     def used_bytes(self) -> int:
@@ -338,31 +423,40 @@ class HintedPolicy(EvictionPolicy):
 
     def insert(self, key: str, size: int, prefetched: bool = False) -> None:
         """Admit ``key`` in the wrapped policy (at its cold end when ``prefetched``) and
-        place it by its next hinted use."""
+        place it by its next hinted use. A demand admission is a read (the shadow's)."""
         self.inner.insert(key, size, prefetched)
+        if not prefetched:
+            self._shadow_read(key, size)
         if key in self.inner:
             self._refresh(key)
             if key in self._never:
                 self._never.move_to_end(key)
 
     def access(self, key: str) -> None:
-        """A hit (recency for the wrapped policy). Reads move cursors via :meth:`observe`."""
+        """A hit (recency for the wrapped policy, a read for the shadow). Reads move cursors
+        via :meth:`observe`."""
         self.inner.access(key)
+        if key in self.inner:
+            self._shadow_read(key, self.inner.size_of(key))
         if key in self._never:
             self._never.move_to_end(key)
 
     def remove(self, key: str) -> int:
-        """Forget ``key`` here and in the wrapped policy."""
-        self._next.pop(key, None)
-        self._never.pop(key, None)
+        """Forget ``key`` here, in the wrapped policy and in the shadow (the block is gone,
+        as it would be without hints: dropped, or pinned)."""
+        self._forget(key)
+        if self._shadow is not None:
+            self._shadow.remove(key)
         return self.inner.remove(key)
 
     def pop_victim(
         self, exclude: Iterable[str] = (), spare_unread: bool = False
     ) -> tuple[str, int] | None:
-        """Without a stream, the wrapped policy's victim. With one: a block no stream
-        reads again (least recently used first), else the one read farthest ahead;
-        never a block being read (nor an unread prefetched one with ``spare_unread``)."""
+        """Without a stream, the wrapped policy's victim. With one: a done block (least
+        recently used first), an unhinted block the shadow has let go, the planned block
+        read farthest ahead, and only then the wrapped policy's choice among the unhinted
+        blocks the shadow keeps; never a block being read (nor an unread prefetched one
+        with ``spare_unread``)."""
         if not self.streams:
             victim = self.inner.pop_victim(exclude, spare_unread)
             if victim is not None:
@@ -373,14 +467,25 @@ class HintedPolicy(EvictionPolicy):
             skip.update(self.inner.unread())
         key = next((k for k in self._never if k not in skip), None)
         if key is None:
-            key = self._pop_farthest(skip)
+            key = next((k for k in self._surplus if k not in skip), None)
         if key is None:
+            key = self._pop_farthest(skip)
+        if key is not None:
+            self._forget(key)
+            return key, self.inner.remove(key)  # the shadow keeps its own view
+        if not self._unhinted:
             return None
-        return key, self.remove(key)
+        placed = skip.union(self._next, self._never, self._surplus)
+        victim = self.inner.pop_victim(placed, spare_unread)
+        if victim is not None:
+            self._forget(victim[0])
+        return victim
 
     def _forget(self, key: str) -> None:
         self._next.pop(key, None)
         self._never.pop(key, None)
+        self._unhinted.discard(key)
+        self._surplus.pop(key, None)
 
     def _pop_farthest(self, skip: set[str]) -> str | None:
         held: list[tuple[float, int, str]] = []
@@ -404,7 +509,8 @@ class HintedPolicy(EvictionPolicy):
         if not self.streams:
             return self.inner.resident()
         hinted = sorted(self._next, key=lambda d: -self._next[d])
-        return [*self._never, *hinted]
+        kept = [k for k in self.inner.resident() if k in self._unhinted and k not in self._surplus]
+        return [*self._never, *self._surplus, *hinted, *kept]
 
     def check_invariants(self) -> None:
         """The wrapped policy's invariants; every resident key is placed exactly once."""
@@ -414,9 +520,19 @@ class HintedPolicy(EvictionPolicy):
             s.check_invariants()
         if not self.streams:
             assert not self._next and not self._never, "placements kept without a stream"
+            assert not self._unhinted and not self._surplus, "unhinted kept without a stream"
+            assert self._shadow is None, "a shadow without a stream"
             return
-        assert set(self._next).isdisjoint(self._never), "a key both hinted and never"
-        assert set(self._next) | set(self._never) == resident, "placement out of sync"
+        assert self._shadow is not None, "no shadow while a stream is installed"
+        self._shadow.check_invariants()
+        kinds = (set(self._next), set(self._never), self._unhinted)
+        assert sum(map(len, kinds)) == len(set().union(*kinds)), "a key placed twice"
+        assert set().union(*kinds) == resident, "placement out of sync"
+        assert all(self.mentioned(k) for k in self._never), "a done key no plan mentions"
+        assert not any(self.mentioned(k) for k in self._unhinted), "an unhinted key planned"
+        assert set(self._surplus) == {k for k in self._unhinted if k not in self._shadow}, (
+            "surplus out of sync with the shadow"
+        )
         for digest, nxt in self._next.items():
             being_read = digest in self._recent or digest in self._held
             want = BEING_READ if being_read else self.next_use(digest)

@@ -95,6 +95,10 @@ class HintStream:
         """Every digest the kept plans mention (read positions included)."""
         return {key for plan in self._plans for key in plan.keys}
 
+    def mentions(self, digest: str) -> bool:
+        """True when a kept plan reads ``digest`` somewhere (read positions included)."""
+        return any(plan.code(digest) >= 0 for plan in self._plans)
+
     def when(self, pos: int) -> float:
         """The clock time at which position ``pos`` is expected to be read."""
         return self.t0 + (pos - self.p0) / self.rate

@@ -11,11 +11,14 @@ from bench.policy_sim import (
     belady,
     default_gap,
     main,
+    mixed,
+    mixed_gap,
     scan_polluted,
     shuffled_epochs,
     simulate,
     traces,
     two_jobs,
+    unhinted_ratio,
     zipf,
 )
 
@@ -87,3 +90,42 @@ def test_hinted_column_reaches_belady_on_shuffled_epochs() -> None:
         if str(row["trace"]).startswith("shuffled") and "(data/cache 1.5)" in str(row["trace"]):
             assert hint_ratio(row) >= 0.95
             assert float(row["hinted"]) > float(row["arc"])
+
+
+@pytest.mark.parametrize("inner", ONLINE)
+def test_hinted_never_trails_its_inner_policy_when_one_job_posts_no_hint(inner: str) -> None:
+    """Issue 25: with one of two jobs hinting, the old rule (unhinted blocks go first) lost
+    the other job's hot set, below every plain policy. Now for each wrapped policy, on the
+    two mixed traces, both jobs together and the unhinted job alone hit at least as often."""
+    checked = 0
+    for trace in traces(300, 3, 0):
+        if not mixed(trace):
+            continue
+        assert trace.streams is not None
+        checked += 1
+        args = (trace.keys, trace.cache_blocks, trace.streams)
+        both = simulate("hinted", *args, inner=inner)
+        assert both >= simulate(inner, *args), trace.name
+        alone = unhinted_ratio("hinted", *args, inner=inner)
+        assert alone >= unhinted_ratio(inner, *args), trace.name
+    assert checked == 2
+
+
+def test_hinted_keeps_a_zipf_hot_set_beside_a_hinted_job() -> None:
+    rng = random.Random(3)
+    trace, train = two_jobs(200, 3, rng)
+    args = (trace, 150, [train])
+    assert unhinted_ratio("sieve", *args) > 0.7  # the hot set: SIEVE alone keeps it
+    assert unhinted_ratio("hinted", *args, inner="sieve") >= unhinted_ratio("sieve", *args)
+    assert simulate("hinted", *args, inner="sieve") > simulate("sieve", *args) + 0.05
+
+
+def test_the_mixed_rows_carry_the_unhinted_jobs_ratio() -> None:
+    from bench.policy_sim import run
+
+    rows = [r for r in run(blocks=200, epochs=2, seed=0) if r["mixed"]]
+    assert [str(r["trace"]).split(":")[0] for r in rows] == ["2 jobs", "scan-polluted"]
+    for row in rows:
+        assert mixed_gap(row) <= 0.0
+        assert 0.0 <= float(row["unhinted:hinted"]) <= 1.0
+    assert mixed_gap({"mixed": False}) == 0.0

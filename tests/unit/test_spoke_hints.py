@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bench.policy_sim import belady, lockstep_ranks
 from spoke.cache.arc import ARCPolicy
-from spoke.cache.hinted import NEVER, HintedPolicy
+from spoke.cache.hinted import NEVER, HintedPolicy, Victim
 from spoke.cache.lru import LRUPolicy
 
 
@@ -57,18 +57,36 @@ def test_a_skipped_planned_read_stays_evictable() -> None:
     p.check_invariants()
 
 
-def test_blocks_never_read_again_go_first_least_recent_first() -> None:
+def test_done_blocks_go_first_least_recent_first_and_kept_unhinted_ones_last() -> None:
     p = HintedPolicy(ARCPolicy(10))
-    p.set_hint(["a", "b", "a"])
-    for key in ["x", "a", "y", "b"]:
+    p.set_hint(["d", "e", "a", "b", "a"])
+    for key in ["d", "x", "e", "a", "y", "b"]:  # x and y: a job that posts no hint
+        p.observe(key)
         p.insert(key, 1)
-    p.access("x")  # x more recent than y
-    p.observe("a")
-    assert p.pop_victim() == ("y", 1)
-    assert p.pop_victim() == ("x", 1)
-    assert p.pop_victim() == ("a", 1)  # next read at 2, b's at 1
+    p.access("d")  # d more recent than e
+    p.check_invariants()
+    assert p.pop_victim() == ("e", 1)  # done: no stream reads d, e or b again
     assert p.pop_victim() == ("b", 1)
+    assert p.pop_victim() == ("d", 1)
+    assert p.pop_victim() == ("a", 1)  # planned (read again at 4)
+    assert p.pop_victim() == ("x", 1)  # the shadow keeps x and y: the wrapped policy's order
+    assert p.pop_victim() == ("y", 1)
     assert p.pop_victim() is None
+    p.check_invariants()
+
+
+def test_unhinted_blocks_the_shadow_lets_go_go_before_planned_ones() -> None:
+    p = HintedPolicy(LRUPolicy(3))
+    p.set_hint(["a", "b", "a", "b"])
+    assert _replay(p, ["a", "x", "y", "z"], 3) == 0.0  # z's room: a, read again farthest
+    assert set(p.inner.resident()) == {"x", "y", "z"}
+    p.observe("b")
+    p.insert("b", 1)  # the shadow (LRU alone) lets x go for b: x goes, not b
+    assert p.victims(1) == [Victim("x", 1, NEVER)]
+    assert p.pop_victim(("b",)) == ("x", 1)
+    p.check_invariants()
+    assert [v.digest for v in p.victims(3)] == ["b"]  # y and z are kept: never listed
+    assert _replay(p, ["y", "z"], 3) == 1.0  # the unhinted job hits as LRU alone would
 
 
 def test_without_a_hint_it_is_the_wrapped_policy() -> None:
@@ -176,7 +194,8 @@ def test_clearing_one_stream_keeps_the_others() -> None:
     p.set_hint(["c"], stream="r1")
     assert p.clear_hint("r0") and not p.clear_hint("r0")
     assert set(p.streams) == {"r1"} and p.next_use("a") == NEVER
-    assert p.pop_victim() in (("a", 1), ("b", 1))  # not read by any stream: first to go
+    # a and b are no one's plan now: unhinted, kept as LRU alone would keep them
+    assert p.pop_victim() == ("c", 1)
     p.check_invariants()
     assert p.clear_hint() and not p.active and not p.evict_on_demand
 
@@ -202,8 +221,9 @@ def test_victims_are_listed_in_eviction_order_without_evicting() -> None:
     for key in ["d", "c", "b", "a", "z"]:
         p.insert(key, 2)
     order = [(v.digest, v.next_use) for v in p.victims(6)]
-    assert order == [("z", NEVER), ("d", 3.0), ("c", 2.0)]  # until 6 bytes are covered
-    assert len(p) == 5 and [v.digest for v in p.victims(100)] == ["z", "d", "c", "b", "a"]
+    assert order == [("d", 3.0), ("c", 2.0), ("b", 1.0)]  # until 6 bytes are covered
+    # z, in no plan, is kept for its reader (LRU alone keeps it): never listed
+    assert len(p) == 5 and [v.digest for v in p.victims(100)] == ["d", "c", "b", "a"]
     p.check_invariants()
 
 

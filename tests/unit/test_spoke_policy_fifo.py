@@ -98,8 +98,39 @@ def test_sieve_skips_excluded_keys_without_clearing_their_bit() -> None:
 # -- S3-FIFO (Yang et al., SOSP 2023, Algorithm 1) ------------------------------------
 
 
+def _steady(capacity: int) -> S3FIFOPolicy:
+    """An S3-FIFO policy past its first fill (every new key enters S, as in Algorithm 1);
+    the warm-up has a test of its own."""
+    p = S3FIFOPolicy(capacity)
+    p.filled = True
+    return p
+
+
+def test_s3fifo_first_fill_puts_keys_past_smalls_share_into_main() -> None:
+    p = S3FIFOPolicy(100)  # S's share: 10 bytes
+    _fill(p, [f"k{i}" for i in range(10)])
+    assert list(p.small) == ["k0"] and list(p.main) == [f"k{i}" for i in range(1, 10)]
+    assert not p.filled
+    assert _admit(p, "n0", 100) == ["k0"]  # the cache is full: n0 enters S, S evicts
+    assert p.filled and list(p.small) == ["n0"] and p.ghosts() == ["k0"]
+    assert _admit(p, "n1", 100) == ["n0"]  # from now on every new key enters S
+    assert list(p.small) == ["n1"]
+
+
+def test_s3fifo_first_fill_ends_when_a_key_leaves() -> None:
+    p = S3FIFOPolicy(100)
+    _fill(p, ["a", "b"])
+    assert p.remove("b") == 10 and p.filled  # a wrapping HintedPolicy evicts this way
+    _fill(p, ["c"])
+    assert list(p.small) == ["a", "c"] and not p.main
+    q = S3FIFOPolicy(100)
+    _fill(q, ["a"])
+    assert q.remove("ghost-of-nothing") == 0 and not q.filled
+    assert q.pop_victim() == ("a", 10) and q.filled
+
+
 def test_s3fifo_one_hit_wonders_leave_through_small_and_ghost_hits_enter_main() -> None:
-    p = S3FIFOPolicy(100)  # S holds 10 bytes, G remembers 90
+    p = _steady(100)  # S holds 10 bytes, G remembers 90
     _fill(p, [f"k{i}" for i in range(10)])
     assert list(p.small) == [f"k{i}" for i in range(10)] and not p.main
     p.access("k1")  # one hit: not enough to reach M
@@ -111,7 +142,7 @@ def test_s3fifo_one_hit_wonders_leave_through_small_and_ghost_hits_enter_main() 
 
 
 def test_s3fifo_twice_hit_moves_to_main_with_its_counter_cleared() -> None:
-    p = S3FIFOPolicy(100)
+    p = _steady(100)
     _fill(p, [f"k{i}" for i in range(10)])
     p.access("k0")
     p.access("k0")  # hit twice in S (freq > 1): moves to M when it reaches S's tail
@@ -124,7 +155,7 @@ def test_s3fifo_twice_hit_moves_to_main_with_its_counter_cleared() -> None:
 
 
 def test_s3fifo_main_reinserts_a_hit_key_with_its_counter_lowered() -> None:
-    p = S3FIFOPolicy(100)  # S: 10 bytes, G: 90 bytes
+    p = _steady(100)  # S: 10 bytes, G: 90 bytes
     for i in range(10):
         _admit(p, f"a{i}", 100)
     for i in range(10):
@@ -236,6 +267,7 @@ class RefS3FIFO:
         self.ghost: list[str] = []
         self.freq: dict[str, int] = {}
         self.size: dict[str, int] = {}
+        self.filled = False  # libCacheSim's has_evicted
 
     def b(self, lst: list[str]) -> int:
         return sum(self.size[k] for k in lst)
@@ -246,9 +278,13 @@ class RefS3FIFO:
             return
         self.size[k] = s
         self.freq[k] = 0
+        if self.b(self.small) + self.b(self.main) + s > self.c:
+            self.filled = True
         if k in self.ghost:
             self.ghost.remove(k)
             self.main.append(k)
+        elif not self.filled and self.b(self.small) >= 0.1 * self.c:
+            self.main.append(k)  # the first fill: S has its share
         else:
             self.small.append(k)
 
@@ -257,6 +293,8 @@ class RefS3FIFO:
             self.freq[k] = min(3, self.freq[k] + 1)
 
     def remove(self, k: str) -> None:
+        if k in self.small or k in self.main:
+            self.filled = True
         for lst in (self.small, self.main, self.ghost):
             if k in lst:
                 lst.remove(k)
@@ -292,6 +330,7 @@ class RefS3FIFO:
             return k
 
     def pop_victim(self, exclude: tuple[str, ...]) -> str | None:
+        self.filled = True
         if self.b(self.small) >= 0.1 * self.c:
             return self._from_small(exclude) or self._from_main(exclude)
         return self._from_main(exclude) or self._from_small(exclude)
@@ -319,6 +358,7 @@ def _fifo_structure(policy: EvictionPolicy, ref: RefSIEVE | RefS3FIFO) -> None:
         assert list(policy.main) == ref.main
         assert policy.ghosts() == ref.ghost
         assert policy.freq == ref.freq
+        assert policy.filled == ref.filled
 
 
 def _machine(
