@@ -12,6 +12,11 @@ nothing in them touches the mountpoint). A file is
 on the mount when ``stat`` of the descriptor gives the mount's device number, which does
 not depend on where the mount appears in the other process's mount namespace.
 
+The descriptors of another user's process (or one with capabilities this one lacks) are
+readable only with ``CAP_SYS_PTRACE`` (ptrace(2), "Ptrace access mode checking"): the
+systemd unit keeps it in its bounding set, the privileged pod has it. Processes it was
+refused are named in a warning on stderr, since it cannot tell whether they hold the mount.
+
 Exit status: 0 when the mount is idle (or not mounted: nothing to protect); 1 when
 ``--timeout`` seconds pass first (the busy processes are listed on stderr; Kubernetes
 then stops the spoke anyway, at the end of ``terminationGracePeriodSeconds``); 2 for
@@ -50,8 +55,9 @@ def _entries(pid: int) -> Iterator[Path]:
         yield Path(f"/proc/{pid}/fd/{name}")
 
 
-def holders(mount: Path, exclude: set[int]) -> list[Holder]:
+def holders(mount: Path, exclude: set[int], refused: set[int] | None = None) -> list[Holder]:
     """Processes other than ``exclude`` with a descriptor or cwd on ``mount``'s device.
+    The pids whose descriptors this process may not read are added to ``refused``.
 
     Raises:
         OSError: ``mount`` cannot be stat'ed.
@@ -68,6 +74,10 @@ def holders(mount: Path, exclude: set[int]) -> list[Holder]:
                     continue
                 target = os.readlink(link)
                 command = Path(f"/proc/{pid}/comm").read_text().strip()
+            except PermissionError:  # another user's, without CAP_SYS_PTRACE
+                if refused is not None:
+                    refused.add(pid)
+                continue
             except OSError:  # gone, or a descriptor we may not follow
                 continue
             found.append(Holder(pid, command, target))
@@ -82,8 +92,11 @@ def _mounted(mount: Path) -> bool:
         return False
 
 
-def drain(mount: Path, timeout: float, interval: float) -> list[Holder]:
-    """Polls :func:`holders` until none are left or ``timeout`` seconds pass.
+def drain(
+    mount: Path, timeout: float, interval: float, refused: set[int] | None = None
+) -> list[Holder]:
+    """Polls :func:`holders` until none are left or ``timeout`` seconds pass; ``refused``
+    gets the pids of the last poll whose descriptors could not be read.
 
     Returns:
         The holders at the end: empty when the mount became idle (or is not mounted).
@@ -93,8 +106,10 @@ def drain(mount: Path, timeout: float, interval: float) -> list[Holder]:
     while True:
         if not _mounted(mount):
             return []
+        if refused is not None:
+            refused.clear()
         try:
-            busy = holders(mount, exclude)
+            busy = holders(mount, exclude, refused)
         except OSError:
             return []
         if not busy or time.monotonic() >= deadline:
@@ -111,7 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.timeout < 0 or args.interval <= 0:
         print(f"{PROG}: error: --timeout must be >= 0 and --interval > 0", file=sys.stderr)
         return 2
-    busy = drain(args.mount, args.timeout, args.interval)
+    refused: set[int] = set()
+    busy = drain(args.mount, args.timeout, args.interval, refused)
+    if refused:
+        pids = ", ".join(map(str, sorted(refused)[:10])) + (", …" if len(refused) > 10 else "")
+        print(
+            f"{PROG}: warning: may not read the open files of {len(refused)} process(es) "
+            f"(pid {pids}): reading another user's (or a more privileged process's) needs "
+            "CAP_SYS_PTRACE, so they may hold the mount unseen",
+            file=sys.stderr,
+        )
     if busy:
         for holder in busy:
             print(

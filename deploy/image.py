@@ -6,15 +6,26 @@ Three steps, each skipped when its output is already there:
 
 1. the Debian base image ``localhost/strata-base:bookworm``: ``mmdebstrap`` (minbase,
    with python3, python3-venv, fuse3 and ca-certificates) writes a root filesystem
-   tarball, ``podman import`` turns it into an image;
+   tarball, ``podman import`` turns it into an image. The build then uses it by its
+   content digest (``localhost/strata-base@sha256:…``, recorded in the image's
+   ``org.opencontainers.image.base.digest`` label); ``--base-digest`` (or
+   ``$STRATA_BASE_DIGEST``) refuses any other base, so a vetted base stays the base;
 2. wheels of Strata and its dependencies, built on this machine by ``pip wheel`` into
    ``CONTEXT/wheels``, exactly the versions of ``requirements.lock`` with their hashes
    checked (``CONTEXT/wheels-train`` for the trainer: ``requirements-torch.lock``, the CPU
    build of torch, and ``requirements-dev.lock``, which holds the ``train`` extra's
    dependencies; torch from pip's configured find-links or ``$STRATA_TORCH_INDEX``); later
-   runs reuse what is there;
+   runs reuse what is there, less any wheel of a version the locks no longer pin. What
+   the target installs is then resolved against those wheels alone, every version checked
+   against the lock, and written with each wheel's own hash to ``locked.txt`` (the
+   dependencies) and ``project.txt`` (Strata) in the wheel directory: the Containerfile
+   installs the first with ``--require-hashes`` and the second with ``--no-deps``;
 3. ``podman build --network=host`` of deploy/Containerfile's ``--target`` stage,
-   tagged ``localhost/strata:TAG`` (``localhost/strata-train:TAG`` for the trainer).
+   tagged ``localhost/strata:TAG`` (``localhost/strata-train:TAG`` for the trainer), with
+   the OCI labels ``org.opencontainers.image.version`` (the project's version),
+   ``revision`` (the git commit, ``-dirty`` with uncommitted changes), ``created``
+   (``$SOURCE_DATE_EPOCH`` or now) and ``source`` (``--source``, else the ``origin``
+   remote, else this checkout's ``file://`` path).
 
 The host network is used on purpose: podman's default bridge hands out private-range
 addresses, and the build needs no network at all (pip installs from the wheels only).
@@ -25,11 +36,18 @@ missing.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
+import re
 import resource
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 PROG = "deploy.image"
@@ -46,6 +64,9 @@ the CPU build pinned in ``requirements-torch.lock``; where its wheel comes from 
 own configuration (a find-links directory) or ``$STRATA_TORCH_INDEX`` (for example
 PyTorch's CPU package index), checked against the lock's hash either way."""
 VERSION = "0.1.0"
+PROJECT = "strata"
+EXTRAS = {"runtime": "", "trainer": "[train]"}
+"""What each target installs: ``strata`` or ``strata[train]``."""
 
 
 class ImageError(RuntimeError):
@@ -126,6 +147,123 @@ def debian_archives() -> dict[str, str]:
     return {suite: found[suite] for suite in wanted}
 
 
+@dataclass(frozen=True)
+class Pin:
+    """A ``name==version`` line of a lock, with the artifact hashes it accepts."""
+
+    version: str
+    hashes: frozenset[str]
+
+
+def normalize(name: str) -> str:
+    """A distribution name as PEP 503 compares them (``PyYAML`` -> ``pyyaml``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_locks(paths: list[Path]) -> dict[str, Pin]:
+    """Every ``name==version`` of the hashed locks (``uv pip compile`` output), by
+    normalized name.
+
+    Raises:
+        ImageError: two locks pin one package to different versions.
+    """
+    pins: dict[str, Pin] = {}
+    for path in paths:
+        text = path.read_text().replace("\\\n", " ")
+        for line in text.splitlines():
+            line = line.partition("#")[0].strip()
+            match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^]]*\])?==(\S+)", line)
+            if not match:
+                continue
+            name, version = normalize(match.group(1)), match.group(3).rstrip(";")
+            hashes = frozenset(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+            old = pins.get(name)
+            if old is not None and old.version != version:
+                raise ImageError(f"{name} is {old.version} in one lock, {version} in another")
+            pins[name] = Pin(version, hashes | (old.hashes if old else frozenset()))
+    return pins
+
+
+def _wheel_name(path: Path) -> tuple[str, str]:
+    """(normalized name, version) of a wheel file (``name-version-tags.whl``)."""
+    name, version = path.name.split("-")[:2]
+    return normalize(name), version
+
+
+def prune_wheels(wheels: Path, pins: dict[str, Pin]) -> list[Path]:
+    """Removes the wheels of versions the locks do not pin (left by an earlier lock) and
+    every wheel of this project (rebuilt each time); returns what it removed."""
+    removed = []
+    for path in sorted(wheels.glob("*.whl")):
+        name, version = _wheel_name(path)
+        pin = pins.get(name)
+        if name == PROJECT or pin is None or pin.version != version:
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resolve(wheels: Path, requirement: str) -> dict[str, Path]:
+    """What ``pip install REQUIREMENT`` would install from ``wheels`` alone (no index, no
+    configuration, nothing already installed counted): the wheel of each, by name.
+
+    Raises:
+        ImageError: pip found no consistent set in ``wheels``.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        args = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "-q"]
+        args += ["--ignore-installed", "--no-index", "--find-links", str(wheels)]
+        _run([*args, "--only-binary=:all:", "--report", str(report), requirement])
+        installs = json.loads(report.read_text())["install"]
+    out = {}
+    for item in installs:
+        url: str = item["download_info"]["url"]
+        if not url.startswith("file://"):
+            raise ImageError(f"pip would install {url}, not a wheel of {wheels}")
+        out[normalize(item["metadata"]["name"])] = Path(url.removeprefix("file://"))
+    return out
+
+
+def write_requirements(wheels: Path, pins: dict[str, Pin], extra: str = "") -> dict[str, str]:
+    """Resolves ``strata{extra}`` against ``wheels`` and writes what it needs, each with
+    its wheel's hash: ``wheels/locked.txt`` (every dependency, each at its lock's version)
+    and ``wheels/project.txt`` (this project's wheel). Returns the versions, by name.
+
+    Raises:
+        ImageError: a dependency is not in the locks or not at their version.
+    """
+    resolved = resolve(wheels, f"{PROJECT}{extra}")
+    versions = {}
+    lines: dict[str, list[str]] = {"locked.txt": [], "project.txt": []}
+    for name, path in sorted(resolved.items()):
+        wheel_name, version = _wheel_name(path)
+        assert wheel_name == name, (name, path)
+        if name != PROJECT:
+            pin = pins.get(name)
+            if pin is None:
+                raise ImageError(f"{PROJECT}{extra} needs {name}, which no lock pins")
+            if pin.version != version:
+                raise ImageError(f"{name} {version} in {wheels}, the lock pins {pin.version}")
+        line = f"{name}=={version} --hash=sha256:{_sha256(path)}"
+        lines["project.txt" if name == PROJECT else "locked.txt"].append(line)
+        versions[name] = version
+    if not lines["project.txt"]:
+        raise ImageError(f"no wheel of {PROJECT} in {wheels}")
+    for file, content in lines.items():
+        header = f"# {file}: written by python -m {PROG} from the locks and the wheels here\n"
+        (wheels / file).write_text(header + "\n".join(content) + "\n")
+    return versions
+
+
 def build_wheels(context: Path, trainer: bool) -> Path:
     """``pip wheel`` of the locked dependencies (hashes required, nothing resolved), then
     of this checkout, into the context; the Containerfile installs from these alone.
@@ -135,25 +273,83 @@ def build_wheels(context: Path, trainer: bool) -> Path:
     """
     wheels = context / ("wheels-train" if trainer else "wheels")
     wheels.mkdir(parents=True, exist_ok=True)
+    locks = [REPO / lock for lock in LOCKS["trainer" if trainer else "runtime"]]
+    pins = read_locks(locks)
+    for path in prune_wheels(wheels, pins):
+        print(f"{PROG}: removed {path.name} (not in the locks)", file=sys.stderr)
     pip = [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels)]
     locked = [*pip, "--require-hashes", "--no-deps"]
     if trainer and (index := os.environ.get("STRATA_TORCH_INDEX")):
         locked += ["--extra-index-url", index]
-    for lock in LOCKS["trainer" if trainer else "runtime"]:
-        locked += ["-r", str(REPO / lock)]
+    for lock in locks:
+        locked += ["-r", str(lock)]
     _run(locked)
     _run([*pip, "--no-deps", str(REPO)])
+    write_requirements(wheels, pins, EXTRAS["trainer" if trainer else "runtime"])
     return wheels
 
 
-def build(target: str, tag: str, context: Path) -> str:
-    """All three steps; returns the image name.
+def base_digest(image: str = BASE) -> str:
+    """The manifest digest (``sha256:…``) of a local image.
 
     Raises:
-        ImageError: a step failed.
+        ImageError: podman has no such image, or it has no digest.
+    """
+    out = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{.Digest}}", image],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    digest = out.stdout.strip()
+    if out.returncode != 0 or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise ImageError(f"no digest for {image}: {out.stderr.strip() or digest}")
+    return digest
+
+
+def _git(*args: str) -> str:
+    out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def labels(source: str | None = None) -> dict[str, str]:
+    """The OCI labels (annotations spec: version, revision, created, source) of an image
+    built from this checkout now."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    revision = _git("rev-parse", "HEAD") or "unknown"
+    if revision != "unknown" and _git("status", "--porcelain", "--untracked-files=no"):
+        revision += "-dirty"
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    created = time.gmtime(int(epoch) if epoch else None)
+    origin = _git("remote", "get-url", "origin")
+    return {
+        "org.opencontainers.image.version": project["version"],
+        "org.opencontainers.image.revision": revision,
+        "org.opencontainers.image.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", created),
+        "org.opencontainers.image.source": source or origin or REPO.as_uri(),
+    }
+
+
+def build(
+    target: str,
+    tag: str,
+    context: Path,
+    want_base: str | None = None,
+    source: str | None = None,
+) -> str:
+    """All three steps; returns the image name. ``want_base``: the only base digest to
+    accept (default ``$STRATA_BASE_DIGEST``, else whatever the base is).
+
+    Raises:
+        ImageError: a step failed, or the base is not ``want_base``.
     """
     context.mkdir(parents=True, exist_ok=True)
     ensure_base(context)
+    digest = base_digest(BASE)
+    want_base = want_base or os.environ.get("STRATA_BASE_DIGEST") or None
+    if want_base is not None and want_base != digest:
+        raise ImageError(f"{BASE} is {digest}, not the pinned {want_base}")
+    base = f"{BASE.rpartition(':')[0]}@{digest}"
     trainer = target == "trainer"
     build_wheels(context, trainer)
     for name in ("wheels", "wheels-train"):  # the other stage's COPY needs its directory
@@ -166,7 +362,11 @@ def build(target: str, tag: str, context: Path) -> str:
             "--network=host",
             *ulimit_args(),
             f"--target={target}",
-            f"--build-arg=BASE={BASE}",
+            "--pull=never",
+            f"--build-arg=BASE={base}",
+            *(f"--label={key}={value}" for key, value in labels(source).items()),
+            f"--label=org.opencontainers.image.base.name={BASE}",
+            f"--label=org.opencontainers.image.base.digest={digest}",
             f"--tag={image}",
             f"--file={CONTAINERFILE}",
             str(context),
@@ -180,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", choices=("runtime", "trainer"), default="runtime")
     parser.add_argument("--tag", default=VERSION, help=f"image tag (default {VERSION})")
     parser.add_argument("--context", type=Path, default=REPO / "build" / "image")
+    parser.add_argument(
+        "--base-digest",
+        help="refuse a base image of another digest (default $STRATA_BASE_DIGEST)",
+    )
+    parser.add_argument("--source", help="org.opencontainers.image.source (default: origin)")
     args = parser.parse_args(argv)
     missing = [tool for tool in ("podman", "mmdebstrap") if shutil.which(tool) is None]
     if missing:
@@ -193,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: tag a version, not 'latest'", file=sys.stderr)
         return 2
     try:
-        image = build(args.target, args.tag, args.context)
+        image = build(args.target, args.tag, args.context, args.base_digest, args.source)
     except ImageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 CACHE_HITS = Counter("strata_spoke_cache_hits", "Block reads served from the spoke's disk cache")
 CACHE_MISSES = Counter("strata_spoke_cache_misses", "Block reads that needed a hub fetch")
 HUB_FETCH_BYTES = Counter(
-    "strata_spoke_hub_fetch_bytes", "Block bytes received from the hub (verified)"
+    "strata_spoke_hub_fetch_bytes", "Block bytes received from the hub (not from peers)"
 )
 HUB_FETCH_BLOCKS = Counter("strata_spoke_hub_fetch_blocks", "Blocks received from the hub")
 HUB_FETCH_SECONDS = Histogram(

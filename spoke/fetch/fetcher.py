@@ -142,8 +142,6 @@ class Fetcher:
                 if block_digest(data) != digest:
                     metrics.CORRUPT_BLOCKS.inc()
                     raise CorruptBlock(f"block {digest} failed verification")
-                metrics.HUB_FETCH_BYTES.inc(len(data))
-                metrics.HUB_FETCH_BLOCKS.inc()
                 self.deadlines.delivered()
                 del pending[digest]
                 listener.arrived(digest, len(data))

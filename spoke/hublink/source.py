@@ -82,6 +82,10 @@ class HubSource:
         every class alike)."""
         try:
             async for digest, data in self.hub.read_blocks([d for d, _ in blocks], timeout):
+                # counted here, where only the hub's blocks pass (not in the fetcher, which
+                # also sees the mesh's: peers' are strata_spoke_source_bytes{source="peer"})
+                metrics.HUB_FETCH_BYTES.inc(len(data))
+                metrics.HUB_FETCH_BLOCKS.inc()
                 yield digest, data
             metrics.HUB_UP.set(1)
         except grpc.aio.AioRpcError as err:

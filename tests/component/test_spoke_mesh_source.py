@@ -26,6 +26,7 @@ from hub.auth import Principal
 from hub.grants import GrantIssuer
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
+from spoke import metrics as spoke_metrics
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
@@ -34,6 +35,7 @@ from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.hublink.client import HubClient
+from spoke.hublink.source import HubSource
 from spoke.mesh import metrics
 from spoke.mesh.admission import CallerLimits, ScopeCheck
 from spoke.mesh.grantcheck import GrantVerifier
@@ -250,6 +252,62 @@ def test_blocks_outside_the_grant_or_unknown_to_the_owner_come_from_the_hub(
     # not for /metrics to say
     assert _sample(metrics.PEER_REFUSED_BLOCKS) - refused0 == len(asked)
     assert _sample(metrics.PEER_DECLINED_BLOCKS) - declined0 == len(asked)
+
+
+class FakeHubClient:
+    """What :class:`~spoke.hublink.source.HubSource` calls of a HubClient, over a dict."""
+
+    target = "hub:0"
+    refused: str | None = None
+
+    def __init__(self, blocks: dict[str, bytes]) -> None:
+        self.blocks = blocks
+        self.sent: list[str] = []
+
+    async def read_blocks(
+        self, digests: Sequence[str], timeout: float
+    ) -> AsyncIterator[tuple[str, bytes]]:
+        for d in digests:
+            self.sent.append(d)
+            yield d, self.blocks[d]
+
+
+def test_hub_fetch_bytes_count_the_hubs_blocks_not_the_peers(tmp_path: Path) -> None:
+    """``strata_spoke_hub_fetch_bytes_total`` is the WAN traffic: a block a peer served
+    through the fetcher adds nothing to it (it is ``source_bytes{source="peer"}``), a block
+    from the hub adds its size (issue 27: the dashboard overstated the WAN)."""
+    blocks = _blocks(16)
+
+    async def go() -> tuple[set[str], set[str], FakeHubClient, list[str]]:
+        owner_ = Owner(tmp_path / "owner", FakeHub({}), blocks)
+        await owner_.start()
+        source, membership, _ = await _asker(owner_, blocks)
+        by_peer = {d for d in blocks if membership.owner(d) == owner_.node}
+        for d in by_peer:  # the owner has them: it asks its own hub for nothing
+            await owner_.cache.admit(d, blocks[d])
+        hub = FakeHubClient(blocks)
+        cache, _ = _cache(tmp_path / "asker")
+        mesh = MeshSource(HubSource(hub), membership, grants=source.grants)  # type: ignore[arg-type]
+        scheduler = FetchScheduler(Fetcher(mesh, cache), cache)
+        await scheduler.ensure(_sized(blocks, blocks))
+        await scheduler.close()
+        await membership.close()
+        await owner_.stop()
+        return by_peer, set(blocks) - by_peer, hub, owner_.hub.sent
+
+    hub_bytes0 = _sample(spoke_metrics.HUB_FETCH_BYTES)
+    hub_blocks0 = _sample(spoke_metrics.HUB_FETCH_BLOCKS)
+    peer_bytes0 = _sample(metrics.SOURCE_BYTES, "peer")
+    by_peer, by_hub, hub, owner_sent = asyncio.run(go())
+    assert by_peer and by_hub, "the rendezvous split the blocks between owner and asker"
+    assert sorted(hub.sent) == sorted(by_hub) and owner_sent == []
+    assert _sample(metrics.SOURCE_BYTES, "peer") - peer_bytes0 == sum(
+        len(blocks[d]) for d in by_peer
+    )
+    assert _sample(spoke_metrics.HUB_FETCH_BYTES) - hub_bytes0 == sum(
+        len(blocks[d]) for d in by_hub
+    )
+    assert _sample(spoke_metrics.HUB_FETCH_BLOCKS) - hub_blocks0 == len(by_hub)
 
 
 def test_a_peer_token_is_required_and_rotates_with_a_grace(tmp_path: Path) -> None:

@@ -1,22 +1,32 @@
 """deploy.drain (the spoke pod's preStop): waits while another process has a file open
-on the mount, returns once none has, and gives up after its timeout."""
+on the mount, returns once none has, and gives up after its timeout — also run with
+exactly the capabilities the systemd unit gives it, against another user's process."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO_ROOT
 from tests.deploy.conftest import Live
+from tests.support import other_user
 
 pytestmark = pytest.mark.fuse
 
+SPOKE_UNIT = REPO_ROOT / "deploy" / "systemd" / "strata-spoke.service"
 
-def _drain(mount: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+
+def _drain(
+    mount: Path, timeout: float, prefix: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
+            *prefix,
             sys.executable,
             "-m",
             "deploy.drain",
@@ -105,3 +115,72 @@ def test_not_a_mount_and_bad_arguments(tmp_path: Path) -> None:
         text=True,
     )
     assert bad.returncode == 2 and "error:" in bad.stderr
+
+
+def unit_capabilities(unit: Path) -> list[str]:
+    """The unit's ``CapabilityBoundingSet=`` as capability names (``cap_sys_admin``, …):
+    the union of every such line (systemd.exec(5)); an empty assignment resets it."""
+    caps: list[str] = []
+    for line in unit.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if not sep or key.strip() != "CapabilityBoundingSet":
+            continue
+        assert not value.strip().startswith("~"), "an inverted set: not supported here"
+        caps = [*caps, *value.split()] if value.strip() else []
+    return [c.lower() for c in caps]
+
+
+def _under_unit_caps(caps: list[str]) -> tuple[str, ...]:
+    """A command prefix that runs the rest as root with only ``caps`` (bounding set, and so
+    permitted and effective after exec) and no_new_privs, as systemd runs the unit's
+    ``ExecStop=`` (the unit has no ``User=``: root)."""
+    bounding = ",".join(["-all", *(f"+{c.removeprefix('cap_')}" for c in caps)])
+    return ("setpriv", f"--bounding-set={bounding}", "--no-new-privs", "--")
+
+
+def test_unit_capabilities_parse() -> None:
+    caps = unit_capabilities(SPOKE_UNIT)
+    assert "cap_sys_admin" in caps, caps  # FUSE's mount(2)
+    assert all(c.startswith("cap_") for c in caps), caps
+
+
+def test_drain_under_the_units_capabilities_sees_another_users_files(live: Live) -> None:
+    """``systemctl stop strata-spoke`` runs the drain with the unit's capability bounding
+    set; a trainer running as another user, with a file open on the mount, must keep it
+    busy. Reading another user's ``/proc/PID/fd`` needs ``CAP_SYS_PTRACE``: without it the
+    drain cannot see the descriptor and calls the mount idle (issue 27, blocker 1)."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    user = other_user()
+    caps = unit_capabilities(SPOKE_UNIT)
+    fd = os.open(live.mount / "demo" / "v1" / "a.bin", os.O_RDONLY)
+    try:
+        # the trainer: another user's shell holding the descriptor (handed over at exec,
+        # as a job's file would be), which says "ready" only once it runs as that user
+        holder = subprocess.Popen(
+            [
+                "setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+                "--", "sh", "-c", "echo ready; read line",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            pass_fds=(fd,),
+        )  # fmt: skip
+    finally:
+        os.close(fd)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        assert os.stat(f"/proc/{holder.pid}").st_uid == user.pw_uid
+        result = _drain(live.mount, timeout=0.3, prefix=_under_unit_caps(caps))
+        assert result.returncode == 1, f"unit caps {caps}: {result.stderr}"
+        assert f"pid {holder.pid} (sh)" in result.stderr
+        # the check above can fail: the same drain without CAP_SYS_PTRACE is blind to it
+        blind = [c for c in caps if c != "cap_sys_ptrace"]
+        result = _drain(live.mount, timeout=0, prefix=_under_unit_caps(blind))
+        assert result.returncode == 0 and "is idle" in result.stderr, result.stderr
+        # … and says so
+        assert "warning: may not read the open files of" in result.stderr
+        assert "CAP_SYS_PTRACE" in result.stderr
+    finally:
+        _release(holder)

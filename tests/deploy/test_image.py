@@ -9,17 +9,30 @@ sets it). Needs root, podman, runc, mmdebstrap and /dev/fuse.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from deploy.image import REPO, build, ulimit_args
+from deploy.image import (
+    BASE,
+    LOCKS,
+    PROJECT,
+    REPO,
+    base_digest,
+    build,
+    normalize,
+    read_locks,
+    ulimit_args,
+)
 from deploy.local import free_port
 from spoke.disk.mountinfo import is_mounted, lazy_unmount
 from tests.support import make_tree, requires_fuse, tree_digests
@@ -47,6 +60,40 @@ def _podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 @pytest.fixture(scope="module")
 def image() -> str:
     return build("runtime", "ci", REPO / "build" / "image")
+
+
+VENV_SEEDS = {"pip", "setuptools"}
+"""What ``python3 -m venv`` puts in every venv (Debian's own wheels), besides the lock."""
+
+
+def test_image_installs_exactly_the_lock_and_says_what_it_is(image: str) -> None:
+    """Every package requirements.lock pins is in the image at the lock's version, and
+    nothing else is (issue 27: the image held an fsspec/s3fs newer than the lock); the
+    OCI labels name the version, the commit, the build time, the source and the base."""
+    listed = _podman(
+        "run", "--rm", "--network=none", *ulimit_args(), image,
+        "python3", "-m", "pip", "list", "--format=json",
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    installed = {normalize(p["name"]): p["version"] for p in json.loads(listed.stdout)}
+    pins = read_locks([REPO / lock for lock in LOCKS["runtime"]])
+    assert {n: v for n, v in installed.items() if n not in {PROJECT, *VENV_SEEDS}} == {
+        name: pin.version for name, pin in pins.items()
+    }
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert installed[PROJECT] == project["version"]
+    inspected = _podman("image", "inspect", "--format", "{{json .Labels}}", image)
+    labels = json.loads(inspected.stdout)
+    oci = "org.opencontainers.image."
+    assert labels[oci + "version"] == project["version"]
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert re.fullmatch(f"{head}(-dirty)?", labels[oci + "revision"]), labels
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", labels[oci + "created"]), labels
+    assert labels[oci + "source"], labels
+    assert labels[oci + "base.name"] == BASE
+    assert labels[oci + "base.digest"] == base_digest(BASE)
 
 
 @contextlib.contextmanager

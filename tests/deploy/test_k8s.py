@@ -347,3 +347,60 @@ def test_images_are_pinned_and_resources_set(
                 limits: dict[str, Any] = container["resources"]["limits"]
                 assert "memory" in limits, f"{key} {container['name']} has no memory limit"
     assert seen == 4
+
+
+def _pods(objects: dict[tuple[str, str, str], Obj]) -> list[tuple[tuple[str, str, str], Obj]]:
+    return [
+        (key, obj["spec"]["template"]["spec"])
+        for key, obj in objects.items()
+        if "template" in obj.get("spec", {})
+    ]
+
+
+def test_pod_security_is_privileged_only_where_the_spoke_runs(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    """Each overlay's Namespace enforces a Pod Security level: ``privileged`` only where
+    a privileged container (the spoke) runs, ``restricted`` elsewhere, and the pods there
+    meet it (the parts of the restricted profile a manifest decides)."""
+    levels = {}
+    for overlay in OVERLAYS:
+        (namespace,) = [o for o in objects[overlay].values() if o["kind"] == "Namespace"]
+        labels = namespace["metadata"].get("labels", {})
+        level = labels.get("pod-security.kubernetes.io/enforce")
+        levels[overlay] = level
+        privileged = any(
+            c.get("securityContext", {}).get("privileged")
+            for _, obj in objects[overlay].items()
+            for c in _containers(obj)
+        )
+        assert level == ("privileged" if privileged else "restricted"), (overlay, labels)
+        if level != "restricted":
+            continue
+        for key, pod in _pods(objects[overlay]):
+            context = pod.get("securityContext", {})
+            assert context.get("runAsNonRoot") is True, key
+            assert context.get("seccompProfile", {}).get("type") == "RuntimeDefault", key
+            assert not any("hostPath" in v for v in pod.get("volumes", [])), key
+            for container in [*pod.get("initContainers", []), *pod["containers"]]:
+                sc = container.get("securityContext", {})
+                assert sc.get("allowPrivilegeEscalation") is False, (key, container["name"])
+                assert sc.get("capabilities", {}).get("drop") == ["ALL"], key
+    assert levels == {"hub-region": "restricted", "gpu-region": "privileged"}
+
+
+def test_no_service_account_token_and_secrets_not_world_readable(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    """No pod calls the Kubernetes API, so none gets a token; every Secret volume sets a
+    ``defaultMode`` that others cannot read (Kubernetes' default is 0644)."""
+    seen = 0
+    for overlay in OVERLAYS:
+        for key, pod in _pods(objects[overlay]):
+            seen += 1
+            assert pod.get("automountServiceAccountToken") is False, key
+            for volume in pod.get("volumes", []):
+                if "secret" in volume:
+                    mode = volume["secret"].get("defaultMode")
+                    assert mode is not None and mode & 0o007 == 0, (key, volume)
+    assert seen == 3  # hub, spoke, the example Job

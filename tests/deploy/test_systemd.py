@@ -98,3 +98,42 @@ def test_spoke_mount_reaches_the_host() -> None:
     hub = _directives(UNITS / "strata-hub.service")
     assert hub["DynamicUser"] == ["yes"] and hub["ProtectSystem"] == ["strict"]
     assert "--data-dir=${STATE_DIRECTORY}" in hub["ExecStart"][0]
+
+
+def _syscall_groups() -> dict[str, list[str]]:
+    """Every ``@group`` systemd knows, with its members (``systemd-analyze syscall-filter``)."""
+    out = _analyze("syscall-filter", "--no-pager").stdout
+    groups: dict[str, list[str]] = {}
+    members: list[str] = []
+    for line in out.splitlines():
+        if line.startswith("@"):
+            members = groups.setdefault(line.strip(), [])
+        elif line.strip() and not line.lstrip().startswith("#"):
+            members.append(line.strip())
+    assert "@system-service" in groups, out[:500]
+    return groups
+
+
+def _expand(names: list[str], groups: dict[str, list[str]]) -> set[str]:
+    out: set[str] = set()
+    for name in names:
+        out |= _expand(groups[name], groups) if name.startswith("@") else {name}
+    return out
+
+
+def test_spoke_may_read_proc_but_not_trace() -> None:
+    """The spoke keeps CAP_SYS_PTRACE so its drain sees other users' open files
+    (test_drain.py); its system-call filter leaves it no way to read or write another
+    process's memory or take its descriptors with it."""
+    spoke = _directives(UNITS / "strata-spoke.service")
+    assert "CAP_SYS_PTRACE" in " ".join(spoke["CapabilityBoundingSet"]).split()
+    groups = _syscall_groups()
+    allowed: set[str] = set()
+    for value in spoke["SystemCallFilter"]:  # an allow-list first, then what it removes
+        if value.startswith("~"):
+            allowed -= _expand(value[1:].split(), groups)
+        else:
+            allowed |= _expand(value.split(), groups)
+    assert "openat" in allowed and "mount" in allowed
+    tracing = {"ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"}
+    assert not allowed & tracing, sorted(allowed & tracing)
