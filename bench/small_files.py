@@ -119,6 +119,25 @@ def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
     return sum(v for (n, lab), v in samples.items() if n == name and want <= set(lab))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def spoke_processes(supervisor: int) -> dict[str, int]:
+    """The daemon's and the mount's pids: the children of ``strata-spoke run``."""
+    out: dict[str, int] = {}
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    for pid in map(int, children):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"daemon" in argv:
+            out["daemon"] = pid
+        elif any(a.startswith(b"fusemount") or b"mount-" in a for a in argv):
+            out["mount"] = pid
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: prints the table; ``--json`` also writes the figures."""
     parser = argparse.ArgumentParser(
@@ -163,13 +182,19 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             os.stat(root)  # loads the snapshot's tree
             tree_s = time.perf_counter() - started
+            assert stack.hub is not None and stack.spoke is not None
+            pids = {"hub": stack.hub.pid, **spoke_processes(stack.spoke.pid)}
             hub_before, spoke_before = scrape(hub_metrics), scrape(f"{admin}/metrics")
+            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             print("cold pass", flush=True)
             cold_s, cold_sums = read_pass(root, cold_order, ns.readers)
             print("cold pass done", flush=True)
+            cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
             hub_after, spoke_after = scrape(hub_metrics), scrape(f"{admin}/metrics")
             drop_page_cache(3)
+            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             warm_s, warm_sums = read_pass(root, warm_order, ns.readers)
+            warm_cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
     for label, got in (("local", local_sums), ("cold", cold_sums), ("warm", warm_sums)):
         if got != sums:
             print(f"bench.small_files: error: the {label} pass read wrong bytes", file=sys.stderr)
@@ -197,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         "cold_blocks_served": delta("strata_hub_blocks_served_total"),
         "cold_demand_misses": misses,
         "cold_demand_miss_mean_s": miss_s / misses if misses else None,
+        "cold_cpu_ms_per_file": {name: 1e3 * sec / files for name, sec in cpu.items()},
+        "warm_cpu_ms_per_file": {name: 1e3 * sec / files for name, sec in warm_cpu.items()},
     }
     local = result["local_files_s"]
     print(f"| {files} files of 64 KiB, {ns.readers} readers | files/s | / local |")
@@ -212,6 +239,13 @@ def main(argv: list[str] | None = None) -> int:
         + (f", {mean * 1e3:.1f} ms each on average" if mean is not None else "")
         + f"; tree loaded in {tree_s:.2f} s before the clock"
     )
+    for key in ("cold", "warm"):
+        cpu_ms = result[f"{key}_cpu_ms_per_file"]
+        print(
+            f"{key}: CPU per file "
+            + ", ".join(f"{k} {v:.2f} ms" for k, v in cpu_ms.items())
+            + f" (all {sum(cpu_ms.values()):.2f} ms)"
+        )
     if not dropped:
         print("(page cache NOT dropped: not root)")
     if ns.json:
