@@ -113,7 +113,9 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+def total(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
     """Sum of the samples named ``name`` whose labels include ``labels``."""
     want = set(labels.items())
     return sum(v for (n, lab), v in samples.items() if n == name and want <= set(lab))

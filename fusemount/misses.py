@@ -76,7 +76,9 @@ class MissBatcher:
         self._returned = trio.Event()  # set (and replaced) when a shared call returns
         self._leading = False  # a miss is gathering the queue to send it
 
-    async def ensure(self, digest: str, size: int, suspect: bool, timeout: float) -> dict[str, bytes]:
+    async def ensure(
+        self, digest: str, size: int, suspect: bool, timeout: float
+    ) -> dict[str, bytes]:
         """As :meth:`fusemount.client.DaemonClient.ensure_blocks` for one block.
 
         Returns:
