@@ -4,7 +4,8 @@
 event loop when the bytes are open, verified and in the page cache (no thread hop:
 :meth:`BlockSource.get_cached`, its synchronous first step), else in a worker thread
 (open, verify once, ``pread``) — and on a miss asks the daemon
-(``EnsureBlocks``, which fetches from the hub) and reads the file again. One loop retries,
+(``EnsureBlocks``, which fetches from the hub; small misses of many readers share calls,
+:mod:`fusemount.misses`) and reads the file again. One loop retries,
 for two reasons only, until ``--miss-deadline``:
 
 * the daemon went away mid-call (killed, restarting): ask again (``wait_for_ready``
@@ -37,6 +38,7 @@ import trio
 from fusemount.blockfiles import BlockFiles, CorruptBlockError
 from fusemount.client import DaemonClient
 from fusemount.hits import HitLog
+from fusemount.misses import MissBatcher
 
 STREAMED_BLOCKS = 8  # streamed-through blocks kept in memory
 FETCH_ATTEMPTS = 3  # "on disk" answers whose file could not be read, before giving up
@@ -78,6 +80,7 @@ class BlockSource:
         self._streamed: OrderedDict[str, bytes] = OrderedDict()
         self._io_limiter = trio.CapacityLimiter(max_threads)
         self._miss_limiter = trio.CapacityLimiter(64)
+        self.batcher = MissBatcher(client, self._miss_limiter)  # small misses share calls
 
     def get_cached(self, digest: str, offset: int, length: int) -> bytearray | None:
         """The first step of :meth:`get`, synchronous and on the loop: the bytes when the
@@ -134,12 +137,11 @@ class BlockSource:
         unreadable = 0
         while True:
             try:
-                uncached = await trio.to_thread.run_sync(
-                    self.client.ensure_blocks,
-                    [(digest, size)],
-                    [digest] if suspect else [],
+                uncached = await self.batcher.ensure(
+                    digest,
+                    size,
+                    suspect,
                     max(deadline - time.monotonic(), 0.001) + ANSWER_MARGIN,
-                    limiter=self._miss_limiter,
                 )
             except grpc.RpcError as err:
                 if err.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline:

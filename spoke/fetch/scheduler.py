@@ -15,7 +15,9 @@ The scheduler puts together parts that each own one concern:
   demand queue). The table keeps every byte count.
 * **Pacing** (:mod:`spoke.fetch.pacer`). Demand batches leave at once, on streams of
   their own; other classes leave, most urgent first, only while the link window has room,
-  split over several streams.
+  split over several streams. Concurrent demand misses gather: while a demand stream
+  waits for its first block, new misses wait (at most ``demand_gather_s``) and leave
+  together on one stream, so many readers' small misses make few streams.
 * **Deadlines** are the fetcher's (:mod:`spoke.fetch.deadlines`): a reader's wait is one
   it asks the fetcher for, the scheduler never reads the fetcher's state.
 * **Ledger and feedback** (:mod:`spoke.fetch.ledger`). A fetch asked for ahead of any reader has
@@ -49,6 +51,10 @@ from spoke.fetch.window import LinkWindow
 
 __all__ = ["SOURCES", "SPECULATIVE", "FetchScheduler", "Priority"]
 
+DEMAND_GATHER_S = 0.002
+"""Longest a demand miss waits to share a stream with others while a demand stream waits
+for its first block (:attr:`spoke.fetch.pacer.Pacer.gathering`); a lone miss leaves at once."""
+
 SOURCES = {Priority.HINT: Source.HINT, Priority.READAHEAD: Source.READAHEAD}
 """The source of a :meth:`FetchScheduler.prefetch` that names none, by class."""
 
@@ -73,6 +79,7 @@ class FetchScheduler:
             requests beyond it are dropped (they are advisory).
         ledger: every prefetch source's counts and window (a fresh one by default: each
             window at most ``prefetch_budget``, fill's at most the cache).
+        demand_gather_s: longest a demand miss is held to share a stream (0: never).
     """
 
     def __init__(
@@ -86,6 +93,7 @@ class FetchScheduler:
         batch_bytes: int = 16 << 20,
         prefetch_budget: int = 256 << 20,
         ledger: PrefetchLedger | None = None,
+        demand_gather_s: float = DEMAND_GATHER_S,
     ) -> None:
         self.fetcher = fetcher
         self.cache = cache
@@ -97,8 +105,11 @@ class FetchScheduler:
         self.ledger = ledger or PrefetchLedger(
             {s: prefetch_budget for s in Source} | {Source.FILL: cache.capacity_bytes}
         )
+        self.demand_gather_s = demand_gather_s
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._gather: asyncio.TimerHandle | None = None  # ends the gathering of demand
+        self._gathered = False  # the gather time ran out: queued demand leaves now
         cache.on_evict.append(self.ledger.evicted)
 
     # -- requests --------------------------------------------------------------------------
@@ -292,6 +303,7 @@ class FetchScheduler:
     async def close(self) -> None:
         """Cancel fetches in flight; waiters get :class:`asyncio.CancelledError`."""
         self._closed = True
+        self._end_gathering()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -306,11 +318,16 @@ class FetchScheduler:
             priority = next((p for p in Priority if self.flights.head(p) is not None), None)
             if priority is None:
                 break
+            demand = priority == Priority.DEMAND
+            if demand and self._gathering():
+                break  # nothing less urgent overtakes the gathering misses
             room = self.pacer.room(priority, self.flights.wire_bytes, self.flights.admitting_bytes)
             if room is None:
                 break
             batch = self.flights.take(priority, room, self.batch_blocks)
-            stream = self.pacer.open(len(batch))
+            stream = self.pacer.open(len(batch), demand=demand)
+            if demand:
+                self._end_gathering()
             for flight in batch:
                 flight.stream = stream
             task = asyncio.create_task(self._run(batch, priority, stream))
@@ -318,6 +335,29 @@ class FetchScheduler:
             task.add_done_callback(self._tasks.discard)
         self.flights.publish()
         self.pacer.publish()
+
+    def _gathering(self) -> bool:
+        """True while queued demand waits to share a stream: a demand stream waits for its
+        first block and the gather time has not run out (its timer is set here)."""
+        if self._gathered or self.demand_gather_s <= 0 or not self.pacer.gathering:
+            return False
+        if self._gather is None:
+            loop = asyncio.get_running_loop()
+            self._gather = loop.call_later(self.demand_gather_s, self._gather_ran_out)
+        return True
+
+    def _gather_ran_out(self) -> None:
+        self._gather = None
+        self._gathered = True
+        if not self._closed:
+            self._pump()
+
+    def _end_gathering(self) -> None:
+        """A demand batch left: the next misses gather afresh."""
+        if self._gather is not None:
+            self._gather.cancel()
+            self._gather = None
+        self._gathered = False
 
     async def _run(self, batch: list[Flight], priority: Priority, stream: Stream) -> None:
         try:

@@ -15,7 +15,7 @@ from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher
-from spoke.fetch.scheduler import FetchScheduler, Priority
+from spoke.fetch.scheduler import DEMAND_GATHER_S, FetchScheduler, Priority
 from spoke.fetch.window import LinkWindow
 from tests.support import eventually_async
 
@@ -48,7 +48,7 @@ class SlowHub:
 
 
 def _setup(
-    tmp_path: Path, n: int, **kwargs: int
+    tmp_path: Path, n: int, demand_gather_s: float = DEMAND_GATHER_S, **kwargs: int
 ) -> tuple[SlowHub, BlockCache, FetchScheduler, list[tuple[str, int]]]:
     blobs = {}
     for i in range(n):
@@ -58,7 +58,9 @@ def _setup(
     cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(1 << 30), 1 << 30)
     hub = SlowHub(blobs)
     window = LinkWindow(floor=kwargs.pop("window", 1 << 20), ceiling=1 << 30)
-    scheduler = FetchScheduler(Fetcher(hub, cache), cache, window=window, **kwargs)
+    scheduler = FetchScheduler(
+        Fetcher(hub, cache), cache, window=window, demand_gather_s=demand_gather_s, **kwargs
+    )
     hub.scheduler = scheduler
     return hub, cache, scheduler, [(d, len(b)) for d, b in blobs.items()]
 
@@ -306,3 +308,56 @@ def test_a_stream_frees_its_slot_when_its_blocks_arrive_and_disk_writes_are_boun
     asyncio.run(go())
     assert all(cache.contains(d) for d, _ in refs)
     assert sorted(c[0] for c in hub.calls) == sorted(d for d, _ in refs)  # each once
+
+
+def test_concurrent_demand_misses_share_a_stream_and_a_lone_one_leaves_at_once(
+    tmp_path: Path,
+) -> None:
+    # a gather time far longer than the test: what releases the gathered misses is the
+    # first block of the stream out, not the timer
+    hub, cache, scheduler, refs = _setup(tmp_path, 9, demand_gather_s=30)
+
+    async def go() -> None:
+        first = asyncio.create_task(scheduler.ensure(refs[:1]))
+        await asyncio.sleep(0)
+        # alone: it left at once, on a stream that waits for its first block
+        assert scheduler.queued(Priority.DEMAND) == (0, 0)
+        assert scheduler.pacer.unanswered_demand == 1
+        rest = [asyncio.create_task(scheduler.ensure([r])) for r in refs[1:]]
+        await asyncio.sleep(0)
+        assert scheduler.queued(Priority.DEMAND) == (8, 8 * BLOCK)  # gathering meanwhile
+        await asyncio.wait_for(asyncio.gather(first, *rest), 10)
+
+    asyncio.run(go())
+    assert hub.calls == [[refs[0][0]], [d for d, _ in refs[1:]]]
+    assert all(cache.contains(d) for d, _ in refs)
+    assert scheduler.pacer.unanswered_demand == 0
+
+
+def test_gathered_demand_leaves_when_the_gather_time_runs_out(tmp_path: Path) -> None:
+    hub, _, scheduler, refs = _setup(tmp_path, 3, demand_gather_s=0.01)
+    hub.delay = 5.0  # the first stream's block is far off: the timer releases the rest
+
+    async def go() -> None:
+        first = asyncio.create_task(scheduler.ensure(refs[:1]))
+        await asyncio.sleep(0)
+        rest = [asyncio.create_task(scheduler.ensure([r])) for r in refs[1:]]
+        while len(hub.calls) < 2:
+            await asyncio.sleep(0.005)
+        assert hub.calls[1] == [d for d, _ in refs[1:]]  # together, before the first arrived
+        for task in (first, *rest):
+            task.cancel()
+        await asyncio.gather(first, *rest, return_exceptions=True)
+        await scheduler.close()
+
+    asyncio.run(go())
+
+
+def test_demand_never_gathers_when_gathering_is_off(tmp_path: Path) -> None:
+    hub, _, scheduler, refs = _setup(tmp_path, 4, demand_gather_s=0)
+
+    async def go() -> None:
+        await asyncio.gather(*[scheduler.ensure([r]) for r in refs])
+
+    asyncio.run(go())
+    assert sorted(hub.calls) == sorted([d] for d, _ in refs)

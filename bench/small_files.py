@@ -1,0 +1,259 @@
+"""Small files: many 64 KiB files read once in shuffled order, local disk against a cold and a
+warm Strata mount, side by side in one run.
+
+    python -m bench.small_files [--files 20000] [--readers 8] [--quick] [--json FILE]
+
+Publishes ``--files`` files of 64 KiB (one block each; 1,000 to a directory) to a hub on
+loopback (no WAN), and times three passes, each after dropping the kernel page cache
+(root only), each with ``--readers`` threads taking files from one shuffled list (open,
+read whole, close; every file once):
+
+* **local disk**: the source files;
+* **Strata cold**: a fresh spoke, empty cache (``--background-fill off``: every file is a
+  demand miss). The snapshot's tree is loaded before the clock starts (one ``stat`` of its
+  root; printed on its own), so the figure is the misses';
+* **Strata warm**: the same spoke again in another order, every block on its disk.
+
+Prints files/s, the ratios to local, the hub's ReadBlocks streams and blocks served during
+the cold pass (``strata_hub_requests_total{method="ReadBlocks"}``,
+``strata_hub_blocks_served_total``, from the hub's ``--metrics``), and the spoke's demand
+misses (``strata_spoke_demand_miss_seconds``: count and mean). Target (issue 25): cold ≥
+2,000 files/s with 8 readers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from deploy.local import LocalStack, drop_page_cache, free_port, publish
+
+FILE_BYTES = 64 * 1024
+PER_DIR = 1000
+
+
+def make_source(root: Path, files: int, seed: int = 1) -> dict[str, str]:
+    """``files`` random 64 KiB files under ``root``; returns their SHA-256 by relative path."""
+    rng = random.Random(seed)
+    sums: dict[str, str] = {}
+    for i in range(files):
+        rel = f"d{i // PER_DIR:03d}/f{i:06d}.bin"
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = rng.randbytes(FILE_BYTES)
+        path.write_bytes(data)
+        sums[rel] = hashlib.sha256(data).hexdigest()
+    return sums
+
+
+def read_pass(root: Path, order: Sequence[str], readers: int) -> tuple[float, dict[str, str]]:
+    """Read every file of ``order`` once with ``readers`` threads sharing one queue.
+
+    Returns:
+        Seconds the pass took, and each file's SHA-256.
+
+    Raises:
+        RuntimeError: a reader failed (the first error).
+    """
+    sums: dict[str, str] = {}
+    errors: list[BaseException] = []
+    it = iter(order)
+    lock = threading.Lock()
+
+    def reader() -> None:
+        try:
+            while True:
+                with lock:
+                    rel = next(it, None)
+                if rel is None:
+                    return
+                fd = os.open(root / rel, os.O_RDONLY)
+                try:
+                    chunks = []
+                    while data := os.read(fd, 1 << 20):
+                        chunks.append(data)
+                finally:
+                    os.close(fd)
+                sums[rel] = hashlib.sha256(b"".join(chunks)).hexdigest()
+        except BaseException as err:  # reported by the caller
+            errors.append(err)
+
+    threads = [threading.Thread(target=reader) for _ in range(readers)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - started
+    if errors:
+        raise RuntimeError(f"a reader failed: {errors[0]!r}")
+    return seconds, sums
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus endpoint, by name and labels."""
+    text = httpx.get(url, timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def total(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    """Sum of the samples named ``name`` whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, lab), v in samples.items() if n == name and want <= set(lab))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def spoke_processes(supervisor: int) -> dict[str, int]:
+    """The daemon's and the mount's pids: the children of ``strata-spoke run``."""
+    out: dict[str, int] = {}
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    for pid in map(int, children):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"daemon" in argv:
+            out["daemon"] = pid
+        elif any(a.startswith(b"fusemount") or b"mount-" in a for a in argv):
+            out["mount"] = pid
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: prints the table; ``--json`` also writes the figures."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.small_files",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--files", type=int, default=20_000)
+    parser.add_argument("--readers", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="1,000 files (a smoke run)")
+    parser.add_argument("--seed", type=int, default=25)
+    parser.add_argument(
+        "--spoke-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="more strata-spoke run flags, e.g. --spoke-flag=--passthrough=off",
+    )
+    parser.add_argument("--json", type=Path, default=None)
+    ns = parser.parse_args(argv)
+    files = 1000 if ns.quick else ns.files
+    rng = random.Random(ns.seed)
+    with tempfile.TemporaryDirectory(prefix="strata-small-files-") as tmp:
+        work = Path(tmp)
+        sums = make_source(work / "src", files)
+        publish(work / "hub", "small", work / "src")
+        names = sorted(sums)
+        cold_order, warm_order, local_order = (rng.sample(names, len(names)) for _ in range(3))
+        with LocalStack() as stack:
+            metrics_port = free_port()
+            hub = stack.start_hub(work / "hub", metrics=f"127.0.0.1:{metrics_port}")
+            hub_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+            cache_mib = 2 * files * FILE_BYTES // (1 << 20) + 256
+            extra = ("--background-fill", "off", *ns.spoke_flag)
+            admin = stack.start_spoke(
+                hub, work / "cache", work / "mnt", f"{cache_mib}MiB", extra=extra
+            )
+            root = work / "mnt" / "small" / "v1"
+            dropped = drop_page_cache(3)
+            local_s, local_sums = read_pass(work / "src", local_order, ns.readers)
+            drop_page_cache(3)
+            started = time.perf_counter()
+            os.stat(root)  # loads the snapshot's tree
+            tree_s = time.perf_counter() - started
+            assert stack.hub is not None and stack.spoke is not None
+            pids = {"hub": stack.hub.pid, **spoke_processes(stack.spoke.pid)}
+            hub_before, spoke_before = scrape(hub_metrics), scrape(f"{admin}/metrics")
+            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            print("cold pass", flush=True)
+            cold_s, cold_sums = read_pass(root, cold_order, ns.readers)
+            print("cold pass done", flush=True)
+            cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+            hub_after, spoke_after = scrape(hub_metrics), scrape(f"{admin}/metrics")
+            drop_page_cache(3)
+            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            warm_s, warm_sums = read_pass(root, warm_order, ns.readers)
+            warm_cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    for label, got in (("local", local_sums), ("cold", cold_sums), ("warm", warm_sums)):
+        if got != sums:
+            print(f"bench.small_files: error: the {label} pass read wrong bytes", file=sys.stderr)
+            return 1
+
+    def delta(name: str, **labels: str) -> float:
+        return total(hub_after, name, **labels) - total(hub_before, name, **labels)
+
+    def spoke_delta(name: str) -> float:
+        return total(spoke_after, name) - total(spoke_before, name)
+
+    misses = spoke_delta("strata_spoke_demand_miss_seconds_count")
+    miss_s = spoke_delta("strata_spoke_demand_miss_seconds_sum")
+    result: dict[str, Any] = {
+        "files": files,
+        "file_bytes": FILE_BYTES,
+        "readers": ns.readers,
+        "page_cache_dropped": dropped,
+        "spoke_flags": list(extra),
+        "tree_load_s": tree_s,
+        "local_files_s": files / local_s,
+        "cold_files_s": files / cold_s,
+        "warm_files_s": files / warm_s,
+        "cold_readblocks_streams": delta("strata_hub_requests_total", method="ReadBlocks"),
+        "cold_blocks_served": delta("strata_hub_blocks_served_total"),
+        "cold_demand_misses": misses,
+        "cold_demand_miss_mean_s": miss_s / misses if misses else None,
+        "cold_cpu_ms_per_file": {name: 1e3 * sec / files for name, sec in cpu.items()},
+        "warm_cpu_ms_per_file": {name: 1e3 * sec / files for name, sec in warm_cpu.items()},
+    }
+    local = result["local_files_s"]
+    print(f"| {files} files of 64 KiB, {ns.readers} readers | files/s | / local |")
+    print("|---|---|---|")
+    print(f"| local disk | {local:,.0f} | 1.00 |")
+    for key, label in (("cold", "Strata cold (empty spoke)"), ("warm", "Strata warm")):
+        rate = result[f"{key}_files_s"]
+        print(f"| {label} | {rate:,.0f} | {rate / local:.2f} |")
+    mean = result["cold_demand_miss_mean_s"]
+    print(
+        f"cold: {result['cold_readblocks_streams']:.0f} ReadBlocks streams at the hub for "
+        f"{result['cold_blocks_served']:.0f} blocks; {misses:.0f} demand misses at the spoke"
+        + (f", {mean * 1e3:.1f} ms each on average" if mean is not None else "")
+        + f"; tree loaded in {tree_s:.2f} s before the clock"
+    )
+    for key in ("cold", "warm"):
+        cpu_ms = result[f"{key}_cpu_ms_per_file"]
+        print(
+            f"{key}: CPU per file "
+            + ", ".join(f"{k} {v:.2f} ms" for k, v in cpu_ms.items())
+            + f" (all {sum(cpu_ms.values()):.2f} ms)"
+        )
+    if not dropped:
+        print("(page cache NOT dropped: not root)")
+    if ns.json:
+        ns.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
