@@ -202,7 +202,11 @@ def test_a_failed_miss_takes_one_miss_deadline(
     with WanProxy((host, int(port)), LinkSpec(rtt_s=0.0, rate_bps=math.inf)) as wan:
         mnt = tmp_path / "mnt"
         stack.start_spoke(
-            wan.address, tmp_path / "cache", mnt, "64MiB", extra=("--miss-deadline", "3")
+            wan.address,
+            tmp_path / "cache",
+            mnt,
+            "64MiB",
+            extra=("--miss-deadline", "3", "--background-fill", "off"),  # unseen.bin stays a miss
         )
         v1 = mnt / "ds" / "v1"
         assert (v1 / "seen.bin").read_bytes() == (src / "seen.bin").read_bytes()

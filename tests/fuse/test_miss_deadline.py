@@ -66,7 +66,8 @@ def test_a_whole_file_read_the_hub_cannot_serve_fails_after_one_miss_deadline(
             tmp_path / "cache",
             mnt,
             "64MiB",
-            extra=("--miss-deadline", f"{DEADLINE:g}"),
+            # no fill: the file must still be a miss when the link is cut
+            extra=("--miss-deadline", f"{DEADLINE:g}", "--background-fill", "off"),
         )
         v1 = mnt / "ds" / "v1"
         assert (v1 / "seen.bin").read_bytes() == (src / "seen.bin").read_bytes()  # link up
