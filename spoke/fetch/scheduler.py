@@ -72,7 +72,8 @@ class FetchScheduler:
         prefetch_budget: most bytes of hinted and readahead fetches queued or on the wire;
             requests beyond it are dropped (they are advisory).
         ledger: every prefetch source's counts and window (a fresh one by default: each
-            window at most ``prefetch_budget``, fill's at most the cache).
+            window at most ``prefetch_budget``; fill's at most the cache, hints' at most
+            the cache or the budget, whichever is more).
     """
 
     def __init__(
@@ -95,7 +96,10 @@ class FetchScheduler:
         self.prefetch_budget = prefetch_budget
         self.flights = FlightTable()
         self.ledger = ledger or PrefetchLedger(
-            {s: prefetch_budget for s in Source} | {Source.FILL: cache.capacity_bytes}
+            {s: prefetch_budget for s in Source}
+            | {Source.FILL: cache.capacity_bytes}
+            # a hint's far part fills free room in plan order, as fill does (hints.py)
+            | {Source.HINT: max(prefetch_budget, cache.capacity_bytes)}
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
