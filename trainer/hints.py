@@ -8,12 +8,22 @@ NoPFS does from the shuffle seed (Dryden et al., "Clairvoyant Prefetching for Di
 Machine Learning I/O", SC 2021). When the run ends each rank deletes its stream. It is
 plain JSON over HTTP: the trainer still only knows a path, and a failed post never stops
 training.
+
+Posting never holds training up: :meth:`HintPoster.post_later` hands a post to the
+poster's own thread (posts leave one at a time, in the order they were handed over, each
+computing its keys there), so the run builds its model and starts its DataLoader while the
+first posts are on their way, and its first read does not wait for any of them. A run
+posts the first few steps' keys of an epoch on their own first (:func:`split_head`), so the
+cache starts fetching what the first batches read while the rest of the plan is still
+being computed and posted.
 """
 
 from __future__ import annotations
 
 import hashlib
+import queue
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +31,12 @@ from pathlib import Path
 import httpx
 
 _STREAM_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,50}$")  # leaves room for ".rankN"
+
+CLOSE_WAIT_S = 30.0
+"""How long :meth:`HintPoster.close` waits for posts still queued or on their way."""
+
+Keys = Sequence[str] | Callable[[], Sequence[str]]
+"""A post's keys, or what computes them (called on the poster's thread)."""
 
 
 def default_stream(out: Path) -> str:
@@ -88,9 +104,27 @@ class HintTarget:
         )
 
 
+def split_head(keys: Sequence[str], head: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``keys`` (an epoch's first touches, in order) as the part ``head`` (the first touches
+    of its first steps) already names, and the rest.
+
+    The first touches of a prefix of the reads are a prefix of the first touches of all of
+    them, so the two parts, posted in turn, plan exactly ``keys``.
+
+    Raises:
+        ValueError: ``head`` is not a prefix of ``keys``.
+    """
+    if list(keys[: len(head)]) != list(head):
+        raise ValueError("the first steps' keys are not a prefix of the epoch's")
+    return list(head), list(keys[len(head) :])
+
+
 class HintPoster:
     """Posts one rank's read orders as its stream; failures are reported through ``echo``
     and otherwise ignored.
+
+    :meth:`post` posts at once; :meth:`post_later` queues a post for the poster's
+    thread (started on first use), which sends them one at a time, in order.
 
     Args:
         target: where to post.
@@ -107,6 +141,39 @@ class HintPoster:
         headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
         self._client = httpx.Client(base_url=target.url, headers=headers, timeout=30.0)
         self.posted = 0
+        self._queue: queue.Queue[tuple[Keys, bool] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+
+    def post_later(self, keys: Keys, append: bool) -> None:
+        """Queue a post of ``keys`` (or of what ``keys()`` returns, computed on the
+        poster's thread) and return at once; posts leave in the order queued."""
+        if self._closing:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hint-poster", daemon=True)
+            self._thread.start()
+        self._queue.put((keys, append))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            keys, append = item
+            try:
+                try:
+                    paths = keys() if callable(keys) else keys
+                except Exception as exc:  # a plan that cannot be computed is not posted
+                    self.echo(f"hints: read order not computed ({exc}); training goes on")
+                    continue
+                if paths:
+                    self.post(paths, append)
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def wait(self) -> None:
+        """Block until every queued post has been sent (or given up)."""
+        if self._thread is not None:
+            self._queue.join()
 
     def post(self, keys: Sequence[str], append: bool) -> bool:
         """Post one epoch's keys in read order; True when the service accepted them."""
@@ -129,9 +196,18 @@ class HintPoster:
         self.posted += 1
         return True
 
-    def close(self) -> None:
-        """Delete the stream if anything was posted (the plan ends with the run), then close
-        the HTTP client."""
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop taking posts, let the queued ones go out (for up to ``wait_s`` seconds
+        in all), delete the stream if anything was posted (the plan ends with the run),
+        then close the HTTP client."""
+        self._closing = True
+        thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(wait_s)
+            if thread.is_alive():
+                self.echo(f"hints: posts still running after {wait_s:.0f} s; not waiting")
+                return  # its client is still in use; the process is ending anyway
         try:
             if self.posted:
                 reply = self._client.delete(f"/v1/hints/{self.stream}")

@@ -95,6 +95,7 @@ def epoch_read_order(
     rank: int = 0,
     *,
     unique: bool = True,
+    steps: int | None = None,
 ) -> list[str]:
     """The store keys one rank reads in one epoch, in order (for prefetch hints).
 
@@ -104,6 +105,8 @@ def epoch_read_order(
         epoch: Epoch number, 0-based.
         rank: Rank whose shard to list.
         unique: First touch only (see :func:`planned_chunk_keys`).
+        steps: Only the epoch's first this many steps (None: all of it); with
+            ``unique``, a prefix of the whole epoch's keys.
 
     Returns:
         Store-relative keys; the trace mask's first.
@@ -112,4 +115,7 @@ def epoch_read_order(
         ValueError: If ``rank`` is out of range.
         DataError: If the store cannot be opened.
     """
-    return planned_chunk_keys(info, plan.shard(epoch, rank), plan.spec.patch, unique=unique)
+    positions = plan.shard(epoch, rank)
+    if steps is not None:
+        positions = positions[: max(0, steps) * plan.spec.batch_size]
+    return planned_chunk_keys(info, positions, plan.spec.patch, unique=unique)

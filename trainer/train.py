@@ -45,6 +45,7 @@ optimiser step and :meth:`Trainer.run` the loop; :func:`fit` drives it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -72,7 +73,7 @@ from trainer.checkpoint import (
 )
 from trainer.dataset import PatchDataset, worker_init
 from trainer.distributed import DistContext, dist_context_from_env, select_device
-from trainer.hints import HintPoster, default_stream
+from trainer.hints import HintPoster, default_stream, split_head
 from trainer.model import MaskedAutoencoder3D
 from trainer.options import DEFAULT_OUT, FitError, FitOptions, check_out_dir, validate
 from trainer.plan import STREAM_MASK, EpochPlan, EpochSampler, build_plan, derive_seed
@@ -85,6 +86,10 @@ from trainer.volume import DataError, VolumeInfo, check_fits, inspect_volume
 
 _STREAM_LOADER = 5
 """Seed-stream tag of the DataLoader's generator (see :func:`trainer.plan.derive_seed`)."""
+
+HINT_HEAD_STEPS = 8
+"""Steps whose keys a hinted run posts on their own before the rest of its plan (the
+first batches and the DataLoader's prefetch of the next ones)."""
 
 
 def available_cpus() -> int:
@@ -247,14 +252,21 @@ class Trainer:
     def setup(self, ckpt: dict[str, Any] | None) -> None:
         """Build everything the loop needs, restored from ``ckpt`` when resuming.
 
-        The output directory, torch threads, the model (seeded), AdamW and its schedule,
-        the mask generator (one stream per rank), DDP, the epoch sampler positioned at
-        the first step to run, the hint poster (posting this epoch's and the next's read
-        order) and the DataLoader.
+        The output directory, the hint poster first (its posts of this epoch's and the
+        next's read order leave on its own thread, so the cache fetches while the rest is
+        built), torch threads, the model (seeded), AdamW and its schedule, the mask
+        generator (one stream per rank), DDP, the epoch sampler positioned at the first
+        step to run, and the DataLoader.
         """
         opts, ctx, device = self.opts, self.ctx, self.device
         self.start_step = int(ckpt["step"]) if ckpt is not None else 0
         self.out.mkdir(parents=True, exist_ok=True)
+        self.epoch, offset = self.plan.locate(self.start_step + 1)
+        self.poster: HintPoster | None = None
+        if opts.hints is not None:  # every rank posts its own shard's order as its own stream
+            base = opts.hints.stream or default_stream(self.out)
+            self.poster = HintPoster(opts.hints, f"{base}.rank{ctx.rank}", self.echo)
+            self._post_first(self.epoch)  # first: the cache fetches while the model is built
         self.threads = opts.threads or default_threads(
             opts.workers, max(1, available_cpus() // ctx.local_world_size)
         )
@@ -277,15 +289,7 @@ class Trainer:
         self.net: nn.Module = distributed.wrap(self.model, ctx, device)
 
         self.sampler = EpochSampler(self.plan, ctx.rank)
-        self.epoch, offset = self.plan.locate(self.start_step + 1)
         self.sampler.set_epoch(self.epoch, offset)
-        self.poster: HintPoster | None = None
-        if opts.hints is not None:  # every rank posts its own shard's order as its own stream
-            base = opts.hints.stream or default_stream(self.out)
-            self.poster = HintPoster(opts.hints, f"{base}.rank{ctx.rank}", self.echo)
-        if self.poster is not None:  # this epoch and the next, so the cache always sees ahead
-            self.poster.post(self._read_order(self.epoch), append=False)
-            self.poster.post(self._read_order(self.epoch + 1), append=True)
         loader_gen = torch.Generator()
         loader_gen.manual_seed(derive_seed(opts.seed, _STREAM_LOADER, ctx.rank, self.epoch))
         workers = opts.workers
@@ -302,8 +306,25 @@ class Trainer:
             generator=loader_gen,
         )
 
-    def _read_order(self, epoch: int) -> list[str]:
-        return epoch_read_order(self.plan, self.info, epoch, self.ctx.rank)
+    def _read_order(self, epoch: int, steps: int | None = None) -> list[str]:
+        return epoch_read_order(self.plan, self.info, epoch, self.ctx.rank, steps=steps)
+
+    def _post_first(self, epoch: int) -> None:
+        """Queue the hint posts of a run's start (on the poster's thread, so nothing here
+        waits for them): the first :data:`HINT_HEAD_STEPS` steps' keys of ``epoch`` (the
+        stream's new plan), the rest of the epoch, then the next epoch, so the cache
+        always sees ahead."""
+        poster = self.poster
+        assert poster is not None
+        head: list[str] = []
+
+        def first_steps() -> list[str]:
+            head[:] = self._read_order(epoch, steps=HINT_HEAD_STEPS)
+            return head
+
+        poster.post_later(first_steps, append=False)
+        poster.post_later(lambda: split_head(self._read_order(epoch), head)[1], append=True)
+        poster.post_later(lambda: self._read_order(epoch + 1), append=True)
 
     def save(self, step: int) -> None:
         """Write the checkpoint after ``step`` (every rank's RNG state; rank 0 writes)."""
@@ -374,8 +395,9 @@ class Trainer:
                 except StopIteration:
                     self.epoch += 1
                     self.sampler.set_epoch(self.epoch, 0)
-                    if self.poster is not None:
-                        self.poster.post(self._read_order(self.epoch + 1), append=True)
+                    if self.poster is not None:  # on its thread: the loop goes on at once
+                        upcoming = functools.partial(self._read_order, self.epoch + 1)
+                        self.poster.post_later(upcoming, append=True)
                     iterator = iter(loader)
                     batch, corners = next(iterator)
                 t1 = time.perf_counter()

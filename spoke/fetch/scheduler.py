@@ -78,7 +78,8 @@ class FetchScheduler:
         prefetch_budget: most bytes of hinted and readahead fetches queued or on the wire;
             requests beyond it are dropped (they are advisory).
         ledger: every prefetch source's counts and window (a fresh one by default: each
-            window at most ``prefetch_budget``, fill's at most the cache).
+            window at most ``prefetch_budget``; fill's at most the cache, hints' at most
+            the cache or the budget, whichever is more).
         demand_gather_s: longest a demand miss is held to share a stream (0: never).
     """
 
@@ -103,7 +104,10 @@ class FetchScheduler:
         self.prefetch_budget = prefetch_budget
         self.flights = FlightTable()
         self.ledger = ledger or PrefetchLedger(
-            {s: prefetch_budget for s in Source} | {Source.FILL: cache.capacity_bytes}
+            {s: prefetch_budget for s in Source}
+            | {Source.FILL: cache.capacity_bytes}
+            # a hint's far part fills free room in plan order, as fill does (hints.py)
+            | {Source.HINT: max(prefetch_budget, cache.capacity_bytes)}
         )
         self.demand_gather_s = demand_gather_s
         self._tasks: set[asyncio.Task[None]] = set()

@@ -5,6 +5,14 @@ stream of the cache's :class:`spoke.cache.hinted.HintedPolicy` (one stream per r
 replaces only its own stream). As the mount reports reads, the cursors move and the
 service tops up a window of the soonest planned blocks not yet cached.
 
+Two parts: the **near** blocks (the next ``window_bytes`` of planned reads) go out as
+hinted prefetches, ahead of readahead, soonest first; once all of them are on their way,
+the **far** ones (the rest of the plan, as far as the cache's free room goes, less a
+window's worth kept free) follow in plan order behind every other class, so the link
+stays busy with the plan as background fill would keep it busy with the snapshot (fill
+waits while a hint is installed). A reader's demand miss never waits behind either
+(:mod:`spoke.fetch.pacer`).
+
 Prefetching never costs a fetch that Belady's MIN would not make: a planned block is
 fetched early only into free room, or in place of a block whose next planned read comes
 *later* than its own; MIN would evict that block for it on the miss anyway. Anything
@@ -39,6 +47,7 @@ from typing import TYPE_CHECKING
 from spoke.cache.hinted import HintedPolicy, HintPlan, HintStream
 from spoke.cache.hintplan import PlanBuilder, PlanLimit
 from spoke.errors import OverLimit
+from spoke.fetch.ledger import Source
 from spoke.fetch.priority import Priority
 
 if TYPE_CHECKING:
@@ -298,21 +307,49 @@ class HintService:
     # -- prefetch --------------------------------------------------------------------------
 
     def plan(self) -> list[tuple[str, int]]:
-        """The planned blocks to fetch now, soonest first (see the module docstring)."""
+        """The planned blocks to fetch now, soonest first (see the module docstring):
+        :meth:`plan_parts`' window, then the rest it takes into free room."""
+        near, far = self.plan_parts()
+        return near + far
+
+    def plan_parts(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """The planned blocks to fetch now, soonest first, in two parts.
+
+        * **Near**: the blocks of the next ``window_bytes`` of planned reads not yet
+          cached or on their way, each into free room or in place of a block whose next
+          planned read is later.
+        * **Far**: once every near block is taken, the planned blocks after the window,
+          in plan order, into free room only (never in place of a block) and only as far
+          as a window's worth of room stays free after them (for the next window, another
+          stream's or a reader's misses), so the link stays busy with the rest of the plan
+          while the cache has room to spare. A cache filling in plan order holds what
+          Belady's MIN holds at its first eviction, so while the plan is what is read this
+          fetches nothing MIN would not; a far block evicted unread shrinks the hint's
+          ledger window like any other.
+        """
         window: list[tuple[float, str, int]] = []
-        total = 0
-        # enough positions per stream to fill the window, within reason (each plan runs
-        # on every reported read)
-        count = min(MAX_LOOKAHEAD, max(16, self.window_bytes // max(1, self._smallest)))
+        beyond: list[tuple[str, int]] = []
+        free = self.cache.free_bytes - self.scheduler.on_the_way_bytes
+        total = beyond_bytes = 0
+        past = False
+        # enough positions per stream to fill the window and the free room, within reason
+        # (each plan runs on every reported read; a full cache looks at the window only)
+        reach = self.window_bytes + max(0, free)
+        count = min(MAX_LOOKAHEAD, max(16, reach // max(1, self._smallest)))
         for when, digest, size in self.policy.upcoming_blocks(count):
-            if total + size > self.window_bytes:
-                break
-            total += size
-            if not self.cache.contains(digest) and not self.scheduler.is_fetching(digest):
+            past = past or total + size > self.window_bytes
+            if not past:
+                total += size
+            if self.cache.contains(digest) or self.scheduler.is_fetching(digest):
+                continue
+            if not past:
                 window.append((when, digest, size))
-        if not window:
-            return []
-        room = self.cache.free_bytes - self.scheduler.on_the_way_bytes
+                continue
+            beyond_bytes += size
+            if beyond_bytes > free:
+                break
+            beyond.append((digest, size))
+        room = free
         want = sum(size for _, _, size in window) - room
         victims = iter(self.policy.victims(want) if want > 0 else [])
         victim = next(victims, None)
@@ -322,15 +359,28 @@ class HintService:
                 room += victim.size
                 victim = next(victims, None)
             if room < size:
-                break
+                return chosen, []  # the near blocks come first: nothing beyond them yet
             room -= size
             chosen.append((digest, size))
-        return chosen
+        free -= sum(size for _, size in chosen) + self.window_bytes
+        far: list[tuple[str, int]] = []
+        for digest, size in beyond:
+            if size > free:
+                break
+            free -= size
+            far.append((digest, size))
+        return chosen, far
 
     def prefetch_ahead(self) -> int:
-        """Start fetching :meth:`plan`; returns how many fetches started."""
-        chosen = self.plan()
-        return self.scheduler.prefetch(chosen, Priority.HINT) if chosen else 0
+        """Start fetching :meth:`plan_parts`: the near blocks as hinted prefetches, the far
+        ones behind every other class (:attr:`Priority.FILL`: background fill waits while a
+        hint is installed); both are the hint's in the prefetch ledger. Returns how many
+        fetches started."""
+        near, far = self.plan_parts()
+        started = self.scheduler.prefetch(near, Priority.HINT) if near else 0
+        if far:
+            started += self.scheduler.prefetch(far, Priority.FILL, Source.HINT)
+        return started
 
 
 class _Builder(PlanBuilder):

@@ -19,6 +19,7 @@ from spoke.cache.hinted import HintedPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.errors import InvalidRequest
+from spoke.fetch.ledger import Source
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.prefetch import hints as hintservice
 from spoke.prefetch.hints import HintService
@@ -31,16 +32,24 @@ class InstantScheduler:
 
     def __init__(self) -> None:
         self.queued: list[tuple[str, int]] = []
+        self.classes: dict[str, Priority] = {}  # each queued digest's class
         self.fetches = 0
         self.on_the_way_bytes = 0  # prefetches land at once
 
     def is_fetching(self, digest: str) -> bool:
         return any(d == digest for d, _ in self.queued)
 
-    def prefetch(self, blocks: Sequence[tuple[str, int]], priority: Priority) -> int:
-        assert priority == Priority.HINT
+    def prefetch(
+        self,
+        blocks: Sequence[tuple[str, int]],
+        priority: Priority,
+        source: Source | None = None,
+    ) -> int:
+        # near blocks as hinted prefetches; the far ones behind every class, still the hint's
+        assert (priority, source) in ((Priority.HINT, None), (Priority.FILL, Source.HINT))
         new = [b for b in blocks if not self.is_fetching(b[0])]
         self.queued += new
+        self.classes |= {d: priority for d, _ in new}
         return len(new)
 
 
@@ -198,5 +207,34 @@ def test_prefetch_does_no_harm_when_the_cache_holds_sooner_blocks(tmp_path: Path
         assert scheduler.queued == []  # fetching 4-7 now would evict blocks needed sooner
         service.observe(digests[:2])  # 0 and 1 are read and never needed again
         assert [d for d, _ in scheduler.queued] == digests[4:6]  # they make room for 4 and 5
+
+    asyncio.run(go())
+
+
+def test_the_rest_of_the_plan_follows_into_free_room_behind_the_window(tmp_path: Path) -> None:
+    _, scheduler, service, _ = _setup(tmp_path, 32)
+    service.window_bytes = 8 * SIZE
+    digests = [block_digest(_data(i)) for i in range(40)]
+    service.install("r", [(d, SIZE) for d in digests])
+    # the window's 8 blocks first, as hinted prefetches; then the next 16, behind every
+    # other class, as far as the free room goes with a window's worth (8) kept free
+    assert [d for d, _ in scheduler.queued] == digests[:24]
+    assert [scheduler.classes[d] for d in digests[:24]] == [Priority.HINT] * 8 + [
+        Priority.FILL
+    ] * 16
+
+
+def test_the_rest_of_the_plan_never_takes_a_resident_blocks_place(tmp_path: Path) -> None:
+    async def go() -> None:
+        cache, scheduler, service, _ = _setup(tmp_path, 12)
+        service.window_bytes = 4 * SIZE
+        for i in range(100, 110):  # resident, never planned: the first to make room
+            await cache.admit(block_digest(_data(i)), _data(i))
+        digests = [block_digest(_data(i)) for i in range(12)]
+        service.install("r", [(d, SIZE) for d in digests])
+        # the window takes the free room and two unplanned residents' places; nothing
+        # beyond it evicts for its room
+        assert [d for d, _ in scheduler.queued] == digests[:4]
+        assert {scheduler.classes[d] for d in digests[:4]} == {Priority.HINT}
 
     asyncio.run(go())

@@ -1,10 +1,12 @@
-"""``fit --hints URL``: each upcoming epoch's read order is posted; failures never stop a run."""
+"""``fit --hints URL``: each upcoming epoch's read order is posted, the first steps' keys
+first; posting never holds training up (the first read happens before the plan is fully
+posted); failures never stop a run."""
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -12,18 +14,25 @@ from typing import Any, ClassVar
 import pytest
 
 from tests.component.test_trainer_cli import f3_mdio  # noqa: F401  (fixture)
+from trainer import train
+from trainer.dataset import PatchDataset
 from trainer.hints import HintTarget, default_stream
 from trainer.presets import get_preset
 from trainer.readorder import epoch_read_order
+from trainer.synth import SynthSpec, synth
 from trainer.train import FitOptions, build_dataset, fit
 
 
 class _Recorder(BaseHTTPRequestHandler):
     posts: ClassVar[list[tuple[str, dict[str, Any], str]]] = []
     deletes: ClassVar[list[str]] = []
+    hold: ClassVar[threading.Event | None] = None  # set: answer the first post
+    held: ClassVar[list[bool]] = []  # per post held: whether ``hold`` was set in time
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if _Recorder.hold is not None and not _Recorder.posts:
+            _Recorder.held.append(_Recorder.hold.wait(HOLD_S))
         _Recorder.posts.append((self.path, body, self.headers.get("Authorization", "")))
         self._reply(202)
 
@@ -41,10 +50,26 @@ class _Recorder(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small synthetic volume of 3x3x2 chunks: one step reads most of them, not all."""
+    out = tmp_path_factory.mktemp("hints") / "synth.mdio"
+    synth(out, SynthSpec(shape=(40, 36, 64), chunks=(16, 16, 32), seed=2, dead_fraction=0.05))
+    return out
+
+
+HOLD_S = 30.0
+"""How long the recorder holds the first post back waiting for a read (a trainer that
+posts before it reads never reads meanwhile: the post is then answered late, and counted
+as not held)."""
+
+
 @pytest.fixture
 def server() -> Iterator[str]:
     _Recorder.posts = []
     _Recorder.deletes = []
+    _Recorder.hold = None
+    _Recorder.held = []
     httpd = HTTPServer(("127.0.0.1", 0), _Recorder)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -77,10 +102,13 @@ def test_default_stream_is_per_output_directory(tmp_path: Path) -> None:
     assert a != b and a == default_stream(tmp_path / "a") and a.startswith("fit-")
 
 
-def test_fit_posts_each_upcoming_epoch(f3_mdio: Path, tmp_path: Path, server: str) -> None:  # noqa: F811
-    target = HintTarget(server, "f3", "v1", "f3.mdio", token="tok")
+def test_fit_posts_each_upcoming_epoch(
+    volume: Path, tmp_path: Path, server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(train, "HINT_HEAD_STEPS", 1)  # an epoch here is 8 steps
+    target = HintTarget(server, "synth", "v1", "synth.mdio", token="tok")
     opts = FitOptions(
-        data=f3_mdio,
+        data=volume,
         out=tmp_path / "run",
         steps=12,
         workers=0,
@@ -90,18 +118,64 @@ def test_fit_posts_each_upcoming_epoch(f3_mdio: Path, tmp_path: Path, server: st
     )
     fit(opts, echo=lambda _: None)
     posts = _Recorder.posts
-    assert [p for p, _, _ in posts] == ["/v1/hints"] * 3  # epochs 0 and 1, then 2 at the rollover
-    assert [b["append"] for _, b, _ in posts] == [False, True, True]
+    # epoch 0's first 2 steps, the rest of epoch 0, epoch 1, then 2 at the rollover
+    assert [p for p, _, _ in posts] == ["/v1/hints"] * 4
+    assert [b["append"] for _, b, _ in posts] == [False, True, True, True]
     assert all(auth == "Bearer tok" for _, _, auth in posts)
     stream = default_stream(tmp_path / "run") + ".rank0"
     assert all(body["stream"] == stream for _, body, _ in posts)
     assert _Recorder.deletes == [f"/v1/hints/{stream}"]  # the plan ends with the run
     config = get_preset("tiny")
     info, _, plan = build_dataset(opts, config, config.batch_size, world_size=1)
-    for epoch, (_, body, _) in enumerate(posts):
-        assert body["dataset"] == "f3" and body["ref"] == "v1"
-        expected = ["f3.mdio/" + k for k in epoch_read_order(plan, info, epoch, 0)]
-        assert body["paths"] == expected and expected
+    assert all(body["dataset"] == "synth" and body["ref"] == "v1" for _, body, _ in posts)
+    paths = [body["paths"] for _, body, _ in posts]
+
+    def order(epoch: int, steps: int | None = None) -> list[str]:
+        return ["synth.mdio/" + k for k in epoch_read_order(plan, info, epoch, 0, steps=steps)]
+
+    assert paths[0] == order(0, steps=1) and 0 < len(paths[0]) < len(order(0))
+    assert paths[0] + paths[1] == order(0)  # the two parts plan exactly epoch 0
+    assert paths[2] == order(1) and paths[3] == order(2)
+
+
+def test_the_first_read_happens_before_the_plan_is_fully_posted(
+    volume: Path, tmp_path: Path, server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service holds the first post unanswered until the trainer has read a patch: a
+    trainer that waited for its posts before reading would read nothing meanwhile."""
+    _Recorder.hold = threading.Event()
+    reads: list[int] = []
+    posted_at_first_read: list[int] = []
+    read_patch = PatchDataset.read_patch
+
+    def reading(self: PatchDataset, corner: Sequence[int]) -> Any:
+        if not reads:
+            posted_at_first_read.append(len(_Recorder.posts))
+        reads.append(1)
+        assert _Recorder.hold is not None
+        _Recorder.hold.set()
+        return read_patch(self, corner)
+
+    monkeypatch.setattr(PatchDataset, "read_patch", reading)
+    monkeypatch.setattr(train, "HINT_HEAD_STEPS", 1)
+    target = HintTarget(server, "synth", "v1", "synth.mdio")
+    opts = FitOptions(
+        data=volume,
+        out=tmp_path / "run",
+        steps=4,
+        workers=0,
+        epoch_size=64,
+        threads=1,
+        hints=target,
+    )
+    summary = fit(opts, echo=lambda _: None)
+    assert summary["steps"] == 4 and reads
+    assert posted_at_first_read == [0]  # no post had been answered at the first read
+    assert _Recorder.held == [True]  # the first post was answered after a read, not on timeout
+    # all of it, in order: epoch 0's first step, the rest of epoch 0, epoch 1
+    assert [b["append"] for _, b, _ in _Recorder.posts] == [False, True, True]
+    stream = default_stream(tmp_path / "run") + ".rank0"
+    assert _Recorder.deletes == [f"/v1/hints/{stream}"]
 
 
 def test_unreachable_hint_service_does_not_stop_training(f3_mdio: Path, tmp_path: Path) -> None:  # noqa: F811
