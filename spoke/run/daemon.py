@@ -123,6 +123,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             high_watermark=settings.high_watermark,
             low_watermark=settings.low_watermark,
         )
+        stack.callback(cache.flush_recency)  # before the index closes
         hub = HubClient(settings.hub, credentials=settings.hub_credentials())
         stack.push_async_callback(hub.close)
         catalog = SnapshotCatalog(hub, env, settings.publisher())

@@ -49,6 +49,36 @@ def test_malformed_digest_never_becomes_a_path(tmp_path: Path) -> None:
         CacheLayout(tmp_path).block_path("../../etc/passwd")
 
 
+def test_hits_recency_reaches_the_index_at_most_once_a_second_and_at_flush(
+    tmp_path: Path,
+) -> None:
+    layout = CacheLayout(tmp_path)
+    cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(1000), 1000)
+    digests = []
+    for i in range(3):
+        d, data = _block(i)
+        asyncio.run(cache.admit(d, data))
+        digests.append(d)
+
+    def stored() -> dict[str, int]:
+        return {b.digest: b.tick for b in cache.store}
+
+    admitted = stored()
+    assert cache.record_access([digests[1]]) == 1  # the first batch after a quiet second
+    assert stored()[digests[1]] > admitted[digests[2]]
+    before = stored()
+    assert cache.record_access([digests[0], "not-resident"]) == 1  # within the second
+    assert stored() == before  # gathered, not yet written
+    assert cache.policy.resident() == [digests[2], digests[1], digests[0]]  # the policy saw it
+    cache.flush_recency()
+    after = stored()
+    assert after[digests[2]] < after[digests[1]] < after[digests[0]]
+    cache.store._env.close()
+    again = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(1000), 1000)
+    assert isinstance(again.policy, LRUPolicy)
+    assert again.policy.resident() == [digests[2], digests[1], digests[0]]  # as the hits left it
+
+
 def test_cache_evicts_lru_to_capacity_and_persists_recency(tmp_path: Path) -> None:
     layout = CacheLayout(tmp_path)
 
