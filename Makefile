@@ -3,7 +3,8 @@
 #   make test   — protocol freshness, lint, types, import contracts, the whole test suite
 #   make bench  — Strata side by side with local disk, copy-first, rclone and httpdirfs
 #                 over an emulated WAN (BENCH_ARGS="--size 2GiB" etc.; see BENCHMARKS.md),
-#                 then prewarm link use and hinted hit ratios through a real mount
+#                 then prewarm link use, small-file misses, hit ratios simulated and
+#                 through a real mount
 
 PYTHON ?= python3
 VENV   := .venv
@@ -52,6 +53,8 @@ setup: $(READY)
 bench: $(READY) bench-deps
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 	$(BIN)/python -m bench.prewarm_link
+	$(BIN)/python -m bench.small_files
+	$(BIN)/python -m bench.policy_sim
 	$(BIN)/python -m bench.hints_mount
 
 # The tools the benchmark compares against, from Debian: fio, rclone, httpdirfs. Only

@@ -228,13 +228,13 @@ def test_the_rest_of_the_plan_never_takes_a_resident_blocks_place(tmp_path: Path
     async def go() -> None:
         cache, scheduler, service, _ = _setup(tmp_path, 12)
         service.window_bytes = 4 * SIZE
-        for i in range(100, 110):  # resident, never planned: the first to make room
-            await cache.admit(block_digest(_data(i)), _data(i))
+        for i in range(100, 110):  # resident, never planned, all kept by the policy's
+            await cache.admit(block_digest(_data(i)), _data(i))  # shadow (hinted.py)
         digests = [block_digest(_data(i)) for i in range(12)]
         service.install("r", [(d, SIZE) for d in digests])
-        # the window takes the free room and two unplanned residents' places; nothing
-        # beyond it evicts for its room
-        assert [d for d, _ in scheduler.queued] == digests[:4]
-        assert {scheduler.classes[d] for d in digests[:4]} == {Priority.HINT}
+        # the window takes the free room only (an unhinted job keeps what its policy would
+        # keep); nothing beyond it evicts for its room
+        assert [d for d, _ in scheduler.queued] == digests[:2]
+        assert {scheduler.classes[d] for d in digests[:2]} == {Priority.HINT}
 
     asyncio.run(go())
