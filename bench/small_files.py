@@ -12,13 +12,20 @@ read whole, close; every file once):
 * **Strata cold**: a fresh spoke, empty cache (``--background-fill off``: every file is a
   demand miss). The snapshot's tree is loaded before the clock starts (one ``stat`` of its
   root; printed on its own), so the figure is the misses';
-* **Strata warm**: the same spoke again in another order, every block on its disk.
+* **Strata warm**: the same spoke again in another order, every block on its disk;
+* **over a WAN** (``--rtt-ms``, ``--rate``: 50 ms, 1 Gbit/s by default; ``--no-wan`` skips
+  them), each on a fresh spoke with its defaults (background fill on) behind
+  :mod:`bench.wan`: the job posting its read order first (``POST /v1/hints``, one stream,
+  as ``strata-train fit --hints`` does), then the same job without hints. Their figure is
+  link use: the bytes that crossed the link from the job's start (the post, the tree's
+  load) to its last read, over what the link could carry meanwhile.
 
 Prints files/s, the ratios to local, the hub's ReadBlocks streams and blocks served during
 the cold pass (``strata_hub_requests_total{method="ReadBlocks"}``,
 ``strata_hub_blocks_served_total``, from the hub's ``--metrics``), and the spoke's demand
-misses (``strata_spoke_demand_miss_seconds``: count and mean). Target (issue 25): cold ≥
-2,000 files/s with 8 readers.
+misses (``strata_spoke_demand_miss_seconds``: count and mean). Targets (issue 25): cold ≥
+2,000 files/s with 8 readers on loopback; over 50 ms / 1 Gbit/s with hints ≥ 80 % link
+use.
 """
 
 from __future__ import annotations
@@ -39,7 +46,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.local import LocalStack, drop_page_cache, free_port, publish
+from bench.measure import LinkSampler, link_utilisation
+from bench.wan import LinkSpec, WanProxy, parse_hostport, parse_rate
+from deploy.local import LocalStack, admin_headers, drop_page_cache, free_port, publish
 
 FILE_BYTES = 64 * 1024
 PER_DIR = 1000
@@ -140,6 +149,59 @@ def spoke_processes(supervisor: int) -> dict[str, int]:
     return out
 
 
+def wan_pass(
+    hub: str,
+    work: Path,
+    tag: str,
+    order: Sequence[str],
+    readers: int,
+    link: LinkSpec,
+    hints: bool,
+    cache_size: str,
+) -> dict[str, Any]:
+    """One shuffled pass of ``order`` on a fresh spoke (its defaults) behind an emulated
+    ``link`` to ``hub``; with ``hints`` the read order is posted first.
+
+    Returns:
+        ``seconds`` (the job: post, tree load and reads), ``files_s``, ``link_bytes``,
+        ``link_use`` (0–1), ``tree_load_s`` and each file's SHA-256 (``sums``).
+
+    Raises:
+        httpx.HTTPStatusError: the spoke refused the hint.
+        RuntimeError: a reader failed.
+    """
+    with (
+        WanProxy(parse_hostport(hub), link) as wan,
+        LinkSampler(wan) as sampler,
+        LocalStack() as stack,
+    ):
+        cache, mnt = work / f"cache-{tag}", work / f"mnt-{tag}"
+        admin = stack.start_spoke(wan.address, cache, mnt, cache_size)
+        root = mnt / "small" / "v1"
+        drop_page_cache(3)
+        t0 = sampler.mark()
+        if hints:
+            body = {"dataset": "small", "ref": "v1", "paths": list(order), "stream": "bench"}
+            headers = admin_headers(cache)
+            httpx.post(
+                f"{admin}/v1/hints", json=body, headers=headers, timeout=120
+            ).raise_for_status()
+        started = time.perf_counter()
+        os.stat(root)  # loads the snapshot's tree (already loaded by the hint's post)
+        tree_s = time.perf_counter() - started
+        _, sums = read_pass(root, order, readers)
+        t1 = sampler.mark()
+        down = sampler.down_bytes(t0, t1)
+    return {
+        "seconds": t1 - t0,
+        "files_s": len(order) / (t1 - t0),
+        "link_bytes": down,
+        "link_use": link_utilisation(down, t1 - t0, link.rate_bps),
+        "tree_load_s": tree_s,
+        "sums": sums,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: prints the table; ``--json`` also writes the figures."""
     parser = argparse.ArgumentParser(
@@ -158,8 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FLAG",
         help="more strata-spoke run flags, e.g. --spoke-flag=--passthrough=off",
     )
+    parser.add_argument("--rtt-ms", type=float, default=50.0, help="the WAN passes' RTT")
+    parser.add_argument("--rate", default="1Gbit", help="the WAN passes' rate, e.g. 1Gbit")
+    parser.add_argument("--no-wan", action="store_true", help="skip the WAN passes")
     parser.add_argument("--json", type=Path, default=None)
     ns = parser.parse_args(argv)
+    link = LinkSpec(rtt_s=ns.rtt_ms / 1e3, rate_bps=parse_rate(ns.rate))
     files = 1000 if ns.quick else ns.files
     rng = random.Random(ns.seed)
     with tempfile.TemporaryDirectory(prefix="strata-small-files-") as tmp:
@@ -197,7 +263,18 @@ def main(argv: list[str] | None = None) -> int:
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             warm_s, warm_sums = read_pass(root, warm_order, ns.readers)
             warm_cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
-    for label, got in (("local", local_sums), ("cold", cold_sums), ("warm", warm_sums)):
+            stack.stop_spoke()
+            wan: dict[str, dict[str, Any]] = {}
+            for tag, hinted in (("wan-hints", True), ("wan-fill", False)):
+                if ns.no_wan:
+                    break
+                print(f"{tag} pass", flush=True)
+                wan[tag] = wan_pass(
+                    hub, work, tag, cold_order, ns.readers, link, hinted, f"{cache_mib}MiB"
+                )
+    passes = [("local", local_sums), ("cold", cold_sums), ("warm", warm_sums)]
+    passes += [(tag, got.pop("sums")) for tag, got in wan.items()]
+    for label, got in passes:
         if got != sums:
             print(f"bench.small_files: error: the {label} pass read wrong bytes", file=sys.stderr)
             return 1
@@ -226,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         "cold_demand_miss_mean_s": miss_s / misses if misses else None,
         "cold_cpu_ms_per_file": {name: 1e3 * sec / files for name, sec in cpu.items()},
         "warm_cpu_ms_per_file": {name: 1e3 * sec / files for name, sec in warm_cpu.items()},
+        "wan": {"link": link.describe(), **wan},
     }
     local = result["local_files_s"]
     print(f"| {files} files of 64 KiB, {ns.readers} readers | files/s | / local |")
@@ -234,6 +312,15 @@ def main(argv: list[str] | None = None) -> int:
     for key, label in (("cold", "Strata cold (empty spoke)"), ("warm", "Strata warm")):
         rate = result[f"{key}_files_s"]
         print(f"| {label} | {rate:,.0f} | {rate / local:.2f} |")
+    for tag, label in (("wan-hints", "with hints"), ("wan-fill", "no hints, fill on")):
+        if tag in wan:
+            row = wan[tag]
+            print(
+                f"| Strata cold over {link.describe()}, {label} | {row['files_s']:,.0f} | "
+                f"{row['files_s'] / local:.2f} | link use {100 * row['link_use']:.0f} % "
+                f"({row['link_bytes'] / 1e6:,.0f} MB in {row['seconds']:.1f} s, tree "
+                f"{row['tree_load_s']:.2f} s) |"
+            )
     mean = result["cold_demand_miss_mean_s"]
     print(
         f"cold: {result['cold_readblocks_streams']:.0f} ReadBlocks streams at the hub for "
