@@ -77,6 +77,14 @@ MAX_LOOKAHEAD = 1024
 IDLE_S = 900.0
 """A stream without a read or a post for this long is dropped, seconds."""
 
+FAR_PLAN_S = 0.5
+"""Shortest time between two plans that look past the window, seconds. The near window is
+planned on every reported read (every 10 ms while a trainer reads); the far part walks up
+to :data:`MAX_LOOKAHEAD` positions per stream, and doing that on every report cost a
+hinted cold run more daemon CPU than the background fill's whole run (`bench.run`, 2
+cores: 144 against 187 samples/s). Half a second of link is a small part of the far part,
+which only fills free room."""
+
 
 @dataclass(frozen=True)
 class HintStatus:
@@ -135,6 +143,7 @@ class HintService:
         self.window_bytes = max(0, min(window_bytes, cache.capacity_bytes // 2))
         self.idle_s = idle_s
         self._clock = clock
+        self._far_planned = -FAR_PLAN_S  # when a plan last looked past the window
         self._active: dict[str, float] = {}  # stream -> last post or counted read
         self._smallest = 1 << 62  # smallest hinted block, bytes
         self._sources: dict[str, list[str]] = {}  # stream -> snapshots its plan reads
@@ -333,8 +342,13 @@ class HintService:
         total = beyond_bytes = 0
         past = False
         # enough positions per stream to fill the window and the free room, within reason
-        # (each plan runs on every reported read; a full cache looks at the window only)
-        reach = self.window_bytes + max(0, free)
+        # (each plan runs on every reported read; a full cache looks at the window only,
+        # and past the window a plan looks at most every FAR_PLAN_S)
+        now = self._clock()
+        far_due = now - self._far_planned >= FAR_PLAN_S
+        if far_due:
+            self._far_planned = now
+        reach = self.window_bytes + (max(0, free) if far_due else 0)
         count = min(MAX_LOOKAHEAD, max(16, reach // max(1, self._smallest)))
         for when, digest, size in self.policy.upcoming_blocks(count):
             past = past or total + size > self.window_bytes

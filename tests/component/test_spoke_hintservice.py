@@ -22,7 +22,7 @@ from spoke.errors import InvalidRequest
 from spoke.fetch.ledger import Source
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.prefetch import hints as hintservice
-from spoke.prefetch.hints import HintService
+from spoke.prefetch.hints import FAR_PLAN_S, HintService
 
 SIZE = 512  # bytes per block
 
@@ -222,6 +222,22 @@ def test_the_rest_of_the_plan_follows_into_free_room_behind_the_window(tmp_path:
     assert [scheduler.classes[d] for d in digests[:24]] == [Priority.HINT] * 8 + [
         Priority.FILL
     ] * 16
+
+
+def test_past_the_window_a_plan_looks_at_most_every_far_plan_interval(tmp_path: Path) -> None:
+    _, scheduler, service, now = _setup(tmp_path, 32)
+    service.window_bytes = 4 * SIZE
+    digests = [block_digest(_data(i)) for i in range(64)]
+    service.install("r", [(d, SIZE) for d in digests])
+    assert [d for d, _ in scheduler.queued] == digests[:28]  # free room less a window
+    scheduler.queued = []  # every fetch was dropped
+    now[0] += FAR_PLAN_S / 2
+    service.prefetch_ahead()  # too soon to look far: the window and the least lookahead
+    assert [d for d, _ in scheduler.queued] == digests[:16]
+    now[0] += FAR_PLAN_S / 2
+    scheduler.queued = []  # (this scheduler counts nothing on the way)
+    service.prefetch_ahead()  # half a second on: the far part again
+    assert [d for d, _ in scheduler.queued] == digests[:28]
 
 
 def test_the_rest_of_the_plan_never_takes_a_resident_blocks_place(tmp_path: Path) -> None:
