@@ -80,10 +80,10 @@ IDLE_S = 900.0
 FAR_PLAN_S = 0.5
 """Shortest time between two plans that look past the window, seconds. The near window is
 planned on every reported read (every 10 ms while a trainer reads); the far part walks up
-to :data:`MAX_LOOKAHEAD` positions per stream, and doing that on every report cost a
-hinted cold run more daemon CPU than the background fill's whole run (`bench.run`, 2
-cores: 144 against 187 samples/s). Half a second of link is a small part of the far part,
-which only fills free room."""
+to :data:`MAX_LOOKAHEAD` positions per stream, and this bounds that walk to twice a
+second. Half a second of link is a small part of the far part, which only fills free
+room. (`bench.hint_start --rows hints,fill --repeat 2` showed no difference beyond its
+noise between 0.5 and 0: the hinted run's extra CPU is elsewhere, see BENCHMARKS.md.)"""
 
 
 @dataclass(frozen=True)
