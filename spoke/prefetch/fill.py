@@ -68,6 +68,7 @@ class Fill:
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
     passes: int = 0  # passes of the fill loop over this snapshot that have ended
+    counted: float = field(default=float("-inf"), repr=False)  # when status last counted
     logged: str = field(default="", repr=False)  # the last state said in the log
 
     def say(self, state: FillState, reason: str) -> None:
@@ -173,19 +174,23 @@ class BackgroundFill:
                 if snapshot.key in self.fills:
                     continue
                 total = snapshot.total_bytes
-                fill = Fill(snapshot.key, total)
+                fill = Fill(snapshot.key, total, bytes_resident=self._resident(snapshot.sizes))
                 limit = int(self.share * self.cache.capacity_bytes)
                 if total > limit:
                     fill.say(
                         "too large",
                         f"{total:,} bytes is more than {self.share:.0%} of the cache "
-                        f"({limit:,} bytes)",
+                        f"({limit:,} bytes; a larger --cache-size or --fill-share lets it fill)",
                     )
                 else:
+                    coming = sum(  # the reads' own misses are on their way already
+                        s for d, s in snapshot.sizes.items() if self.scheduler.is_fetching(d)
+                    )
+                    left = max(0, total - fill.bytes_resident - coming)
                     fill.say(
                         "filling",
-                        f"{total - self._resident(snapshot.sizes):,} of {total:,} bytes "
-                        "to fetch over the link; --background-fill off turns it off",
+                        f"{left:,} of {total:,} bytes to fetch over the link; "
+                        "--background-fill off turns it off",
                     )
                 self.fills[snapshot.key] = fill
                 self._wake.set()
@@ -309,7 +314,14 @@ class BackgroundFill:
         metrics.FILL_REMAINING_BYTES.set(sum(f.bytes_total - f.bytes_resident for f in active))
 
     def status(self) -> dict[str, object]:
-        """JSON-ready: mode, rate limit and every fill, newest last."""
+        """JSON-ready: mode, rate limit and every fill, newest last. A snapshot too large to
+        fill has its resident bytes counted again here (at most once a second each): no
+        fill pass counts them for it."""
+        now = time.monotonic()
+        for fill in self.fills.values():
+            snapshot = self.index.get(fill.key)
+            if fill.state == "too large" and snapshot is not None and now - fill.counted >= 1.0:
+                fill.bytes_resident, fill.counted = self._resident(snapshot.sizes), now
         return {
             "mode": self.mode,
             "rate_limit_bytes_per_s": self.rate_bps,

@@ -110,3 +110,4 @@ def test_the_fill_stays_off_when_the_snapshot_exceeds_the_share(
     assert "\nstrata_spoke_fill_bytes_total 0.0\n" in metrics
     after = _snapshot(_fill(cache))
     assert after is not None and after["state"] == "too large" and after["bytes_filled"] == 0
+    assert after["bytes_resident"] == BLOCK  # the one file read, no more
