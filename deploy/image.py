@@ -371,6 +371,7 @@ def build(
             *ulimit_args(),
             f"--target={target}",
             "--pull=never",
+            "--no-cache",  # podman 4.3 reused a cached image with another build's labels
             f"--build-arg=BASE={base}",
             *(f"--build-arg={_ARG[key]}={value}" for key, value in labels(source).items()),
             f"--build-arg=OCI_BASE_NAME={BASE}",
