@@ -312,14 +312,6 @@ def _git(*args: str) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-_ARG = {
-    f"org.opencontainers.image.{name}": f"OCI_{name.upper()}"
-    for name in ("version", "revision", "created", "source")
-}
-"""Each label's build argument in deploy/Containerfile (a ``--label`` flag does not
-invalidate podman's layer cache, so a cached image kept an earlier build's revision)."""
-
-
 def labels(source: str | None = None) -> dict[str, str]:
     """The OCI labels (annotations spec: version, revision, created, source) of an image
     built from this checkout now."""
@@ -371,11 +363,11 @@ def build(
             *ulimit_args(),
             f"--target={target}",
             "--pull=never",
-            "--no-cache",  # podman 4.3 reused a cached image with another build's labels
+            "--no-cache",  # a cached image keeps an earlier build's labels (podman 4.3)
             f"--build-arg=BASE={base}",
-            *(f"--build-arg={_ARG[key]}={value}" for key, value in labels(source).items()),
-            f"--build-arg=OCI_BASE_NAME={BASE}",
-            f"--build-arg=OCI_BASE_DIGEST={digest}",
+            *(f"--label={key}={value}" for key, value in labels(source).items()),
+            f"--label=org.opencontainers.image.base.name={BASE}",
+            f"--label=org.opencontainers.image.base.digest={digest}",
             f"--tag={image}",
             f"--file={CONTAINERFILE}",
             str(context),
