@@ -18,6 +18,12 @@ local user could change is refused (:func:`secure`): one that is theirs, sits wh
 could replace it, or holds their files or a symlink. Links are never followed, and a
 directory that is no data directory (no ``catalog/``, not empty) is left alone.
 
+The catalog may live elsewhere too: ``--catalog postgresql://…`` (:mod:`hub.catalog.postgres`)
+names a shared catalog that several hub replicas serve at once. The data directory then
+keeps only what is the replica's own (the audit file, the port file, a grant key); the
+blob store must be one every replica reaches (an absolute path on shared storage, or
+``s3://``), and is recorded in the catalog like any other.
+
 The blocks may live elsewhere (another directory, or ``s3://BUCKET/PREFIX``): the catalog
 records where on first use (:meth:`DataDir.blob_store`), so ``publish``, ``serve`` and
 ``gc`` on one data directory always agree on the store.
@@ -31,7 +37,8 @@ from pathlib import Path
 
 from hub.blobstore import BlobStore, open_blob_store
 from hub.catalog import Catalog
-from hub.errors import Conflict, DataDirNotFound, HubError, UnsafeDirectory
+from hub.catalog.locations import is_shared_location, redact
+from hub.errors import ConfigError, Conflict, DataDirNotFound, HubError, UnsafeDirectory
 from hub.modes import DIR_MODE
 from strata_local.ownership import UnsafePath, check_members, make_private, open_private_dir
 
@@ -77,22 +84,44 @@ class DataDir:
 
     Attributes:
         root: The directory itself.
+        catalog_url: A shared catalog's URL (``postgresql://…``), or None for the
+            embedded one in ``DATA_DIR/catalog``.
     """
 
     root: Path
+    catalog_url: str | None = None
 
     @property
     def catalog_path(self) -> Path:
         """The LMDB environment directory, ``DATA_DIR/catalog``."""
         return self.root / "catalog"
 
+    @property
+    def catalog_location(self) -> str | Path:
+        """Where the catalog is: the shared catalog's URL, else :attr:`catalog_path`."""
+        return self.catalog_url if self.catalog_url is not None else self.catalog_path
+
+    def open_catalog(self, *, create: bool) -> Catalog:
+        """Opens this data directory's catalog (the shared one when :attr:`catalog_url`).
+
+        Raises:
+            CatalogError: It does not exist (``create`` False) or cannot be opened;
+                :class:`~hub.errors.CatalogUnavailable` when a shared one's engine cannot
+                be reached.
+        """
+        return Catalog(self.catalog_location, create=create)
+
     @classmethod
-    def open(cls, root: str | os.PathLike[str], *, create: bool) -> DataDir:
+    def open(
+        cls, root: str | os.PathLike[str], *, create: bool, catalog: str | None = None
+    ) -> DataDir:
         """Locates (and optionally creates) a data directory.
 
         Args:
             root: The data directory.
             create: Create ``root`` (and its parents) when missing.
+            catalog: A shared catalog's URL (``postgresql://…``), or None (the embedded
+                LMDB catalog in ``DATA_DIR/catalog``).
 
         Returns:
             The data directory.
@@ -101,8 +130,14 @@ class DataDir:
             DataDirNotFound: ``root`` does not exist (and ``create`` is False) or is not
                 a directory.
             UnsafeDirectory: another local user could change ``root`` (:func:`secure`).
+            ConfigError: ``catalog`` is not a ``postgresql://`` URL.
             HubError: ``root`` cannot be created, or its modes cannot be tightened.
         """
+        if catalog is not None and not is_shared_location(catalog):
+            raise ConfigError(
+                f"--catalog must be a postgresql:// URL, got {redact(catalog)!r} "
+                "(leave it out for the data directory's own catalog)"
+            )
         path = Path(root)
         if create:
             try:
@@ -119,7 +154,7 @@ class DataDir:
             secure(path)
         except OSError as exc:
             raise HubError(f"cannot make data dir {path} owner-only: {exc.strerror}") from exc
-        return cls(path)
+        return cls(path, catalog)
 
     def blob_store(
         self, catalog: Catalog, blobs: str | None = None, *, endpoint_url: str | None = None
@@ -143,9 +178,17 @@ class DataDir:
         """
         recorded = catalog.blobs_location()
         wanted = blobs if blobs is not None else (recorded or DEFAULT_BLOBS)
+        if catalog.shared and blobs is not None and "://" not in blobs and not os.path.isabs(blobs):
+            raise ConfigError(
+                f"--blobs {blobs!r} is relative: with a shared catalog every replica must name "
+                "the same store, so give an absolute path on shared storage or s3://BUCKET/PREFIX"
+            )
         store = open_blob_store(self._resolve(wanted), endpoint_url=endpoint_url)
         if recorded is None:
-            catalog.set_blobs_location(wanted if blobs is None else store.location)
+            shared_default = catalog.shared and blobs is None
+            catalog.set_blobs_location(
+                wanted if blobs is None and not shared_default else store.location
+            )
         elif blobs is not None:
             known = open_blob_store(self._resolve(recorded), endpoint_url=endpoint_url)
             if known.location != store.location:

@@ -130,6 +130,11 @@ class CorruptCatalog(CatalogError):
     """A catalog record could not be decoded; the catalog was written by something else."""
 
 
+class CatalogUnavailable(CatalogError):
+    """A shared catalog's engine cannot be reached now (down, restarting, partitioned); the
+    call may succeed when retried."""
+
+
 class ListenError(HubError):
     """The server could not bind its listen address (in use, not local, malformed)."""
 

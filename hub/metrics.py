@@ -143,7 +143,8 @@ class HubMetrics:
 
 
 class _CatalogCollector(Collector):
-    """Catalog sizes as gauges, read from LMDB's statistics at scrape time (cheap)."""
+    """Catalog sizes as gauges, read at scrape time (LMDB: its statistics, cheap; PostgreSQL:
+    a count per database)."""
 
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
@@ -165,7 +166,11 @@ class _CatalogCollector(Collector):
                 stats.publishes_in_progress,
             ),
             ("last_sequence", "Sequence number of the newest event.", stats.last_sequence),
-            ("map_used_bytes", "Bytes of the LMDB map in use.", stats.map_used_bytes),
+            (
+                "map_used_bytes",
+                "Bytes the catalog takes (LMDB map in use, or its PostgreSQL table).",
+                stats.map_used_bytes,
+            ),
         )
         for name, documentation, value in gauges:
             yield GaugeMetricFamily(f"strata_hub_catalog_{name}", documentation, value=value)

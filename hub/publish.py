@@ -31,7 +31,7 @@ from pathlib import Path
 
 from hub.blobstore import BlobStore
 from hub.blocks import DEFAULT_BLOCK_SIZE, MiB, read_blocks, validate_block_size
-from hub.catalog import Catalog, PublishSession
+from hub.catalog import PublishSession
 from hub.datadir import DataDir
 from hub.errors import HubError, SourceError
 from hub.manifest import EntryType, ManifestEntry
@@ -200,6 +200,7 @@ def publish(
     s3_endpoint: str | None = None,
     signing_key: str | os.PathLike[str] | None = None,
     allow_external_symlinks: bool = False,
+    catalog: str | None = None,
 ) -> PublishResult:
     """Publishes a directory tree as the next version of a dataset.
 
@@ -228,6 +229,8 @@ def publish(
         signing_key: An Ed25519 private key (PEM, ``strata-hub keygen``): the new version
             is signed with it (:mod:`hub.signing`). None: unsigned.
         allow_external_symlinks: Publish symlinks that point outside the tree too.
+        catalog: A shared catalog's URL (``postgresql://…``, :mod:`hub.catalog.postgres`);
+            None: the data directory's own.
 
     Returns:
         What was published; see :class:`PublishResult`.
@@ -260,13 +263,13 @@ def publish(
     if not root.is_dir():
         raise SourceError(f"source {root} is not a directory")
 
-    layout = DataDir.open(data_dir, create=True)
+    layout = DataDir.open(data_dir, create=True, catalog=catalog)
     with (
-        Catalog(layout.catalog_path) as catalog,
+        layout.open_catalog(create=True) as opened,
         ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="strata-publish") as pool,
     ):
-        store = layout.blob_store(catalog, blobs, endpoint_url=s3_endpoint)
-        session = catalog.begin_publish(block_size)
+        store = layout.blob_store(opened, blobs, endpoint_url=s3_endpoint)
+        session = opened.begin_publish(block_size)
         try:
             writer = _BlockWriter(store, session, pool)
             symlinks = 0

@@ -22,6 +22,7 @@ from hub.blocks import MiB
 from hub.catalog import Snapshot, Tag
 from hub.errors import (
     AlreadyExists,
+    CatalogUnavailable,
     Conflict,
     CorruptBlob,
     CorruptCatalog,
@@ -57,6 +58,7 @@ _STATUS_CODES: tuple[tuple[type[HubError], grpc.StatusCode], ...] = (
     (CorruptBlob, grpc.StatusCode.DATA_LOSS),
     (CorruptCatalog, grpc.StatusCode.DATA_LOSS),
     (StorageError, grpc.StatusCode.UNAVAILABLE),
+    (CatalogUnavailable, grpc.StatusCode.UNAVAILABLE),
 )
 
 
@@ -74,7 +76,8 @@ def status_code(error: HubError) -> grpc.StatusCode:
         scope, ``ALREADY_EXISTS`` for attempts to rewrite a version,
         ``FAILED_PRECONDITION`` for changes the catalog's state forbids, ``OUT_OF_RANGE``
         for a Watch resumed from a sequence number not kept, ``DATA_LOSS`` for corrupt
-        stored data, ``UNAVAILABLE`` when the blob store fails, ``INTERNAL`` otherwise.
+        stored data, ``UNAVAILABLE`` when the blob store or a shared catalog's engine
+        fails, ``INTERNAL`` otherwise.
     """
     for error_type, code in _STATUS_CODES:
         if isinstance(error, error_type):

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# fixtures every level may use: a real PostgreSQL server, and each catalog engine in turn
+from tests.catalogs import engine  # noqa: F401
+from tests.pgserver import pg_server, pg_url  # noqa: F401
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

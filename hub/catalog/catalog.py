@@ -164,7 +164,8 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, PublishesMixin, CatalogBas
             return value.decode("utf-8") if value is not None else None
 
     def stats(self) -> CatalogStats:
-        """Counts the catalog's records (O(1) per database, from LMDB's own statistics)."""
+        """Counts the catalog's records (O(1) per database on LMDB, from its own statistics;
+        a count per database on PostgreSQL)."""
         with self.read() as txn:
 
             def entries(name: bytes) -> int:
@@ -174,8 +175,6 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, PublishesMixin, CatalogBas
             sequence = txn.get(META_SEQUENCE, db=meta)
             block_bytes = txn.get(META_BLOCK_BYTES, db=meta)
             live_snapshots = txn.get(META_LIVE_SNAPSHOTS, db=meta)
-            info = self.env.info()
-            stat = self.env.stat()
             return CatalogStats(
                 datasets=entries(b"datasets"),
                 versions=entries(b"versions"),
@@ -186,7 +185,7 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, PublishesMixin, CatalogBas
                 block_bytes=U64.unpack(block_bytes)[0] if block_bytes else 0,
                 publishes_in_progress=entries(b"publishes"),
                 last_sequence=U64.unpack(sequence)[0] if sequence else 0,
-                map_used_bytes=(info["last_pgno"] + 1) * stat["psize"],
+                map_used_bytes=self.engine.used_bytes(),
             )
 
     # Writing.
@@ -208,7 +207,7 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, PublishesMixin, CatalogBas
                 txn.put(META_BLOBS, location.encode("utf-8"), db=self._db[b"meta"])
             elif current.decode("utf-8") != location:
                 raise Conflict(
-                    f"catalog at {self.path} keeps its blocks in {current.decode('utf-8')}, "
+                    f"catalog at {self.location} keeps its blocks in {current.decode('utf-8')}, "
                     f"not {location}"
                 )
 

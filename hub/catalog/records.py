@@ -116,7 +116,8 @@ class CatalogStats:
         block_bytes: Bytes of those blocks.
         publishes_in_progress: Publishes staged but not committed (or abandoned).
         last_sequence: Sequence number of the newest event (0 when none).
-        map_used_bytes: Bytes of the LMDB map in use.
+        map_used_bytes: Bytes the catalog takes: the LMDB map in use, or the PostgreSQL
+            table with its index.
     """
 
     datasets: int

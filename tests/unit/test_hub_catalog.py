@@ -1,4 +1,5 @@
-"""The LMDB catalog: versions, tags, snapshots and paged manifests."""
+"""The catalog contract: versions, tags, snapshots and paged manifests, on every engine
+(LMDB and PostgreSQL, :mod:`tests.catalogs`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hub.errors import (
     SnapshotNotFound,
 )
 from hub.manifest import EntryType, ManifestEntry, snapshot_id
+from tests.catalogs import CatalogAt
 from tests.unit.hub_support import add_version
 
 
@@ -40,8 +42,8 @@ def tree(n_files: int, content: bytes = b"abc") -> list[ManifestEntry]:
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> Iterator[Catalog]:
-    with Catalog(tmp_path / "catalog") as opened:
+def catalog(tmp_path: Path, engine: CatalogAt) -> Iterator[Catalog]:
+    with engine.open(tmp_path) as opened:
         yield opened
 
 
@@ -174,8 +176,10 @@ def test_full_catalog_is_a_clear_error(tmp_path: Path) -> None:
         assert small.list_datasets() == []
 
 
-def test_catalogs_on_one_directory_share_the_environment(tmp_path: Path) -> None:
-    path = tmp_path / "catalog"
+def test_catalogs_on_one_location_see_each_others_commits(
+    tmp_path: Path, engine: CatalogAt
+) -> None:
+    path = engine.location(tmp_path)
     with Catalog(path) as writer, Catalog(path) as reader:
         add_version(writer, "f3", 4096, tree(1))
         assert reader.resolve("f3", "latest").version == "v1"
@@ -183,14 +187,14 @@ def test_catalogs_on_one_directory_share_the_environment(tmp_path: Path) -> None
         assert reopened.list_datasets() == [Dataset("f3", 1, "v1")]
 
 
-def test_missing_catalog_without_create(tmp_path: Path) -> None:
+def test_missing_catalog_without_create(tmp_path: Path, engine: CatalogAt) -> None:
     with pytest.raises(CatalogError, match="no catalog"):
-        Catalog(tmp_path / "absent", create=False)
+        engine.open(tmp_path / "absent", create=False)
     assert not (tmp_path / "absent").exists()
 
 
-def test_closed_catalog_refuses_use(tmp_path: Path) -> None:
-    catalog = Catalog(tmp_path / "c")
+def test_closed_catalog_refuses_use(tmp_path: Path, engine: CatalogAt) -> None:
+    catalog = engine.open(tmp_path)
     catalog.close()
     catalog.close()
     with pytest.raises(CatalogError, match="closed"):

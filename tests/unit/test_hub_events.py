@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from hub.blocks import block_digest
-from hub.catalog import Catalog
 from hub.errors import CorruptCatalog, InvalidArgument
 from hub.events import Event, EventKind, decode_event, encode_event
 from hub.manifest import EntryType, ManifestEntry
+from tests.catalogs import CatalogAt
 from tests.unit.hub_support import add_version
 
 
@@ -31,8 +31,8 @@ def entry(path: str, content: bytes) -> ManifestEntry:
     return ManifestEntry(path, EntryType.FILE, 0o644, len(content), 0, blocks=(ref,))
 
 
-def test_each_change_appends_gap_free_events(tmp_path: Path) -> None:
-    with Catalog(tmp_path / "c") as catalog:
+def test_each_change_appends_gap_free_events(tmp_path: Path, engine: CatalogAt) -> None:
+    with engine.open(tmp_path) as catalog:
         assert (catalog.last_sequence(), catalog.first_sequence()) == (0, 1)
         add_version(catalog, "f3", 4096, [entry("a", b"a")])
         add_version(catalog, "f3", 4096, [entry("a", b"b")], tag=None)
@@ -62,8 +62,8 @@ def test_each_change_appends_gap_free_events(tmp_path: Path) -> None:
             catalog.prune_events(-1)
 
 
-def test_a_failed_change_appends_no_event(tmp_path: Path) -> None:
-    with Catalog(tmp_path / "c") as catalog:
+def test_a_failed_change_appends_no_event(tmp_path: Path, engine: CatalogAt) -> None:
+    with engine.open(tmp_path) as catalog:
         add_version(catalog, "f3", 4096, [entry("a", b"a")])
         with pytest.raises(Exception, match="no version"):
             catalog.set_tag("f3", "x", "v9")

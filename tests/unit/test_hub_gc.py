@@ -15,8 +15,8 @@ from hub.blocks import block_digest
 from hub.catalog import Catalog, PublishSession
 from hub.errors import Conflict, RefNotFound, VersionExists, VersionRevoked
 from hub.gc import collect
-from hub.publish import publish
 from hub.verify import verify
+from tests.catalogs import CatalogAt
 
 BLOCK = 64
 
@@ -32,22 +32,22 @@ def blobs(data: Path) -> set[str]:
     return set(LocalBlobStore(data / "blobs").iter_digests())
 
 
-def intact(data: Path, dataset: str, ref: str = "latest") -> bool:
-    with Catalog(data / "catalog") as catalog:
+def intact(engine: CatalogAt, data: Path, dataset: str, ref: str = "latest") -> bool:
+    with engine.open(data) as catalog:
         return verify(catalog, LocalBlobStore(data / "blobs"), dataset, ref, blocks=True).ok
 
 
-def test_revoke_then_gc_removes_only_unshared_blocks(tmp_path: Path) -> None:
+def test_revoke_then_gc_removes_only_unshared_blocks(tmp_path: Path, engine: CatalogAt) -> None:
     data = tmp_path / "data"
     src = tree(
         tmp_path / "src", {"same.bin": os.urandom(3 * BLOCK), "edit.bin": os.urandom(2 * BLOCK)}
     )
-    v1 = publish(data, "f3", src, block_size=BLOCK)
+    v1 = engine.publish(data, "f3", src, block_size=BLOCK)
     (src / "edit.bin").write_bytes(os.urandom(2 * BLOCK))
-    v2 = publish(data, "f3", src, block_size=BLOCK)
+    v2 = engine.publish(data, "f3", src, block_size=BLOCK)
     assert (v2.new_blocks, v2.new_bytes) == (2, 2 * BLOCK), "only the changed file's blocks"
     before = blobs(data)
-    with Catalog(data / "catalog") as catalog:
+    with engine.open(data) as catalog:
         revocation = catalog.revoke("f3", "v1")
         assert revocation.manifest_dropped
         with pytest.raises(VersionRevoked, match="f3 v1 was revoked"):
@@ -65,15 +65,15 @@ def test_revoke_then_gc_removes_only_unshared_blocks(tmp_path: Path) -> None:
         result = collect(catalog, LocalBlobStore(data / "blobs"))
     assert result.blobs_deleted == 2 == len(before) - len(blobs(data))
     assert v1.snapshot_id != v2.snapshot_id
-    assert intact(data, "f3")
-    again = publish(data, "f3", src, block_size=BLOCK)
+    assert intact(engine, data, "f3")
+    again = engine.publish(data, "f3", src, block_size=BLOCK)
     assert again.version == "v3", "version numbers are never reused"
 
 
-def test_revoking_removes_its_tags(tmp_path: Path) -> None:
+def test_revoking_removes_its_tags(tmp_path: Path, engine: CatalogAt) -> None:
     data = tmp_path / "data"
-    publish(data, "f3", tree(tmp_path / "src", {"a": b"a"}), tag="latest")
-    with Catalog(data / "catalog") as catalog:
+    engine.publish(data, "f3", tree(tmp_path / "src", {"a": b"a"}), tag="latest")
+    with engine.open(data) as catalog:
         catalog.set_tag("f3", "prod", "v1")
         assert catalog.revoke("f3", "v1").removed_tags == ("latest", "prod")
         assert catalog.list_tags("f3") == []
@@ -81,52 +81,54 @@ def test_revoking_removes_its_tags(tmp_path: Path) -> None:
             catalog.resolve("f3", "latest")
 
 
-def test_blocks_shared_across_datasets_survive_one_revocation(tmp_path: Path) -> None:
+def test_blocks_shared_across_datasets_survive_one_revocation(
+    tmp_path: Path, engine: CatalogAt
+) -> None:
     data = tmp_path / "data"
     src = tree(tmp_path / "src", {"a": b"shared content"})
-    first, second = publish(data, "one", src), publish(data, "two", src)
+    first, second = engine.publish(data, "one", src), engine.publish(data, "two", src)
     assert first.snapshot_id == second.snapshot_id
-    with Catalog(data / "catalog") as catalog:
+    with engine.open(data) as catalog:
         assert not catalog.revoke("one", "v1").manifest_dropped
         assert collect(catalog, LocalBlobStore(data / "blobs")).blobs_deleted == 0
         assert catalog.block_size(next(iter(blobs(data))), lambda d: d == "one") is None
         assert catalog.block_size(next(iter(blobs(data))), lambda d: d == "two") == 14
-    assert intact(data, "two")
+    assert intact(engine, data, "two")
 
 
-def test_versions_are_immutable(tmp_path: Path) -> None:
+def test_versions_are_immutable(tmp_path: Path, engine: CatalogAt) -> None:
     data = tmp_path / "data"
     src = tree(tmp_path / "src", {"a": b"a"})
-    publish(data, "f3", src)
+    engine.publish(data, "f3", src)
     with pytest.raises(VersionExists, match="f3 v1 is already published"):
-        publish(data, "f3", src, version="v1")
-    assert publish(data, "f3", src, version="v2").version == "v2"
-    with Catalog(data / "catalog") as catalog:
+        engine.publish(data, "f3", src, version="v1")
+    assert engine.publish(data, "f3", src, version="v2").version == "v2"
+    with engine.open(data) as catalog:
         assert len(catalog.list_versions("f3")) == 2
         assert catalog.list_publishes() == [], "refused publishes leave nothing staged"
         snapshot = catalog.resolve("f3", "v1")
         assert catalog.manifest_digest(snapshot.snapshot_id) == snapshot.snapshot_id
 
 
-def test_a_tampered_manifest_or_block_is_detected(tmp_path: Path) -> None:
+def test_a_tampered_manifest_or_block_is_detected(tmp_path: Path, engine: CatalogAt) -> None:
     data = tmp_path / "data"
-    publish(data, "f3", tree(tmp_path / "src", {"a.txt": b"hello", "b.txt": b"world"}))
-    assert intact(data, "f3")
-    with Catalog(data / "catalog") as catalog:
-        manifests = catalog.env.open_db(b"manifests")
-        with catalog.env.begin(write=True) as txn:
+    engine.publish(data, "f3", tree(tmp_path / "src", {"a.txt": b"hello", "b.txt": b"world"}))
+    assert intact(engine, data, "f3")
+    with engine.open(data) as catalog:
+        with catalog.write() as txn:
+            manifests = txn.db[b"manifests"]
             key, value = next(iter(txn.cursor(db=manifests)))
             txn.put(key, value.replace(b"a.txt", b"A.txt"), db=manifests)
         snapshot = catalog.resolve("f3", "v1")
         assert catalog.manifest_digest(snapshot.snapshot_id) != snapshot.snapshot_id
-    assert not intact(data, "f3")
+    assert not intact(engine, data, "f3")
 
 
-def test_gc_drops_abandoned_publishes_but_not_live_ones(tmp_path: Path) -> None:
+def test_gc_drops_abandoned_publishes_but_not_live_ones(tmp_path: Path, engine: CatalogAt) -> None:
     data = tmp_path / "data"
-    publish(data, "f3", tree(tmp_path / "src", {"a": b"a"}))
+    engine.publish(data, "f3", tree(tmp_path / "src", {"a": b"a"}))
     store = LocalBlobStore(data / "blobs")
-    with Catalog(data / "catalog") as catalog:
+    with engine.open(data) as catalog:
         digest = block_digest(b"orphan")
         crashed = catalog.begin_publish(BLOCK)
         crashed.protect([digest])
@@ -154,33 +156,33 @@ class RacingStore(LocalBlobStore):
 
 
 def test_gc_racing_a_publish_loses_no_live_block(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: CatalogAt
 ) -> None:
     """The dangerous case: a publish re-uses blobs that are garbage when it starts."""
     data = tmp_path / "data"
     files = {f"d/f{i}": os.urandom(2 * BLOCK + i) for i in range(20)}
     src = tree(tmp_path / "src", files)
-    publish(data, "f3", src, block_size=BLOCK)
-    with Catalog(data / "catalog") as catalog:
+    engine.publish(data, "f3", src, block_size=BLOCK)
+    with engine.open(data) as catalog:
         catalog.revoke("f3", "v1")  # every blob is garbage now, but still on disk
         garbage = blobs(data)
         store = RacingStore(data / "blobs")
         store.catalog = catalog
         monkeypatch.setattr(datadir, "open_blob_store", lambda *a, **k: store)
-        result = publish(data, "f3", src, block_size=BLOCK)
+        result = engine.publish(data, "f3", src, block_size=BLOCK)
     assert result.new_blocks == 0, "every block was protected, so gc kept it for re-use"
     assert blobs(data) == garbage
-    assert intact(data, "f3")
+    assert intact(engine, data, "f3")
 
 
 def test_the_race_test_fails_without_protection(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: CatalogAt
 ) -> None:
     """Control: with protection disabled, the same interleaving loses blocks."""
     data = tmp_path / "data"
     src = tree(tmp_path / "src", {f"f{i}": os.urandom(BLOCK) for i in range(5)})
-    publish(data, "f3", src, block_size=BLOCK)
-    with Catalog(data / "catalog") as catalog:
+    engine.publish(data, "f3", src, block_size=BLOCK)
+    with engine.open(data) as catalog:
         catalog.revoke("f3", "v1")
         store = RacingStore(data / "blobs")
         store.catalog = catalog
@@ -195,8 +197,8 @@ def test_the_race_test_fails_without_protection(
         lying.catalog = catalog
         monkeypatch.setattr(datadir, "open_blob_store", lambda *a, **k: lying)
         monkeypatch.setattr(PublishSession, "protect", _entries_only)
-        publish(data, "f3", src, block_size=BLOCK)
-    assert not intact(data, "f3")
+        engine.publish(data, "f3", src, block_size=BLOCK)
+    assert not intact(engine, data, "f3")
 
 
 def _entries_only(self: PublishSession, digests: object) -> None:
@@ -207,19 +209,19 @@ def _entries_only(self: PublishSession, digests: object) -> None:
 _real_protect = PublishSession.protect
 
 
-def test_gc_concurrent_with_publishes_in_threads(tmp_path: Path) -> None:
+def test_gc_concurrent_with_publishes_in_threads(tmp_path: Path, engine: CatalogAt) -> None:
     data = tmp_path / "data"
     files = {f"d{i % 4}/f{i}": os.urandom(BLOCK + i) for i in range(200)}
     src = tree(tmp_path / "src", files)
-    publish(data, "f3", src, block_size=BLOCK)
-    with Catalog(data / "catalog") as catalog:
+    engine.publish(data, "f3", src, block_size=BLOCK)
+    with engine.open(data) as catalog:
         catalog.revoke("f3", "v1")
     done = threading.Event()
     passes = 0
 
     def collector() -> None:
         nonlocal passes
-        with Catalog(data / "catalog") as catalog:
+        with engine.open(data) as catalog:
             store = LocalBlobStore(data / "blobs")
             while not done.is_set() or passes == 0:
                 collect(catalog, store)
@@ -229,13 +231,13 @@ def test_gc_concurrent_with_publishes_in_threads(tmp_path: Path) -> None:
     thread.start()
     try:
         for _ in range(3):
-            publish(data, "f3", src, block_size=BLOCK)
+            engine.publish(data, "f3", src, block_size=BLOCK)
     finally:
         done.set()
         thread.join()
     assert passes > 0
-    with Catalog(data / "catalog") as catalog:
+    with engine.open(data) as catalog:
         collect(catalog, LocalBlobStore(data / "blobs"))
     for version in ("v2", "v3", "v4"):
-        assert intact(data, "f3", version)
+        assert intact(engine, data, "f3", version)
     assert lmdb.version()

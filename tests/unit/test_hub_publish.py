@@ -11,10 +11,10 @@ import pytest
 
 from hub.blobstore import LocalBlobStore
 from hub.blocks import block_digest
-from hub.catalog import Catalog, PublishSession, Tag
+from hub.catalog import PublishSession, Tag
 from hub.errors import DataDirNotFound, InvalidArgument, InvalidName, SourceError
 from hub.manifest import EntryType, ManifestEntry
-from hub.publish import publish
+from tests.catalogs import CatalogAt
 
 BLOCK = 64
 
@@ -50,19 +50,21 @@ def src(tmp_path: Path) -> Path:
     return root
 
 
-def manifest(data_dir: Path, dataset: str, ref: str = "latest") -> dict[str, ManifestEntry]:
-    with Catalog(data_dir / "catalog") as catalog:
+def manifest(
+    engine: CatalogAt, data_dir: Path, dataset: str, ref: str = "latest"
+) -> dict[str, ManifestEntry]:
+    with engine.open(data_dir) as catalog:
         snap = catalog.resolve(dataset, ref)
         return {entry.path: entry for entry in catalog.iter_manifest(snap.snapshot_id)}
 
 
-def test_publish_records_the_tree(tmp_path: Path, src: Path) -> None:
+def test_publish_records_the_tree(tmp_path: Path, src: Path, engine: CatalogAt) -> None:
     data = tmp_path / "data"
-    result = publish(data, "f3", src, block_size=BLOCK)
+    result = engine.publish(data, "f3", src, block_size=BLOCK)
     assert (result.dataset, result.version) == ("f3", "v1")
     assert result.files == 4
     assert result.bytes == 13 + 772 + 0 + BLOCK
-    entries = manifest(data, "f3")
+    entries = manifest(engine, data, "f3")
     assert list(entries) == sorted(entries)
     assert list(entries) == [
         "a.txt",
@@ -92,23 +94,25 @@ def test_publish_records_the_tree(tmp_path: Path, src: Path) -> None:
     assert empty_dir.mode == stat.S_IMODE((src / "empty-dir").stat().st_mode)
 
 
-def test_blocks_reassemble_the_files(tmp_path: Path, src: Path) -> None:
+def test_blocks_reassemble_the_files(tmp_path: Path, src: Path, engine: CatalogAt) -> None:
     data = tmp_path / "data"
-    publish(data, "f3", src, block_size=BLOCK)
+    engine.publish(data, "f3", src, block_size=BLOCK)
     store = LocalBlobStore(data / "blobs")
-    for path, entry in manifest(data, "f3").items():
+    for path, entry in manifest(engine, data, "f3").items():
         if entry.type == EntryType.FILE:
             content = b"".join(store.read(b.digest) for b in entry.blocks)
             assert content == (src / path).read_bytes()
 
 
-def test_second_publish_moves_latest_and_dedups(tmp_path: Path, src: Path) -> None:
+def test_second_publish_moves_latest_and_dedups(
+    tmp_path: Path, src: Path, engine: CatalogAt
+) -> None:
     data = tmp_path / "data"
-    first = publish(data, "f3", src, block_size=BLOCK)
+    first = engine.publish(data, "f3", src, block_size=BLOCK)
     blobs_before = sorted(p.name for p in (data / "blobs").rglob("*") if p.is_file())
     assert len(blobs_before) == first.new_blocks
     # Identical content: no new blocks, same snapshot, a new version.
-    again = publish(data, "f3", src, block_size=BLOCK)
+    again = engine.publish(data, "f3", src, block_size=BLOCK)
     assert (again.version, again.new_blocks, again.new_bytes) == ("v2", 0, 0)
     assert again.snapshot_id == first.snapshot_id
     # Change one block of the big file: exactly one new block is stored.
@@ -116,18 +120,20 @@ def test_second_publish_moves_latest_and_dedups(tmp_path: Path, src: Path) -> No
     content = bytearray(big.read_bytes())
     content[BLOCK * 5] ^= 0xFF
     big.write_bytes(bytes(content))
-    third = publish(data, "f3", src, block_size=BLOCK)
+    third = engine.publish(data, "f3", src, block_size=BLOCK)
     assert third.version == "v3"
     assert (third.new_blocks, third.new_bytes) == (1, BLOCK)
     assert third.snapshot_id != first.snapshot_id
     blobs_after = sorted(p.name for p in (data / "blobs").rglob("*") if p.is_file())
     assert len(blobs_after) == len(blobs_before) + 1
-    with Catalog(data / "catalog") as catalog:
+    with engine.open(data) as catalog:
         assert catalog.list_tags("f3") == [Tag("latest", "v3")]
         assert catalog.resolve("f3", "v1").snapshot_id == first.snapshot_id
 
 
-def test_identical_trees_have_identical_snapshot_ids(tmp_path: Path, src: Path) -> None:
+def test_identical_trees_have_identical_snapshot_ids(
+    tmp_path: Path, src: Path, engine: CatalogAt
+) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(src, copy, symlinks=True)
     for original in [*src.rglob("*"), src]:
@@ -135,28 +141,28 @@ def test_identical_trees_have_identical_snapshot_ids(tmp_path: Path, src: Path) 
         st = original.lstat()
         os.utime(twin, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
     data = tmp_path / "data"
-    assert publish(data, "a", src).snapshot_id == publish(data, "b", copy).snapshot_id
+    assert engine.publish(data, "a", src).snapshot_id == engine.publish(data, "b", copy).snapshot_id
 
 
-def test_snapshot_id_changes_with_metadata(tmp_path: Path, src: Path) -> None:
+def test_snapshot_id_changes_with_metadata(tmp_path: Path, src: Path, engine: CatalogAt) -> None:
     data = tmp_path / "data"
-    before = publish(data, "f3", src).snapshot_id
+    before = engine.publish(data, "f3", src).snapshot_id
     (src / "a.txt").chmod(0o600)
-    assert publish(data, "f3", src).snapshot_id != before
+    assert engine.publish(data, "f3", src).snapshot_id != before
 
 
-def test_tag_and_no_tag(tmp_path: Path, src: Path) -> None:
+def test_tag_and_no_tag(tmp_path: Path, src: Path, engine: CatalogAt) -> None:
     data = tmp_path / "data"
-    publish(data, "f3", src, tag="stable")
-    publish(data, "f3", src, tag=None)
-    with Catalog(data / "catalog") as catalog:
+    engine.publish(data, "f3", src, tag="stable")
+    engine.publish(data, "f3", src, tag=None)
+    with engine.open(data) as catalog:
         assert catalog.list_tags("f3") == [Tag("stable", "v1")]
         assert catalog.dataset("f3").latest_version == "v2"
 
 
-def test_empty_source_dir(tmp_path: Path) -> None:
+def test_empty_source_dir(tmp_path: Path, engine: CatalogAt) -> None:
     (tmp_path / "empty").mkdir()
-    result = publish(tmp_path / "data", "nothing", tmp_path / "empty")
+    result = engine.publish(tmp_path / "data", "nothing", tmp_path / "empty")
     assert (result.version, result.files, result.bytes, result.new_blocks) == ("v1", 0, 0, 0)
 
 
@@ -170,50 +176,58 @@ def test_empty_source_dir(tmp_path: Path) -> None:
     ],
 )
 def test_bad_arguments(
-    tmp_path: Path, src: Path, dataset: str, tag: str, block_size: int, error: type[Exception]
+    tmp_path: Path,
+    src: Path,
+    dataset: str,
+    tag: str,
+    block_size: int,
+    error: type[Exception],
+    engine: CatalogAt,
 ) -> None:
     with pytest.raises(error):
-        publish(tmp_path / "data", dataset, src, tag=tag, block_size=block_size)
+        engine.publish(tmp_path / "data", dataset, src, tag=tag, block_size=block_size)
     assert not (tmp_path / "data").exists()
 
 
-def test_missing_source(tmp_path: Path) -> None:
+def test_missing_source(tmp_path: Path, engine: CatalogAt) -> None:
     with pytest.raises(SourceError, match="does not exist"):
-        publish(tmp_path / "data", "f3", tmp_path / "nope")
+        engine.publish(tmp_path / "data", "f3", tmp_path / "nope")
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(SourceError, match="not a directory"):
-        publish(tmp_path / "data", "f3", tmp_path / "file")
+        engine.publish(tmp_path / "data", "f3", tmp_path / "file")
 
 
-def test_data_dir_that_is_a_file(tmp_path: Path, src: Path) -> None:
+def test_data_dir_that_is_a_file(tmp_path: Path, src: Path, engine: CatalogAt) -> None:
     (tmp_path / "data").write_bytes(b"")
     with pytest.raises(DataDirNotFound, match="not a directory"):
-        publish(tmp_path / "data", "f3", src)
+        engine.publish(tmp_path / "data", "f3", src)
 
 
-def assert_no_version(data: Path) -> None:
-    if (data / "catalog").exists():
-        with Catalog(data / "catalog") as catalog:
+def assert_no_version(engine: CatalogAt, data: Path) -> None:
+    if engine.url is not None or (data / "catalog").exists():
+        with engine.open(data) as catalog:
             assert catalog.list_datasets() == []
 
 
-def test_fifo_is_refused_and_nothing_is_recorded(tmp_path: Path, src: Path) -> None:
+def test_fifo_is_refused_and_nothing_is_recorded(
+    tmp_path: Path, src: Path, engine: CatalogAt
+) -> None:
     os.mkfifo(src / "data" / "pipe")
     with pytest.raises(SourceError, match=r"'data/pipe'.*named pipe"):
-        publish(tmp_path / "data", "f3", src)
-    assert_no_version(tmp_path / "data")
+        engine.publish(tmp_path / "data", "f3", src)
+    assert_no_version(engine, tmp_path / "data")
 
 
-def test_non_utf8_name_is_refused(tmp_path: Path, src: Path) -> None:
+def test_non_utf8_name_is_refused(tmp_path: Path, src: Path, engine: CatalogAt) -> None:
     fd = os.open(os.path.join(os.fsencode(src), b"bad\xffname"), os.O_CREAT | os.O_WRONLY)
     os.close(fd)
     with pytest.raises(SourceError, match="not valid UTF-8"):
-        publish(tmp_path / "data", "f3", src)
-    assert_no_version(tmp_path / "data")
+        engine.publish(tmp_path / "data", "f3", src)
+    assert_no_version(engine, tmp_path / "data")
 
 
 def test_unreadable_file_is_refused(
-    tmp_path: Path, src: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, src: Path, monkeypatch: pytest.MonkeyPatch, engine: CatalogAt
 ) -> None:
     real_open = os.open
 
@@ -224,15 +238,15 @@ def test_unreadable_file_is_refused(
 
     monkeypatch.setattr("hub.publish.os.open", denying_open)
     with pytest.raises(SourceError, match=r"cannot read 'a\.txt': Permission denied"):
-        publish(tmp_path / "data", "f3", src)
-    assert_no_version(tmp_path / "data")
+        engine.publish(tmp_path / "data", "f3", src)
+    assert_no_version(engine, tmp_path / "data")
 
 
 def test_failure_while_storing_blocks_leaves_no_version(
-    tmp_path: Path, src: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, src: Path, monkeypatch: pytest.MonkeyPatch, engine: CatalogAt
 ) -> None:
     data = tmp_path / "data"
-    publish(data, "f3", src, block_size=BLOCK)
+    engine.publish(data, "f3", src, block_size=BLOCK)
     (src / "new.bin").write_bytes(os.urandom(10 * BLOCK))
     real_put = LocalBlobStore.put
     calls = 0
@@ -246,14 +260,14 @@ def test_failure_while_storing_blocks_leaves_no_version(
 
     monkeypatch.setattr(LocalBlobStore, "put", failing_put)
     with pytest.raises(Exception, match="No space left"):
-        publish(data, "f3", src, block_size=BLOCK)
-    with Catalog(data / "catalog") as catalog:
+        engine.publish(data, "f3", src, block_size=BLOCK)
+    with engine.open(data) as catalog:
         assert [s.version for s in catalog.list_versions("f3")] == ["v1"]
         assert catalog.list_tags("f3") == [Tag("latest", "v1")]
 
 
 def test_blocks_are_stored_before_the_catalog_changes(
-    tmp_path: Path, src: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, src: Path, monkeypatch: pytest.MonkeyPatch, engine: CatalogAt
 ) -> None:
     """Every block a committed manifest names is in the store, and synced first."""
     events: list[str] = []
@@ -271,10 +285,10 @@ def test_blocks_are_stored_before_the_catalog_changes(
     monkeypatch.setattr(LocalBlobStore, "sync", sync)
     monkeypatch.setattr(PublishSession, "commit", commit)
     data = tmp_path / "data"
-    publish(data, "f3", src, block_size=BLOCK)
+    engine.publish(data, "f3", src, block_size=BLOCK)
     assert events == ["sync", "catalog"]
     store = LocalBlobStore(data / "blobs")
-    for entry in manifest(data, "f3").values():
+    for entry in manifest(engine, data, "f3").values():
         for block in entry.blocks:
             assert store.exists(block.digest)
             assert block_digest(store.read(block.digest)) == block.digest
