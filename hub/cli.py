@@ -54,6 +54,7 @@ from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog, operator
 from hub.blocks import DEFAULT_BLOCK_SIZE
 from hub.budget import BYTES_PER_TOKEN, STREAMS_PER_TOKEN, TOTAL_BYTES, WAIT_S
 from hub.catalog import Catalog
+from hub.catalog.locations import redact
 from hub.datadir import DataDir, secure
 from hub.errors import CorruptBlob, CorruptCatalog, HubError, StorageError
 from hub.gc import STALE_AFTER_SECONDS, collect
@@ -61,6 +62,7 @@ from hub.grants import DEFAULT_LIFETIME_S, HOLDERS_PER_TOKEN
 from hub.limits import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS
 from hub.manifest import EntryType
 from hub.metrics import HubMetrics, MetricsEndpoint
+from hub.migrate import migrate as migrate_catalog
 from hub.modes import PRIVATE_UMASK
 from hub.publish import publish as publish_tree
 from hub.server import GRACE_SECONDS, MAX_MESSAGE_BYTES, HubServer, ServerConfig
@@ -94,6 +96,17 @@ DataDirOption = Annotated[
     ),
 ]
 
+
+CatalogOption = Annotated[
+    str | None,
+    typer.Option(
+        "--catalog",
+        envvar="STRATA_HUB_CATALOG",
+        help="A shared catalog, postgresql://USER@HOST:PORT/DB, that several hub replicas "
+        "serve (default: DATA_DIR/catalog, this machine's own).",
+        show_default=False,
+    ),
+]
 
 BlobsOption = Annotated[
     str | None,
@@ -317,6 +330,7 @@ def serve(
     audit_backups: Annotated[
         int, typer.Option("--audit-backups", help="Rotated audit files kept.")
     ] = DEFAULT_BACKUPS,
+    catalog: CatalogOption = None,
 ) -> None:
     """Serve the data directory's datasets over gRPC until SIGINT or SIGTERM.
 
@@ -332,6 +346,7 @@ def serve(
         max_message_bytes=max_message_bytes,
         blobs=blobs,
         s3_endpoint=s3_endpoint,
+        catalog=catalog,
         grant_key=grant_key,
         grant_lifetime_s=grant_lifetime,
         audit_log=audit_log,
@@ -389,6 +404,7 @@ def publish(
             "it); refused by default.",
         ),
     ] = False,
+    catalog: CatalogOption = None,
 ) -> None:
     """Publish SRC_DIR as the next version of DATASET; prints the new version.
 
@@ -408,6 +424,7 @@ def publish(
         s3_endpoint=s3_endpoint,
         signing_key=signing_key,
         allow_external_symlinks=allow_external_symlinks,
+        catalog=catalog,
     )
     print(result.version, flush=True)
     _say(
@@ -433,10 +450,9 @@ def keygen(
     _say(f"wrote signing key {private} and public key {public}")
 
 
-def _catalog(data_dir: Path) -> Catalog:
-    """Opens an existing data directory's catalog."""
-    layout = DataDir.open(data_dir, create=False)
-    return Catalog(layout.catalog_path, create=False)
+def _catalog(data_dir: Path, catalog: str | None) -> Catalog:
+    """Opens an existing data directory's catalog (or the shared one ``catalog`` names)."""
+    return DataDir.open(data_dir, create=False, catalog=catalog).open_catalog(create=False)
 
 
 @app.command()
@@ -450,10 +466,11 @@ def tag(
     tag_name: Annotated[
         str, typer.Argument(metavar="TAG", help="Tag to create or move.", show_default=False)
     ],
+    catalog: CatalogOption = None,
 ) -> None:
     """Point TAG at VERSION of DATASET, creating or moving it."""
-    with _catalog(data_dir) as catalog:
-        result = catalog.set_tag(dataset, tag_name, version)
+    with _catalog(data_dir, catalog) as opened:
+        result = opened.set_tag(dataset, tag_name, version)
     _say(f"{dataset} {result.name} -> {result.version}")
 
 
@@ -464,10 +481,11 @@ def untag(
     tag_name: Annotated[
         str, typer.Argument(metavar="TAG", help="Tag to remove.", show_default=False)
     ],
+    catalog: CatalogOption = None,
 ) -> None:
     """Remove TAG from DATASET."""
-    with _catalog(data_dir) as catalog:
-        removed = catalog.remove_tag(dataset, tag_name)
+    with _catalog(data_dir, catalog) as opened:
+        removed = opened.remove_tag(dataset, tag_name)
     _say(f"{dataset}: removed tag {removed.name} (was {removed.version})")
 
 
@@ -479,14 +497,15 @@ def revoke(
         str,
         typer.Argument(metavar="VERSION", help="Version to revoke, e.g. v2.", show_default=False),
     ],
+    catalog: CatalogOption = None,
 ) -> None:
     """Revoke VERSION of DATASET: it no longer resolves and its blocks are no longer served.
 
     Tags pointing at it are removed. Blocks no live version shares become garbage for
     `strata-hub gc`. The version number is never reused.
     """
-    with _catalog(data_dir) as catalog:
-        result = catalog.revoke(dataset, version)
+    with _catalog(data_dir, catalog) as opened:
+        result = opened.revoke(dataset, version)
     removed = ", ".join(result.removed_tags) or "none"
     _say(f"revoked {dataset} {version} (tags removed: {removed})")
 
@@ -509,13 +528,14 @@ def gc(
     ] = STALE_AFTER_SECONDS,
     blobs: BlobsOption = None,
     s3_endpoint: S3EndpointOption = None,
+    catalog: CatalogOption = None,
 ) -> None:
     """Delete blobs no live version references (safe while publishes and serve run)."""
-    layout = DataDir.open(data_dir, create=False)
-    with Catalog(layout.catalog_path, create=False) as catalog:
-        store = layout.blob_store(catalog, blobs, endpoint_url=s3_endpoint)
+    layout = DataDir.open(data_dir, create=False, catalog=catalog)
+    with layout.open_catalog(create=False) as opened:
+        store = layout.blob_store(opened, blobs, endpoint_url=s3_endpoint)
         result = collect(
-            catalog, store, dry_run=dry_run, keep_events=keep_events, stale_after_s=stale_after
+            opened, store, dry_run=dry_run, keep_events=keep_events, stale_after_s=stale_after
         )
     verb = "would delete" if dry_run else "deleted"
     _say(
@@ -537,15 +557,16 @@ def verify(
     ] = False,
     blobs: BlobsOption = None,
     s3_endpoint: S3EndpointOption = None,
+    catalog: CatalogOption = None,
 ) -> None:
     """Prove a version is unchanged: re-hash its manifest (and blocks) against its ids.
 
     Exits 0 when intact, 1 on any mismatch.
     """
-    layout = DataDir.open(data_dir, create=False)
-    with Catalog(layout.catalog_path, create=False) as catalog:
-        store = layout.blob_store(catalog, blobs, endpoint_url=s3_endpoint)
-        result = verify_version(catalog, store, dataset, ref, blocks=blocks)
+    layout = DataDir.open(data_dir, create=False, catalog=catalog)
+    with layout.open_catalog(create=False) as opened:
+        store = layout.blob_store(opened, blobs, endpoint_url=s3_endpoint)
+        result = verify_version(opened, store, dataset, ref, blocks=blocks)
     snapshot = result.snapshot
     if result.manifest_digest != snapshot.snapshot_id:
         raise CorruptCatalog(
@@ -559,6 +580,34 @@ def verify(
         )
     checked = f", {result.blocks_checked} blocks" if blocks else ""
     print(f"{dataset} {snapshot.version} {snapshot.snapshot_id} ok{checked}", flush=True)
+
+
+@app.command()
+def migrate(
+    data_dir: DataDirOption,
+    catalog: Annotated[
+        str,
+        typer.Option(
+            "--catalog",
+            envvar="STRATA_HUB_CATALOG",
+            help="The new shared catalog, postgresql://USER@HOST:PORT/DB (an empty database).",
+            show_default=False,
+        ),
+    ],
+    s3_endpoint: S3EndpointOption = None,
+) -> None:
+    """Copy DATA_DIR's own catalog into a new shared catalog, then prove the copy equal.
+
+    Stop publishing while it runs (a publish during the copy makes the check fail; run it
+    again into a new database). Afterwards serve, publish, tag and gc with --catalog.
+    """
+    result = migrate_catalog(data_dir, catalog, s3_endpoint=s3_endpoint)
+    for database in result.databases:
+        print(f"{database.name:<12} {database.records:>10} records  {database.digest}")
+    _say(
+        f"migrated {result.records} records into {redact(catalog)}; both catalogs hold the "
+        f"same records (blobs: {result.blobs or 'none recorded'})"
+    )
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -614,19 +663,20 @@ def ls(
     show_all: Annotated[
         bool, typer.Option("--all", help="Also list revoked versions, with a STATE column.")
     ] = False,
+    catalog: CatalogOption = None,
 ) -> None:
     """List datasets, one dataset's versions with their tags, or a directory of a version.
 
     A directory is listed through the catalog's directory index, a page at a time, without
     reading the rest of the manifest (a million-file snapshot lists one directory fast).
     """
-    layout = DataDir.open(data_dir, create=False)
-    with Catalog(layout.catalog_path, create=False) as catalog:
+    layout = DataDir.open(data_dir, create=False, catalog=catalog)
+    with layout.open_catalog(create=False) as opened:
         if dataset is not None and ref is not None:
-            print(_table(("TYPE", "SIZE", "NAME"), _directory_rows(catalog, dataset, ref, path)))
+            print(_table(("TYPE", "SIZE", "NAME"), _directory_rows(opened, dataset, ref, path)))
             return
         if dataset is None:
-            datasets = catalog.list_datasets()
+            datasets = opened.list_datasets()
             print(
                 _table(
                     ("DATASET", "VERSIONS", "LATEST"),
@@ -634,9 +684,9 @@ def ls(
                 )
             )
             return
-        versions = catalog.list_versions(dataset, include_revoked=show_all)
+        versions = opened.list_versions(dataset, include_revoked=show_all)
         tags: dict[str, list[str]] = {}
-        for tag in catalog.list_tags(dataset):
+        for tag in opened.list_tags(dataset):
             tags.setdefault(tag.version, []).append(tag.name)
     header: tuple[str, ...] = ("VERSION", "CREATED", "FILES", "BYTES", "SNAPSHOT", "TAGS")
     rows: list[tuple[str, ...]] = [

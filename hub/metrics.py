@@ -58,6 +58,9 @@ class HubMetrics:
         read_bytes_held: ``strata_hub_read_bytes_held``: block bytes charged to ReadBlocks
             streams now (:class:`hub.budget.ReadBudget`; read at scrape time).
         events: ``strata_hub_catalog_events_total{kind}``: catalog events seen.
+        catalog_up: ``strata_hub_catalog_up``: 1 while the catalog answers the watcher's
+            polls (:class:`hub.watch.CatalogWatcher`), 0 while its engine is unreachable;
+            ``/readyz`` on the metrics port answers 503 while it is 0.
         metrics_connections_closed: ``strata_hub_metrics_connections_closed_total{reason}``:
             connections to the metrics endpoint closed unserved (``limit``: with
             :data:`METRICS_MAX_CONNECTIONS` open; ``timeout``: silent for
@@ -117,12 +120,24 @@ class HubMetrics:
             ["kind"],
             registry=self.registry,
         )
+        self.catalog_up = Gauge(
+            "strata_hub_catalog_up",
+            "1 while the catalog answered this server's last poll, 0 while it does not.",
+            registry=self.registry,
+        )
+        self.catalog_up.set(1)
+        self.catalog_reachable = True
         self.metrics_connections_closed = Counter(
             "strata_hub_metrics_connections_closed",
             "Connections to the metrics endpoint closed unserved, by reason (limit, timeout).",
             ["reason"],
             registry=self.registry,
         )
+
+    def set_catalog_up(self, up: bool) -> None:
+        """Records whether the catalog answers (``strata_hub_catalog_up``, ``/readyz``)."""
+        self.catalog_reachable = up
+        self.catalog_up.set(1 if up else 0)
 
     def observe_events(self, events: Iterable[Event]) -> None:
         """Counts catalog events and records the duration of each publish among them."""
@@ -239,6 +254,22 @@ class _BoundedServer(ThreadingWSGIServer):
         logger.debug("metrics request from %s failed", client_address, exc_info=True)
 
 
+def _with_readyz(app: Any, metrics: HubMetrics) -> Any:
+    """``app`` with ``/readyz``: 200 while the catalog answers, else 503 (readiness probes:
+    a replica that lost its catalog stops getting new connections)."""
+
+    def dispatch(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") != "/readyz":
+            return app(environ, start_response)
+        up = metrics.catalog_reachable
+        body = b"ok\n" if up else b"catalog unreachable\n"
+        status = "200 OK" if up else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return dispatch
+
+
 class MetricsEndpoint:
     """An HTTP server exposing a registry in the Prometheus text format, on its own thread.
 
@@ -279,7 +310,7 @@ class MetricsEndpoint:
             server = make_server(
                 str(infos[0][4][0]),
                 address.port,
-                make_wsgi_app(metrics.registry),
+                _with_readyz(make_wsgi_app(metrics.registry), metrics),
                 server_class=Server,
                 handler_class=_QuietHandler,
             )

@@ -97,6 +97,8 @@ class ServerConfig:
         blobs: The blob store (a path or ``s3://BUCKET/PREFIX``); None for the recorded
             one, else ``DATA_DIR/blobs``.
         s3_endpoint: The S3 endpoint URL for ``s3://`` blob stores.
+        catalog: A shared catalog's URL (``postgresql://…``, :mod:`hub.catalog.postgres`)
+            that other replicas serve too; None for ``DATA_DIR/catalog``.
         poll_s: How often the catalog is polled for changes by other processes, seconds.
         grant_key: Ed25519 private key (PEM) that signs read grants (:mod:`hub.grants`);
             None for ``DATA_DIR/grant.key``, generated at the first start. Grants, like
@@ -127,6 +129,7 @@ class ServerConfig:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     blobs: str | None = None
     s3_endpoint: str | None = None
+    catalog: str | None = None
     poll_s: float = POLL_SECONDS
     grant_key: Path | None = None
     grant_lifetime_s: float = DEFAULT_LIFETIME_S
@@ -357,7 +360,8 @@ class HubServer:
         config = config if config is not None else ServerConfig()
         config.validate()
         address = Address.parse(listen)
-        layout = DataDir.open(data_dir, create=False)
+        # a replica of a shared catalog keeps only its own files here: made when missing
+        layout = DataDir.open(data_dir, create=config.catalog is not None, catalog=config.catalog)
         credentials = config.credentials()
         tokens = TokenFile(config.tokens) if config.tokens is not None else None
         if tokens is not None and credentials is None and not config.insecure:
@@ -369,6 +373,11 @@ class HubServer:
         check_bindable(address)
         grants = None
         if credentials is not None or config.insecure:  # the rule tokens follow
+            if config.catalog is not None and config.grant_key is None:
+                raise ConfigError(
+                    "--catalog with read grants needs --grant-key: every replica must sign "
+                    "grants with the same key (strata-hub keygen), or spokes refuse some"
+                )
             grants = GrantIssuer.from_file(
                 config.grant_key or ensure_grant_key(layout.root), config.grant_lifetime_s
             )
@@ -380,7 +389,7 @@ class HubServer:
             max_bytes=config.audit_max_bytes,
             backups=config.audit_backups,
         )
-        catalog = Catalog(layout.catalog_path, create=True)
+        catalog = layout.open_catalog(create=True)
         watcher: CatalogWatcher | None = None
         try:
             store = layout.blob_store(catalog, config.blobs, endpoint_url=config.s3_endpoint)
@@ -434,6 +443,18 @@ class HubServer:
             await server.start()
             for name in ("", SERVICE_NAME):
                 await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+            async def reachable(up: bool) -> None:
+                metrics.set_catalog_up(up)
+                status = (
+                    health_pb2.HealthCheckResponse.SERVING
+                    if up
+                    else health_pb2.HealthCheckResponse.NOT_SERVING
+                )
+                for name in ("", SERVICE_NAME):
+                    await health_servicer.set(name, status)
+
+            watcher.on_reachable = reachable
             unwatch = metrics.watch_catalog(catalog)
         except BaseException:
             if watcher is not None:

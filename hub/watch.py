@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from hub.catalog import Catalog
 from hub.events import Event
@@ -35,6 +36,10 @@ class CatalogWatcher:
         poll_s: Seconds between polls.
         on_events: Called (on the event loop) with each batch of new events, e.g. to
             update metrics; exceptions it raises are logged and ignored.
+        on_reachable: Called (on the event loop, awaited if it returns an awaitable) with
+            False when a poll finds the catalog unreachable after it answered, and True when
+            it answers again: the server turns its health status NOT_SERVING and back, so
+            health-checking clients and readiness probes send calls to other replicas.
     """
 
     def __init__(
@@ -42,12 +47,15 @@ class CatalogWatcher:
         catalog: Catalog,
         poll_s: float = POLL_SECONDS,
         on_events: Callable[[list[Event]], None] | None = None,
+        on_reachable: Callable[[bool], Awaitable[None] | None] | None = None,
     ) -> None:
         if poll_s <= 0:
             raise ValueError(f"poll_s must be positive, got {poll_s}")
         self._catalog = catalog
         self._poll_s = poll_s
         self._on_events = on_events
+        self.on_reachable = on_reachable
+        self.reachable = True
         self._last = 0
         self._changed = asyncio.Event()
         self._closed = False
@@ -73,9 +81,14 @@ class CatalogWatcher:
             await asyncio.sleep(self._poll_s)
             try:
                 last = await asyncio.to_thread(self._catalog.last_sequence)
-            except Exception:
-                logger.exception("cannot read the catalog's last sequence number")
+            except Exception as exc:
+                if self.reachable:
+                    logger.warning("catalog unreachable, health NOT_SERVING: %s", exc)
+                    await self._reachability(False)
                 continue
+            if not self.reachable:
+                logger.info("catalog reachable again, health SERVING")
+                await self._reachability(True)
             if last == self._last:
                 continue
             if self._on_events is not None:
@@ -88,6 +101,17 @@ class CatalogWatcher:
                     logger.exception("catalog event observer failed")
             self._last = last
             self._wake()
+
+    async def _reachability(self, up: bool) -> None:
+        self.reachable = up
+        if self.on_reachable is None:
+            return
+        try:
+            result = self.on_reachable(up)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            logger.exception("catalog reachability observer failed")
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()

@@ -8,6 +8,8 @@ IPv6 hosts are written in brackets (``[::1]:50051``, RFC 3986 section 3.2.2).
 
 from __future__ import annotations
 
+import ipaddress
+
 
 def split_hostport(text: str) -> tuple[str, str]:
     """``(host, port)`` of ``HOST:PORT``, both as written, the host without brackets.
@@ -56,3 +58,47 @@ def parse_option_hostport(value: str, option: str) -> tuple[str, int]:
         return parse_hostport(value)
     except ValueError:
         raise ValueError(f"{option} must be HOST:PORT, got {value!r}") from None
+
+
+def grpc_target(text: str, option: str = "--hub") -> str:
+    """The gRPC target for one or several ``HOST:PORT`` (comma-separated) of one service.
+
+    One address: a DNS name becomes ``dns:///NAME:PORT`` (gRPC's resolver, which returns
+    every A/AAAA record, so a round-robin channel spreads over all of them); an IP address
+    stays as written. Several addresses must be IP addresses, all of one family, and become
+    ``ipv4:A:P,B:P`` or ``ipv6:[A]:P,[B]:P`` (gRPC's static resolvers; gRPC's naming
+    document, https://github.com/grpc/grpc/blob/master/doc/naming.md). Several DNS names
+    have no one gRPC target: give one name with several records instead.
+
+    Raises:
+        ValueError: An address is malformed, or several are given and one is a name, or
+            the families are mixed (the message names ``option``).
+    """
+    parts = [part.strip() for part in text.split(",")]
+    hosts = []
+    for part in parts:
+        try:
+            host, port = parse_hostport(part)
+        except ValueError:
+            raise ValueError(f"{option} must be HOST:PORT[,HOST:PORT…], got {text!r}") from None
+        hosts.append((host, port))
+    families = {_family(host) for host, _ in hosts}
+    if len(hosts) == 1:
+        host, port = hosts[0]
+        return f"dns:///{host}:{port}" if families == {None} else parts[0]
+    if None in families or len(families) > 1:
+        raise ValueError(
+            f"{option} with several addresses takes IP addresses of one family, got {text!r}; "
+            "for names, give one DNS name whose records list every replica"
+        )
+    if families == {4}:
+        return "ipv4:" + ",".join(f"{host}:{port}" for host, port in hosts)
+    return "ipv6:" + ",".join(f"[{host}]:{port}" for host, port in hosts)
+
+
+def _family(host: str) -> int | None:
+    """4 or 6 for an IP address literal, None for a name."""
+    try:
+        return ipaddress.ip_address(host).version
+    except ValueError:
+        return None

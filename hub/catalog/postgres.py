@@ -34,6 +34,7 @@ answers as ``UNAVAILABLE``; the pool reconnects by itself once the engine is bac
 from __future__ import annotations
 
 import contextlib
+import logging
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -43,8 +44,12 @@ import psycopg_pool
 
 from hub.catalog.env import check_format
 from hub.catalog.locations import redact
-from hub.catalog.schema import DB_NAMES
+from hub.catalog.schema import DB_NAMES, META_FORMAT
 from hub.errors import CatalogError, CatalogUnavailable
+
+# the pool logs every failed reconnection attempt (several a second while the engine is
+# down); the hub says once that the catalog is unreachable and once that it is back
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 TABLE = "strata_kv"
 """The table holding the catalog's records."""
@@ -370,3 +375,35 @@ class PostgresEngine:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def load_records(engine: PostgresEngine, records: Iterator[tuple[int, bytes, bytes]]) -> int:
+    """Writes ``records`` ((db, key, value), any order) into an EMPTY catalog table in one
+    write transaction, with ``COPY`` (one stream, not a statement per record): a copy that
+    fails or is killed leaves the table as it was.
+
+    Returns:
+        How many records were written.
+
+    Raises:
+        CatalogError: The table already holds records other than the format stamp, or
+            the engine refused the copy (:class:`~hub.errors.CatalogUnavailable` when
+            unreachable).
+    """
+    written = 0
+    with engine.begin(write=True) as txn:
+        held = txn._one(
+            f"SELECT count(*) FROM {TABLE} WHERE NOT (db = %s AND k = %s)",
+            (engine.dbs[b"meta"], META_FORMAT),
+        )
+        if held:
+            raise CatalogError(
+                f"catalog at {engine.location} is not empty ({held} records): migrate only "
+                "into a new database"
+            )
+        txn._conn.execute(f"DELETE FROM {TABLE}")
+        with txn._conn.cursor().copy(f"COPY {TABLE} (db, k, v) FROM STDIN") as copy:
+            for db, key, value in records:
+                copy.write_row((db, key, value))
+                written += 1
+    return written

@@ -4,6 +4,10 @@ Unary calls are retried by gRPC's own retry policy (UNAVAILABLE, exponential bac
 jitter; gRFC A6). Streams are retried by their callers (the fetcher), which know how much of
 a stream already arrived.
 
+The target may name several hub replicas (:func:`protocol.address.grpc_target`): the channel
+keeps a connection to each and sends calls round-robin to the healthy ones, so a replica
+killed under running readers costs the calls in flight on it one retry, on another replica.
+
 Every call carries the spoke's token and goes over a channel built from its current TLS
 credentials (:mod:`spoke.hublink.credentials`). When the certificate files change, new calls
 go to a new channel; the old one is closed only after :data:`OLD_CHANNEL_GRACE` seconds, so
@@ -22,6 +26,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from protocol.address import grpc_target
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from spoke.hublink.credentials import HubCredentials, refusal
 
@@ -43,6 +48,12 @@ entry cost about 0.1 ms of this process's CPU each: 2 s for 16,384 files)."""
 
 _SERVICE_CONFIG = json.dumps(
     {
+        # every address the target resolves to (several --hub addresses, or one DNS name
+        # with several records: hub replicas over one shared catalog) gets a connection,
+        # and calls go round-robin over those whose health service says SERVING (gRFC
+        # A17: a replica that lost its catalog, or is shutting down, gets no new calls)
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "healthCheckConfig": {"serviceName": "protocol.hub.v1.Hub"},
         "methodConfig": [
             {
                 "name": [
@@ -57,7 +68,7 @@ _SERVICE_CONFIG = json.dumps(
                     "retryableStatusCodes": ["UNAVAILABLE"],
                 },
             }
-        ]
+        ],
     }
 )
 
@@ -71,7 +82,8 @@ class HubClient:
     UNAVAILABLE and are retried on a new connection instead of waiting for their deadline.
 
     Args:
-        target: ``HOST:PORT`` of the hub.
+        target: ``HOST:PORT`` of the hub, or several, comma-separated (replicas over one
+            shared catalog); see :func:`protocol.address.grpc_target`.
         timeout: per-call deadline for unary calls and manifests, seconds.
         credentials: TLS and token; None for plaintext without a token.
         keepalive, keepalive_timeout: seconds between pings, and before an unanswered
@@ -87,6 +99,7 @@ class HubClient:
         keepalive_timeout: float = 5.0,
     ) -> None:
         self.target = target
+        self._grpc_target = grpc_target(target)
         self.timeout = timeout
         self.keepalive = keepalive
         self.keepalive_timeout = keepalive_timeout
@@ -110,11 +123,19 @@ class HubClient:
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 2_000),
             *self.credentials.channel_options(),
+            *self._authority(),
         ]
         material = self.credentials.material
         if material is None:
-            return grpc.aio.insecure_channel(self.target, options=options)
-        return grpc.aio.secure_channel(self.target, material.credentials(), options=options)
+            return grpc.aio.insecure_channel(self._grpc_target, options=options)
+        return grpc.aio.secure_channel(self._grpc_target, material.credentials(), options=options)
+
+    def _authority(self) -> list[tuple[str, str]]:
+        """With several addresses, the first one as the channel's authority (the name TLS
+        checks the certificate against, unless ``--hub-server-name`` names another): a
+        static address list has no one authority of its own."""
+        first, sep, _ = self.target.partition(",")
+        return [("grpc.default_authority", first.strip())] if sep else []
 
     def _call(self) -> tuple[hub_pb2_grpc.HubStub, tuple[tuple[str, str], ...]]:
         """The stub to use now and the metadata to send (fresh credentials)."""

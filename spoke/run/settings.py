@@ -36,7 +36,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from protocol.address import parse_option_hostport
+from protocol.address import grpc_target, parse_option_hostport
 from spoke.audit import DEFAULT_BACKUPS as DEFAULT_AUDIT_BACKUPS
 from spoke.audit import DEFAULT_MAX_BYTES as DEFAULT_AUDIT_MAX_BYTES
 from spoke.catalog.signature import PublisherKey, PublisherKeyError
@@ -102,7 +102,10 @@ class SpokeSettings(BaseSettings, MountSettings):
 
     model_config = SettingsConfigDict(env_prefix="STRATA_SPOKE_", extra="forbid")
 
-    hub: str = Field(description="the hub's HOST:PORT")
+    hub: str = Field(
+        description="the hub's HOST:PORT; hub replicas as HOST:PORT,HOST:PORT (IP addresses) "
+        "or one DNS name with a record per replica"
+    )
     cache_size: ByteSize = Field(description="most bytes of blocks kept on disk, e.g. 10GiB")
     mount: Path | None = Field(
         default=None,
@@ -232,7 +235,7 @@ class SpokeSettings(BaseSettings, MountSettings):
     @field_validator("hub")
     @classmethod
     def _hub(cls, v: str) -> str:
-        parse_option_hostport(v, "--hub")
+        grpc_target(v, "--hub")
         return v
 
     @field_validator("admin")
