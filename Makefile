@@ -56,6 +56,7 @@ bench: $(READY) bench-deps
 	$(BIN)/python -m bench.small_files
 	$(BIN)/python -m bench.policy_sim
 	$(BIN)/python -m bench.hints_mount
+	$(BIN)/python -m bench.hub_ha
 
 # The tools the benchmark compares against, from Debian: fio, rclone, httpdirfs. Only
 # `make bench` installs them; the smoke run in `make test` reports their scenarios as

@@ -55,6 +55,10 @@ def make_secrets(root: Path) -> None:
     (secrets / "s3.env").write_text(
         "AWS_ACCESS_KEY_ID=strata\nAWS_SECRET_ACCESS_KEY=not-a-real-key\nAWS_DEFAULT_REGION=a\n"
     )
+    (secrets / "catalog-url").write_text("postgresql://strata@catalog.example.internal:5432/strata")
+    (secrets / "pgpass").write_text("catalog.example.internal:5432:strata:strata:not-a-password\n")
+    keygen = [sys.executable, "-m", "hub", "keygen", str(secrets / "grant.key")]
+    subprocess.run([*keygen, str(secrets / "grant.pub")], check=True, capture_output=True)
     secrets = root / "overlays" / "gpu-region" / "secrets"
     secrets.mkdir()
     shutil.copy(ca.pem.cert, secrets / "ca.crt")

@@ -277,11 +277,22 @@ def test_training_job_reads_the_mount(objects: dict[str, dict[tuple[str, str, st
 def test_hub_deployment(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
     hub_objects = objects["hub-region"]
     deployment = hub_objects[("Deployment", "strata", "strata-hub")]
-    assert deployment["spec"]["strategy"]["type"] == "Recreate", "one catalog writer"
+    assert deployment["spec"]["replicas"] == 3, "stateless replicas over one shared catalog"
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     pod = deployment["spec"]["template"]["spec"]
     (hub,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in hub["env"]}
     assert env["STRATA_HUB_BLOBS"].startswith("s3://")
+    catalog = next(e for e in hub["env"] if e["name"] == "STRATA_HUB_CATALOG")
+    url = _secret_file(hub_objects, catalog["valueFrom"]["secretKeyRef"]["name"], "url")
+    assert url.startswith(b"postgresql://") and b":not-a-password" not in url
+    _, pgpass_volume = _mount_for(hub, pod, env["PGPASSFILE"])
+    assert pgpass_volume["secret"]["defaultMode"] == 0o440
+    grant, _ = _mount_for(hub, pod, _flag(hub["args"], "--grant-key"))
+    assert grant["readOnly"]
+    ready = hub["readinessProbe"]["httpGet"]
+    assert ready["path"] == "/readyz" and ready["port"] == "metrics", "catalog reachability"
+    assert not any("persistentVolumeClaim" in v for v in pod["volumes"]), "nothing to keep"
     secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
     secrets |= {e["secretRef"]["name"] for e in hub.get("envFrom", [])}
     for name in secrets:
@@ -298,6 +309,7 @@ def test_hub_deployment(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> 
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
     pdb = hub_objects[("PodDisruptionBudget", "strata", "strata-hub")]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels(deployment).items()
+    assert pdb["spec"]["maxUnavailable"] == 1
 
 
 def _secret_file(objects: dict[tuple[str, str, str], Obj], name: str, key: str) -> bytes:
