@@ -63,6 +63,11 @@ POOL_SIZE = 8
 CONNECT_TIMEOUT_S = 3.0
 """Seconds to wait for a connection (new, or free in the pool) before a call fails."""
 
+RECONNECT_S = 2.0
+"""How long the pool keeps retrying one lost connection before it gives up on it (its
+backoff doubles each time, without bound, so a long outage would otherwise be followed by
+a long wait); the next call asks for a new one, so recovery takes seconds, not minutes."""
+
 LOCK_TIMEOUT_S = 30.0
 """Seconds a write transaction waits for the writer lock before it fails."""
 
@@ -276,6 +281,7 @@ class PostgresEngine:
             max_size=POOL_SIZE,
             kwargs={"autocommit": True},
             timeout=CONNECT_TIMEOUT_S,
+            reconnect_timeout=RECONNECT_S,
             open=False,
             name="strata-catalog",
         )
