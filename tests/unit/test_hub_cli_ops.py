@@ -37,7 +37,8 @@ def test_help_documents_every_subcommand(capsys: pytest.CaptureFixture[str]) -> 
 
     commands = set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
     assert commands == {
-        *("serve", "publish", "tag", "untag", "revoke", "gc", "verify", "ls", "token", "keygen")
+        *("serve", "publish", "tag", "untag", "revoke", "gc", "verify", "ls", "token", "keygen"),
+        "migrate",
     }
     for name in commands:
         assert re.search(rf"│ {name}\s+\S", out), f"{name} has no help line"
