@@ -113,11 +113,12 @@ class S3FIFOPolicy(ByteWeightedPolicy):
 
     def _evict(self, skip: set[str]) -> str | None:
         """EVICT: from S while it holds its share, else from M (the other when the chosen
-        queue has nothing outside ``skip``). The first call ends the warm-up."""
+        queue has nothing outside ``skip``). The first call ends the warm-up. EVICTS may
+        move every key it meets to M and evict none, so M is asked again after it."""
         self.filled = True
         if self.small_bytes >= self.small_target:
             return self._evict_small(skip) or self._evict_main(skip)
-        return self._evict_main(skip) or self._evict_small(skip)
+        return self._evict_main(skip) or self._evict_small(skip) or self._evict_main(skip)
 
     def _evict_small(self, skip: set[str]) -> str | None:
         """EVICTS: S's oldest keys hit twice move to M; the first other one goes to G."""

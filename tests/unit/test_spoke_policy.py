@@ -637,3 +637,15 @@ TestHintedLRUInvariants = _invariant_machine("hinted+lru").TestCase
 TestHintedARCInvariants = _invariant_machine("hinted+arc").TestCase
 TestHintedSIEVEInvariants = _invariant_machine("hinted+sieve").TestCase
 TestHintedS3FIFOInvariants = _invariant_machine("hinted+s3fifo").TestCase
+
+
+@pytest.mark.parametrize("name", ["s3fifo", "hinted+s3fifo"])
+def test_s3fifo_evicts_a_key_that_evicts_moved_from_s_to_m(name: str) -> None:
+    """Found by the invariant machine: S below its share, M empty, S's only key hit twice.
+    EVICTS moves it to M and evicts nothing; M must then be asked, not give up."""
+    policy = make_policy(name, 11)
+    policy.insert("k0", 1)
+    policy.access("k0")
+    policy.access("k0")
+    assert policy.pop_victim(set()) == ("k0", 1)
+    assert policy.resident() == []
