@@ -570,7 +570,8 @@ class ServerThread:
 
     def stop(self) -> None:
         """Stops the server (with the grace period) and joins the thread. Idempotent."""
-        if self._loop is not None and self._stop_requested is not None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and self._stop_requested is not None:
             self._loop.call_soon_threadsafe(self._stop_requested.set)
         if self._thread is not None:
             self._thread.join()

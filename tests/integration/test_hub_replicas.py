@@ -10,6 +10,7 @@ data directory's catalog exactly, and the engine's outage is answered ``UNAVAILA
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -30,9 +31,14 @@ from deploy.local import LocalStack, free_port
 from hub.catalog import Catalog
 from hub.errors import VersionExists
 from hub.events import EventKind
+from hub.grants import ensure_grant_key
 from hub.publish import publish
+from hub.server import ServerConfig, ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
+from spoke.hublink.client import HubClient
+from spoke.hublink.credentials import HubCredentials
 from tests.conftest import REPO_ROOT
+from tests.integration.hub_support import Pki, pki_fixture  # noqa: F401  (the pki fixture)
 from tests.pgserver import PostgresServer
 from tests.support import eventually
 
@@ -278,3 +284,41 @@ def test_the_engine_down_is_unavailable_and_heals_by_itself(
             eventually(lambda: status() == health_pb2.HealthCheckResponse.SERVING, "SERVING", 15)
             assert ready() == 200
             assert resolve(address, "f3", "latest").version == "v1"
+
+
+def test_a_spoke_client_with_two_tls_replicas_fails_over_when_one_stops(
+    pg_url: str, tmp_path: Path, pki: Pki
+) -> None:
+    """``HubClient("A,B")`` over TLS: the certificate is checked against the first
+    address (the channel's authority), calls spread over both, and go on when one stops."""
+    src = tree(tmp_path / "src", {"a": b"a"})
+    publish(tmp_path / "pub", "f3", src, catalog=pg_url, blobs=str(tmp_path / "blobs"))
+    key = ensure_grant_key(tmp_path)  # one grant key for both replicas
+    config = ServerConfig(
+        tls_cert=pki.server.cert, tls_key=pki.server.key, catalog=pg_url, grant_key=key
+    )
+    first = ServerThread(tmp_path / "r0", config=config).start()
+    second = ServerThread(tmp_path / "r1", config=config).start()
+    try:
+
+        async def resolve_through(client: HubClient, times: int) -> list[str]:
+            return [(await client.resolve_ref("f3", "latest")).version for _ in range(times)]
+
+        async def scenario() -> tuple[list[str], list[str]]:
+            client = HubClient(
+                f"127.0.0.1:{first.port},127.0.0.1:{second.port}",
+                credentials=HubCredentials(ca=pki.ca.pem.cert),
+            )
+            try:
+                before = await resolve_through(client, 4)
+                await asyncio.to_thread(first.stop)
+                after = await resolve_through(client, 4)
+                return before, after
+            finally:
+                await client.close()
+
+        before, after = asyncio.run(scenario())
+        assert before == after == ["v1"] * 4
+    finally:
+        first.stop()
+        second.stop()
