@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from fusemount.client import DaemonClient
 from fusemount.operations import StrataOperations
-from fusemount.passthrough import Passthrough, unavailable_reason
+from fusemount.passthrough import IDLE_BACKINGS, Passthrough, unavailable_reason
 from fusemount.reader import BlockReader
 from spoke.disk.encryption import EncryptionError, check_cache_key
 from spoke.disk.hardening import UnsafeDirectory, secure_cache_dir
@@ -99,6 +99,15 @@ def raise_open_file_limit() -> int:
     return soft
 
 
+def idle_backings(open_files: int) -> int:
+    """Idle passthrough backing ids to keep with a soft open-file limit of ``open_files``
+    (-1: unlimited): each holds a descriptor, so at most half the limit, the other half
+    left to the block-file table (1024), open files and sockets."""
+    if open_files == resource.RLIM_INFINITY:
+        return IDLE_BACKINGS
+    return max(0, min(IDLE_BACKINGS, open_files // 2))
+
+
 def mount_options(allow_other: bool = False) -> set[str]:
     """FUSE mount options: read-only, named ``strata``, kernel permission checks."""
     options = set(pyfuse3.default_options) | {"fsname=strata", "subtype=strata", "ro"}
@@ -128,6 +137,7 @@ async def serve(
     """Serve FUSE requests until unmounted or signalled, flushing access records."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ops.watch_catalog)
+        nursery.start_soon(ops.passthrough.sweep_forever)
         if read_ahead_kb > 0:
             nursery.start_soon(_raise_read_ahead, mountpoint, read_ahead_kb)
         nursery.start_soon(reader.flush_hits_forever)
@@ -209,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level,
         format="%(asctime)s strata-mount %(levelname)s %(name)s: %(message)s",
     )
-    raise_open_file_limit()
+    open_files = raise_open_file_limit()
     mountpoint: Path = ns.mountpoint.resolve()  # before mounting: never stat it afterwards
     if not mountpoint.is_dir():
         print(f"strata-mount: error: mountpoint {mountpoint} is not a directory", file=sys.stderr)
@@ -233,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     reader = BlockReader(layout, client, cipher=cipher)
     encrypted = bool(getattr(reader.files, "encrypted", False))
     passthrough = Passthrough(
-        unavailable_reason(settings.passthrough, settings.cache_dir, encrypted)
+        unavailable_reason(settings.passthrough, settings.cache_dir, encrypted),
+        idle_max=idle_backings(open_files),
     )
     ops = StrataOperations(client, reader, passthrough)
     # written first: whoever sees the mount appear (libfuse 3.17 makes it visible before

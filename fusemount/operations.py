@@ -289,6 +289,8 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             out[b"user.strata.passthrough"] = b"on" if pt.enabled else f"off: {pt.reason}".encode()
             out[b"user.strata.passthrough_opens"] = str(pt.opens).encode()
             out[b"user.strata.backing_ids"] = str(pt.backing_ids).encode()
+            out[b"user.strata.idle_backing_ids"] = str(pt.idle_backing_ids).encode()
+            out[b"user.strata.backing_reuses"] = str(pt.reuses).encode()
             ahead = self.reader.crossfile
             out[b"user.strata.crossfile_windows"] = str(ahead.windows).encode()
             out[b"user.strata.crossfile_blocks"] = str(ahead.blocks).encode()

@@ -22,10 +22,17 @@ Kernel rules this module keeps (``fs/fuse/iomode.c``, ``fs/fuse/passthrough.c``)
 * ``BACKING_OPEN`` needs CAP_SYS_ADMIN and a backing file that is not on a stacked file
   system (overlayfs: ``EOPNOTSUPP``); a refused one turns passthrough off, logged once.
 
-The backing id is closed when the inode's last passthrough handle is released; files
-already open keep the kernel's own reference to the block file, so closing it does not
-end them — revocation does that by truncating the block file (:meth:`Passthrough.revoke`
-here for evicted ones, the daemon's purge for the rest: fusemount/DESIGN.md).
+When the inode's last passthrough handle is released its backing id stays registered,
+*idle*, for the next open of the inode (:data:`IDLE_BACKINGS` at most, least recently
+released closed first): a re-open is then a dictionary look-up, with no thread hop, no
+``dup``, no ``BACKING_OPEN`` and, but once per :data:`RECHECK_S`, no ``fstat``; its
+release a counter. An idle id is closed when its block file is found unlinked (evicted or
+replaced: checked at the re-open, and :meth:`Passthrough.sweep` looks at a slice of the
+idle ids every half second), when its snapshot is revoked, or when passthrough is turned
+off. Files already open keep the kernel's own reference to the block file, so closing an
+id does not end them — revocation does that by truncating the block file
+(:meth:`Passthrough.revoke` here for evicted ones, the daemon's purge for the rest:
+fusemount/DESIGN.md).
 """
 
 from __future__ import annotations
@@ -34,11 +41,14 @@ import contextlib
 import errno
 import logging
 import os
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyfuse3
+import trio
 
 from fusemount.tree import Node
 from spoke.disk.mountinfo import mounts
@@ -49,6 +59,22 @@ CAP_SYS_ADMIN = 21  # bit of CapEff in /proc/self/status (capability.h)
 STACKED_FILESYSTEMS = frozenset({"overlay", "aufs", "ecryptfs"})
 # errnos of BACKING_OPEN that say passthrough cannot work here at all (not this file)
 _FATAL = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS}
+
+IDLE_BACKINGS = 16384
+"""Most backing ids kept registered after their inode's last release, for its next open
+(and at most half the mount's open-file limit: ``fusemount.cli.idle_backings``). Each holds one
+descriptor here and the kernel's reference to its block file (about 1 KiB of kernel
+memory with the block file's inode and dentry: 16 MiB for all), and keeps an evicted
+block's disk space until it is found unlinked (:data:`SWEEP_SLICE`). Shuffled opens of
+more files than this mostly miss it (least recently released go first)."""
+
+RECHECK_S = 0.1
+"""An idle id is re-checked (one ``fstat``: unlinked means evicted or replaced) at a
+re-open when its last check is older than this, seconds (``BlockFiles.recheck_after``)."""
+
+SWEEP_SLICE = 1024
+"""Idle ids :meth:`Passthrough.sweep` checks per call, every 0.5 s (one ``fstat`` each,
+about 2 ms on the loop): 16,384 in 8 s."""
 
 
 def library_supports() -> bool:
@@ -118,7 +144,8 @@ class _Backing:
     digest: str
     snapshot_id: str
     fd: int  # our own descriptor of the block file (for a revocation's truncation)
-    handles: int = 1
+    handles: int = 1  # 0: idle, kept for the inode's next open
+    checked: float = 0.0  # monotonic time its block file was last seen linked
 
 
 class Passthrough:
@@ -131,6 +158,9 @@ class Passthrough:
         reason: why passthrough is off from the start ("" = it may be on).
         open_backing / close_backing: the kernel calls (pyfuse3's by default; tests fake
             them). ``open_backing(fd)`` returns a backing id or raises OSError.
+        idle_max: idle backing ids kept (:data:`IDLE_BACKINGS`; 0: closed at the last
+            release).
+        clock: monotonic seconds (tests pass their own).
     """
 
     def __init__(
@@ -138,11 +168,18 @@ class Passthrough:
         reason: str = "",
         open_backing: Callable[[int], int] | None = None,
         close_backing: Callable[[int], None] | None = None,
+        idle_max: int = IDLE_BACKINGS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.reason = reason
         self.enabled = not reason
         self.opens = 0  # opens answered with a backing id since start
+        self.reuses = 0  # of those, opens that took an idle id (no registration)
         self.truncated = 0  # block files truncated by revocations
+        self.idle_max = idle_max
+        self._clock = clock
+        self._idle: OrderedDict[int, None] = OrderedDict()  # idle inodes, oldest first
+        self._sweep_at = 0  # where the next sweep's slice of the idle ids starts
         self._open_backing = open_backing or getattr(pyfuse3, "passthrough_open", None)
         self._close_backing = close_backing or getattr(pyfuse3, "passthrough_close", None)
         self._backings: dict[int, _Backing] = {}  # inode -> its backing id
@@ -153,6 +190,8 @@ class Passthrough:
             log.warning("passthrough off: %s; reads take the pyfuse3 path", reason)
         self.enabled = False
         self.reason = reason
+        for inode in list(self._idle):
+            self._close(inode)
 
     def negotiated(self, offered: bool, requested: bool) -> None:
         """Record what FUSE INIT said (pyfuse3's ``passthrough_state()``) and log the
@@ -180,10 +219,27 @@ class Passthrough:
     def shared(self, inode: int, counted: bool = True) -> int | None:
         """The inode's backing id when it already has one (the new handle shares it, even
         when passthrough was turned off since: the kernel fails a non-passthrough open of
-        an inode that has passthrough ones)."""
+        an inode that has passthrough ones), or an idle one that is still good.
+
+        An idle id is taken only by an open that would start passthrough (``counted``: not
+        ``O_DIRECT``), while passthrough is on and no handle of the inode is open on the
+        pyfuse3 path; its block file is re-checked (``fstat``) when its last check is
+        :data:`RECHECK_S` old, and closed if unlinked (then None: the caller opens it anew).
+        """
         backing = self._backings.get(inode)
         if backing is None:
             return None
+        if not backing.handles:
+            if not counted or not self.enabled or self._cached.get(inode):
+                return None
+            now = self._clock()
+            if now - backing.checked > RECHECK_S:
+                if not self._linked(backing):
+                    self._close(inode)
+                    return None
+                backing.checked = now
+            del self._idle[inode]
+            self.reuses += 1
         backing.handles += 1
         self.opens += counted  # an O_DIRECT open shares the id but its reads come here
         return backing.backing_id
@@ -209,7 +265,9 @@ class Passthrough:
             else:
                 log.info("passthrough of %s refused (%s); pyfuse3 path", digest, err)
             return None
-        self._backings[inode] = _Backing(backing_id, digest, node.snapshot_id, fd)
+        self._backings[inode] = _Backing(
+            backing_id, digest, node.snapshot_id, fd, checked=self._clock()
+        )
         self.opens += 1
         return backing_id
 
@@ -232,7 +290,17 @@ class Passthrough:
         backing.handles -= 1
         if backing.handles > 0:
             return
-        del self._backings[inode]
+        if not self.enabled or self.idle_max <= 0:
+            self._close(inode)
+            return
+        self._idle[inode] = None  # newest last
+        while len(self._idle) > self.idle_max:
+            self._close(next(iter(self._idle)))
+
+    def _close(self, inode: int) -> None:
+        """Close ``inode``'s backing id and our descriptor of its block file."""
+        backing = self._backings.pop(inode)
+        self._idle.pop(inode, None)
         os.close(backing.fd)
         if self._close_backing is not None:
             try:
@@ -240,10 +308,49 @@ class Passthrough:
             except OSError as err:  # the kernel dropped it already (connection gone)
                 log.debug("closing backing id %d: %s", backing.backing_id, err)
 
+    @staticmethod
+    def _linked(backing: _Backing) -> bool:
+        """Whether the backing's block file is still in the cache (not unlinked)."""
+        try:
+            return os.fstat(backing.fd).st_nlink > 0
+        except OSError:
+            return False
+
+    def sweep(self, count: int = SWEEP_SLICE) -> int:
+        """Check ``count`` idle ids (the next slice, round robin) and close those whose
+        block file was unlinked (evicted or replaced), so that they free its disk space.
+        On the loop: one ``fstat`` of an open descriptor each. Returns how many closed."""
+        idle = list(self._idle)
+        if self._sweep_at >= len(idle):
+            self._sweep_at = 0
+        now, closed = self._clock(), 0
+        for inode in idle[self._sweep_at : self._sweep_at + count]:
+            backing = self._backings[inode]
+            if self._linked(backing):
+                backing.checked = now
+            else:
+                self._close(inode)
+                closed += 1
+        self._sweep_at += count - closed
+        return closed
+
+    async def sweep_forever(self, every: float = 0.5) -> None:
+        """:meth:`sweep` every ``every`` seconds until cancelled."""
+        while True:
+            await trio.sleep(every)
+            if self._idle:
+                self.sweep()
+
     @property
     def backing_ids(self) -> int:
-        """Backing ids registered now (one per inode open in passthrough mode)."""
+        """Backing ids registered now: one per inode open in passthrough mode, and the
+        idle ones (:attr:`idle_backing_ids`)."""
         return len(self._backings)
+
+    @property
+    def idle_backing_ids(self) -> int:
+        """Backing ids registered for no open file, kept for their inode's next open."""
+        return len(self._idle)
 
     def revoke(self, revoked: Iterable[str]) -> int:
         """End passthrough reads of revoked snapshots whose block file was evicted.
@@ -256,6 +363,9 @@ class Passthrough:
         passthrough file here reads the same block. Returns how many were truncated.
         """
         gone = set(revoked)
+        for inode in [i for i in self._idle if self._backings[i].snapshot_id in gone]:
+            self._close(inode)  # never opened again: its snapshot's opens fail
+        # an idle id of a live snapshot may be opened again: its block is kept whole too
         live = {b.digest for b in self._backings.values() if b.snapshot_id not in gone}
         done = 0
         for backing in self._backings.values():

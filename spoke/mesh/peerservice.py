@@ -85,8 +85,11 @@ the port's connection and stream caps alone would let a region-token holder keep
 open (3.4 GiB); a region's spokes probe each other every few seconds, a few at a time."""
 
 REFUSE_READ_S = 1.0
-"""Longest a call refused at admission waits for its request before the refusal, seconds
-(see :meth:`PeerService._take_request`); such a call holds no slot meanwhile."""
+"""Longest a refused ``ReadBlocks`` call waits for its caller to finish sending (its
+request and the end of its stream) before the refusal, seconds (see
+:meth:`PeerService._take_request`); such a call holds no slot meanwhile. An honest caller
+sends both as it opens the call, so the window is met by milliseconds under any load;
+only a caller that holds its stream open waits it out."""
 
 CLASSES = {p.label: p for p in Priority}
 
@@ -158,13 +161,27 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         message: str,
         what: str,
         subject: str | None = None,
+        unread: AsyncIterator[Any] | None = None,
     ) -> NoReturn:
+        """End the call with ``code`` and ``message``, counted and audited as ``reason``.
+
+        ``unread``: the call's request stream while its caller may still be sending (its
+        request, or the end of its stream, not read yet); what is left is taken off the
+        wire first (:meth:`_take_request`), so the caller sees this status.
+        """
         self.refusals.record(reason, message, who=context.peer(), what=what, subject=subject)
+        if unread is not None:
+            await self._take_request(unread)
         await context.abort(code, message)
         raise AssertionError("context.abort() returned")  # it always raises
 
-    async def _authorize(self, context: grpc.aio.ServicerContext[Any, Any], what: str) -> None:
-        """The region's token (when the spokes have one)."""
+    async def _authorize(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        what: str,
+        unread: AsyncIterator[Any] | None = None,
+    ) -> None:
+        """The region's token (when the spokes have one); ``unread`` as in :meth:`_refuse`."""
         if self.token is None:
             return
         given = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
@@ -175,6 +192,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                 "token",
                 "missing or wrong peer token",
                 what,
+                unread=unread,
             )
 
     async def Probe(
@@ -207,14 +225,15 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
     ) -> AsyncIterator[hub_pb2.BlockChunk]:
         """Each requested block the caller may have, in order, in chunks of at most
         :data:`SERVE_CHUNK_BYTES`; the others are declined up front."""
-        await self._authorize(context, _READ)
+        # every refusal before the request is read takes it off the wire first (unread=)
+        await self._authorize(context, _READ, unread=request_iterator)
         try:
             claims = self.verifier.verify(context.invocation_metadata() or (), "ReadBlocks")
         except GrantRefused as err:
             code = grpc.StatusCode.UNAUTHENTICATED
             if err.reason == "busy":
                 code = grpc.StatusCode.RESOURCE_EXHAUSTED
-            await self._refuse(context, code, err.reason, str(err), _READ)
+            await self._refuse(context, code, err.reason, str(err), _READ, unread=request_iterator)
         subject = f"{claims.subject} at {claims.node}"
         caller = caller_of(claims)
         # the call's slot and memory are taken before its request is read: a caller that
@@ -223,18 +242,22 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             self.limits.admit(caller, 0) as admitted,
             self.memory.hold(caller, PENDING_HOLD_BYTES if admitted else 0) as pending,
         ):
-            if not (admitted and pending):
-                await self._take_request(request_iterator)
             if not admitted:
-                await self._over_limit(context, caller, claims.subject, subject)
+                await self._over_limit(
+                    context, caller, claims.subject, subject, unread=request_iterator
+                )
             if not pending:
-                await self._memory_spent(context, caller, PENDING_HOLD_BYTES, subject)
+                await self._memory_spent(
+                    context, caller, PENDING_HOLD_BYTES, subject, unread=request_iterator
+                )
             request = await self._request(request_iterator, context, subject)
             digests = [b.digest for b in request.blocks]
             asked = CLASSES.get(request.request_class or "demand")
             problem = _problem(digests, request.request_class if asked is None else None)
             if problem is not None:
-                await self._refuse(context, _INVALID, "malformed", problem, _READ, subject)
+                await self._refuse(
+                    context, _INVALID, "malformed", problem, _READ, subject, request_iterator
+                )
             scopes = list(claims.scopes)
             await self.scope.load(request.snapshots, scopes, caller)
             decision = self.scope.decide(digests, scopes)
@@ -245,9 +268,13 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                 self.memory.hold(caller, hold if carried else 0) as held,
             ):
                 if not carried:
-                    await self._over_limit(context, caller, claims.subject, subject)
+                    await self._over_limit(
+                        context, caller, claims.subject, subject, unread=request_iterator
+                    )
                 if not held:
-                    await self._memory_spent(context, caller, hold, subject)
+                    await self._memory_spent(
+                        context, caller, hold, subject, unread=request_iterator
+                    )
                 self._declined(decision, len(digests), context.peer(), subject)
                 raw = b"".join(bytes.fromhex(d) for d in decision.declined)
                 await context.send_initial_metadata(((DECLINED_METADATA, raw),) if raw else ())
@@ -263,13 +290,28 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                 )
 
     @staticmethod
-    async def _take_request(requests: AsyncIterator[peer_pb2.PeerReadRequest]) -> None:
-        """Take a refused call's request off the wire first, for at most
-        :data:`REFUSE_READ_S`: a call ended while its caller is still sending its request
-        reaches the caller as INTERNAL, not as the refusal (gRPC core), and a peer reads
-        RESOURCE_EXHAUSTED as "ask the hub", INTERNAL as a faulty peer."""
+    async def _take_request(requests: AsyncIterator[Any]) -> None:
+        """Take a refused call's request off the wire first: read until its caller has
+        finished sending (the end of its request stream, i.e. its half-close), at most
+        two messages and at most :data:`REFUSE_READ_S`.
+
+        A status that reaches a grpc.aio client before its request was written makes the
+        client's own write fail, and the client then reports INTERNAL ("Internal error
+        from Core", a failed ``SendMessageOperation``) in place of the status; one that
+        arrives between its write and its half-close can end as CANCELLED. A peer reads
+        RESOURCE_EXHAUSTED as "ask the hub", UNAUTHENTICATED as a credentials problem,
+        INTERNAL as a faulty peer. Once the stream has ended the caller has nothing left
+        to send, so the status it reads is the one given, however loaded either side is.
+        The bound keeps a caller that never finishes sending from holding a refused call
+        (which holds no slot of any allowance) for longer.
+        """
+
+        async def drain() -> None:
+            for _ in range(2):  # the one request, then the end (or a second message)
+                await anext(requests)
+
         with contextlib.suppress(TimeoutError, StopAsyncIteration):
-            await asyncio.wait_for(anext(requests), REFUSE_READ_S)
+            await asyncio.wait_for(drain(), REFUSE_READ_S)
 
     async def _request(
         self,
@@ -299,8 +341,10 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         caller: str,
         who: str,
         subject: str,
+        unread: AsyncIterator[Any] | None = None,
     ) -> NoReturn:
-        """Refuse a call over its caller's allowance of calls or bytes in flight."""
+        """Refuse a call over its caller's allowance of calls or bytes in flight
+        (``unread`` as in :meth:`_refuse`)."""
         calls, asked_bytes = self.limits.in_flight(caller)
         await self._refuse(
             context,
@@ -310,6 +354,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             f"{who}; at most {self.limits.calls} and {self.limits.nbytes:,}",
             _READ,
             subject,
+            unread=unread,
         )
 
     async def _memory_spent(
@@ -318,8 +363,10 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         caller: str,
         nbytes: int,
         subject: str,
+        unread: AsyncIterator[Any] | None = None,
     ) -> NoReturn:
-        """Refuse a call the peer port's memory cannot take ``nbytes`` more for."""
+        """Refuse a call the peer port's memory cannot take ``nbytes`` more for
+        (``unread`` as in :meth:`_refuse`)."""
         budget = self.memory
         await self._refuse(
             context,
@@ -330,6 +377,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             "read these blocks from the hub",
             _READ,
             subject,
+            unread=unread,
         )
 
     def _declined(self, decision: Decision, asked: int, who: str, subject: str) -> None:

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from fusemount.cli import idle_backings
 from fusemount.passthrough import (
+    IDLE_BACKINGS,
+    RECHECK_S,
     Passthrough,
     filesystem_type,
     has_cap_sys_admin,
@@ -73,7 +76,7 @@ def test_only_whole_files_of_exactly_one_block_are_candidates() -> None:
 
 def test_handles_of_one_inode_share_one_backing_id_closed_with_the_last(tmp_path: Path) -> None:
     kernel = FakeKernel()
-    pt = Passthrough(open_backing=kernel.open, close_backing=kernel.close)
+    pt = Passthrough(open_backing=kernel.open, close_backing=kernel.close, idle_max=0)
     node = _file(2, 100)
     fd = _fd(tmp_path)
     assert pt.shared(2) is None
@@ -213,3 +216,110 @@ def test_an_inode_with_a_backing_id_keeps_sharing_it_after_passthrough_is_turned
     assert pt.attach(3, _file(3, 10), "d3-0", _fd(tmp_path, "other")) is None
     assert not pt.enabled and pt.candidate(4, _file(4, 10)) is None  # new inodes: pyfuse3
     assert pt.shared(2) == 1  # but inode 2's opens stay passthrough while it has some
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _idle_pt(kernel: FakeKernel, idle_max: int = 2) -> tuple[Passthrough, Clock]:
+    clock = Clock()
+    return Passthrough(
+        open_backing=kernel.open, close_backing=kernel.close, idle_max=idle_max, clock=clock
+    ), clock
+
+
+def test_the_last_release_keeps_the_id_for_the_next_open_which_registers_nothing(
+    tmp_path: Path,
+) -> None:
+    kernel = FakeKernel()
+    pt, clock = _idle_pt(kernel)
+    node = _file(2, 100)
+    fd = _fd(tmp_path)
+    assert pt.attach(2, node, "d2-0", fd) == 1
+    pt.released(2, passthrough=True)
+    assert kernel.open_ids == {1} and not _closed(fd)  # idle, still registered
+    assert (pt.backing_ids, pt.idle_backing_ids, pt.reuses) == (1, 1, 0)
+    for _ in range(3):  # open, release, again: one registration in all
+        clock.now += 1  # re-checked each time (older than RECHECK_S): still linked
+        assert pt.shared(2) == 1
+        assert pt.idle_backing_ids == 0
+        pt.released(2, passthrough=True)
+    assert (pt.opens, pt.reuses, kernel.next_id) == (4, 3, 2)
+    assert kernel.open_ids == {1} and pt.idle_backing_ids == 1
+
+
+def test_idle_ids_are_bounded_oldest_released_closed_first(tmp_path: Path) -> None:
+    kernel = FakeKernel()
+    pt, _ = _idle_pt(kernel, idle_max=2)
+    fds = {}
+    for inode in (2, 3, 4):
+        fds[inode] = _fd(tmp_path, f"b{inode}")
+        assert pt.attach(inode, _file(inode, 100), f"d{inode}-0", fds[inode]) == inode - 1
+    assert pt.backing_ids == 3 and pt.idle_backing_ids == 0  # open ones are never evicted
+    for inode in (3, 2, 4):
+        pt.released(inode, passthrough=True)
+    assert kernel.open_ids == {1, 3}  # inode 3's (id 2), released first, closed
+    assert _closed(fds[3]) and not _closed(fds[2]) and not _closed(fds[4])
+    assert pt.shared(3) is None and pt.shared(2) == 1
+
+
+def test_an_idle_id_whose_block_file_was_evicted_is_closed_not_reused(tmp_path: Path) -> None:
+    kernel = FakeKernel()
+    pt, clock = _idle_pt(kernel, idle_max=8)
+    for inode in (2, 3, 4):
+        pt.attach(inode, _file(inode, 100), f"d{inode}-0", _fd(tmp_path, f"b{inode}"))
+        pt.released(inode, passthrough=True)
+    (tmp_path / "b2").unlink()  # evicted by the daemon (or replaced by a rename)
+    (tmp_path / "b3").unlink()
+    clock.now += RECHECK_S / 2
+    assert pt.shared(2) == 1  # checked less than RECHECK_S ago: reused as it is
+    pt.released(2, passthrough=True)
+    clock.now += RECHECK_S
+    assert pt.shared(2) is None  # re-checked at the open: unlinked, closed
+    assert kernel.open_ids == {2, 3} and pt.idle_backing_ids == 2
+    assert pt.sweep() == 1  # the sweep finds inode 3's
+    assert kernel.open_ids == {3} and pt.idle_backing_ids == 1
+    assert pt.sweep() == 0 and pt.shared(4) == 3
+
+
+def test_an_idle_id_is_not_taken_by_o_direct_beside_pyfuse3_handles_or_once_off(
+    tmp_path: Path,
+) -> None:
+    kernel = FakeKernel()
+    pt, _ = _idle_pt(kernel, idle_max=8)
+    for inode in (2, 3):
+        pt.attach(inode, _file(inode, 100), f"d{inode}-0", _fd(tmp_path, f"b{inode}"))
+        pt.released(inode, passthrough=True)
+    assert pt.shared(2, counted=False) is None  # O_DIRECT never starts passthrough
+    pt.opened_cached(2)  # ... so it went the pyfuse3 path: no passthrough open beside it
+    assert pt.shared(2) is None and pt.candidate(2, _file(2, 100)) is None
+    pt.released(2, passthrough=False)
+    assert pt.shared(2) == 1
+    kernel.fail = errno.EPERM  # turned off: idle ids are closed, open ones stay shared
+    assert pt.attach(4, _file(4, 100), "d4-0", _fd(tmp_path, "b4")) is None
+    assert kernel.open_ids == {1} and pt.shared(3) is None
+    pt.released(2, passthrough=True)  # its last handle, with passthrough off: closed
+    assert kernel.open_ids == set() and pt.backing_ids == 0
+
+
+def test_revocation_closes_idle_ids_of_revoked_snapshots(tmp_path: Path) -> None:
+    kernel = FakeKernel()
+    pt, _ = _idle_pt(kernel, idle_max=8)
+    for inode, snapshot in ((2, "s1"), (3, "s2")):
+        node = _file(inode, 100, snapshot=snapshot)
+        pt.attach(inode, node, f"d{inode}-0", _fd(tmp_path, f"b{inode}"))
+        pt.released(inode, passthrough=True)
+    assert pt.revoke({"s1"}) == 0  # nothing emptied: the block files are in the cache
+    assert kernel.open_ids == {2} and pt.shared(2) is None and pt.shared(3) == 2
+
+
+def test_idle_ids_are_kept_within_half_the_open_file_limit() -> None:
+    assert idle_backings(20_000) == 10_000
+    assert idle_backings(1 << 20) == IDLE_BACKINGS
+    assert idle_backings(-1) == IDLE_BACKINGS  # RLIM_INFINITY
+    assert idle_backings(1) == 0

@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -139,7 +140,16 @@ def test_cached_one_block_files_are_read_by_the_kernel_byte_for_byte(
     finally:
         for fd in fds.values():
             os.close(fd)
-    _within(5, lambda: int(_xattr(mnt, "backing_ids")) == 0)  # released: ids closed
+    # released: the ids stay registered, idle, for the next opens of these inodes
+    _within(5, lambda: int(_xattr(mnt, "idle_backing_ids")) == len(ONE_BLOCK))
+    assert int(_xattr(mnt, "backing_ids")) == len(ONE_BLOCK)
+    reuses, opens = int(_xattr(mnt, "backing_reuses")), int(_xattr(mnt, "passthrough_opens"))
+    for name in ONE_BLOCK:  # re-opened: the idle id serves them, nothing registered
+        assert (v1 / "sub" / name).read_bytes() == (src / "sub" / name).read_bytes()
+    assert int(_xattr(mnt, "backing_reuses")) == reuses + len(ONE_BLOCK)
+    assert int(_xattr(mnt, "passthrough_opens")) == opens + len(ONE_BLOCK)
+    assert int(_xattr(mnt, "backing_ids")) == len(ONE_BLOCK)
+    assert _mount_reads(mnt) == reads_before
 
     # multi-block and empty files stay on the pyfuse3 path, bytes identical too
     opens = int(_xattr(mnt, "passthrough_opens"))
@@ -212,8 +222,8 @@ def test_kill_9_of_mount_or_daemon_with_passthrough_files_open(
     want = (src / "sub" / "chunk.bin").read_bytes()
     layout = CacheLayout(cache)
     fd = os.open(v1 / "sub" / "chunk.bin", os.O_RDONLY)
-    try:
-        assert int(_xattr(mnt, "backing_ids")) == 1
+    try:  # one id in use (others the warm-up's opens left idle)
+        assert int(_xattr(mnt, "backing_ids")) - int(_xattr(mnt, "idle_backing_ids")) == 1
         daemon = int(layout.daemon_pid_file.read_text())
         os.kill(daemon, signal.SIGKILL)  # the mount stays; the kernel reads on
         assert os.pread(fd, BLOCK, 0) == want
@@ -275,3 +285,48 @@ def test_encrypted_block_files_are_never_passed_through(
     _warm(v1, src)
     _warm(v1, src)  # cached now: still the pyfuse3 path, which decrypts
     assert _xattr(mnt, "passthrough_opens") == "0"
+
+
+@pytest.mark.usefixtures("passthrough")
+def test_parallel_opens_of_cached_files_share_ids_and_read_identical_bytes(
+    tmp_path: Path, stack: LocalStack
+) -> None:
+    rng = random.Random(3)
+    root = tmp_path / "many"
+    root.mkdir()
+    want = {f"c{i:03d}": rng.randbytes(rng.randrange(1, BLOCK + 1)) for i in range(64)}
+    for name, data in want.items():
+        (root / name).write_bytes(data)
+    assert publish(tmp_path / "hub", "many", root, "--block-size", str(BLOCK)) == "v1"
+    hub = stack.start_hub(tmp_path / "hub")
+    mnt = tmp_path / "mnt"
+    stack.start_spoke(hub, tmp_path / "cache", mnt, "64MiB")
+    _state(mnt)
+    v1 = mnt / "many" / "v1"
+    for name, data in want.items():  # fetched, then opened once with passthrough
+        assert (v1 / name).read_bytes() == data
+        assert (v1 / name).read_bytes() == data
+    registered = int(_xattr(mnt, "backing_ids"))
+    reuses = int(_xattr(mnt, "backing_reuses"))
+    wrong: list[str] = []
+
+    def reader(seed: int) -> None:
+        names = random.Random(seed).sample(sorted(want), len(want))
+        for name in names * 5:
+            fd = os.open(v1 / name, os.O_RDONLY)
+            try:
+                if os.pread(fd, BLOCK + 1, 0) != want[name]:
+                    wrong.append(name)
+            finally:
+                os.close(fd)
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+    # every open was passthrough on an id registered before: none registered meanwhile
+    assert int(_xattr(mnt, "backing_ids")) == registered == len(want)
+    assert int(_xattr(mnt, "backing_reuses")) > reuses
+    _within(5, lambda: int(_xattr(mnt, "idle_backing_ids")) == len(want))

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -362,6 +362,47 @@ def test_unknown_digests_and_made_up_sizes_or_classes_queue_nothing(region: Regi
     assert y.metric("strata_spoke_peer_refused_blocks_total") - unknown0 == 256
     assert y.metric("strata_spoke_fetch_queued_bytes") == 0
     assert y.stats()["fetch"]["queued"]["peer"] == {"blocks": 0, "bytes": 0}
+
+
+@pytest.mark.timing
+def test_a_refused_call_reaches_a_caller_still_sending_as_its_status(region: Region) -> None:
+    # A status that reaches a grpc.aio caller while it is still sending its request is
+    # reported there as INTERNAL (its own write fails): the owner refuses only once the
+    # caller has finished sending, here 0.3 s late (within REFUSE_READ_S).
+    y = region.add("y")
+    region.start(y)
+    region.wait_live([y], 1)
+    digest, size = manifest_blocks(y)[0]
+
+    async def refused(bare: Peer, token: bool) -> tuple[grpc.StatusCode, bool]:
+        sent = asyncio.Event()
+
+        async def late() -> AsyncIterator[peer_pb2.PeerReadRequest]:
+            await asyncio.sleep(0.3)
+            yield peer_pb2.PeerReadRequest(blocks=[hub_pb2.BlockRef(digest=digest, size=size)])
+            sent.set()
+
+        metadata = bare.token.metadata() if token else ()
+        call = bare.stub.ReadBlocks(late(), timeout=30, metadata=metadata)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in call:
+                pass
+        return err.value.code(), sent.is_set()
+
+    async def go() -> list[tuple[grpc.StatusCode, bool]]:
+        bare = Peer(region, y.node)
+        try:
+            return [await refused(bare, token) for token in (False, True)]
+        finally:
+            await bare.close()
+
+    before = {
+        r: y.metric("strata_spoke_peer_refusals_total", reason=r) for r in ("token", "no_grant")
+    }
+    # no token, then the token without a grant: each refused as such, after the request
+    assert asyncio.run(go()) == [(grpc.StatusCode.UNAUTHENTICATED, True)] * 2
+    for reason, count in before.items():
+        assert y.metric("strata_spoke_peer_refusals_total", reason=reason) - count == 1
 
 
 def test_a_peer_port_without_tls_or_token_warns_at_start(region: Region, tmp_path: Path) -> None:
