@@ -2,6 +2,7 @@
 
     strata-csi serve --endpoint unix:///csi/csi.sock --mount /mnt/strata/data \\
                      --node-id NODE --state-dir /csi/volumes
+    strata-csi probe --endpoint unix:///csi/csi.sock [--ready]     # a liveness check
 
 The kubelet and the node-driver-registrar speak to it over ``--endpoint`` (``$CSI_ENDPOINT``
 by CSI convention); it needs ``CAP_SYS_ADMIN`` for mount(2) and must see the spoke's mount
@@ -24,7 +25,7 @@ import typer
 
 from csi.service import DRIVER_NAME, Identity, Node
 from csi.volumes import Volumes
-from protocol.csi.v1 import csi_pb2_grpc
+from protocol.csi.v1 import csi_pb2, csi_pb2_grpc
 
 log = logging.getLogger("csi")
 
@@ -127,6 +128,36 @@ def serve(
     log.info("serving %s on %s for node %s (mount %s)", driver_name, path, node_id, mount)
     server.wait_for_termination()
     path.unlink(missing_ok=True)
+
+
+@app.command()
+def probe(
+    endpoint: Annotated[
+        str,
+        typer.Option("--endpoint", envvar="CSI_ENDPOINT", help="unix:///PATH of the plugin."),
+    ] = "unix:///csi/csi.sock",
+    ready: Annotated[
+        bool, typer.Option("--ready", help="Also require the spoke's mount to be up.")
+    ] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 5.0,
+) -> None:
+    """Ask the plugin's Probe (a container's liveness check): exit 0 when it answers (and,
+    with --ready, says ready), 1 otherwise with the reason on stderr."""
+    try:
+        path = socket_path(endpoint)
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    with grpc.insecure_channel(f"unix:{path}") as channel:
+        try:
+            answer = csi_pb2_grpc.IdentityStub(channel).Probe(
+                csi_pb2.ProbeRequest(), timeout=timeout
+            )
+        except grpc.RpcError as err:
+            typer.echo(f"strata-csi: {path} does not answer: {err.code().name}", err=True)
+            raise typer.Exit(1) from None
+    if ready and answer.HasField("ready") and not answer.ready.value:
+        typer.echo("strata-csi: not ready: the spoke's mount is not up", err=True)
+        raise typer.Exit(1)
 
 
 def main() -> None:

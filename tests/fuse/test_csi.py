@@ -161,6 +161,26 @@ def test_identity_and_node_info(plugin: Plugin) -> None:
     assert list(node_caps.capabilities) == []  # no staging
 
 
+def test_probe_command(plugin: Plugin, tmp_path: Path) -> None:
+    """``strata-csi probe``, the container's liveness check: 0 when the plugin answers,
+    1 with a one-line reason when nothing listens."""
+    sock = plugin.state.parent / "csi.sock"
+    ok = subprocess.run(
+        [sys.executable, "-m", "csi", "probe", f"--endpoint=unix://{sock}", "--ready"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ok.returncode == 0, ok.stderr
+    gone = subprocess.run(
+        [sys.executable, "-m", "csi", "probe", f"--endpoint=unix://{tmp_path}/none.sock"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert gone.returncode == 1 and "does not answer" in gone.stderr
+
+
 def test_publish_binds_the_version_read_only(plugin: Plugin) -> None:
     target = target_of(plugin, "pod-ro")
     plugin.node.NodePublishVolume(request("vol-ro", target, dataset="demo", ref="v1"))
@@ -320,8 +340,16 @@ def test_without_the_spoke_mount_it_is_not_ready_and_unavailable(
 ) -> None:
     empty = tmp_path / "not-mounted"
     empty.mkdir()
+    sock = tmp_path / "idle.sock"
     with plugin_process(tmp_path, empty, name="idle") as (identity, node, _):
         assert identity.Probe(csi_pb2.ProbeRequest()).ready.value is False
+        idle = subprocess.run(
+            [sys.executable, "-m", "csi", "probe", "--ready", f"--endpoint=unix://{sock}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert idle.returncode == 1 and "not ready" in idle.stderr
         target = target_of(plugin, "pod-idle")
         got, details = code_of(
             node.NodePublishVolume, request("v", target, dataset="demo", ref="v1")
