@@ -19,7 +19,7 @@ def spoke(tmp_path_factory: pytest.TempPathFactory) -> Obj:
     """The gpu-region overlay's spoke container, as rendered."""
     objects = by_key(rendered(copy_tree(tmp_path_factory.mktemp("deploy")), "gpu-region"))
     pod = objects[("DaemonSet", "strata", "strata-spoke")]["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "spoke"]
     assert isinstance(container, dict)
     return container
 
