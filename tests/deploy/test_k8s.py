@@ -309,6 +309,37 @@ def test_csi_plugin_beside_the_spoke(objects: dict[str, dict[tuple[str, str, str
     assert probe[:2] == ["strata-csi", "probe"] and _flag(probe, "--endpoint") == f"unix://{socket}"
 
 
+def test_network_policies_name_every_destination(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    """In the GPU region no egress rule is open to every destination: the spokes reach
+    the hub's address (the overlay's ipBlock, the same ports as the hub's Service), each
+    other and the cluster's DNS; the example Job only DNS; both select their pods."""
+    gpu = {**objects["gpu-region"], **objects["train"]}
+    policies = [o for o in gpu.values() if o["kind"] == "NetworkPolicy"]
+    assert {p["metadata"]["name"] for p in policies} == {"strata-spoke", "strata-train-f3"}
+    for policy in policies:
+        for rule in policy["spec"]["egress"]:
+            assert rule.get("to"), f"{policy['metadata']['name']}: egress to anywhere: {rule}"
+    spoke = next(p for p in policies if p["metadata"]["name"] == "strata-spoke")
+    env = {
+        e["name"]: e for e in _named(_spoke(objects)["spec"]["template"]["spec"], "spoke")["env"]
+    }
+    hub_port = int(env["STRATA_HUB"]["value"].rpartition(":")[2])
+    (hub_rule,) = [
+        r for r in spoke["spec"]["egress"] if {"port": hub_port, "protocol": "TCP"} in r["ports"]
+    ]
+    (block,) = hub_rule["to"]
+    assert block["ipBlock"]["cidr"].endswith("/32"), "the hub's address, not a range"
+    assert (
+        spoke["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(_spoke(objects)).items()
+    )
+    job = _job(objects, "train")
+    train = next(p for p in policies if p["metadata"]["name"] == "strata-train-f3")
+    assert train["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(job).items()
+    assert train["spec"]["ingress"] == []
+
+
 def test_training_job_reads_a_csi_volume(
     objects: dict[str, dict[tuple[str, str, str], Obj]],
 ) -> None:
