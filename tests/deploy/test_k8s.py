@@ -16,6 +16,9 @@ import pytest
 import yaml
 
 from deploy.kustomize import KustomizeError, render
+from deploy.prometheusrule import OUTPUT as PROMETHEUS_RULE_FILE
+from deploy.prometheusrule import RELEASE, RULES
+from deploy.prometheusrule import render as render_prometheus_rule
 from hub.auth import MANAGED_VERSION
 from tests.deploy.k8s_support import (
     OVERLAYS,
@@ -95,6 +98,73 @@ SERVICE_MONITOR = {
 }
 
 
+# The part of prometheus-operator's PrometheusRule CRD (monitoring.coreos.com/v1,
+# https://prometheus-operator.dev/docs/api-reference/api/#monitoring.coreos.com/v1.PrometheusRule)
+# the generated object uses, strict: a rule is a recording or an alert rule.
+_RULE_COMMON = {
+    "expr": {"type": "string", "minLength": 1},
+    "for": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+    "labels": _STRINGS,
+    "annotations": _STRINGS,
+}
+PROMETHEUS_RULE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": SERVICE_MONITOR["properties"]["metadata"],
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["groups"],
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name", "rules"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "oneOf": [
+                                        {
+                                            "type": "object",
+                                            "additionalProperties": False,
+                                            "required": ["record", "expr"],
+                                            "properties": {
+                                                "record": {"type": "string"},
+                                                **_RULE_COMMON,
+                                            },
+                                        },
+                                        {
+                                            "type": "object",
+                                            "additionalProperties": False,
+                                            "required": ["alert", "expr"],
+                                            "properties": {
+                                                "alert": {"type": "string"},
+                                                **_RULE_COMMON,
+                                            },
+                                        },
+                                    ]
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR, "PrometheusRule": PROMETHEUS_RULE}
+
+
 @pytest.fixture(scope="module")
 def k8s(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_tree(tmp_path_factory.mktemp("deploy"))
@@ -107,8 +177,8 @@ def objects(k8s: Path) -> dict[str, dict[tuple[str, str, str], Obj]]:
 
 def validate(obj: Obj, version: str) -> None:
     """Raises when ``obj`` is not a valid object of its kind (unknown fields included)."""
-    if obj["kind"] == "ServiceMonitor":
-        jsonschema.validate(obj, SERVICE_MONITOR)
+    if obj["kind"] in SCHEMAS:
+        jsonschema.validate(obj, SCHEMAS[obj["kind"]])
     else:
         kubernetes_validate.validate(obj, version, strict=True)
 
@@ -159,6 +229,29 @@ def test_the_validators_reject_a_typo(objects: dict[str, dict[tuple[str, str, st
     monitor["spec"]["endpoints"][0]["intervall"] = "15s"
     with pytest.raises(jsonschema.ValidationError):
         validate(monitor, KUBERNETES_VERSIONS[-1])
+
+
+def test_prometheus_rule_is_the_rules_file(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    """Each region gets one PrometheusRule whose groups are deploy/prometheus/rules.yml's
+    (the file promtool checks), committed fresh from deploy.prometheusrule; it and every
+    ServiceMonitor carry the ``release`` label kube-prometheus-stack selects on."""
+    assert PROMETHEUS_RULE_FILE.read_text() == render_prometheus_rule(), (
+        "stale: run python -m deploy.prometheusrule"
+    )
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    for overlay in ("hub-region", "gpu-region"):
+        (rule,) = [o for o in objects[overlay].values() if o["kind"] == "PrometheusRule"]
+        assert rule["spec"]["groups"] == groups
+        monitors = [o for o in objects[overlay].values() if o["kind"] == "ServiceMonitor"]
+        assert monitors, overlay
+        for obj in [rule, *monitors]:
+            assert obj["metadata"]["labels"].get("release") == RELEASE, obj["metadata"]["name"]
+    broken = copy.deepcopy(rule)
+    broken["spec"]["groups"][0]["rules"][0]["recrod"] = "typo"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken, KUBERNETES_VERSIONS[-1])
 
 
 def test_renderer_refuses_what_it_does_not_know(tmp_path: Path) -> None:
