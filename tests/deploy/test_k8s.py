@@ -307,9 +307,24 @@ def test_spoke_daemonset(objects: dict[str, dict[tuple[str, str, str], Obj]]) ->
     assert fuse_volume["hostPath"] == {"path": "/dev/fuse", "type": "CharDevice"}
     assert spoke["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert spoke["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    admin_port = int(_flag(args, "--admin").rpartition(":")[2])
+    # the admin API (token, /v1/) only on the pod's loopback; the probes and Prometheus on
+    # --metrics, which serves nothing else; no port of the node
+    assert _flag(args, "--admin").rpartition(":")[0] == "127.0.0.1"
+    metrics_port = int(_flag(args, "--metrics").rpartition(":")[2])
     ports = {p["name"]: p["containerPort"] for p in spoke["ports"]}
-    assert ports[spoke["readinessProbe"]["httpGet"]["port"]] == admin_port
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert ports[spoke[probe]["httpGet"]["port"]] == metrics_port, probe
+    assert not any("hostPort" in p for c in pod["containers"] for p in c.get("ports", []))
+    service = objects["gpu-region"][("Service", "strata", "strata-spoke")]
+    monitor = objects["gpu-region"][("ServiceMonitor", "strata", "strata-spoke")]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    (scraped,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    assert ports[scraped["targetPort"]] == metrics_port
+    policy = objects["gpu-region"][("NetworkPolicy", "strata", "strata-spoke")]
+    admitted = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert (
+        metrics_port in admitted and int(_flag(args, "--admin").rpartition(":")[2]) not in admitted
+    )
     pre_stop = spoke["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[:3] == ["python3", "-m", "deploy.drain"]
     assert _flag(pre_stop, "--mount") == mountpoint, "the drain watches the spoke's mount"
