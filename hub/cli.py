@@ -56,7 +56,7 @@ from hub.budget import BYTES_PER_TOKEN, STREAMS_PER_TOKEN, TOTAL_BYTES, WAIT_S
 from hub.catalog import Catalog
 from hub.catalog.locations import redact
 from hub.datadir import DataDir, secure
-from hub.errors import CorruptBlob, CorruptCatalog, HubError, StorageError
+from hub.errors import CatalogUnavailable, CorruptBlob, CorruptCatalog, HubError, StorageError
 from hub.gc import STALE_AFTER_SECONDS, collect
 from hub.grants import DEFAULT_LIFETIME_S, HOLDERS_PER_TOKEN
 from hub.limits import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS
@@ -102,8 +102,9 @@ CatalogOption = Annotated[
     typer.Option(
         "--catalog",
         envvar="STRATA_HUB_CATALOG",
-        help="A shared catalog, postgresql://USER@HOST:PORT/DB, that several hub replicas "
-        "serve (default: DATA_DIR/catalog, this machine's own).",
+        help="A shared catalog, postgresql://USER@HOST:PORT/DB (libpq's URI; the password "
+        "best in $PGPASSFILE), that several hub replicas serve (default: DATA_DIR/catalog, "
+        "this machine's own). The first command on a new one must name --blobs.",
         show_default=False,
     ),
 ]
@@ -173,6 +174,8 @@ async def _serve(
         print(f"{PROG}: serving {data_dir} on {server.address}", flush=True)
         if metrics_listen is not None:
             _say(f"metrics on http://{endpoint.address}/metrics")
+        if config.catalog is not None:
+            _say(f"shared catalog {redact(config.catalog)}")
         await stop.wait()
 
 
@@ -777,7 +780,7 @@ def _run(args: list[str]) -> tuple[int, str]:
     except typer.Abort:
         _say("error: aborted")
         return EXIT_FAILURE, "aborted"
-    except (StorageError, CorruptBlob, CorruptCatalog) as exc:
+    except (StorageError, CorruptBlob, CorruptCatalog, CatalogUnavailable) as exc:
         _say(f"error: {exc}")
         return EXIT_FAILURE, f"error: {exc}"
     except HubError as exc:

@@ -108,8 +108,18 @@ class DataDir:
             CatalogError: It does not exist (``create`` False) or cannot be opened;
                 :class:`~hub.errors.CatalogUnavailable` when a shared one's engine cannot
                 be reached.
+            ConfigError: The data directory's own catalog was moved to a shared one
+                (``strata-hub migrate``): name that with ``--catalog``.
         """
-        return Catalog(self.catalog_location, create=create)
+        catalog = Catalog(self.catalog_location, create=create)
+        moved = catalog.migrated_to() if self.catalog_url is None else None
+        if moved is not None:
+            catalog.close()
+            raise ConfigError(
+                f"the catalog of data dir {self.root} was moved to {moved} (strata-hub "
+                f"migrate): use --catalog {moved}"
+            )
+        return catalog
 
     @classmethod
     def open(
@@ -183,18 +193,21 @@ class DataDir:
                 f"--blobs {blobs!r} is relative: with a shared catalog every replica must name "
                 "the same store, so give an absolute path on shared storage or s3://BUCKET/PREFIX"
             )
+        if catalog.shared and recorded is None and blobs is None:
+            raise ConfigError(
+                f"the shared catalog {catalog.location} records no blob store yet: name it "
+                "with --blobs (an absolute path on storage every replica reaches, or "
+                "s3://BUCKET/PREFIX) the first time; later commands find it recorded"
+            )
         store = open_blob_store(self._resolve(wanted), endpoint_url=endpoint_url)
         if recorded is None:
-            shared_default = catalog.shared and blobs is None
-            catalog.set_blobs_location(
-                wanted if blobs is None and not shared_default else store.location
-            )
+            catalog.set_blobs_location(wanted if blobs is None else store.location)
         elif blobs is not None:
             known = open_blob_store(self._resolve(recorded), endpoint_url=endpoint_url)
             if known.location != store.location:
+                owner = f"catalog {catalog.location}" if catalog.shared else f"data dir {self.root}"
                 raise Conflict(
-                    f"data dir {self.root} keeps its blocks in {known.location}, "
-                    f"not {store.location}"
+                    f"{owner} keeps its blocks in {known.location}, not {store.location}"
                 )
         return store
 

@@ -10,7 +10,9 @@ replicas must all name the same store; a relative one meant "inside this data
 directory"). Then both catalogs are read again and compared database by database: record
 count and an xxh3-128 digest over the records in key order. Sequence numbers, manifest
 numbers and version numbers are copied verbatim, so a spoke's Watch resumes across the
-move.
+move. Once the copy is proven, the data directory's own catalog is marked as moved: every
+command without ``--catalog`` on it is refused from then on (a ``gc`` there would delete
+blocks the shared catalog still needs; a ``publish`` there would fork the history).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import xxhash
 from hub.blobstore import open_blob_store
 from hub.catalog import Catalog
 from hub.catalog.postgres import PostgresEngine, load_records
-from hub.catalog.schema import DB_NAMES, META_BLOBS
+from hub.catalog.schema import DB_NAMES, META_BLOBS, META_MIGRATED
 from hub.datadir import DataDir
 from hub.errors import CatalogError
 
@@ -65,15 +67,15 @@ def digests(catalog: Catalog, *, skip_blobs: bool = False) -> tuple[DatabaseDige
 
     Args:
         catalog: The catalog to summarize.
-        skip_blobs: Leave the ``meta`` record of the blob store location out (it is
-            rewritten by a migration).
+        skip_blobs: Leave the ``meta`` records of the blob store location and of a past
+            migration out (a migration rewrites the one and does not copy the other).
     """
     result = []
     with catalog.read() as txn:
         for name in DB_NAMES:
             hasher, count = xxhash.xxh3_128(), 0
             for key, value in txn.cursor(db=txn.db[name]):
-                if skip_blobs and name == b"meta" and key == META_BLOBS:
+                if skip_blobs and name == b"meta" and key in (META_BLOBS, META_MIGRATED):
                     continue
                 for part in (key, value):
                     hasher.update(len(part).to_bytes(4, "big"))
@@ -104,6 +106,8 @@ def _records(catalog: Catalog, blobs: str | None) -> Iterator[tuple[int, bytes, 
     with catalog.read() as txn:
         for index, name in enumerate(DB_NAMES):
             for key, value in txn.cursor(db=txn.db[name]):
+                if name == b"meta" and key == META_MIGRATED:
+                    continue
                 if name == b"meta" and key == META_BLOBS:
                     if blobs is None:
                         continue
@@ -143,10 +147,17 @@ def migrate(
             blobs = open_blob_store(local, endpoint_url=s3_endpoint).location
         engine = PostgresEngine(url, create=True)
         try:
+            with engine.begin(write=False) as txn:
+                known = txn.get(META_BLOBS, db=engine.dbs[b"meta"])
+            if known is not None and known.decode("utf-8") != blobs:
+                raise CatalogError(
+                    f"catalog at {engine.location} already records blobs {known.decode()!r}, "
+                    f"not this data directory's {blobs!r}"
+                )
             written = load_records(engine, _records(source, blobs))
         finally:
             engine.close()
-        with layout.open_catalog(create=False) as target:
+        with Catalog(url, create=False) as target:
             if target.blobs_location() != blobs:
                 raise CatalogError(
                     f"the copy records blobs {target.blobs_location()!r}, not {blobs!r}"
@@ -158,4 +169,5 @@ def migrate(
                     "into a new database again): " + "; ".join(different)
                 )
             summary = digests(target)
+        source.mark_migrated(target.location)
     return MigrateResult(written, summary, blobs)

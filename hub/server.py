@@ -572,7 +572,7 @@ class ServerThread:
         """Stops the server (with the grace period) and joins the thread. Idempotent."""
         loop = self._loop
         if loop is not None and not loop.is_closed() and self._stop_requested is not None:
-            self._loop.call_soon_threadsafe(self._stop_requested.set)
+            loop.call_soon_threadsafe(self._stop_requested.set)
         if self._thread is not None:
             self._thread.join()
             self._thread = None

@@ -87,7 +87,7 @@ class CatalogWatcher:
                     await self._reachability(False)
                 continue
             if not self.reachable:
-                logger.info("catalog reachable again, health SERVING")
+                logger.warning("catalog reachable again, health SERVING")
                 await self._reachability(True)
             if last == self._last:
                 continue

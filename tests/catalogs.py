@@ -48,7 +48,10 @@ class CatalogAt:
     def publish(
         self, data: Path | str | os.PathLike[str], *args: Any, **kwargs: Any
     ) -> PublishResult:
-        """:func:`hub.publish.publish` into this catalog."""
+        """:func:`hub.publish.publish` into this catalog (a shared one's first publish names
+        ``DATA/blobs`` as its blob store, as an operator must)."""
+        if self.url is not None:
+            kwargs.setdefault("blobs", str(Path(data) / "blobs"))
         return publish(data, *args, catalog=self.url, **kwargs)
 
     def cli(self) -> list[str]:

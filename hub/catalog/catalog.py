@@ -15,6 +15,7 @@ from hub.catalog.schema import (
     META_BLOBS,
     META_BLOCK_BYTES,
     META_LIVE_SNAPSHOTS,
+    META_MIGRATED,
     META_SEQUENCE,
     SNAPSHOT,
     U32,
@@ -162,6 +163,18 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, PublishesMixin, CatalogBas
         with self.read() as txn:
             value = txn.get(META_BLOBS, db=self._db[b"meta"])
             return value.decode("utf-8") if value is not None else None
+
+    def migrated_to(self) -> str | None:
+        """The shared catalog this one was moved to by ``strata-hub migrate``, or None."""
+        with self.read() as txn:
+            value = txn.get(META_MIGRATED, db=self._db[b"meta"])
+            return value.decode("utf-8") if value is not None else None
+
+    def mark_migrated(self, location: str) -> None:
+        """Records that this catalog was moved to ``location`` (a redacted URL); see
+        :meth:`hub.datadir.DataDir.open_catalog`."""
+        with self.write() as txn:
+            txn.put(META_MIGRATED, location.encode("utf-8"), db=self._db[b"meta"])
 
     def stats(self) -> CatalogStats:
         """Counts the catalog's records (O(1) per database on LMDB, from its own statistics;

@@ -44,7 +44,7 @@ import psycopg_pool
 
 from hub.catalog.env import check_format
 from hub.catalog.locations import redact
-from hub.catalog.schema import DB_NAMES, META_FORMAT
+from hub.catalog.schema import DB_NAMES, META_BLOBS, META_FORMAT
 from hub.errors import CatalogError, CatalogUnavailable
 
 # the pool logs every failed reconnection attempt (several a second while the engine is
@@ -275,6 +275,8 @@ class PostgresEngine:
             )
         except psycopg.ProgrammingError as exc:
             raise CatalogError(f"catalog URL {self.location} is malformed: {exc}") from None
+        self._conninfo = conninfo
+        self._probe()  # the real reason now (refused, no such database, password), not a timeout
         self._pool: psycopg_pool.ConnectionPool[Any] | None = psycopg_pool.ConnectionPool(
             conninfo,
             min_size=1,
@@ -303,6 +305,25 @@ class PostgresEngine:
                     "v bytea NOT NULL, PRIMARY KEY (db, k))"
                 )
             check_format(txn, self.dbs[b"meta"], self.dbs[b"datasets"], self.location)  # type: ignore[arg-type]
+
+    def _probe(self) -> None:
+        """Connects once, outside the pool, and raises what the engine said.
+
+        Raises:
+            CatalogError: The server refused this user or database (SQLSTATE class 28, or
+                3D000): a setting to fix, not an outage.
+            CatalogUnavailable: No server answered.
+        """
+        try:
+            psycopg.connect(self._conninfo, autocommit=True).close()
+        except psycopg.Error as exc:
+            reason = _first_line(exc)
+            state = getattr(exc, "sqlstate", None) or ""
+            if state.startswith("28") or state == "3D000" or _refusal(reason):
+                raise CatalogError(f"catalog engine {self.location} refused: {reason}") from None
+            raise CatalogUnavailable(
+                f"catalog engine {self.location} unreachable: {reason}"
+            ) from None
 
     @property
     def pool(self) -> psycopg_pool.ConnectionPool[Any]:
@@ -341,6 +362,7 @@ class PostgresEngine:
                     raise
                 conn.execute("COMMIT")
         except psycopg_pool.PoolTimeout as exc:
+            self._probe()  # raises the engine's own reason when it gives one
             raise CatalogUnavailable(
                 f"catalog engine {self.location} unreachable: no connection within "
                 f"{CONNECT_TIMEOUT_S:g} s"
@@ -379,8 +401,20 @@ class PostgresEngine:
             pool.close()
 
 
+_REFUSALS = ("password authentication failed", "does not exist", "no password supplied")
+
+
+def _refusal(reason: str) -> bool:
+    """True for a connection the server refused for its settings (libpq's text, where no
+    SQLSTATE came back: a failed connection attempt carries none)."""
+    return any(words in reason for words in _REFUSALS) or "invalid integer value" in reason
+
+
 def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    """The first line of the engine's message, from its ``FATAL:`` on where it has one
+    (libpq puts the address it tried before it, already in the location shown)."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return line[line.index("FATAL:") :] if "FATAL:" in line else line
 
 
 def load_records(engine: PostgresEngine, records: Iterator[tuple[int, bytes, bytes]]) -> int:
@@ -392,20 +426,21 @@ def load_records(engine: PostgresEngine, records: Iterator[tuple[int, bytes, byt
         How many records were written.
 
     Raises:
-        CatalogError: The table already holds records other than the format stamp, or
+        CatalogError: The table already holds records other than the format stamp and the
+            blob store's location (what a replica started on the new database writes), or
             the engine refused the copy (:class:`~hub.errors.CatalogUnavailable` when
             unreachable).
     """
     written = 0
     with engine.begin(write=True) as txn:
         held = txn._one(
-            f"SELECT count(*) FROM {TABLE} WHERE NOT (db = %s AND k = %s)",
-            (engine.dbs[b"meta"], META_FORMAT),
+            f"SELECT count(*) FROM {TABLE} WHERE NOT (db = %s AND k IN (%s, %s))",
+            (engine.dbs[b"meta"], META_FORMAT, META_BLOBS),
         )
         if held:
             raise CatalogError(
-                f"catalog at {engine.location} is not empty ({held} records): migrate only "
-                "into a new database"
+                f"catalog at {engine.location} is not empty ({held} "
+                f"record{'s' if held != 1 else ''}): migrate only into a new database"
             )
         txn._conn.execute(f"DELETE FROM {TABLE}")
         with txn._conn.cursor().copy(f"COPY {TABLE} (db, k, v) FROM STDIN") as copy:

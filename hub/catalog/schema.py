@@ -59,6 +59,8 @@ META_MANIFEST = b"next_manifest"
 META_BLOBS = b"blobs"
 META_BLOCK_BYTES = b"block_bytes"
 META_LIVE_SNAPSHOTS = b"live_snapshots"
+META_MIGRATED = b"migrated_to"
+"""Set by ``strata-hub migrate`` on the catalog it copied: the shared catalog it moved to."""
 
 
 def dataset_prefix(dataset: str) -> bytes:

@@ -29,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-un
 
 from deploy.local import LocalStack, free_port
 from hub.catalog import Catalog
+from hub.datadir import DataDir
 from hub.errors import VersionExists
 from hub.events import EventKind
 from hub.grants import ensure_grant_key
@@ -219,11 +220,19 @@ def test_migrate_copies_a_data_directory_catalog_exactly(
     assert hub_cli("publish", "--data-dir", str(data), "f3", str(src)).returncode == 0
     assert hub_cli("tag", "--data-dir", str(data), "f3", "v1", "stable").returncode == 0
     url = pg_server.database()
+    local = hub_cli("ls", "--data-dir", str(data), "f3").stdout
+    # a replica started on the new database first records the same store: still accepted
+    early = DataDir.open(tmp_path / "early", create=True, catalog=url)
+    with early.open_catalog(create=True) as catalog:
+        early.blob_store(catalog, str(data / "blobs"))
     done = hub_cli("migrate", "--data-dir", str(data), "--catalog", url)
     assert done.returncode == 0, done.stderr
     assert "both catalogs hold the same records" in done.stderr
     assert f"blobs: {data / 'blobs'}" in done.stderr, "the relative store became absolute"
-    local = hub_cli("ls", "--data-dir", str(data), "f3").stdout
+    for moved in (("gc",), ("publish", "f3", str(src)), ("ls", "f3")):
+        refused = hub_cli(moved[0], "--data-dir", str(data), *moved[1:])
+        assert refused.returncode == 2, refused.stderr
+        assert f"use --catalog {url}" in refused.stderr, "the old catalog is retired"
     copied = hub_cli("ls", "--data-dir", str(data), "--catalog", url, "f3")
     assert copied.returncode == 0 and copied.stdout == local
     for ref in ("v1", "stable", "latest"):
@@ -232,6 +241,8 @@ def test_migrate_copies_a_data_directory_catalog_exactly(
     again = hub_cli("migrate", "--data-dir", str(data), "--catalog", url)
     assert again.returncode == 2
     assert "is not empty" in again.stderr and "Traceback" not in again.stderr
+    elsewhere = hub_cli("migrate", "--data-dir", str(data), "--catalog", pg_server.database())
+    assert elsewhere.returncode == 0, elsewhere.stderr
     bad = hub_cli("ls", "--data-dir", str(data), "--catalog", "mysql://x/y")
     assert bad.returncode == 2 and "must be a postgresql:// URL" in bad.stderr
 
@@ -276,7 +287,7 @@ def test_the_engine_down_is_unavailable_and_heals_by_itself(
                 assert "catalog engine" in (raised.value.details() or "")
                 done = hub_cli("publish", "--data-dir", str(tmp_path / "pub"),
                                "--catalog", url, "f3", str(src))  # fmt: skip
-                assert done.returncode == 2, done.stderr
+                assert done.returncode == 1, "a system failure (retry), not bad input"
                 assert "unreachable" in done.stderr and "Traceback" not in done.stderr
                 assert len(done.stderr.strip().splitlines()) == 1
             finally:
@@ -322,3 +333,23 @@ def test_a_spoke_client_with_two_tls_replicas_fails_over_when_one_stops(
     finally:
         first.stop()
         second.stop()
+
+
+def test_catalog_mistakes_are_one_line_naming_the_cause(
+    pg_server: PostgresServer, tmp_path: Path
+) -> None:
+    src = tree(tmp_path / "src", {"a": b"a"})
+    data = tmp_path / "data"
+    data.mkdir()
+    fresh = pg_server.database()
+    cases = [
+        # a new shared catalog must be told where the blocks of every replica live
+        (("publish", "--catalog", fresh, "f3", str(src)), 2, "records no blob store yet"),
+        (("ls", "--catalog", pg_server.url("nosuchdb")), 2, 'database "nosuchdb" does not exist'),
+        (("ls", "--catalog", f"postgresql://nobody@127.0.0.1:{pg_server.port}/x"), 2, "nobody"),
+        (("ls", "--catalog", f"postgresql://postgres@127.0.0.1:{free_port()}/x"), 1, "unreachable"),
+    ]
+    for args, code, words in cases:
+        done = hub_cli(args[0], "--data-dir", str(data), *args[1:])
+        assert done.returncode == code, (args, done.stderr)
+        assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
