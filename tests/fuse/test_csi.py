@@ -356,3 +356,29 @@ def test_without_the_spoke_mount_it_is_not_ready_and_unavailable(
         )
         assert got == grpc.StatusCode.UNAVAILABLE and "not mounted" in details
         assert not target.exists()
+
+
+def test_a_restarted_plugin_keeps_what_it_published(plugin: Plugin) -> None:
+    """The record of a publish outlives the plugin (its state directory is on the node):
+    after a restart, publishing the same volume again is OK and keeps the version the tag
+    named at the first publish, although the tag moved meanwhile; unpublish still works."""
+    tmp = plugin.pods.parent
+    target = target_of(plugin, "pod-restart")
+    with plugin_process(tmp, plugin.mount, name="restart") as (_, node, _state):
+        node.NodePublishVolume(request("vol-restart", target, dataset="demo", ref="latest"))
+    first = os.readlink(plugin.mount / "demo" / "latest")
+    before = (target / "small.txt").read_text()
+    newer = tmp / "src-after-restart"
+    shutil.copytree(plugin.src["v2"], newer, symlinks=True)
+    (newer / "small.txt").write_text("published while the plugin was down\n")
+    moved = publish(plugin.hub_dir, "demo", newer, "--block-size", BLOCK)
+    eventually(lambda: os.readlink(plugin.mount / "demo" / "latest") == moved, "latest moving")
+    with plugin_process(tmp, plugin.mount, name="restart") as (_, node, _state):
+        node.NodePublishVolume(request("vol-restart", target, dataset="demo", ref="latest"))
+        assert (target / "small.txt").read_text() == before
+        here = mounted_at(target)
+        assert here is not None and here.root == f"/demo/{first}" != f"/demo/{moved}"
+        node.NodeUnpublishVolume(
+            csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-restart", target_path=str(target))
+        )
+    assert not target.exists()
