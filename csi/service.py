@@ -148,8 +148,14 @@ class Node(csi_pb2_grpc.NodeServicer):
             raise InvalidVolume(
                 "a Strata volume is read-only: set readOnly: true on the csi volume source"
             )
-        dataset, ref = _attributes(dict(request.volume_context))
-        self.volumes.publish(request.volume_id, request.target_path, dataset, ref)
+        context = dict(request.volume_context)
+        dataset, ref = _attributes(context)
+        pod = "/".join(
+            context[f"{KUBELET_PREFIX}{key}"]
+            for key in ("pod.namespace", "pod.name")
+            if f"{KUBELET_PREFIX}{key}" in context
+        )
+        self.volumes.publish(request.volume_id, request.target_path, dataset, ref, for_pod=pod)
         return csi_pb2.NodePublishVolumeResponse()
 
     @_mapped

@@ -192,8 +192,11 @@ class Volumes:
             raise SpokeUnavailable(f"the spoke cannot answer now: {err.strerror}") from err
         return True
 
-    def publish(self, volume_id: str, target_path: str, dataset: str, ref: str) -> Publication:
-        """Bind ``dataset``'s version named by ``ref`` read-only at ``target_path``.
+    def publish(
+        self, volume_id: str, target_path: str, dataset: str, ref: str, for_pod: str = ""
+    ) -> Publication:
+        """Bind ``dataset``'s version named by ``ref`` read-only at ``target_path``;
+        ``for_pod`` (``namespace/name``, from the kubelet) goes into the log line.
 
         Returns:
             The publication (the one already there when this exact volume is published).
@@ -220,7 +223,14 @@ class Volumes:
             publication = Publication(volume_id, str(target), dataset, ref, version)
             self._bind(publication)
             self.state.put(publication)
-            log.info("published %s@%s (%s) at %s", dataset, ref, version, target)
+            log.info(
+                "published %s@%s (%s) at %s%s",
+                dataset,
+                ref,
+                version,
+                target,
+                f" for pod {for_pod}" if for_pod else "",
+            )
             return publication
 
     def _already(

@@ -55,16 +55,20 @@ class Plugin:
 def plugin_process(
     tmp: Path, mount: Path, name: str = "csi"
 ) -> Iterator[tuple[csi_pb2_grpc.IdentityStub, csi_pb2_grpc.NodeStub, Path]]:
-    """``strata-csi serve`` on ``tmp/NAME.sock`` over ``mount``; stopped (SIGTERM, then
-    SIGKILL) on the way out. Yields the two stubs and the state directory."""
+    """``strata-csi serve`` on ``tmp/NAME.sock`` over ``mount``, its log in ``tmp/NAME.log``;
+    stopped (SIGTERM, then SIGKILL) on the way out. Yields the two stubs and the state
+    directory."""
     sock, state = tmp / f"{name}.sock", tmp / f"{name}-state"
+    log = (tmp / f"{name}.log").open("a")
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "csi", "serve", "--endpoint", f"unix://{sock}"),
             *("--mount", str(mount), "--node-id", "node-a", "--state-dir", str(state)),
         ],
         start_new_session=True,
+        stderr=log,
     )
+    log.close()
     channel = grpc.insecure_channel(f"unix:{sock}")
     try:
         eventually(lambda: sock.exists() or proc.poll() is not None, "the plugin's socket")
@@ -197,6 +201,8 @@ def test_publish_binds_the_version_read_only(plugin: Plugin) -> None:
     here = mounted_at(target)
     assert here is not None and {"ro", "nosuid", "nodev"} <= here.options
     assert here.root == "/demo/v1"
+    log = (plugin.pods.parent / "csi.log").read_text()
+    assert f"published demo@v1 (v1) at {target} for pod ml/trainer-0" in log
     plugin.node.NodeUnpublishVolume(
         csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-ro", target_path=str(target))
     )
