@@ -6,10 +6,11 @@
 One row per question an operator asks, top to bottom: is the GPU fed (miss latency,
 miss ratio), is the link full (bytes from the hub against what the hub sends, fetches
 in flight, prefetch), how warm is the cache (hit ratio, use, pins, evictions, fill
-left), is anything wrong (hub reachability, corrupt blocks, full cache, restarts,
-errors, firing alerts). Cache events — evictions, a full cache, corrupt blocks, mount
-restarts, the hub going away, a tag moving — are dashboard annotations, drawn on every
-time series, so a latency spike lines up with what the cache did at that moment.
+left), does the region's mesh share (bytes by source, live members, failed and lying
+peers, refusals), is anything wrong (hub reachability, corrupt blocks, full cache,
+restarts, errors, firing alerts). Cache events — evictions, a full cache, corrupt blocks,
+mount restarts, the hub going away, a tag moving — are dashboard annotations, drawn on
+every time series, so a latency spike lines up with what the cache did at that moment.
 
 Expressions use the metric names of spoke/metrics.py and hub/metrics.py, the recording
 rules of deploy/prometheus/rules.yml, and the variables ``$datasource`` and ``$node``
@@ -171,6 +172,67 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "Cached bytes (all spokes)",
                 "bytes",
                 f"sum(strata_spoke_cache_used_bytes{{{NODE}}})",
+            ),
+        ],
+    ),
+    (
+        "Is the region's mesh sharing?",
+        [
+            timeseries(
+                "Block bytes by source: hub or peer",
+                "Bps",
+                (
+                    f"sum by (source) (rate(strata_spoke_source_bytes_total{{{NODE}}}"
+                    f"[$__rate_interval]))",
+                    "{{source}}",
+                ),
+                desc="With a working mesh each block crosses the WAN once per region: "
+                "peer bytes grow with the number of spokes, hub bytes do not.",
+            ),
+            timeseries(
+                "Live mesh members, as each spoke sees them",
+                "short",
+                (f"strata_spoke_mesh_nodes_live{{{NODE}}} > 0", "{{instance}}"),
+                ('count(up{job="strata-spoke"} == 1)', "spokes up"),
+                desc="Every line on 'spokes up'; one below it is a spoke that misses "
+                "members (StrataMeshPartitioned).",
+            ),
+            timeseries(
+                "Failed peer calls, by kind",
+                "short",
+                (
+                    f"sum by (kind) (increase(strata_spoke_peer_errors_total{{{NODE}}}"
+                    f"[$__rate_interval]))",
+                    "{{kind}}",
+                ),
+                desc="Each fell back to the hub (StrataPeerErrors).",
+            ),
+            timeseries(
+                "Lying peers: corrupt peer blocks and quarantines",
+                "short",
+                (
+                    f"sum by (instance) (increase(strata_spoke_peer_corrupt_blocks_total"
+                    f"{{{NODE}}}[$__rate_interval]))",
+                    "corrupt from a peer, at {{instance}}",
+                ),
+                (
+                    f"sum by (kind) (increase(strata_spoke_peer_quarantines_total{{{NODE}}}"
+                    f"[$__rate_interval]))",
+                    "quarantined: {{kind}}",
+                ),
+                desc="Blocks a peer served that failed their digest (dropped, fetched from "
+                "the hub; StrataLyingPeer), and peers left out for a while.",
+            ),
+            timeseries(
+                "Peer calls refused, by reason",
+                "short",
+                (
+                    f"sum by (reason) (increase(strata_spoke_peer_refusals_total{{{NODE}}}"
+                    f"[$__rate_interval]))",
+                    "{{reason}}",
+                ),
+                desc="Callers without a valid token or read grant, or beyond the peer "
+                "port's memory budget (they read from the hub).",
             ),
         ],
     ),

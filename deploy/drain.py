@@ -17,6 +17,13 @@ readable only with ``CAP_SYS_PTRACE`` (ptrace(2), "Ptrace access mode checking")
 systemd unit keeps it in its bounding set, the privileged pod has it. Processes it was
 refused are named in a warning on stderr, since it cannot tell whether they hold the mount.
 
+A volume the CSI plugin (``strata-csi``, csi/) published is a bind mount of one version's
+directory under the kubelet's pod directory: its pod may have no file open at the moment
+and still read the next one, and the bind dies with this mount, so the drain also waits
+while any bind of a directory of the mount's file system is in the node's mount table
+(``/proc/1/mountinfo``, pid 1 of the node with ``hostPID``; this process's own table where
+that cannot be read). The kubelet unpublishes a pod's volume once the pod is gone.
+
 Exit status: 0 when the mount is idle (or not mounted: nothing to protect); 1 when
 ``--timeout`` seconds pass first (the busy processes are listed on stderr; Kubernetes
 then stops the spoke anyway, at the end of ``terminationGracePeriodSeconds``); 2 for
@@ -34,15 +41,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROG = "deploy.drain"
+NODE_MOUNTINFO = "/proc/1/mountinfo"
 
 
 @dataclass(frozen=True)
 class Holder:
-    """A process with something open on the mount."""
+    """A process with something open on the mount, or (``pid`` 0) a bind mount of one of
+    its directories: a published volume."""
 
     pid: int
     command: str
     path: str
+
+    def __str__(self) -> str:
+        if self.pid == 0:
+            return f"{self.path} is a bind of {self.command} (a published volume)"
+        return f"pid {self.pid} ({self.command}) still has {self.path} open"
 
 
 def _entries(pid: int) -> Iterator[Path]:
@@ -85,6 +99,36 @@ def holders(mount: Path, exclude: set[int], refused: set[int] | None = None) -> 
     return found
 
 
+def published(
+    mount: Path, tables: tuple[str, ...] = (NODE_MOUNTINFO, "/proc/self/mountinfo")
+) -> list[Holder]:
+    """Bind mounts of a directory of ``mount``'s file system (other than its root), from
+    the first of ``tables`` that can be read: volumes published from the mount. Each is a
+    :class:`Holder` with pid 0, ``command`` the bound directory, ``path`` the mountpoint.
+
+    Raises:
+        OSError: ``mount`` cannot be stat'ed, or no table can be read.
+    """
+    st_dev = os.stat(mount).st_dev
+    device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    for table in tables:
+        try:
+            with open(table, encoding="utf-8", errors="replace") as f:
+                lines = f.readlines()
+        except OSError:
+            if table == tables[-1]:
+                raise
+            continue
+        found = []
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 4 and fields[2] == device and fields[3] != "/":
+                root, point = (fields[i].encode().decode("unicode_escape") for i in (3, 4))
+                found.append(Holder(0, root, point))
+        return found
+    return []
+
+
 def _mounted(mount: Path) -> bool:
     try:
         return os.path.ismount(mount)
@@ -109,7 +153,7 @@ def drain(
         if refused is not None:
             refused.clear()
         try:
-            busy = holders(mount, exclude, refused)
+            busy = holders(mount, exclude, refused) + published(mount)
         except OSError:
             return []
         if not busy or time.monotonic() >= deadline:
@@ -138,10 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if busy:
         for holder in busy:
-            print(
-                f"{PROG}: pid {holder.pid} ({holder.command}) still has {holder.path} open",
-                file=sys.stderr,
-            )
+            print(f"{PROG}: {holder}", file=sys.stderr)
         print(f"{PROG}: {args.mount} still busy after {args.timeout:.0f} s", file=sys.stderr)
         return 1
     print(f"{PROG}: {args.mount} is idle", file=sys.stderr)

@@ -48,6 +48,7 @@ CLUSTER_SCOPED = {
     "Namespace",
     "ClusterRole",
     "ClusterRoleBinding",
+    "CSIDriver",
     "CustomResourceDefinition",
     "PersistentVolume",
     "PriorityClass",

@@ -1,8 +1,9 @@
 """The spoke daemon's composition root: builds every component, serves until a signal,
 and shuts down in the reverse order (an AsyncExitStack).
 
-Serves two endpoints: the local gRPC service for the mount (UNIX socket in the cache
-dir) and the admin API (HTTP on ``--admin``).
+Serves the local gRPC service for the mount (UNIX socket in the cache dir), the admin API
+(HTTP on ``--admin``) and, with ``--metrics``, its ``/metrics``, ``/healthz`` and
+``/readyz`` alone on a second address (no token, no ``/v1/``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from spoke.prefetch.prewarm import PrewarmJobs
 from spoke.run import lock
 from spoke.run.settings import SpokeSettings
 from spoke.serve.access import AccessLog, SteadyState
-from spoke.serve.admin import create_app
+from spoke.serve.admin import create_app, create_metrics_app
 from spoke.serve.adminguard import AdminGuard
 from spoke.serve.adminserver import (
     AdminServer,
@@ -66,6 +67,7 @@ from spoke.upkeep.retention import ReadClock, Retention
 log = logging.getLogger(__name__)
 
 LOCAL_MESSAGE_BYTES = 256 << 20  # streamed-through blocks travel inline to the mount
+METRICS_MAX_CONNECTIONS = 32  # --metrics: Prometheus and the kubelet's probes, a few each
 
 
 async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None) -> None:
@@ -189,6 +191,9 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
 
         admin_sock = bind(settings.admin)
         stack.callback(admin_sock.close)
+        metrics_sock = bind(settings.metrics) if settings.metrics else None
+        if metrics_sock is not None:
+            stack.callback(metrics_sock.close)
 
         server = grpc.aio.server(
             options=[
@@ -241,6 +246,16 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             await admin_task
 
         stack.push_async_callback(stop_admin)
+        if metrics_sock is not None:  # --metrics: health and metrics only, no token
+            metrics_app = create_metrics_app(app)
+            metrics_server = AdminServer(admin_config(metrics_app, METRICS_MAX_CONNECTIONS))
+            metrics_task = asyncio.create_task(metrics_server.serve(sockets=[metrics_sock]))
+
+            async def stop_metrics() -> None:
+                metrics_server.should_exit = True
+                await metrics_task
+
+            stack.push_async_callback(stop_metrics)
         host, port = admin_sock.getsockname()[:2]
         url = f"http://{host}:{port}"
         tmp = layout.admin_url_file.with_suffix(".tmp")

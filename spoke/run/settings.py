@@ -113,6 +113,11 @@ class SpokeSettings(BaseSettings, MountSettings):
         "mount /readyz reports on)",
     )
     admin: str = Field(default="127.0.0.1:7878", description="admin API HOST:PORT (port 0: any)")
+    metrics: str | None = Field(
+        default=None,
+        description="also serve /metrics, /healthz and /readyz, and nothing else (no token), "
+        "on HOST:PORT: for Prometheus and probes while --admin stays on 127.0.0.1",
+    )
     policy: Literal["arc", "lru", "s3fifo", "sieve"] = Field(
         default="sieve", description="eviction policy: sieve, arc, lru or s3fifo"
     )
@@ -242,6 +247,13 @@ class SpokeSettings(BaseSettings, MountSettings):
     @classmethod
     def _admin(cls, v: str) -> str:
         parse_option_hostport(v, "--admin")
+        return v
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_option_hostport(v, "--metrics")
         return v
 
     @field_validator("admin_token_file")

@@ -116,3 +116,14 @@ def create_app(
         return HTMLResponse(admindocs.render(app.openapi()))
 
     return app
+
+
+def create_metrics_app(admin: FastAPI) -> FastAPI:
+    """``/metrics``, ``/healthz`` and ``/readyz`` of the admin app ``admin`` (the same
+    state), and nothing else: the app of ``--metrics``, open to Prometheus and probes on an
+    address where the admin API's ``/v1/`` routes and their token never travel."""
+    app = FastAPI(title="Strata spoke metrics", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.admin = admin.state.admin
+    app.add_exception_handler(SpokeError, _spoke_error)
+    app.include_router(health.router)
+    return app

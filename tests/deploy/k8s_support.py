@@ -16,7 +16,7 @@ from tests.conftest import REPO_ROOT
 from tests.integration.hub_support import CertificateAuthority
 
 K8S = REPO_ROOT / "deploy" / "k8s"
-OVERLAYS = ("hub-region", "gpu-region")
+OVERLAYS = ("hub-region", "gpu-region", "train", "train-hostpath")
 
 Obj = dict[str, Any]
 

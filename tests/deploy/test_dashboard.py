@@ -19,7 +19,13 @@ from tests.deploy.conftest import Live
 from tests.deploy.prom_support import PENDING, exported_names, metric_names, recorded_names, rules
 
 VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$node": ".*"}
-QUESTIONS = ["Is the GPU fed?", "Is the link full?", "How warm is the cache?", "Is anything wrong?"]
+QUESTIONS = [
+    "Is the GPU fed?",
+    "Is the link full?",
+    "How warm is the cache?",
+    "Is the region's mesh sharing?",
+    "Is anything wrong?",
+]
 
 
 def _dashboard() -> dict[str, Any]:

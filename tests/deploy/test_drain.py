@@ -107,6 +107,25 @@ def test_drain_returns_when_the_holder_closes(live: Live) -> None:
     assert drain.stderr is not None and "is idle" in drain.stderr.read()
 
 
+def test_a_published_volume_keeps_the_mount_busy(live: Live, tmp_path: Path) -> None:
+    """A bind of one version's directory (what strata-csi publishes for a pod) keeps the
+    drain waiting with no file open, since the bind dies with the mount; unmounted, the
+    mount is idle again."""
+    if os.geteuid() != 0:
+        pytest.skip("a bind mount needs root")
+    volume = tmp_path / "pod" / "volume"
+    volume.mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(live.mount / "demo" / "v1"), str(volume)], check=True)
+    try:
+        result = _drain(live.mount, timeout=0.3)
+        assert result.returncode == 1, result.stderr
+        assert f"{volume} is a bind of /demo/v1 (a published volume)" in result.stderr
+    finally:
+        subprocess.run(["umount", str(volume)], check=True)
+    result = _drain(live.mount, timeout=0)
+    assert result.returncode == 0, result.stderr
+
+
 def test_not_a_mount_and_bad_arguments(tmp_path: Path) -> None:
     assert _drain(tmp_path, timeout=0).returncode == 0  # nothing mounted: nothing to protect
     bad = subprocess.run(

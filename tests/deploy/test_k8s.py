@@ -16,6 +16,9 @@ import pytest
 import yaml
 
 from deploy.kustomize import KustomizeError, render
+from deploy.prometheusrule import OUTPUT as PROMETHEUS_RULE_FILE
+from deploy.prometheusrule import RELEASE, RULES
+from deploy.prometheusrule import render as render_prometheus_rule
 from hub.auth import MANAGED_VERSION
 from tests.deploy.k8s_support import (
     OVERLAYS,
@@ -95,6 +98,73 @@ SERVICE_MONITOR = {
 }
 
 
+# The part of prometheus-operator's PrometheusRule CRD (monitoring.coreos.com/v1,
+# https://prometheus-operator.dev/docs/api-reference/api/#monitoring.coreos.com/v1.PrometheusRule)
+# the generated object uses, strict: a rule is a recording or an alert rule.
+_RULE_COMMON = {
+    "expr": {"type": "string", "minLength": 1},
+    "for": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+    "labels": _STRINGS,
+    "annotations": _STRINGS,
+}
+PROMETHEUS_RULE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": SERVICE_MONITOR["properties"]["metadata"],
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["groups"],
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name", "rules"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "oneOf": [
+                                        {
+                                            "type": "object",
+                                            "additionalProperties": False,
+                                            "required": ["record", "expr"],
+                                            "properties": {
+                                                "record": {"type": "string"},
+                                                **_RULE_COMMON,
+                                            },
+                                        },
+                                        {
+                                            "type": "object",
+                                            "additionalProperties": False,
+                                            "required": ["alert", "expr"],
+                                            "properties": {
+                                                "alert": {"type": "string"},
+                                                **_RULE_COMMON,
+                                            },
+                                        },
+                                    ]
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR, "PrometheusRule": PROMETHEUS_RULE}
+
+
 @pytest.fixture(scope="module")
 def k8s(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_tree(tmp_path_factory.mktemp("deploy"))
@@ -107,8 +177,8 @@ def objects(k8s: Path) -> dict[str, dict[tuple[str, str, str], Obj]]:
 
 def validate(obj: Obj, version: str) -> None:
     """Raises when ``obj`` is not a valid object of its kind (unknown fields included)."""
-    if obj["kind"] == "ServiceMonitor":
-        jsonschema.validate(obj, SERVICE_MONITOR)
+    if obj["kind"] in SCHEMAS:
+        jsonschema.validate(obj, SCHEMAS[obj["kind"]])
     else:
         kubernetes_validate.validate(obj, version, strict=True)
 
@@ -161,6 +231,29 @@ def test_the_validators_reject_a_typo(objects: dict[str, dict[tuple[str, str, st
         validate(monitor, KUBERNETES_VERSIONS[-1])
 
 
+def test_prometheus_rule_is_the_rules_file(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    """Each region gets one PrometheusRule whose groups are deploy/prometheus/rules.yml's
+    (the file promtool checks), committed fresh from deploy.prometheusrule; it and every
+    ServiceMonitor carry the ``release`` label kube-prometheus-stack selects on."""
+    assert PROMETHEUS_RULE_FILE.read_text() == render_prometheus_rule(), (
+        "stale: run python -m deploy.prometheusrule"
+    )
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    for overlay in ("hub-region", "gpu-region"):
+        (rule,) = [o for o in objects[overlay].values() if o["kind"] == "PrometheusRule"]
+        assert rule["spec"]["groups"] == groups
+        monitors = [o for o in objects[overlay].values() if o["kind"] == "ServiceMonitor"]
+        assert monitors, overlay
+        for obj in [rule, *monitors]:
+            assert obj["metadata"]["labels"].get("release") == RELEASE, obj["metadata"]["name"]
+    broken = copy.deepcopy(rule)
+    broken["spec"]["groups"][0]["rules"][0]["recrod"] = "typo"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken, KUBERNETES_VERSIONS[-1])
+
+
 def test_renderer_refuses_what_it_does_not_know(tmp_path: Path) -> None:
     (tmp_path / "kustomization.yaml").write_text("resources: []\nreplicas: []\n")
     with pytest.raises(KustomizeError, match="replicas"):
@@ -187,9 +280,14 @@ def _mount_for(container: Obj, pod: Obj, path: str) -> tuple[Obj, Obj]:
     return mount, volume
 
 
+def _named(pod: Obj, name: str) -> Obj:
+    (container,) = [c for c in pod["containers"] if c["name"] == name]
+    return container
+
+
 def test_spoke_daemonset(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
     pod = _spoke(objects)["spec"]["template"]["spec"]
-    (spoke,) = pod["containers"]
+    spoke = _named(pod, "spoke")
     (init,) = pod["initContainers"]
     args = spoke["args"]
     assert spoke["securityContext"]["privileged"] is True, "Bidirectional needs privileged"
@@ -209,9 +307,24 @@ def test_spoke_daemonset(objects: dict[str, dict[tuple[str, str, str], Obj]]) ->
     assert fuse_volume["hostPath"] == {"path": "/dev/fuse", "type": "CharDevice"}
     assert spoke["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert spoke["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    admin_port = int(_flag(args, "--admin").rpartition(":")[2])
+    # the admin API (token, /v1/) only on the pod's loopback; the probes and Prometheus on
+    # --metrics, which serves nothing else; no port of the node
+    assert _flag(args, "--admin").rpartition(":")[0] == "127.0.0.1"
+    metrics_port = int(_flag(args, "--metrics").rpartition(":")[2])
     ports = {p["name"]: p["containerPort"] for p in spoke["ports"]}
-    assert ports[spoke["readinessProbe"]["httpGet"]["port"]] == admin_port
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert ports[spoke[probe]["httpGet"]["port"]] == metrics_port, probe
+    assert not any("hostPort" in p for c in pod["containers"] for p in c.get("ports", []))
+    service = objects["gpu-region"][("Service", "strata", "strata-spoke")]
+    monitor = objects["gpu-region"][("ServiceMonitor", "strata", "strata-spoke")]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    (scraped,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    assert ports[scraped["targetPort"]] == metrics_port
+    policy = objects["gpu-region"][("NetworkPolicy", "strata", "strata-spoke")]
+    admitted = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert (
+        metrics_port in admitted and int(_flag(args, "--admin").rpartition(":")[2]) not in admitted
+    )
     pre_stop = spoke["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[:3] == ["python3", "-m", "deploy.drain"]
     assert _flag(pre_stop, "--mount") == mountpoint, "the drain watches the spoke's mount"
@@ -251,15 +364,126 @@ def test_spoke_daemonset(objects: dict[str, dict[tuple[str, str, str], Obj]]) ->
     assert _flag(args, "--peer-server-name") == f"{service_name}.$(POD_NAMESPACE).svc"
 
 
-def test_training_job_reads_the_mount(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
-    spoke_pod = _spoke(objects)["spec"]["template"]["spec"]
-    (spoke,) = spoke_pod["containers"]
-    spoke_mount = _flag(spoke["args"], "--mount")
-    root_mount, root_volume = _mount_for(spoke, spoke_pod, spoke_mount)
-    job = objects["gpu-region"][("Job", "strata", "strata-train-f3")]
+def _job(objects: dict[str, dict[tuple[str, str, str], Obj]], overlay: str) -> Obj:
+    (job,) = [o for o in objects[overlay].values() if o["kind"] == "Job"]
+    return job
+
+
+def test_csi_plugin_beside_the_spoke(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
+    """strata-csi in the spoke's pod: the same mount as the spoke (HostToContainer), the
+    kubelet's pods directory at the kubelet's own path (Bidirectional, so the binds reach
+    the node), its socket where the registrar tells the kubelet it is, and a CSIDriver of
+    its name for ephemeral inline volumes only, nothing to attach."""
+    gpu = objects["gpu-region"]
+    pod = _spoke(objects)["spec"]["template"]["spec"]
+    spoke, csi, registrar = (_named(pod, n) for n in ("spoke", "csi", "node-driver-registrar"))
+    assert csi["command"] == ["strata-csi"] and csi["args"][0] == "serve"
+    assert csi["securityContext"]["privileged"] is True, "Bidirectional needs privileged"
+    mountpoint = _flag(csi["args"], "--mount")
+    assert mountpoint == _flag(spoke["args"], "--mount")
+    csi_root, csi_root_volume = _mount_for(csi, pod, mountpoint)
+    spoke_root, spoke_root_volume = _mount_for(spoke, pod, mountpoint)
+    assert csi_root_volume is spoke_root_volume and csi_root["mountPath"] == spoke_root["mountPath"]
+    assert csi_root["mountPropagation"] == "HostToContainer", "it must see the spoke's mount"
+    pods_mount, pods_volume = _mount_for(csi, pod, "/var/lib/kubelet/pods/uid/volumes")
+    assert pods_mount["mountPropagation"] == "Bidirectional"
+    assert pods_volume["hostPath"]["path"] == pods_mount["mountPath"] == "/var/lib/kubelet/pods"
+    # the socket: csi serves it, the registrar dials it, the kubelet is told its node path
+    socket = _flag(csi["args"], "--endpoint").removeprefix("unix://")
+    assert _flag(registrar["args"], "--csi-address") == socket
+    sock_mount, sock_volume = _mount_for(csi, pod, socket)
+    assert _mount_for(registrar, pod, socket)[1] is sock_volume
+    node_socket = sock_volume["hostPath"]["path"] + socket.removeprefix(sock_mount["mountPath"])
+    assert _flag(registrar["args"], "--kubelet-registration-path") == node_socket
+    (driver,) = [o for o in gpu.values() if o["kind"] == "CSIDriver"]
+    name = driver["metadata"]["name"]
+    assert node_socket == f"/var/lib/kubelet/plugins/{name}/csi.sock"
+    assert "namespace" not in driver["metadata"], "a CSIDriver is cluster-scoped"
+    assert driver["spec"]["attachRequired"] is False
+    assert driver["spec"]["podInfoOnMount"] is True
+    assert driver["spec"]["volumeLifecycleModes"] == ["Ephemeral"]
+    assert driver["spec"]["fsGroupPolicy"] == "None", "the kubelet must not chown a snapshot"
+    assert _flag(csi["args"], "--state-dir").startswith(sock_mount["mountPath"] + "/")
+    env = {e["name"]: e for e in csi["env"]}
+    assert _flag(csi["args"], "--node-id") == "$(NODE_NAME)"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    registration = _mount_for(registrar, pod, "/registration/x")[1]
+    assert registration["hostPath"]["path"] == "/var/lib/kubelet/plugins_registry"
+    assert registrar["securityContext"].get("privileged") is not True
+    assert registrar["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    for container in (csi, registrar):
+        assert "livenessProbe" in container and "readinessProbe" in container, container["name"]
+    probe = csi["livenessProbe"]["exec"]["command"]
+    assert probe[:2] == ["strata-csi", "probe"] and _flag(probe, "--endpoint") == f"unix://{socket}"
+
+
+def test_network_policies_name_every_destination(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    """In the GPU region no egress rule is open to every destination: the spokes reach
+    the hub's address (the overlay's ipBlock, the same ports as the hub's Service), each
+    other and the cluster's DNS; the example Job only DNS; both select their pods."""
+    gpu = {**objects["gpu-region"], **objects["train"]}
+    policies = [o for o in gpu.values() if o["kind"] == "NetworkPolicy"]
+    assert {p["metadata"]["name"] for p in policies} == {"strata-spoke", "strata-train-f3"}
+    for policy in policies:
+        for rule in policy["spec"]["egress"]:
+            assert rule.get("to"), f"{policy['metadata']['name']}: egress to anywhere: {rule}"
+    spoke = next(p for p in policies if p["metadata"]["name"] == "strata-spoke")
+    env = {
+        e["name"]: e for e in _named(_spoke(objects)["spec"]["template"]["spec"], "spoke")["env"]
+    }
+    hub_port = int(env["STRATA_HUB"]["value"].rpartition(":")[2])
+    (hub_rule,) = [
+        r for r in spoke["spec"]["egress"] if {"port": hub_port, "protocol": "TCP"} in r["ports"]
+    ]
+    (block,) = hub_rule["to"]
+    assert block["ipBlock"]["cidr"].endswith("/32"), "the hub's address, not a range"
+    assert (
+        spoke["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(_spoke(objects)).items()
+    )
+    job = _job(objects, "train")
+    train = next(p for p in policies if p["metadata"]["name"] == "strata-train-f3")
+    assert train["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(job).items()
+    assert train["spec"]["ingress"] == []
+
+
+def test_training_job_reads_a_csi_volume(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    """overlays/train: the Job reads one version of f3 through a read-only CSI ephemeral
+    inline volume of the spokes' driver, from a namespace of its own, no hostPath."""
+    (driver,) = [o for o in objects["gpu-region"].values() if o["kind"] == "CSIDriver"]
+    job = _job(objects, "train")
+    assert job["metadata"]["namespace"] != "strata", "jobs run outside the spokes' namespace"
     pod = job["spec"]["template"]["spec"]
     (train,) = pod["containers"]
     assert train["command"] == ["torchrun"]
+    data = _flag(train["args"], "--data")
+    mount, volume = _mount_for(train, pod, data)
+    assert mount.get("readOnly") is True
+    assert volume["csi"]["driver"] == driver["metadata"]["name"]
+    assert volume["csi"]["readOnly"] is True, "strata-csi refuses a read-write publish"
+    attributes = volume["csi"]["volumeAttributes"]
+    assert set(attributes) == {"dataset", "ref"}
+    assert data == f"{mount['mountPath']}/f3.mdio" and attributes["dataset"] == "f3"
+    assert not any("hostPath" in v for v in pod["volumes"])
+    assert "privileged" not in train.get("securityContext", {})
+
+
+def test_hostpath_variant_reads_the_mount(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    """overlays/train-hostpath: the same Job over the node's mount by hostPath,
+    HostToContainer, in the spokes' namespace."""
+    spoke_pod = _spoke(objects)["spec"]["template"]["spec"]
+    spoke = _named(spoke_pod, "spoke")
+    spoke_mount = _flag(spoke["args"], "--mount")
+    root_mount, root_volume = _mount_for(spoke, spoke_pod, spoke_mount)
+    job = _job(objects, "train-hostpath")
+    assert job["metadata"]["namespace"] == "strata"
+    pod = job["spec"]["template"]["spec"]
+    (train,) = pod["containers"]
     data = _flag(train["args"], "--data")
     mount, volume = _mount_for(train, pod, data)
     assert mount["mountPropagation"] == "HostToContainer"
@@ -272,6 +496,17 @@ def test_training_job_reads_the_mount(objects: dict[str, dict[tuple[str, str, st
     )
     assert node_path.startswith(spoke_node_mount + "/")
     assert "privileged" not in train.get("securityContext", {})
+    # the rest of the Job is the CSI one's
+    csi_job = copy.deepcopy(_job(objects, "train"))
+    hostpath_job = copy.deepcopy(job)
+    for one in (csi_job, hostpath_job):
+        del one["metadata"]["namespace"], one["metadata"]["labels"]["app.kubernetes.io/instance"]
+        spec = one["spec"]["template"]["spec"]
+        spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "strata"]
+        container = spec["containers"][0]
+        container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "strata"]
+        container["args"] = [a for a in container["args"] if not a.startswith("--data=")]
+    assert hostpath_job == csi_job
 
 
 def test_hub_deployment(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
@@ -354,11 +589,12 @@ def test_images_are_pinned_and_resources_set(
                 seen += 1
                 image: str = container["image"]
                 tag = image.rpartition("/")[2].partition(":")[2]
-                assert "@sha256:" in image or re.fullmatch(r"[0-9][\w.-]*", tag), (key, image)
+                assert "@sha256:" in image or re.fullmatch(r"v?[0-9][\w.-]*", tag), (key, image)
                 assert tag != "latest", (key, image)
                 limits: dict[str, Any] = container["resources"]["limits"]
                 assert "memory" in limits, f"{key} {container['name']} has no memory limit"
-    assert seen == 4
+    # the hub; the spoke's init, spoke, csi and node-driver-registrar; two example Jobs
+    assert seen == 7
 
 
 def _pods(objects: dict[tuple[str, str, str], Obj]) -> list[tuple[tuple[str, str, str], Obj]]:
@@ -369,36 +605,52 @@ def _pods(objects: dict[tuple[str, str, str], Obj]) -> list[tuple[tuple[str, str
     ]
 
 
+REGION = {"hub-region": "a", "gpu-region": "b", "train": "b", "train-hostpath": "b"}
+"""The cluster each overlay is applied to: the training overlays go beside gpu-region."""
+
+
 def test_pod_security_is_privileged_only_where_the_spoke_runs(
     objects: dict[str, dict[tuple[str, str, str], Obj]],
 ) -> None:
-    """Each overlay's Namespace enforces a Pod Security level: ``privileged`` only where
-    a privileged container (the spoke) runs, ``restricted`` elsewhere, and the pods there
-    meet it (the parts of the restricted profile a manifest decides)."""
-    levels = {}
+    """Every pod lands in a Namespace an overlay of its region makes, which enforces a
+    Pod Security level: ``privileged`` only where a privileged container (the spoke, the
+    CSI plugin) runs, ``restricted`` elsewhere, and the pods there meet it (the parts of
+    the restricted profile a manifest decides)."""
+    assert set(REGION) == set(OVERLAYS)
+    levels: dict[tuple[str, str], str] = {}
     for overlay in OVERLAYS:
-        (namespace,) = [o for o in objects[overlay].values() if o["kind"] == "Namespace"]
-        labels = namespace["metadata"].get("labels", {})
-        level = labels.get("pod-security.kubernetes.io/enforce")
-        levels[overlay] = level
-        privileged = any(
-            c.get("securityContext", {}).get("privileged")
-            for _, obj in objects[overlay].items()
-            for c in _containers(obj)
-        )
-        assert level == ("privileged" if privileged else "restricted"), (overlay, labels)
-        if level != "restricted":
-            continue
+        for obj in objects[overlay].values():
+            if obj["kind"] == "Namespace":
+                labels = obj["metadata"].get("labels", {})
+                levels[(REGION[overlay], obj["metadata"]["name"])] = labels.get(
+                    "pod-security.kubernetes.io/enforce"
+                )
+    privileged_in: set[tuple[str, str]] = set()
+    for overlay in OVERLAYS:
         for key, pod in _pods(objects[overlay]):
+            namespace = (REGION[overlay], key[1])
+            assert namespace in levels, f"{overlay} {key}: no overlay makes its namespace"
+            containers = [*pod.get("initContainers", []), *pod["containers"]]
+            if any(c.get("securityContext", {}).get("privileged") for c in containers):
+                privileged_in.add(namespace)
+                assert levels[namespace] == "privileged", (overlay, key)
+            if levels[namespace] != "restricted":
+                assert "hostPath" not in str(pod) or levels[namespace] == "privileged", key
+                continue
             context = pod.get("securityContext", {})
             assert context.get("runAsNonRoot") is True, key
             assert context.get("seccompProfile", {}).get("type") == "RuntimeDefault", key
             assert not any("hostPath" in v for v in pod.get("volumes", [])), key
-            for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            for container in containers:
                 sc = container.get("securityContext", {})
                 assert sc.get("allowPrivilegeEscalation") is False, (key, container["name"])
                 assert sc.get("capabilities", {}).get("drop") == ["ALL"], key
-    assert levels == {"hub-region": "restricted", "gpu-region": "privileged"}
+    assert {ns for ns, level in levels.items() if level == "privileged"} == privileged_in
+    assert levels == {
+        ("a", "strata"): "restricted",
+        ("b", "strata"): "privileged",
+        ("b", "strata-train"): "restricted",
+    }
 
 
 def test_no_service_account_token_and_secrets_not_world_readable(
@@ -415,4 +667,4 @@ def test_no_service_account_token_and_secrets_not_world_readable(
                 if "secret" in volume:
                     mode = volume["secret"].get("defaultMode")
                     assert mode is not None and mode & 0o007 == 0, (key, volume)
-    assert seen == 3  # hub, spoke, the example Job
+    assert seen == 4  # hub, spoke, the example Job and its hostPath variant

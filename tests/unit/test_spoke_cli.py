@@ -22,6 +22,7 @@ def _spoke(*args: str) -> subprocess.CompletedProcess[str]:
         ({"--cache-dir": "LONG"}, "is too long: the daemon's socket"),
         ({"--cache-size": "0"}, "--cache-size must be positive"),
         ({"--hub": "nohost"}, "--hub must be HOST:PORT"),
+        ({"--metrics": "nohost"}, "--metrics must be HOST:PORT"),
         ({"--log-level": "bogus"}, "--log-level: 'bogus' is not one of DEBUG"),
         ({"--policy": "fifo"}, "--policy: Input should be 'arc', 'lru', 's3fifo' or 'sieve'"),
         ({"--background-fill": "sometimes"}, "--background-fill: Input should be 'auto' or 'off'"),

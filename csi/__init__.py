@@ -1,0 +1,7 @@
+"""strata-csi: the CSI node plugin that gives pods a Strata snapshot as a volume.
+
+It owns the CSI Identity and Node services (``service``), publishing a version of a
+dataset at a target path (``volumes``) and the mount table and mount calls (``mounttable``).
+It imports ``protocol`` (the CSI messages) and nothing else of Strata: it reaches the spoke
+only through the spoke's mount, as any reader does. See csi/DESIGN.md.
+"""

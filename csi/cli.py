@@ -1,0 +1,165 @@
+"""``strata-csi``: serve the CSI node plugin on a UNIX socket.
+
+    strata-csi serve --endpoint unix:///csi/csi.sock --mount /mnt/strata/data \\
+                     --node-id NODE --state-dir /csi/volumes
+    strata-csi probe --endpoint unix:///csi/csi.sock [--ready]     # a liveness check
+
+The kubelet and the node-driver-registrar speak to it over ``--endpoint`` (``$CSI_ENDPOINT``
+by CSI convention); it needs ``CAP_SYS_ADMIN`` for mount(2) and must see the spoke's mount
+and the kubelet's pod directory with the same paths as the kubelet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import stat
+from concurrent import futures
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import grpc
+import typer
+
+from csi.service import DRIVER_NAME, Identity, Node
+from csi.volumes import Volumes
+from protocol.csi.v1 import csi_pb2, csi_pb2_grpc
+
+log = logging.getLogger("csi")
+
+app = typer.Typer(
+    name="strata-csi",
+    help="Strata's CSI node plugin: a snapshot version of a dataset as a read-only pod volume.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Strata's CSI node plugin."""
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"strata-csi: error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def socket_path(endpoint: str) -> Path:
+    """The socket file of a CSI endpoint, ``unix:///abs/path`` or ``/abs/path``.
+
+    Raises:
+        ValueError: not a UNIX socket endpoint with an absolute path.
+    """
+    path = endpoint.removeprefix("unix://")
+    if not path.startswith("/"):
+        raise ValueError(f"--endpoint must be unix:///ABSOLUTE/PATH, not {endpoint!r}")
+    return Path(path)
+
+
+def serve_socket(
+    endpoint: Path, volumes: Volumes, node_id: str, driver_name: str = DRIVER_NAME
+) -> grpc.Server:
+    """Start the Identity and Node services on the UNIX socket ``endpoint`` (0600; a stale
+    socket file there is replaced) and return the running server.
+
+    Raises:
+        OSError: the socket's directory is missing or a non-socket file is in the way.
+        RuntimeError: gRPC could not listen there.
+    """
+    if endpoint.exists() or endpoint.is_symlink():
+        if not stat.S_ISSOCK(endpoint.lstat().st_mode):
+            raise OSError(f"{endpoint} exists and is not a socket")
+        endpoint.unlink()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="csi"))
+    csi_pb2_grpc.add_IdentityServicer_to_server(Identity(volumes, driver_name), server)
+    csi_pb2_grpc.add_NodeServicer_to_server(Node(volumes, node_id), server)
+    old = os.umask(0o177)
+    try:
+        if server.add_insecure_port(f"unix:{endpoint}") == 0:
+            raise RuntimeError(f"cannot listen on {endpoint}")
+        server.start()
+    finally:
+        os.umask(old)
+    return server
+
+
+@app.command()
+def serve(
+    node_id: Annotated[
+        str,
+        typer.Option("--node-id", envvar="NODE_NAME", help="This node's name ($NODE_NAME)."),
+    ],
+    endpoint: Annotated[
+        str,
+        typer.Option("--endpoint", envvar="CSI_ENDPOINT", help="unix:///PATH the kubelet dials."),
+    ] = "unix:///csi/csi.sock",
+    mount: Annotated[
+        Path, typer.Option("--mount", help="The spoke's mount, as this process sees it.")
+    ] = Path("/mnt/strata/data"),
+    state_dir: Annotated[
+        Path,
+        typer.Option("--state-dir", help="Where publications are recorded (a node directory)."),
+    ] = Path("/csi/volumes"),
+    driver_name: Annotated[
+        str, typer.Option("--driver-name", help="The CSIDriver's name.")
+    ] = DRIVER_NAME,
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING …")] = "INFO",
+) -> None:
+    """Serve the CSI Identity and Node services until SIGTERM or SIGINT."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        path = socket_path(endpoint)
+        volumes = Volumes(mount, state_dir)
+        server = serve_socket(path, volumes, node_id, driver_name)
+    except (ValueError, OSError, RuntimeError) as err:
+        raise _fail(str(err)) from None
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        server.stop(grace=5)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("serving %s on %s for node %s (mount %s)", driver_name, path, node_id, mount)
+    server.wait_for_termination()
+    path.unlink(missing_ok=True)
+
+
+@app.command()
+def probe(
+    endpoint: Annotated[
+        str,
+        typer.Option("--endpoint", envvar="CSI_ENDPOINT", help="unix:///PATH of the plugin."),
+    ] = "unix:///csi/csi.sock",
+    ready: Annotated[
+        bool, typer.Option("--ready", help="Also require the spoke's mount to be up.")
+    ] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 5.0,
+) -> None:
+    """Ask the plugin's Probe (a container's liveness check): exit 0 when it answers (and,
+    with --ready, says ready), 1 otherwise with the reason on stderr."""
+    try:
+        path = socket_path(endpoint)
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    with grpc.insecure_channel(f"unix:{path}") as channel:
+        try:
+            answer = csi_pb2_grpc.IdentityStub(channel).Probe(
+                csi_pb2.ProbeRequest(), timeout=timeout
+            )
+        except grpc.RpcError as err:
+            typer.echo(f"strata-csi: {path} does not answer: {err.code().name}", err=True)
+            raise typer.Exit(1) from None
+    if ready and answer.HasField("ready") and not answer.ready.value:
+        typer.echo("strata-csi: not ready: the spoke's mount is not up", err=True)
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    """Entry point of ``strata-csi``."""
+    app()

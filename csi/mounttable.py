@@ -1,0 +1,145 @@
+"""The node's mount table and the three mount calls the plugin makes: bind, make read-only,
+unmount.
+
+The table is read from ``/proc/self/mountinfo`` as text and never by ``stat``: a dead FUSE
+mount answers every ``stat`` with ``ENOTCONN`` and a hung one never answers, and neither
+may hang the plugin. Each line is ``mount-id parent-id major:minor root mount-point
+options ... - fstype source super-options`` with spaces, tabs, newlines and backslashes in
+paths written as octal escapes (proc(5), "/proc/pid/mountinfo"). For a bind mount,
+``root`` is the directory of the source file system that was bound: a published volume
+of ``f3`` v3 reads ``/f3/v3`` on the spoke mount's device, which is how the plugin tells
+what a target holds.
+
+The calls are mount(2) and umount2(2) through the C library (``ctypes``), so an error is
+an ``OSError`` with the kernel's errno, not a parsed message of ``mount(8)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+MOUNTINFO = "/proc/self/mountinfo"
+
+# <sys/mount.h> (Linux): mount(2) flags
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong]
+_libc.mount.argtypes += [ctypes.c_void_p]
+_libc.mount.restype = ctypes.c_int
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.umount2.restype = ctypes.c_int
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """One line of the mount table.
+
+    Attributes:
+        device: The backing device as ``major:minor``; a bind mount shares its source's.
+        root: The directory of that file system mounted here (``/`` for a whole one).
+        mountpoint: Where it is mounted (unescaped).
+        fstype: ``fuse.strata`` for the spoke's mount, ``ext4``, ``tmpfs`` …
+        options: The per-mount options (``ro``, ``nosuid`` …).
+    """
+
+    device: str
+    root: str
+    mountpoint: str
+    fstype: str
+    options: frozenset[str]
+
+
+def _unescape(field: str) -> str:
+    return field.encode().decode("unicode_escape")
+
+
+def mounts(path: str = MOUNTINFO) -> list[Mount]:
+    """Every mount of this process's namespace, in the table's order (a mount stacked on
+    another comes after it).
+
+    Raises:
+        OSError: The table cannot be read.
+    """
+    table: list[Mount] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 6 or "-" not in fields[6:]:
+                continue
+            after = fields.index("-", 6) + 1
+            fstype = fields[after] if after < len(fields) else ""
+            table.append(
+                Mount(
+                    device=fields[2],
+                    root=_unescape(fields[3]),
+                    mountpoint=_unescape(fields[4]),
+                    fstype=fstype,
+                    options=frozenset(fields[5].split(",")),
+                )
+            )
+    return table
+
+
+def mounted_at(path: Path) -> Mount | None:
+    """The topmost mount whose mountpoint is ``path`` (absolute, resolved), or None."""
+    found = [m for m in mounts() if m.mountpoint == str(path)]
+    return found[-1] if found else None
+
+
+def resolve_target(path: str) -> Path:
+    """``path`` made absolute with its parent's symlinks resolved, without touching ``path``
+    itself (a dead mount there answers every ``stat`` with ``ENOTCONN``)."""
+    absolute = Path(os.path.abspath(path))
+    return absolute.parent.resolve() / absolute.name
+
+
+def _check(result: int, what: str, path: Path) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}", str(path))
+
+
+def bind_read_only(source: Path, target: Path) -> None:
+    """Bind-mount the directory ``source`` on ``target`` and make that mount read-only,
+    ``nosuid`` and ``nodev`` (also ``noexec`` when the source has it).
+
+    A bind mount takes the source's per-mount flags only after a remount (mount(2),
+    "Creating a bind mount": ``MS_RDONLY`` with ``MS_BIND`` is ignored on the first call),
+    hence two calls; the window between them shows the spoke's mount, itself read-only.
+    If the remount fails the bind is undone.
+
+    Raises:
+        OSError: mount(2) refused (``EPERM`` without ``CAP_SYS_ADMIN``, ``ENOENT`` …).
+    """
+    _check(
+        _libc.mount(str(source).encode(), str(target).encode(), None, MS_BIND, None),
+        "bind mount",
+        target,
+    )
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+    if os.statvfs(source).f_flag & os.ST_NOEXEC:
+        flags |= MS_NOEXEC
+    try:
+        _check(_libc.mount(None, str(target).encode(), None, flags, None), "remount ro", target)
+    except OSError:
+        unmount(target)
+        raise
+
+
+def unmount(target: Path) -> None:
+    """Unmount ``target`` (umount2(2), no flags: a mount still in use stays, ``EBUSY``).
+
+    Raises:
+        OSError: umount2(2) refused.
+    """
+    _check(_libc.umount2(str(target).encode(), 0), "unmount", target)

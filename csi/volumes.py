@@ -1,0 +1,315 @@
+"""Publishing one snapshot version of a dataset at a target path, and taking it away.
+
+A volume names a dataset and a ref (a version like ``v3`` or a tag like ``latest``).
+Publishing resolves the ref **once**, through the spoke's mount (``MOUNT/DATASET/TAG`` is a
+symlink to the version's directory, DESIGN.md "Data flow"), and bind-mounts that version's
+directory read-only at the target: a snapshot is immutable, so the pod sees the same bytes
+for its whole life while the tag moves on. The ref's answer is recorded in the state
+directory (one JSON file per target), so a repeated publish of the same volume keeps the
+version it got first instead of asking again.
+
+Idempotence, as the CSI spec asks of NodePublishVolume and NodeUnpublishVolume: publishing
+what a target already holds succeeds and changes nothing; publishing something else on an
+occupied target is :class:`TargetTaken`; unpublishing a target that is not there succeeds.
+What a target holds is read from the mount table (its device is the spoke mount's, its
+root ``/DATASET/VERSION``), never by ``stat`` of the target, which a dead mount would fail.
+
+Calls for one target are serialised; calls for different targets run side by side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from csi.mounttable import Mount, bind_read_only, mounted_at, resolve_target, unmount
+
+log = logging.getLogger(__name__)
+
+MOUNT_FSTYPE = "fuse.strata"
+"""The spoke mount's type in the mount table (``subtype=strata``, fusemount/cli.py)."""
+
+
+class VolumeError(Exception):
+    """A volume could not be published or unpublished (the message says why)."""
+
+
+class InvalidVolume(VolumeError):
+    """The request names no valid volume or target (gRPC INVALID_ARGUMENT)."""
+
+
+class NoSuchSnapshot(VolumeError):
+    """The dataset, or its version or tag, does not exist (gRPC NOT_FOUND)."""
+
+
+class TargetTaken(VolumeError):
+    """The target already holds another volume (gRPC ALREADY_EXISTS)."""
+
+
+class ForeignMount(VolumeError):
+    """The target holds a mount that is not one of the plugin's: it is left alone (gRPC
+    FAILED_PRECONDITION)."""
+
+
+class SpokeUnavailable(VolumeError):
+    """The spoke's mount is not there or cannot answer now; retry later (gRPC UNAVAILABLE)."""
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A volume published at a target.
+
+    Attributes:
+        volume_id: The CO's id of the volume.
+        target: The target path, absolute with its parent's symlinks resolved.
+        dataset: The dataset name.
+        ref: The version or tag the volume asked for.
+        version: The version ``ref`` resolved to when first published (``v3``).
+    """
+
+    volume_id: str
+    target: str
+    dataset: str
+    ref: str
+    version: str
+
+
+class StateDir:
+    """One JSON file per published target, named by the SHA-256 of its path (0600, written
+    by rename so a crash leaves the old record or the new one, never half of one)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def _path(self, target: str) -> Path:
+        return self.root / (hashlib.sha256(target.encode()).hexdigest()[:32] + ".json")
+
+    def get(self, target: str) -> Publication | None:
+        """The record of ``target``, or None."""
+        try:
+            data = json.loads(self._path(target).read_text())
+        except FileNotFoundError:
+            return None
+        return Publication(**data)
+
+    def put(self, publication: Publication) -> None:
+        """Record ``publication`` (replacing any record of its target)."""
+        path = self._path(publication.target)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(publication), f)
+        os.replace(tmp, path)
+
+    def drop(self, target: str) -> None:
+        """Forget ``target`` (nothing happens when it has no record)."""
+        self._path(target).unlink(missing_ok=True)
+
+
+class Volumes:
+    """Publishes snapshot versions from the spoke's mount at target paths.
+
+    Args:
+        mount: The spoke's FUSE mount as this process sees it (``MOUNT/DATASET/VERSION``).
+        state_dir: Where publications are recorded (survives restarts of the plugin).
+    """
+
+    def __init__(self, mount: Path, state_dir: Path) -> None:
+        self.mount = resolve_target(str(mount))
+        self.state = StateDir(state_dir)
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    @contextlib.contextmanager
+    def _locked(self, target: Path) -> Iterator[None]:
+        with self._guard:
+            lock = self._locks.setdefault(str(target), threading.Lock())
+        with lock:
+            yield
+
+    def spoke_mount(self) -> Mount:
+        """The spoke mount's line of the mount table.
+
+        Raises:
+            SpokeUnavailable: nothing of type ``fuse.strata`` is mounted at the mount path.
+        """
+        here = mounted_at(self.mount)
+        if here is None or here.fstype != MOUNT_FSTYPE:
+            raise SpokeUnavailable(
+                f"the spoke's mount {self.mount} is not mounted (is the spoke running?)"
+            )
+        return here
+
+    def ready(self) -> bool:
+        """True when the spoke's mount is up."""
+        try:
+            self.spoke_mount()
+        except SpokeUnavailable:
+            return False
+        return True
+
+    def resolve(self, dataset: str, ref: str) -> str:
+        """The version ``ref`` names in ``dataset`` now, as the spoke's mount shows it.
+
+        Raises:
+            NoSuchSnapshot: no such dataset, or no such version or tag in it.
+            SpokeUnavailable: the mount is down or cannot answer (hub unreachable with
+                nothing cached, the daemon restarting).
+        """
+        self.spoke_mount()
+        where = self.mount / dataset / ref
+        try:
+            mode = os.lstat(where).st_mode
+            version = os.readlink(where) if stat.S_ISLNK(mode) else ref
+        except FileNotFoundError:
+            if not self._exists(self.mount / dataset):
+                raise NoSuchSnapshot(f"dataset {dataset!r} does not exist") from None
+            raise NoSuchSnapshot(f"dataset {dataset!r} has no version or tag {ref!r}") from None
+        except OSError as err:
+            raise SpokeUnavailable(
+                f"the spoke cannot answer for {dataset}@{ref} now: {err.strerror}"
+            ) from err
+        if (not stat.S_ISLNK(mode) and not stat.S_ISDIR(mode)) or "/" in version:
+            raise SpokeUnavailable(f"the spoke's mount shows {where} as no version")
+        return version
+
+    def _exists(self, path: Path) -> bool:
+        try:
+            os.lstat(path)
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            raise SpokeUnavailable(f"the spoke cannot answer now: {err.strerror}") from err
+        return True
+
+    def publish(
+        self, volume_id: str, target_path: str, dataset: str, ref: str, for_pod: str = ""
+    ) -> Publication:
+        """Bind ``dataset``'s version named by ``ref`` read-only at ``target_path``;
+        ``for_pod`` (``namespace/name``, from the kubelet) goes into the log line.
+
+        Returns:
+            The publication (the one already there when this exact volume is published).
+
+        Raises:
+            TargetTaken: the target holds another volume, version or file system.
+            NoSuchSnapshot, SpokeUnavailable: as :meth:`resolve`.
+            VolumeError: mount(2) refused (its errno in the message).
+        """
+        target = resolve_target(target_path)
+        with self._locked(target):
+            record = self.state.get(str(target))
+            same = record is not None and (record.volume_id, record.dataset, record.ref) == (
+                volume_id,
+                dataset,
+                ref,
+            )
+            here = mounted_at(target)
+            if here is not None:
+                return self._already(
+                    here, record if same else None, volume_id, target, dataset, ref
+                )
+            version = record.version if same and record is not None else self.resolve(dataset, ref)
+            publication = Publication(volume_id, str(target), dataset, ref, version)
+            self._bind(publication)
+            self.state.put(publication)
+            log.info(
+                "published %s@%s (%s) at %s%s",
+                dataset,
+                ref,
+                version,
+                target,
+                f" for pod {for_pod}" if for_pod else "",
+            )
+            return publication
+
+    def _already(
+        self,
+        here: Mount,
+        record: Publication | None,
+        volume_id: str,
+        target: Path,
+        dataset: str,
+        ref: str,
+    ) -> Publication:
+        """The answer for a target that is a mountpoint already: this volume, or taken."""
+        spoke = self.spoke_mount()
+        ours = here.device == spoke.device
+        if record is not None and ours and here.root == f"/{dataset}/{record.version}":
+            return record
+        if record is None and ours and here.root.startswith(f"/{dataset}/"):
+            # published before the record was kept: it is this volume if the ref agrees
+            version = self.resolve(dataset, ref)
+            if here.root == f"/{dataset}/{version}":
+                publication = Publication(volume_id, str(target), dataset, ref, version)
+                self.state.put(publication)
+                return publication
+        held = f"{here.root.lstrip('/')} of the spoke" if ours else f"a {here.fstype} mount"
+        raise TargetTaken(f"{target} already holds {held}; unpublish it first")
+
+    def _bind(self, publication: Publication) -> None:
+        target = Path(publication.target)
+        source = self.mount / publication.dataset / publication.version
+        made = not os.path.lexists(target)
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            bind_read_only(source, target)
+        except OSError as err:
+            if made:
+                with contextlib.suppress(OSError):
+                    target.rmdir()
+            what = f"{publication.dataset} {publication.version}"
+            if err.errno == errno.ENOENT and not os.path.isdir(target.parent):
+                raise InvalidVolume(f"the target's parent {target.parent} does not exist") from err
+            if err.errno == errno.ENOENT:
+                raise NoSuchSnapshot(f"{what} is gone from the spoke (revoked?)") from err
+            if err.errno in (errno.ENOTCONN, errno.EIO):
+                raise SpokeUnavailable(f"the spoke cannot show {what} now: {err.strerror}") from err
+            raise VolumeError(f"cannot mount {what} at {target}: {err.strerror}") from err
+
+    def unpublish(self, volume_id: str, target_path: str) -> None:
+        """Unmount ``target_path`` and remove it; nothing to do when it is not there.
+
+        Raises:
+            InvalidVolume: the target holds another volume than ``volume_id``.
+            ForeignMount: the target is a mount that is not the spoke's and has no record.
+            VolumeError: umount2(2) or rmdir(2) refused (``EBUSY``, ``ENOTEMPTY`` …).
+        """
+        target = resolve_target(target_path)
+        with self._locked(target):
+            record = self.state.get(str(target))
+            if record is not None and record.volume_id != volume_id:
+                raise InvalidVolume(f"{target} holds volume {record.volume_id}, not {volume_id}")
+            here = mounted_at(target)
+            if here is not None:
+                if record is None and here.device != self._spoke_device():
+                    raise ForeignMount(f"{target} holds a {here.fstype} mount that is not Strata's")
+                try:
+                    unmount(target)
+                except OSError as err:
+                    raise VolumeError(f"cannot unmount {target}: {err.strerror}") from err
+            try:
+                target.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                raise VolumeError(f"cannot remove {target}: {err.strerror}") from err
+            self.state.drop(str(target))
+            if record is not None or here is not None:
+                log.info("unpublished %s from %s", volume_id, target)
+
+    def _spoke_device(self) -> str | None:
+        try:
+            return self.spoke_mount().device
+        except SpokeUnavailable:
+            return None

@@ -1,0 +1,1 @@
+"""Generated gRPC packages; see protocol/gen.py."""

@@ -1,0 +1,390 @@
+"""strata-csi, for real: a hub, a spoke with its kernel mount, and the CSI node plugin as
+processes; the tests speak CSI to the plugin's UNIX socket as the kubelet does.
+
+Publish binds one version read-only at the target (bytes identical, writes EROFS), keeps
+that version while the tag moves, and is idempotent; unpublish removes the target; bad
+requests get INVALID_ARGUMENT, unknown names NOT_FOUND, an occupied target ALREADY_EXISTS,
+a spoke that is not mounted UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from csi.mounttable import mounted_at, mounts, unmount
+from deploy.local import LocalStack
+from protocol.csi.v1 import csi_pb2, csi_pb2_grpc
+from tests.support import eventually, make_tree, publish, requires_fuse, tree_digests
+
+pytestmark = [
+    pytest.mark.fuse,
+    requires_fuse,
+    pytest.mark.skipif(os.geteuid() != 0, reason="mount(2) of a bind needs root"),
+    pytest.mark.timeout(240),
+]
+
+BLOCK = "65536"
+
+
+@dataclass
+class Plugin:
+    """A running strata-csi and what it serves."""
+
+    identity: csi_pb2_grpc.IdentityStub
+    node: csi_pb2_grpc.NodeStub
+    mount: Path
+    pods: Path  # where targets go (the kubelet's pods directory)
+    state: Path
+    src: dict[str, Path]  # version -> the tree published as it
+    hub_dir: Path
+
+
+@contextlib.contextmanager
+def plugin_process(
+    tmp: Path, mount: Path, name: str = "csi"
+) -> Iterator[tuple[csi_pb2_grpc.IdentityStub, csi_pb2_grpc.NodeStub, Path]]:
+    """``strata-csi serve`` on ``tmp/NAME.sock`` over ``mount``, its log in ``tmp/NAME.log``;
+    stopped (SIGTERM, then SIGKILL) on the way out. Yields the two stubs and the state
+    directory."""
+    sock, state = tmp / f"{name}.sock", tmp / f"{name}-state"
+    log = (tmp / f"{name}.log").open("a")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "csi", "serve", "--endpoint", f"unix://{sock}"),
+            *("--mount", str(mount), "--node-id", "node-a", "--state-dir", str(state)),
+        ],
+        start_new_session=True,
+        stderr=log,
+    )
+    log.close()
+    channel = grpc.insecure_channel(f"unix:{sock}")
+    try:
+        eventually(lambda: sock.exists() or proc.poll() is not None, "the plugin's socket")
+        assert proc.poll() is None, f"strata-csi exited with {proc.returncode}"
+        grpc.channel_ready_future(channel).result(timeout=30)
+        yield csi_pb2_grpc.IdentityStub(channel), csi_pb2_grpc.NodeStub(channel), state
+    finally:
+        channel.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _unmount_under(root: Path) -> None:
+    """Detach every mount below ``root`` (what a failed test left published)."""
+    for m in reversed(mounts()):
+        if m.mountpoint.startswith(f"{root}/"):
+            subprocess.run(["umount", "-l", m.mountpoint], check=False)
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plugin]:
+    tmp = tmp_path_factory.mktemp("csi")
+    src = {"v1": tmp / "src-v1", "v2": tmp / "src-v2"}
+    make_tree(src["v1"])
+    shutil.copytree(src["v1"], src["v2"], symlinks=True)
+    (src["v2"] / "small.txt").write_text("version two\n")
+    (src["v2"] / "added.txt").write_text("new in v2\n")
+    for version, tree in src.items():
+        assert publish(tmp / "hub", "demo", tree, "--block-size", BLOCK) == version
+    pods = tmp / "pods"
+    pods.mkdir()
+    with LocalStack() as stack:
+        hub = stack.start_hub(tmp / "hub")
+        stack.start_spoke(hub, tmp / "cache", tmp / "mnt", "64MiB")
+        try:
+            with plugin_process(tmp, tmp / "mnt") as (identity, node, state):
+                yield Plugin(identity, node, tmp / "mnt", pods, state, src, tmp / "hub")
+        finally:
+            _unmount_under(pods)
+
+
+def request(
+    volume_id: str, target: Path | str, readonly: bool = True, **context: str
+) -> csi_pb2.NodePublishVolumeRequest:
+    """A NodePublishVolume as the kubelet sends it for an ephemeral inline volume."""
+    attributes = {
+        "csi.storage.k8s.io/ephemeral": "true",
+        "csi.storage.k8s.io/pod.name": "trainer-0",
+        "csi.storage.k8s.io/pod.namespace": "ml",
+    }
+    attributes.update(context)
+    return csi_pb2.NodePublishVolumeRequest(
+        volume_id=volume_id,
+        target_path=str(target),
+        volume_capability=csi_pb2.VolumeCapability(
+            mount=csi_pb2.VolumeCapability.MountVolume(),
+            access_mode=csi_pb2.VolumeCapability.AccessMode(
+                mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
+            ),
+        ),
+        readonly=readonly,
+        volume_context=attributes,
+    )
+
+
+def target_of(plugin: Plugin, name: str) -> Path:
+    """A target path as the kubelet makes it: its parent exists, the target does not."""
+    parent = plugin.pods / name / "volumes" / "kubernetes.io~csi" / "data"
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent / "mount"
+
+
+def code_of(call: object, message: object) -> tuple[grpc.StatusCode, str]:
+    """The status code and details of a call that must fail."""
+    with pytest.raises(grpc.RpcError) as info:
+        call(message)  # type: ignore[operator]
+    err = info.value
+    return err.code(), err.details()  # type: ignore[attr-defined]
+
+
+def test_identity_and_node_info(plugin: Plugin) -> None:
+    info = plugin.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest())
+    assert info.name == "csi.strata.io" and info.vendor_version
+    caps = plugin.identity.GetPluginCapabilities(csi_pb2.GetPluginCapabilitiesRequest())
+    assert list(caps.capabilities) == []  # no controller: nothing to create or attach
+    probe = plugin.identity.Probe(csi_pb2.ProbeRequest())
+    assert probe.HasField("ready") and probe.ready.value is True
+    assert plugin.node.NodeGetInfo(csi_pb2.NodeGetInfoRequest()).node_id == "node-a"
+    node_caps = plugin.node.NodeGetCapabilities(csi_pb2.NodeGetCapabilitiesRequest())
+    assert list(node_caps.capabilities) == []  # no staging
+
+
+def test_probe_command(plugin: Plugin, tmp_path: Path) -> None:
+    """``strata-csi probe``, the container's liveness check: 0 when the plugin answers,
+    1 with a one-line reason when nothing listens."""
+    sock = plugin.state.parent / "csi.sock"
+    ok = subprocess.run(
+        [sys.executable, "-m", "csi", "probe", f"--endpoint=unix://{sock}", "--ready"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ok.returncode == 0, ok.stderr
+    gone = subprocess.run(
+        [sys.executable, "-m", "csi", "probe", f"--endpoint=unix://{tmp_path}/none.sock"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert gone.returncode == 1 and "does not answer" in gone.stderr
+
+
+def test_publish_binds_the_version_read_only(plugin: Plugin) -> None:
+    target = target_of(plugin, "pod-ro")
+    plugin.node.NodePublishVolume(request("vol-ro", target, dataset="demo", ref="v1"))
+    assert tree_digests(target) == tree_digests(plugin.src["v1"])
+    for attempt in (
+        lambda: (target / "small.txt").write_text("x"),
+        lambda: (target / "new.txt").write_text("x"),
+        lambda: (target / "dir").mkdir(),
+        lambda: (target / "small.txt").unlink(),
+    ):
+        with pytest.raises(OSError) as info:
+            attempt()
+        assert info.value.errno == errno.EROFS
+    here = mounted_at(target)
+    assert here is not None and {"ro", "nosuid", "nodev"} <= here.options
+    assert here.root == "/demo/v1"
+    log = (plugin.pods.parent / "csi.log").read_text()
+    assert f"published demo@v1 (v1) at {target} for pod ml/trainer-0" in log
+    plugin.node.NodeUnpublishVolume(
+        csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-ro", target_path=str(target))
+    )
+    assert not target.exists() and mounted_at(target) is None
+    assert not any(plugin.state.iterdir()), "the record outlives the volume"
+
+
+def test_a_tag_resolves_once_and_publish_is_idempotent(plugin: Plugin) -> None:
+    """latest is v2 at publish; after a v3 moves latest, the volume still shows v2, a
+    second identical publish is OK and changes nothing, a new volume gets v3, and asking
+    the same target for another version is ALREADY_EXISTS."""
+    target, other = target_of(plugin, "pod-tag"), target_of(plugin, "pod-late")
+    plugin.node.NodePublishVolume(request("vol-tag", target, dataset="demo", ref="latest"))
+    assert tree_digests(target) == tree_digests(plugin.src["v2"])
+    held = (target / "small.txt").open()  # a reader with a file open for the whole test
+
+    v3 = plugin.hub_dir.parent / "src-v3"
+    shutil.copytree(plugin.src["v2"], v3, symlinks=True)
+    (v3 / "small.txt").write_text("version three\n")
+    assert publish(plugin.hub_dir, "demo", v3, "--block-size", BLOCK) == "v3"
+    eventually(lambda: os.readlink(plugin.mount / "demo" / "latest") == "v3", "latest moving to v3")
+
+    plugin.node.NodePublishVolume(request("vol-tag", target, dataset="demo", ref="latest"))
+    assert (target / "small.txt").read_text() == "version two\n"
+    assert held.read() == "version two\n"
+    held.close()
+    plugin.node.NodePublishVolume(request("vol-late", other, dataset="demo", ref="latest"))
+    assert (other / "small.txt").read_text() == "version three\n"
+
+    code, details = code_of(
+        plugin.node.NodePublishVolume, request("vol-tag", target, dataset="demo", ref="v1")
+    )
+    assert code == grpc.StatusCode.ALREADY_EXISTS and "demo/v2" in details
+    assert tree_digests(target) == tree_digests(plugin.src["v2"]), "the refusal changed it"
+
+    for volume, path in (("vol-tag", target), ("vol-late", other)):
+        unpublish = csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume, target_path=str(path))
+        plugin.node.NodeUnpublishVolume(unpublish)
+        assert not path.exists()
+        plugin.node.NodeUnpublishVolume(unpublish)  # again: the target is gone, still OK
+
+
+def test_unpublish_of_a_target_never_published_is_ok(plugin: Plugin) -> None:
+    never = target_of(plugin, "pod-never")
+    plugin.node.NodeUnpublishVolume(
+        csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-never", target_path=str(never))
+    )
+    assert not never.exists()
+
+
+@pytest.mark.parametrize(
+    ("message", "code", "says"),
+    [
+        (request("v", "/x/t", ref="v1"), grpc.StatusCode.INVALID_ARGUMENT, "'dataset' is required"),
+        (request("v", "/x/t", dataset="demo"), grpc.StatusCode.INVALID_ARGUMENT, "'ref'"),
+        (
+            request("v", "/x/t", dataset="../etc", ref="v1"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "no valid name",
+        ),
+        (
+            request("v", "/x/t", dataset="demo", ref="v1", datset="demo"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "unknown volume attributes ['datset']",
+        ),
+        (
+            request("v", "/x/t", readonly=False, dataset="demo", ref="v1"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "read-only",
+        ),
+        (
+            request("", "/x/t", dataset="demo", ref="v1"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "volume_id",
+        ),
+        (
+            request("v", "relative/t", dataset="demo", ref="v1"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "absolute",
+        ),
+    ],
+    ids=["no-dataset", "no-ref", "bad-name", "unknown-key", "read-write", "no-id", "relative"],
+)
+def test_bad_requests_are_invalid_argument(
+    plugin: Plugin, message: csi_pb2.NodePublishVolumeRequest, code: grpc.StatusCode, says: str
+) -> None:
+    got, details = code_of(plugin.node.NodePublishVolume, message)
+    assert (got, says in details) == (code, True), details
+
+
+def test_block_volumes_and_mount_flags_are_refused(plugin: Plugin) -> None:
+    target = target_of(plugin, "pod-block")
+    block = request("v", target, dataset="demo", ref="v1")
+    block.volume_capability.block.SetInParent()
+    assert code_of(plugin.node.NodePublishVolume, block)[0] == grpc.StatusCode.INVALID_ARGUMENT
+    flags = request("v", target, dataset="demo", ref="v1")
+    flags.volume_capability.mount.mount_flags.append("rw")
+    assert code_of(plugin.node.NodePublishVolume, flags)[0] == grpc.StatusCode.INVALID_ARGUMENT
+    missing = request("v", target, dataset="demo", ref="v1")
+    missing.ClearField("volume_capability")
+    got, details = code_of(plugin.node.NodePublishVolume, missing)
+    assert got == grpc.StatusCode.INVALID_ARGUMENT and "volume_capability" in details
+    assert not target.exists()
+
+
+def test_unknown_names_are_not_found(plugin: Plugin) -> None:
+    target = target_of(plugin, "pod-unknown")
+    for dataset, ref, says in (
+        ("nosuch", "v1", "dataset 'nosuch' does not exist"),
+        ("demo", "v99", "no version or tag 'v99'"),
+        ("demo", "nightly", "no version or tag 'nightly'"),
+    ):
+        got, details = code_of(
+            plugin.node.NodePublishVolume, request("v", target, dataset=dataset, ref=ref)
+        )
+        assert (got, says in details) == (grpc.StatusCode.NOT_FOUND, True), details
+        assert not target.exists()
+
+
+def test_a_target_holding_another_mount_is_refused(plugin: Plugin) -> None:
+    target = target_of(plugin, "pod-tmpfs")
+    target.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target)], check=True)
+    try:
+        got, details = code_of(
+            plugin.node.NodePublishVolume, request("v", target, dataset="demo", ref="v1")
+        )
+        assert got == grpc.StatusCode.ALREADY_EXISTS and "tmpfs" in details
+        got, _ = code_of(
+            plugin.node.NodeUnpublishVolume,
+            csi_pb2.NodeUnpublishVolumeRequest(volume_id="v", target_path=str(target)),
+        )
+        assert got == grpc.StatusCode.FAILED_PRECONDITION
+        assert mounted_at(target) is not None, "unpublish took away a mount it does not own"
+    finally:
+        unmount(target)
+
+
+def test_without_the_spoke_mount_it_is_not_ready_and_unavailable(
+    plugin: Plugin, tmp_path: Path
+) -> None:
+    empty = tmp_path / "not-mounted"
+    empty.mkdir()
+    sock = tmp_path / "idle.sock"
+    with plugin_process(tmp_path, empty, name="idle") as (identity, node, _):
+        assert identity.Probe(csi_pb2.ProbeRequest()).ready.value is False
+        idle = subprocess.run(
+            [sys.executable, "-m", "csi", "probe", "--ready", f"--endpoint=unix://{sock}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert idle.returncode == 1 and "not ready" in idle.stderr
+        target = target_of(plugin, "pod-idle")
+        got, details = code_of(
+            node.NodePublishVolume, request("v", target, dataset="demo", ref="v1")
+        )
+        assert got == grpc.StatusCode.UNAVAILABLE and "not mounted" in details
+        assert not target.exists()
+
+
+def test_a_restarted_plugin_keeps_what_it_published(plugin: Plugin) -> None:
+    """The record of a publish outlives the plugin (its state directory is on the node):
+    after a restart, publishing the same volume again is OK and keeps the version the tag
+    named at the first publish, although the tag moved meanwhile; unpublish still works."""
+    tmp = plugin.pods.parent
+    target = target_of(plugin, "pod-restart")
+    with plugin_process(tmp, plugin.mount, name="restart") as (_, node, _state):
+        node.NodePublishVolume(request("vol-restart", target, dataset="demo", ref="latest"))
+    first = os.readlink(plugin.mount / "demo" / "latest")
+    before = (target / "small.txt").read_text()
+    newer = tmp / "src-after-restart"
+    shutil.copytree(plugin.src["v2"], newer, symlinks=True)
+    (newer / "small.txt").write_text("published while the plugin was down\n")
+    moved = publish(plugin.hub_dir, "demo", newer, "--block-size", BLOCK)
+    eventually(lambda: os.readlink(plugin.mount / "demo" / "latest") == moved, "latest moving")
+    with plugin_process(tmp, plugin.mount, name="restart") as (_, node, _state):
+        node.NodePublishVolume(request("vol-restart", target, dataset="demo", ref="latest"))
+        assert (target / "small.txt").read_text() == before
+        here = mounted_at(target)
+        assert here is not None and here.root == f"/demo/{first}" != f"/demo/{moved}"
+        node.NodeUnpublishVolume(
+            csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-restart", target_path=str(target))
+        )
+    assert not target.exists()
