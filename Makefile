@@ -24,8 +24,11 @@ NATIVE   := .build
 LIBFUSE  := $(NATIVE)/libfuse/lib/pkgconfig/fuse3.pc
 PT_WHEEL := $(NATIVE)/wheels/.built
 READY    := $(VENV)/.strata-passthrough
+# checkov, for the manifest checks, in its own venv (see its rule below)
+CHECKOV_VENV  := .checkov-venv
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: demo test check pytest system-deps deploy-deps native-deps passthrough bench bench-deps \
+.PHONY: checkov-lock demo test check pytest system-deps deploy-deps native-deps passthrough bench bench-deps \
 	setup gen lock clean
 
 demo: $(READY)
@@ -44,9 +47,24 @@ check: $(READY)
 # TEST_WORKERS=0 runs it in this process (pdb, -s). Tests that assert a wall-clock duration
 # (marker timing) run after, alone, so the other workers' load cannot stretch them.
 TEST_WORKERS ?= auto
-pytest: $(READY) deploy-deps
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not timing"
+pytest: $(READY) deploy-deps $(CHECKOV_STAMP)
+	CHECKOV=$(CHECKOV_VENV)/bin/checkov $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not timing"
 	$(BIN)/pytest -m timing
+
+# checkov (tests/deploy/test_checkov.py: the rendered manifests' hardening) in a venv of its
+# own, from its own hashed lock: it brings about 100 packages the project does not use
+# (regenerate: make checkov-lock)
+$(CHECKOV_STAMP): requirements-checkov.lock
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --require-hashes --no-deps -r requirements-checkov.lock
+	touch $@
+checkov-lock:
+	$(PYTHON) -m venv .lock-venv && .lock-venv/bin/pip install -q uv
+	echo "checkov==3.3.30" > .lock-venv/checkov.in
+	.lock-venv/bin/uv pip compile .lock-venv/checkov.in --generate-hashes --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --custom-compile-command "make checkov-lock" \
+	  -o requirements-checkov.lock
+	rm -rf .lock-venv
 
 setup: $(READY)
 

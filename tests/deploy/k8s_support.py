@@ -52,10 +52,10 @@ def make_secrets(root: Path) -> None:
     shutil.copy(hub.key, secrets / "hub.key")
     shutil.copy(ca.pem.cert, secrets / "ca.crt")
     shutil.copy(pki / "tokens.yaml", secrets / "tokens.yaml")
-    (secrets / "s3.env").write_text(
-        "AWS_ACCESS_KEY_ID=strata\nAWS_SECRET_ACCESS_KEY=not-a-real-key\nAWS_DEFAULT_REGION=a\n"
+    (secrets / "s3-credentials").write_text(
+        "[default]\naws_access_key_id = strata\naws_secret_access_key = not-a-real-key\n"
     )
-    (secrets / "catalog-url").write_text("postgresql://strata@catalog.example.internal:5432/strata")
+    (secrets / "s3-config").write_text("[default]\nregion = a\n")
     (secrets / "pgpass").write_text("catalog.example.internal:5432:strata:strata:not-a-password\n")
     keygen = [sys.executable, "-m", "hub", "keygen", str(secrets / "grant.key")]
     subprocess.run([*keygen, str(secrets / "grant.pub")], check=True, capture_output=True)

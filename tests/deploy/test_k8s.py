@@ -518,11 +518,19 @@ def test_hub_deployment(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> 
     (hub,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in hub["env"]}
     assert env["STRATA_HUB_BLOBS"].startswith("s3://")
-    catalog = next(e for e in hub["env"] if e["name"] == "STRATA_HUB_CATALOG")
-    url = _secret_file(hub_objects, catalog["valueFrom"]["secretKeyRef"]["name"], "url")
-    assert url.startswith(b"postgresql://") and b":not-a-password" not in url
-    _, pgpass_volume = _mount_for(hub, pod, env["PGPASSFILE"])
-    assert pgpass_volume["secret"]["defaultMode"] == 0o440
+    assert env["STRATA_HUB_CATALOG"].startswith("postgresql://strata@catalog.region-a")
+    assert ":" not in env["STRATA_HUB_CATALOG"].split("//")[1].split("@")[0], "no password"
+    assert not any("valueFrom" in e for e in hub["env"]) and "envFrom" not in hub, "no secret env"
+    for variable, key in (
+        ("PGPASSFILE", "pgpass"),
+        ("AWS_SHARED_CREDENTIALS_FILE", "credentials"),
+        ("AWS_CONFIG_FILE", "config"),
+    ):
+        mount, volume = _mount_for(hub, pod, env[variable])
+        assert volume["secret"]["defaultMode"] == 0o440, variable
+        assert env[variable] == f"{mount['mountPath']}/{key}"
+        assert key in hub_objects[("Secret", "strata", volume["secret"]["secretName"])]["data"]
+    assert hub["resources"]["limits"]["cpu"] == "2"
     grant, _ = _mount_for(hub, pod, _flag(hub["args"], "--grant-key"))
     assert grant["readOnly"]
     ready = hub["readinessProbe"]["httpGet"]
