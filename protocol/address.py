@@ -71,8 +71,8 @@ def grpc_target(text: str, option: str = "--hub") -> str:
     have no one gRPC target: give one name with several records instead.
 
     Raises:
-        ValueError: An address is malformed, or several are given and one is a name, or
-            the families are mixed (the message names ``option``).
+        ValueError: An address is malformed or given twice, or several are given and one
+            is a name, or the families are mixed (the message names ``option``).
     """
     parts = [part.strip() for part in text.split(",")]
     hosts = []
@@ -82,6 +82,8 @@ def grpc_target(text: str, option: str = "--hub") -> str:
         except ValueError:
             raise ValueError(f"{option} must be HOST:PORT[,HOST:PORT…], got {text!r}") from None
         hosts.append((host, port))
+    if len(set(hosts)) != len(hosts):
+        raise ValueError(f"{option} names an address twice: {text!r}")
     families = {_family(host) for host, _ in hosts}
     if len(hosts) == 1:
         host, port = hosts[0]

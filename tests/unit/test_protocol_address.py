@@ -6,7 +6,7 @@ import pytest
 
 from hub.address import Address
 from hub.errors import InvalidArgument
-from protocol.address import parse_hostport, parse_option_hostport, split_hostport
+from protocol.address import grpc_target, parse_hostport, parse_option_hostport, split_hostport
 from spoke.serve.adminserver import bind
 
 
@@ -52,3 +52,31 @@ def test_the_admin_api_binds_the_parsed_address() -> None:
         sock.close()
     with pytest.raises(ValueError, match="admin address must be HOST:PORT"):
         bind("127.0.0.1:99999")
+
+
+@pytest.mark.parametrize(
+    ("text", "target"),
+    [
+        ("hub.example:50051", "dns:///hub.example:50051"),
+        ("10.0.0.1:50051", "10.0.0.1:50051"),
+        ("10.0.0.1:50051, 10.0.0.2:50051", "ipv4:10.0.0.1:50051,10.0.0.2:50051"),
+        ("[::1]:1,[::2]:2", "ipv6:[::1]:1,[::2]:2"),
+    ],
+)
+def test_grpc_target_of_one_or_several_replicas(text: str, target: str) -> None:
+    assert grpc_target(text) == target
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("a.example:1,b.example:2", "IP addresses of one family"),
+        ("10.0.0.1:1,[::1]:1", "IP addresses of one family"),
+        ("10.0.0.1:1,10.0.0.1:1", "names an address twice"),
+        ("10.0.0.1:1,", "HOST:PORT"),
+        ("10.0.0.1", "HOST:PORT"),
+    ],
+)
+def test_grpc_target_refuses_what_grpc_could_not_balance(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        grpc_target(text, "--hub")
