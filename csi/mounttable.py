@@ -1,14 +1,10 @@
 """The node's mount table and the three mount calls the plugin makes: bind, make read-only,
 unmount.
 
-The table is read from ``/proc/self/mountinfo`` as text and never by ``stat``: a dead FUSE
-mount answers every ``stat`` with ``ENOTCONN`` and a hung one never answers, and neither
-may hang the plugin. Each line is ``mount-id parent-id major:minor root mount-point
-options ... - fstype source super-options`` with spaces, tabs, newlines and backslashes in
-paths written as octal escapes (proc(5), "/proc/pid/mountinfo"). For a bind mount,
-``root`` is the directory of the source file system that was bound: a published volume
-of ``f3`` v3 reads ``/f3/v3`` on the spoke mount's device, which is how the plugin tells
-what a target holds.
+The table is :mod:`strata_local.mountinfo`'s (read as text, never by ``stat``: a dead
+FUSE mount must not hang the plugin). For a bind mount, ``root`` is the directory of the
+source file system that was bound: a published volume of ``f3`` v3 reads ``/f3/v3`` on
+the spoke mount's device, which is how the plugin tells what a target holds.
 
 The calls are mount(2) and umount2(2) through the C library (``ctypes``), so an error is
 an ``OSError`` with the kernel's errno, not a parsed message of ``mount(8)``.
@@ -19,10 +15,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-MOUNTINFO = "/proc/self/mountinfo"
+from strata_local.mountinfo import MOUNTINFO, Mount, mounts, resolve_mountpoint
+
+__all__ = ["MOUNTINFO", "Mount", "bind_read_only", "mounted_at", "mounts", "resolve_target"]
+__all__ += ["unmount"]
 
 # <sys/mount.h> (Linux): mount(2) flags
 MS_RDONLY = 0x1
@@ -40,56 +38,6 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.umount2.restype = ctypes.c_int
 
 
-@dataclass(frozen=True, slots=True)
-class Mount:
-    """One line of the mount table.
-
-    Attributes:
-        device: The backing device as ``major:minor``; a bind mount shares its source's.
-        root: The directory of that file system mounted here (``/`` for a whole one).
-        mountpoint: Where it is mounted (unescaped).
-        fstype: ``fuse.strata`` for the spoke's mount, ``ext4``, ``tmpfs`` …
-        options: The per-mount options (``ro``, ``nosuid`` …).
-    """
-
-    device: str
-    root: str
-    mountpoint: str
-    fstype: str
-    options: frozenset[str]
-
-
-def _unescape(field: str) -> str:
-    return field.encode().decode("unicode_escape")
-
-
-def mounts(path: str = MOUNTINFO) -> list[Mount]:
-    """Every mount of this process's namespace, in the table's order (a mount stacked on
-    another comes after it).
-
-    Raises:
-        OSError: The table cannot be read.
-    """
-    table: list[Mount] = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) < 6 or "-" not in fields[6:]:
-                continue
-            after = fields.index("-", 6) + 1
-            fstype = fields[after] if after < len(fields) else ""
-            table.append(
-                Mount(
-                    device=fields[2],
-                    root=_unescape(fields[3]),
-                    mountpoint=_unescape(fields[4]),
-                    fstype=fstype,
-                    options=frozenset(fields[5].split(",")),
-                )
-            )
-    return table
-
-
 def mounted_at(path: Path) -> Mount | None:
     """The topmost mount whose mountpoint is ``path`` (absolute, resolved), or None."""
     found = [m for m in mounts() if m.mountpoint == str(path)]
@@ -98,9 +46,8 @@ def mounted_at(path: Path) -> Mount | None:
 
 def resolve_target(path: str) -> Path:
     """``path`` made absolute with its parent's symlinks resolved, without touching ``path``
-    itself (a dead mount there answers every ``stat`` with ``ENOTCONN``)."""
-    absolute = Path(os.path.abspath(path))
-    return absolute.parent.resolve() / absolute.name
+    itself (:func:`strata_local.mountinfo.resolve_mountpoint`)."""
+    return resolve_mountpoint(path)
 
 
 def _check(result: int, what: str, path: Path) -> None:

@@ -40,6 +40,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata_local.mountinfo import mounts
+
 PROG = "deploy.drain"
 NODE_MOUNTINFO = "/proc/1/mountinfo"
 
@@ -113,19 +115,13 @@ def published(
     device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
     for table in tables:
         try:
-            with open(table, encoding="utf-8", errors="replace") as f:
-                lines = f.readlines()
+            table_mounts = mounts(table)
         except OSError:
             if table == tables[-1]:
                 raise
             continue
-        found = []
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 4 and fields[2] == device and fields[3] != "/":
-                root, point = (fields[i].encode().decode("unicode_escape") for i in (3, 4))
-                found.append(Holder(0, root, point))
-        return found
+        return [Holder(0, m.root, m.mountpoint) for m in table_mounts
+                if m.device == device and m.root != "/"]  # fmt: skip
     return []
 
 
