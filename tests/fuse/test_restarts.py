@@ -259,6 +259,8 @@ def test_an_in_place_upgrade_keeps_open_files_working(
             old = daemon
             _wait(lambda o=old: read_pid(layout.daemon_pid_file) not in (None, o), "a restart")  # type: ignore[misc]
             daemon = read_pid(layout.daemon_pid_file)
+            # the new daemon writes its pid first and its admin address once it serves
+            _wait(layout.admin_url_file.exists, "the new daemon's admin address")
             for block in range(1 + 5 * round_, 6 + 5 * round_):
                 reader.check(block)  # misses served by the new daemon
             assert stack.spoke.poll() is None  # the same supervisor process, new code
