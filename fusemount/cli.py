@@ -11,21 +11,28 @@ The options, their defaults and help are those of the spoke's settings
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import resource
 import signal
+import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pyfuse3
 import trio
 from pydantic import ValidationError
 
+from fusemount import handover
 from fusemount.client import DaemonClient
+from fusemount.journal import InodeJournal, read_journal
+from fusemount.ledger import BackingLedger
 from fusemount.operations import StrataOperations
 from fusemount.passthrough import IDLE_BACKINGS, Passthrough, unavailable_reason
 from fusemount.reader import BlockReader
+from fusemount.tree import InodeTable
 from spoke.disk.encryption import EncryptionError, check_cache_key
 from spoke.disk.hardening import UnsafeDirectory, secure_cache_dir
 from spoke.disk.layout import CacheLayout
@@ -116,12 +123,28 @@ def mount_options(allow_other: bool = False) -> set[str]:
     return options
 
 
-async def _stop_on_signal() -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+class _Exit:
+    """How the serving loop ended: SIGUSR2 asks to hand the connection over (stop
+    reading it, exit without unmounting: the supervisor's successor resumes it)."""
+
+    handing_over = False
+
+
+async def _stop_on_signal(exit_: _Exit) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR2) as signals:
         async for signum in signals:
-            log.info("signal %d: unmounting", signum)
+            exit_.handing_over = signum == signal.SIGUSR2
+            log.info(
+                "signal %d: %s", signum, "handing over" if exit_.handing_over else "unmounting"
+            )
             pyfuse3.terminate()
             return
+
+
+async def _every_second(call: Callable[[], None]) -> None:
+    while True:
+        await trio.sleep(1)
+        call()
 
 
 async def _raise_read_ahead(mountpoint: Path, kib: int) -> None:
@@ -132,17 +155,25 @@ async def _raise_read_ahead(mountpoint: Path, kib: int) -> None:
 
 
 async def serve(
-    ops: StrataOperations, reader: BlockReader, mountpoint: Path, read_ahead_kb: int = 0
+    ops: StrataOperations,
+    reader: BlockReader,
+    mountpoint: Path,
+    read_ahead_kb: int = 0,
+    exit_: _Exit | None = None,
+    check: Callable[[], None] | None = None,
 ) -> None:
-    """Serve FUSE requests until unmounted or signalled, flushing access records."""
+    """Serve FUSE requests until unmounted or signalled, flushing access records
+    (``check``: called every second, the hand-over records' health)."""
     async with trio.open_nursery() as nursery:
+        if check is not None:
+            nursery.start_soon(_every_second, check)
         nursery.start_soon(ops.watch_catalog)
         nursery.start_soon(ops.passthrough.sweep_forever)
         if read_ahead_kb > 0:
             nursery.start_soon(_raise_read_ahead, mountpoint, read_ahead_kb)
         nursery.start_soon(reader.flush_hits_forever)
         nursery.start_soon(reader.prefetch_forever)
-        nursery.start_soon(_stop_on_signal)
+        nursery.start_soon(_stop_on_signal, exit_ or _Exit())
         await pyfuse3.main(min_tasks=4, max_tasks=64)
         nursery.cancel_scope.cancel()
     await reader.flush_hits()
@@ -220,8 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s strata-mount %(levelname)s %(name)s: %(message)s",
     )
     open_files = raise_open_file_limit()
-    mountpoint: Path = ns.mountpoint.resolve()  # before mounting: never stat it afterwards
-    if not mountpoint.is_dir():
+    # resuming, the mount is served by no one until we do: never stat it (the supervisor
+    # resolved it); mounting, resolve it first and never stat it afterwards
+    resuming = handover.RESUME_ENV in os.environ
+    mountpoint: Path = ns.mountpoint if resuming else ns.mountpoint.resolve()
+    if not resuming and not mountpoint.is_dir():
         print(f"strata-mount: error: mountpoint {mountpoint} is not a directory", file=sys.stderr)
         return 2
     layout = CacheLayout(settings.cache_dir)
@@ -242,28 +276,134 @@ def main(argv: list[str] | None = None) -> int:
     client = DaemonClient(ns.socket or layout.socket_path, miss_deadline=settings.miss_deadline)
     reader = BlockReader(layout, client, cipher=cipher)
     encrypted = bool(getattr(reader.files, "encrypted", False))
+    try:
+        session = _Session.from_environment(layout, settings.mount_handover)
+    except (OSError, ValueError) as err:
+        print(f"strata-mount: error: cannot resume the FUSE connection: {err}", file=sys.stderr)
+        return 2
     passthrough = Passthrough(
         unavailable_reason(settings.passthrough, settings.cache_dir, encrypted),
         idle_max=idle_backings(open_files),
+        ledger=session.ledger,
     )
-    ops = StrataOperations(client, reader, passthrough)
+    ops = StrataOperations(client, reader, passthrough, session.inodes)
     # written first: whoever sees the mount appear (libfuse 3.17 makes it visible before
     # init returns) finds the pid of the process serving it
     layout.mount_pid_file.write_text(f"{os.getpid()}\n")
     try:
-        pyfuse3.init(ops, str(mountpoint), mount_options(settings.allow_other))
-    except RuntimeError as err:
+        session.start(ops, mountpoint, mount_options(settings.allow_other))
+    except (RuntimeError, ValueError, OSError) as err:
         layout.mount_pid_file.unlink(missing_ok=True)
         print(f"strata-mount: error: cannot mount {mountpoint}: {err}", file=sys.stderr)
         return 2
-    log.info("mounted %s", mountpoint)
+    exit_ = _Exit()
     try:
-        trio.run(serve, ops, reader, mountpoint, settings.read_ahead_kb)
+        trio.run(
+            serve, ops, reader, mountpoint, settings.read_ahead_kb, exit_, session.check_records
+        )
     finally:
-        pyfuse3.close(unmount=True)
+        # a resumed session has nothing to unmount (its supervisor does), nor one handed on
+        pyfuse3.close(unmount=session.fresh and not exit_.handing_over)
         client.close()
-        log.info("unmounted %s", mountpoint)
+        log.info("%s %s", "handed over" if exit_.handing_over else "unmounted", mountpoint)
     return 0
+
+
+class _Session:
+    """How this process comes to serve the FUSE connection: a new mount, or the
+    resumption of one a predecessor served (:mod:`fusemount.handover`), with the inode
+    journal and backing ledger that make the hand-over exact."""
+
+    def __init__(self, layout: CacheLayout, reason: str) -> None:
+        self.reason = reason  # why no hand-over ("" = possible)
+        self.control: socket.socket | None = None
+        fd = os.environ.pop(handover.HANDOVER_ENV, None)
+        if fd is not None:
+            self.control = socket.socket(fileno=int(fd))
+        resume = os.environ.pop(handover.RESUME_ENV, None)
+        init = os.environ.pop(handover.INIT_ENV, None)
+        self.resume_fd = int(resume) if resume is not None and not reason else None
+        self.init_request = bytes.fromhex(init) if init else b""
+        self.fresh = self.resume_fd is None
+        self.inodes = InodeTable()
+        self.ledger: BackingLedger | None = None
+        self.layout = layout
+        self.unsafe = layout.private_dir / "fuse-handover-unsafe"  # a record was lost
+        if reason:
+            return
+        journal = layout.private_dir / "fuse-inodes.jsonl"
+        try:
+            if self.fresh:
+                self.unsafe.unlink(missing_ok=True)
+            elif self.unsafe.exists():
+                raise ValueError("the predecessor could not record every inode or backing id")
+            records = [] if self.fresh else read_journal(journal)
+            self.inodes = InodeTable(InodeJournal(journal, self.fresh))
+            if records:
+                self.inodes.replay(records)
+            self.ledger = BackingLedger(layout.private_dir / "fuse-backings", self.fresh)
+        except OSError as err:  # e.g. the cache disk is full
+            if not self.fresh:
+                raise
+            self.reason = f"its records cannot be kept in {layout.private_dir}: {err.strerror}"
+            self.inodes, self.ledger = InodeTable(), None
+
+    def check_records(self) -> None:
+        """Mark the connection not resumable once a journal or ledger write failed."""
+        failed = (self.inodes.journal is not None and self.inodes.journal.failed) or (
+            self.ledger is not None and self.ledger.failed
+        )
+        if failed and not self.unsafe.exists():
+            log.error("mount hand-over off from now on: a record of this connection was lost")
+            with contextlib.suppress(OSError):
+                self.unsafe.touch()
+
+    @classmethod
+    def from_environment(cls, layout: CacheLayout, mode: str) -> _Session:
+        """The session the supervisor's environment asks for (none of it: a new mount,
+        handed over only when the supervisor gave a socket)."""
+        reason = handover.unavailable_reason(mode)
+        if not reason and handover.HANDOVER_ENV not in os.environ:
+            reason = "no supervisor to hold the connection (strata-spoke run holds it)"
+        return cls(layout, reason)
+
+    def start(self, ops: StrataOperations, mountpoint: Path, options: set[str]) -> None:
+        """Mount (or resume) and say which, and whether it can be handed over.
+
+        Raises:
+            RuntimeError, ValueError, OSError: the mount or the resumption failed.
+        """
+        if self.fresh:
+            if self.control is not None and not self.reason:
+                ops.on_init.append(self._publish)
+            pyfuse3.init(ops, str(mountpoint), options)
+            log.info(
+                "mounted %s; hand-over %s",
+                mountpoint,
+                f"off: {self.reason}" if self.reason else "on",
+            )
+            return
+        pyfuse3.init(ops, f"/dev/fd/{self.resume_fd}", options)
+        pyfuse3.resume(self.init_request)
+        assert self.ledger is not None
+        adopted = ops.passthrough.adopt(self.ledger.records(), self.layout.block_path)
+        if self.control is not None:
+            handover.announce_resumed(self.control)
+        log.warning(
+            "resumed the FUSE connection of %s (%d inodes, %d backing ids taken over)",
+            mountpoint, len(self.inodes), adopted,
+        )  # fmt: skip
+
+    def _publish(self) -> None:
+        request = pyfuse3.init_request()
+        if self.control is None or request is None:
+            return
+        try:
+            handover.publish(self.control, pyfuse3.session_descriptor(), request)
+        except OSError as err:
+            log.warning(
+                "hand-over off: the connection could not be given to the supervisor: %s", err
+            )
 
 
 if __name__ == "__main__":

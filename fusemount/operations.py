@@ -5,6 +5,11 @@ trees, revocation: :mod:`fusemount.namespace`) and reads through the block reade
 no bytes. Every handler goes through :func:`boundary`. Opens of cached one-block files may
 be handed to the kernel (FUSE passthrough: :mod:`fusemount.passthrough`).
 
+File handles carry their inode and whether the open is passthrough (:func:`file_handle`),
+so a process that resumes the FUSE connection (:mod:`fusemount.handover`) serves and
+releases handles its predecessor opened; inodes it has not seen are found through the
+inode journal (:meth:`fusemount.tree.InodeTable.pending_root`).
+
 Kernel caching: snapshot trees are immutable, so their entries and attributes are cached
 for an hour, negative lookups inside them too, and files open with ``keep_cache``. The root,
 dataset directories and tag symlinks can change (new versions, moved tags): one second.
@@ -27,7 +32,7 @@ from fusemount.namespace import Namespace
 from fusemount.passthrough import Passthrough
 from fusemount.readahead import Readahead
 from fusemount.reader import BlockReader
-from fusemount.tree import InodeTable, Node, Role
+from fusemount.tree import INODE_BITS, InodeTable, Node, Role
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,21 @@ MUTABLE_TIMEOUT = 1.0  # seconds: root, dataset listings, tag symlinks
 BLKSIZE = 128 * 1024
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_INODE_MASK = (1 << INODE_BITS) - 1
+_FH_PASSTHROUGH = 1 << INODE_BITS
+_FH_SERIALS = 1 << (63 - INODE_BITS)  # 15 bits: the handle's serial
+
+
+def file_handle(inode: int, passthrough: bool, serial: int) -> int:
+    """The 64-bit FUSE file handle of an open: bits 0-47 the inode, bit 48 set for a
+    passthrough open, bits 49-63 a serial (``serial`` modulo 2**15) that tells apart
+    opens of one inode."""
+    return inode | (_FH_PASSTHROUGH if passthrough else 0) | (serial % _FH_SERIALS) << 49
+
+
+def handle_inode(fh: int) -> tuple[int, bool]:
+    """``(inode, passthrough)`` of a handle made by :func:`file_handle`."""
+    return fh & _INODE_MASK, bool(fh & _FH_PASSTHROUGH)
 
 
 class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
@@ -45,23 +65,29 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         client: the daemon connection (catalog and misses).
         reader: serves file bytes.
         passthrough: which opens the kernel serves itself (default: none).
+        inodes: the inode table (default: a new one, not journaled).
     """
 
     enable_writeback_cache = False
     enable_acl = False
 
     def __init__(
-        self, client: DaemonClient, reader: BlockReader, passthrough: Passthrough | None = None
+        self,
+        client: DaemonClient,
+        reader: BlockReader,
+        passthrough: Passthrough | None = None,
+        inodes: InodeTable | None = None,
     ) -> None:
         super().__init__()
         self.client = client
         self.reader = reader
-        self.inodes = InodeTable()
+        self.inodes = inodes if inodes is not None else InodeTable()
+        self.on_init: list[object] = []  # called after FUSE INIT (the hand-over's publish)
         self.namespace = Namespace(client, self.inodes)
         self.passthrough = passthrough or Passthrough("not configured")
         self.namespace.on_revoked = self._revoked
         self._handles: dict[int, tuple[Node, Readahead, bool]] = {}  # fh -> node, ra, passthrough
-        self._next_fh = 1
+        self._serial = 0
         self._uid = os.getuid()
         self._gid = os.getgid()
 
@@ -93,6 +119,8 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         state = getattr(pyfuse3, "passthrough_state", None)
         offered, requested = state() if state is not None else (False, False)
         self.passthrough.negotiated(offered, requested)
+        for call in self.on_init:
+            call()  # type: ignore[operator]
 
     def _revoked(self) -> None:
         truncated = self.passthrough.revoke(self.namespace.revoked)
@@ -103,8 +131,14 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         """Refresh listings in the background until cancelled (see :mod:`fusemount.namespace`)."""
         await self.namespace.refresh_forever()
 
-    def _node(self, inode: int) -> Node:
+    async def _node(self, inode: int) -> Node:
         node = self.inodes.get(inode)
+        if node is None:
+            # a number a predecessor on this connection gave out: load its snapshot's tree
+            root = self.inodes.pending_root(inode)
+            if root is not None:
+                await self.namespace.children(root)
+                node = self.inodes.get(inode)
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node
@@ -115,7 +149,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        parent = self._node(parent_inode)
+        parent = await self._node(parent_inode)
         self.namespace.check_live(parent)
         if not parent.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
@@ -135,18 +169,18 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
 
     @boundary
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._attr(self._node(inode))
+        return self._attr(await self._node(inode))
 
     @boundary
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
-        node = self._node(inode)
+        node = await self._node(inode)
         if not stat.S_ISLNK(node.mode):
             raise pyfuse3.FUSEError(errno.EINVAL)
         return node.target
 
     @boundary
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        node = self._node(inode)
+        node = await self._node(inode)
         if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         await self.namespace.children(node)
@@ -154,7 +188,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
 
     @boundary
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        node = self._node(fh)
+        node = await self._node(fh)
         await self.namespace.children(node)
         names = node.child_names
         children = node.children or {}
@@ -171,16 +205,15 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
 
     @boundary
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        node = self._node(inode)
+        node = await self._node(inode)
         self.namespace.check_live(node)
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
         if node.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        fh = self._next_fh
-        self._next_fh += 1
         direct = bool(flags & os.O_DIRECT)
         backing_id = await self._passthrough_open(inode, node, direct)
+        fh = self._new_handle(inode, backing_id is not None)
         self._handles[fh] = (node, Readahead(), backing_id is not None)
         self.reader.opened(node, ctx.pid, self.inodes.files(node.snapshot_id))
         if backing_id is not None:  # the kernel forbids keep_cache with passthrough
@@ -189,6 +222,14 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             )
         self.passthrough.opened_cached(inode)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    def _new_handle(self, inode: int, passthrough: bool) -> int:
+        for _ in range(_FH_SERIALS):
+            self._serial += 1
+            fh = file_handle(inode, passthrough, self._serial)
+            if fh not in self._handles:
+                return fh
+        raise pyfuse3.FUSEError(errno.ENFILE)  # 32,768 opens of one inode at once
 
     async def _passthrough_open(self, inode: int, node: Node, direct: bool) -> int | None:
         """A backing id when this open can be served by the kernel from the block file.
@@ -226,8 +267,9 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
     async def read(self, fh: int, off: int, size: int) -> bytes | bytearray:  # type: ignore[override]
         # pyfuse3 replies with any contiguous buffer (PyObject_GetBuffer): no copy to bytes
         handle = self._handles.get(fh)
-        if handle is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
+        if handle is None:  # opened by a predecessor on this connection
+            inode, passthrough = handle_inode(fh)
+            handle = self._handles[fh] = (await self._node(inode), Readahead(), passthrough)
         node, readahead, _ = handle
         if node.snapshot_id in self.namespace.revoked:
             raise pyfuse3.FUSEError(errno.EIO)  # open before the revocation: never more bytes
@@ -235,13 +277,13 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
 
     @boundary
     async def release(self, fh: int) -> None:
-        handle = self._handles.pop(fh, None)
-        if handle is not None:
-            self.passthrough.released(handle[0].inode, handle[2])
+        self._handles.pop(fh, None)
+        inode, passthrough = handle_inode(fh)  # a predecessor's handle is counted too
+        self.passthrough.released(inode, passthrough)
 
     @boundary
     async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
-        self._node(inode)
+        await self._node(inode)
         return not mode & os.W_OK
 
     @boundary
@@ -302,7 +344,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         # first, without any work (the hot path of listing large directories).
         if not name.startswith(b"user.strata."):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        node = self._node(inode)
+        node = await self._node(inode)
         if name == b"user.strata.cached_bytes" and stat.S_ISREG(node.mode):
             cached = await trio.to_thread.run_sync(self.reader.cached_bytes, node)
             return str(cached).encode()
@@ -313,7 +355,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
 
     @boundary
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
-        node = self._node(inode)
+        node = await self._node(inode)
         names = list(self._xattrs(node))
         if stat.S_ISREG(node.mode):
             names.append(b"user.strata.cached_bytes")

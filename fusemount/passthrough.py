@@ -50,6 +50,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
+from fusemount.ledger import BackingLedger, LedgerRecord
 from fusemount.tree import Node
 from spoke.disk.mountinfo import mounts
 
@@ -161,6 +162,8 @@ class Passthrough:
         idle_max: idle backing ids kept (:data:`IDLE_BACKINGS`; 0: closed at the last
             release).
         clock: monotonic seconds (tests pass their own).
+        ledger: where every inode's backing id and handle counts are kept for a process
+            that resumes this FUSE connection (:mod:`fusemount.ledger`; None: nowhere).
     """
 
     def __init__(
@@ -170,8 +173,10 @@ class Passthrough:
         close_backing: Callable[[int], None] | None = None,
         idle_max: int = IDLE_BACKINGS,
         clock: Callable[[], float] = time.monotonic,
+        ledger: BackingLedger | None = None,
     ) -> None:
         self.reason = reason
+        self.ledger = ledger
         self.enabled = not reason
         self.opens = 0  # opens answered with a backing id since start
         self.reuses = 0  # of those, opens that took an idle id (no registration)
@@ -241,6 +246,7 @@ class Passthrough:
             del self._idle[inode]
             self.reuses += 1
         backing.handles += 1
+        self._record(inode)
         self.opens += counted  # an O_DIRECT open shares the id but its reads come here
         return backing.backing_id
 
@@ -268,12 +274,14 @@ class Passthrough:
         self._backings[inode] = _Backing(
             backing_id, digest, node.snapshot_id, fd, checked=self._clock()
         )
+        self._record(inode)
         self.opens += 1
         return backing_id
 
     def opened_cached(self, inode: int) -> None:
         """A handle of ``inode`` was opened on the pyfuse3 path."""
         self._cached[inode] = self._cached.get(inode, 0) + 1
+        self._record(inode)
 
     def released(self, inode: int, passthrough: bool) -> None:
         """A handle of ``inode`` was released; the last passthrough one closes the id."""
@@ -283,11 +291,13 @@ class Passthrough:
                 self._cached[inode] = left
             else:
                 self._cached.pop(inode, None)
+            self._record(inode)
             return
         backing = self._backings.get(inode)
         if backing is None:
             return
-        backing.handles -= 1
+        backing.handles = max(0, backing.handles - 1)
+        self._record(inode)
         if backing.handles > 0:
             return
         if not self.enabled or self.idle_max <= 0:
@@ -301,12 +311,55 @@ class Passthrough:
         """Close ``inode``'s backing id and our descriptor of its block file."""
         backing = self._backings.pop(inode)
         self._idle.pop(inode, None)
-        os.close(backing.fd)
+        self._record(inode)
+        if backing.fd >= 0:
+            os.close(backing.fd)
         if self._close_backing is not None:
             try:
                 self._close_backing(backing.backing_id)
             except OSError as err:  # the kernel dropped it already (connection gone)
                 log.debug("closing backing id %d: %s", backing.backing_id, err)
+
+    def _record(self, inode: int) -> None:
+        """Write ``inode``'s state to the ledger (its slot freed when nothing is left)."""
+        if self.ledger is None:
+            return
+        backing, cached = self._backings.get(inode), self._cached.get(inode, 0)
+        if backing is None and not cached:
+            self.ledger.drop(inode)
+        elif backing is None:
+            self.ledger.put(inode, 0, 0, cached, "", "")
+        else:
+            self.ledger.put(
+                inode, backing.backing_id, backing.handles, cached, backing.digest,
+                backing.snapshot_id,
+            )  # fmt: skip
+
+    def adopt(self, records: Iterable[LedgerRecord], block_path: Callable[[str], Path]) -> int:
+        """Take over the backing ids and handle counts a predecessor on this FUSE
+        connection left (:meth:`BackingLedger.records`), before serving its first request.
+        An adopted id is shared by the inode's next opens and closed as any other once its
+        handles are released; its block file is opened again by digest (``block_path``)
+        for the checks that it is still linked (gone: closed at its last release).
+        Returns how many backing ids were adopted."""
+        adopted = 0
+        for r in records:
+            if r.cached > 0:
+                self._cached[r.inode] = r.cached
+            if r.backing_id > 0:
+                try:
+                    fd = os.open(block_path(r.digest), os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    fd = -1  # evicted since: never shared again
+                self._backings[r.inode] = _Backing(
+                    r.backing_id, r.digest, r.snapshot_id, fd, handles=r.handles,
+                    checked=self._clock() if fd >= 0 else 0.0,  # gone: re-checked at once
+                )  # fmt: skip
+                if r.handles <= 0:
+                    self._idle[r.inode] = None
+                adopted += 1
+            self._record(r.inode)
+        return adopted
 
     @staticmethod
     def _linked(backing: _Backing) -> bool:
@@ -369,7 +422,7 @@ class Passthrough:
         live = {b.digest for b in self._backings.values() if b.snapshot_id not in gone}
         done = 0
         for backing in self._backings.values():
-            if backing.snapshot_id not in gone or backing.digest in live:
+            if backing.snapshot_id not in gone or backing.digest in live or backing.fd < 0:
                 continue
             try:
                 if os.fstat(backing.fd).st_nlink:

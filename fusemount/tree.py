@@ -1,21 +1,29 @@
 """The mount's inode table: which inode is which dataset, version, tag or file.
 
-Inodes are assigned on first sight and never reused for the life of the mount, so
-inode numbers stay stable. Entries of a snapshot are keyed by snapshot id and path, so
+Inodes are assigned on first sight and never reused for the life of the FUSE connection,
+so inode numbers stay stable. Entries of a snapshot are keyed by snapshot id and path, so
 ``v1`` and a tag pointing at it show the same inodes. A snapshot's manifest is loaded
-once, when its tree is first entered; it never changes afterwards (snapshots are immutable).
+once, when its tree is first entered; it never changes afterwards (snapshots are
+immutable), and its entries get one contiguous range of numbers in the order the manifest
+lists them, so a process that resumes the connection numbers them the same way from the
+range alone (:mod:`fusemount.journal`).
 """
 
 from __future__ import annotations
 
+import bisect
 import stat
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
+from fusemount.journal import InodeJournal
 from protocol.hub.v1 import hub_pb2
 
 ROOT_INODE: Final = 1
+INODE_BITS: Final = 48
+"""Inode numbers stay below 2**48, so a file handle can carry its inode
+(:mod:`fusemount.operations`): 2.8e14 numbers, never reused within a connection."""
 
 
 class Role(Enum):
@@ -98,12 +106,52 @@ class InodeTable:
     gives them back in ``forget``; the counts say which inodes it still knows.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, journal: InodeJournal | None = None) -> None:
         self._nodes: dict[int, Node] = {ROOT_INODE: Node(ROOT_INODE, Role.ROOT, DIR_MODE)}
         self._by_key: dict[tuple[str, ...], int] = {}
         self._next = ROOT_INODE + 1
         self._lookups: dict[int, int] = {}  # inode -> the kernel's lookup count
         self._files: dict[str, list[Node]] = {}  # snapshot id -> files with data, in order
+        self._ranges: dict[str, tuple[int, int]] = {}  # snapshot id -> (first inode, count)
+        self._starts: list[tuple[int, int, str, int]] = []  # (first, count, id, root) sorted
+        self.journal = journal
+        self.resumed = False  # numbers replayed from a predecessor's journal
+
+    def replay(self, records: list[dict[str, Any]]) -> None:
+        """Take over the numbers a predecessor serving this FUSE connection gave out (its
+        journal's records, :func:`fusemount.journal.read_journal`). Nodes of datasets,
+        versions and tags are made now; a snapshot's entries when a request names one of
+        its numbers (:meth:`pending_root`). The kernel's lookup counts from before are not
+        known: every node counts as referenced from now on."""
+        for r in records:
+            if "key" in r:
+                node = Node(
+                    r["inode"], Role(r["role"]), r["mode"], size=r["size"],
+                    mtime_ns=r["mtime_ns"], dataset=r["dataset"], version=r["version"],
+                    snapshot_id=r["snapshot_id"], target=r["target"].encode(),
+                )  # fmt: skip
+                self._nodes[node.inode] = node
+                self._by_key[tuple(r["key"])] = node.inode
+                self._next = max(self._next, node.inode + 1)
+            elif "snapshot" in r:
+                self._add_range(r["snapshot"], r["first"], r["count"], r["root"])
+        self.resumed = True
+
+    def _add_range(self, snapshot_id: str, first: int, count: int, root: int) -> None:
+        self._ranges[snapshot_id] = (first, count)
+        bisect.insort(self._starts, (first, count, snapshot_id, root))
+        self._next = max(self._next, first + count)
+
+    def pending_root(self, inode: int) -> Node | None:
+        """For an inode not in the table but inside a replayed snapshot range: the version
+        node whose tree, once loaded, holds it (None: no such range)."""
+        i = bisect.bisect_right(self._starts, (inode, 1 << 62)) - 1
+        if i < 0:
+            return None
+        first, count, _, root = self._starts[i]
+        if not first <= inode < first + count:
+            return None
+        return self._nodes.get(root)
 
     def remember(self, inode: int) -> None:
         """The kernel took one more reference to ``inode`` (a lookup reply)."""
@@ -118,8 +166,9 @@ class InodeTable:
             self._lookups.pop(inode, None)
 
     def referenced(self, inode: int) -> bool:
-        """True while the kernel holds a reference to ``inode``."""
-        return inode in self._lookups
+        """True while the kernel holds a reference to ``inode`` (always, after a hand-over:
+        the references taken before it are not known)."""
+        return self.resumed or inode in self._lookups
 
     @property
     def kernel_refs(self) -> int:
@@ -145,19 +194,37 @@ class InodeTable:
         order a reader walking its directories reads them in (empty if not loaded)."""
         return self._files.get(snapshot_id, [])
 
-    def intern(self, key: tuple[str, ...], make: Node) -> Node:
+    def intern(self, key: tuple[str, ...], make: Node, inode: int = 0) -> Node:
         """The node for ``key``: the existing one (refreshed from ``make``'s fields for
-        mutable nodes such as tags) or ``make`` itself with a fresh inode."""
-        inode = self._by_key.get(key)
-        if inode is not None:
-            node = self._nodes[inode]
+        mutable nodes such as tags) or ``make`` itself with a fresh inode (``inode`` when
+        given: a snapshot entry's number in its range; else the next one, journaled).
+
+        Raises:
+            OverflowError: the connection used up its 2**48 inode numbers.
+        """
+        known = self._by_key.get(key)
+        if known is not None:
+            node = self._nodes[known]
             if node.role is Role.TAG:
                 node.target, node.size = make.target, make.size
             return node
-        make.inode = self._next
-        self._next += 1
-        self._nodes[make.inode] = make
-        self._by_key[key] = make.inode
+        if not inode:
+            inode = self._next
+            self._next += 1
+            if self.journal is not None:
+                self.journal.append(
+                    {
+                        "key": list(key), "inode": inode, "role": make.role.value,
+                        "mode": make.mode, "size": make.size, "mtime_ns": make.mtime_ns,
+                        "dataset": make.dataset, "version": make.version,
+                        "snapshot_id": make.snapshot_id, "target": make.target.decode(),
+                    }
+                )  # fmt: skip
+        if inode >= 1 << INODE_BITS:
+            raise OverflowError("inode numbers of this FUSE connection are used up")
+        make.inode = inode
+        self._nodes[inode] = make
+        self._by_key[key] = inode
         return make
 
     def load_snapshot(
@@ -166,11 +233,16 @@ class InodeTable:
         """Build the nodes of one snapshot under ``root`` (a VERSION node) from its manifest.
 
         Entries arrive in path order; a parent directory missing from the manifest is made
-        implicitly.
+        implicitly. The entries are numbered from the snapshot's range (the one it was
+        given before, in this process or a predecessor, or a new one at the end, journaled)
+        in the order they are made here, which depends on the manifest alone.
         """
         dirs: dict[str, Node] = {"": root}
         pending: dict[int, dict[bytes, int]] = {root.inode: {}}
         files: list[Node] = []
+        known = self._ranges.get(snapshot_id)
+        first = known[0] if known is not None else self._next
+        cursor = [first]
 
         def parent_of(path: str) -> Node:
             head, _, _ = path.rpartition("/")
@@ -184,6 +256,8 @@ class InodeTable:
         def add(entry: hub_pb2.ManifestEntry) -> None:
             parent = parent_of(entry.path)
             mode = _TYPE_BITS.get(entry.type, stat.S_IFREG) | (entry.mode & 0o7777)
+            number = cursor[0]
+            cursor[0] += 1
             node = self.intern(
                 ("entry", snapshot_id, entry.path),
                 Node(
@@ -198,6 +272,7 @@ class InodeTable:
                     target=entry.symlink_target.encode(),
                     blocks=tuple((b.digest, b.size) for b in entry.blocks),
                 ),
+                inode=number,
             )
             pending[parent.inode][entry.path.rpartition("/")[2].encode()] = node.inode
             if stat.S_ISREG(node.mode) and node.blocks and node.position < 0:
@@ -210,6 +285,15 @@ class InodeTable:
         for entry in entries:
             if entry.path not in dirs:
                 add(entry)
+        count = cursor[0] - first
+        if known is None:
+            self._add_range(snapshot_id, first, count, root.inode)
+            if self.journal is not None:
+                self.journal.append(
+                    {"snapshot": snapshot_id, "first": first, "count": count, "root": root.inode}
+                )
+        elif count != known[1]:
+            raise ValueError(f"snapshot {snapshot_id} numbered {count} entries, not {known[1]}")
         self._files.setdefault(snapshot_id, files)
         for inode, children in pending.items():
             node = self._nodes[inode]

@@ -101,9 +101,11 @@ LOST_BLOCKS = Counter(
 
 
 class MountRestarts(Collector):
-    """``strata_spoke_mount_restarts_total``: remounts of a mount that died, as counted by
-    the supervisors of this cache directory (``CACHE_DIR/mount-restarts``), read at each
-    scrape so the count survives daemon and supervisor restarts."""
+    """``strata_spoke_mount_restarts_total``: remounts of a mount that died, and
+    ``strata_spoke_mount_handovers_total``: successors that resumed its connection instead,
+    as counted by the supervisors of this cache directory (``CACHE_DIR/mount-restarts``,
+    ``mount-handovers``), read at each scrape so the counts survive daemon and supervisor
+    restarts."""
 
     def __init__(self) -> None:
         self.path: Path | None = None
@@ -120,6 +122,18 @@ class MountRestarts(Collector):
             "strata_spoke_mount_restarts",
             "Times the supervisor remounted a mount process that died",
             value=value,
+        )
+        handovers = 0
+        if self.path is not None:
+            try:
+                handovers = int(self.path.with_name("mount-handovers").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                handovers = 0
+        yield CounterMetricFamily(
+            "strata_spoke_mount_handovers",
+            "Times a new mount process resumed the FUSE connection of one that died or was "
+            "upgraded (no remount)",
+            value=handovers,
         )
 
 

@@ -92,6 +92,11 @@ class CacheLayout:
         return self.root / "mount-restarts"
 
     @property
+    def mount_handovers_file(self) -> Path:
+        """How many times a new mount process resumed the connection of one that ended."""
+        return self.root / "mount-handovers"
+
+    @property
     def spoke_lock(self) -> Path:
         """Lock held by the running ``strata-spoke run`` (see :mod:`spoke.run.lock`)."""
         return self.root / "spoke.lock"

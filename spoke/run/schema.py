@@ -62,6 +62,13 @@ class MountSettings(BaseModel):
         "where the kernel, libfuse and privileges allow it (auto), or never (off)",
         json_schema_extra={"commands": [RUN]},
     )
+    mount_handover: Literal["auto", "off"] = Field(
+        default="auto",
+        description="keep the FUSE connection when the mount process dies or is upgraded "
+        "(SIGHUP): a successor resumes it and readers holding files see a delay, not "
+        "ENOTCONN (auto, where pyfuse3 and the kernel allow it), or remount (off)",
+        json_schema_extra={"commands": [RUN]},
+    )
     encryption_key_file: Path | None = Field(
         default=None,
         description="encrypt block files at rest with this AES-256-GCM key (0600; "

@@ -4,12 +4,16 @@ Process model (DESIGN.md): the daemon and the mount are separate processes so th
 stall or crash in the daemon never takes the mount down. The supervisor starts the daemon,
 waits until it serves, starts the mount, waits until the kernel shows it mounted, and then
 watches both: a daemon that dies is restarted (the mount's misses wait for it); a mount
-that dies is lazily unmounted and mounted again. A restart that fails is retried with
-exponential backoff for as long as the spoke is asked to serve.
+that dies is succeeded by a new mount process on the same FUSE connection, which the
+supervisor holds (mount hand-over, :mod:`fusemount.handover`: readers holding open files
+see a delay, not ENOTCONN), or, where hand-over is off or fails, lazily unmounted and
+mounted again. A restart that fails is retried with exponential backoff for as long as
+the spoke is asked to serve.
 
 Signals: SIGINT/SIGTERM stop the mount first (unmount), then the daemon. SIGHUP upgrades
-in place: the supervisor re-executes itself (new code), keeps the mount process (readers
-holding open files notice nothing) and restarts the daemon (new code; misses wait for it).
+in place: the supervisor re-executes itself (new code), restarts the daemon (new code;
+misses wait for it) and hands the mount's connection to a new mount process (new code;
+without hand-over the mount process is kept: readers holding open files notice nothing).
 SIGUSR1 makes the supervisor exit and leave both serving, for the next ``strata-spoke run``
 on the cache directory, which adopts them, as it adopts the daemon and mount of a
 supervisor that was killed (:mod:`spoke.run.processes`). Daemon or mount processes of the
@@ -22,6 +26,7 @@ import errno
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +35,7 @@ from types import FrameType
 
 from pydantic import BaseModel
 
+from fusemount import handover
 from spoke.disk.encryption import EncryptionError, check_cache_key
 from spoke.disk.hardening import (
     UnsafeDirectory,
@@ -53,6 +59,8 @@ BACKOFF_FIRST = 0.5  # seconds before the first retry of a failed restart
 BACKOFF_MAX = 30.0  # most seconds between retries
 STABLE_AFTER = 10.0  # a child up this long resets its backoff
 RELOAD_ENV = "STRATA_SPOKE_RELOADED"  # set across the SIGHUP re-exec: restart the daemon
+FUSE_ENV = "STRATA_SPOKE_FUSE"  # across the re-exec: "FD INIT-HEX" of the held connection
+HANDOVER_TIMEOUT = 10.0  # seconds for a mount to hand its connection over or resume it
 
 
 class StartupError(Exception):
@@ -152,6 +160,10 @@ class Supervisor:
         self._mounted = False  # a mount of ours was (or is) on the mountpoint
         self._daemon_restarts = _Restarts()
         self._mount_restarts = _Restarts()
+        # the mount's FUSE connection, held so that a successor can resume it: our copy of
+        # its /dev/fuse descriptor and its INIT request (None: not held, remount instead)
+        self._fuse: tuple[int, bytes] | None = None
+        self._handover_off = handover.unavailable_reason(self.settings.mount_handover)
 
     def mount_settings(self) -> MountSettings:
         """The part of the settings the mount process runs with."""
@@ -179,12 +191,96 @@ class Supervisor:
         self._wait(self.daemon, "daemon", self.layout.admin_url_file.exists)
         self._daemon_restarts.up()
 
-    def _start_mount(self) -> None:
+    def _start_mount(self, resume: bool = False) -> None:
+        """Start a mount process: a new mount, or (``resume``) a successor on the held
+        connection, which must say it serves within :data:`HANDOVER_TIMEOUT`."""
         self._hand(self.mount_settings(), "mount")
-        self.mount = subprocess.Popen(self._mount_cmd(), start_new_session=True)
+        env, fds = dict(os.environ), []
+        control = None
+        if not self._handover_off:
+            control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            env[handover.HANDOVER_ENV] = str(theirs.fileno())
+            fds.append(theirs.fileno())
+        if resume:
+            assert self._fuse is not None
+            env[handover.RESUME_ENV] = str(self._fuse[0])
+            env[handover.INIT_ENV] = self._fuse[1].hex()
+            fds.append(self._fuse[0])
+        try:
+            self.mount = subprocess.Popen(
+                self._mount_cmd(), start_new_session=True, env=env, pass_fds=fds
+            )
+        finally:
+            if control is not None:
+                theirs.close()
         self._mounted = True
-        self._wait(self.mount, "mount", lambda: is_mounted(self.mountpoint))
+        try:
+            self._wait(self.mount, "mount", lambda: is_mounted(self.mountpoint))
+            if control is not None:
+                self._take_connection(control, resume)
+        finally:
+            if control is not None:
+                control.close()
         self._mount_restarts.up()
+
+    def _take_connection(self, control: socket.socket, resume: bool) -> None:
+        """Hold the new mount's connection (or hear that a successor resumed it)."""
+        got = handover.receive(control, HANDOVER_TIMEOUT)
+        if resume:
+            if got is not True:
+                assert self.mount is not None
+                _terminate(self.mount)
+                raise StartupError("the successor did not resume the FUSE connection")
+            return
+        if isinstance(got, tuple):
+            self._release_connection()
+            self._fuse = got
+            log.info("holding the mount's FUSE connection for hand-over")
+        else:
+            log.warning("mount hand-over off: the mount did not hand over its connection")
+
+    def _release_connection(self) -> None:
+        if self._fuse is not None:
+            os.close(self._fuse[0])
+            self._fuse = None
+
+    def _resume_mount(self) -> bool:
+        """Start a successor on the held connection after the mount process ended: the
+        kernel first queues again what the dead one read and never answered. False (the
+        connection released) when that cannot be done: remount then."""
+        assert self._fuse is not None
+        try:
+            handover.notify_resend(self._fuse[0])
+        except OSError as err:
+            log.error("mount hand-over off: FUSE_NOTIFY_RESEND refused (%s); remounting", err)
+            self._handover_off = f"FUSE_NOTIFY_RESEND refused: {err.strerror}"
+        else:
+            try:
+                self._start_mount(resume=True)
+                count_mount_restart(self.layout, self.layout.mount_handovers_file)
+                return True
+            except StartupError as err:
+                log.error("mount hand-over failed: %s; remounting", err)
+        self.mount = None
+        lazy_unmount(self.mountpoint)
+        self._release_connection()
+        return False
+
+    def _hand_over_mount(self) -> None:
+        """SIGHUP with a held connection: the mount process stops reading it and exits
+        (SIGUSR2), and a successor running the code on disk now resumes it."""
+        if self.mount is None or self._fuse is None:
+            return
+        self.mount.send_signal(signal.SIGUSR2)
+        try:
+            self.mount.wait(HANDOVER_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            log.error("the mount did not hand over within %.0f s; killing it", HANDOVER_TIMEOUT)
+            self.mount.kill()
+            self.mount.wait()
+        self.mount = None
+        if not self._resume_mount():
+            self._start_mount()
 
     def _wait(self, proc: Process, what: str, ready: object) -> None:
         deadline = time.monotonic() + READY_TIMEOUT
@@ -242,6 +338,11 @@ class Supervisor:
             elif reloaded:
                 adopted = adopted.replace("daemon", "mount; restarted the daemon", 1)
                 self._restart_daemon()
+            if reloaded:
+                self._restore_connection()
+                if self.mount is not None and self._fuse is not None:
+                    self._hand_over_mount()
+                    adopted += "; handed the mount's connection to a new mount process"
             if self.mount is None:
                 self._start_mount()
             if adopted:
@@ -326,9 +427,22 @@ class Supervisor:
         log.warning("SIGHUP: re-executing the supervisor; the mount stays, the daemon restarts")
         self._release()
         os.environ[RELOAD_ENV] = "1"
+        if self._fuse is not None:  # the held connection crosses the exec
+            os.set_inheritable(self._fuse[0], True)
+            os.environ[FUSE_ENV] = f"{self._fuse[0]} {self._fuse[1].hex()}"
         sys.stdout.flush()
         sys.stderr.flush()
         os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+    def _restore_connection(self) -> None:
+        """After the SIGHUP re-exec: take back the connection held before it."""
+        held = os.environ.pop(FUSE_ENV, None)
+        if held is None:
+            return
+        fd, init = held.split()
+        if handover.is_fuse_device(int(fd)):
+            os.set_inheritable(int(fd), False)
+            self._fuse = (int(fd), bytes.fromhex(init))
 
     def _release(self) -> None:
         if self._lock is not None:
@@ -347,8 +461,14 @@ class Supervisor:
             if self.daemon is None and self._daemon_restarts.due():
                 self._restart(self._start_daemon, self._daemon_restarts, "daemon")
             if self.mount is not None and self.mount.poll() is not None:
-                log.error("mount exited with status %s; remounting", self.mount.poll())
+                status = self.mount.poll()
                 self.mount = None
+                if self._fuse is not None and not self._stop:
+                    log.error("mount exited with status %s; resuming its connection", status)
+                    if self._resume_mount():
+                        continue
+                else:
+                    log.error("mount exited with status %s; remounting", status)
                 self._mount_restarts.died()
             if self.mount is None and self._mount_restarts.due() and not self._stop:
                 lazy_unmount(self.mountpoint)
@@ -374,6 +494,7 @@ class Supervisor:
             self.mount = None
         if self._mounted and is_mounted(self.mountpoint):  # never another spoke's mount
             lazy_unmount(self.mountpoint)
+        self._release_connection()  # after the unmount: the connection ends with it
         if self.daemon is not None:
             _terminate(self.daemon)
             self.daemon = None
@@ -387,11 +508,13 @@ def count_mount_restarts(layout: CacheLayout) -> int:
     return read_pid(layout.mount_restarts_file) or 0
 
 
-def count_mount_restart(layout: CacheLayout) -> None:
-    """Count one remount (atomically: temp file + rename)."""
-    tmp = layout.mount_restarts_file.with_suffix(".tmp")
-    tmp.write_text(f"{count_mount_restarts(layout) + 1}\n")
-    tmp.replace(layout.mount_restarts_file)
+def count_mount_restart(layout: CacheLayout, counter: Path | None = None) -> None:
+    """Count one remount, or one hand-over with ``layout.mount_handovers_file``
+    (atomically: temp file + rename)."""
+    path = counter or layout.mount_restarts_file
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{(read_pid(path) or 0) + 1}\n")
+    tmp.replace(path)
 
 
 def _pid(proc: Process | None) -> str:

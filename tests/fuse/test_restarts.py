@@ -240,14 +240,17 @@ def test_a_new_supervisor_with_other_settings_restarts_the_daemon_only(
         reader.close()
 
 
+@pytest.mark.parametrize("handover", ["auto", "off"])
 def test_an_in_place_upgrade_keeps_open_files_working(
-    tmp_path: Path, src: Path, stack: LocalStack
+    tmp_path: Path, src: Path, stack: LocalStack, handover: str
 ) -> None:
     """Item 7: SIGHUP re-executes the supervisor and restarts the daemon (new code for
-    both); the mount process stays, so a reader holding an open file never notices."""
+    both); the mount's connection stays — handed to a new mount process (new code too),
+    or, with ``--mount-handover off``, served by the same process — so a reader holding an
+    open file never notices."""
     hub = stack.start_hub(tmp_path / "hub")
     cache, mnt = tmp_path / "cache", tmp_path / "mnt"
-    stack.start_spoke(hub, cache, mnt, SIZE)
+    stack.start_spoke(hub, cache, mnt, SIZE, extra=("--mount-handover", handover))
     assert stack.spoke is not None
     layout = CacheLayout(cache)
     daemon, mount = read_pid(layout.daemon_pid_file), read_pid(layout.mount_pid_file)
@@ -264,9 +267,17 @@ def test_an_in_place_upgrade_keeps_open_files_working(
             for block in range(1 + 5 * round_, 6 + 5 * round_):
                 reader.check(block)  # misses served by the new daemon
             assert stack.spoke.poll() is None  # the same supervisor process, new code
-            assert read_pid(layout.mount_pid_file) == mount
+            if handover == "off":
+                assert read_pid(layout.mount_pid_file) == mount
+            else:
+                _wait(
+                    lambda m=mount: read_pid(layout.mount_pid_file) not in (None, m), "a successor"
+                )  # type: ignore[misc]
+                mount = read_pid(layout.mount_pid_file)
         assert (mnt / "ds" / "v1" / "small.txt").read_text() == "hello strata\n"
         assert _metric(cache, "strata_spoke_mount_restarts_total") == 0
+        handovers = 2 if handover == "auto" else 0
+        assert _metric(cache, "strata_spoke_mount_handovers_total") == handovers
         stack.stop_spoke()
         assert not is_mounted(mnt.resolve()) and not layout.daemon_pid_file.exists()
     finally:

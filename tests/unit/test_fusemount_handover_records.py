@@ -1,0 +1,151 @@
+"""What a successor mount process needs to resume a FUSE connection, without a kernel:
+the inode journal numbers every node the same way, file handles carry their inode, and the
+backing ledger hands over backing ids and handle counts exactly."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from fusemount.journal import InodeJournal, read_journal
+from fusemount.ledger import FIRST_SLOTS, BackingLedger
+from fusemount.operations import file_handle, handle_inode
+from fusemount.passthrough import Passthrough
+from fusemount.tree import DIR_MODE, LINK_MODE, InodeTable, Node, Role
+from protocol.hub.v1 import hub_pb2
+
+
+def _entries(count: int) -> list[hub_pb2.ManifestEntry]:
+    out = []
+    for i in range(count):  # nested paths whose parents are not listed: implicit dirs
+        out.append(
+            hub_pb2.ManifestEntry(
+                path=f"d{i % 3}/e{i:03d}/f", type=hub_pb2.ENTRY_TYPE_FILE, size=10,
+                blocks=[hub_pb2.BlockRef(digest=f"{i:064x}", size=10)],
+            )
+        )  # fmt: skip
+    return out
+
+
+def _fill(table: InodeTable) -> None:
+    for ds in ("a", "b"):
+        table.intern(("dataset", ds), Node(0, Role.DATASET, DIR_MODE, dataset=ds))
+    v1 = table.intern(
+        ("version", "a", "v1"),
+        Node(0, Role.VERSION, DIR_MODE, dataset="a", version="v1", snapshot_id="s1"),
+    )
+    table.intern(
+        ("tag", "a", "latest"),
+        Node(0, Role.TAG, LINK_MODE, size=2, dataset="a", version="v1", target=b"v1"),
+    )
+    table.load_snapshot(v1, "s1", _entries(50))
+    v2 = table.intern(
+        ("version", "a", "v2"),
+        Node(0, Role.VERSION, DIR_MODE, dataset="a", version="v2", snapshot_id="s2"),
+    )
+    table.load_snapshot(v2, "s2", _entries(20))
+
+
+def test_a_successor_numbers_every_node_as_its_predecessor_did(tmp_path: Path) -> None:
+    journal = tmp_path / "fuse-inodes.jsonl"
+    first = InodeTable(InodeJournal(journal, fresh=True))
+    _fill(first)
+    nodes = {n.inode: n for n in first.nodes()}
+    records = read_journal(journal)
+    assert len(records) == 7  # 2 datasets, 2 versions, 1 tag, 2 snapshots: one line each
+    second = InodeTable(InodeJournal(journal, fresh=False))
+    second.replay(records)
+    assert second.referenced(12345)  # the kernel's earlier references are unknown
+    entry = max(i for i, n in nodes.items() if n.role is Role.ENTRY and n.snapshot_id == "s1")
+    assert second.get(entry) is None
+    root = second.pending_root(entry)
+    assert root is not None and (root.dataset, root.version) == ("a", "v1")
+    second.load_snapshot(root, "s1", _entries(50))  # what the namespace does on demand
+    for inode, node in nodes.items():
+        if node.snapshot_id == "s2" and node.role is Role.ENTRY:
+            assert second.get(inode) is None  # not loaded yet: still pending
+            continue
+        mine = second.get(inode)
+        assert mine is not None, inode
+        assert (mine.role, mine.mode, mine.size, mine.dataset, mine.version) == (
+            node.role, node.mode, node.size, node.dataset, node.version,
+        )  # fmt: skip
+        assert mine.target == node.target and mine.blocks == node.blocks
+    # new numbers continue after every number given out before
+    later = second.intern(("dataset", "c"), Node(0, Role.DATASET, DIR_MODE, dataset="c"))
+    assert later.inode > max(nodes)
+    assert second.pending_root(later.inode) is None
+
+
+def test_a_torn_last_journal_line_is_skipped(tmp_path: Path) -> None:
+    journal = tmp_path / "j"
+    table = InodeTable(InodeJournal(journal, fresh=True))
+    _fill(table)
+    with open(journal, "ab") as f:
+        f.write(b'{"key": ["dataset", "x"], "ino')
+    assert len(read_journal(journal)) == 7
+
+
+def test_file_handles_carry_inode_and_passthrough() -> None:
+    for inode in (2, 123_456_789, (1 << 48) - 1):
+        for passthrough in (False, True):
+            fh = file_handle(inode, passthrough, 40_000)
+            assert fh < 1 << 64 and handle_inode(fh) == (inode, passthrough)
+    assert file_handle(7, False, 1) != file_handle(7, False, 2)
+
+
+def _node(inode: int, digest: str) -> Node:
+    return Node(inode, Role.ENTRY, stat.S_IFREG | 0o444, size=5, blocks=((digest, 5),),
+                snapshot_id="s1")  # fmt: skip
+
+
+def test_a_successor_adopts_backing_ids_and_handle_counts(tmp_path: Path) -> None:
+    blocks = tmp_path / "blocks"
+    blocks.mkdir()
+    ids = iter(range(100, 200))
+    closed: list[int] = []
+    first = Passthrough(
+        open_backing=lambda fd: next(ids), close_backing=closed.append,
+        ledger=BackingLedger(tmp_path / "ledger", fresh=True),
+    )  # fmt: skip
+    for inode, digest in ((10, "aa"), (11, "bb")):
+        (blocks / digest).write_bytes(b"12345")
+        fd = os.open(blocks / digest, os.O_RDONLY)
+        assert first.attach(inode, _node(inode, digest), digest, fd) is not None
+    assert first.shared(10) == 100  # a second passthrough handle of inode 10
+    first.released(11, True)  # inode 11 idle
+    first.opened_cached(12)  # inode 12: one handle on the pyfuse3 path
+    (blocks / "bb").unlink()  # evicted since
+    # the predecessor is gone (SIGKILL: nothing closed); the successor reads the ledger
+    ledger = BackingLedger(tmp_path / "ledger", fresh=False)
+    second = Passthrough(open_backing=lambda fd: 999, close_backing=closed.append, ledger=ledger)
+    assert second.adopt(ledger.records(), lambda d: blocks / d) == 2
+    assert second.shared(10) == 100  # the kernel's id, never a second one (EBUSY)
+    assert second.candidate(12, _node(12, "cc")) is None  # pyfuse3 handles still open
+    assert second.shared(11) is None and closed == [101]  # idle, its block gone: closed
+    for _ in range(3):
+        second.released(10, True)
+    assert second.idle_backing_ids == 1
+    second.released(12, False)
+    assert second.candidate(12, _node(12, "cc")) == "cc"
+    assert {r.inode for r in ledger.records()} == {10}
+
+
+def test_the_ledger_grows_past_its_first_slots(tmp_path: Path) -> None:
+    ledger = BackingLedger(tmp_path / "ledger", fresh=True)
+    for inode in range(1, FIRST_SLOTS * 2 + 2):
+        ledger.put(inode, 0, 0, 1, "", "")
+    ledger.drop(1)
+    again = BackingLedger(tmp_path / "ledger", fresh=False)
+    assert len(again.records()) == FIRST_SLOTS * 2
+    assert not ledger.failed
+
+
+@pytest.mark.parametrize("mode", ["off"])
+def test_hand_over_off_is_said(mode: str) -> None:
+    from fusemount.handover import unavailable_reason
+
+    assert unavailable_reason(mode) == "--mount-handover off"
