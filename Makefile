@@ -75,6 +75,7 @@ bench: $(READY) bench-deps
 	$(BIN)/python -m bench.policy_sim
 	$(BIN)/python -m bench.hints_mount
 	$(BIN)/python -m bench.hub_ha
+	$(BIN)/python -m bench.handover
 
 # The tools the benchmark compares against, from Debian: fio, rclone, httpdirfs. Only
 # `make bench` installs them; the smoke run in `make test` reports their scenarios as

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.handover import READERS, Readers
 from deploy.local import LocalStack
 from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import is_mounted, lazy_unmount
@@ -27,7 +27,6 @@ pytestmark = [pytest.mark.fuse, requires_fuse]
 
 BLOCK = 65_536
 SIZE = "64MiB"
-READERS = 8
 
 
 @pytest.fixture
@@ -74,70 +73,6 @@ def _wait(cond: object, what: str, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-class Readers:
-    """``READERS`` threads, each holding one big file open (O_DIRECT) and reading its
-    blocks round and round, and one opening, reading and closing one-block files; every
-    error and wrong byte is kept, and the longest single read."""
-
-    def __init__(self, mnt: Path, src: Path) -> None:
-        self.stop = threading.Event()
-        self.errors: list[str] = []
-        self.reads = 0
-        self.longest = 0.0
-        self._lock = threading.Lock()
-        self.fds = [
-            os.open(mnt / "ds" / "v1" / f"big{i}.bin", os.O_RDONLY | os.O_DIRECT)
-            for i in range(READERS)
-        ]
-        self.threads = [
-            threading.Thread(target=self._big, args=(fd, (src / f"big{i}.bin").read_bytes()))
-            for i, fd in enumerate(self.fds)
-        ]
-        chunks = sorted((src / "chunks").iterdir())
-        self.threads.append(threading.Thread(target=self._small, args=(mnt, chunks)))
-        for t in self.threads:
-            t.start()
-
-    def _note(self, started: float, error: str | None) -> None:
-        with self._lock:
-            self.reads += 1
-            self.longest = max(self.longest, time.monotonic() - started)
-            if error:
-                self.errors.append(error)
-
-    def _big(self, fd: int, expected: bytes) -> None:
-        block = 0
-        while not self.stop.is_set():
-            started, error = time.monotonic(), None
-            try:
-                if os.pread(fd, BLOCK, block * BLOCK) != expected[block * BLOCK :][:BLOCK]:
-                    error = f"wrong bytes at block {block}"
-            except OSError as err:
-                error = f"block {block}: {err}"
-            self._note(started, error)
-            block = (block + 1) % 17
-
-    def _small(self, mnt: Path, chunks: list[Path]) -> None:
-        i = 0
-        while not self.stop.is_set():
-            chunk = chunks[i % len(chunks)]
-            started, error = time.monotonic(), None
-            try:
-                if (mnt / "ds" / "v1" / "chunks" / chunk.name).read_bytes() != chunk.read_bytes():
-                    error = f"wrong bytes in {chunk.name}"
-            except OSError as err:
-                error = f"{chunk.name}: {err}"
-            self._note(started, error)
-            i += 1
-
-    def finish(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(60)
-        for fd in self.fds:
-            os.close(fd)
-
-
 def _start(stack: LocalStack, tmp_path: Path, *extra: str) -> tuple[Path, Path, CacheLayout]:
     hub = stack.start_hub(tmp_path / "hub")
     cache, mnt = tmp_path / "cache", tmp_path / "mnt"
@@ -152,7 +87,7 @@ def test_a_mount_killed_or_upgraded_under_readers_resumes_its_connection(
     cache, mnt, layout = _start(stack, tmp_path)
     assert stack.spoke is not None
     mount = read_pid(layout.mount_pid_file)
-    readers = Readers(mnt, src)
+    readers = Readers(mnt / "ds" / "v1", src, BLOCK)
     try:
         _wait(lambda: readers.reads > 200, "reads before")
         for round_ in range(2):
