@@ -269,6 +269,8 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         handle = self._handles.get(fh)
         if handle is None:  # opened by a predecessor on this connection
             inode, passthrough = handle_inode(fh)
+            if self.inodes.get(inode) is None and self.inodes.pending_root(inode) is None:
+                raise pyfuse3.FUSEError(errno.EBADF)  # no handle of this connection
             handle = self._handles[fh] = (await self._node(inode), Readahead(), passthrough)
         node, readahead, _ = handle
         if node.snapshot_id in self.namespace.revoked:
