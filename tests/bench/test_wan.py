@@ -1,8 +1,9 @@
 """The WAN emulator (bench/wan.py): delay, rate cap, jitter, cut and restore, counters.
 
 The emulator is checked against its own settings on loopback: round trips and throughput
-through it must be within 10 % of what it was set to. Each check measures about a
-second of traffic, so the whole file runs in a few seconds.
+through it must be within 10 % of what it was set to (a delay: 10 % or 5 ms, the
+thread wake-up slack). Each check measures about a second of traffic, so the whole file
+runs in a few seconds.
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ def echo() -> Iterator[_Server]:
     server.close()
 
 
+# A delay is honoured by a thread waking at its deadline; on a shared 2-core machine the
+# wake-up can come a few milliseconds late. The floor stays exact; the ceiling allows this.
+WAKE_SLACK_S = 0.005
+
+
 def _connect(proxy: WanProxy) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -114,16 +120,17 @@ def test_round_trip_time_matches_the_setting(echo: _Server, rtt_ms: int) -> None
     with WanProxy(echo.address, LinkSpec(rtt_s=rtt_ms / 1000, rate_bps=math.inf)) as proxy:
         rtts = _round_trips(proxy, 9)
     assert min(rtts) >= rtt_ms / 1000 * 0.99  # the delay is a floor ...
-    assert statistics.median(rtts) == pytest.approx(rtt_ms / 1000, rel=0.10)  # ... and tight
+    assert statistics.median(rtts) == pytest.approx(rtt_ms / 1000, rel=0.10, abs=WAKE_SLACK_S)
 
 
 def test_a_new_connection_pays_one_extra_round_trip(echo: _Server) -> None:
     spec = LinkSpec(rtt_s=0.04, rate_bps=math.inf)
     with WanProxy(echo.address, spec) as proxy, _connect(proxy) as sock:
+        # the first ping pays the handshake and the request/response
         first = _ping(sock)
         later = statistics.median(_ping(sock) for _ in range(5))
-    assert first == pytest.approx(2 * 0.04, rel=0.10)  # handshake + request/response
-    assert later == pytest.approx(0.04, rel=0.10)
+    assert first == pytest.approx(2 * 0.04, rel=0.10, abs=WAKE_SLACK_S)
+    assert later == pytest.approx(0.04, rel=0.10, abs=WAKE_SLACK_S)
 
 
 def _download(proxy: WanProxy) -> tuple[int, float]:
@@ -220,7 +227,7 @@ def test_jitter_varies_delay_but_keeps_order_and_bytes(echo: _Server) -> None:
             reader.join(20)
     assert hashlib.sha256(received).digest() == hashlib.sha256(payload).digest()
     assert min(rtts) >= 0.02 * 0.99
-    assert max(rtts) <= (0.02 + 2 * 0.02) * 1.10  # each direction adds 0..jitter
+    assert max(rtts) <= (0.02 + 2 * 0.02) * 1.10 + WAKE_SLACK_S  # each direction adds 0..jitter
     assert statistics.pstdev(rtts) > 0.001  # it does vary
 
 
@@ -273,7 +280,7 @@ def test_set_spec_changes_the_delay(echo: _Server) -> None:
         _ping(sock)
         proxy.set_spec(LinkSpec(rtt_s=0.05, rate_bps=math.inf))
         rtt = statistics.median(_ping(sock) for _ in range(5))
-    assert rtt == pytest.approx(0.05, rel=0.10)
+    assert rtt == pytest.approx(0.05, rel=0.10, abs=WAKE_SLACK_S)
 
 
 def test_the_server_closing_closes_the_client() -> None:
