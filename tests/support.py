@@ -18,9 +18,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import httpx
 import pytest
 
-from deploy.local import publish
+from deploy.local import LocalStack, publish
+from spoke.disk.layout import CacheLayout
+from spoke.disk.mountinfo import is_mounted, lazy_unmount
+from spoke.run.processes import cmdline, read_pid
 
 __all__ = [
     "FileState",
@@ -30,12 +34,15 @@ __all__ = [
     "file_states",
     "fuse_available",
     "make_tree",
+    "new_pid",
     "other_user",
     "planted_dir",
     "publish",
     "requires_fuse",
     "sha256",
+    "spoke_metric",
     "sticky_dir",
+    "supervised_stack",
     "tree_digests",
 ]
 
@@ -246,3 +253,52 @@ def all_hits_reported(mnt: Path, daemon_hits: Callable[[], float], timeout: floa
         f"the daemon hearing of the mount's {gathered} hits",
         timeout,
     )
+
+
+@contextlib.contextmanager
+def supervised_stack(tmp_path: Path) -> Iterator[LocalStack]:
+    """A :class:`LocalStack` whose spoke uses ``tmp_path/cache`` and ``tmp_path/mnt``,
+    for tests that kill supervisors: on the way out, whatever the test did, the mount
+    and daemon processes left serving that cache (orphans of a killed supervisor) are
+    SIGKILLed and the mountpoint is lazily unmounted."""
+    with LocalStack() as stack:
+        try:
+            yield stack
+        finally:
+            layout = CacheLayout(tmp_path / "cache")
+            for pid_file in (layout.mount_pid_file, layout.daemon_pid_file):
+                pid = read_pid(pid_file)
+                args = cmdline(pid) if pid else None
+                if pid and args and str(layout.root) in args:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, 9)
+            mnt = (tmp_path / "mnt").resolve()
+            if is_mounted(mnt):
+                lazy_unmount(mnt)
+
+
+def spoke_metric(cache: Path, name: str) -> float:
+    """The value of the unlabelled metric ``name`` on the admin API of the spoke whose
+    cache is ``cache`` (its address from ``cache/admin.url``).
+
+    Raises:
+        AssertionError: the metric is not exported.
+    """
+    admin = (cache / "admin.url").read_text().strip()
+    for line in httpx.get(f"{admin}/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def new_pid(pid_file: Path, old: int | None, what: str, timeout: float = 30.0) -> int:
+    """Wait until ``pid_file`` names a process other than ``old`` (a successor, a
+    restarted daemon) and return its pid.
+
+    Raises:
+        AssertionError: not within ``timeout`` seconds (the message names ``what``).
+    """
+    pid = eventually(
+        lambda: read_pid(pid_file) not in (None, old) and read_pid(pid_file), what, timeout
+    )
+    return int(pid)

@@ -9,19 +9,24 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from bench.handover import READERS, Readers
 from deploy.local import LocalStack
 from spoke.disk.layout import CacheLayout
-from spoke.disk.mountinfo import is_mounted, lazy_unmount
-from spoke.run.processes import cmdline, read_pid
-from tests.support import publish, requires_fuse
+from spoke.disk.mountinfo import is_mounted
+from spoke.run.processes import read_pid
+from tests.support import (
+    eventually,
+    new_pid,
+    publish,
+    requires_fuse,
+    spoke_metric,
+    supervised_stack,
+)
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
 
@@ -43,34 +48,8 @@ def src(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[LocalStack]:
-    with LocalStack() as s:
-        try:
-            yield s
-        finally:
-            layout = CacheLayout(tmp_path / "cache")
-            for pid_file in (layout.mount_pid_file, layout.daemon_pid_file):
-                pid = read_pid(pid_file)
-                args = cmdline(pid) if pid else None
-                if pid and args and str(layout.root) in args:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-            if is_mounted((tmp_path / "mnt").resolve()):
-                lazy_unmount((tmp_path / "mnt").resolve())
-
-
-def _metric(cache: Path, name: str) -> float:
-    admin = (cache / "admin.url").read_text().strip()
-    for line in httpx.get(f"{admin}/metrics", timeout=30).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not exported")
-
-
-def _wait(cond: object, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"{what} did not happen"
-        time.sleep(0.05)
+    with supervised_stack(tmp_path) as s:
+        yield s
 
 
 def _start(stack: LocalStack, tmp_path: Path, *extra: str) -> tuple[Path, Path, CacheLayout]:
@@ -89,7 +68,7 @@ def test_a_mount_killed_or_upgraded_under_readers_resumes_its_connection(
     mount = read_pid(layout.mount_pid_file)
     readers = Readers(mnt / "ds" / "v1", src, BLOCK)
     try:
-        _wait(lambda: readers.reads > 200, "reads before")
+        eventually(lambda: readers.reads > 200, "reads before")
         for round_ in range(2):
             before = readers.reads
             if how == "sigkill":
@@ -97,17 +76,18 @@ def test_a_mount_killed_or_upgraded_under_readers_resumes_its_connection(
                 os.kill(mount, signal.SIGKILL)
             else:
                 os.kill(stack.spoke.pid, signal.SIGHUP)
-            _wait(lambda m=mount: read_pid(layout.mount_pid_file) not in (None, m), "a successor")  # type: ignore[misc]
-            mount = read_pid(layout.mount_pid_file)
-            _wait(lambda b=before: readers.reads > b + 200, "reads after")
-            _wait(
-                lambda r=round_: _metric(cache, "strata_spoke_mount_handovers_total") == r + 1,
+            mount = new_pid(layout.mount_pid_file, mount, "a successor")
+            reads = before + 200
+            eventually(lambda: readers.reads > reads, "reads after")  # noqa: B023
+            counted = round_ + 1
+            eventually(
+                lambda: spoke_metric(cache, "strata_spoke_mount_handovers_total") == counted,  # noqa: B023
                 "the hand-over counted",
             )
     finally:
         readers.finish()
     assert readers.errors == []
-    assert _metric(cache, "strata_spoke_mount_restarts_total") == 0  # never remounted
+    assert spoke_metric(cache, "strata_spoke_mount_restarts_total") == 0  # never remounted
     assert stack.spoke.poll() is None
     print(f"{how}: {readers.reads} reads, longest {readers.longest:.3f} s")
     assert readers.longest < 10  # the target (2 s) is measured by bench.mount_io, not here
@@ -129,12 +109,14 @@ def test_with_hand_over_off_a_killed_mount_is_remounted_as_before(
         assert os.pread(fd, BLOCK, 0) == (src / "big0.bin").read_bytes()[:BLOCK]
         assert mount is not None
         os.kill(mount, signal.SIGKILL)
-        _wait(lambda: read_pid(layout.mount_pid_file) not in (None, mount), "a remount")
-        _wait(lambda: _metric(cache, "strata_spoke_mount_restarts_total") == 1, "the remount")
+        eventually(lambda: read_pid(layout.mount_pid_file) not in (None, mount), "a remount")
+        eventually(
+            lambda: spoke_metric(cache, "strata_spoke_mount_restarts_total") == 1, "the remount"
+        )
         with pytest.raises(OSError):  # the old connection is gone with its process
             os.pread(fd, BLOCK, BLOCK)
     finally:
         with contextlib.suppress(OSError):  # its flush fails too (ENOTCONN)
             os.close(fd)
-    assert _metric(cache, "strata_spoke_mount_handovers_total") == 0
+    assert spoke_metric(cache, "strata_spoke_mount_handovers_total") == 0
     assert (mnt / "ds" / "v1" / "big1.bin").read_bytes() == (src / "big1.bin").read_bytes()

@@ -4,7 +4,6 @@ a supervisor killed outright and a new one adopting what it left, an in-place up
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -18,9 +17,16 @@ import pytest
 
 from deploy.local import LocalStack, admin_headers
 from spoke.disk.layout import CacheLayout
-from spoke.disk.mountinfo import is_mounted, lazy_unmount
+from spoke.disk.mountinfo import is_mounted
 from spoke.run.processes import cmdline, read_pid
-from tests.support import publish, requires_fuse
+from tests.support import (
+    eventually,
+    new_pid,
+    publish,
+    requires_fuse,
+    spoke_metric,
+    supervised_stack,
+)
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
 
@@ -40,19 +46,8 @@ def src(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[LocalStack]:
-    with LocalStack() as s:
-        try:
-            yield s
-        finally:  # orphans of a killed supervisor, whatever the test did
-            layout = CacheLayout(tmp_path / "cache")
-            for pid_file in (layout.mount_pid_file, layout.daemon_pid_file):
-                pid = read_pid(pid_file)
-                args = cmdline(pid) if pid else None
-                if pid and args and str(layout.root) in args:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-            if is_mounted((tmp_path / "mnt").resolve()):
-                lazy_unmount((tmp_path / "mnt").resolve())
+    with supervised_stack(tmp_path) as s:
+        yield s
 
 
 def _run_args(hub: str, tmp_path: Path, *extra: str) -> list[str]:
@@ -64,21 +59,6 @@ def _run_args(hub: str, tmp_path: Path, *extra: str) -> list[str]:
         # as LocalStack starts its spokes: the same settings, so a new run can adopt them
         *extra,
     ]  # fmt: skip
-
-
-def _wait(cond: object, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"{what} did not happen"
-        time.sleep(0.05)
-
-
-def _metric(cache: Path, name: str) -> float:
-    admin = (cache / "admin.url").read_text().strip()
-    for line in httpx.get(f"{admin}/metrics", timeout=30).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not exported")
 
 
 def _children(parent: int, program: str) -> list[int]:
@@ -135,12 +115,12 @@ def test_a_mount_killed_while_being_remounted_never_stops_the_spoke(
                 killed.add(pid)
         time.sleep(0.01)
     assert len(killed) == 4
-    _wait(lambda: read_pid(layout.mount_pid_file) not in killed, "a remount")
-    _wait(lambda: is_mounted(mnt.resolve()), "a remount")
+    eventually(lambda: read_pid(layout.mount_pid_file) not in killed, "a remount")
+    eventually(lambda: is_mounted(mnt.resolve()), "a remount")
     assert stack.spoke.poll() is None, "the supervisor exited"
     assert read_pid(layout.daemon_pid_file) == daemon  # the daemon was never touched
     assert (mnt / "ds" / "v1" / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
-    assert _metric(cache, "strata_spoke_mount_restarts_total") >= 1
+    assert spoke_metric(cache, "strata_spoke_mount_restarts_total") >= 1
 
 
 def test_a_new_supervisor_adopts_what_a_killed_one_left(
@@ -175,15 +155,15 @@ def test_a_new_supervisor_adopts_what_a_killed_one_left(
             assert read_pid(layout.mount_pid_file) == mount
             for block in range(2, 12):
                 reader.check(block)  # the same open file, hits and misses
-            assert _metric(cache, "strata_spoke_mount_restarts_total") == 0
+            assert spoke_metric(cache, "strata_spoke_mount_restarts_total") == 0
             assert mount is not None
             os.kill(mount, signal.SIGKILL)  # supervised again: remounted and counted
-            _wait(lambda: read_pid(layout.mount_pid_file) not in (None, mount), "a remount")
-            _wait(lambda: is_mounted(mnt.resolve()), "a remount")
+            eventually(lambda: read_pid(layout.mount_pid_file) not in (None, mount), "a remount")
+            eventually(lambda: is_mounted(mnt.resolve()), "a remount")
             assert (mnt / "ds" / "v1" / "small.txt").read_text() == "hello strata\n"
             # counted once the remount's start returned: just after the mount is visible
-            _wait(
-                lambda: _metric(cache, "strata_spoke_mount_restarts_total") == 1,
+            eventually(
+                lambda: spoke_metric(cache, "strata_spoke_mount_restarts_total") == 1,
                 "the remount counted",
             )
             second.send_signal(signal.SIGTERM)
@@ -260,24 +240,20 @@ def test_an_in_place_upgrade_keeps_open_files_working(
         for round_ in range(2):
             os.kill(stack.spoke.pid, signal.SIGHUP)
             old = daemon
-            _wait(lambda o=old: read_pid(layout.daemon_pid_file) not in (None, o), "a restart")  # type: ignore[misc]
-            daemon = read_pid(layout.daemon_pid_file)
+            daemon = new_pid(layout.daemon_pid_file, old, "a restart")
             # the new daemon writes its pid first and its admin address once it serves
-            _wait(layout.admin_url_file.exists, "the new daemon's admin address")
+            eventually(layout.admin_url_file.exists, "the new daemon's admin address")
             for block in range(1 + 5 * round_, 6 + 5 * round_):
                 reader.check(block)  # misses served by the new daemon
             assert stack.spoke.poll() is None  # the same supervisor process, new code
             if handover == "off":
                 assert read_pid(layout.mount_pid_file) == mount
             else:
-                _wait(
-                    lambda m=mount: read_pid(layout.mount_pid_file) not in (None, m), "a successor"
-                )  # type: ignore[misc]
-                mount = read_pid(layout.mount_pid_file)
+                mount = new_pid(layout.mount_pid_file, mount, "a successor")
         assert (mnt / "ds" / "v1" / "small.txt").read_text() == "hello strata\n"
-        assert _metric(cache, "strata_spoke_mount_restarts_total") == 0
+        assert spoke_metric(cache, "strata_spoke_mount_restarts_total") == 0
         handovers = 2 if handover == "auto" else 0
-        assert _metric(cache, "strata_spoke_mount_handovers_total") == handovers
+        assert spoke_metric(cache, "strata_spoke_mount_handovers_total") == handovers
         stack.stop_spoke()
         assert not is_mounted(mnt.resolve()) and not layout.daemon_pid_file.exists()
     finally:
