@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -222,3 +223,59 @@ def test_a_failed_miss_takes_one_miss_deadline(
         assert (v1 / "unseen.bin").read_bytes() == (src / "unseen.bin").read_bytes()
         stack.stop_spoke()
     assert "never retrieved" not in capfd.readouterr().err
+
+
+def test_a_read_stalled_on_a_silent_hub_holds_up_no_other_request(
+    tmp_path: Path, stack: LocalStack
+) -> None:
+    """While one read waits on a blackholed hub (its handler suspended until the miss
+    deadline), the mount's session loop goes on answering: hundreds of opens, reads and
+    releases of cached files and stats finish, bytes identical, before the stalled read
+    fails with EIO (the patched loop's read before wait must still start a task whenever
+    a request is read with none waiting)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(8):
+        (src / f"c{i}.bin").write_bytes(os.urandom(BLOCK))
+    (src / "unseen.bin").write_bytes(os.urandom(4 * BLOCK))
+    publish(tmp_path / "hub", "ds", src, "--block-size", str(BLOCK))
+    hub = stack.start_hub(tmp_path / "hub")
+    host, port = hub.rsplit(":", 1)
+    with WanProxy((host, int(port)), LinkSpec(rtt_s=0.0, rate_bps=math.inf)) as wan:
+        mnt = tmp_path / "mnt"
+        stack.start_spoke(
+            wan.address,
+            tmp_path / "cache",
+            mnt,
+            "64MiB",
+            extra=("--miss-deadline", "8", "--background-fill", "off"),
+        )
+        v1 = mnt / "ds" / "v1"
+        want = {i: (src / f"c{i}.bin").read_bytes() for i in range(8)}
+        for i, data in want.items():
+            assert (v1 / f"c{i}.bin").read_bytes() == data
+        os.stat(v1 / "unseen.bin")
+        wan.cut("blackhole")
+        stalled: list[int] = []
+
+        def stall() -> None:
+            try:
+                _read_direct(v1 / "unseen.bin")
+            except OSError as e:
+                stalled.append(e.errno or 0)
+
+        reader = threading.Thread(target=stall)
+        reader.start()
+        time.sleep(0.5)  # the read is in the mount now, waiting on the hub
+        served = 0
+        for n in range(400):
+            i = n % 8
+            os.stat(v1 / f"c{i}.bin")
+            assert _read_direct(v1 / f"c{i}.bin") == want[i]
+            served += 1
+        assert reader.is_alive(), "the stalled read ended before the cached reads were served"
+        reader.join(timeout=30)
+        assert served == 400
+        assert stalled == [errno.EIO]
+        wan.restore()
+        stack.stop_spoke()
