@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import os
 import signal
@@ -53,30 +52,31 @@ from hub.atomic import write_atomic
 from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog, operator
 from hub.blocks import DEFAULT_BLOCK_SIZE
 from hub.budget import BYTES_PER_TOKEN, STREAMS_PER_TOKEN, TOTAL_BYTES, WAIT_S
-from hub.catalog import Catalog
 from hub.catalog.locations import redact
-from hub.datadir import DataDir, secure
+from hub.catalogcli import register as register_catalog_commands
+from hub.cliopts import (
+    PROG,
+    BlobsOption,
+    CatalogOption,
+    DataDirOption,
+    S3EndpointOption,
+    say,
+)
+from hub.datadir import secure
 from hub.errors import CatalogUnavailable, CorruptBlob, CorruptCatalog, HubError, StorageError
-from hub.gc import STALE_AFTER_SECONDS, collect
 from hub.grants import DEFAULT_LIFETIME_S, HOLDERS_PER_TOKEN
 from hub.limits import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS
-from hub.manifest import EntryType
 from hub.metrics import HubMetrics, MetricsEndpoint
-from hub.migrate import migrate as migrate_catalog
 from hub.modes import PRIVATE_UMASK
 from hub.publish import publish as publish_tree
 from hub.server import GRACE_SECONDS, MAX_MESSAGE_BYTES, HubServer, ServerConfig
 from hub.signing import keygen as keygen_pair
 from hub.streams import MANIFEST_STREAMS, WATCH_STREAMS
 from hub.tokencli import token_app
-from hub.verify import verify as verify_version
 from strata_local.memory import limit_malloc_arenas
 
-PROG = "strata-hub"
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
-LS_PAGE = 1000
-"""Directory entries ``ls DATASET REF PATH`` reads per catalog transaction."""
 
 app = typer.Typer(
     name=PROG,
@@ -85,59 +85,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(token_app)
-
-DataDirOption = Annotated[
-    Path,
-    typer.Option(
-        "--data-dir",
-        envvar="STRATA_HUB_DATA_DIR",
-        help="Hub data directory (catalog/ and blobs/).",
-        show_default=False,
-    ),
-]
-
-
-CatalogOption = Annotated[
-    str | None,
-    typer.Option(
-        "--catalog",
-        envvar="STRATA_HUB_CATALOG",
-        help="A shared catalog, postgresql://USER@HOST:PORT/DB (libpq's URI; the password "
-        "best in $PGPASSFILE), that several hub replicas serve (default: DATA_DIR/catalog, "
-        "this machine's own). The first command on a new one must name --blobs.",
-        show_default=False,
-    ),
-]
-
-BlobsOption = Annotated[
-    str | None,
-    typer.Option(
-        "--blobs",
-        envvar="STRATA_HUB_BLOBS",
-        help="Blob store: a directory or s3://BUCKET/PREFIX (default: the one the catalog "
-        "records, else DATA_DIR/blobs).",
-        show_default=False,
-    ),
-]
-
-S3EndpointOption = Annotated[
-    str | None,
-    typer.Option(
-        "--s3-endpoint",
-        envvar="STRATA_HUB_S3_ENDPOINT",
-        help="S3 endpoint URL for s3:// blob stores (default: AWS, or $AWS_ENDPOINT_URL).",
-        show_default=False,
-    ),
-]
-
-DatasetArgument = Annotated[
-    str, typer.Argument(metavar="DATASET", help="Dataset name, e.g. f3.", show_default=False)
-]
-
-
-def _say(message: str) -> None:
-    """Writes one line to stderr, prefixed with the program name."""
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
 def _write_port_file(path: Path, port: int) -> None:
@@ -173,9 +120,9 @@ async def _serve(
                 raise HubError(f"cannot write port file {port_file}: {exc.strerror}") from exc
         print(f"{PROG}: serving {data_dir} on {server.address}", flush=True)
         if metrics_listen is not None:
-            _say(f"metrics on http://{endpoint.address}/metrics")
+            say(f"metrics on http://{endpoint.address}/metrics")
         if config.catalog is not None:
-            _say(f"shared catalog {redact(config.catalog)}")
+            say(f"shared catalog {redact(config.catalog)}")
         await stop.wait()
 
 
@@ -430,7 +377,7 @@ def publish(
         catalog=catalog,
     )
     print(result.version, flush=True)
-    _say(
+    say(
         f"published {result.dataset} {result.version} (tag {tag}): {result.files} files, "
         f"{result.bytes} bytes, {result.new_blocks} new blocks, {result.new_bytes} new bytes, "
         f"snapshot {result.snapshot_id}"
@@ -450,266 +397,10 @@ def keygen(
     spokes check with --publisher-key PUBLIC) or read grants (serve --grant-key PRIVATE;
     spokes may pin --peer-grant-key PUBLIC)."""
     keygen_pair(private, public)
-    _say(f"wrote signing key {private} and public key {public}")
+    say(f"wrote signing key {private} and public key {public}")
 
 
-def _catalog(data_dir: Path, catalog: str | None) -> Catalog:
-    """Opens an existing data directory's catalog (or the shared one ``catalog`` names)."""
-    return DataDir.open(data_dir, create=False, catalog=catalog).open_catalog(create=False)
-
-
-@app.command()
-def tag(
-    data_dir: DataDirOption,
-    dataset: DatasetArgument,
-    version: Annotated[
-        str,
-        typer.Argument(metavar="VERSION", help="Version (or tag) to point at.", show_default=False),
-    ],
-    tag_name: Annotated[
-        str, typer.Argument(metavar="TAG", help="Tag to create or move.", show_default=False)
-    ],
-    catalog: CatalogOption = None,
-) -> None:
-    """Point TAG at VERSION of DATASET, creating or moving it."""
-    with _catalog(data_dir, catalog) as opened:
-        result = opened.set_tag(dataset, tag_name, version)
-    _say(f"{dataset} {result.name} -> {result.version}")
-
-
-@app.command()
-def untag(
-    data_dir: DataDirOption,
-    dataset: DatasetArgument,
-    tag_name: Annotated[
-        str, typer.Argument(metavar="TAG", help="Tag to remove.", show_default=False)
-    ],
-    catalog: CatalogOption = None,
-) -> None:
-    """Remove TAG from DATASET."""
-    with _catalog(data_dir, catalog) as opened:
-        removed = opened.remove_tag(dataset, tag_name)
-    _say(f"{dataset}: removed tag {removed.name} (was {removed.version})")
-
-
-@app.command()
-def revoke(
-    data_dir: DataDirOption,
-    dataset: DatasetArgument,
-    version: Annotated[
-        str,
-        typer.Argument(metavar="VERSION", help="Version to revoke, e.g. v2.", show_default=False),
-    ],
-    catalog: CatalogOption = None,
-) -> None:
-    """Revoke VERSION of DATASET: it no longer resolves and its blocks are no longer served.
-
-    Tags pointing at it are removed. Blocks no live version shares become garbage for
-    `strata-hub gc`. The version number is never reused.
-    """
-    with _catalog(data_dir, catalog) as opened:
-        result = opened.revoke(dataset, version)
-    removed = ", ".join(result.removed_tags) or "none"
-    _say(f"revoked {dataset} {version} (tags removed: {removed})")
-
-
-@app.command()
-def gc(
-    data_dir: DataDirOption,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Only report what would be deleted.")
-    ] = False,
-    keep_events: Annotated[
-        int | None,
-        typer.Option("--keep-events", help="Prune all but this many newest catalog events."),
-    ] = None,
-    stale_after: Annotated[
-        float,
-        typer.Option(
-            "--stale-after", help="Seconds after which a publish in progress counts as abandoned."
-        ),
-    ] = STALE_AFTER_SECONDS,
-    blobs: BlobsOption = None,
-    s3_endpoint: S3EndpointOption = None,
-    catalog: CatalogOption = None,
-) -> None:
-    """Delete blobs no live version references (safe while publishes and serve run)."""
-    layout = DataDir.open(data_dir, create=False, catalog=catalog)
-    with layout.open_catalog(create=False) as opened:
-        store = layout.blob_store(opened, blobs, endpoint_url=s3_endpoint)
-        result = collect(
-            opened, store, dry_run=dry_run, keep_events=keep_events, stale_after_s=stale_after
-        )
-    verb = "would delete" if dry_run else "deleted"
-    _say(
-        f"gc: scanned {result.blobs_scanned} blobs, {verb} {result.blobs_deleted}; "
-        f"abandoned publishes {result.publishes_dropped}, temp files {result.temp_removed}, "
-        f"events pruned {result.events_pruned}"
-    )
-
-
-@app.command()
-def verify(
-    data_dir: DataDirOption,
-    dataset: DatasetArgument,
-    ref: Annotated[
-        str, typer.Argument(metavar="REF", help="Version or tag to verify.", show_default=False)
-    ],
-    blocks: Annotated[
-        bool, typer.Option("--blocks", help="Also read and re-hash every block.")
-    ] = False,
-    blobs: BlobsOption = None,
-    s3_endpoint: S3EndpointOption = None,
-    catalog: CatalogOption = None,
-) -> None:
-    """Prove a version is unchanged: re-hash its manifest (and blocks) against its ids.
-
-    Exits 0 when intact, 1 on any mismatch.
-    """
-    layout = DataDir.open(data_dir, create=False, catalog=catalog)
-    with layout.open_catalog(create=False) as opened:
-        store = layout.blob_store(opened, blobs, endpoint_url=s3_endpoint)
-        result = verify_version(opened, store, dataset, ref, blocks=blocks)
-    snapshot = result.snapshot
-    if result.manifest_digest != snapshot.snapshot_id:
-        raise CorruptCatalog(
-            f"{dataset} {snapshot.version}: manifest hashes to {result.manifest_digest}, "
-            f"not its snapshot id {snapshot.snapshot_id}"
-        )
-    if result.missing or result.corrupt:
-        raise CorruptBlob(
-            f"{dataset} {snapshot.version}: {len(result.missing)} missing and "
-            f"{len(result.corrupt)} corrupt blocks, e.g. {(result.missing + result.corrupt)[0]}"
-        )
-    checked = f", {result.blocks_checked} blocks" if blocks else ""
-    print(f"{dataset} {snapshot.version} {snapshot.snapshot_id} ok{checked}", flush=True)
-
-
-@app.command()
-def migrate(
-    data_dir: DataDirOption,
-    catalog: Annotated[
-        str,
-        typer.Option(
-            "--catalog",
-            envvar="STRATA_HUB_CATALOG",
-            help="The new shared catalog, postgresql://USER@HOST:PORT/DB (an empty database).",
-            show_default=False,
-        ),
-    ],
-    s3_endpoint: S3EndpointOption = None,
-) -> None:
-    """Copy DATA_DIR's own catalog into a new shared catalog, then prove the copy equal.
-
-    Stop publishing while it runs (a publish during the copy makes the check fail; run it
-    again into a new database). Afterwards serve, publish, tag and gc with --catalog.
-    """
-    result = migrate_catalog(data_dir, catalog, s3_endpoint=s3_endpoint)
-    for database in result.databases:
-        print(f"{database.name:<12} {database.records:>10} records  {database.digest}")
-    _say(
-        f"migrated {result.records} records into {redact(catalog)}; both catalogs hold the "
-        f"same records (blobs: {result.blobs or 'none recorded'})"
-    )
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns separated by two spaces."""
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        for row in [header, *rows]
-    ]
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _timestamp(ns: int) -> str:
-    """Nanoseconds since the Unix epoch as ISO 8601 UTC, to the second."""
-    moment = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _directory_rows(catalog: Catalog, dataset: str, ref: str, path: str) -> list[tuple[str, ...]]:
-    """``(type, size, name)`` of each child of ``path`` in ``dataset@ref``, in name order.
-
-    Raises:
-        HubError: The dataset, ref or directory does not exist, or ``path`` is a file.
-    """
-    snapshot = catalog.resolve(dataset, ref)
-    rows: list[tuple[str, ...]] = []
-    after, more = "", True
-    while more:
-        page, more = catalog.list_directory(snapshot.snapshot_id, path, after, LS_PAGE)
-        for entry in page:
-            name = entry.path.rpartition("/")[2]
-            size = str(entry.size) if entry.type == EntryType.FILE else "-"
-            rows.append((entry.type.name.lower(), size, name))
-        after = page[-1].path.rpartition("/")[2] if page else after
-    return rows
-
-
-@app.command("ls")
-def ls(
-    data_dir: DataDirOption,
-    dataset: Annotated[
-        str | None,
-        typer.Argument(metavar="DATASET", help="List this dataset's versions and tags."),
-    ] = None,
-    ref: Annotated[
-        str | None,
-        typer.Argument(metavar="REF", help="List a directory of this version or tag."),
-    ] = None,
-    path: Annotated[
-        str,
-        typer.Argument(metavar="PATH", help="The directory, relative to the snapshot root."),
-    ] = "",
-    show_all: Annotated[
-        bool, typer.Option("--all", help="Also list revoked versions, with a STATE column.")
-    ] = False,
-    catalog: CatalogOption = None,
-) -> None:
-    """List datasets, one dataset's versions with their tags, or a directory of a version.
-
-    A directory is listed through the catalog's directory index, a page at a time, without
-    reading the rest of the manifest (a million-file snapshot lists one directory fast).
-    """
-    layout = DataDir.open(data_dir, create=False, catalog=catalog)
-    with layout.open_catalog(create=False) as opened:
-        if dataset is not None and ref is not None:
-            print(_table(("TYPE", "SIZE", "NAME"), _directory_rows(opened, dataset, ref, path)))
-            return
-        if dataset is None:
-            datasets = opened.list_datasets()
-            print(
-                _table(
-                    ("DATASET", "VERSIONS", "LATEST"),
-                    [(d.name, str(d.version_count), d.latest_version) for d in datasets],
-                )
-            )
-            return
-        versions = opened.list_versions(dataset, include_revoked=show_all)
-        tags: dict[str, list[str]] = {}
-        for tag in opened.list_tags(dataset):
-            tags.setdefault(tag.version, []).append(tag.name)
-    header: tuple[str, ...] = ("VERSION", "CREATED", "FILES", "BYTES", "SNAPSHOT", "TAGS")
-    rows: list[tuple[str, ...]] = [
-        (
-            s.version,
-            _timestamp(s.created_ns),
-            str(s.file_count),
-            str(s.total_bytes),
-            s.snapshot_id,
-            ",".join(tags.get(s.version, [])),
-        )
-        for s in versions
-    ]
-    if show_all:
-        header = (*header, "STATE")
-        rows = [
-            (*row, "revoked" if s.revoked else "live")
-            for row, s in zip(rows, versions, strict=True)
-        ]
-    print(_table(header, rows))
+register_catalog_commands(app)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -775,19 +466,19 @@ def _run(args: list[str]) -> tuple[int, str]:
     try:
         result = command.main(args=args, prog_name=PROG, standalone_mode=False)
     except typer.TyperException as exc:  # usage errors: unknown command, missing option, ...
-        _say(f"error: {exc.format_message()} (see {PROG} --help)")
+        say(f"error: {exc.format_message()} (see {PROG} --help)")
         return EXIT_USAGE, f"usage error: {exc.format_message()}"
     except typer.Abort:
-        _say("error: aborted")
+        say("error: aborted")
         return EXIT_FAILURE, "aborted"
     except (StorageError, CorruptBlob, CorruptCatalog, CatalogUnavailable) as exc:
-        _say(f"error: {exc}")
+        say(f"error: {exc}")
         return EXIT_FAILURE, f"error: {exc}"
     except HubError as exc:
-        _say(f"error: {exc}")
+        say(f"error: {exc}")
         return EXIT_USAGE, f"error: {exc}"
     except OSError as exc:
-        _say(f"error: {exc}")
+        say(f"error: {exc}")
         return EXIT_FAILURE, f"error: {exc}"
     code = result if isinstance(result, int) else 0
     return code, "ok" if code == 0 else f"exit {code}"

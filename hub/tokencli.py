@@ -15,12 +15,12 @@ from its next call on, without a restart.
 from __future__ import annotations
 
 import datetime
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from hub.cliopts import say
 from hub.tokenstore import create, entries, migrate, parse_duration, revoke
 
 token_app = typer.Typer(
@@ -38,10 +38,6 @@ TokensOption = Annotated[
         show_default=False,
     ),
 ]
-
-
-def _say(message: str) -> None:
-    print(f"strata-hub: {message}", file=sys.stderr, flush=True)
 
 
 @token_app.command("create")
@@ -65,7 +61,7 @@ def create_command(
         if lifetime is not None
         else "never expires"
     )
-    _say(f"token {token_id} may read {', '.join(dataset)}; {until}; store the secret now")
+    say(f"token {token_id} may read {', '.join(dataset)}; {until}; store the secret now")
 
 
 @token_app.command("list")
@@ -89,11 +85,11 @@ def revoke_command(
 ) -> None:
     """Revoke a token: a serving hub refuses it from its next call on."""
     revoke(tokens, token_id)
-    _say(f"token {token_id} revoked")
+    say(f"token {token_id} revoked")
 
 
 @token_app.command("migrate")
 def migrate_command(tokens: TokensOption) -> None:
     """Rewrite a plain token file (token -> datasets) with hashes only; secrets keep working."""
     ids = migrate(tokens)
-    _say(f"{tokens}: {len(ids)} tokens now stored as hashes ({', '.join(ids)})")
+    say(f"{tokens}: {len(ids)} tokens now stored as hashes ({', '.join(ids)})")
