@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from fusemount import handover
 from fusemount.client import DaemonClient
-from fusemount.journal import InodeJournal, read_journal
+from fusemount.journal import InodeJournal
 from fusemount.ledger import BackingLedger
 from fusemount.operations import StrataOperations
 from fusemount.passthrough import IDLE_BACKINGS, Passthrough, unavailable_reason
@@ -285,11 +285,16 @@ def main(argv: list[str] | None = None) -> int:
         unavailable_reason(settings.passthrough, settings.cache_dir, encrypted),
         idle_max=idle_backings(open_files),
         ledger=session.ledger,
+        block_path=layout.block_path,
+        exclusive=session.workers <= 1,
     )
+    if session.workers > 1:  # forgets of our lookups may go to another worker
+        session.inodes.resumed = True
     ops = StrataOperations(client, reader, passthrough, session.inodes)
     # written first: whoever sees the mount appear (libfuse 3.17 makes it visible before
-    # init returns) finds the pid of the process serving it
-    layout.mount_pid_file.write_text(f"{os.getpid()}\n")
+    # init returns) finds the pid of the process serving it; the first worker's only
+    if session.worker == 0:
+        layout.mount_pid_file.write_text(f"{os.getpid()}\n")
     try:
         session.start(ops, mountpoint, mount_options(settings.allow_other))
     except (RuntimeError, ValueError, OSError) as err:
@@ -324,6 +329,8 @@ class _Session:
         init = os.environ.pop(handover.INIT_ENV, None)
         self.resume_fd = int(resume) if resume is not None and not reason else None
         self.init_request = bytes.fromhex(init) if init else b""
+        self.worker = int(os.environ.pop(handover.WORKER_ENV, "0"))
+        self.workers = int(os.environ.pop(handover.WORKERS_ENV, "1"))
         self.fresh = self.resume_fd is None
         self.inodes = InodeTable()
         self.ledger: BackingLedger | None = None
@@ -337,10 +344,10 @@ class _Session:
                 self.unsafe.unlink(missing_ok=True)
             elif self.unsafe.exists():
                 raise ValueError("the predecessor could not record every inode or backing id")
-            records = [] if self.fresh else read_journal(journal)
             self.inodes = InodeTable(InodeJournal(journal, self.fresh))
-            if records:
-                self.inodes.replay(records)
+            if not self.fresh:
+                assert self.inodes.journal is not None
+                self.inodes.replay(self.inodes.journal.new_records())
             self.ledger = BackingLedger(layout.private_dir / "fuse-backings", self.fresh)
         except OSError as err:  # e.g. the cache disk is full
             if not self.fresh:
@@ -386,11 +393,12 @@ class _Session:
         pyfuse3.init(ops, f"/dev/fd/{self.resume_fd}", options)
         pyfuse3.resume(self.init_request)
         assert self.ledger is not None
-        adopted = ops.passthrough.adopt(self.ledger.records(), self.layout.block_path)
+        adopted = ops.passthrough.adopt(self.ledger.records())
         if self.control is not None:
             handover.announce_resumed(self.control)
         log.warning(
-            "resumed the FUSE connection of %s (%d inodes, %d backing ids taken over)",
+            "%s the FUSE connection of %s (%d inodes, %d backing ids taken over)",
+            f"worker {self.worker} of {self.workers} resumed" if self.workers > 1 else "resumed",
             mountpoint, len(self.inodes), adopted,
         )  # fmt: skip
 

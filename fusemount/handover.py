@@ -20,6 +20,16 @@ initialised. The pieces (the pyfuse3 calls from ``native/pyfuse3-passthrough.pat
    (:mod:`fusemount.journal`) and backing ids (:mod:`fusemount.ledger`) of the connection,
    tells the supervisor it serves (:func:`announce_resumed`) and serves.
 
+The same pieces let several *mount workers* serve one connection at once
+(``--mount-workers N``): the supervisor clones the held descriptor N-1 times
+(``FUSE_DEV_IOC_CLONE``, :func:`clone`: each clone is a device of the same connection, and
+the kernel hands each request to whichever device is read first and takes its reply only on
+that device) and starts a successor on each clone, which resumes the connection as above;
+each is a process of its own, with its own GIL. A worker that dies is one more mount death:
+its clone is held by the supervisor, so what it had read is queued again
+(``FUSE_NOTIFY_RESEND`` covers every device of the connection) and a new worker resumes on
+that clone.
+
 Readers holding open files see a delay while no process serves, never an error. Where
 this cannot work — ``--mount-handover off``, a pyfuse3 without ``resume``, a kernel that
 refuses the resend — the supervisor says so and remounts as before.
@@ -27,6 +37,7 @@ refuses the resend — the supervisor says so and remounts as before.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import struct
@@ -42,6 +53,17 @@ RESUME_ENV = "STRATA_MOUNT_RESUME_FD"
 """In a successor: the ``/dev/fuse`` descriptor of the connection to resume."""
 INIT_ENV = "STRATA_MOUNT_RESUME_INIT"
 """In a successor: the connection's FUSE_INIT request, hex."""
+
+WORKER_ENV = "STRATA_MOUNT_WORKER"
+"""In a mount worker: its index (0 is the process that mounted, or its successor)."""
+WORKERS_ENV = "STRATA_MOUNT_WORKERS"
+"""In every mount process: how many workers serve the connection."""
+
+FUSE_DEV_IOC_CLONE = 0x8004E500
+"""``_IOR(229, 0, uint32_t)`` (include/uapi/linux/fuse.h): make an opened ``/dev/fuse``
+file another device of the connection whose descriptor is passed."""
+
+MAX_DEFAULT_WORKERS = 8
 
 _SESSION = b"session "
 _RESUMED = b"resumed"
@@ -108,3 +130,28 @@ def is_fuse_device(fd: int) -> bool:
         return os.readlink(f"/proc/self/fd/{fd}") == "/dev/fuse"
     except OSError:
         return False
+
+
+def default_workers(setting: int, cores: int | None = None) -> int:
+    """Mount workers for ``--mount-workers`` (``setting``; 0: one per 4 cores, 1 to
+    :data:`MAX_DEFAULT_WORKERS`: the daemon, the readers and the kernel's own work need
+    the other cores; on 2 cores a second worker only takes CPU from them)."""
+    if setting > 0:
+        return setting
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, min(MAX_DEFAULT_WORKERS, cores // 4))
+
+
+def clone(fuse_fd: int) -> int:
+    """A new descriptor that is another device of ``fuse_fd``'s connection (close-on-exec).
+
+    Raises:
+        OSError: ``/dev/fuse`` cannot be opened, or the kernel refused the clone.
+    """
+    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, FUSE_DEV_IOC_CLONE, struct.pack("<I", fuse_fd))
+    except OSError:
+        os.close(fd)
+        raise
+    return fd

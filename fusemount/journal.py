@@ -10,15 +10,23 @@ snapshot, numbered in the manifest's order (:meth:`fusemount.tree.InodeTable.loa
 append-only (JSON lines, ``CACHE_DIR/private/fuse-inodes.jsonl``): a dataset listing or a
 snapshot load writes one line (a few hundred bytes), never a line per file, and a process
 killed mid-write leaves at most a torn last line, which :func:`read_journal` skips.
+
+Several mount workers serving one connection (``--mount-workers``) share the journal: a
+worker gives out a new number only under an exclusive ``flock`` of the file
+(:meth:`InodeJournal.allocating`), after reading what the others appended since it last
+looked (:meth:`InodeJournal.new_records`), so every number means one node in every worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
+
+from fusemount.flock import ReentrantFlock
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +45,61 @@ class InodeJournal:
 
     def __init__(self, path: Path, fresh: bool) -> None:
         self.path = path
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         self._fd = os.open(path, flags | (os.O_TRUNC if fresh else 0), 0o600)
         self.failed = False
+        self._offset = 0  # how far this process has read the file
+        self._torn = False  # the bytes read so far end inside a line (a killed writer's)
+        self._lock = ReentrantFlock(self._fd)
+
+    def allocating(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the journal's exclusive lock (``flock``; re-entrant in this process): the
+        caller reads :meth:`new_records` and appends its new numbers before it ends."""
+        return self._lock.held()
+
+    def new_records(self) -> list[dict[str, Any]]:
+        """The records appended since the last call (by this or another process), whole
+        lines only; a torn line is skipped.
+
+        Raises:
+            OSError: the file cannot be read.
+        """
+        chunks = []
+        while True:
+            chunk = os.pread(self._fd, 1 << 20, self._offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            self._offset += len(chunk)
+        data = b"".join(chunks)
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            if self._lock.depth:  # no one writes while we hold the lock: a killed writer tore it
+                self._torn = True
+            else:  # perhaps a line being written: read it again next time
+                self._offset -= len(data) - end
+                data = data[:end]
+        elif data:
+            self._torn = False
+        records = []
+        for line in data.splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                log.warning("inode journal %s: skipped a torn line", self.path)
+        return records
 
     def append(self, record: dict[str, Any]) -> None:
-        """Write one record (one ``write``: a whole line). A failed write is logged once and
-        leaves hand-over of this connection unsafe (:attr:`failed`), not the mount."""
-        line = json.dumps(record, separators=(",", ":")) + "\n"
+        """Write one record (one ``write``: a whole line, after a newline that ends a line a
+        killed writer tore). A failed write is logged once and leaves hand-over of this
+        connection unsafe (:attr:`failed`), not the mount. Call it under
+        :meth:`allocating` after :meth:`new_records` when other processes share the file."""
+        line = ("\n" if self._torn else "") + json.dumps(record, separators=(",", ":")) + "\n"
         try:
             os.write(self._fd, line.encode())
+            self._torn = False
+            if self._lock.depth:  # we had read to the end under the lock: skip our own line
+                self._offset += len(line.encode())
         except OSError as err:
             if not self.failed:
                 log.error("inode journal %s: %s; a successor could not resume", self.path, err)

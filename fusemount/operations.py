@@ -133,8 +133,11 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
 
     async def _node(self, inode: int) -> Node:
         node = self.inodes.get(inode)
+        if node is None and self.inodes.pending_root(inode) is None:
+            self.inodes.sync()  # perhaps a number another worker just gave out
+            node = self.inodes.get(inode)
         if node is None:
-            # a number a predecessor on this connection gave out: load its snapshot's tree
+            # a number a predecessor or another worker gave out: load its snapshot's tree
             root = self.inodes.pending_root(inode)
             if root is not None:
                 await self.namespace.children(root)
@@ -245,7 +248,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         # O_DIRECT never starts passthrough (the backing file system would impose its
         # alignment rules, FUSE has none) and joins it with FOPEN_DIRECT_IO, which sends
         # its reads to this process, as without passthrough.
-        backing_id = self.passthrough.shared(inode, counted=not direct)
+        backing_id = self.passthrough.shared(inode, not direct, node.snapshot_id)
         if backing_id is not None or direct:
             if backing_id is not None and not direct:
                 self.reader.hit_log.add(node.blocks[0][0])
@@ -269,6 +272,8 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         handle = self._handles.get(fh)
         if handle is None:  # opened by a predecessor on this connection
             inode, passthrough = handle_inode(fh)
+            if self.inodes.get(inode) is None and self.inodes.pending_root(inode) is None:
+                self.inodes.sync()  # opened by another worker, in a tree it just loaded
             if self.inodes.get(inode) is None and self.inodes.pending_root(inode) is None:
                 raise pyfuse3.FUSEError(errno.EBADF)  # no handle of this connection
             handle = self._handles[fh] = (await self._node(inode), Readahead(), passthrough)

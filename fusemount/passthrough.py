@@ -33,6 +33,14 @@ off. Files already open keep the kernel's own reference to the block file, so cl
 id does not end them — revocation does that by truncating the block file
 (:meth:`Passthrough.revoke` here for evicted ones, the daemon's purge for the rest:
 fusemount/DESIGN.md).
+
+Several mount workers serving one connection share every inode's backing id and handle
+counts through the backing ledger (:mod:`fusemount.ledger`): each change is a
+read-decide-write of the inode's slot under the ledger's lock, so a worker shares the id
+another registered (a second one would fail the open: EBUSY) and any worker may close an
+id that is idle. What a worker keeps of its own — its descriptor of each block file, for
+the linked checks, and its least-recently-released order of idle ids — is a cache of the
+ledger, brought up to date from the slot at every change (:meth:`Passthrough._load`).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,7 +171,12 @@ class Passthrough:
             release).
         clock: monotonic seconds (tests pass their own).
         ledger: where every inode's backing id and handle counts are kept for a process
-            that resumes this FUSE connection (:mod:`fusemount.ledger`; None: nowhere).
+            that resumes this FUSE connection, and for the other workers serving it
+            (:mod:`fusemount.ledger`; None: nowhere, this process alone).
+        block_path: a digest's block file (to open one whose id another process
+            registered; None: such a backing is never re-checked and goes at its release).
+        exclusive: no other worker serves the connection at once (False: revocations
+            leave evicted block files to the readers that hold them, see :meth:`revoke`).
     """
 
     def __init__(
@@ -174,9 +187,13 @@ class Passthrough:
         idle_max: int = IDLE_BACKINGS,
         clock: Callable[[], float] = time.monotonic,
         ledger: BackingLedger | None = None,
+        block_path: Callable[[str], Path] | None = None,
+        exclusive: bool = True,
     ) -> None:
         self.reason = reason
         self.ledger = ledger
+        self.exclusive = exclusive
+        self._block_path = block_path
         self.enabled = not reason
         self.opens = 0  # opens answered with a backing id since start
         self.reuses = 0  # of those, opens that took an idle id (no registration)
@@ -185,6 +202,7 @@ class Passthrough:
         self._clock = clock
         self._idle: OrderedDict[int, None] = OrderedDict()  # idle inodes, oldest first
         self._sweep_at = 0  # where the next sweep's slice of the idle ids starts
+        self._reconcile_at = 0  # where the next reconcile's slice starts
         self._open_backing = open_backing or getattr(pyfuse3, "passthrough_open", None)
         self._close_backing = close_backing or getattr(pyfuse3, "passthrough_close", None)
         self._backings: dict[int, _Backing] = {}  # inode -> its backing id
@@ -196,7 +214,7 @@ class Passthrough:
         self.enabled = False
         self.reason = reason
         for inode in list(self._idle):
-            self._close(inode)
+            self._close_idle(inode)
 
     def negotiated(self, offered: bool, requested: bool) -> None:
         """Record what FUSE INIT said (pyfuse3's ``passthrough_state()``) and log the
@@ -217,11 +235,13 @@ class Passthrough:
         already has handles on the pyfuse3 path."""
         if not self.enabled or self._cached.get(inode):
             return None
+        if not self.exclusive and self.ledger is not None and self.ledger.get(inode).cached:
+            return None  # another worker's (checked again under the lock by attach)
         if len(node.blocks) != 1 or node.blocks[0][1] != node.size or node.size <= 0:
             return None
         return node.blocks[0][0]
 
-    def shared(self, inode: int, counted: bool = True) -> int | None:
+    def shared(self, inode: int, counted: bool = True, snapshot_id: str = "") -> int | None:
         """The inode's backing id when it already has one (the new handle shares it, even
         when passthrough was turned off since: the kernel fails a non-passthrough open of
         an inode that has passthrough ones), or an idle one that is still good.
@@ -231,6 +251,11 @@ class Passthrough:
         pyfuse3 path; its block file is re-checked (``fstat``) when its last check is
         :data:`RECHECK_S` old, and closed if unlinked (then None: the caller opens it anew).
         """
+        with self._locked():
+            self._load(inode, snapshot_id)
+            return self._share(inode, counted)
+
+    def _share(self, inode: int, counted: bool) -> int | None:
         backing = self._backings.get(inode)
         if backing is None:
             return None
@@ -243,7 +268,7 @@ class Passthrough:
                     self._close(inode)
                     return None
                 backing.checked = now
-            del self._idle[inode]
+            self._idle.pop(inode, None)
             self.reuses += 1
         backing.handles += 1
         self._record(inode)
@@ -257,7 +282,12 @@ class Passthrough:
             The backing id for the open reply, or None: take the pyfuse3 path (``fd`` is
             closed). Call :meth:`opened_cached` then.
         """
-        shared = self.shared(inode)  # a concurrent open got there first: share its id
+        with self._locked():
+            self._load(inode, node.snapshot_id)
+            return self._attach(inode, node, digest, fd)
+
+    def _attach(self, inode: int, node: Node, digest: str, fd: int) -> int | None:
+        shared = self._share(inode, True)  # a concurrent open got there first: share its id
         if shared is not None or not self.enabled or self._cached.get(inode):
             os.close(fd)
             return shared
@@ -280,11 +310,21 @@ class Passthrough:
 
     def opened_cached(self, inode: int) -> None:
         """A handle of ``inode`` was opened on the pyfuse3 path."""
-        self._cached[inode] = self._cached.get(inode, 0) + 1
-        self._record(inode)
+        with self._locked():
+            self._load(inode)
+            self._cached[inode] = self._cached.get(inode, 0) + 1
+            self._record(inode)
 
     def released(self, inode: int, passthrough: bool) -> None:
-        """A handle of ``inode`` was released; the last passthrough one closes the id."""
+        """A handle of ``inode`` was released; the last passthrough one makes the id idle
+        (closed when idle ids are off or passthrough is)."""
+        with self._locked():
+            self._load(inode)
+            self._release(inode, passthrough)
+        while len(self._idle) > self.idle_max:
+            self._close_idle(next(iter(self._idle)))
+
+    def _release(self, inode: int, passthrough: bool) -> None:
         if not passthrough:
             left = self._cached.get(inode, 0) - 1
             if left > 0:
@@ -303,9 +343,76 @@ class Passthrough:
         if not self.enabled or self.idle_max <= 0:
             self._close(inode)
             return
+        self._idle.pop(inode, None)
         self._idle[inode] = None  # newest last
-        while len(self._idle) > self.idle_max:
-            self._close(next(iter(self._idle)))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The ledger's lock (nothing when this process serves the connection alone)."""
+        if self.ledger is None or self.exclusive:
+            yield
+        else:
+            with self.ledger.locked():
+                yield
+
+    def _load(self, inode: int, snapshot_id: str = "", adopting: bool = False) -> None:
+        """Bring this process's view of ``inode`` up to date from its ledger slot (another
+        worker may have opened, released, registered or closed since); under the lock.
+        Serving alone, this process's view is the ledger's (written through by
+        :meth:`_record`), so there is nothing to read but at adoption."""
+        if self.ledger is None or (self.exclusive and not adopting):
+            return
+        slot = self.ledger.get(inode)
+        if slot.cached:
+            self._cached[inode] = slot.cached
+        else:
+            self._cached.pop(inode, None)
+        mine = self._backings.get(inode)
+        if mine is not None and mine.backing_id != slot.backing_id:
+            self._forget(inode)  # closed (and perhaps registered anew) by another worker
+            mine = None
+        if not slot.backing_id:
+            return
+        if mine is None:
+            fd = self._open_block(slot.digest)
+            mine = self._backings[inode] = _Backing(
+                slot.backing_id, slot.digest, snapshot_id, fd, handles=slot.handles,
+                checked=self._clock() if fd >= 0 else 0.0,  # gone: re-checked at once
+            )  # fmt: skip
+        mine.handles = slot.handles
+        if snapshot_id and not mine.snapshot_id:
+            mine.snapshot_id = snapshot_id
+        if mine.handles > 0:
+            self._idle.pop(inode, None)
+        elif inode not in self._idle:
+            self._idle[inode] = None  # idle: any worker may close it
+
+    def _open_block(self, digest: str) -> int:
+        """Our descriptor of ``digest``'s block file, for the linked checks (-1: gone)."""
+        if self._block_path is None:
+            return -1
+        try:
+            return os.open(self._block_path(digest), os.O_RDONLY | os.O_CLOEXEC)
+        except (OSError, ValueError):
+            return -1  # evicted since: never shared again once idle
+
+    def _forget(self, inode: int) -> None:
+        """Drop this process's view of a backing id that is no longer ``inode``'s."""
+        backing = self._backings.pop(inode)
+        self._idle.pop(inode, None)
+        if backing.fd >= 0:
+            os.close(backing.fd)
+
+    def _close_idle(self, inode: int) -> None:
+        """Close ``inode``'s backing id if it is still idle (another worker may have
+        opened it since); else only forget it as idle here."""
+        with self._locked():
+            self._load(inode)
+            backing = self._backings.get(inode)
+            if backing is not None and backing.handles <= 0:
+                self._close(inode)
+            else:
+                self._idle.pop(inode, None)
 
     def _close(self, inode: int) -> None:
         """Close ``inode``'s backing id and our descriptor of its block file."""
@@ -328,37 +435,22 @@ class Passthrough:
         if backing is None and not cached:
             self.ledger.drop(inode)
         elif backing is None:
-            self.ledger.put(inode, 0, 0, cached, "", "")
+            self.ledger.put(inode, 0, 0, cached, "")
         else:
-            self.ledger.put(
-                inode, backing.backing_id, backing.handles, cached, backing.digest,
-                backing.snapshot_id,
-            )  # fmt: skip
+            self.ledger.put(inode, backing.backing_id, backing.handles, cached, backing.digest)
 
-    def adopt(self, records: Iterable[LedgerRecord], block_path: Callable[[str], Path]) -> int:
-        """Take over the backing ids and handle counts a predecessor on this FUSE
-        connection left (:meth:`BackingLedger.records`), before serving its first request.
-        An adopted id is shared by the inode's next opens and closed as any other once its
-        handles are released; its block file is opened again by digest (``block_path``)
-        for the checks that it is still linked (gone: closed at its last release).
+    def adopt(self, records: Iterable[LedgerRecord]) -> int:
+        """Take over the backing ids and handle counts the processes before this one on
+        this FUSE connection left (:meth:`BackingLedger.records`), before serving its first
+        request. An adopted id is shared by the inode's next opens and closed as any other
+        once its handles are released; its block file is opened again by digest for the
+        checks that it is still linked (gone: closed at its last release).
         Returns how many backing ids were adopted."""
         adopted = 0
         for r in records:
-            if r.cached > 0:
-                self._cached[r.inode] = r.cached
-            if r.backing_id > 0:
-                try:
-                    fd = os.open(block_path(r.digest), os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    fd = -1  # evicted since: never shared again
-                self._backings[r.inode] = _Backing(
-                    r.backing_id, r.digest, r.snapshot_id, fd, handles=r.handles,
-                    checked=self._clock() if fd >= 0 else 0.0,  # gone: re-checked at once
-                )  # fmt: skip
-                if r.handles <= 0:
-                    self._idle[r.inode] = None
-                adopted += 1
-            self._record(r.inode)
+            with self._locked():
+                self._load(r.inode, adopting=True)
+            adopted += r.backing_id > 0
         return adopted
 
     @staticmethod
@@ -378,21 +470,44 @@ class Passthrough:
             self._sweep_at = 0
         now, closed = self._clock(), 0
         for inode in idle[self._sweep_at : self._sweep_at + count]:
-            backing = self._backings[inode]
-            if self._linked(backing):
+            backing = self._backings.get(inode)
+            if backing is not None and self._linked(backing):
                 backing.checked = now
             else:
-                self._close(inode)
+                self._close_idle(inode)
                 closed += 1
         self._sweep_at += count - closed
         return closed
 
+    def reconcile(self, count: int = SWEEP_SLICE) -> int:
+        """With other workers: forget ``count`` of this process's backings (the next
+        slice, round robin) whose id another worker has closed since we last looked, so
+        that our descriptor of the block file does not keep an evicted block's disk space.
+        One read of the mapped slot each. Returns how many were forgotten."""
+        if self.ledger is None or self.exclusive:
+            return 0
+        inodes = list(self._backings)
+        if self._reconcile_at >= len(inodes):
+            self._reconcile_at = 0
+        gone = [
+            inode
+            for inode in inodes[self._reconcile_at : self._reconcile_at + count]
+            if self.ledger.get(inode).backing_id != self._backings[inode].backing_id
+        ]
+        for inode in gone:
+            with self._locked():
+                self._load(inode)
+        self._reconcile_at += count - len(gone)
+        return len(gone)
+
     async def sweep_forever(self, every: float = 0.5) -> None:
-        """:meth:`sweep` every ``every`` seconds until cancelled."""
+        """:meth:`sweep` (and :meth:`reconcile`) every ``every`` seconds until cancelled."""
         while True:
             await trio.sleep(every)
             if self._idle:
                 self.sweep()
+            if self._backings:
+                self.reconcile()
 
     @property
     def backing_ids(self) -> int:
@@ -417,7 +532,9 @@ class Passthrough:
         """
         gone = set(revoked)
         for inode in [i for i in self._idle if self._backings[i].snapshot_id in gone]:
-            self._close(inode)  # never opened again: its snapshot's opens fail
+            self._close_idle(inode)  # never opened again: its snapshot's opens fail
+        if not self.exclusive:  # other workers' files may read the same block: never empty it
+            return 0
         # an idle id of a live snapshot may be opened again: its block is kept whole too
         live = {b.digest for b in self._backings.values() if b.snapshot_id not in gone}
         done = 0

@@ -123,19 +123,31 @@ class InodeTable:
         versions and tags are made now; a snapshot's entries when a request names one of
         its numbers (:meth:`pending_root`). The kernel's lookup counts from before are not
         known: every node counts as referenced from now on."""
+        self._apply(records)
+        self.resumed = True
+
+    def sync(self) -> None:
+        """Take in the numbers other mount workers of this connection gave out since the
+        last look (their journal lines); nothing without a journal."""
+        if self.journal is not None:
+            self._apply(self.journal.new_records())
+
+    def _apply(self, records: list[dict[str, Any]]) -> None:
         for r in records:
             if "key" in r:
+                key = tuple(r["key"])
+                if key in self._by_key:  # ours, or read before
+                    continue
                 node = Node(
                     r["inode"], Role(r["role"]), r["mode"], size=r["size"],
                     mtime_ns=r["mtime_ns"], dataset=r["dataset"], version=r["version"],
                     snapshot_id=r["snapshot_id"], target=r["target"].encode(),
                 )  # fmt: skip
                 self._nodes[node.inode] = node
-                self._by_key[tuple(r["key"])] = node.inode
+                self._by_key[key] = node.inode
                 self._next = max(self._next, node.inode + 1)
-            elif "snapshot" in r:
+            elif "snapshot" in r and r["snapshot"] not in self._ranges:
                 self._add_range(r["snapshot"], r["first"], r["count"], r["root"])
-        self.resumed = True
 
     def _add_range(self, snapshot_id: str, first: int, count: int, root: int) -> None:
         self._ranges[snapshot_id] = (first, count)
@@ -209,23 +221,52 @@ class InodeTable:
                 node.target, node.size = make.target, make.size
             return node
         if not inode:
-            inode = self._next
-            self._next += 1
             if self.journal is not None:
-                self.journal.append(
-                    {
-                        "key": list(key), "inode": inode, "role": make.role.value,
-                        "mode": make.mode, "size": make.size, "mtime_ns": make.mtime_ns,
-                        "dataset": make.dataset, "version": make.version,
-                        "snapshot_id": make.snapshot_id, "target": make.target.decode(),
-                    }
-                )  # fmt: skip
+                with self.journal.allocating():  # other workers may give out numbers too
+                    self.sync()
+                    if key in self._by_key:  # another worker numbered it meanwhile
+                        return self.intern(key, make)
+                    inode = self._next
+                    self._next += 1
+                    self.journal.append(
+                        {
+                            "key": list(key), "inode": inode, "role": make.role.value,
+                            "mode": make.mode, "size": make.size, "mtime_ns": make.mtime_ns,
+                            "dataset": make.dataset, "version": make.version,
+                            "snapshot_id": make.snapshot_id, "target": make.target.decode(),
+                        }
+                    )  # fmt: skip
+            else:
+                inode = self._next
+                self._next += 1
         if inode >= 1 << INODE_BITS:
             raise OverflowError("inode numbers of this FUSE connection are used up")
         make.inode = inode
         self._nodes[inode] = make
         self._by_key[key] = inode
         return make
+
+    def _reserve(self, snapshot_id: str, count: int, root: int) -> tuple[int, int]:
+        """The snapshot's range ``(first, count)``: the one given before (here, by a
+        predecessor or by another worker: read under the journal's lock), else a new one
+        at the end, journaled."""
+        known = self._ranges.get(snapshot_id)
+        if known is not None:
+            return known
+        if self.journal is None:
+            self._add_range(snapshot_id, self._next, count, root)
+            return self._ranges[snapshot_id]
+        with self.journal.allocating():
+            self.sync()
+            known = self._ranges.get(snapshot_id)
+            if known is not None:
+                return known
+            first = self._next
+            self._add_range(snapshot_id, first, count, root)
+            self.journal.append(
+                {"snapshot": snapshot_id, "first": first, "count": count, "root": root}
+            )
+        return first, count
 
     def load_snapshot(
         self, root: Node, snapshot_id: str, entries: list[hub_pb2.ManifestEntry]
@@ -240,8 +281,8 @@ class InodeTable:
         dirs: dict[str, Node] = {"": root}
         pending: dict[int, dict[bytes, int]] = {root.inode: {}}
         files: list[Node] = []
-        known = self._ranges.get(snapshot_id)
-        first = known[0] if known is not None else self._next
+        known = self._reserve(snapshot_id, _count_nodes(entries), root.inode)
+        first = known[0]
         cursor = [first]
 
         def parent_of(path: str) -> Node:
@@ -286,13 +327,7 @@ class InodeTable:
             if entry.path not in dirs:
                 add(entry)
         count = cursor[0] - first
-        if known is None:
-            self._add_range(snapshot_id, first, count, root.inode)
-            if self.journal is not None:
-                self.journal.append(
-                    {"snapshot": snapshot_id, "first": first, "count": count, "root": root.inode}
-                )
-        elif count != known[1]:
+        if count != known[1]:
             raise ValueError(f"snapshot {snapshot_id} numbered {count} entries, not {known[1]}")
         self._files.setdefault(snapshot_id, files)
         for inode, children in pending.items():
@@ -300,3 +335,16 @@ class InodeTable:
             node.set_children(children)
             if node.role is Role.ENTRY:
                 node.nlink = 2 + sum(self._nodes[c].is_dir for c in children.values())
+
+
+def _count_nodes(entries: list[hub_pb2.ManifestEntry]) -> int:
+    """How many nodes :meth:`InodeTable.load_snapshot` makes of ``entries``: one per path,
+    listed or an implicit parent directory (the root excluded), so that a range can be
+    reserved before the nodes are made."""
+    paths: set[str] = set()
+    for entry in entries:
+        path = entry.path
+        while path and path not in paths:
+            paths.add(path)
+            path = path.rpartition("/")[0]
+    return len(paths)

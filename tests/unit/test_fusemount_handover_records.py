@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fusemount.journal import InodeJournal, read_journal
-from fusemount.ledger import FIRST_SLOTS, BackingLedger
+from fusemount.ledger import CHUNK_SLOTS, BackingLedger
 from fusemount.operations import file_handle, handle_inode
 from fusemount.passthrough import Passthrough
 from fusemount.tree import DIR_MODE, LINK_MODE, InodeTable, Node, Role
@@ -111,37 +111,113 @@ def test_a_successor_adopts_backing_ids_and_handle_counts(tmp_path: Path) -> Non
         open_backing=lambda fd: next(ids), close_backing=closed.append,
         ledger=BackingLedger(tmp_path / "ledger", fresh=True),
     )  # fmt: skip
-    for inode, digest in ((10, "aa"), (11, "bb")):
+    for inode, digest in ((10, "aa" * 16), (11, "bb" * 16)):
         (blocks / digest).write_bytes(b"12345")
         fd = os.open(blocks / digest, os.O_RDONLY)
         assert first.attach(inode, _node(inode, digest), digest, fd) is not None
     assert first.shared(10) == 100  # a second passthrough handle of inode 10
     first.released(11, True)  # inode 11 idle
     first.opened_cached(12)  # inode 12: one handle on the pyfuse3 path
-    (blocks / "bb").unlink()  # evicted since
+    (blocks / ("bb" * 16)).unlink()  # evicted since
     # the predecessor is gone (SIGKILL: nothing closed); the successor reads the ledger
     ledger = BackingLedger(tmp_path / "ledger", fresh=False)
-    second = Passthrough(open_backing=lambda fd: 999, close_backing=closed.append, ledger=ledger)
-    assert second.adopt(ledger.records(), lambda d: blocks / d) == 2
+    second = Passthrough(
+        open_backing=lambda fd: 999, close_backing=closed.append, ledger=ledger,
+        block_path=lambda d: blocks / d,
+    )  # fmt: skip
+    assert second.adopt(ledger.records()) == 2
     assert second.shared(10) == 100  # the kernel's id, never a second one (EBUSY)
-    assert second.candidate(12, _node(12, "cc")) is None  # pyfuse3 handles still open
+    assert second.candidate(12, _node(12, "cc" * 16)) is None  # pyfuse3 handles still open
     assert second.shared(11) is None and closed == [101]  # idle, its block gone: closed
     for _ in range(3):
         second.released(10, True)
     assert second.idle_backing_ids == 1
     second.released(12, False)
-    assert second.candidate(12, _node(12, "cc")) == "cc"
+    assert second.candidate(12, _node(12, "cc" * 16)) == "cc" * 16
     assert {r.inode for r in ledger.records()} == {10}
 
 
 def test_the_ledger_grows_past_its_first_slots(tmp_path: Path) -> None:
     ledger = BackingLedger(tmp_path / "ledger", fresh=True)
-    for inode in range(1, FIRST_SLOTS * 2 + 2):
-        ledger.put(inode, 0, 0, 1, "", "")
+    far = CHUNK_SLOTS * 2 + 5  # slots are indexed by inode: this one needs a third chunk
+    for inode in (1, 2, far):
+        ledger.put(inode, 0, 0, 1, "")
     ledger.drop(1)
     again = BackingLedger(tmp_path / "ledger", fresh=False)
-    assert len(again.records()) == FIRST_SLOTS * 2
+    assert [r.inode for r in again.records()] == [2, far]
     assert not ledger.failed
+
+
+def test_two_processes_share_one_backing_id_and_its_counts(tmp_path: Path) -> None:
+    """Two mount workers on one connection: the second shares the id the first
+    registered (never a second one: EBUSY), and the last release anywhere makes it idle,
+    which either may close."""
+    blocks = tmp_path / "blocks"
+    blocks.mkdir()
+    digest = "ab" * 16
+    (blocks / digest).write_bytes(b"12345")
+    registered: list[int] = []
+    closed: list[int] = []
+
+    def worker(fresh: bool) -> Passthrough:
+        return Passthrough(
+            open_backing=lambda fd: registered.append(fd) or 7, close_backing=closed.append,
+            ledger=BackingLedger(tmp_path / "ledger", fresh=fresh),
+            block_path=lambda d: blocks / d, exclusive=False,
+        )  # fmt: skip
+
+    a, b = worker(True), worker(False)
+    node = _node(30, digest)
+    assert a.attach(30, node, digest, os.open(blocks / digest, os.O_RDONLY)) == 7
+    assert b.candidate(30, node) == digest
+    assert b.shared(30) == 7 and len(registered) == 1  # b shares a's id
+    a.released(30, True)  # a's handle
+    assert b.shared(30) == 7  # a third handle, through b
+    b.released(30, True)
+    b.released(30, True)  # the last one, released by b: idle
+    assert a.shared(30) == 7 and a.reuses == 1 and closed == []  # a takes it again
+    a.released(30, True)
+    b.opened_cached(31)
+    assert a.candidate(31, _node(31, digest)) is None  # b's pyfuse3 handle counts for a
+    assert b.shared(30) == 7
+    b.idle_max = 0  # b keeps no idle ids: its release closes the kernel's id, once
+    b.released(30, True)
+    assert closed == [7] and len(registered) == 1
+    assert a.backing_ids == 1 and a.reconcile() == 1 and a.backing_ids == 0  # a forgets it
+    assert a.shared(30) is None
+
+
+def test_two_journals_give_out_numbers_without_collisions(tmp_path: Path) -> None:
+    journal = tmp_path / "fuse-inodes.jsonl"
+    a = InodeTable(InodeJournal(journal, fresh=True))
+    b = InodeTable(InodeJournal(journal, fresh=False))
+    da = a.intern(("dataset", "x"), Node(0, Role.DATASET, DIR_MODE, dataset="x"))
+    db = b.intern(("dataset", "y"), Node(0, Role.DATASET, DIR_MODE, dataset="y"))
+    again = b.intern(("dataset", "x"), Node(0, Role.DATASET, DIR_MODE, dataset="x"))
+    assert da.inode != db.inode and again.inode == da.inode
+    va = a.intern(
+        ("version", "x", "v1"),
+        Node(0, Role.VERSION, DIR_MODE, dataset="x", version="v1", snapshot_id="s1"),
+    )
+    a.load_snapshot(va, "s1", _entries(30))
+    vb = b.intern(
+        ("version", "y", "v1"),
+        Node(0, Role.VERSION, DIR_MODE, dataset="y", version="v1", snapshot_id="s2"),
+    )
+    b.load_snapshot(vb, "s2", _entries(10))  # its range after a's, which it reads first
+    first_a = min(n.inode for n in a.nodes() if n.snapshot_id == "s1" and n.role is Role.ENTRY)
+    b.sync()
+    root = b.pending_root(first_a)
+    assert root is not None and root.inode == va.inode  # b finds a's node by its number
+    b.load_snapshot(root, "s1", _entries(30))
+    assert b.get(first_a) is not None and b.get(first_a).blocks == a.get(first_a).blocks
+    numbers = [n.inode for n in b.nodes()]
+    assert len(numbers) == len(set(numbers))
+    with open(journal, "ab") as f:  # a killed writer's torn line: the next line still counts
+        f.write(b'{"key": ["dataset", "z"], "ino')
+    dz = a.intern(("dataset", "z"), Node(0, Role.DATASET, DIR_MODE, dataset="z"))
+    b.sync()
+    assert b.intern(("dataset", "z"), Node(0, Role.DATASET, DIR_MODE)).inode == dz.inode
 
 
 @pytest.mark.parametrize("mode", ["off"])
