@@ -13,6 +13,11 @@ from tests.pgserver import pg_server, pg_url  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# One mount worker in every spoke a test starts, whatever this machine's cores (the
+# default is one per 4 cores): tests that read the root's counters or count hand-overs
+# mean one process. tests/fuse/test_mount_workers.py asks for its workers by flag.
+os.environ.setdefault("STRATA_SPOKE_MOUNT_WORKERS", "1")
+
 
 def seismic_dir() -> Path:
     """Where the shared real seismic files are.

@@ -255,6 +255,20 @@ def all_hits_reported(mnt: Path, daemon_hits: Callable[[], float], timeout: floa
     )
 
 
+def readers_source(tmp_path: Path, block: int, big_files: int) -> Path:
+    """``tmp_path/src`` with the files ``bench.handover.Readers`` reads (``big_files`` of
+    16 blocks and 7 bytes, 64 one-block files under ``chunks/``), published to
+    ``tmp_path/hub`` as ``ds`` v1 with blocks of ``block`` bytes."""
+    src = tmp_path / "src"
+    (src / "chunks").mkdir(parents=True)
+    for i in range(big_files):
+        (src / f"big{i}.bin").write_bytes(os.urandom(16 * block + 7))
+    for i in range(64):  # one-block files: passthrough where the kernel allows it
+        (src / "chunks" / f"c{i:02d}").write_bytes(os.urandom(block))
+    assert publish(tmp_path / "hub", "ds", src, "--block-size", str(block)) == "v1"
+    return src
+
+
 @contextlib.contextmanager
 def supervised_stack(tmp_path: Path) -> Iterator[LocalStack]:
     """A :class:`LocalStack` whose spoke uses ``tmp_path/cache`` and ``tmp_path/mnt``,

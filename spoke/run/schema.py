@@ -69,6 +69,14 @@ class MountSettings(BaseModel):
         "ENOTCONN (auto, where pyfuse3 and the kernel allow it), or remount (off)",
         json_schema_extra={"commands": [RUN]},
     )
+    mount_workers: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="mount processes serving the one FUSE connection, each with its own "
+        "GIL (needs hand-over; 0: one per 4 cores, 1 to 8)",
+        json_schema_extra={"commands": [RUN]},
+    )
     encryption_key_file: Path | None = Field(
         default=None,
         description="encrypt block files at rest with this AES-256-GCM key (0600; "

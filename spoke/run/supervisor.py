@@ -7,8 +7,10 @@ watches both: a daemon that dies is restarted (the mount's misses wait for it); 
 that dies is succeeded by a new mount process on the same FUSE connection, which the
 supervisor holds (mount hand-over, :mod:`fusemount.handover`: readers holding open files
 see a delay, not ENOTCONN), or, where hand-over is off or fails, lazily unmounted and
-mounted again. A restart that fails is retried with exponential backoff for as long as
-the spoke is asked to serve.
+mounted again. With ``--mount-workers N`` the held connection is cloned for N-1 more mount
+processes, each resumed the same way and succeeded the same way when it dies
+(:mod:`spoke.run.workers`). A restart that fails is retried with exponential backoff for
+as long as the spoke is asked to serve.
 
 Signals: SIGINT/SIGTERM stop the mount first (unmount), then the daemon. SIGHUP upgrades
 in place: the supervisor re-executes itself (new code), restarts the daemon (new code;
@@ -50,6 +52,7 @@ from spoke.run.process import stop_process
 from spoke.run.processes import Process, cmdline, find, find_daemon, read_pid, same_settings
 from spoke.run.schema import MountSettings, resolved, settings_file, write_settings
 from spoke.run.settings import SpokeSettings
+from spoke.run.workers import MountWorkers, stop_reading
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +167,12 @@ class Supervisor:
         # its /dev/fuse descriptor and its INIT request (None: not held, remount instead)
         self._fuse: tuple[int, bytes] | None = None
         self._handover_off = handover.unavailable_reason(self.settings.mount_handover)
+        self.mount_workers = handover.default_workers(self.settings.mount_workers)
+        self.workers = MountWorkers(  # workers 1..N-1; self.mount is worker 0
+            self._spawn_worker,
+            time.monotonic,
+            lambda: count_mount_restart(self.layout, self.layout.mount_handovers_file),
+        )
 
     def mount_settings(self) -> MountSettings:
         """The part of the settings the mount process runs with."""
@@ -193,43 +202,61 @@ class Supervisor:
 
     def _start_mount(self, resume: bool = False) -> None:
         """Start a mount process: a new mount, or (``resume``) a successor on the held
-        connection, which must say it serves within :data:`HANDOVER_TIMEOUT`."""
+        connection, which must say it serves within :data:`HANDOVER_TIMEOUT`; then the
+        other mount workers, when more are asked for and the connection is held."""
+        assert not resume or self._fuse is not None
+        self.mount = self._spawn_mount(0, self._fuse[0] if resume and self._fuse else None)
+        self._mount_restarts.up()
+        if self._fuse is not None and not resume:
+            self.workers.start(self.mount_workers, self._fuse[0])
+
+    def _spawn_worker(self, index: int, fd: int) -> Process:
+        return self._spawn_mount(index, fd)
+
+    def _spawn_mount(self, index: int, resume_fd: int | None) -> Process:
+        """Start mount worker ``index``: a new mount (``resume_fd`` None), or a successor
+        resuming the connection on ``resume_fd``. Returns it once it serves.
+
+        Raises:
+            StartupError: it exited, did not come up, or did not resume in time.
+        """
         self._hand(self.mount_settings(), "mount")
         env, fds = dict(os.environ), []
+        env[handover.WORKER_ENV] = str(index)
+        env[handover.WORKERS_ENV] = str(1 if self._handover_off else self.mount_workers)
+        resume = resume_fd is not None
         control = None
         if not self._handover_off:
             control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             env[handover.HANDOVER_ENV] = str(theirs.fileno())
             fds.append(theirs.fileno())
-        if resume:
+        if resume_fd is not None:
             assert self._fuse is not None
-            env[handover.RESUME_ENV] = str(self._fuse[0])
+            env[handover.RESUME_ENV] = str(resume_fd)
             env[handover.INIT_ENV] = self._fuse[1].hex()
-            fds.append(self._fuse[0])
+            fds.append(resume_fd)
         try:
-            self.mount = subprocess.Popen(
-                self._mount_cmd(), start_new_session=True, env=env, pass_fds=fds
-            )
+            cmd = self._mount_cmd()
+            proc = subprocess.Popen(cmd, start_new_session=True, env=env, pass_fds=fds)
         finally:
             if control is not None:
                 theirs.close()
         self._mounted = True
         try:
-            self._wait(self.mount, "mount", lambda: is_mounted(self.mountpoint))
+            self._wait(proc, "mount", lambda: is_mounted(self.mountpoint))
             if control is not None:
-                self._take_connection(control, resume)
+                self._take_connection(control, proc, resume)
         finally:
             if control is not None:
                 control.close()
-        self._mount_restarts.up()
+        return proc
 
-    def _take_connection(self, control: socket.socket, resume: bool) -> None:
+    def _take_connection(self, control: socket.socket, proc: Process, resume: bool) -> None:
         """Hold the new mount's connection (or hear that a successor resumed it)."""
         got = handover.receive(control, HANDOVER_TIMEOUT)
         if resume:
             if got is not True:
-                assert self.mount is not None
-                _terminate(self.mount)
+                _terminate(proc)
                 raise StartupError("the successor did not resume the FUSE connection")
             return
         if isinstance(got, tuple):
@@ -262,6 +289,7 @@ class Supervisor:
             except StartupError as err:
                 log.error("mount hand-over failed: %s; remounting", err)
         self.mount = None
+        self.workers.stop(_terminate)  # they serve the connection being given up
         lazy_unmount(self.mountpoint)
         self._release_connection()
         return False
@@ -271,16 +299,12 @@ class Supervisor:
         (SIGUSR2), and a successor running the code on disk now resumes it."""
         if self.mount is None or self._fuse is None:
             return
-        self.mount.send_signal(signal.SIGUSR2)
-        try:
-            self.mount.wait(HANDOVER_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            log.error("the mount did not hand over within %.0f s; killing it", HANDOVER_TIMEOUT)
-            self.mount.kill()
-            self.mount.wait()
+        stop_reading(self.mount, HANDOVER_TIMEOUT, "the mount")
         self.mount = None
         if not self._resume_mount():
             self._start_mount()
+            return
+        self.workers.hand_over(HANDOVER_TIMEOUT)
 
     def _wait(self, proc: Process, what: str, ready: object) -> None:
         deadline = time.monotonic() + READY_TIMEOUT
@@ -326,10 +350,16 @@ class Supervisor:
         except OSError as err:
             raise StartupError(f"cache dir {self.layout.root}: {err.strerror}") from None
         reloaded = bool(os.environ.pop(RELOAD_ENV, None))
+        if self.mount_workers > 1 and self._handover_off:
+            log.warning("one mount worker, not %d: workers need hand-over (%s)",
+                        self.mount_workers, self._handover_off)  # fmt: skip
+            self.mount_workers = 1
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
         try:
             self._check_encryption()
+            if reloaded:
+                self.workers.from_environment()
             adopted = self._adopt()
             if self.mount is None:
                 check_mountpoint(self.mountpoint)
@@ -361,7 +391,8 @@ class Supervisor:
                 self._release()
                 print(
                     f"strata-spoke: left daemon pid {_pid(self.daemon)} and mount pid "
-                    f"{_pid(self.mount)} serving; the next strata-spoke run on "
+                    f"{' '.join([_pid(self.mount), *map(str, self.workers.pids())])} "
+                    f"serving; the next strata-spoke run on "
                     f"{self.layout.root} adopts them",
                     flush=True,
                 )
@@ -405,6 +436,8 @@ class Supervisor:
                 self._mounted = True
                 self._mount_restarts.up()
                 done.append(f"adopted mount pid {mount.pid}")
+                known = {mount.pid, *self.workers.pids()}
+                self.workers.adopt([p for p in mount_processes(self.mountpoint) if p not in known])
             else:
                 _terminate(mount)
                 done.append(f"stopped mount pid {mount.pid} (other settings)")
@@ -430,6 +463,7 @@ class Supervisor:
         if self._fuse is not None:  # the held connection crosses the exec
             os.set_inheritable(self._fuse[0], True)
             os.environ[FUSE_ENV] = f"{self._fuse[0]} {self._fuse[1].hex()}"
+            self.workers.to_environment()
         sys.stdout.flush()
         sys.stderr.flush()
         os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
@@ -449,11 +483,18 @@ class Supervisor:
             os.close(self._lock)
             self._lock = None
 
+    def _resend(self, fd: int) -> None:
+        try:
+            handover.notify_resend(fd)
+        except OSError as err:
+            log.error("FUSE_NOTIFY_RESEND refused (%s): a dead worker's requests may fail", err)
+
     def _watch(self) -> None:
         while not self._stop:
             time.sleep(0.2)
             if self._stop:
                 break
+            self.workers.watch(self._resend)
             if self.daemon is not None and self.daemon.poll() is not None:
                 log.error("daemon exited with status %s; restarting", self.daemon.poll())
                 self.daemon = None
@@ -489,6 +530,7 @@ class Supervisor:
 
     def shutdown(self) -> None:
         """Unmount, then stop the daemon; safe to call more than once."""
+        self.workers.stop(_terminate)
         if self.mount is not None:
             _terminate(self.mount)
             self.mount = None

@@ -22,7 +22,7 @@ from spoke.run.processes import read_pid
 from tests.support import (
     eventually,
     new_pid,
-    publish,
+    readers_source,
     requires_fuse,
     spoke_metric,
     supervised_stack,
@@ -36,14 +36,7 @@ SIZE = "64MiB"
 
 @pytest.fixture
 def src(tmp_path: Path) -> Path:
-    src = tmp_path / "src"
-    (src / "chunks").mkdir(parents=True)
-    for i in range(READERS):
-        (src / f"big{i}.bin").write_bytes(os.urandom(16 * BLOCK + 7))
-    for i in range(64):  # one-block files: passthrough where the kernel allows it
-        (src / "chunks" / f"c{i:02d}").write_bytes(os.urandom(BLOCK))
-    assert publish(tmp_path / "hub", "ds", src, "--block-size", str(BLOCK)) == "v1"
-    return src
+    return readers_source(tmp_path, BLOCK, READERS)
 
 
 @pytest.fixture

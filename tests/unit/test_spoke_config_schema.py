@@ -32,7 +32,13 @@ def test_every_setting_has_exactly_one_flag_on_run_and_the_daemon() -> None:
     run, daemon = _flags("run"), _flags("daemon")
     assert len(run) == len(set(run)) and len(daemon) == len(set(daemon))
     assert set(run) == {o.flag for o in declared} | {"--config"}
-    mount_only = {"--allow-other", "--read-ahead-kb", "--passthrough", "--mount-handover"}
+    mount_only = {
+        "--allow-other",
+        "--read-ahead-kb",
+        "--passthrough",
+        "--mount-handover",
+        "--mount-workers",
+    }
     assert set(daemon) == {o.flag for o in declared} - mount_only | {"--config", "--settings"}
     for flag in ("--high-watermark", "--low-watermark", "--fill-share", "--peer-probe-interval"):
         assert flag in run
