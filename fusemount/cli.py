@@ -287,9 +287,14 @@ def main(argv: list[str] | None = None) -> int:
         ledger=session.ledger,
         block_path=layout.block_path,
         exclusive=session.workers <= 1,
+        snapshot_of=session.inodes.snapshot_of,
     )
     if session.workers > 1:  # forgets of our lookups may go to another worker
         session.inodes.resumed = True
+        if session.inodes.journal is not None:
+            session.inodes.journal.shared = True
+        if session.ledger is not None:
+            session.ledger.shared = True
     ops = StrataOperations(client, reader, passthrough, session.inodes)
     # written first: whoever sees the mount appear (libfuse 3.17 makes it visible before
     # init returns) finds the pid of the process serving it; the first worker's only

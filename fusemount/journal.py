@@ -20,6 +20,7 @@ looked (:meth:`InodeJournal.new_records`), so every number means one node in eve
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -51,6 +52,7 @@ class InodeJournal:
         self._offset = 0  # how far this process has read the file
         self._torn = False  # the bytes read so far end inside a line (a killed writer's)
         self._lock = ReentrantFlock(self._fd)
+        self.shared = False  # other workers read it: a lost line must fail the request
 
     def allocating(self) -> contextlib.AbstractContextManager[None]:
         """Hold the journal's exclusive lock (``flock``; re-entrant in this process): the
@@ -92,18 +94,24 @@ class InodeJournal:
     def append(self, record: dict[str, Any]) -> None:
         """Write one record (one ``write``: a whole line, after a newline that ends a line a
         killed writer tore). A failed write is logged once and leaves hand-over of this
-        connection unsafe (:attr:`failed`), not the mount. Call it under
+        connection unsafe (:attr:`failed`), not the mount, unless other workers read the
+        journal (:attr:`shared`): then it raises OSError and the request that needed the
+        number fails, rather than two nodes sharing it. Call it under
         :meth:`allocating` after :meth:`new_records` when other processes share the file."""
         line = ("\n" if self._torn else "") + json.dumps(record, separators=(",", ":")) + "\n"
+        data = line.encode()
         try:
-            os.write(self._fd, line.encode())
+            if os.write(self._fd, data) != len(data):
+                raise OSError(errno.ENOSPC, "short write")
             self._torn = False
             if self._lock.depth:  # we had read to the end under the lock: skip our own line
-                self._offset += len(line.encode())
+                self._offset += len(data)
         except OSError as err:
             if not self.failed:
                 log.error("inode journal %s: %s; a successor could not resume", self.path, err)
             self.failed = True
+            if self.shared:  # another worker would give the same number to another node
+                raise
 
     def close(self) -> None:
         """Close the file (records already written stay)."""

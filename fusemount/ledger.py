@@ -76,6 +76,7 @@ class BackingLedger:
         self._fd = os.open(path, flags, 0o600)
         self.failed = False  # a slot could not be written: a successor must not trust it
         self._lock = ReentrantFlock(self._fd)
+        self.shared = False  # other workers read it: a slot not written must fail the open
         self._map: mmap.mmap | None = None
         self._count = 0
         try:
@@ -130,6 +131,8 @@ class BackingLedger:
                 self._map_to(max(inode + 1, os.fstat(self._fd).st_size // _SLOT.size))
             except OSError:  # the cache disk is full: this connection is not resumable
                 self.failed = True
+                if self.shared:  # another worker would decide on a slot that is wrong
+                    raise
                 return
         assert self._map is not None
         packed = _pack_digest(digest) if backing_id else b""

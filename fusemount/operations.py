@@ -216,6 +216,8 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             raise pyfuse3.FUSEError(errno.EISDIR)
         direct = bool(flags & os.O_DIRECT)
         backing_id = await self._passthrough_open(inode, node, direct)
+        if backing_id is None:  # counted on the pyfuse3 path, or an id attached meanwhile
+            backing_id = self.passthrough.opened_cached(inode)
         fh = self._new_handle(inode, backing_id is not None)
         self._handles[fh] = (node, Readahead(), backing_id is not None)
         self.reader.opened(node, ctx.pid, self.inodes.files(node.snapshot_id))
@@ -223,7 +225,6 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             return pyfuse3.FileInfo(  # type: ignore[call-arg]
                 fh=fh, keep_cache=False, backing_id=backing_id, direct_io=direct
             )
-        self.passthrough.opened_cached(inode)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     def _new_handle(self, inode: int, passthrough: bool) -> int:

@@ -177,6 +177,8 @@ class Passthrough:
             registered; None: such a backing is never re-checked and goes at its release).
         exclusive: no other worker serves the connection at once (False: revocations
             leave evicted block files to the readers that hold them, see :meth:`revoke`).
+        snapshot_of: the snapshot an inode number belongs to (for a backing id taken over
+            from the ledger, which keeps no snapshot ids; default: unknown).
     """
 
     def __init__(
@@ -189,11 +191,13 @@ class Passthrough:
         ledger: BackingLedger | None = None,
         block_path: Callable[[str], Path] | None = None,
         exclusive: bool = True,
+        snapshot_of: Callable[[int], str] | None = None,
     ) -> None:
         self.reason = reason
         self.ledger = ledger
         self.exclusive = exclusive
         self._block_path = block_path
+        self._snapshot_of = snapshot_of or (lambda inode: "")
         self.enabled = not reason
         self.opens = 0  # opens answered with a backing id since start
         self.reuses = 0  # of those, opens that took an idle id (no registration)
@@ -308,12 +312,18 @@ class Passthrough:
         self.opens += 1
         return backing_id
 
-    def opened_cached(self, inode: int) -> None:
-        """A handle of ``inode`` was opened on the pyfuse3 path."""
+    def opened_cached(self, inode: int) -> int | None:
+        """A handle of ``inode`` is opened on the pyfuse3 path — unless the inode has a
+        backing id with open handles by now (another open attached one while this one was
+        deciding: mixing would fail the open), whose id is then returned to share."""
         with self._locked():
             self._load(inode)
+            backing = self._backings.get(inode)
+            if backing is not None and backing.handles > 0:
+                return self._share(inode, False)  # an O_DIRECT-like join: not counted
             self._cached[inode] = self._cached.get(inode, 0) + 1
             self._record(inode)
+            return None
 
     def released(self, inode: int, passthrough: bool) -> None:
         """A handle of ``inode`` was released; the last passthrough one makes the id idle
@@ -375,6 +385,7 @@ class Passthrough:
             return
         if mine is None:
             fd = self._open_block(slot.digest)
+            snapshot_id = snapshot_id or self._snapshot_of(inode)
             mine = self._backings[inode] = _Backing(
                 slot.backing_id, slot.digest, snapshot_id, fd, handles=slot.handles,
                 checked=self._clock() if fd >= 0 else 0.0,  # gone: re-checked at once

@@ -165,6 +165,14 @@ class InodeTable:
             return None
         return self._nodes.get(root)
 
+    def snapshot_of(self, inode: int) -> str:
+        """The snapshot id whose range holds ``inode`` ("" when none does)."""
+        i = bisect.bisect_right(self._starts, (inode, 1 << 62)) - 1
+        if i < 0:
+            return ""
+        first, count, snapshot_id, _ = self._starts[i]
+        return snapshot_id if first <= inode < first + count else ""
+
     def remember(self, inode: int) -> None:
         """The kernel took one more reference to ``inode`` (a lookup reply)."""
         self._lookups[inode] = self._lookups.get(inode, 0) + 1

@@ -205,12 +205,15 @@ class Supervisor:
         connection, which must say it serves within :data:`HANDOVER_TIMEOUT`; then the
         other mount workers, when more are asked for and the connection is held."""
         assert not resume or self._fuse is not None
+        if not resume:  # a new connection: no worker of an earlier one may write its records
+            self.workers.stop(_terminate)
         self.mount = self._spawn_mount(0, self._fuse[0] if resume and self._fuse else None)
         self._mount_restarts.up()
         if self._fuse is not None and not resume:
             self.workers.start(self.mount_workers, self._fuse[0])
 
     def _spawn_worker(self, index: int, fd: int) -> Process:
+        """Start mount worker ``index`` on its clone ``fd`` (:class:`MountWorkers`)."""
         return self._spawn_mount(index, fd)
 
     def _spawn_mount(self, index: int, resume_fd: int | None) -> Process:
@@ -304,7 +307,7 @@ class Supervisor:
         if not self._resume_mount():
             self._start_mount()
             return
-        self.workers.hand_over(HANDOVER_TIMEOUT)
+        self.workers.hand_over(HANDOVER_TIMEOUT, self._resend)
 
     def _wait(self, proc: Process, what: str, ready: object) -> None:
         deadline = time.monotonic() + READY_TIMEOUT

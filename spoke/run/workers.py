@@ -127,17 +127,24 @@ class MountWorkers:
                           index, status)  # fmt: skip
                 if self._clock() - worker.up_since >= 10.0:
                     worker.failures = 0
+                else:  # died soon after its start: back off before the next one
+                    worker.failures += 1
+                    worker.retry_at = self._clock() + min(0.1 * 2**worker.failures, 30.0)
                 resend(worker.fd)
             if worker.proc is None and worker.fd >= 0 and self._clock() >= worker.retry_at:
                 self._run(index, worker, again=True)
 
-    def hand_over(self, timeout: float) -> None:
+    def hand_over(self, timeout: float, resend: Callable[[int], None]) -> None:
         """SIGHUP: each worker in turn stops reading (SIGUSR2) and exits, and a new one
-        running the code on disk resumes on its clone; the others serve meanwhile."""
+        running the code on disk resumes on its clone; the others serve meanwhile. What
+        a worker had read and not answered (one killed after ``timeout``) is queued again
+        by ``resend(fd)`` first."""
         for index, worker in list(self._workers.items()):
             if worker.proc is not None:
                 stop_reading(worker.proc, timeout, f"mount worker {index}")
                 worker.proc = None
+                if worker.fd >= 0:
+                    resend(worker.fd)
             if worker.fd < 0:
                 del self._workers[index]
                 continue
@@ -145,8 +152,9 @@ class MountWorkers:
             self._run(index, worker, again=True)
 
     def stop(self, terminate: Callable[[Process], None]) -> None:
-        """Stop every worker and close the clones (the connection ends with the last
-        descriptor: call it after the unmount, or when giving the connection up)."""
+        """Stop every worker and close the clones (the connection itself lives on while
+        the supervisor holds its first descriptor: :meth:`Supervisor.shutdown` unmounts
+        after this)."""
         for worker in self._workers.values():
             if worker.proc is not None:
                 terminate(worker.proc)

@@ -225,3 +225,41 @@ def test_hand_over_off_is_said(mode: str) -> None:
     from fusemount.handover import unavailable_reason
 
     assert unavailable_reason(mode) == "--mount-handover off"
+
+
+def test_an_open_that_found_no_id_shares_one_attached_meanwhile(tmp_path: Path) -> None:
+    """An open decided for the pyfuse3 path while another worker attached a backing id
+    joins that id (mixing the two would fail the open) instead of counting a pyfuse3
+    handle; the id's snapshot is found from the inode's range."""
+    blocks = tmp_path / "blocks"
+    blocks.mkdir()
+    digest = "cd" * 16
+    (blocks / digest).write_bytes(b"12345")
+
+    def worker(fresh: bool) -> Passthrough:
+        return Passthrough(
+            open_backing=lambda fd: 9, close_backing=lambda i: None,
+            ledger=BackingLedger(tmp_path / "ledger", fresh=fresh),
+            block_path=lambda d: blocks / d, exclusive=False, snapshot_of=lambda i: "s9",
+        )  # fmt: skip
+
+    a, b = worker(True), worker(False)
+    assert a.attach(40, _node(40, digest), digest, os.open(blocks / digest, os.O_RDONLY)) == 9
+    assert b.opened_cached(40) == 9  # joins a's id: no pyfuse3 handle counted
+    assert BackingLedger(tmp_path / "ledger", fresh=False).get(40).handles == 2
+    assert b.opened_cached(41) is None  # no id: a pyfuse3 handle, seen by a
+    assert a.candidate(41, _node(41, digest)) is None
+    a.released(40, True)
+    b.released(40, True)  # the last handle: idle in b, whose revocation closes it
+    assert b.idle_backing_ids == 1 and b.revoke(["s9"]) == 0 and b.idle_backing_ids == 0
+
+
+def test_a_lost_journal_line_fails_the_request_when_workers_share_it(tmp_path: Path) -> None:
+    table = InodeTable(InodeJournal(tmp_path / "j", fresh=True))
+    assert table.journal is not None
+    table.journal.shared = True
+    os.close(table.journal._fd)  # the disk refuses every write from now on
+    table.journal._fd = os.open(tmp_path / "j", os.O_RDONLY)
+    with pytest.raises(OSError):
+        table.intern(("dataset", "x"), Node(0, Role.DATASET, DIR_MODE, dataset="x"))
+    assert table.journal.failed
