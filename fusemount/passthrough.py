@@ -51,7 +51,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,6 +145,9 @@ def unavailable_reason(
     if kind in STACKED_FILESYSTEMS:
         return f"the cache directory is on {kind} (a stacked file system cannot back files)"
     return ""
+
+
+_UNLOCKED = contextlib.nullcontext()  # reusable and re-entrant
 
 
 @dataclass
@@ -356,14 +359,12 @@ class Passthrough:
         self._idle.pop(inode, None)
         self._idle[inode] = None  # newest last
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """The ledger's lock (nothing when this process serves the connection alone)."""
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        """The ledger's lock (nothing when this process serves the connection alone: a
+        shared no-op, so an open or release alone builds no generator)."""
         if self.ledger is None or self.exclusive:
-            yield
-        else:
-            with self.ledger.locked():
-                yield
+            return _UNLOCKED
+        return self.ledger.locked()
 
     def _load(self, inode: int, snapshot_id: str = "", adopting: bool = False) -> None:
         """Bring this process's view of ``inode`` up to date from its ledger slot (another
