@@ -113,3 +113,54 @@ def _serve_kill_and_upgrade(stack: LocalStack, tmp_path: Path, src: Path) -> Non
     assert not is_mounted(mnt.resolve())
     time.sleep(0.2)
     assert _workers(mnt) == []  # none left behind
+
+
+def _loop_sleeps(pid: int) -> int:
+    """How often ``pid``'s main thread (its trio loop) has slept (proc(5))."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError(f"/proc/{pid}/status has no voluntary_ctxt_switches")
+
+
+@pytest.mark.timing  # requests spaced so every worker sleeps between them: run alone
+@pytest.mark.parametrize("wait", ["exclusive", "trio"])
+def test_idle_workers_wake_one_per_request_with_the_exclusive_wait(
+    tmp_path: Path, src: Path, wait: str
+) -> None:
+    """``--mount-wait exclusive`` (the default): of the workers sleeping for a request,
+    the kernel wakes one (EPOLLEXCLUSIVE), so the workers' loops sleep once per request;
+    ``trio`` (the fallback) wakes every one, and serves the same bytes."""
+    with supervised_stack(tmp_path) as stack:
+        hub = stack.start_hub(tmp_path / "hub")
+        cache, mnt = tmp_path / "cache", tmp_path / "mnt"
+        extra = ("--mount-workers", str(WORKERS), "--mount-wait", wait)
+        stack.start_spoke(hub, cache, mnt, "64MiB", extra=extra)
+        eventually(lambda: len(_workers(mnt)) == WORKERS, f"{WORKERS} mount processes")
+        root = mnt / "ds" / "v1"
+        for i in range(64):
+            name = f"chunks/c{i:02d}"
+            assert (root / name).read_bytes() == (src / name).read_bytes()
+        workers = _workers(mnt)
+        time.sleep(0.5)  # every worker idle, asleep in its wait
+        before = {pid: _loop_sleeps(pid) for pid in workers}
+        requests = 300
+        for _ in range(requests):  # each answered by the mount (no kernel cache) and
+            os.getxattr(mnt, "user.strata.passthrough")
+            time.sleep(0.002)  # coming when every worker is asleep again
+        slept = {pid: _loop_sleeps(pid) - before[pid] for pid in workers}
+        sleeps = sum(slept.values()) / requests
+        print(f"--mount-wait {wait}: {sleeps:.2f} loop sleeps per request, per worker {slept}")
+        if wait == "exclusive":
+            assert sleeps < 1.5  # one wake per request, and the loops' own timers
+        else:
+            assert sleeps > 2  # every idle worker wakes (the herd the default avoids)
+        readers = Readers(root, src, BLOCK)
+        try:
+            ticks = {pid: _cpu_ticks(pid) for pid in workers}
+            eventually(lambda: readers.reads > 1000, "reads through the workers")
+            assert all(_cpu_ticks(pid) > ticks[pid] for pid in workers)  # each answered
+        finally:
+            readers.finish()
+        assert readers.errors == []
+        stack.stop_spoke()
