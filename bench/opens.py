@@ -1,7 +1,7 @@
 """Opens of cached small files: the mount's CPU per open+release, and opens/s beside local disk.
 
     python -m bench.opens [--files 4000] [--threads 4] [--passes 3] [--workers 1,2,4]
-                          [--wait exclusive,trio] [--json FILE]
+                          [--json FILE]
 
 ``--files`` files of 64 KiB (one block each, Zarr-chunk sized) are published, read once
 through a spoke's mount (``--passthrough auto``, so the cache holds them and the kernel
@@ -18,11 +18,8 @@ run. Two kinds of pass:
 The mount's CPU is the mount processes' own clocks (``utime + stime`` of
 ``/proc/PID/stat``, all threads, summed over the ``--mount-workers`` processes) over the
 pass, divided by the opens; the daemon is not counted (cached opens never reach it).
-Loop sleeps per open are the times the mount processes' main threads (their trio loops)
-slept (``voluntary_ctxt_switches``), divided by the opens: the wake-ups each open costs.
 ``--workers 1,2,4`` runs both pass kinds once per worker count, one spoke after the
-other on the same warm cache, so opens/s per worker count are side by side in one run;
-``--wait exclusive,trio`` does so for each ``--mount-wait`` too (how idle workers wait).
+other on the same warm cache, so opens/s per worker count are side by side in one run.
 Prints, per pass kind, the mount's µs of CPU per file (the issue's target: ≤ 50 µs per
 open+release), opens/s local and mount, and mount/local (target ≥ 0.5). Needs root for
 dropping caches (else the passes say so).
@@ -58,20 +55,6 @@ def process_cpu_s(pid: int) -> float:
         fields = f.read().rpartition(")")[2].split()
     ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of proc(5))
     return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def loop_sleeps(pid: int) -> int:
-    """Times the main thread of ``pid`` (a mount's trio loop) has slept so far
-    (``voluntary_ctxt_switches`` of ``/proc/PID/status``).
-
-    Raises:
-        OSError: no such process.
-    """
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("voluntary_ctxt_switches:"):
-                return int(line.split()[1])
-    raise OSError(f"/proc/{pid}/status has no voluntary_ctxt_switches")
 
 
 def open_read_close(paths: list[Path], threads: int) -> float:
@@ -117,13 +100,7 @@ def make_source(root: Path, files: int) -> list[str]:
 
 
 def measure(
-    names: list[str],
-    local: Path,
-    mount: Path,
-    pids: list[int],
-    threads: int,
-    passes: int,
-    wait: str = "exclusive",
+    names: list[str], local: Path, mount: Path, pids: list[int], threads: int, passes: int
 ) -> list[dict[str, Any]]:
     """The two pass kinds (see the module doc), ``passes`` of each, best pass kept;
     ``pids``: the mount processes whose CPU is counted."""
@@ -135,19 +112,16 @@ def measure(
             dropped = drop_page_cache(level)
             local_s = open_read_close([local / n for n in order], threads)
             drop_page_cache(level)
-            cpu0, sleeps0 = sum(map(process_cpu_s, pids)), sum(map(loop_sleeps, pids))
+            cpu0 = sum(map(process_cpu_s, pids))
             mount_s = open_read_close([mount / n for n in order], threads)
             cpu_us = (sum(map(process_cpu_s, pids)) - cpu0) * 1e6 / len(order)
-            sleeps = (sum(map(loop_sleeps, pids)) - sleeps0) / len(order)
             row: dict[str, Any] = {
                 "pass": kind,
                 "workers": len(pids),
-                "wait": wait,
                 "files": len(order),
                 "threads": threads,
                 "dropped": dropped,
                 "mount_cpu_us_per_open": cpu_us,
-                "loop_sleeps_per_open": sleeps,
                 "local_opens_s": len(order) / local_s,
                 "mount_opens_s": len(order) / mount_s,
             }
@@ -157,9 +131,8 @@ def measure(
         assert best is not None
         rows.append(best)
         print(
-            f"{len(pids)} worker(s), {wait} wait, {kind:>10}: "
+            f"{len(pids)} worker(s) {kind:>10}: "
             f"mount CPU {best['mount_cpu_us_per_open']:6.1f} µs/open+release  "
-            f"loop sleeps {best['loop_sleeps_per_open']:.2f}/open  "
             f"opens/s local {best['local_opens_s']:8.0f}  mount {best['mount_opens_s']:8.0f}  "
             f"mount/local {best['ratio']:.2f}" + ("" if best["dropped"] else "  (not dropped)"),
             flush=True,
@@ -180,20 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers", default="1", help="comma-separated --mount-workers counts (default 1)"
     )
-    parser.add_argument(
-        "--wait",
-        default="exclusive",
-        help="comma-separated --mount-wait modes, exclusive and/or trio (default exclusive)",
-    )
     parser.add_argument("--json", type=Path, default=None)
     ns = parser.parse_args(argv)
     try:
         counts = [int(c) for c in ns.workers.split(",")]
     except ValueError:
         parser.error(f"--workers {ns.workers}: comma-separated counts, e.g. 1,2,4")
-    waits = ns.wait.split(",")
-    if not set(waits) <= {"exclusive", "trio"}:
-        parser.error(f"--wait {ns.wait}: exclusive and/or trio, comma-separated")
     with tempfile.TemporaryDirectory(prefix="strata-opens-") as tmp:
         work = Path(tmp)
         names = make_source(work / "src", ns.files)
@@ -203,26 +168,24 @@ def main(argv: list[str] | None = None) -> int:
             hub = stack.start_hub(work / "hub")
             cache, mnt = work / "cache", work / "mnt"
             rows = []
-            for count, wait in [(c, w) for c in counts for w in waits]:
+            for count in counts:
                 extra = ("--passthrough", "auto", "--mount-workers", str(count))
-                extra += ("--mount-wait", wait)
                 stack.start_spoke(hub, cache, mnt, f"{cache_mib}MiB", extra=extra)
                 root = mnt / "op" / "v1"
                 open_read_close([root / n for n in names], ns.threads)  # fill the cache
                 state = os.getxattr(mnt, "user.strata.passthrough").decode()
                 pids = _mount_pids(mnt, count)
                 print(f"{len(pids)} mount worker(s); passthrough: {state}", flush=True)
-                rows += measure(names, work / "src", root, pids, ns.threads, ns.passes, wait)
+                rows += measure(names, work / "src", root, pids, ns.threads, ns.passes)
                 stack.stop_spoke()
     print(
-        "\n| workers | wait | pass | files | threads | mount CPU µs per open+release "
-        "| loop sleeps per open | local opens/s | mount opens/s | mount/local |"
-        "\n|---|---|---|---|---|---|---|---|---|---|"
+        "\n| workers | pass | files | threads | mount CPU µs per open+release | local opens/s "
+        "| mount opens/s | mount/local |\n|---|---|---|---|---|---|---|---|"
     )
     for r in rows:
         print(
-            f"| {r['workers']} | {r['wait']} | {r['pass']} | {r['files']} | {r['threads']} "
-            f"| {r['mount_cpu_us_per_open']:.0f} | {r['loop_sleeps_per_open']:.2f} "
+            f"| {r['workers']} | {r['pass']} | {r['files']} | {r['threads']} "
+            f"| {r['mount_cpu_us_per_open']:.0f} "
             f"| {r['local_opens_s']:.0f} | {r['mount_opens_s']:.0f} | {r['ratio']:.2f} |"
         )
     if ns.json:

@@ -161,11 +161,9 @@ async def serve(
     read_ahead_kb: int = 0,
     exit_: _Exit | None = None,
     check: Callable[[], None] | None = None,
-    exclusive_wait: bool = True,
 ) -> None:
     """Serve FUSE requests until unmounted or signalled, flushing access records
-    (``check``: called every second, the hand-over records' health; ``exclusive_wait``:
-    ``--mount-wait exclusive``, where the patched pyfuse3 has it)."""
+    (``check``: called every second, the hand-over records' health)."""
     async with trio.open_nursery() as nursery:
         if check is not None:
             nursery.start_soon(_every_second, check)
@@ -176,8 +174,6 @@ async def serve(
         nursery.start_soon(reader.flush_hits_forever)
         nursery.start_soon(reader.prefetch_forever)
         nursery.start_soon(_stop_on_signal, exit_ or _Exit())
-        if hasattr(pyfuse3, "exclusive_wait"):
-            pyfuse3.exclusive_wait(exclusive_wait)
         await pyfuse3.main(min_tasks=4, max_tasks=64)
         nursery.cancel_scope.cancel()
     await reader.flush_hits()
@@ -313,14 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_ = _Exit()
     try:
         trio.run(
-            serve,
-            ops,
-            reader,
-            mountpoint,
-            settings.read_ahead_kb,
-            exit_,
-            session.check_records,
-            settings.mount_wait == "exclusive",
+            serve, ops, reader, mountpoint, settings.read_ahead_kb, exit_, session.check_records
         )
     finally:
         # a resumed session has nothing to unmount (its supervisor does), nor one handed on

@@ -28,13 +28,13 @@ registered until unmount), never miss one.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import mmap
 import os
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from fusemount.flock import ReentrantFlock
 
 _SLOT = struct.Struct("<iii4x16s")  # backing id, passthrough handles, pyfuse3 handles, digest
 CHUNK_SLOTS = 32768  # 1 MiB of slots allocated at a time
@@ -75,7 +75,7 @@ class BackingLedger:
         flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if fresh else 0)
         self._fd = os.open(path, flags, 0o600)
         self.failed = False  # a slot could not be written: a successor must not trust it
-        self._held: dict[int, int] = {}  # inode -> nesting of locked() in this process
+        self._lock = ReentrantFlock(self._fd)
         self.shared = False  # other workers read it: a slot not written must fail the open
         self._map: mmap.mmap | None = None
         self._count = 0
@@ -97,30 +97,10 @@ class BackingLedger:
             old.close()
         self._count = count
 
-    @contextlib.contextmanager
-    def locked(self, inode: int) -> Iterator[None]:
-        """Hold ``inode``'s slot exclusively for a read-decide-write that other processes
-        of the connection may also be making: a POSIX record lock (``fcntl(F_SETLKW)``) of
-        its 32 bytes, re-entrant in this process. Record locks belong to the process (one
-        thread here: the mount's loop) and end with it, so a SIGKILLed worker never leaves
-        a slot locked; the file is opened once per process, as closing any descriptor of it
-        would drop them all.
-
-        Raises:
-            OSError: the kernel refused the lock (EDEADLK, ENOLCK).
-        """
-        depth = self._held.get(inode, 0)
-        if depth == 0:
-            fcntl.lockf(self._fd, fcntl.LOCK_EX, _SLOT.size, inode * _SLOT.size)
-        self._held[inode] = depth + 1
-        try:
-            yield
-        finally:
-            if depth == 0:
-                del self._held[inode]
-                fcntl.lockf(self._fd, fcntl.LOCK_UN, _SLOT.size, inode * _SLOT.size)
-            else:
-                self._held[inode] = depth
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the ledger's exclusive lock (``flock``; re-entrant in this process) for a
+        read-decide-write of slots that other processes of the connection also change."""
+        return self._lock.held()
 
     def get(self, inode: int) -> LedgerRecord:
         """``inode``'s slot as it stands (all zero when never written)."""

@@ -258,7 +258,7 @@ class Passthrough:
         pyfuse3 path; its block file is re-checked (``fstat``) when its last check is
         :data:`RECHECK_S` old, and closed if unlinked (then None: the caller opens it anew).
         """
-        with self._locked(inode):
+        with self._locked():
             self._load(inode, snapshot_id)
             return self._share(inode, counted)
 
@@ -289,7 +289,7 @@ class Passthrough:
             The backing id for the open reply, or None: take the pyfuse3 path (``fd`` is
             closed). Call :meth:`opened_cached` then.
         """
-        with self._locked(inode):
+        with self._locked():
             self._load(inode, node.snapshot_id)
             return self._attach(inode, node, digest, fd)
 
@@ -319,7 +319,7 @@ class Passthrough:
         """A handle of ``inode`` is opened on the pyfuse3 path — unless the inode has a
         backing id with open handles by now (another open attached one while this one was
         deciding: mixing would fail the open), whose id is then returned to share."""
-        with self._locked(inode):
+        with self._locked():
             self._load(inode)
             backing = self._backings.get(inode)
             if backing is not None and backing.handles > 0:
@@ -331,7 +331,7 @@ class Passthrough:
     def released(self, inode: int, passthrough: bool) -> None:
         """A handle of ``inode`` was released; the last passthrough one makes the id idle
         (closed when idle ids are off or passthrough is)."""
-        with self._locked(inode):
+        with self._locked():
             self._load(inode)
             self._release(inode, passthrough)
         while len(self._idle) > self.idle_max:
@@ -359,13 +359,12 @@ class Passthrough:
         self._idle.pop(inode, None)
         self._idle[inode] = None  # newest last
 
-    def _locked(self, inode: int) -> contextlib.AbstractContextManager[None]:
-        """The lock of ``inode``'s ledger slot (nothing when this process serves the
-        connection alone: a shared no-op, so an open or release alone builds no
-        generator)."""
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        """The ledger's lock (nothing when this process serves the connection alone: a
+        shared no-op, so an open or release alone builds no generator)."""
         if self.ledger is None or self.exclusive:
             return _UNLOCKED
-        return self.ledger.locked(inode)
+        return self.ledger.locked()
 
     def _load(self, inode: int, snapshot_id: str = "", adopting: bool = False) -> None:
         """Bring this process's view of ``inode`` up to date from its ledger slot (another
@@ -419,7 +418,7 @@ class Passthrough:
     def _close_idle(self, inode: int) -> None:
         """Close ``inode``'s backing id if it is still idle (another worker may have
         opened it since); else only forget it as idle here."""
-        with self._locked(inode):
+        with self._locked():
             self._load(inode)
             backing = self._backings.get(inode)
             if backing is not None and backing.handles <= 0:
@@ -461,7 +460,7 @@ class Passthrough:
         Returns how many backing ids were adopted."""
         adopted = 0
         for r in records:
-            with self._locked(r.inode):
+            with self._locked():
                 self._load(r.inode, adopting=True)
             adopted += r.backing_id > 0
         return adopted
@@ -508,7 +507,7 @@ class Passthrough:
             if self.ledger.get(inode).backing_id != self._backings[inode].backing_id
         ]
         for inode in gone:
-            with self._locked(inode):
+            with self._locked():
                 self._load(inode)
         self._reconcile_at += count - len(gone)
         return len(gone)

@@ -77,14 +77,6 @@ class MountSettings(BaseModel):
         "GIL (needs hand-over; 0: one per 4 cores, 1 to 8)",
         json_schema_extra={"commands": [RUN]},
     )
-    mount_wait: Literal["exclusive", "trio"] = Field(
-        default="exclusive",
-        description="how an idle mount process waits for the next request: in an epoll "
-        "set of its own where the connection's descriptor is EPOLLEXCLUSIVE, so one mount "
-        "worker wakes per request (exclusive), or in trio's, where every idle worker "
-        "wakes (trio)",
-        json_schema_extra={"commands": [RUN]},
-    )
     encryption_key_file: Path | None = Field(
         default=None,
         description="encrypt block files at rest with this AES-256-GCM key (0600; "

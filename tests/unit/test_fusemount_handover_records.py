@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -265,43 +263,3 @@ def test_a_lost_journal_line_fails_the_request_when_workers_share_it(tmp_path: P
     with pytest.raises(OSError):
         table.intern(("dataset", "x"), Node(0, Role.DATASET, DIR_MODE, dataset="x"))
     assert table.journal.failed
-
-
-_TRY_LOCK = """
-import fcntl, sys
-fd = open(sys.argv[1], "r+b")
-out = []
-for inode in map(int, sys.argv[2:]):
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 32, inode * 32)
-        fcntl.lockf(fd, fcntl.LOCK_UN, 32, inode * 32)
-        out.append("free")
-    except OSError:
-        out.append("held")
-print(" ".join(out))
-"""
-
-
-def _other_process_sees(path: Path, *inodes: int) -> list[str]:
-    """Whether another process could lock each inode's slot now ("free") or not."""
-    run = subprocess.run(
-        [sys.executable, "-c", _TRY_LOCK, str(path), *map(str, inodes)],
-        capture_output=True, text=True, check=True, timeout=30,
-    )  # fmt: skip
-    return run.stdout.split()
-
-
-def test_a_slot_lock_holds_that_inode_only_and_nests(tmp_path: Path) -> None:
-    """Workers opening different files never wait for each other: the ledger locks one
-    inode's 32 bytes, and a nested hold of the same slot keeps it until the outer ends."""
-    ledger = BackingLedger(tmp_path / "ledger", fresh=True)
-    with ledger.locked(5):
-        assert _other_process_sees(ledger.path, 4, 5, 6) == ["free", "held", "free"]
-        with ledger.locked(5):
-            ledger.put(5, 3, 1, 0, "ab" * 16)
-        assert _other_process_sees(ledger.path, 5) == ["held"]  # the inner end kept it
-        with ledger.locked(CHUNK_SLOTS + 9):  # past the mapped chunks: a lock all the same
-            assert _other_process_sees(ledger.path, CHUNK_SLOTS + 9, 5) == ["held", "held"]
-    assert _other_process_sees(ledger.path, 5, CHUNK_SLOTS + 9) == ["free", "free"]
-    assert ledger.get(5).backing_id == 3
-    ledger.close()

@@ -38,7 +38,6 @@ def test_every_setting_has_exactly_one_flag_on_run_and_the_daemon() -> None:
         "--passthrough",
         "--mount-handover",
         "--mount-workers",
-        "--mount-wait",
     }
     assert set(daemon) == {o.flag for o in declared} - mount_only | {"--config", "--settings"}
     for flag in ("--high-watermark", "--low-watermark", "--fill-share", "--peer-probe-interval"):
