@@ -27,8 +27,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -36,12 +35,11 @@ import grpc
 from hub.audit import AuditLog
 from hub.auth import Principal
 from hub.blobstore import BlobStore
-from hub.budget import ReadBudget, block_charge
+from hub.blockstream import MAX_DIGESTS_PER_REQUEST, BlockStreamer, PackedDigests
+from hub.budget import ReadBudget
 from hub.catalog import Catalog, Snapshot, Tag
 from hub.errors import (
-    BlockNotFound,
     Conflict,
-    CorruptBlob,
     HubError,
     LimitExceeded,
     QuotaExceeded,
@@ -65,11 +63,9 @@ from hub.wire import (
     CHUNK_BYTES,
     Oversize,
     decode_page_token,
-    encode_block_chunk,
     encode_page_token,
     entry_message,
     event_message,
-    pack_into_first,
     pack_repeated,
     snapshot_message,
     status_code,
@@ -82,15 +78,6 @@ logger = logging.getLogger(__name__)
 
 MANIFEST_PAGE_ENTRIES = 256
 """Manifest entries read per worker-thread call while streaming GetManifest."""
-
-
-MAX_DIGESTS_PER_REQUEST = 4096
-"""Most digests one ``ReadBlocksRequest`` may name (the spoke asks for 16 at a time)."""
-
-
-PACK_MOST_BLOCKS = 256
-"""Most blocks packed into one ``ReadBlocks`` message (``ReadBlocksRequest.pack_bytes``);
-a 1 MiB message of 4 KiB blocks."""
 
 
 DEFAULT_PAGE_SIZE = 1000
@@ -204,45 +191,6 @@ async def _first_taken(requests: AsyncIterator[_Request]) -> AsyncIterator[_Requ
     return chained()
 
 
-class _Digests(Sequence[str]):
-    """A request's digests, 16 bytes each instead of a str object (81 bytes) each: what a
-    stream holds while it waits for room (:mod:`hub.budget`)."""
-
-    __slots__ = ("_packed",)
-
-    def __init__(self, digests: Sequence[str]) -> None:
-        self._packed = bytes.fromhex("".join(digests))
-
-    def __len__(self) -> int:
-        return len(self._packed) // 16
-
-    def __getitem__(self, index: int) -> str:  # type: ignore[override]
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        return self._packed[index * 16 : index * 16 + 16].hex()
-
-
-@dataclass(slots=True)
-class _Run:
-    """Blocks sent together: one block, or a packed run of small ones (``packed``).
-
-    Attributes:
-        blocks: ``(digest, size)`` in order.
-        packed: Whether they go as one packed message.
-        end: The index after the run in the request's digests.
-        size: Their bytes.
-        charge: What the run is charged in the read budget (:func:`hub.budget.block_charge`).
-        data: Their bytes once read.
-    """
-
-    blocks: list[tuple[str, int]]
-    packed: bool
-    end: int
-    size: int
-    charge: int
-    data: list[bytes] = field(default_factory=list)
-
-
 class HubService(hub_pb2_grpc.HubServicer):
     """Implements ``protocol.hub.v1.Hub`` over a catalog and a blob store.
 
@@ -304,6 +252,7 @@ class HubService(hub_pb2_grpc.HubServicer):
         )
         self._call_slots = StreamSlots("unary", "hub.streams.UNARY_CALLS", UNARY_CALLS)
         self._metrics.read_bytes_held.set_function(lambda: self._budget.held)
+        self._blocks = BlockStreamer(catalog, store, self._budget, self._metrics, chunk_bytes)
         if grant_limiter is None and grants is not None:
             grant_limiter = GrantLimiter(grants.lifetime_s)
         self._grant_limiter = grant_limiter
@@ -504,144 +453,13 @@ class HubService(hub_pb2_grpc.HubServicer):
                         f"{len(request.digests)} digests in one request; "
                         f"at most {MAX_DIGESTS_PER_REQUEST} are allowed"
                     )
-                digests = _Digests([validate_digest(digest) for digest in request.digests])
+                digests = PackedDigests([validate_digest(digest) for digest in request.digests])
                 pack_bytes = min(request.pack_bytes, self._chunk_bytes)
                 request = None  # type: ignore[assignment]  # not kept while the stream waits
-                async for message in self._block_messages(
+                async for message in self._blocks.messages(
                     digests, readable, pack_bytes, principal.name
                 ):
                     yield message
-
-    def _plan_run(
-        self,
-        digests: Sequence[str],
-        start: int,
-        readable: Callable[[str], bool] | None,
-        pack_bytes: int,
-    ) -> _Run:
-        """Looks up ``digests[start]`` and, with ``pack_bytes``, the blocks after it that
-        fit in one message with it; runs in a worker thread (one hop for the run).
-
-        A run of whole one-chunk blocks totalling at most ``pack_bytes`` data bytes
-        (at most :data:`PACK_MOST_BLOCKS`) becomes one message: the first block's
-        ``BlockChunk`` with the others in its ``more`` (:func:`pack_into_first`).
-        Nothing is read yet: the run is charged to the budget first.
-
-        Raises:
-            BlockNotFound: ``digests[start]`` is unknown (or unreadable by this caller); a
-                later one ends the run and fails on its own turn.
-        """
-        size = self._catalog.block_size(digests[start], readable)
-        if size is None:
-            raise BlockNotFound(f"unknown block {digests[start]}")
-        blocks = [(digests[start], size)]
-        packed = bool(pack_bytes) and 0 < size <= min(pack_bytes, self._chunk_bytes)
-        total, end = size, start + 1
-        while packed and end < len(digests) and end - start < PACK_MOST_BLOCKS:
-            next_size = self._catalog.block_size(digests[end], readable)
-            if next_size is None or total + next_size > pack_bytes:
-                break  # an unknown one fails on its own turn, after what came before
-            blocks.append((digests[end], next_size))
-            total += next_size
-            end += 1
-        charge = block_charge(total, self._chunk_bytes) + (total if packed else 0)
-        return _Run(blocks, packed, end, total, charge)
-
-    def _read_run(self, run: _Run) -> None:
-        """Reads a planned run's blocks whole (one request to the store each, so the
-        kernel's readahead or one ranged GET covers a block); in a worker thread.
-
-        Raises:
-            CorruptBlob: the stored bytes have the wrong length.
-        """
-        for digest, size in run.blocks:
-            data = self._store.read(digest)
-            if len(data) != size:
-                raise CorruptBlob(f"block {digest} has {len(data)} bytes, not {size}")
-            run.data.append(data)
-
-    async def _load_run(
-        self,
-        digests: Sequence[str],
-        start: int,
-        readable: Callable[[str], bool] | None,
-        pack_bytes: int,
-        who: str,
-        wait: bool,
-    ) -> _Run | None:
-        """Plans the run at ``start``, charges it to ``who`` (waiting for room, or with
-        ``wait`` false giving up at once: None) and reads it."""
-        run = await asyncio.to_thread(self._plan_run, digests, start, readable, pack_bytes)
-        if wait:
-            await self._budget.take(who, run.charge)
-        elif not self._budget.try_take(who, run.charge):
-            return None
-        try:
-            await asyncio.to_thread(self._read_run, run)
-        except BaseException:
-            self._budget.release(who, run.charge)
-            raise
-        return run
-
-    def _run_messages(self, run: _Run) -> Iterator[bytes]:
-        """A run's messages, each encoded only when the previous one has been sent
-        (:func:`encode_block_chunk` from a view of the block: one copy besides the read)."""
-        if run.packed:
-            messages = [
-                encode_block_chunk(digest, 0, data, size, True)
-                for (digest, size), data in zip(run.blocks, run.data, strict=True)
-            ]
-            yield pack_into_first(messages, hub_pb2.BlockChunk.MORE_FIELD_NUMBER)
-            return
-        (digest, size), data = run.blocks[0], run.data[0]
-        view = memoryview(data)
-        step = self._chunk_bytes
-        for offset in range(0, size, step):
-            yield encode_block_chunk(
-                digest, offset, view[offset : offset + step], size, offset + step >= size
-            )
-
-    async def _block_messages(
-        self,
-        digests: Sequence[str],
-        readable: Callable[[str], bool] | None,
-        pack_bytes: int,
-        who: str,
-    ) -> AsyncIterator[bytes]:
-        """Streams blocks in order, each charged to ``who`` while it is held; the next
-        run is read while this one is being sent when the budget has room for both."""
-        if not digests:
-            return
-        load = self._load_run
-        pending: asyncio.Future[_Run | None] | None = None
-        start = 0
-        try:
-            while start < len(digests):
-                run = await pending if pending is not None else None
-                pending = None
-                if run is None:
-                    run = await load(digests, start, readable, pack_bytes, who, True)
-                    assert run is not None  # a waiting load charges or raises
-                try:
-                    if run.end < len(digests):
-                        pending = asyncio.ensure_future(
-                            load(digests, run.end, readable, pack_bytes, who, False)
-                        )
-                    for message in self._run_messages(run):
-                        yield message
-                finally:
-                    run.data.clear()
-                    self._budget.release(who, run.charge)
-                self._metrics.blocks_served_bytes.inc(run.size)
-                self._metrics.blocks_served.inc(run.end - start)
-                start = run.end
-        finally:
-            if pending is not None:
-                pending.cancel()
-                with contextlib.suppress(BaseException):
-                    ahead = await pending
-                    if ahead is not None:
-                        self._budget.release(who, ahead.charge)
 
     @_unary
     async def IssueGrant(
