@@ -19,12 +19,14 @@ SIGCOMM 1988):
   to the source's maximum;
 * requests dropped while the source is off are remembered (a bounded list of *ghosts*,
   as ARC remembers evicted keys); a reader reading one confirms the source would have
-    been right, and opens the window to that block's size. That is the only way an off
+  been right, and opens the window to that block's size. That is the only way an off
   source comes back: on confirmed use, never by itself, and one block at a time (its
   blocks must then be read before they are evicted to grow it further).
 
-The ledger learns of reads as a subscriber of the access log (:meth:`PrefetchLedger.observe`,
-:mod:`spoke.serve.access`) and of evictions as one of the cache's (``BlockCache.on_evict``);
+The ledger learns of reads from the access log (:mod:`spoke.serve.access`) through the
+scheduler's subscriber (:meth:`spoke.fetch.scheduler.FetchScheduler.observe`, which also
+marks a flight read when its hit comes in before the flight resolved) and of evictions as
+one of the cache's subscribers (``BlockCache.on_evict``);
 the scheduler tells it what is requested, claimed by a reader, and how each fetch ended.
 
 Everything runs on the daemon's event loop (no locks).
@@ -33,7 +35,7 @@ Everything runs on the daemon's event loop (no locks).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -187,11 +189,6 @@ class PrefetchLedger:
         metrics.PREFETCH_BYTES.inc(size)
         metrics.PREFETCH_SOURCE_BYTES.labels(source, "issued").inc(size)
         self._wasted(ledger, size)
-
-    def observe(self, digests: Sequence[str], hit: bool) -> None:
-        """The access log's subscriber: readers read ``digests`` (hits and misses alike),
-        see :meth:`note_read`."""
-        self.note_read(digests)
 
     def note_read(self, digests: Iterable[str]) -> None:
         """Readers read these blocks: cached prefetches among them were used, and

@@ -20,11 +20,12 @@ The scheduler puts together parts that each own one concern:
   together on one stream, so many readers' small misses make few streams.
 * **Deadlines** are the fetcher's (:mod:`spoke.fetch.deadlines`): a reader's wait is one
   it asks the fetcher for, the scheduler never reads the fetcher's state.
-* **Ledger and feedback** (:mod:`spoke.fetch.ledger`). A fetch asked for ahead of any reader has
-  a source (hint, in-file readahead, cross-file readahead, fill): counted issued when it
-  arrives, used when read (the ledger subscribes to the access log), wasted when evicted unread;
-  a source whose blocks go unread has its window shrunk, down to off, and requests past
-  its window are dropped.
+* **Ledger and feedback** (:mod:`spoke.fetch.ledger`). A fetch asked for ahead of any
+  reader has a source (hint, in-file readahead, cross-file readahead, fill): counted
+  issued when it arrives, used when read (the scheduler subscribes to the access log for
+  it, so a read that comes in while the block's admission is still running counts too),
+  wasted when evicted unread; a source whose blocks go unread has its window shrunk, down
+  to off, and requests past its window are dropped.
 * **Room.** Readahead is dropped when the cache has no room for it above its high
   watermark (less what is on the way, :attr:`spoke.cache.blockcache.BlockCache.readahead_room`): a
   block fetched ahead never makes the cache evict one its policy ranks (it is admitted at
@@ -168,6 +169,23 @@ class FetchScheduler:
         if priority == Priority.DEMAND:
             metrics.DEMAND_MISS_SECONDS.observe(time.monotonic() - started)
         return was_cached, uncached
+
+    def observe(self, digests: Sequence[str], hit: bool) -> None:
+        """The access log's subscriber (in place of the ledger's own): readers read
+        ``digests`` — hits from the block files, or misses.
+
+        A hit can come in for a prefetched block whose flight has not resolved yet: the
+        block file landed and the mount read it while the rest of its admission (the
+        index, the policy) was still running on this loop. Such a flight is marked read,
+        so the ledger counts it used when it resolves instead of keeping it unread for
+        ever; then the ledger hears of the reads (:meth:`PrefetchLedger.note_read`).
+        """
+        if hit:
+            for digest in digests:
+                flight = self.flights.get(digest)
+                if flight is not None and flight.source is not None:
+                    flight.demanded = True
+        self.ledger.note_read(digests)
 
     def _again(
         self, digest: str, size: int, priority: Priority

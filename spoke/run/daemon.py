@@ -155,7 +155,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
 
         access.subscribe("policy", policy)
         access.subscribe("hints", hints.observe)
-        access.subscribe("ledger", scheduler.ledger.observe)
+        access.subscribe("ledger", scheduler.observe)
         fill = BackgroundFill(
             index,
             scheduler,
