@@ -52,6 +52,9 @@ class Flight:
         sent_as: the class its batch left in.
         source: who asked for it ahead of any reader (the ledger's), if nobody else has.
         demanded: a reader joined after it left.
+        read_early: the mount reported a read of its block file while its admission
+            still ran (the policy could not record it then: see
+            :meth:`~spoke.fetch.scheduler.FetchScheduler.observe`).
         stream: the stream it left on.
     """
 
@@ -63,6 +66,7 @@ class Flight:
     sent_as: Priority | None = None
     source: Source | None = None
     demanded: bool = False
+    read_early: bool = False
     stream: Stream | None = None
 
 

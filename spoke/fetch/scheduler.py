@@ -174,17 +174,24 @@ class FetchScheduler:
         """The access log's subscriber (in place of the ledger's own): readers read
         ``digests`` — hits from the block files, or misses.
 
-        A hit can come in for a prefetched block whose flight has not resolved yet: the
-        block file landed and the mount read it while the rest of its admission (the
-        index, the policy) was still running on this loop. Such a flight is marked read,
-        so the ledger counts it used when it resolves instead of keeping it unread for
-        ever; then the ledger hears of the reads (:meth:`PrefetchLedger.note_read`).
+        A hit can come in for a block whose flight has not resolved yet: the block file
+        landed and the mount read it while the rest of its admission (the index commit in
+        the writer's thread, the policy's insert on this loop) still ran. The policy's
+        subscriber cannot record that read (the block is not resident yet), and the ledger
+        would count a prefetched block read before it was cached as never read: evicted,
+        wasted, its source's window halved. So such a flight is marked read (``demanded``
+        for the ledger, ``read_early`` for the policy) and :meth:`resolved` hands both the
+        read; then the ledger hears of the reads (:meth:`PrefetchLedger.note_read`). Hits
+        for flights still queued or on the wire are stale block files of earlier runs and
+        mark nothing.
         """
         if hit:
             for digest in digests:
                 flight = self.flights.get(digest)
-                if flight is not None and flight.source is not None:
-                    flight.demanded = True
+                if flight is not None and flight.state is State.ADMITTING:
+                    flight.read_early = True
+                    if flight.source is not None:
+                        flight.demanded = True
         self.ledger.note_read(digests)
 
     def _again(
@@ -422,6 +429,8 @@ class FetchScheduler:
                 kept=data is None,
                 read=flight.demanded,
             )
+        if flight.read_early and error is None and data is None:
+            self.cache.record_access([digest])  # the read the policy missed (observe)
         if not flight.future.done():
             if error is None:
                 flight.future.set_result(data)

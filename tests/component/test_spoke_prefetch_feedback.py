@@ -172,21 +172,27 @@ def test_the_background_evictor_spares_prefetched_blocks_on_their_way_to_a_reade
 
 def test_a_hit_reported_before_its_prefetch_resolved_counts_as_used(tmp_path: Path) -> None:
     """The mount can read a prefetched block file between its landing on disk and the
-    flight's resolution (the rest of the admission runs on the daemon's loop, which may
-    first take the mount's access report): the read still counts the prefetch used, and
-    nothing stays cached-unread for ever."""
+    flight's resolution (the index commit and the policy's insert still to run): the read
+    still counts the prefetch used in the ledger and read in the policy, so nothing stays
+    cached-unread, to be counted wasted when evicted."""
     _, cache, scheduler, refs = _setup(tmp_path, 4, 16)
     ledger = scheduler.ledger[Source.CROSSFILE]
-    landed = cache.admit
+    write = cache.writer.write
     early: list[str] = []
 
-    async def admit_then_read(digest: str, data: bytes, placement: object) -> None:
-        await landed(digest, data, placement)  # type: ignore[arg-type]
-        if digest in dict(refs[:2]):  # the reader's access report overtakes the resolution
-            early.append(digest)
-            scheduler.observe([digest], hit=True)
+    def report(digests: list[str]) -> None:
+        """What the daemon's access log does with a hit: the policy's subscriber, then
+        the ledger's."""
+        cache.record_access(digests)
+        scheduler.observe(digests, hit=True)
 
-    cache.admit = admit_then_read  # type: ignore[method-assign]
+    async def write_then_read(digest: str, data: bytes, tick: int) -> None:
+        await write(digest, data, tick)
+        if digest in dict(refs[:2]):  # the block file is there: a reader reads it now
+            early.append(digest)
+            report([digest])
+
+    cache.writer.write = write_then_read  # type: ignore[method-assign]
 
     async def go() -> None:
         assert scheduler.prefetch(refs, Priority.READAHEAD, Source.CROSSFILE) == 4
@@ -196,5 +202,7 @@ def test_a_hit_reported_before_its_prefetch_resolved_counts_as_used(tmp_path: Pa
     assert len(early) == 2
     assert ledger.issued == 4 * BLOCK and ledger.used == 2 * BLOCK
     assert [scheduler.ledger.is_unread(d) for d, _ in refs] == [False, False, True, True]
-    scheduler.observe([d for d, _ in refs[2:]], hit=True)  # the usual order: after arrival
+    assert cache.policy.unread_bytes == 2 * BLOCK  # the two read early are read there too
+    report([d for d, _ in refs[2:]])  # the usual order: after the flight resolved
     assert ledger.used == ledger.issued and ledger.outstanding == 0 and ledger.wasted == 0
+    assert cache.policy.unread_bytes == 0
