@@ -26,6 +26,7 @@ from spoke.fetch.ledger import Source
 from spoke.fetch.priority import SPECULATIVE, Priority
 
 if TYPE_CHECKING:
+    from spoke.cache.blockcache import Placement
     from spoke.fetch.pacer import Stream
 
 
@@ -52,9 +53,11 @@ class Flight:
         sent_as: the class its batch left in.
         source: who asked for it ahead of any reader (the ledger's), if nobody else has.
         demanded: a reader joined after it left.
-        read_early: the mount reported a read of its block file while its admission
-            still ran (the policy could not record it then: see
-            :meth:`~spoke.fetch.scheduler.FetchScheduler.observe`).
+        placed: how the cache admits it, once its admission chose
+            (:meth:`~spoke.fetch.scheduler.FetchScheduler.placement`).
+        read_early: read while its admission ran (a hit the mount reported, or a reader
+            joining after it was placed ahead of readers), which the policy could not
+            record then: :meth:`~spoke.fetch.scheduler.FetchScheduler.resolved` does.
         stream: the stream it left on.
     """
 
@@ -66,6 +69,7 @@ class Flight:
     sent_as: Priority | None = None
     source: Source | None = None
     demanded: bool = False
+    placed: Placement | None = None
     read_early: bool = False
     stream: Stream | None = None
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Sequence
 
@@ -49,6 +50,8 @@ from spoke.fetch.ledger import PrefetchLedger, Source
 from spoke.fetch.pacer import Pacer, Stream
 from spoke.fetch.priority import SPECULATIVE, Priority
 from spoke.fetch.window import LinkWindow
+
+log = logging.getLogger(__name__)
 
 __all__ = ["SOURCES", "SPECULATIVE", "FetchScheduler", "Priority"]
 
@@ -154,8 +157,10 @@ class FetchScheduler:
                 if flight.state is State.QUEUED:
                     self.ledger.claimed(flight.source, flight.size)
                     flight.source = None
-                else:
-                    flight.demanded = True  # counted issued and used when it arrives
+                else:  # counted issued and used when it resolves
+                    if flight.placed not in (None, Placement.DEMAND):
+                        flight.read_early = True  # admitted unread: the policy hears of it
+                    flight.demanded = True
             waits.append((digest, size, flight.future))
         if not waits:
             return was_cached, {}
@@ -175,15 +180,15 @@ class FetchScheduler:
         ``digests`` — hits from the block files, or misses.
 
         A hit can come in for a block whose flight has not resolved yet: the block file
-        landed and the mount read it while the rest of its admission (the index commit in
-        the writer's thread, the policy's insert on this loop) still ran. The policy's
-        subscriber cannot record that read (the block is not resident yet), and the ledger
-        would count a prefetched block read before it was cached as never read: evicted,
-        wasted, its source's window halved. So such a flight is marked read (``demanded``
-        for the ledger, ``read_early`` for the policy) and :meth:`resolved` hands both the
-        read; then the ledger hears of the reads (:meth:`PrefetchLedger.note_read`). Hits
-        for flights still queued or on the wire are stale block files of earlier runs and
-        mark nothing.
+        landed and the mount read it while the rest of its admission (the policy's insert
+        on this loop; the index commit possibly done) still ran. The policy's subscriber
+        cannot record that read (the block is not resident yet), and the ledger would count
+        a prefetched block read before it was cached as never read: evicted, wasted, its
+        source's window halved. So such a flight is marked read (``demanded`` for the
+        ledger, ``read_early`` for the policy) and :meth:`resolved` hands both the read;
+        then the ledger hears of the reads (:meth:`PrefetchLedger.note_read`). Hits for
+        flights still queued or on the wire are stale block files of earlier runs and mark
+        nothing.
         """
         if hit:
             for digest in digests:
@@ -429,19 +434,26 @@ class FetchScheduler:
                 kept=data is None,
                 read=flight.demanded,
             )
-        if flight.read_early and error is None and data is None:
-            self.cache.record_access([digest])  # the read the policy missed (observe)
         if not flight.future.done():
             if error is None:
                 flight.future.set_result(data)
             else:
                 flight.future.set_exception(error)
+        if flight.read_early and error is None and data is None:
+            try:  # the read the policy could not record then (observe, ensure)
+                self.cache.record_access([digest])
+            except Exception:  # its recency flush writes the index: the readers go on
+                log.exception("recording the early read of %s failed", digest)
 
     def placement(self, digest: str) -> Placement:
         """How the cache admits an arrived block: ahead of its readers while only its
         prefetch source asked for it (a hint's, or readahead's and fill's, which must
         find room), as a reader's otherwise."""
         flight = self.flights.get(digest)
-        if flight is None or flight.source is None or flight.demanded:
+        if flight is None:
             return Placement.DEMAND
-        return Placement.HINTED if flight.source is Source.HINT else Placement.AHEAD
+        if flight.source is None or flight.demanded:
+            flight.placed = Placement.DEMAND
+        else:
+            flight.placed = Placement.HINTED if flight.source is Source.HINT else Placement.AHEAD
+        return flight.placed

@@ -172,7 +172,7 @@ def test_the_background_evictor_spares_prefetched_blocks_on_their_way_to_a_reade
 
 def test_a_hit_reported_before_its_prefetch_resolved_counts_as_used(tmp_path: Path) -> None:
     """The mount can read a prefetched block file between its landing on disk and the
-    flight's resolution (the index commit and the policy's insert still to run): the read
+    flight's resolution (the policy's insert still to run): the read
     still counts the prefetch used in the ledger and read in the policy, so nothing stays
     cached-unread, to be counted wasted when evicted."""
     _, cache, scheduler, refs = _setup(tmp_path, 4, 16)
@@ -206,3 +206,63 @@ def test_a_hit_reported_before_its_prefetch_resolved_counts_as_used(tmp_path: Pa
     report([d for d, _ in refs[2:]])  # the usual order: after the flight resolved
     assert ledger.used == ledger.issued and ledger.outstanding == 0 and ledger.wasted == 0
     assert cache.policy.unread_bytes == 0
+
+
+def test_a_reader_joining_a_block_admitted_ahead_of_it_reads_it_in_the_policy(
+    tmp_path: Path,
+) -> None:
+    """A reader's miss can join a prefetch after the cache placed it ahead of readers
+    (its block file being written): the block counts used in the ledger and read in the
+    policy, not left at the policy's cold end unread."""
+    _, cache, scheduler, refs = _setup(tmp_path, 2, 16)
+    ledger = scheduler.ledger[Source.CROSSFILE]
+    write = cache.writer.write
+    readers: list[asyncio.Task[object]] = []
+
+    async def write_with_a_reader(digest: str, data: bytes, tick: int) -> None:
+        if digest == refs[0][0]:  # placed ahead: a reader misses it now
+            readers.append(asyncio.create_task(scheduler.ensure([refs[0]])))
+            await asyncio.sleep(0)
+        await write(digest, data, tick)
+
+    cache.writer.write = write_with_a_reader  # type: ignore[method-assign]
+
+    async def go() -> None:
+        assert scheduler.prefetch(refs, Priority.READAHEAD, Source.CROSSFILE) == 2
+        await _settle(scheduler)
+        assert await readers[0] == ([False], {})
+
+    asyncio.run(go())
+    assert ledger.issued == 2 * BLOCK and ledger.used == BLOCK
+    assert cache.policy.unread_bytes == BLOCK  # the other one, nobody read
+    assert refs[0][0] not in cache.policy.unread()
+
+
+def test_a_hit_for_a_block_not_arrived_yet_marks_nothing(tmp_path: Path) -> None:
+    """A hit reported for a block still on the wire is a stale block file (an earlier
+    run's), not a read of this fetch: the block arrives counted unread."""
+    hub, cache, scheduler, refs = _setup(tmp_path, 1, 16)
+    gate = asyncio.Event()
+    serve = hub.read_blocks
+
+    async def gated(
+        blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
+    ) -> AsyncIterator[tuple[str, bytes]]:
+        await gate.wait()
+        async for got in serve(blocks, timeout, priority):
+            yield got
+
+    hub.read_blocks = gated  # type: ignore[method-assign]
+
+    async def go() -> None:
+        assert scheduler.prefetch(refs, Priority.READAHEAD, Source.CROSSFILE) == 1
+        await asyncio.sleep(0.01)  # its batch left: on the wire, not arrived
+        cache.record_access([refs[0][0]])
+        scheduler.observe([refs[0][0]], hit=True)
+        gate.set()
+        await _settle(scheduler)
+
+    asyncio.run(go())
+    assert scheduler.ledger[Source.CROSSFILE].used == 0
+    assert scheduler.ledger.is_unread(refs[0][0])
+    assert cache.policy.unread_bytes == BLOCK

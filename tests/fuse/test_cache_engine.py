@@ -276,7 +276,10 @@ def test_cat_of_a_chunk_directory_is_read_ahead_across_files(
 
     # the daemon's hit count also counts EnsureBlocks digests already resident, so it can
     # reach the mount's before the last read's report lands: wait for the use itself
-    eventually(lambda: len(set(issued_and_used())) == 1, "every prefetched byte counted used")
+    eventually(
+        lambda: len(set(issued_and_used())) == 1,
+        lambda: "prefetched bytes issued {}, counted used {}".format(*issued_and_used()),
+    )
     issued, _ = issued_and_used()
     assert issued > BLOCK * len(files) / 2  # most files arrived before cat asked
     assert _metric(metrics, "strata_spoke_prefetch_wasted_bytes_total") == 0
