@@ -225,8 +225,9 @@ def _sample(counter: object, *labels: str) -> float:
 def test_blocks_outside_the_grant_or_unknown_to_the_owner_come_from_the_hub(
     tmp_path: Path,
 ) -> None:
-    held = _blocks(12, "held")  # a snapshot of ds at the owner
-    stranger = _blocks(8, "stranger")  # in no snapshot the owner stores
+    # the owner owns each block with odds 1/2: enough that it owns some of each kind
+    held = _blocks(32, "held")  # a snapshot of ds at the owner
+    stranger = _blocks(32, "stranger")  # in no snapshot the owner stores
     both = {**held, **stranger}
 
     async def go() -> tuple[dict[str, bytes], FakeHub, FakeHub, set[str], set[str]]:
@@ -347,23 +348,27 @@ def test_a_peer_token_is_required_and_rotates_with_a_grace(tmp_path: Path) -> No
 
 
 def test_a_caller_over_its_limits_is_sent_to_the_hub_and_the_peer_stays(tmp_path: Path) -> None:
-    blocks = _blocks(8)
+    # enough blocks that the owner owns some of them whatever the two nodes' ports (each
+    # block is the asker's own with odds 1/2: with 8, none went to the owner once in CI)
+    blocks = _blocks(40)
 
-    async def go() -> tuple[dict[str, bytes], FakeHub, set[str], list[str]]:
+    async def go() -> tuple[dict[str, bytes], FakeHub, set[str], list[str], list[str]]:
         owner_ = Owner(tmp_path / "owner", FakeHub(blocks), blocks)
         # at most 100 bytes in flight per caller: smaller than any one block
         await owner_.start(limits=CallerLimits(calls=4, nbytes=100))
         source, membership, hub = await _asker(owner_, blocks)
+        asked = [d for d in blocks if membership.owner(d) == owner_.node]
         got = {
             d: b async for d, b in source.read_blocks(_sized(blocks, blocks), 10, Priority.DEMAND)
         }
         live = set(membership.live)
         await membership.close()
         await owner_.stop()
-        return got, hub, live, owner_.hub.sent
+        return got, hub, live, owner_.hub.sent, asked
 
     before = _sample(metrics.PEER_ERRORS, "resource_exhausted")
-    got, hub, live, owner_sent = asyncio.run(go())
+    got, hub, live, owner_sent, asked = asyncio.run(go())
+    assert asked  # the peer was asked: its refusal is what is under test
     assert got == blocks and sorted(hub.sent) == sorted(blocks) and owner_sent == []
     assert len(live) == 1  # still in the mesh
     assert _sample(metrics.PEER_ERRORS, "resource_exhausted") - before == 1
