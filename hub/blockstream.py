@@ -23,8 +23,9 @@ from hub.metrics import HubMetrics
 from hub.wire import encode_block_chunk, pack_into_first
 from protocol.hub.v1 import hub_pb2
 
-MAX_DIGESTS_PER_REQUEST = 4096
-"""Most digests one ``ReadBlocksRequest`` may name (the spoke asks for 16 at a time)."""
+MAX_DIGESTS_PER_REQUEST = 512
+"""Most digests one ``ReadBlocksRequest`` may name (the spoke asks for 16 at a time); with
+:data:`hub.wire.MAX_REQUEST_BYTES` (a request of 512 is 17.4 KB)."""
 
 
 PACK_MOST_BLOCKS = 256

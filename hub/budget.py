@@ -12,8 +12,9 @@ the copy gRPC core keeps until the peer's flow-control window takes it),
 
 Limits, per principal (the token's id; ``anonymous`` without tokens):
 
-- at most ``streams_per_token`` ``ReadBlocks`` streams at once (:data:`STREAMS_PER_TOKEN`):
-  one more is refused at once, ``RESOURCE_EXHAUSTED``.
+- at most ``streams_per_token`` ``ReadBlocks`` streams at once (:data:`STREAMS_PER_TOKEN`),
+  and at most ``total_streams`` over every principal (:data:`STREAMS`): one more is
+  refused at once, ``RESOURCE_EXHAUSTED``.
 - at most ``bytes_per_token`` charged at once (:data:`BYTES_PER_TOKEN`), and at most
   ``total_bytes`` over every principal (:data:`TOTAL_BYTES`). A stream with no room
   *waits* (first come, first served) up to :data:`WAIT_S` for it, then is refused
@@ -23,6 +24,11 @@ Limits, per principal (the token's id; ``anonymous`` without tokens):
   stream that holds a charge never waits for another (read-ahead only takes free room),
   so streams cannot wait on each other in a cycle. A block larger than a limit is let
   through alone when nothing else is charged (to the principal, or at all).
+- a request message being received is charged too, from the moment the hub asks gRPC for
+  it until it has arrived (:mod:`hub.inbound`): what gRPC core may buffer for it
+  (:data:`hub.wire.CORE_REQUEST_BYTES`, 64 KiB). Such a charge waits ahead of the block
+  charges (it is small, and it is what lets a stream or call go on), and the stream that
+  takes it holds no other charge then, so the no-cycle rule above still holds.
 
 Sizing, for the shipped Deployment (``memory: 1Gi``): a serving hub holds 92 to 143 MiB
 at its measured peak (``bench.rss``, local blobs and S3). Stalled streams hold at most
@@ -55,6 +61,12 @@ from hub.errors import QuotaExceeded
 
 STREAMS_PER_TOKEN = 512
 """Default most ``ReadBlocks`` streams one token may have open (``--max-streams-per-token``)."""
+
+STREAMS = 2048
+"""Default most ``ReadBlocks`` streams open at once over every token (``--max-block-streams``):
+a stream that waits for room, or for its request, holds gRPC's call state and at most one
+HTTP/2 stream window of request bytes (about 120 KiB in all), so 2,048 hold about 240 MiB
+however many tokens open them; 128 spokes at their full 16 streams."""
 
 BYTES_PER_TOKEN = 192 * MiB
 """Default most block bytes the hub holds for one token's streams
@@ -105,14 +117,17 @@ class ReadBudget:
         bytes_per_token: int = BYTES_PER_TOKEN,
         total_bytes: int = TOTAL_BYTES,
         wait_s: float = WAIT_S,
+        total_streams: int = STREAMS,
     ) -> None:
-        if streams_per_token < 1 or bytes_per_token < 1 or total_bytes < 1 or wait_s < 0:
+        if min(streams_per_token, bytes_per_token, total_bytes, total_streams) < 1 or wait_s < 0:
             raise ValueError("read budget limits must be positive")
         self.streams_per_token = streams_per_token
         self.bytes_per_token = bytes_per_token
         self.total_bytes = total_bytes
+        self.total_streams = total_streams
         self.wait_s = wait_s
         self.held = 0
+        self.streams = 0
         self._shares: dict[str, _Share] = {}
         self._waiters: collections.deque[_Waiter] = collections.deque()
 
@@ -126,26 +141,42 @@ class ReadBudget:
         share = self._shares.get(name)
         return share.streams if share is not None else 0
 
+    def stream_room(self, name: str) -> bool:
+        """Whether principal ``name`` may open one more stream now."""
+        return self.streams < self.total_streams and self.streams_of(name) < self.streams_per_token
+
     @contextlib.contextmanager
     def stream(self, name: str) -> Iterator[None]:
-        """Holds one of ``name``'s stream slots for the ``with`` block.
+        """Holds one of ``name``'s stream slots, and one of the hub's, for the ``with`` block.
 
         Raises:
-            QuotaExceeded: ``name`` already has :attr:`streams_per_token` streams open.
+            QuotaExceeded: ``name`` already has :attr:`streams_per_token` streams open, or
+                every token together :attr:`total_streams`.
         """
         share = self._shares.setdefault(name, _Share())
         if share.streams >= self.streams_per_token:
+            self._forget(name, share)
             raise QuotaExceeded(
                 "streams",
                 f"token {name} has {share.streams} ReadBlocks streams open, the most this "
                 f"hub allows one token (--max-streams-per-token {self.streams_per_token}); "
                 "finish or cancel some first",
             )
+        if self.streams >= self.total_streams:
+            self._forget(name, share)
+            raise QuotaExceeded(
+                "streams",
+                f"{self.streams} ReadBlocks streams are open ({share.streams} for token "
+                f"{name}), the most this hub allows (--max-block-streams "
+                f"{self.total_streams}); retry",
+            )
         share.streams += 1
+        self.streams += 1
         try:
             yield
         finally:
             share.streams -= 1
+            self.streams -= 1
             self._forget(name, share)
 
     def _fits(self, name: str, amount: int) -> bool:
@@ -167,20 +198,27 @@ class ReadBudget:
         held = self.held_by(waiter.name)
         return held == 0 or held + waiter.amount <= self.bytes_per_token
 
-    async def take(self, name: str, amount: int, timeout_s: float | None = None) -> None:
+    async def take(
+        self, name: str, amount: int, timeout_s: float | None = None, ahead: bool = False
+    ) -> None:
         """Charges ``amount`` to ``name``, waiting (in arrival order) for room.
 
         Args:
             name: The principal.
             amount: Bytes.
             timeout_s: Longest wait, seconds; :attr:`wait_s` when None or longer.
+            ahead: Wait before the block charges already waiting (a request being
+                received, :mod:`hub.inbound`: small, and what lets its stream go on).
 
         Raises:
             QuotaExceeded: No room came within the wait.
         """
         wait = self.wait_s if timeout_s is None else max(0.0, min(timeout_s, self.wait_s))
         waiter = _Waiter(name, amount, asyncio.get_running_loop().create_future())
-        self._waiters.append(waiter)
+        if ahead:
+            self._waiters.appendleft(waiter)
+        else:
+            self._waiters.append(waiter)
         self._wake()
         if waiter.future.done():
             return

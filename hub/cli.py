@@ -4,7 +4,7 @@
 strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--port-file PATH]
                    [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE [--insecure]]
                    [--max-message-bytes N] [--max-connections N] [--handshake-timeout S]
-                   [--max-streams-per-token N] [--max-bytes-per-token N]
+                   [--max-streams-per-token N] [--max-block-streams N] [--max-bytes-per-token N]
                    [--max-bytes-in-flight N] [--budget-wait S] [--grant-holders-per-token N]
                    [--max-manifest-streams N] [--max-watch-streams N]
                    [--grace SECONDS] [--blobs DIR|s3://B/P]
@@ -51,7 +51,7 @@ import typer
 from hub.atomic import write_atomic
 from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog, operator
 from hub.blocks import DEFAULT_BLOCK_SIZE
-from hub.budget import BYTES_PER_TOKEN, STREAMS_PER_TOKEN, TOTAL_BYTES, WAIT_S
+from hub.budget import BYTES_PER_TOKEN, STREAMS, STREAMS_PER_TOKEN, TOTAL_BYTES, WAIT_S
 from hub.catalog.locations import redact
 from hub.catalogcli import register as register_catalog_commands
 from hub.cliopts import (
@@ -170,7 +170,10 @@ def serve(
     ] = False,
     max_message_bytes: Annotated[
         int,
-        typer.Option("--max-message-bytes", help="Largest gRPC message sent or received."),
+        typer.Option(
+            "--max-message-bytes",
+            help="Largest gRPC message sent (requests have their own limit, 32 KiB).",
+        ),
     ] = MAX_MESSAGE_BYTES,
     max_connections: Annotated[
         int,
@@ -196,19 +199,28 @@ def serve(
             "(RESOURCE_EXHAUSTED). A spoke opens up to 16.",
         ),
     ] = STREAMS_PER_TOKEN,
+    max_block_streams: Annotated[
+        int,
+        typer.Option(
+            "--max-block-streams",
+            help="Most ReadBlocks streams open at once over every token; more are refused "
+            "(RESOURCE_EXHAUSTED).",
+        ),
+    ] = STREAMS,
     max_bytes_per_token: Annotated[
         int,
         typer.Option(
             "--max-bytes-per-token",
-            help="Most block bytes the hub holds for one token's ReadBlocks streams "
-            "(unread by the client); a stream waits for room, up to --budget-wait.",
+            help="Most bytes the hub holds for one token's ReadBlocks streams (blocks "
+            "unread by the client) and requests still arriving; a stream waits for room, "
+            "up to --budget-wait.",
         ),
     ] = BYTES_PER_TOKEN,
     max_bytes_in_flight: Annotated[
         int,
         typer.Option(
             "--max-bytes-in-flight",
-            help="Most block bytes the hub holds for every ReadBlocks stream together.",
+            help="Most bytes the hub holds for every token's streams and requests together.",
         ),
     ] = TOTAL_BYTES,
     budget_wait: Annotated[
@@ -305,6 +317,7 @@ def serve(
         max_connections=max_connections,
         handshake_timeout_s=handshake_timeout,
         max_streams_per_token=max_streams_per_token,
+        max_block_streams=max_block_streams,
         max_bytes_per_token=max_bytes_per_token,
         max_bytes_in_flight=max_bytes_in_flight,
         budget_wait_s=budget_wait,

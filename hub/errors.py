@@ -37,7 +37,8 @@ class QuotaExceeded(LimitExceeded):
     ``strata_hub_limit_refusals_total`` and audited.
 
     Attributes:
-        limit: Which limit: ``streams``, ``bytes`` or ``grants``.
+        limit: Which limit: ``streams``, ``bytes``, ``grants`` or ``request`` (a request
+            message not received within its deadline, :mod:`hub.inbound`).
     """
 
     def __init__(self, limit: str, message: str) -> None:

@@ -12,7 +12,9 @@ and then either
 - passes the call on with the caller's :class:`~hub.auth.Principal` bound to the
   handler's ``principal`` argument (:func:`hub.service._unary` / ``_streaming`` take it
   from there), a call with a unary request first taking one of its token's call slots
-  (:data:`CALLS`) and receiving its request within :data:`REQUEST_WAIT_S`, or
+  (:data:`CALLS`) and receiving its request through :func:`hub.inbound.receive` (within
+  :data:`~hub.inbound.REQUEST_WAIT_S`, its bytes charged to the token's read budget
+  meanwhile), or
 - answers ``UNAUTHENTICATED`` through a handler that takes a request *stream* and never
   iterates it, so gRPC never receives the message: it is counted and audited
   (rate-limited) like any refused call, by :meth:`hub.service.HubService.refuse`.
@@ -22,7 +24,6 @@ Health checking and reflection are not Hub calls and stay open (see :mod:`hub.se
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
@@ -30,7 +31,9 @@ from typing import Any, NoReturn
 import grpc
 
 from hub.auth import ANONYMOUS, Principal, TokenFile, TokenTable
-from hub.errors import HubError, InvalidArgument, LimitExceeded, QuotaExceeded, Unauthenticated
+from hub.budget import ReadBudget
+from hub.errors import HubError, InvalidArgument, QuotaExceeded, Unauthenticated
+from hub.inbound import receive
 from hub.streams import StreamSlots
 from hub.wire import SERVICE_NAME
 
@@ -44,18 +47,15 @@ their own slots, :mod:`hub.budget`). 4,096 calls whose request never completes h
 230 MiB."""
 
 
-REQUEST_WAIT_S = 10.0
-"""Longest an authenticated call may take to send its request message, seconds."""
-
-
 class _Admission:
     """A call's slot among the calls open for its token (:data:`CALLS`), taken when its
     headers pass the gate and given back when gRPC reports it done, and its one request,
-    read within :data:`REQUEST_WAIT_S`. A token whose clients start calls and never finish
-    sending them (gRPC holds what arrived, about 57 KiB each) holds at most its share."""
+    received by :func:`hub.inbound.receive`. A token whose clients start calls and never
+    finish sending them (gRPC holds what arrived, at most one 64 KiB window, and its call
+    state) holds at most its share of the slots, and of the read budget while it sends."""
 
-    def __init__(self, slots: StreamSlots, refuse: Refuse, method: str) -> None:
-        self.slots, self.refuse, self.method = slots, refuse, method
+    def __init__(self, slots: StreamSlots, budget: ReadBudget, refuse: Refuse, method: str) -> None:
+        self.slots, self.budget, self.refuse, self.method = slots, budget, refuse, method
 
     async def request(self, requests: AsyncIterator[Any], context: Any, name: str) -> Any:
         """The call's request once its slot is held; refuses the call otherwise."""
@@ -65,12 +65,12 @@ class _Admission:
             await self.refuse(self.method, context, error)
         context.add_done_callback(lambda _: self.slots.release(name))
         try:
-            return await asyncio.wait_for(anext(requests), REQUEST_WAIT_S)
-        except TimeoutError:
-            late = LimitExceeded(f"no request within {REQUEST_WAIT_S:g} s of the call")
-            await self.refuse(self.method, context, late)
-        except StopAsyncIteration:
+            request = await receive(requests, self.budget, name)
+        except HubError as error:  # no room, or no request in time
+            await self.refuse(self.method, context, error)
+        if request is None:
             await self.refuse(self.method, context, InvalidArgument("no request message"))
+        return request
 
 
 def _bind(
@@ -131,13 +131,21 @@ class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         tokens: Accepted bearer tokens; None lets every caller in as
             :data:`hub.auth.ANONYMOUS` (a hub without tokens).
         refuse: Ends a refused call (counts, audits and aborts; it always raises).
+        budget: The read budget requests are charged to while they arrive (the one the
+            service charges blocks to).
+        calls: Most calls with a unary request open at once (:data:`CALLS`).
     """
 
     def __init__(
-        self, tokens: TokenTable | TokenFile | None, refuse: Refuse, calls: int = CALLS
+        self,
+        tokens: TokenTable | TokenFile | None,
+        refuse: Refuse,
+        budget: ReadBudget,
+        calls: int = CALLS,
     ) -> None:
         self._tokens = tokens
         self._refuse = refuse
+        self._budget = budget
         self._calls = StreamSlots("call", "hub.gate.CALLS", calls)
 
     def authenticate(self, metadata: Any) -> Principal:
@@ -163,5 +171,5 @@ class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             principal = self.authenticate(handler_call_details.invocation_metadata)
         except Unauthenticated as error:
             return _refusal(handler, method.rpartition("/")[2], error, self._refuse)
-        admission = _Admission(self._calls, self._refuse, method.rpartition("/")[2])
+        admission = _Admission(self._calls, self._budget, self._refuse, method.rpartition("/")[2])
         return _bind(handler, principal, admission)

@@ -54,7 +54,8 @@ class HubMetrics:
         limit_refusals: ``strata_hub_limit_refusals_total{limit}``: calls refused for a
             token's share (:mod:`hub.budget`, :class:`hub.grants.GrantLimiter`):
             ``streams`` (ReadBlocks streams per token), ``bytes`` (no room in the read
-            budget within the wait), ``grants`` (IssueGrant beyond the token's grants).
+            budget within the wait), ``grants`` (IssueGrant beyond the token's grants),
+            ``request`` (a request message not received within its deadline).
         read_bytes_held: ``strata_hub_read_bytes_held``: block bytes charged to ReadBlocks
             streams now (:class:`hub.budget.ReadBudget`; read at scrape time).
         events: ``strata_hub_catalog_events_total{kind}``: catalog events seen.
@@ -99,7 +100,7 @@ class HubMetrics:
         )
         self.limit_refusals = Counter(
             "strata_hub_limit_refusals",
-            "Calls refused for a token's share, by limit (streams, bytes, grants).",
+            "Calls refused for a token's share, by limit (streams, bytes, grants, request).",
             ["limit"],
             registry=self.registry,
         )

@@ -36,7 +36,14 @@ from hub.address import Address
 from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog
 from hub.auth import TokenFile
 from hub.blocks import MiB
-from hub.budget import BYTES_PER_TOKEN, STREAMS_PER_TOKEN, TOTAL_BYTES, WAIT_S, ReadBudget
+from hub.budget import (
+    BYTES_PER_TOKEN,
+    STREAMS,
+    STREAMS_PER_TOKEN,
+    TOTAL_BYTES,
+    WAIT_S,
+    ReadBudget,
+)
 from hub.catalog import Catalog
 from hub.datadir import DataDir
 from hub.errors import ConfigError, ListenError
@@ -53,22 +60,20 @@ from hub.metrics import HubMetrics
 from hub.service import HubService
 from hub.streams import MANIFEST_STREAMS, TOKEN_SHARE, WATCH_STREAMS
 from hub.watch import POLL_SECONDS, CatalogWatcher
-from hub.wire import CHUNK_BYTES, SERVICE_NAME, HubWire
+from hub.wire import CHUNK_BYTES, CORE_REQUEST_BYTES, MAX_REQUEST_BYTES, SERVICE_NAME, HubWire
 from protocol.hub.v1 import hub_pb2_grpc
+from strata_local.memory import TRIM_EVERY_S, trim_malloc
 
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 * MiB
-"""Default send and receive limit per gRPC message, bytes (gRPC's usual default receive
-limit). Block data goes out in chunks of at most :data:`hub.wire.CHUNK_BYTES`."""
+"""Default largest gRPC message sent, bytes (gRPC's usual default receive limit, which
+spokes keep). Block data goes out in chunks of at most :data:`hub.wire.CHUNK_BYTES`.
+Requests have their own, far smaller limits: :data:`hub.wire.MAX_REQUEST_BYTES` and
+:data:`hub.wire.CORE_REQUEST_BYTES`."""
 
 MIN_MESSAGE_BYTES = 64 * 1024
 """Smallest message size limit accepted, bytes (a chunk must fit with room to spare)."""
-
-CORE_CEILING_BYTES = 64 * MiB
-"""Least receive limit given to gRPC core, bytes. Requests up to the larger of this and
-twice the configured limit are refused by the hub itself (RESOURCE_EXHAUSTED, counted);
-larger ones by gRPC core before any handler runs (RESOURCE_EXHAUSTED, not counted)."""
 
 MIB_FLOOR = MiB
 """Smallest read budget accepted, bytes (a block larger than the budget still passes
@@ -93,7 +98,8 @@ class ServerConfig:
         audit_log: JSON-lines audit file (:mod:`hub.audit`); ``DATA_DIR/audit.jsonl``.
         audit_max_bytes: The audit file is rotated before it passes this size, bytes.
         audit_backups: Rotated audit files kept.
-        max_message_bytes: Largest gRPC message received or sent, bytes.
+        max_message_bytes: Largest gRPC message sent, bytes (requests:
+            :data:`hub.wire.MAX_REQUEST_BYTES`).
         blobs: The blob store (a path or ``s3://BUCKET/PREFIX``); None for the recorded
             one, else ``DATA_DIR/blobs``.
         s3_endpoint: The S3 endpoint URL for ``s3://`` blob stores.
@@ -109,6 +115,7 @@ class ServerConfig:
             send its HTTP/2 settings, seconds.
         max_streams_per_token: Most ReadBlocks streams one token may have open
             (:mod:`hub.budget`).
+        max_block_streams: Most ReadBlocks streams open at once over every token.
         max_bytes_per_token: Most block bytes held for one token's streams.
         max_bytes_in_flight: Most block bytes held for every stream together.
         budget_wait_s: Longest a stream waits for room in the read budget, seconds.
@@ -136,6 +143,7 @@ class ServerConfig:
     max_connections: int = MAX_CONNECTIONS
     handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
     max_streams_per_token: int = STREAMS_PER_TOKEN
+    max_block_streams: int = STREAMS
     max_bytes_per_token: int = BYTES_PER_TOKEN
     max_bytes_in_flight: int = TOTAL_BYTES
     budget_wait_s: float = WAIT_S
@@ -195,6 +203,11 @@ class ServerConfig:
                 f"--max-streams-per-token {self.max_streams_per_token} and "
                 f"--grant-holders-per-token {self.grant_holders_per_token} must be at least 1"
             )
+        if self.max_block_streams < self.max_streams_per_token:
+            raise ConfigError(
+                f"--max-block-streams {self.max_block_streams} must be at least "
+                f"--max-streams-per-token {self.max_streams_per_token}"
+            )
         if not MIB_FLOOR <= self.max_bytes_per_token <= self.max_bytes_in_flight:
             raise ConfigError(
                 f"--max-bytes-per-token {self.max_bytes_per_token} must be at least {MIB_FLOOR} "
@@ -227,7 +240,8 @@ def server_options(
     """gRPC core options for a hub with the given limits.
 
     Args:
-        max_message_bytes: The configured limit, bytes (enforced by :class:`hub.wire.HubWire`).
+        max_message_bytes: The largest message sent, bytes (the receive limit is
+            :data:`hub.wire.CORE_REQUEST_BYTES`, whatever this is).
         max_connections: Most client connections open at once (:mod:`hub.limits`).
         handshake_timeout_s: Longest a TLS handshake and HTTP/2 settings may take, seconds.
 
@@ -237,10 +251,8 @@ def server_options(
     return (
         *connection_options(max_connections, handshake_timeout_s),
         ("grpc.max_send_message_length", max_message_bytes),
-        (
-            "grpc.max_receive_message_length",
-            max(2 * max_message_bytes, CORE_CEILING_BYTES),
-        ),
+        # a request still arriving holds at most one stream window (hub.wire)
+        ("grpc.max_receive_message_length", CORE_REQUEST_BYTES),
         # Without this a second server could bind the same port and steal half the calls.
         ("grpc.so_reuseport", 0),
         # Requests are small (digests, names), so the window a client may send into stays
@@ -288,6 +300,14 @@ def check_bindable(address: Address) -> None:
                 raise ListenError(f"cannot listen on {address}: {exc.strerror}") from exc
 
 
+async def _trim_forever() -> None:
+    """Gives freed heap pages back every :data:`~strata_local.memory.TRIM_EVERY_S`: what
+    a flood of calls left freed is returned within seconds of its end (hub.limits)."""
+    while True:
+        await asyncio.sleep(TRIM_EVERY_S)
+        await asyncio.to_thread(trim_malloc)
+
+
 class HubServer:
     """A started gRPC hub server over one data directory.
 
@@ -322,6 +342,7 @@ class HubServer:
         self.metrics = metrics
         self.config = config
         self._unwatch: Callable[[], None] = lambda: None
+        self._trimmer: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
@@ -395,6 +416,13 @@ class HubServer:
             store = layout.blob_store(catalog, config.blobs, endpoint_url=config.s3_endpoint)
             watcher = CatalogWatcher(catalog, config.poll_s, on_events=metrics.observe_events)
             await watcher.start()
+            budget = ReadBudget(
+                config.max_streams_per_token,
+                config.max_bytes_per_token,
+                config.max_bytes_in_flight,
+                config.budget_wait_s,
+                config.max_block_streams,
+            )
             service = HubService(
                 catalog,
                 store,
@@ -403,12 +431,7 @@ class HubServer:
                 watcher=watcher,
                 audit=audit,
                 grants=grants,
-                budget=ReadBudget(
-                    config.max_streams_per_token,
-                    config.max_bytes_per_token,
-                    config.max_bytes_in_flight,
-                    config.budget_wait_s,
-                ),
+                budget=budget,
                 grant_limiter=(
                     GrantLimiter(grants.lifetime_s, config.grant_holders_per_token)
                     if grants is not None
@@ -422,7 +445,7 @@ class HubServer:
                     config.max_message_bytes, config.max_connections, config.handshake_timeout_s
                 ),
                 # the gate first: a call is authenticated before its request is received
-                interceptors=[HubGate(tokens, service.refuse), HubWire(config.max_message_bytes)],
+                interceptors=[HubGate(tokens, service.refuse, budget), HubWire(MAX_REQUEST_BYTES)],
             )
             hub_pb2_grpc.add_HubServicer_to_server(service, server)
             health_servicer = health.aio.HealthServicer()
@@ -474,6 +497,7 @@ class HubServer:
             audit,
         )
         hub._unwatch = unwatch
+        hub._trimmer = asyncio.create_task(_trim_forever(), name="strata-hub-malloc-trim")
         return hub
 
     async def stop(self, grace: float | None = GRACE_SECONDS) -> None:
@@ -483,6 +507,8 @@ class HubServer:
             grace: Seconds calls in flight get to finish before they are cancelled; None
                 cancels them at once.
         """
+        if self._trimmer is not None:
+            self._trimmer.cancel()
         await self._health.enter_graceful_shutdown()
         await self._watcher.close()
         await self._server.stop(grace)

@@ -48,6 +48,7 @@ from hub.errors import (
     VersionRevoked,
 )
 from hub.grants import GrantIssuer, GrantLimiter
+from hub.inbound import receive
 from hub.manifest import validate_path
 from hub.metrics import HubMetrics
 from hub.names import validate_dataset, validate_digest
@@ -434,18 +435,20 @@ class HubService(hub_pb2_grpc.HubServicer):
     ) -> AsyncIterator[bytes]:
         """Answers each requested digest, in order, with its bytes in chunks.
 
-        The stream takes one of the caller's stream slots before its request is read, and
-        charges each block to the caller's share of the read budget before reading it
-        (:mod:`hub.budget`): over either, RESOURCE_EXHAUSTED.
+        The stream takes one of the caller's stream slots (and one of the hub's) before its
+        request is read, receives each request within its deadline with its bytes charged
+        meanwhile (:mod:`hub.inbound`), and charges each block to the caller's share of the
+        read budget before reading it (:mod:`hub.budget`): over any, RESOURCE_EXHAUSTED.
         """
         readable = None if principal.scopes == ("*",) else principal.may_read
         requests = request_iterator
-        if self._budget.streams_of(principal.name) >= self._budget.streams_per_token:
+        if not self._budget.stream_room(principal.name):
             # to be refused: take the request off the wire first, or the client may see
             # INTERNAL (a call ended while its request is being sent), not the refusal
             requests = await _first_taken(request_iterator)
         with self._budget.stream(principal.name):
-            async for request in requests:
+            # every request message within its deadline, charged while it arrives
+            while (request := await receive(requests, self._budget, principal.name)) is not None:
                 if isinstance(request, Oversize):
                     raise request.error()
                 if len(request.digests) > MAX_DIGESTS_PER_REQUEST:

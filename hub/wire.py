@@ -45,6 +45,24 @@ SERVICE_NAME = hub_pb2.DESCRIPTOR.services_by_name["Hub"].full_name
 CHUNK_BYTES = 1 * MiB
 """Largest ``BlockChunk.data`` sent, bytes; keeps every message far below the size limit."""
 
+MAX_REQUEST_BYTES = 32 * 1024
+"""Largest request message the hub reads, bytes; :class:`HubWire` refuses larger ones
+(``RESOURCE_EXHAUSTED``, counted). The largest legal requests are far smaller: a
+``ReadBlocksRequest`` of :data:`hub.blockstream.MAX_DIGESTS_PER_REQUEST` (512) digests is
+17.4 KB, a listing of a 4,095-byte path about 4.3 KB; a ``WatchRequest`` naming more than
+about 490 datasets by name does not fit (watch them all, and filter)."""
+
+CORE_REQUEST_BYTES = 64 * 1024
+"""gRPC core's receive limit on the hub, bytes (``grpc.max_receive_message_length``):
+HTTP/2's initial stream window (65,535 bytes, RFC 9113 section 6.9.2). gRPC core opens a
+stream's window to the length a message declares once the server asks for that message,
+when the length is within this limit, and refuses the call (``RESOURCE_EXHAUSTED``, not
+counted by the hub) when it is over. So a request still arriving can make the hub hold no
+more than the window every open stream has anyway: a 60 MiB declaration that never
+finishes, which took 64 streams of one token to 3.3 GiB under a 64 MiB limit, is refused
+after its first 64 KiB. What is between :data:`MAX_REQUEST_BYTES` and this is read and
+refused by :class:`HubWire`, with a message, and counted."""
+
 
 _STATUS_CODES: tuple[tuple[type[HubError], grpc.StatusCode], ...] = (
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),

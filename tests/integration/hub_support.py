@@ -5,9 +5,14 @@ Everything listens on 127.0.0.1 with port 0; certificates are made fresh per ses
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import os
+import re
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,3 +267,71 @@ def manifest(
         entry.path: entry
         for entry in stub.GetManifest(request, timeout=RPC_TIMEOUT, metadata=metadata)
     }
+
+
+@dataclass
+class HubProcess:
+    """A ``strata-hub serve`` child process on 127.0.0.1 (its memory measured from
+    outside, as an operator's would be).
+
+    Attributes:
+        proc: The process.
+        port: Its gRPC port.
+        metrics: Its ``/metrics`` URL.
+        data: Its data directory.
+    """
+
+    proc: subprocess.Popen[str]
+    port: int
+    metrics: str
+    data: Path
+
+    def status_kib(self, field: str) -> int:
+        """A ``/proc/PID/status`` field in KiB (``VmRSS``, ``VmHWM``)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        raise AssertionError(f"no {field} in /proc/{self.proc.pid}/status")
+
+    def metric(self, name: str) -> float:
+        """The first sample of ``name`` (with any labels written in it), 0 when absent."""
+        text = urllib.request.urlopen(self.metrics, timeout=10).read().decode()
+        for line in text.splitlines():
+            if line.startswith((name + " ", name + "{")):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+@contextlib.contextmanager
+def hub_process(data: Path, *args: str) -> Iterator[HubProcess]:
+    """Runs ``python -m hub serve --data-dir DATA --listen 127.0.0.1:0 --metrics
+    127.0.0.1:0 ARGS`` until the block ends (then kills it)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hub",
+            "serve",
+            "--data-dir",
+            str(data),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        umask=0o022,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        serving = re.search(r":(\d+)$", proc.stdout.readline().strip())
+        metrics = re.search(r"metrics on (http://\S+/metrics)", proc.stderr.readline())
+        assert serving and metrics, "hub did not start"
+        yield HubProcess(proc, int(serving[1]), metrics[1], data)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import stat
@@ -28,8 +27,9 @@ import httpx
 import pytest
 
 from hub.blocks import block_digest
+from hub.blockstream import MAX_DIGESTS_PER_REQUEST
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
-from tests.integration.hub_support import bearer, write_tree
+from tests.integration.hub_support import HubProcess, bearer, hub_process, write_tree
 
 TOKEN = "flood-test-token-0123456789abcdef"
 FLOOD = 1000
@@ -38,13 +38,6 @@ AT_ONCE = 32  # 32 x 8 MiB deserialized at once took the hub past 512 MiB before
 AUDIT_MAX = 8192
 AUDIT_BACKUPS = 2
 START_TIMEOUT = 60.0
-
-
-def _status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
 def _audit(directory: Path, name: str = "audit.jsonl") -> tuple[int, list[dict[str, Any]]]:
@@ -68,21 +61,12 @@ def _suppressed(records: list[dict[str, Any]]) -> int:
     return sum(r["suppressed"] for r in records if r["outcome"] == "suppressed")
 
 
-@dataclass
-class Hub:
-    proc: subprocess.Popen[str]
-    port: int
-    metrics: str
-    data: Path
-
-
 @pytest.fixture
-def hub(tmp_path: Path) -> Iterator[Hub]:
+def hub(tmp_path: Path) -> Iterator[HubProcess]:
     data = tmp_path / "data"
     src = write_tree(tmp_path / "src", {"small.bin": b"s" * 1000})
-    command = [sys.executable, "-m", "hub"]
     done = subprocess.run(
-        [*command, "publish", "--data-dir", str(data), "f3", str(src)],
+        [sys.executable, "-m", "hub", "publish", "--data-dir", str(data), "f3", str(src)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -90,42 +74,20 @@ def hub(tmp_path: Path) -> Iterator[Hub]:
     assert done.returncode == 0, done.stderr
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(f'"{TOKEN}": "*"\n')
-    proc = subprocess.Popen(
-        [
-            *command,
-            "serve",
-            "--data-dir",
-            str(data),
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics",
-            "127.0.0.1:0",
-            "--tokens",
-            str(tokens),
-            "--insecure",
-            "--audit-max-bytes",
-            str(AUDIT_MAX),
-            "--audit-backups",
-            str(AUDIT_BACKUPS),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        umask=0o022,
-    )
-    try:
-        assert proc.stdout is not None and proc.stderr is not None
-        serving = re.search(r":(\d+)$", proc.stdout.readline().strip())
-        metrics = re.search(r"metrics on (http://\S+/metrics)", proc.stderr.readline())
-        assert serving and metrics, "hub did not start"
-        yield Hub(proc, int(serving[1]), metrics[1], data)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=30)
+    with hub_process(
+        data,
+        "--tokens",
+        str(tokens),
+        "--insecure",
+        "--audit-max-bytes",
+        str(AUDIT_MAX),
+        "--audit-backups",
+        str(AUDIT_BACKUPS),
+    ) as process:
+        yield process
 
 
-def test_unauthenticated_large_requests_are_refused_unread(hub: Hub) -> None:
+def test_unauthenticated_large_requests_are_refused_unread(hub: HubProcess) -> None:
     options = [("grpc.max_send_message_length", 2 * BIG)]
     with grpc.insecure_channel(f"127.0.0.1:{hub.port}", options=options) as channel:
         stub = hub_pb2_grpc.HubStub(channel)
@@ -142,15 +104,15 @@ def test_unauthenticated_large_requests_are_refused_unread(hub: Hub) -> None:
         with ThreadPoolExecutor(AT_ONCE) as pool:
             codes = list(pool.map(call, range(FLOOD)))
         assert codes == [grpc.StatusCode.UNAUTHENTICATED] * FLOOD
-        peak_mib = _status_kib(hub.proc.pid, "VmHWM") / 1024  # the peak, so RSS all along
+        peak_mib = hub.status_kib("VmHWM") / 1024  # the peak, so RSS all along
         print(f"hub peak RSS after {FLOOD} x {BIG >> 20} MiB unauthenticated: {peak_mib:.0f} MiB")
         assert peak_mib < 512
 
         # an authenticated caller still gets large, legal requests read and answered
         good = bearer(TOKEN)
-        with pytest.raises(grpc.RpcError) as caught:  # 3 MiB: read, then found malformed
+        with pytest.raises(grpc.RpcError) as caught:  # 30 KB: read, then found malformed
             stub.ResolveRef(
-                hub_pb2.ResolveRefRequest(dataset="d" * (3 << 20), ref="latest"),
+                hub_pb2.ResolveRefRequest(dataset="d" * 30_000, ref="latest"),
                 timeout=60,
                 metadata=good,
             )
@@ -159,9 +121,10 @@ def test_unauthenticated_large_requests_are_refused_unread(hub: Hub) -> None:
             stub.ResolveRef(big, timeout=60, metadata=good)
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         digest = block_digest(b"s" * 1000)
-        request = hub_pb2.ReadBlocksRequest(digests=[digest] * 4096)  # the most per request
+        most = MAX_DIGESTS_PER_REQUEST
+        request = hub_pb2.ReadBlocksRequest(digests=[digest] * most)  # the most per request
         chunks = list(stub.ReadBlocks(iter([request]), timeout=60, metadata=good))
-        assert [c.digest for c in chunks] == [digest] * 4096
+        assert [c.digest for c in chunks] == [digest] * most
         assert all(c.data == b"s" * 1000 for c in chunks)
         answer = stub.ResolveRef(
             hub_pb2.ResolveRefRequest(dataset="f3", ref="latest"), timeout=10, metadata=good

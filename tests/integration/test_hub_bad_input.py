@@ -13,8 +13,9 @@ import pytest
 from hub.blocks import MiB, block_digest
 from hub.metrics import HubMetrics
 from hub.publish import publish
-from hub.server import MAX_MESSAGE_BYTES, ServerThread
+from hub.server import ServerThread
 from hub.service import MAX_DIGESTS_PER_REQUEST
+from hub.wire import CORE_REQUEST_BYTES, MAX_REQUEST_BYTES
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import RPC_TIMEOUT, read_all, sample, serves, write_tree
 
@@ -101,18 +102,18 @@ CASES = [
         f"at most {MAX_DIGESTS_PER_REQUEST} are allowed",
     ),
     (
-        "million-digests",
+        "oversize-digests",  # 1,500 digests: 51 KB, over the hub's request limit
         "ReadBlocks",
-        read(["0" * 32] * 1_000_000),
+        read(["0" * 32] * 1_500),
         EXHAUSTED,
-        "over the 4194304-byte limit",
+        f"over the {MAX_REQUEST_BYTES}-byte limit",
     ),
     (
         "oversize-message",
         "ResolveRef",
-        resolve("x" * (MAX_MESSAGE_BYTES + 1)),
+        resolve("x" * (MAX_REQUEST_BYTES + 1)),
         EXHAUSTED,
-        "over the 4194304-byte limit",
+        f"over the {MAX_REQUEST_BYTES}-byte limit",
     ),
     ("future-sequence", "Watch", watch(10**9), grpc.StatusCode.OUT_OF_RANGE, "ahead of"),
 ]
@@ -140,6 +141,24 @@ def test_bad_input(
     assert serves(stub)
 
 
+@pytest.mark.parametrize(
+    "call",
+    [read(["0" * 32] * 1_000_000), resolve("x" * (4 * MiB))],
+    ids=["million-digests", "4-MiB-name"],
+)
+def test_requests_over_the_core_limit_are_refused_before_they_are_received(
+    stub: hub_pb2_grpc.HubStub, call: Callable[[hub_pb2_grpc.HubStub], Any]
+) -> None:
+    """gRPC core refuses a message declaring more than its 64 KiB limit as its length
+    arrives (hub.wire.CORE_REQUEST_BYTES), so none of it is buffered; its message says so."""
+    with pytest.raises(grpc.RpcError) as caught:
+        call(stub)
+    assert caught.value.code() == EXHAUSTED
+    assert "larger than max" in caught.value.details()
+    assert f"vs. {CORE_REQUEST_BYTES}" in caught.value.details()
+    assert serves(stub)
+
+
 def test_a_bad_request_in_a_stream_ends_only_that_stream(stub: hub_pb2_grpc.HubStub) -> None:
     request = hub_pb2.GetManifestRequest(dataset="f3", ref="latest")
     good = next(e for e in stub.GetManifest(request, timeout=RPC_TIMEOUT) if e.path == "c.txt")
@@ -162,10 +181,10 @@ def test_message_size_limit_is_configurable(tmp_path: Path) -> None:
         grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel,
     ):
         hub = hub_pb2_grpc.HubStub(channel)
-        with pytest.raises(grpc.RpcError) as caught:
-            resolve("x" * 300_000)(hub)
+        with pytest.raises(grpc.RpcError) as caught:  # requests keep their own limit
+            resolve("x" * (MAX_REQUEST_BYTES + 1))(hub)
         assert caught.value.code() == EXHAUSTED
-        assert "over the 262144-byte limit" in caught.value.details()
+        assert f"over the {MAX_REQUEST_BYTES}-byte limit" in caught.value.details()
         entry = next(iter(hub.GetManifest(hub_pb2.GetManifestRequest(dataset="f3", ref="v1"))))
         chunks = list(
             hub.ReadBlocks(iter([hub_pb2.ReadBlocksRequest(digests=[entry.blocks[0].digest])]))

@@ -21,7 +21,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deploy.local import LocalStack, free_port
-from hub import gate
+from hub import gate, inbound
 from hub.budget import BYTES_PER_TOKEN, block_charge
 from hub.metrics import HubMetrics
 from hub.publish import publish
@@ -372,9 +372,9 @@ def test_calls_that_never_finish_their_request_hold_a_bounded_share(
 ) -> None:
     """The fourth probe's case: a token's clients start calls and never finish sending the
     request. Each holds one of its token's call slots from its headers on (a token an
-    eighth of hub.gate.CALLS); beyond, refused; each ends after REQUEST_WAIT_S; another
+    eighth of hub.gate.CALLS); beyond, refused; each ends after inbound.REQUEST_WAIT_S; another
     token is served meanwhile."""
-    monkeypatch.setattr(gate, "REQUEST_WAIT_S", 2.0)
+    monkeypatch.setattr(inbound, "REQUEST_WAIT_S", 2.0)
     data, config = _stream_config(tmp_path)
     share = gate.CALLS // TOKEN_SHARE
     with ServerThread(data, config=config) as server:
@@ -417,5 +417,5 @@ def test_calls_that_never_finish_their_request_hold_a_bounded_share(
         codes, details, served = asyncio.run(calls())
     assert served == "b"
     assert codes == ["RESOURCE_EXHAUSTED"] * (share + 8)
-    assert sum("no request within 2 s" in d for d in details) == share
+    assert sum("no request message within 2 s" in d for d in details) == share
     assert sum(f"{share} per token" in d for d in details) == 8

@@ -75,6 +75,39 @@ def test_streams_per_token_are_capped() -> None:
     assert budget.streams_of("a") == 0
 
 
+def test_streams_of_every_token_together_are_capped() -> None:
+    budget = ReadBudget(streams_per_token=2, total_streams=3)
+    with budget.stream("a"), budget.stream("a"), budget.stream("b"):
+        assert not budget.stream_room("c") and not budget.stream_room("b")
+        with (
+            pytest.raises(QuotaExceeded, match="--max-block-streams 3") as refused,
+            budget.stream("c"),
+        ):
+            pass
+        assert refused.value.limit == "streams"
+        assert budget.streams_of("c") == 0
+    assert budget.streams == 0 and budget.stream_room("c")
+
+
+def test_a_request_charge_waits_ahead_of_the_block_charges_already_waiting() -> None:
+    async def run() -> None:
+        budget = ReadBudget(bytes_per_token=100, total_bytes=100, wait_s=5)
+        await budget.take("a", 95)
+        block = asyncio.ensure_future(budget.take("b", 50))  # waits for the hub's room
+        await asyncio.sleep(0)
+        request = asyncio.ensure_future(budget.take("c", 10, ahead=True))
+        await asyncio.sleep(0)
+        assert not block.done() and not request.done()
+        budget.release("a", 40)  # room for the request, not yet for the block
+        await asyncio.wait_for(request, 1)
+        assert not block.done()
+        budget.release("a", 55)
+        await asyncio.wait_for(block, 1)
+        assert (budget.held_by("b"), budget.held_by("c"), budget.held) == (50, 10, 60)
+
+    asyncio.run(run())
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
