@@ -47,6 +47,24 @@ network or an owner's share of the hub link, so an honest peer never falls behin
 4 MiB block gets 4 s on top of ``step_timeout``)."""
 
 
+READ_BLOCKS = f"/{peer_pb2.DESCRIPTOR.services_by_name['SpokePeer'].full_name}/ReadBlocks"
+
+
+def read_blocks_call(
+    channel: grpc.aio.Channel,
+) -> grpc.aio.UnaryStreamMultiCallable[peer_pb2.PeerReadRequest, hub_pb2.BlockChunk]:
+    """``SpokePeer.ReadBlocks`` called in the shape of a unary-stream call: the same bytes
+    on the wire (one request, then the half-close), but sent by gRPC core in one batch with
+    the call's headers. A peer refuses a call before it reads the request
+    (:mod:`spoke.mesh.peerservice`); a request-streaming call whose status came before its
+    write would report its own failed write (INTERNAL) instead of that status."""
+    return channel.unary_stream(
+        READ_BLOCKS,
+        request_serializer=peer_pb2.PeerReadRequest.SerializeToString,
+        response_deserializer=hub_pb2.BlockChunk.FromString,
+    )
+
+
 class PeerError(Exception):
     """A peer call failed; ``kind`` says how (unavailable, timeout, refused, lying, …)."""
 
@@ -157,6 +175,7 @@ class PeerClient:
         self._generation = tls.generation if tls is not None else 0
         self._channel = self._open()
         self._stub = peer_pb2_grpc.SpokePeerStub(self._channel)
+        self._read = read_blocks_call(self._channel)
 
     def _open(self) -> grpc.aio.Channel:
         options: list[tuple[str, str | int]] = [
@@ -178,6 +197,7 @@ class PeerClient:
             old = self._channel
             self._channel = self._open()
             self._stub = peer_pb2_grpc.SpokePeerStub(self._channel)
+            self._read = read_blocks_call(self._channel)
             task = asyncio.get_running_loop().create_task(old.close(OLD_CHANNEL_GRACE))
             self._old.add(task)
             task.add_done_callback(self._old.discard)
@@ -245,9 +265,9 @@ class PeerClient:
                 peer_pb2.SnapshotRef(dataset=d, version=v, snapshot_id=i) for d, v, i in snapshots
             ],
         )
-        stub, metadata = self._call("ReadBlocks")
+        _, metadata = self._call("ReadBlocks")
         pace = Pace(self.node, step_timeout, min_rate, time.monotonic() + timeout)
-        call = stub.ReadBlocks(iter([request]), timeout=timeout, metadata=metadata)
+        call = self._read(request, timeout=timeout, metadata=metadata)
         sizes = dict(blocks)
         try:
             initial = await pace.wait(call.initial_metadata(), "its answer")
@@ -256,8 +276,17 @@ class PeerClient:
                 on_declined(declined)
             skip = set(declined)
             expected = iter([d for d, _ in blocks if d not in skip])
+            served = False
             async for digest, data in self._blocks(call, expected, sizes, pace):
+                served = True
                 yield digest, data
+            if not declined and not served:
+                # a call that declines everything ends at once, and its initial metadata
+                # can reach a unary-stream caller empty; the peer repeats it in its trailers
+                trailing = await pace.wait(call.trailing_metadata(), "its status")
+                late = [d for d in declined_digests(trailing) if d in sizes]
+                if late:
+                    on_declined(late)
         except grpc.aio.AioRpcError as err:
             raise PeerError(_kind(err), f"peer {self.node}: {err.details()}") from err
         finally:
@@ -265,7 +294,7 @@ class PeerClient:
 
     async def _blocks(
         self,
-        call: grpc.aio.StreamStreamCall[peer_pb2.PeerReadRequest, hub_pb2.BlockChunk],
+        call: grpc.aio.UnaryStreamCall[peer_pb2.PeerReadRequest, hub_pb2.BlockChunk],
         expected: Iterator[str],
         sizes: dict[str, int],
         pace: Pace,

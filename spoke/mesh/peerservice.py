@@ -30,7 +30,6 @@ memory, charged its size while it is.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
@@ -84,12 +83,12 @@ PROBE_CALLS = 1024
 the port's connection and stream caps alone would let a region-token holder keep 131,072
 open (3.4 GiB); a region's spokes probe each other every few seconds, a few at a time."""
 
-REFUSE_READ_S = 1.0
-"""Longest a refused ``ReadBlocks`` call waits for its caller to finish sending (its
-request and the end of its stream) before the refusal, seconds (see
-:meth:`PeerService._take_request`); such a call holds no slot meanwhile. An honest caller
-sends both as it opens the call, so the window is met by milliseconds under any load;
-only a caller that holds its stream open waits it out."""
+REQUEST_BYTES = 64 << 10
+"""The peer port's receive limit, bytes (``grpc.max_receive_message_length``): HTTP/2's
+initial stream window. The largest request allowed (:data:`MAX_BLOCKS_PER_REQUEST` blocks
+of 8 snapshots) is about 12 KB, and gRPC core opens a stream's window to the length a
+message declares only within this limit (beyond it the call is refused as the length
+arrives), so a request still arriving holds at most the one window every stream has."""
 
 CLASSES = {p.label: p for p in Priority}
 
@@ -161,17 +160,14 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         message: str,
         what: str,
         subject: str | None = None,
-        unread: AsyncIterator[Any] | None = None,
     ) -> NoReturn:
         """End the call with ``code`` and ``message``, counted and audited as ``reason``.
 
-        ``unread``: the call's request stream while its caller may still be sending (its
-        request, or the end of its stream, not read yet); what is left is taken off the
-        wire first (:meth:`_take_request`), so the caller sees this status.
+        A call refused before its request is read ends without reading it: gRPC core drops
+        what arrives for it. Our clients send the request with the call's headers (a
+        unary-stream call, :mod:`spoke.mesh.peerclient`), so they read this status.
         """
         self.refusals.record(reason, message, who=context.peer(), what=what, subject=subject)
-        if unread is not None:
-            await self._take_request(unread)
         await context.abort(code, message)
         raise AssertionError("context.abort() returned")  # it always raises
 
@@ -179,9 +175,8 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         self,
         context: grpc.aio.ServicerContext[Any, Any],
         what: str,
-        unread: AsyncIterator[Any] | None = None,
     ) -> None:
-        """The region's token (when the spokes have one); ``unread`` as in :meth:`_refuse`."""
+        """The region's token (when the spokes have one)."""
         if self.token is None:
             return
         given = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
@@ -192,7 +187,6 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                 "token",
                 "missing or wrong peer token",
                 what,
-                unread=unread,
             )
 
     async def Probe(
@@ -225,15 +219,15 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
     ) -> AsyncIterator[hub_pb2.BlockChunk]:
         """Each requested block the caller may have, in order, in chunks of at most
         :data:`SERVE_CHUNK_BYTES`; the others are declined up front."""
-        # every refusal before the request is read takes it off the wire first (unread=)
-        await self._authorize(context, _READ, unread=request_iterator)
+        # every refusal before the request is read ends the call without reading it
+        await self._authorize(context, _READ)
         try:
             claims = self.verifier.verify(context.invocation_metadata() or (), "ReadBlocks")
         except GrantRefused as err:
             code = grpc.StatusCode.UNAUTHENTICATED
             if err.reason == "busy":
                 code = grpc.StatusCode.RESOURCE_EXHAUSTED
-            await self._refuse(context, code, err.reason, str(err), _READ, unread=request_iterator)
+            await self._refuse(context, code, err.reason, str(err), _READ)
         subject = f"{claims.subject} at {claims.node}"
         caller = caller_of(claims)
         # the call's slot and memory are taken before its request is read: a caller that
@@ -243,21 +237,15 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             self.memory.hold(caller, PENDING_HOLD_BYTES if admitted else 0) as pending,
         ):
             if not admitted:
-                await self._over_limit(
-                    context, caller, claims.subject, subject, unread=request_iterator
-                )
+                await self._over_limit(context, caller, claims.subject, subject)
             if not pending:
-                await self._memory_spent(
-                    context, caller, PENDING_HOLD_BYTES, subject, unread=request_iterator
-                )
+                await self._memory_spent(context, caller, PENDING_HOLD_BYTES, subject)
             request = await self._request(request_iterator, context, subject)
             digests = [b.digest for b in request.blocks]
             asked = CLASSES.get(request.request_class or "demand")
             problem = _problem(digests, request.request_class if asked is None else None)
             if problem is not None:
-                await self._refuse(
-                    context, _INVALID, "malformed", problem, _READ, subject, request_iterator
-                )
+                await self._refuse(context, _INVALID, "malformed", problem, _READ, subject)
             scopes = list(claims.scopes)
             await self.scope.load(request.snapshots, scopes, caller)
             decision = self.scope.decide(digests, scopes)
@@ -268,16 +256,16 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                 self.memory.hold(caller, hold if carried else 0) as held,
             ):
                 if not carried:
-                    await self._over_limit(
-                        context, caller, claims.subject, subject, unread=request_iterator
-                    )
+                    await self._over_limit(context, caller, claims.subject, subject)
                 if not held:
-                    await self._memory_spent(
-                        context, caller, hold, subject, unread=request_iterator
-                    )
+                    await self._memory_spent(context, caller, hold, subject)
                 self._declined(decision, len(digests), context.peer(), subject)
                 raw = b"".join(bytes.fromhex(d) for d in decision.declined)
                 await context.send_initial_metadata(((DECLINED_METADATA, raw),) if raw else ())
+                if raw and not decision.allowed:
+                    # the call ends at once, and a unary-stream caller can then read empty
+                    # initial metadata: the trailers say it again
+                    context.set_trailing_metadata(((DECLINED_METADATA, raw),))
                 # a peer never preempts this spoke's own demand misses
                 priority = max(Priority.PEER, asked or Priority.DEMAND)
                 async for chunk in self._serve(
@@ -288,30 +276,6 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                 await self._refuse(
                     context, _INVALID, "malformed", "one request per call", _READ, subject
                 )
-
-    @staticmethod
-    async def _take_request(requests: AsyncIterator[Any]) -> None:
-        """Take a refused call's request off the wire first: read until its caller has
-        finished sending (the end of its request stream, i.e. its half-close), at most
-        two messages and at most :data:`REFUSE_READ_S`.
-
-        A status that reaches a grpc.aio client before its request was written makes the
-        client's own write fail, and the client then reports INTERNAL ("Internal error
-        from Core", a failed ``SendMessageOperation``) in place of the status; one that
-        arrives between its write and its half-close can end as CANCELLED. A peer reads
-        RESOURCE_EXHAUSTED as "ask the hub", UNAUTHENTICATED as a credentials problem,
-        INTERNAL as a faulty peer. Once the stream has ended the caller has nothing left
-        to send, so the status it reads is the one given, however loaded either side is.
-        The bound keeps a caller that never finishes sending from holding a refused call
-        (which holds no slot of any allowance) for longer.
-        """
-
-        async def drain() -> None:
-            for _ in range(2):  # the one request, then the end (or a second message)
-                await anext(requests)
-
-        with contextlib.suppress(TimeoutError, StopAsyncIteration):
-            await asyncio.wait_for(drain(), REFUSE_READ_S)
 
     async def _request(
         self,
@@ -341,10 +305,8 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         caller: str,
         who: str,
         subject: str,
-        unread: AsyncIterator[Any] | None = None,
     ) -> NoReturn:
-        """Refuse a call over its caller's allowance of calls or bytes in flight
-        (``unread`` as in :meth:`_refuse`)."""
+        """Refuse a call over its caller's allowance of calls or bytes in flight."""
         calls, asked_bytes = self.limits.in_flight(caller)
         await self._refuse(
             context,
@@ -354,7 +316,6 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             f"{who}; at most {self.limits.calls} and {self.limits.nbytes:,}",
             _READ,
             subject,
-            unread=unread,
         )
 
     async def _memory_spent(
@@ -363,10 +324,8 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         caller: str,
         nbytes: int,
         subject: str,
-        unread: AsyncIterator[Any] | None = None,
     ) -> NoReturn:
-        """Refuse a call the peer port's memory cannot take ``nbytes`` more for
-        (``unread`` as in :meth:`_refuse`)."""
+        """Refuse a call the peer port's memory cannot take ``nbytes`` more for."""
         budget = self.memory
         await self._refuse(
             context,
@@ -377,7 +336,6 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             "read these blocks from the hub",
             _READ,
             subject,
-            unread=unread,
         )
 
     def _declined(self, decision: Decision, asked: int, who: str, subject: str) -> None:
@@ -520,7 +478,8 @@ async def start_peer_server(
     """
     server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            # requests are small: a request still arriving holds one window (REQUEST_BYTES)
+            ("grpc.max_receive_message_length", REQUEST_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
             *server_options(max_connections),

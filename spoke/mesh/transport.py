@@ -81,6 +81,9 @@ def server_options(max_connections: int = MAX_CONNECTIONS) -> list[tuple[str, in
         ("grpc.server_handshake_timeout_ms", round(HANDSHAKE_TIMEOUT_S * 1000)),
         ("grpc.max_connection_idle_ms", round(IDLE_S * 1000)),
         ("grpc.max_concurrent_streams", MAX_STREAMS),
+        # requests are small: the window callers may send into stays at HTTP/2's 64 KiB
+        # instead of growing with bandwidth-delay probes (peerservice.REQUEST_BYTES)
+        ("grpc.http2.bdp_probe", 0),
     ]
 
 

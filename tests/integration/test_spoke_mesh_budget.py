@@ -27,6 +27,7 @@ from spoke.hublink.client import HubClient
 from spoke.hublink.credentials import HubCredentials
 from spoke.mesh.admission import CALLS_PER_CALLER, MEMORY_BUDGET
 from spoke.mesh.grants import GrantKeeper
+from spoke.mesh.peerclient import read_blocks_call
 from spoke.mesh.peerservice import CALL_HOLD_BYTES, PENDING_HOLD_BYTES, REQUEST_WAIT_S
 from spoke.mesh.transport import PeerTls, PeerToken
 from tests.integration.mesh_support import (
@@ -145,8 +146,7 @@ class Staller:
         )
         self.token = PeerToken(region.flag("--peer-token-file"))
         self.channels: list[grpc.aio.Channel] = []
-        self.calls: list[grpc.aio.StreamStreamCall[peer_pb2.PeerReadRequest, hub_pb2.BlockChunk]]
-        self.calls = []
+        self.calls: list[grpc.aio.Call] = []
 
     def open(self, keeper: GrantKeeper, count: int) -> None:
         """``count`` calls under ``keeper``'s grant, on a connection of their own whose
@@ -156,13 +156,13 @@ class Staller:
             node, self.tls.channel_credentials(), options=[("grpc.http2.bdp_probe", 0)]
         )
         self.channels.append(channel)
-        stub = peer_pb2_grpc.SpokePeerStub(channel)
+        read = read_blocks_call(channel)  # as spokes call it
         blocks = self.mesh.a_blocks
         for j in range(count):
             digest, size = blocks[(len(self.calls) + j) % len(blocks)]
             request = peer_pb2.PeerReadRequest(blocks=[hub_pb2.BlockRef(digest=digest, size=size)])
             metadata = self.token.metadata() + keeper.metadata(node, "ReadBlocks")
-            self.calls.append(stub.ReadBlocks(iter([request]), metadata=metadata, timeout=120))
+            self.calls.append(read(request, metadata=metadata, timeout=120))
 
     def open_silent(self, keeper: GrantKeeper, count: int) -> None:
         """``count`` calls under ``keeper``'s grant that never send their request."""
