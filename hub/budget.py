@@ -35,9 +35,10 @@ at its measured peak (``bench.rss``, local blobs and S3). Stalled streams hold a
 :data:`TOTAL_BYTES` (384 MiB) of blocks and their copies, one token at most
 :data:`BYTES_PER_TOKEN` (192 MiB, half: a token that stalls leaves the other half to every
 other token). A stream waiting for room holds its request and gRPC's call state: a few
-KiB for a spoke's 16-digest request, at most about 500 KiB for one of 4,096 digests, so a
-token's :data:`STREAMS_PER_TOKEN` (512) streams hold at most about 256 MiB more.
-143 + 384 + 256 = 783 MiB, under 1 GiB with room for the allocator's slack.
+KiB for a spoke's 16-digest request, at most about 120 KiB (one 64 KiB stream window of
+request bytes, :data:`hub.wire.CORE_REQUEST_BYTES`, and gRPC's call state), so a token's
+:data:`STREAMS_PER_TOKEN` (512) streams hold at most about 60 MiB more.
+143 + 384 + 60 = 587 MiB, under 1 GiB with room for the allocator's slack.
 
 A spoke opens at most 16 block streams (``spoke.fetch.scheduler``: 8 for every class and 8 more
 for demand misses), so 512 streams is 32 spokes sharing one token at full concurrency; a
