@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 OLD_CHANNEL_GRACE = 120.0
 """Seconds calls in flight on a replaced channel get to finish before it closes."""
 
+DIGESTS_PER_REQUEST = 512
+"""Most digests sent in one ``ReadBlocksRequest`` (the hub's
+``hub.blockstream.MAX_DIGESTS_PER_REQUEST``; the spoke cannot import the hub): a longer
+list goes as several requests on one stream."""
+
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 PACK_BYTES = 1024 * 1024
@@ -272,8 +277,14 @@ class HubClient:
             ValueError: the hub answered out of order or with inconsistent chunk offsets.
         """
         stub, metadata = self._call()
-        request = hub_pb2.ReadBlocksRequest(digests=list(digests), pack_bytes=PACK_BYTES)
-        call = stub.ReadBlocks(iter([request]), timeout=timeout, metadata=metadata)
+        # one stream; at most DIGESTS_PER_REQUEST a message (the hub's limit)
+        requests = [
+            hub_pb2.ReadBlocksRequest(
+                digests=digests[i : i + DIGESTS_PER_REQUEST], pack_bytes=PACK_BYTES
+            )
+            for i in range(0, len(digests), DIGESTS_PER_REQUEST)
+        ]
+        call = stub.ReadBlocks(iter(requests), timeout=timeout, metadata=metadata)
         expected = iter(digests)
         buf = bytearray()
         current: str | None = None
