@@ -10,8 +10,9 @@ request message, of a unary call (:mod:`hub.gate`) or of a ``ReadBlocks`` stream
 
 - before it is asked for, :data:`~hub.wire.CORE_REQUEST_BYTES` are charged to the
   caller's share of the read budget and the hub's (:class:`hub.budget.ReadBudget`,
-  waiting ahead of block charges), and released when the message has arrived or the call
-  has ended; so what unfinished requests hold counts against the same bytes blocks do;
+  waiting ahead of block charges; a stream's later messages only when there is room at
+  once), and released when the message has arrived or the call has ended; so what
+  unfinished requests hold counts against the same bytes blocks do;
 - it must arrive within :data:`REQUEST_WAIT_S` of being asked for, budget wait included;
   a caller that stalls is refused ``RESOURCE_EXHAUSTED`` (:class:`~hub.errors.QuotaExceeded`,
   ``limit="request"``: counted and audited) and the call ends, freeing what gRPC held.
@@ -41,6 +42,7 @@ async def receive(
     budget: ReadBudget,
     name: str,
     wait_s: float | None = None,
+    first: bool = True,
 ) -> _Message | None:
     """The next request message of a call, or None at the end of its request stream.
 
@@ -50,6 +52,11 @@ async def receive(
         name: The caller (its principal's name).
         wait_s: Longest wait, seconds, for room in the budget and the message together;
             :data:`REQUEST_WAIT_S` when None.
+        first: Whether this is the call's first message. A later one (or the end of the
+            stream, which a spoke sends with its one request) is charged only if the
+            budget has room at once, else received uncharged: a stream that has sent its
+            blocks must not fail for want of room to learn that it is over, and what it
+            can hold meanwhile is still one window.
 
     Raises:
         QuotaExceeded: No room in the caller's share or the hub's within the wait.
@@ -58,7 +65,11 @@ async def receive(
     wait_s = REQUEST_WAIT_S if wait_s is None else wait_s
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    await budget.take(name, CORE_REQUEST_BYTES, timeout_s=wait_s, ahead=True)
+    charged = CORE_REQUEST_BYTES
+    if first:
+        await budget.take(name, charged, timeout_s=wait_s, ahead=True)
+    elif not budget.try_take(name, charged):
+        charged = 0
     try:
         return await asyncio.wait_for(anext(requests), max(0.0, deadline - loop.time()))
     except TimeoutError:
@@ -68,4 +79,5 @@ async def receive(
     except StopAsyncIteration:
         return None
     finally:
-        budget.release(name, CORE_REQUEST_BYTES)
+        if charged:
+            budget.release(name, charged)

@@ -448,7 +448,12 @@ class HubService(hub_pb2_grpc.HubServicer):
             requests = await _first_taken(request_iterator)
         with self._budget.stream(principal.name):
             # every request message within its deadline, charged while it arrives
-            while (request := await receive(requests, self._budget, principal.name)) is not None:
+            first = True
+            while True:
+                request = await receive(requests, self._budget, principal.name, first=first)
+                if request is None:
+                    break
+                first = False
                 if isinstance(request, Oversize):
                     raise request.error()
                 if len(request.digests) > MAX_DIGESTS_PER_REQUEST:
