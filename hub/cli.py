@@ -8,7 +8,7 @@ strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--po
                    [--max-bytes-in-flight N] [--budget-wait S] [--grant-holders-per-token N]
                    [--max-manifest-streams N] [--max-watch-streams N]
                    [--grace SECONDS] [--blobs DIR|s3://B/P]
-                   [--grant-key PEM] [--grant-lifetime SECONDS]
+                   [--grant-key PEM] [--grant-lifetime SECONDS] [--rotate-grant-key]
                    [--audit-log FILE] [--audit-max-bytes N] [--audit-backups N]
 strata-hub publish --data-dir DIR DATASET SRC_DIR [--tag latest] [--block-size BYTES]
                    [--version vN] [--blobs DIR|s3://B/P] [--signing-key PEM]
@@ -277,6 +277,14 @@ def serve(
             "token may still be used at the spokes' peers.",
         ),
     ] = DEFAULT_LIFETIME_S,
+    rotate_grant_key: Annotated[
+        bool,
+        typer.Option(
+            "--rotate-grant-key",
+            help="With --catalog: make this replica's --grant-key the one every replica "
+            "signs with (replicas refuse to start with another key than the recorded one).",
+        ),
+    ] = False,
     audit_log: Annotated[
         Path | None,
         typer.Option(
@@ -311,6 +319,7 @@ def serve(
         catalog=catalog,
         grant_key=grant_key,
         grant_lifetime_s=grant_lifetime,
+        rotate_grant_key=rotate_grant_key,
         audit_log=audit_log,
         audit_max_bytes=audit_max_bytes,
         audit_backups=audit_backups,
@@ -434,7 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code, outcome = _run(args)
         audit = _audit_target(args)
         if audit is not None:
-            audit.record(who=operator(), what=" ".join([PROG, *args]), outcome=outcome)
+            what = " ".join(redact(arg) for arg in [PROG, *args])  # no catalog password
+            audit.record(who=operator(), what=what, outcome=redact(outcome))
             audit.close()
     finally:
         os.umask(previous)

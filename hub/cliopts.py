@@ -10,12 +10,15 @@ from typing import Annotated
 
 import typer
 
+from hub.catalog.locations import redact
+
 PROG = "strata-hub"
 
 
 def say(message: str) -> None:
-    """Writes one line to stderr, prefixed with the program name."""
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    """Writes one line to stderr, prefixed with the program name, with any catalog
+    password in it redacted (:func:`hub.catalog.locations.redact`)."""
+    print(f"{PROG}: {redact(message)}", file=sys.stderr, flush=True)
 
 
 DataDirOption = Annotated[

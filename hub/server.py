@@ -32,6 +32,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
+from hub import grpclog
 from hub.address import Address
 from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog
 from hub.auth import TokenFile
@@ -110,6 +111,9 @@ class ServerConfig:
             None for ``DATA_DIR/grant.key``, generated at the first start. Grants, like
             tokens, are issued only over TLS unless ``insecure``.
         grant_lifetime_s: How long a read grant is valid, seconds.
+        rotate_grant_key: With a shared catalog, record this replica's grant key as the
+            one every replica signs with, replacing the recorded one (a replica whose key
+            differs from the recorded one refuses to start otherwise).
         max_connections: Most client connections open at once (:mod:`hub.limits`).
         handshake_timeout_s: Longest a connection may take to finish its TLS handshake and
             send its HTTP/2 settings, seconds.
@@ -140,6 +144,7 @@ class ServerConfig:
     poll_s: float = POLL_SECONDS
     grant_key: Path | None = None
     grant_lifetime_s: float = DEFAULT_LIFETIME_S
+    rotate_grant_key: bool = False
     max_connections: int = MAX_CONNECTIONS
     handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
     max_streams_per_token: int = STREAMS_PER_TOKEN
@@ -376,10 +381,12 @@ class HubServer:
             ConfigError: A setting, token file, certificate or key is unusable.
             ListenError: ``listen`` cannot be bound (in use, not a local address).
             CatalogError: The catalog cannot be opened.
-            Conflict: ``config.blobs`` is not the store the catalog records.
+            Conflict: ``config.blobs`` is not the store the catalog records, or (shared
+                catalog) the grant key is not the one the other replicas sign with.
         """
         config = config if config is not None else ServerConfig()
         config.validate()
+        grpclog.install()  # a stream its client cancelled: one line, not a traceback
         address = Address.parse(listen)
         # a replica of a shared catalog keeps only its own files here: made when missing
         layout = DataDir.open(data_dir, create=config.catalog is not None, catalog=config.catalog)
@@ -414,6 +421,9 @@ class HubServer:
         watcher: CatalogWatcher | None = None
         try:
             store = layout.blob_store(catalog, config.blobs, endpoint_url=config.s3_endpoint)
+            if grants is not None and catalog.shared:
+                # every replica must sign with one key: the first records it, others compare
+                catalog.set_grant_key(grants.key_id, replace=config.rotate_grant_key)
             watcher = CatalogWatcher(catalog, config.poll_s, on_events=metrics.observe_events)
             await watcher.start()
             budget = ReadBudget(

@@ -12,6 +12,7 @@ bind mount, ``root`` is the directory of the source file system that was bound, 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,8 +38,15 @@ class Mount:
     options: frozenset[str] = field(default=frozenset(), compare=False)
 
 
-def _unescape(text: str) -> str:
-    return text.encode().decode("unicode_escape")
+_OCTAL = re.compile(rb"\\([0-7]{3})")
+
+
+def _unescape(raw: bytes) -> str:
+    """A path field as Python names paths: the kernel's octal escapes (space, tab, newline,
+    backslash) undone on the bytes, which are then decoded as the file system's names are
+    (``os.fsdecode``: UTF-8, other bytes kept as surrogates), so a path with non-ASCII
+    names compares equal to the ``Path`` the caller holds."""
+    return os.fsdecode(_OCTAL.sub(lambda m: bytes([int(m[1], 8)]), raw))
 
 
 def mounts(path: str = MOUNTINFO) -> list[Mount]:
@@ -49,18 +57,19 @@ def mounts(path: str = MOUNTINFO) -> list[Mount]:
         OSError: The table cannot be read.
     """
     table: list[Mount] = []
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, "rb") as f:  # bytes: names need not be UTF-8
         for line in f:
-            fields = line.split()
+            raw = line.split()
+            fields = [os.fsdecode(field) for field in raw]
             if len(fields) <= 4:
                 continue
             after = fields.index("-", 5) + 1 if "-" in fields[5:] else len(fields)
             table.append(
                 Mount(
                     device=fields[2],
-                    mountpoint=_unescape(fields[4]),
+                    mountpoint=_unescape(raw[4]),
                     fstype=fields[after] if after < len(fields) else "",
-                    root=_unescape(fields[3]),
+                    root=_unescape(raw[3]),
                     options=frozenset(fields[5].split(",")) if len(fields) > 5 else frozenset(),
                 )
             )

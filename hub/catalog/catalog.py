@@ -14,6 +14,7 @@ from hub.catalog.schema import (
     I64,
     META_BLOBS,
     META_BLOCK_BYTES,
+    META_GRANT_KEY,
     META_LIVE_SNAPSHOTS,
     META_MIGRATED,
     META_SEQUENCE,
@@ -222,6 +223,32 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, PublishesMixin, CatalogBas
                 raise Conflict(
                     f"catalog at {self.location} keeps its blocks in {current.decode('utf-8')}, "
                     f"not {location}"
+                )
+
+    def set_grant_key(self, key_id: str, replace: bool = False) -> None:
+        """Records the key id read grants are signed with, once; a later call must name the
+        same key unless ``replace`` (a rotation: every replica must then be given the new
+        key, and those still holding the old one refuse to start).
+
+        Args:
+            key_id: The grant key's id (public: ``protocol.grants.key_id``).
+            replace: Record ``key_id`` whatever is recorded.
+
+        Raises:
+            Conflict: Another key is recorded.
+            CatalogError: The catalog cannot be written.
+        """
+        with self.write() as txn:
+            current = txn.get(META_GRANT_KEY, db=self._db[b"meta"])
+            if current is None or replace:
+                txn.put(META_GRANT_KEY, key_id.encode("ascii"), db=self._db[b"meta"])
+            elif current.decode("ascii") != key_id:
+                raise Conflict(
+                    f"the replicas of catalog {self.location} sign read grants with key "
+                    f"{current.decode('ascii')}, and this one's --grant-key is {key_id}: spokes "
+                    "would refuse some grants. Give every replica the same key file, or, to "
+                    "rotate the key, start with --rotate-grant-key and then restart every "
+                    "replica with the new key"
                 )
 
     def set_tag(self, dataset: str, tag: str, ref: str) -> Tag:

@@ -13,6 +13,11 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 """URL prefixes that name a PostgreSQL catalog (libpq connection URIs)."""
 
 _PASSWORD = re.compile(r"(://[^:/@]*):[^@]*@")
+"""A password in a URL's user information (``postgresql://USER:PASSWORD@HOST``)."""
+
+_PASSWORD_PARAMETER = re.compile(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)")
+"""A ``password=`` parameter: in a URL's query (``?password=…``, ``&password=…``) or a
+libpq key/value connection string (``password=…``, quoted or not)."""
 
 
 def is_shared_location(location: str | os.PathLike[str]) -> bool:
@@ -20,6 +25,9 @@ def is_shared_location(location: str | os.PathLike[str]) -> bool:
     return isinstance(location, str) and location.startswith(POSTGRES_SCHEMES)
 
 
-def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for messages and logs)."""
-    return _PASSWORD.sub(r"\1:***@", url)
+def redact(text: str) -> str:
+    """``text`` with every password of a catalog URL or connection string in it replaced by
+    ``***`` (for messages, logs and the audit log's command lines): the user
+    information's (``USER:PASSWORD@``) and any ``password=`` parameter's (libpq connection
+    URIs and key/value strings, https://www.postgresql.org/docs/current/libpq-connect.html)."""
+    return _PASSWORD_PARAMETER.sub(r"\1***", _PASSWORD.sub(r"\1:***@", text))

@@ -274,7 +274,9 @@ class PostgresEngine:
                 url, connect_timeout=max(1, int(CONNECT_TIMEOUT_S))
             )
         except psycopg.ProgrammingError as exc:
-            raise CatalogError(f"catalog URL {self.location} is malformed: {exc}") from None
+            raise CatalogError(
+                f"catalog URL {self.location} is malformed: {redact(str(exc))}"
+            ) from None
         self._conninfo = conninfo
         self._probe()  # the real reason now (refused, no such database, password), not a timeout
         self._pool: psycopg_pool.ConnectionPool[Any] | None = psycopg_pool.ConnectionPool(
@@ -317,7 +319,7 @@ class PostgresEngine:
         try:
             psycopg.connect(self._conninfo, autocommit=True).close()
         except psycopg.Error as exc:
-            reason = _first_line(exc)
+            reason = redact(_first_line(exc))
             state = getattr(exc, "sqlstate", None) or ""
             if state.startswith("28") or state == "3D000" or _refusal(reason):
                 raise CatalogError(f"catalog engine {self.location} refused: {reason}") from None

@@ -61,6 +61,9 @@ META_BLOCK_BYTES = b"block_bytes"
 META_LIVE_SNAPSHOTS = b"live_snapshots"
 META_MIGRATED = b"migrated_to"
 """Set by ``strata-hub migrate`` on the catalog it copied: the shared catalog it moved to."""
+META_GRANT_KEY = b"grant_key_id"
+"""The key id (``protocol.grants.key_id``, public) of the key every replica of a shared
+catalog signs read grants with; recorded by the first ``serve``."""
 
 
 def dataset_prefix(dataset: str) -> bytes:

@@ -335,6 +335,43 @@ def test_a_spoke_client_with_two_tls_replicas_fails_over_when_one_stops(
         second.stop()
 
 
+def test_a_replica_with_another_grant_key_refuses_to_start(
+    pg_url: str, tmp_path: Path, pki: Pki
+) -> None:
+    """The first replica records its grant key's id in the shared catalog; a replica with
+    another key is refused (spokes would refuse some of its grants) until a rotation
+    records the new key, after which the old one is refused in turn."""
+    from hub.errors import Conflict
+
+    src = tree(tmp_path / "src", {"a": b"a"})
+    publish(tmp_path / "pub", "f3", src, catalog=pg_url, blobs=str(tmp_path / "blobs"))
+    keys = []
+    for name in ("key-a", "key-b"):
+        (tmp_path / name).mkdir()
+        keys.append(ensure_grant_key(tmp_path / name))
+
+    def replica(name: str, key: Path, rotate: bool = False) -> ServerThread:
+        config = ServerConfig(
+            tls_cert=pki.server.cert,
+            tls_key=pki.server.key,
+            catalog=pg_url,
+            grant_key=key,
+            rotate_grant_key=rotate,
+        )
+        return ServerThread(tmp_path / name, config=config)
+
+    with replica("r0", keys[0]):
+        with pytest.raises(Conflict, match="sign read grants with key") as refused:
+            replica("r1", keys[1]).start()
+        assert "--rotate-grant-key" in str(refused.value)
+        with replica("r2", keys[0]):  # the same key: starts
+            pass
+    with replica("r3", keys[1], rotate=True):  # a rotation records the new key
+        pass
+    with pytest.raises(Conflict, match="sign read grants with key"):
+        replica("r4", keys[0]).start()
+
+
 def test_catalog_mistakes_are_one_line_naming_the_cause(
     pg_server: PostgresServer, tmp_path: Path
 ) -> None:

@@ -143,3 +143,38 @@ def test_bad_input_is_one_line_and_exit_2(
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     assert "publish" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://strata:s3cret-pw@127.0.0.1:1/strata",
+        "postgresql://strata@127.0.0.1:1/strata?password=s3cret-pw",
+        "postgresql://strata@127.0.0.1:1/strata?sslmode=disable&password=s3cret-pw",
+        "postgres://127.0.0.1:1/strata?PASSWORD=s3cret-pw&user=strata",
+    ],
+)
+def test_a_catalog_password_reaches_no_message_nor_the_audit_log(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The catalog is unreachable (port 1), or its URL malformed (libpq's parameter names
+    are lower case): the one-line error and the audit record of the command name the
+    catalog without its password."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    code = main(["tag", "--data-dir", str(data), "--catalog", url, "f3", "v1", "stable"])
+    assert code in (1, 2)
+    err = capsys.readouterr().err
+    assert "127.0.0.1" in err and "s3cret" not in err
+    audit = (data / "audit.jsonl").read_text()
+    assert "--catalog" in audit and "***" in audit and "s3cret" not in audit
+
+
+def test_redact_covers_the_forms_libpq_takes() -> None:
+    from hub.catalog.locations import redact
+
+    assert redact("postgresql://u:pw@h/db") == "postgresql://u:***@h/db"
+    assert redact("postgresql://u@h/db?password=pw&x=1") == "postgresql://u@h/db?password=***&x=1"
+    assert redact("host=h user=u password='p w' dbname=d") == "host=h user=u password=*** dbname=d"
+    assert redact("host=h password=pw") == "host=h password=***"
+    assert redact("/var/lib/strata/catalog") == "/var/lib/strata/catalog"
