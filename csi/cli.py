@@ -1,7 +1,7 @@
 """``strata-csi``: serve the CSI node plugin on a UNIX socket.
 
     strata-csi serve --endpoint unix:///csi/csi.sock --mount /mnt/strata/data \\
-                     --node-id NODE --state-dir /csi/volumes
+                     --node-id NODE --state-dir /csi/volumes [--pods-dir /var/lib/kubelet/pods]
     strata-csi probe --endpoint unix:///csi/csi.sock [--ready]     # a liveness check
 
 The kubelet and the node-driver-registrar speak to it over ``--endpoint`` (``$CSI_ENDPOINT``
@@ -24,6 +24,7 @@ import grpc
 import typer
 
 from csi.service import DRIVER_NAME, Identity, Node
+from csi.targets import PODS_DIR, Targets
 from csi.volumes import Volumes
 from protocol.csi.v1 import csi_pb2, csi_pb2_grpc
 
@@ -104,6 +105,14 @@ def serve(
         Path,
         typer.Option("--state-dir", help="Where publications are recorded (a node directory)."),
     ] = Path("/csi/volumes"),
+    pods_dir: Annotated[
+        Path,
+        typer.Option(
+            "--pods-dir",
+            help="The kubelet's pods directory (its --root-dir + /pods): the only place "
+            "targets may be.",
+        ),
+    ] = PODS_DIR,
     driver_name: Annotated[
         str, typer.Option("--driver-name", help="The CSIDriver's name.")
     ] = DRIVER_NAME,
@@ -115,7 +124,7 @@ def serve(
     )
     try:
         path = socket_path(endpoint)
-        volumes = Volumes(mount, state_dir)
+        volumes = Volumes(mount, state_dir, Targets(pods_dir))
         server = serve_socket(path, volumes, node_id, driver_name)
     except (ValueError, OSError, RuntimeError) as err:
         raise _fail(str(err)) from None

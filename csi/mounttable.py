@@ -1,5 +1,5 @@
 """The node's mount table and the three mount calls the plugin makes: bind, make read-only,
-unmount.
+unmount (on paths :mod:`csi.targets` makes: ``/proc/self/fd/N``, not names).
 
 The table is :mod:`strata_local.mountinfo`'s (read as text, never by ``stat``: a dead
 FUSE mount must not hang the plugin). For a bind mount, ``root`` is the directory of the
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from strata_local.mountinfo import MOUNTINFO, Mount, mounts, resolve_mountpoint
 
-__all__ = ["MOUNTINFO", "Mount", "bind_read_only", "mounted_at", "mounts", "resolve_target"]
-__all__ += ["unmount"]
+__all__ = ["MOUNTINFO", "Mount", "bind", "make_read_only", "mounted_at", "mounts"]
+__all__ += ["resolve_target", "unmount"]
 
 # <sys/mount.h> (Linux): mount(2) flags
 MS_RDONLY = 0x1
@@ -29,6 +29,7 @@ MS_NODEV = 0x4
 MS_NOEXEC = 0x8
 MS_REMOUNT = 0x20
 MS_BIND = 0x1000
+UMOUNT_NOFOLLOW = 0x8
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong]
@@ -56,14 +57,10 @@ def _check(result: int, what: str, path: Path) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}", str(path))
 
 
-def bind_read_only(source: Path, target: Path) -> None:
-    """Bind-mount the directory ``source`` on ``target`` and make that mount read-only,
-    ``nosuid`` and ``nodev`` (also ``noexec`` when the source has it).
-
-    A bind mount takes the source's per-mount flags only after a remount (mount(2),
-    "Creating a bind mount": ``MS_RDONLY`` with ``MS_BIND`` is ignored on the first call),
-    hence two calls; the window between them shows the spoke's mount, itself read-only.
-    If the remount fails the bind is undone.
+def bind(source: Path, target: Path) -> None:
+    """Bind-mount the directory ``source`` on ``target`` (read-write until
+    :func:`make_read_only`: mount(2), "Creating a bind mount", ignores ``MS_RDONLY`` with
+    ``MS_BIND`` on the first call; the spoke's mount shown meanwhile is read-only itself).
 
     Raises:
         OSError: mount(2) refused (``EPERM`` without ``CAP_SYS_ADMIN``, ``ENOENT`` …).
@@ -73,20 +70,26 @@ def bind_read_only(source: Path, target: Path) -> None:
         "bind mount",
         target,
     )
+
+
+def make_read_only(source: Path, bound: Path) -> None:
+    """Remount the bind mount whose root ``bound`` names read-only, ``nosuid`` and
+    ``nodev`` (also ``noexec`` when ``source`` has it).
+
+    Raises:
+        OSError: mount(2) refused.
+    """
     flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
     if os.statvfs(source).f_flag & os.ST_NOEXEC:
         flags |= MS_NOEXEC
-    try:
-        _check(_libc.mount(None, str(target).encode(), None, flags, None), "remount ro", target)
-    except OSError:
-        unmount(target)
-        raise
+    _check(_libc.mount(None, str(bound).encode(), None, flags, None), "remount ro", bound)
 
 
 def unmount(target: Path) -> None:
-    """Unmount ``target`` (umount2(2), no flags: a mount still in use stays, ``EBUSY``).
+    """Unmount ``target`` (umount2(2) with ``UMOUNT_NOFOLLOW``: a symlink there is not
+    followed; a mount still in use stays, ``EBUSY``).
 
     Raises:
         OSError: umount2(2) refused.
     """
-    _check(_libc.umount2(str(target).encode(), 0), "unmount", target)
+    _check(_libc.umount2(str(target).encode(), UMOUNT_NOFOLLOW), "unmount", target)

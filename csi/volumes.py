@@ -31,7 +31,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from csi.mounttable import Mount, bind_read_only, mounted_at, resolve_target, unmount
+from csi.mounttable import Mount, bind, make_read_only, mounted_at, resolve_target, unmount
+from csi.targets import TargetRefused, Targets, fd_path
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +123,14 @@ class Volumes:
     Args:
         mount: The spoke's FUSE mount as this process sees it (``MOUNT/DATASET/VERSION``).
         state_dir: Where publications are recorded (survives restarts of the plugin).
+        targets: Where targets may be (:mod:`csi.targets`: below the kubelet's pods
+            directory, reached without following symlinks).
     """
 
-    def __init__(self, mount: Path, state_dir: Path) -> None:
+    def __init__(self, mount: Path, state_dir: Path, targets: Targets) -> None:
         self.mount = resolve_target(str(mount))
         self.state = StateDir(state_dir)
+        self.targets = targets
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
 
@@ -202,11 +206,12 @@ class Volumes:
             The publication (the one already there when this exact volume is published).
 
         Raises:
+            InvalidVolume: the target is not one the kubelet may give (:mod:`csi.targets`).
             TargetTaken: the target holds another volume, version or file system.
             NoSuchSnapshot, SpokeUnavailable: as :meth:`resolve`.
             VolumeError: mount(2) refused (its errno in the message).
         """
-        target = resolve_target(target_path)
+        target = self._target(target_path)
         with self._locked(target):
             record = self.state.get(str(target))
             same = record is not None and (record.volume_id, record.dataset, record.ref) == (
@@ -257,59 +262,121 @@ class Volumes:
         held = f"{here.root.lstrip('/')} of the spoke" if ours else f"a {here.fstype} mount"
         raise TargetTaken(f"{target} already holds {held}; unpublish it first")
 
+    def _target(self, target_path: str) -> Path:
+        try:
+            return self.targets.canonical(target_path)
+        except TargetRefused as err:
+            raise InvalidVolume(str(err)) from None
+
     def _bind(self, publication: Publication) -> None:
+        """Bind the publication's version at its target, through descriptors: the target's
+        parent reached without symlinks, the target made there and bound by its own
+        descriptor, then made read-only through the bind's root; checked in the mount
+        table after, so a component swapped meanwhile leaves nothing mounted elsewhere."""
         target = Path(publication.target)
         source = self.mount / publication.dataset / publication.version
-        made = not os.path.lexists(target)
+        what = f"{publication.dataset} {publication.version}"
         try:
-            target.mkdir(parents=True, exist_ok=True)
-            bind_read_only(source, target)
-        except OSError as err:
-            if made:
-                with contextlib.suppress(OSError):
-                    target.rmdir()
-            what = f"{publication.dataset} {publication.version}"
-            if err.errno == errno.ENOENT and not os.path.isdir(target.parent):
+            with self.targets.parent(target) as parent:
+                made = _make_dir(parent, target.name)
+                try:
+                    self._bind_at(parent, source, target)
+                except BaseException:
+                    if made:
+                        with contextlib.suppress(OSError):
+                            os.rmdir(target.name, dir_fd=parent)
+                    raise
+        except TargetRefused as err:
+            raise InvalidVolume(str(err)) from None
+        except FileNotFoundError as err:
+            if not os.path.isdir(target.parent):
                 raise InvalidVolume(f"the target's parent {target.parent} does not exist") from err
-            if err.errno == errno.ENOENT:
-                raise NoSuchSnapshot(f"{what} is gone from the spoke (revoked?)") from err
+            raise NoSuchSnapshot(f"{what} is gone from the spoke (revoked?)") from err
+        except OSError as err:
             if err.errno in (errno.ENOTCONN, errno.EIO):
                 raise SpokeUnavailable(f"the spoke cannot show {what} now: {err.strerror}") from err
             raise VolumeError(f"cannot mount {what} at {target}: {err.strerror}") from err
 
+    def _bind_at(self, parent: int, source: Path, target: Path) -> None:
+        below = Targets.open_at(parent, target)
+        try:
+            bind(source, fd_path(below))
+        finally:
+            os.close(below)
+        try:
+            top = Targets.open_at(parent, target)  # now the bind's root
+            try:
+                make_read_only(source, fd_path(top))
+            finally:
+                os.close(top)
+            here = mounted_at(target)
+            spoke = self.spoke_mount()
+            if (
+                here is None
+                or here.device != spoke.device
+                or here.root != f"/{source.parent.name}/{source.name}"
+            ):
+                raise InvalidVolume(f"{target} changed while it was being published: refused")
+        except BaseException:
+            unmount(fd_path(parent, target.name))
+            raise
+
     def unpublish(self, volume_id: str, target_path: str) -> None:
-        """Unmount ``target_path`` and remove it; nothing to do when it is not there.
+        """Unmount the bind this plugin made at ``target_path`` and remove the target;
+        nothing to do when it is not there.
+
+        Only a bind the plugin recorded is unmounted, and only while the mount table shows
+        it as that record's version of the spoke's mount: never the spoke's own mount, a
+        bind someone else made, or a mount stacked on one.
 
         Raises:
-            InvalidVolume: the target holds another volume than ``volume_id``.
-            ForeignMount: the target is a mount that is not the spoke's and has no record.
+            InvalidVolume: the target is not one the kubelet may give, or holds another
+                volume than ``volume_id``.
+            ForeignMount: the target holds a mount that is not this plugin's recorded bind.
             VolumeError: umount2(2) or rmdir(2) refused (``EBUSY``, ``ENOTEMPTY`` …).
         """
-        target = resolve_target(target_path)
+        target = self._target(target_path)
         with self._locked(target):
             record = self.state.get(str(target))
             if record is not None and record.volume_id != volume_id:
                 raise InvalidVolume(f"{target} holds volume {record.volume_id}, not {volume_id}")
             here = mounted_at(target)
-            if here is not None:
-                if record is None and here.device != self._spoke_device():
-                    raise ForeignMount(f"{target} holds a {here.fstype} mount that is not Strata's")
-                try:
-                    unmount(target)
-                except OSError as err:
-                    raise VolumeError(f"cannot unmount {target}: {err.strerror}") from err
+            if here is not None and not _is_bind_of(here, record):
+                held = "no bind of this plugin" if record is None else "another mount"
+                raise ForeignMount(f"{target} holds a {here.fstype} mount ({held}): left alone")
             try:
-                target.rmdir()
+                with self.targets.parent(target) as parent:
+                    if here is not None:
+                        unmount(fd_path(parent, target.name))
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rmdir(target.name, dir_fd=parent)
+            except TargetRefused as err:
+                raise InvalidVolume(str(err)) from None
             except FileNotFoundError:
-                pass
+                pass  # its parent is gone already: nothing was there
             except OSError as err:
-                raise VolumeError(f"cannot remove {target}: {err.strerror}") from err
+                raise VolumeError(f"cannot unpublish {target}: {err.strerror}") from err
             self.state.drop(str(target))
             if record is not None or here is not None:
                 log.info("unpublished %s from %s", volume_id, target)
 
-    def _spoke_device(self) -> str | None:
-        try:
-            return self.spoke_mount().device
-        except SpokeUnavailable:
-            return None
+
+def _is_bind_of(here: Mount, record: Publication | None) -> bool:
+    """Whether the mount at a target is the bind ``record`` says the plugin made there: of
+    the spoke's mount's type, rooted at the recorded version (read from the mount table,
+    so a dead spoke mount cannot hang the check)."""
+    return (
+        record is not None
+        and here.fstype == MOUNT_FSTYPE
+        and here.root == f"/{record.dataset}/{record.version}"
+    )
+
+
+def _make_dir(parent: int, name: str) -> bool:
+    """Make directory ``name`` in ``parent`` (0750, as the kubelet makes targets); whether
+    it was made here."""
+    try:
+        os.mkdir(name, 0o750, dir_fd=parent)
+    except FileExistsError:
+        return False
+    return True

@@ -7,7 +7,10 @@ snapshot ids), ``blobstore`` (block bytes: local directory or S3-compatible),
 ``events`` (the catalog's change log), ``datadir`` (on-disk layout), ``publish`` (tree
 -> new version), ``gc`` (garbage collection), ``verify`` (immutability proofs), ``auth``
 (bearer tokens), ``watch`` (noticing catalog changes), ``service`` (the gRPC servicer),
-``server`` (running it: TLS, health, reflection, graceful stop), ``metrics``, ``address``
+``gate`` (authentication before a request is read), ``inbound`` (receiving requests:
+deadline and budget charge), ``budget`` and ``streams`` (what a token may make the hub
+hold), ``server`` (running it: TLS, health, reflection, graceful stop), ``grpclog`` (gRPC's
+own log records), ``metrics``, ``address``
 and ``cli`` (``strata-hub``). ``DESIGN.md`` beside this file states the invariants. The
 hub never imports ``spoke``, ``fusemount`` or ``trainer``.
 """

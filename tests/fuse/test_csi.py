@@ -53,17 +53,18 @@ class Plugin:
 
 @contextlib.contextmanager
 def plugin_process(
-    tmp: Path, mount: Path, name: str = "csi"
+    tmp: Path, mount: Path, name: str = "csi", pods: Path | None = None
 ) -> Iterator[tuple[csi_pb2_grpc.IdentityStub, csi_pb2_grpc.NodeStub, Path]]:
-    """``strata-csi serve`` on ``tmp/NAME.sock`` over ``mount``, its log in ``tmp/NAME.log``;
-    stopped (SIGTERM, then SIGKILL) on the way out. Yields the two stubs and the state
-    directory."""
+    """``strata-csi serve`` on ``tmp/NAME.sock`` over ``mount``, its log in ``tmp/NAME.log``,
+    targets below ``pods`` (``tmp/pods``); stopped (SIGTERM, then SIGKILL) on the way out.
+    Yields the two stubs and the state directory."""
     sock, state = tmp / f"{name}.sock", tmp / f"{name}-state"
     log = (tmp / f"{name}.log").open("a")
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "csi", "serve", "--endpoint", f"unix://{sock}"),
             *("--mount", str(mount), "--node-id", "node-a", "--state-dir", str(state)),
+            *("--pods-dir", str(pods or tmp / "pods")),
         ],
         start_new_session=True,
         stderr=log,
@@ -347,7 +348,7 @@ def test_without_the_spoke_mount_it_is_not_ready_and_unavailable(
     empty = tmp_path / "not-mounted"
     empty.mkdir()
     sock = tmp_path / "idle.sock"
-    with plugin_process(tmp_path, empty, name="idle") as (identity, node, _):
+    with plugin_process(tmp_path, empty, name="idle", pods=plugin.pods) as (identity, node, _):
         assert identity.Probe(csi_pb2.ProbeRequest()).ready.value is False
         idle = subprocess.run(
             [sys.executable, "-m", "csi", "probe", "--ready", f"--endpoint=unix://{sock}"],
@@ -388,3 +389,83 @@ def test_a_restarted_plugin_keeps_what_it_published(plugin: Plugin) -> None:
             csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-restart", target_path=str(target))
         )
     assert not target.exists()
+
+
+def _unpublish(plugin: Plugin, volume_id: str, target: Path | str) -> None:
+    plugin.node.NodeUnpublishVolume(
+        csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=str(target))
+    )
+
+
+def _below(root: Path) -> list[str]:
+    return [m.mountpoint for m in mounts() if m.mountpoint.startswith(f"{root}/")]
+
+
+def test_targets_outside_the_pods_directory_or_through_a_symlink_are_refused(
+    plugin: Plugin,
+) -> None:
+    """Nothing is mounted and no directory made for a target the kubelet could not have
+    given: outside the pods directory, with '..', through a symlinked component, or a
+    symlink itself (issue 39: the plugin followed all of them)."""
+    elsewhere = plugin.pods.parent / "elsewhere"
+    (elsewhere / "volumes" / "kubernetes.io~csi" / "data").mkdir(parents=True, exist_ok=True)
+    linked = plugin.pods / "pod-linked"
+    linked.mkdir(exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        (linked / "volumes").symlink_to(elsewhere / "volumes")
+    last = target_of(plugin, "pod-last")
+    with contextlib.suppress(FileExistsError):
+        last.symlink_to(elsewhere)
+    cases = {
+        str(elsewhere / "mount"): "not below the kubelet's pods directory",
+        f"{plugin.pods}/pod-x/../../elsewhere/mount": "normalised",
+        f"{plugin.pods}//pod-x/mount": "normalised",
+        str(plugin.pods): "not below",
+        str(linked / "volumes" / "kubernetes.io~csi" / "data" / "mount"): "symlink",
+        str(last): "symlink",
+    }
+    for target, says in cases.items():
+        got, details = code_of(
+            plugin.node.NodePublishVolume, request("v-out", target, dataset="demo", ref="v1")
+        )
+        assert (got, says in details) == (grpc.StatusCode.INVALID_ARGUMENT, True), details
+    assert _below(elsewhere) == [] and _below(linked) == [] and mounted_at(last) is None
+    assert not (elsewhere / "mount").exists()
+    assert not (elsewhere / "volumes" / "kubernetes.io~csi" / "data" / "mount").exists()
+    assert last.is_symlink() and not any(plugin.state.iterdir())
+
+
+def test_unpublish_never_takes_a_mount_it_did_not_record(plugin: Plugin) -> None:
+    """The spoke's own mount (outside the pods directory) and a bind of it that this
+    plugin did not make stay mounted (issue 39: both were unmounted)."""
+    got, _ = code_of(
+        plugin.node.NodeUnpublishVolume,
+        csi_pb2.NodeUnpublishVolumeRequest(volume_id="v", target_path=str(plugin.mount)),
+    )
+    assert got == grpc.StatusCode.INVALID_ARGUMENT
+    assert mounted_at(plugin.mount) is not None
+    target = target_of(plugin, "pod-foreign-bind")
+    target.mkdir()
+    subprocess.run(["mount", "--bind", str(plugin.mount / "demo" / "v1"), str(target)], check=True)
+    try:
+        got, details = code_of(
+            plugin.node.NodeUnpublishVolume,
+            csi_pb2.NodeUnpublishVolumeRequest(volume_id="v", target_path=str(target)),
+        )
+        assert got == grpc.StatusCode.FAILED_PRECONDITION and "left alone" in details
+        assert mounted_at(target) is not None
+    finally:
+        unmount(target)
+
+
+def test_a_non_ascii_target_is_published_and_unpublished(plugin: Plugin) -> None:
+    """Its bind is found in the mount table (issue 39: it was misread and leaked)."""
+    parent = plugin.pods / "pod-données" / "volumes" / "kubernetes.io~csi" / "données é"
+    parent.mkdir(parents=True)
+    target = parent / "mount"
+    plugin.node.NodePublishVolume(request("vol-utf8", target, dataset="demo", ref="v1"))
+    plugin.node.NodePublishVolume(request("vol-utf8", target, dataset="demo", ref="v1"))
+    here = mounted_at(target)
+    assert here is not None and here.root == "/demo/v1"
+    _unpublish(plugin, "vol-utf8", target)
+    assert mounted_at(target) is None and not target.exists()
