@@ -2,6 +2,7 @@
 
     strata-csi serve --endpoint unix:///csi/csi.sock --mount /mnt/strata/data \\
                      --node-id NODE --state-dir /csi/volumes [--pods-dir /var/lib/kubelet/pods]
+                     --tenancy /etc/strata/tenancy.yaml [--audit-log FILE] [--metrics HOST:PORT]
     strata-csi probe --endpoint unix:///csi/csi.sock [--ready]     # a liveness check
 
 The kubelet and the node-driver-registrar speak to it over ``--endpoint`` (``$CSI_ENDPOINT``
@@ -21,12 +22,15 @@ from types import FrameType
 from typing import Annotated
 
 import grpc
+import prometheus_client
 import typer
 
 from csi.service import DRIVER_NAME, Identity, Node
 from csi.targets import PODS_DIR, Targets
+from csi.tenancy import Tenancy
 from csi.volumes import Volumes
 from protocol.csi.v1 import csi_pb2, csi_pb2_grpc
+from strata_local.audit import AuditLog
 
 log = logging.getLogger("csi")
 
@@ -62,7 +66,12 @@ def socket_path(endpoint: str) -> Path:
 
 
 def serve_socket(
-    endpoint: Path, volumes: Volumes, node_id: str, driver_name: str = DRIVER_NAME
+    endpoint: Path,
+    volumes: Volumes,
+    node_id: str,
+    tenancy: Tenancy,
+    audit: AuditLog | None = None,
+    driver_name: str = DRIVER_NAME,
 ) -> grpc.Server:
     """Start the Identity and Node services on the UNIX socket ``endpoint`` (0600; a stale
     socket file there is replaced) and return the running server.
@@ -77,7 +86,7 @@ def serve_socket(
         endpoint.unlink()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="csi"))
     csi_pb2_grpc.add_IdentityServicer_to_server(Identity(volumes, driver_name), server)
-    csi_pb2_grpc.add_NodeServicer_to_server(Node(volumes, node_id), server)
+    csi_pb2_grpc.add_NodeServicer_to_server(Node(volumes, node_id, tenancy, audit), server)
     old = os.umask(0o177)
     try:
         if server.add_insecure_port(f"unix:{endpoint}") == 0:
@@ -113,6 +122,25 @@ def serve(
             "targets may be.",
         ),
     ] = PODS_DIR,
+    tenancy: Annotated[
+        Path | None,
+        typer.Option(
+            "--tenancy",
+            help="YAML: namespace (or namespace/serviceaccount) -> dataset globs its pods "
+            "may mount; re-read on change. Without it nothing is published. One tenant: "
+            '\'"*": ["*"]\'.',
+        ),
+    ] = None,
+    audit_log: Annotated[
+        Path | None,
+        typer.Option(
+            "--audit-log", help="Publishes and refusals, JSON lines (STATE_DIR/audit.jsonl)."
+        ),
+    ] = None,
+    metrics: Annotated[
+        str | None,
+        typer.Option("--metrics", help="HOST:PORT for Prometheus metrics (none by default)."),
+    ] = None,
     driver_name: Annotated[
         str, typer.Option("--driver-name", help="The CSIDriver's name.")
     ] = DRIVER_NAME,
@@ -125,7 +153,18 @@ def serve(
     try:
         path = socket_path(endpoint)
         volumes = Volumes(mount, state_dir, Targets(pods_dir))
-        server = serve_socket(path, volumes, node_id, driver_name)
+        policy = Tenancy(tenancy)
+        if not policy.policy:
+            log.warning(
+                "no tenancy policy (--tenancy %s): every publish is refused; one tenant: "
+                '"*": ["*"]',
+                tenancy,
+            )
+        audit = AuditLog(audit_log or state_dir / "audit.jsonl")
+        if metrics is not None:
+            host, _, port = metrics.rpartition(":")
+            prometheus_client.start_http_server(int(port), addr=host or "127.0.0.1")
+        server = serve_socket(path, volumes, node_id, policy, audit, driver_name)
     except (ValueError, OSError, RuntimeError) as err:
         raise _fail(str(err)) from None
 

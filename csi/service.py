@@ -24,8 +24,11 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 from google.protobuf import wrappers_pb2
+from prometheus_client import Counter
 
+from csi.tenancy import Tenancy
 from csi.volumes import (
+    Denied,
     ForeignMount,
     InvalidVolume,
     NoSuchSnapshot,
@@ -35,6 +38,7 @@ from csi.volumes import (
     Volumes,
 )
 from protocol.csi.v1 import csi_pb2, csi_pb2_grpc
+from strata_local.audit import AuditLog
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +53,18 @@ ATTRIBUTES = ("dataset", "ref")
 
 _CODES: tuple[tuple[type[VolumeError], grpc.StatusCode], ...] = (
     (InvalidVolume, grpc.StatusCode.INVALID_ARGUMENT),
+    (Denied, grpc.StatusCode.PERMISSION_DENIED),
     (NoSuchSnapshot, grpc.StatusCode.NOT_FOUND),
     (TargetTaken, grpc.StatusCode.ALREADY_EXISTS),
     (ForeignMount, grpc.StatusCode.FAILED_PRECONDITION),
     (SpokeUnavailable, grpc.StatusCode.UNAVAILABLE),
     (VolumeError, grpc.StatusCode.INTERNAL),
+)
+
+PUBLISHES = Counter(
+    "strata_csi_publishes",
+    "NodePublishVolume calls by outcome: ok, denied (tenancy), failed (anything else).",
+    ["outcome"],
 )
 
 Req = TypeVar("Req")
@@ -122,10 +133,44 @@ class Node(csi_pb2_grpc.NodeServicer):
     Args:
         volumes: the node's publications.
         node_id: this node's name (the kubelet's, from the downward API).
+        tenancy: which datasets each namespace's pods may mount (:mod:`csi.tenancy`).
+        audit: where publishes and refusals are recorded; None records nothing.
     """
 
-    def __init__(self, volumes: Volumes, node_id: str) -> None:
+    def __init__(
+        self, volumes: Volumes, node_id: str, tenancy: Tenancy, audit: AuditLog | None = None
+    ) -> None:
         self.volumes, self.node_id = volumes, node_id
+        self.tenancy, self.audit = tenancy, audit
+
+    def _admit(self, context: dict[str, str], dataset: str, ref: str) -> str:
+        """The pod (``namespace/name``) once the tenancy policy lets it mount ``dataset``.
+
+        Raises:
+            Denied: the kubelet named no namespace, or no entry allows it (counted, audited).
+        """
+        namespace = context.get(f"{KUBELET_PREFIX}pod.namespace", "")
+        account = context.get(f"{KUBELET_PREFIX}serviceAccount.name", "")
+        pod = f"{namespace}/{context.get(f'{KUBELET_PREFIX}pod.name', '?')}"
+        if not namespace:
+            allowed, reason = (
+                False,
+                ("the kubelet named no pod namespace (the CSIDriver needs podInfoOnMount: true)"),
+            )
+        else:
+            decision = self.tenancy.decide(namespace, account, dataset)
+            allowed, reason = decision.allowed, decision.reason
+        if not allowed:
+            PUBLISHES.labels("denied").inc()
+            if self.audit is not None:
+                self.audit.refused(
+                    who=f"pod {pod} ({account or '?'})",
+                    what=f"publish {dataset}@{ref}",
+                    outcome="denied",
+                    reason=reason,
+                )
+            raise Denied(f"pod {pod} may not mount dataset {dataset!r}: {reason}")
+        return pod
 
     @_mapped
     def NodePublishVolume(
@@ -150,12 +195,23 @@ class Node(csi_pb2_grpc.NodeServicer):
             )
         context = dict(request.volume_context)
         dataset, ref = _attributes(context)
-        pod = "/".join(
-            context[f"{KUBELET_PREFIX}{key}"]
-            for key in ("pod.namespace", "pod.name")
-            if f"{KUBELET_PREFIX}{key}" in context
-        )
-        self.volumes.publish(request.volume_id, request.target_path, dataset, ref, for_pod=pod)
+        pod = self._admit(context, dataset, ref)
+        try:
+            published = self.volumes.publish(
+                request.volume_id, request.target_path, dataset, ref, for_pod=pod
+            )
+        except VolumeError:
+            PUBLISHES.labels("failed").inc()
+            raise
+        PUBLISHES.labels("ok").inc()
+        if self.audit is not None:
+            self.audit.record(
+                who=f"pod {pod}",
+                what=f"publish {dataset}@{ref}",
+                outcome="ok",
+                version=published.version,
+                target=published.target,
+            )
         return csi_pb2.NodePublishVolumeResponse()
 
     @_mapped

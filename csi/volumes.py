@@ -52,6 +52,10 @@ class NoSuchSnapshot(VolumeError):
     """The dataset, or its version or tag, does not exist (gRPC NOT_FOUND)."""
 
 
+class Denied(VolumeError):
+    """The pod may not mount this dataset (:mod:`csi.tenancy`; gRPC PERMISSION_DENIED)."""
+
+
 class TargetTaken(VolumeError):
     """The target already holds another volume (gRPC ALREADY_EXISTS)."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import signal
@@ -36,6 +37,13 @@ pytestmark = [
 ]
 
 BLOCK = "65536"
+TENANCY = """\
+ml: [demo, nosuch]         # the namespace of most tests' pods
+tenant-b: [other]
+tenant-c/trainer: [demo]   # one service account of tenant-c only
+"""
+POD_NAMESPACE = "csi.storage.k8s.io/pod.namespace"
+SERVICE_ACCOUNT = "csi.storage.k8s.io/serviceAccount.name"
 
 
 @dataclass
@@ -59,12 +67,15 @@ def plugin_process(
     targets below ``pods`` (``tmp/pods``); stopped (SIGTERM, then SIGKILL) on the way out.
     Yields the two stubs and the state directory."""
     sock, state = tmp / f"{name}.sock", tmp / f"{name}-state"
+    tenancy = tmp / f"{name}-tenancy.yaml"
+    if not tenancy.exists():
+        tenancy.write_text(TENANCY)
     log = (tmp / f"{name}.log").open("a")
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "csi", "serve", "--endpoint", f"unix://{sock}"),
             *("--mount", str(mount), "--node-id", "node-a", "--state-dir", str(state)),
-            *("--pods-dir", str(pods or tmp / "pods")),
+            *("--pods-dir", str(pods or tmp / "pods"), "--tenancy", str(tenancy)),
         ],
         start_new_session=True,
         stderr=log,
@@ -103,6 +114,10 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plugin]:
     (src["v2"] / "added.txt").write_text("new in v2\n")
     for version, tree in src.items():
         assert publish(tmp / "hub", "demo", tree, "--block-size", BLOCK) == version
+    other = tmp / "src-other"
+    other.mkdir()
+    (other / "b.txt").write_text("tenant b's\n")
+    assert publish(tmp / "hub", "other", other) == "v1"
     pods = tmp / "pods"
     pods.mkdir()
     with LocalStack() as stack:
@@ -208,7 +223,7 @@ def test_publish_binds_the_version_read_only(plugin: Plugin) -> None:
         csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-ro", target_path=str(target))
     )
     assert not target.exists() and mounted_at(target) is None
-    assert not any(plugin.state.iterdir()), "the record outlives the volume"
+    assert not any(plugin.state.glob("*.json")), "the record outlives the volume"
 
 
 def test_a_tag_resolves_once_and_publish_is_idempotent(plugin: Plugin) -> None:
@@ -432,7 +447,7 @@ def test_targets_outside_the_pods_directory_or_through_a_symlink_are_refused(
     assert _below(elsewhere) == [] and _below(linked) == [] and mounted_at(last) is None
     assert not (elsewhere / "mount").exists()
     assert not (elsewhere / "volumes" / "kubernetes.io~csi" / "data" / "mount").exists()
-    assert last.is_symlink() and not any(plugin.state.iterdir())
+    assert last.is_symlink() and not any(plugin.state.glob("*.json"))
 
 
 def test_unpublish_never_takes_a_mount_it_did_not_record(plugin: Plugin) -> None:
@@ -469,3 +484,56 @@ def test_a_non_ascii_target_is_published_and_unpublished(plugin: Plugin) -> None
     assert here is not None and here.root == "/demo/v1"
     _unpublish(plugin, "vol-utf8", target)
     assert mounted_at(target) is None and not target.exists()
+
+
+def test_a_pod_mounts_only_what_its_namespace_may(plugin: Plugin) -> None:
+    """Decided from what the kubelet vouches for (the pod's namespace and service
+    account), never from the volume's attributes alone; deny by default (issue 39: a pod
+    of tenant-b published team-a's dataset)."""
+    target = target_of(plugin, "pod-tenant-b")
+    denied = request("vol-b", target, dataset="demo", ref="v1", **{POD_NAMESPACE: "tenant-b"})
+    got, details = code_of(plugin.node.NodePublishVolume, denied)
+    assert got == grpc.StatusCode.PERMISSION_DENIED, details
+    assert "tenant-b" in details and "'demo'" in details
+    assert not target.exists() and mounted_at(target) is None
+    own = request("vol-b", target, dataset="other", ref="v1", **{POD_NAMESPACE: "tenant-b"})
+    plugin.node.NodePublishVolume(own)
+    assert (target / "b.txt").read_text() == "tenant b's\n"
+    _unpublish(plugin, "vol-b", target)
+    # one service account of a namespace, not the others
+    trainer = {POD_NAMESPACE: "tenant-c", SERVICE_ACCOUNT: "trainer"}
+    plugin.node.NodePublishVolume(request("vol-c", target, dataset="demo", ref="v1", **trainer))
+    _unpublish(plugin, "vol-c", target)
+    other_account = {POD_NAMESPACE: "tenant-c", SERVICE_ACCOUNT: "default"}
+    got, _ = code_of(
+        plugin.node.NodePublishVolume,
+        request("vol-c", target, dataset="demo", ref="v1", **other_account),
+    )
+    assert got == grpc.StatusCode.PERMISSION_DENIED
+    # no namespace from the kubelet: refused, naming the CSIDriver setting
+    anonymous = request("vol-x", target, dataset="demo", ref="v1")
+    del anonymous.volume_context[POD_NAMESPACE]
+    got, details = code_of(plugin.node.NodePublishVolume, anonymous)
+    assert got == grpc.StatusCode.PERMISSION_DENIED and "podInfoOnMount" in details
+    records = [json.loads(line) for line in (plugin.state / "audit.jsonl").read_text().splitlines()]
+    refused = [r for r in records if r["outcome"] == "denied"]
+    assert {r["who"].split()[1].split("/")[0] for r in refused} >= {"tenant-b", "tenant-c"}
+    assert any(r["what"] == "publish other@v1" and r["outcome"] == "ok" for r in records)
+
+
+def test_a_changed_policy_applies_to_the_next_publish(plugin: Plugin) -> None:
+    policy = plugin.pods.parent / "csi-tenancy.yaml"
+    before = policy.read_text()
+    target = target_of(plugin, "pod-policy")
+    ask = request("vol-p", target, dataset="demo", ref="v1", **{POD_NAMESPACE: "tenant-d"})
+    assert code_of(plugin.node.NodePublishVolume, ask)[0] == grpc.StatusCode.PERMISSION_DENIED
+    try:
+        policy.write_text(before + "tenant-d: [de*]\n")
+        plugin.node.NodePublishVolume(ask)
+        _unpublish(plugin, "vol-p", target)
+        policy.write_text("tenant-d: [not a list\n")  # broken: the last good one stays
+        plugin.node.NodePublishVolume(ask)
+        _unpublish(plugin, "vol-p", target)
+    finally:
+        policy.write_text(before)
+    assert code_of(plugin.node.NodePublishVolume, ask)[0] == grpc.StatusCode.PERMISSION_DENIED
