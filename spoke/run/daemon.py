@@ -57,6 +57,7 @@ from spoke.serve.adminserver import (
     install_log_limits,
     quiet_accept_errors,
 )
+from spoke.serve.admintokens import ScopedTokens
 from spoke.serve.frontdoor import PeerCheckedSocket
 from spoke.serve.limits import ConnectionCaps, raise_open_files
 from spoke.serve.local import SpokeLocalService
@@ -237,7 +238,12 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             fill=fill,
             mesh=mesh.snapshot if mesh is not None else None,
         )
-        guarded = AdminGuard(app, token, audit)
+        scoped = (
+            ScopedTokens(settings.admin_scoped_tokens)
+            if settings.admin_scoped_tokens is not None
+            else None
+        )
+        guarded = AdminGuard(app, token, audit, scoped=scoped)
         admin = AdminServer(admin_config(guarded, caps.admin))
         admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]))
 

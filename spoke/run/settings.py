@@ -132,6 +132,12 @@ class SpokeSettings(BaseSettings, MountSettings):
         description="file with the admin API's bearer token (default: made at first start, "
         "CACHE_DIR/admin.token)",
     )
+    admin_scoped_tokens: Path | None = Field(
+        default=None,
+        description="YAML of admin tokens scoped to datasets (name: {sha256, datasets}): "
+        "their holders prewarm, pin and hint those datasets and see their own jobs, pins "
+        "and hints; re-read on change",
+    )
     background_fill: Literal["auto", "off"] = Field(
         default="auto",
         description="auto: once a snapshot is read, fetch the rest of it at the lowest "
@@ -261,6 +267,15 @@ class SpokeSettings(BaseSettings, MountSettings):
     def _token(cls, v: Path | None) -> Path | None:
         if v is not None and not (v.is_file() and v.read_text().strip()):
             raise ValueError(f"--admin-token-file {v} is missing or empty")
+        return v
+
+    @field_validator("admin_scoped_tokens")
+    @classmethod
+    def _scoped(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            from spoke.serve.admintokens import ScopedTokens
+
+            ScopedTokens(v)  # raises ScopedTokenError (a ValueError) naming what is wrong
         return v
 
     @field_validator("publisher_key")

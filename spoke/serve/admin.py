@@ -40,7 +40,7 @@ from spoke.prefetch.prewarm import CapacityError, PrewarmJobs
 from spoke.serve import admindocs
 from spoke.serve.routes import cache as cache_routes
 from spoke.serve.routes import health, hints, jobs, pins
-from spoke.serve.routes.context import AdminContext, LimitReached
+from spoke.serve.routes.context import AdminContext, LimitReached, NotYours
 from spoke.upkeep.pins import PinRegistry
 
 MAX_PINS = 1000
@@ -58,6 +58,7 @@ _HTTP_STATUS: tuple[tuple[type[SpokeError], int], ...] = (
     (CapacityError, 409),
     (LimitReached, 429),
     (AccessDenied, 403),
+    (NotYours, 403),
     (CorruptManifest, 502),
     (HubUnavailable, 503),
 )

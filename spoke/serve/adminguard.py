@@ -2,7 +2,9 @@
 
 For every ``/v1/`` request, before any byte of the body is read:
 
-1. the bearer token is checked (constant-time compare) → 401 JSON;
+1. the bearer token is checked (constant-time compare): the node-wide one, or one scoped
+   to datasets (:mod:`spoke.serve.admintokens`), whose :class:`Caller` is left in the
+   scope's ``state`` for the routes to check against what they act on → 401 JSON;
 2. a declared ``Content-Length`` above :data:`MAX_BODY_BYTES` → 413 JSON at once; a body
    sent without a length is counted as it arrives and refused with 413 once it passes the
    cap, so no request ever makes the daemon hold more than the cap in memory.
@@ -20,6 +22,11 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from spoke.audit import AuditLog
+from spoke.serve.admintokens import OPERATOR, Caller, ScopedTokens
+
+CALLER_STATE = "admin_caller"
+"""The key under the ASGI scope's ``state`` where the guard leaves the :class:`Caller`
+(``request.state.admin_caller`` in a route)."""
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -74,9 +81,11 @@ class AdminGuard:
 
     Args:
         app: the FastAPI app.
-        token: the bearer token every ``/v1/`` route requires.
+        token: the node-wide bearer token every ``/v1/`` route accepts (the operator's).
         audit: where admin actions and refused tokens are recorded (None: nowhere).
         max_body: the body cap, bytes.
+        scoped: tokens scoped to datasets (:mod:`spoke.serve.admintokens`); the routes
+            decide what their holders may do from the :class:`Caller` left in the scope.
     """
 
     def __init__(
@@ -85,22 +94,28 @@ class AdminGuard:
         token: str | None,
         audit: AuditLog | None = None,
         max_body: int = MAX_BODY_BYTES,
+        scoped: ScopedTokens | None = None,
     ) -> None:
         self.app = app
         self.token = token
         self.audit = audit
         self.max_body = max_body
+        self.scoped = scoped
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _caller(self, scope: Scope) -> Caller | None:
+        """Who presented which token: the operator, a scoped token's holder, or None."""
         if self.token is None:
-            return True
+            return OPERATOR
         for key, value in scope.get("headers", []):
             if key == b"authorization":
                 scheme, _, presented = value.decode("latin-1").partition(" ")
-                return scheme.lower() == "bearer" and secrets.compare_digest(
-                    presented.strip().encode(), self.token.encode()
-                )
-        return False
+                if scheme.lower() != "bearer":
+                    return None
+                presented = presented.strip()
+                if secrets.compare_digest(presented.encode(), self.token.encode()):
+                    return OPERATOR
+                return self.scoped.caller(presented) if self.scoped is not None else None
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point."""
@@ -112,7 +127,8 @@ class AdminGuard:
         peer = scope.get("client") or ("?", 0)
         who = f"{peer[0]}:{peer[1]}"
         action = f"{method} {path}"
-        if not self._authorized(scope):
+        caller = self._caller(scope)
+        if caller is None:
             if self.audit is not None:
                 self.audit.refused(who=who, what=action, outcome="denied: missing or wrong token")
             await _json(
@@ -151,6 +167,9 @@ class AdminGuard:
                 status[0] = int(message["status"])
             await send(message)
 
+        scope.setdefault("state", {})[CALLER_STATE] = caller
+        if not caller.operator:
+            who = f"{who} ({caller.name})"
         try:
             await self.app(scope, capped, watch)
         except Exception:

@@ -5,6 +5,7 @@ no CDN, and an audit record for each action and refused token."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ from spoke.prefetch.prewarm import PrewarmJobs
 from spoke.serve import admin as admin_module
 from spoke.serve.admin import create_app
 from spoke.serve.adminguard import MAX_BODY_BYTES, AdminGuard
+from spoke.serve.admintokens import ScopedTokens
 from spoke.upkeep.pins import PinRegistry
 from tests.integration.hub_support import write_tree
 
@@ -48,7 +50,7 @@ def hub_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 Scenario = Callable[[httpx.AsyncClient, Path], Awaitable[None]]
 
 
-def run(tmp_path: Path, port: int, scenario: Scenario) -> None:
+def run(tmp_path: Path, port: int, scenario: Scenario, scoped: ScopedTokens | None = None) -> None:
     async def main() -> None:
         layout = CacheLayout(tmp_path / "cache")
         layout.root.mkdir()
@@ -60,7 +62,9 @@ def run(tmp_path: Path, port: int, scenario: Scenario) -> None:
         pins = PinRegistry(env, cache)
         jobs = PrewarmJobs(catalog, cache, scheduler, pins)
         audit = AuditLog(tmp_path / "audit.jsonl")
-        app = AdminGuard(create_app(cache, scheduler, catalog, jobs, pins), TOKEN, audit)
+        app = AdminGuard(
+            create_app(cache, scheduler, catalog, jobs, pins), TOKEN, audit, scoped=scoped
+        )
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 4242))  # type: ignore[arg-type]
         try:
             async with httpx.AsyncClient(transport=transport, base_url="http://spoke") as client:
@@ -208,3 +212,61 @@ def test_pins_of_a_revoked_version_go_with_it(tmp_path: Path, hub_port: int) -> 
             env.close()
 
     asyncio.run(main())
+
+
+TEAM_A = "team-a-admin-token-5f2c"
+TEAM_B = "team-b-admin-token-9e41"
+
+
+def _scoped(tmp_path: Path) -> ScopedTokens:
+    path = tmp_path / "scoped.yaml"
+    path.write_text(
+        f"team-a:\n  sha256: {hashlib.sha256(TEAM_A.encode()).hexdigest()}\n"
+        "  datasets: [ds]\n"
+        f"team-b:\n  sha256: {hashlib.sha256(TEAM_B.encode()).hexdigest()}\n"
+        "  datasets: [other, 'other-*']\n"
+    )
+    return ScopedTokens(path)
+
+
+def test_a_scoped_admin_token_acts_only_on_its_datasets(tmp_path: Path, hub_port: int) -> None:
+    """team-a's token prewarms and pins ds and sees its jobs and pins; team-b's gets 403 on
+    ds, sees none of team-a's jobs or pins (404 by id), and neither may read the node's
+    cache status or evict; the node-wide token still may."""
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        b = {"Authorization": f"Bearer {TEAM_B}"}
+        job = await client.post("/v1/prewarm", json={"dataset": "ds"}, headers=a)
+        assert job.status_code == 202, job.text
+        pin = await client.post("/v1/pins", json={"dataset": "ds"}, headers=a)
+        assert pin.status_code == 201, pin.text
+        for method, path, body in (
+            ("POST", "/v1/prewarm", {"dataset": "ds"}),
+            ("POST", "/v1/pins", {"dataset": "ds"}),
+            ("POST", "/v1/hints", {"dataset": "ds", "stream": "s", "paths": ["f0.bin"]}),
+        ):
+            refused = await client.request(method, path, json=body, headers=b)
+            assert refused.status_code == 403, (path, refused.text)
+            assert "'team-b' may not act on dataset 'ds'" in refused.json()["detail"]
+        job_id, pin_id = job.json()["id"], pin.json()["id"]
+        assert [j["id"] for j in (await client.get("/v1/jobs", headers=a)).json()] == [job_id]
+        assert (await client.get("/v1/jobs", headers=b)).json() == []
+        assert (await client.get("/v1/pins", headers=b)).json() == []
+        assert (await client.get(f"/v1/jobs/{job_id}", headers=b)).status_code == 404
+        assert (await client.delete(f"/v1/jobs/{job_id}", headers=b)).status_code == 404
+        assert (await client.delete(f"/v1/pins/{pin_id}", headers=b)).status_code == 404
+        for token in (a, b):
+            assert (await client.get("/v1/cache", headers=token)).status_code == 403
+            evicted = await client.post("/v1/evict", json={"all": True}, headers=token)
+            assert evicted.status_code == 403
+        assert (await client.get("/v1/cache", headers=AUTH)).status_code == 200
+        assert (await client.delete(f"/v1/pins/{pin_id}", headers=a)).status_code == 200
+        assert (
+            await client.get("/v1/cache", headers={"Authorization": "Bearer x"})
+        ).status_code == 401
+        records = audit_lines(audit)
+        assert any(r["who"].endswith("(team-b)") and r["outcome"] == "403" for r in records)
+        assert TEAM_A not in audit.read_text() and TEAM_B not in audit.read_text()
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))

@@ -8,7 +8,16 @@ from pydantic import BaseModel, Field
 
 from spoke.catalog.selection import unique_blocks
 from spoke.errors import InvalidRequest
-from spoke.serve.routes.context import NAME, STRICT, AdminContext, Context, sample, v1_router
+from spoke.serve.routes.context import (
+    NAME,
+    STRICT,
+    AdminContext,
+    CallerOf,
+    Context,
+    require_operator,
+    sample,
+    v1_router,
+)
 
 router = v1_router()
 
@@ -58,11 +67,13 @@ class CacheStats(BaseModel):
 
 
 @router.post("/v1/evict")
-async def evict(body: EvictRequest, context: Context) -> dict[str, object]:
-    """Drop cached blocks of a dataset, of one version of it, or of everything.
+async def evict(body: EvictRequest, context: Context, caller: CallerOf) -> dict[str, object]:
+    """Drop cached blocks of a dataset, of one version of it, or of everything (the
+    node-wide token only: what is cached is shared by every tenant).
 
     Pinned blocks stay; they are counted in the answer.
     """
+    require_operator(caller, "eviction")
     if body.all == (body.dataset is not None):
         raise InvalidRequest("give either a dataset (and optionally a ref) or all=true")
     if body.ref is not None and body.dataset is None:
@@ -94,8 +105,10 @@ async def evict(body: EvictRequest, context: Context) -> dict[str, object]:
 
 
 @router.get("/v1/cache", response_model=CacheStats)
-def cache_stats(context: Context) -> CacheStats:
-    """Cache size, use, hit ratio and hub traffic."""
+def cache_stats(context: Context, caller: CallerOf) -> CacheStats:
+    """Cache size, use, hit ratio and hub traffic (the node-wide token only: it names
+    every tenant's datasets)."""
+    require_operator(caller, "the node's cache status")
     cache, scheduler = context.cache, context.scheduler
     hits = int(sample("strata_spoke_cache_hits_total"))
     misses = int(sample("strata_spoke_cache_misses_total"))

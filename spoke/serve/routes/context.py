@@ -28,6 +28,8 @@ from spoke.fetch.scheduler import FetchScheduler
 from spoke.prefetch.fill import BackgroundFill
 from spoke.prefetch.hints import HintService
 from spoke.prefetch.prewarm import PrewarmJobs
+from spoke.serve.adminguard import CALLER_STATE
+from spoke.serve.admintokens import OPERATOR, Caller
 from spoke.upkeep.pins import PinRegistry
 
 STRICT = ConfigDict(extra="forbid", strict=True)  # unknown fields and "yes" for true: 422
@@ -75,6 +77,43 @@ async def admin_context(request: Request) -> AdminContext:
 
 Context = Annotated[AdminContext, Depends(admin_context)]
 
+
+async def admin_caller(request: Request) -> Caller:
+    """The dependency behind :data:`CallerOf`: who :class:`~spoke.serve.adminguard.AdminGuard`
+    let in (the operator when the app runs unguarded, as in-process tests do)."""
+    caller = getattr(request.state, CALLER_STATE, OPERATOR)
+    assert isinstance(caller, Caller)
+    return caller
+
+
+CallerOf = Annotated[Caller, Depends(admin_caller)]
+
+
+class NotYours(SpokeError):
+    """A scoped admin token asked for a dataset outside its scope, or for what only the
+    node-wide token may do (403)."""
+
+
+def require(caller: Caller, dataset: str) -> None:
+    """Let ``caller`` act on ``dataset``.
+
+    Raises:
+        NotYours: outside a scoped token's datasets.
+    """
+    if not caller.may(dataset):
+        raise NotYours(f"admin token {caller.name!r} may not act on dataset {dataset!r}")
+
+
+def require_operator(caller: Caller, what: str) -> None:
+    """Let only the node-wide token's holder do ``what``.
+
+    Raises:
+        NotYours: a scoped token.
+    """
+    if not caller.operator:
+        raise NotYours(f"{what} needs the node's admin token; {caller.name!r} is scoped")
+
+
 BEARER_DECLARED = HTTPBearer(auto_error=False)
 """Declares the bearer scheme of ``/v1/`` routes in the OpenAPI document; it refuses
 nothing (the token is checked by :class:`~spoke.serve.adminguard.AdminGuard`)."""
@@ -93,7 +132,11 @@ class ErrorBody(BaseModel):
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "invalid paths or arguments"},
     401: {"model": ErrorBody, "description": "missing or wrong token"},
-    403: {"model": ErrorBody, "description": "the hub's token may not read the dataset"},
+    403: {
+        "model": ErrorBody,
+        "description": "the hub's token may not read the dataset, or a scoped admin token "
+        "may not act on it",
+    },
     404: {"model": ErrorBody, "description": "unknown dataset, ref, job or pin"},
     409: {"model": ErrorBody, "description": "does not fit beside existing pins"},
     413: {"model": ErrorBody, "description": "request body too large"},

@@ -12,7 +12,8 @@ from pydantic import BaseModel, Field, ValidationError
 from spoke.cache.hintplan import HintPlan, PlanBuilder
 from spoke.catalog.selection import MAX_GLOB_CHARS, hint_plan
 from spoke.errors import InvalidRequest, NotFound
-from spoke.serve.routes.context import NAME, STRICT, Context, v1_router
+from spoke.serve.admintokens import Caller
+from spoke.serve.routes.context import NAME, STRICT, CallerOf, Context, require, v1_router
 
 router = v1_router()
 
@@ -60,7 +61,7 @@ _HINT_BODY = {
 
 
 @router.post("/v1/hints", status_code=202, openapi_extra={"requestBody": _HINT_BODY})
-async def post_hints(request: Request, context: Context) -> dict[str, object]:
+async def post_hints(request: Request, context: Context, caller: CallerOf) -> dict[str, object]:
     """Install a read-order hint: prefetch ahead of the reads, evict by Belady's rule.
 
     The body (up to 8 MiB, a million paths) is parsed and turned into a compact plan
@@ -68,6 +69,7 @@ async def post_hints(request: Request, context: Context) -> dict[str, object]:
     cap is a 400 whose body names the cap (``limit``) and its value (``value``).
     """
     body = await asyncio.to_thread(_hint_request, await request.body())
+    require(caller, body.dataset)
     hints = context.hints
     if hints is None:
         raise InvalidRequest("this spoke was started without hint support")
@@ -99,15 +101,31 @@ async def post_hints(request: Request, context: Context) -> dict[str, object]:
 
 
 @router.get("/v1/hints")
-def list_hints(context: Context) -> list[dict[str, object]]:
-    """Every installed hint stream: planned reads, cursor, seconds since last used."""
+def list_hints(context: Context, caller: CallerOf) -> list[dict[str, object]]:
+    """Every installed hint stream: planned reads, cursor, seconds since last used (a
+    scoped token: the streams reading only its datasets)."""
     hints = context.hints
-    return [s.public() for s in hints.status()] if hints is not None else []
+    if hints is None:
+        return []
+    return [s.public() for s in hints.status() if _may_see(caller, s.source)]
 
 
 @router.delete("/v1/hints/{stream}")
-def delete_hint(stream: str, context: Context) -> dict[str, object]:
+def delete_hint(stream: str, context: Context, caller: CallerOf) -> dict[str, object]:
     """Remove a hint stream (a job that ended); eviction forgets its plan."""
-    if context.hints is None or not context.hints.remove(stream):
+    hints = context.hints
+    mine = hints is not None and any(
+        s.stream == stream and _may_see(caller, s.source) for s in hints.status()
+    )
+    if hints is None or not mine or not hints.remove(stream):
         raise NotFound(f"no hint stream {stream!r}")
     return {"stream": stream, "removed": True}
+
+
+def _may_see(caller: Caller, source: str) -> bool:
+    """Whether ``caller`` may see a hint stream whose plan reads ``source``
+    (``DATASET@VERSION, ...``): every dataset it reads must be the caller's."""
+    if caller.operator:
+        return True
+    datasets = {part.partition("@")[0] for part in source.split(", ") if part}
+    return bool(datasets) and all(caller.may(d) for d in datasets)

@@ -8,10 +8,12 @@ from spoke.errors import NotFound
 from spoke.serve.routes.context import (
     NAME,
     STRICT,
+    CallerOf,
     Context,
     Globs,
     LimitReached,
     pin_room,
+    require,
     v1_router,
 )
 
@@ -30,8 +32,9 @@ class PrewarmRequest(BaseModel):
 
 
 @router.post("/v1/prewarm", status_code=202)
-async def prewarm(body: PrewarmRequest, context: Context) -> dict[str, object]:
+async def prewarm(body: PrewarmRequest, context: Context, caller: CallerOf) -> dict[str, object]:
     """Start fetching a snapshot's files into the cache; returns the job."""
+    require(caller, body.dataset)
     jobs = context.jobs
     running = sum(1 for j in jobs.all() if j.state == "running")
     if running >= context.max_running_jobs:
@@ -46,23 +49,26 @@ async def prewarm(body: PrewarmRequest, context: Context) -> dict[str, object]:
 
 
 @router.get("/v1/jobs")
-def list_jobs(context: Context) -> list[dict[str, object]]:
-    """Every remembered prewarm job, newest first."""
-    return [j.public() for j in context.jobs.all()]
+def list_jobs(context: Context, caller: CallerOf) -> list[dict[str, object]]:
+    """Every remembered prewarm job, newest first (a scoped token: of its datasets)."""
+    return [j.public() for j in context.jobs.all() if caller.may(j.dataset)]
 
 
 @router.get("/v1/jobs/{job_id}")
-def get_job(job_id: str, context: Context) -> dict[str, object]:
+def get_job(job_id: str, context: Context, caller: CallerOf) -> dict[str, object]:
     """A job's state, bytes done/total, rate (bytes/s) and ETA (s)."""
     job = context.jobs.get(job_id)
-    if job is None:
+    if job is None or not caller.may(job.dataset):
         raise NotFound(f"no prewarm job {job_id!r}")
     return job.public()
 
 
 @router.delete("/v1/jobs/{job_id}")
-async def cancel_job(job_id: str, context: Context) -> dict[str, object]:
+async def cancel_job(job_id: str, context: Context, caller: CallerOf) -> dict[str, object]:
     """Cancel a running job (blocks already fetched stay cached)."""
+    mine = context.jobs.get(job_id)
+    if mine is None or not caller.may(mine.dataset):
+        raise NotFound(f"no prewarm job {job_id!r}")
     job = await context.jobs.cancel(job_id)
     if job is None:
         raise NotFound(f"no prewarm job {job_id!r}")

@@ -5,7 +5,16 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from spoke.errors import NotFound
-from spoke.serve.routes.context import NAME, STRICT, Context, Globs, pin_room, v1_router
+from spoke.serve.routes.context import (
+    NAME,
+    STRICT,
+    CallerOf,
+    Context,
+    Globs,
+    pin_room,
+    require,
+    v1_router,
+)
 
 router = v1_router()
 
@@ -21,8 +30,9 @@ class PinRequest(BaseModel):
 
 
 @router.post("/v1/pins", status_code=201)
-async def add_pin(body: PinRequest, context: Context) -> dict[str, object]:
+async def add_pin(body: PinRequest, context: Context, caller: CallerOf) -> dict[str, object]:
     """Pin files of a snapshot (their blocks stay cached once fetched)."""
+    require(caller, body.dataset)
     pin_room(context)
     jobs = context.jobs
     snapshot, globs, _, blocks = await jobs.resolve(body.dataset, body.ref, body.paths)
@@ -31,14 +41,17 @@ async def add_pin(body: PinRequest, context: Context) -> dict[str, object]:
 
 
 @router.get("/v1/pins")
-def list_pins(context: Context) -> list[dict[str, object]]:
-    """Every pin, oldest first."""
-    return [p.public() for p in context.pins.all()]
+def list_pins(context: Context, caller: CallerOf) -> list[dict[str, object]]:
+    """Every pin, oldest first (a scoped token: of its datasets)."""
+    return [p.public() for p in context.pins.all() if caller.may(p.dataset)]
 
 
 @router.delete("/v1/pins/{pin_id}")
-def delete_pin(pin_id: str, context: Context) -> dict[str, object]:
+def delete_pin(pin_id: str, context: Context, caller: CallerOf) -> dict[str, object]:
     """Remove a pin; its blocks become evictable unless another pin holds them."""
+    mine = context.pins.get(pin_id)
+    if mine is None or not caller.may(mine.dataset):
+        raise NotFound(f"no pin {pin_id!r}")
     pin = context.pins.remove(pin_id)
     if pin is None:
         raise NotFound(f"no pin {pin_id!r}")

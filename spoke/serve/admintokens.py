@@ -1,0 +1,150 @@
+"""Admin tokens scoped to datasets: a team prewarms, pins and hints its own datasets and
+reads its own jobs, pins and hints through the admin API, and nothing else; the node-wide
+admin token (``--admin-token-file``) stays the operator's.
+
+The file (``strata-spoke run --admin-scoped-tokens FILE``, YAML, re-read when it changes)
+names each token by a name and keeps only its SHA-256, never the secret:
+
+```yaml
+team-a:
+  sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+  datasets: [team-a, "team-a-*"]
+```
+
+Make one with ``openssl rand -hex 32 > token-a; tr -d '\\n' < token-a | sha256sum``. A
+presented token is hashed and compared with every entry in constant time
+(``hmac.compare_digest``). A file that stops parsing keeps the last good table (and logs
+why); an entry is refused at load when its hash is not 64 hex digits or its list is empty.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class ScopedTokenError(ValueError):
+    """A scoped-token file that cannot be read or does not parse (the message says where)."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who called the admin API: the operator (every dataset) or a scoped token's holder.
+
+    Attributes:
+        name: The scoped token's name; None for the node-wide token (or no token at all).
+        datasets: The dataset globs a scoped token may act on.
+    """
+
+    name: str | None = None
+    datasets: tuple[str, ...] = ()
+
+    @property
+    def operator(self) -> bool:
+        """Whether this is the node-wide token's holder."""
+        return self.name is None
+
+    def may(self, dataset: str) -> bool:
+        """Whether the caller may act on ``dataset``."""
+        return self.operator or any(fnmatch.fnmatchcase(dataset, g) for g in self.datasets)
+
+
+OPERATOR = Caller()
+"""The node-wide admin token's holder."""
+
+
+def parse(
+    text: str, where: str = "the scoped admin tokens"
+) -> dict[str, tuple[bytes, tuple[str, ...]]]:
+    """Name -> (SHA-256 digest, dataset globs).
+
+    Raises:
+        ScopedTokenError: not a mapping of names to ``{sha256, datasets}``.
+    """
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ScopedTokenError(f"{where} is not YAML: {err}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ScopedTokenError(f"{where} must map token names to {{sha256, datasets}}")
+    table: dict[str, tuple[bytes, tuple[str, ...]]] = {}
+    for name, entry in loaded.items():
+        if not isinstance(name, str) or not isinstance(entry, dict):
+            raise ScopedTokenError(f"{where}: {name!r} must map to {{sha256, datasets}}")
+        digest, datasets = entry.get("sha256"), entry.get("datasets")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise ScopedTokenError(f"{where}: {name}'s sha256 is not 64 lower-case hex digits")
+        if (
+            not isinstance(datasets, list)
+            or not datasets
+            or not all(isinstance(d, str) and d for d in datasets)
+        ):
+            raise ScopedTokenError(f"{where}: {name} must list the datasets it may act on")
+        if set(entry) - {"sha256", "datasets"}:
+            raise ScopedTokenError(f"{where}: {name} has unknown keys {sorted(set(entry))}")
+        table[name] = (bytes.fromhex(digest), tuple(datasets))
+    return table
+
+
+class ScopedTokens:
+    """The scoped tokens in a file, re-read when it changes.
+
+    Args:
+        path: The YAML file.
+
+    Raises:
+        ScopedTokenError: it cannot be read or does not parse at start.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamp = self._stat()
+        self._table = self._read()
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _read(self) -> dict[str, tuple[bytes, tuple[str, ...]]]:
+        try:
+            text = self.path.read_text()
+        except OSError as err:
+            raise ScopedTokenError(f"cannot read {self.path}: {err.strerror}") from None
+        return parse(text, str(self.path))
+
+    def caller(self, presented: str) -> Caller | None:
+        """The caller a presented token names, or None when no entry has it."""
+        stamp = self._stat()
+        if stamp != self._stamp:
+            with self._lock:
+                if stamp != self._stamp:
+                    self._stamp = stamp
+                    try:
+                        self._table = self._read()
+                    except ScopedTokenError as err:
+                        log.error("%s; the previous scoped admin tokens stay in use", err)
+        digest = hashlib.sha256(presented.encode()).digest()
+        found = None
+        for name, (expected, datasets) in self._table.items():
+            if hmac.compare_digest(digest, expected):  # every entry compared: no early exit
+                found = Caller(name, datasets)
+        return found
