@@ -499,6 +499,10 @@ def test_a_pod_mounts_only_what_its_namespace_may(plugin: Plugin) -> None:
     own = request("vol-b", target, dataset="other", ref="v1", **{POD_NAMESPACE: "tenant-b"})
     plugin.node.NodePublishVolume(own)
     assert (target / "b.txt").read_text() == "tenant b's\n"
+    # the bind exposes that one version: its ".." is the pod's volume directory
+    assert os.listdir(target) == ["b.txt"]
+    assert os.path.realpath(target / "..") == str(target.parent)
+    assert not (target / ".." / "v1").exists() and not (target / ".." / "demo").exists()
     _unpublish(plugin, "vol-b", target)
     # one service account of a namespace, not the others
     trainer = {POD_NAMESPACE: "tenant-c", SERVICE_ACCOUNT: "trainer"}
