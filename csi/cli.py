@@ -3,6 +3,7 @@
     strata-csi serve --endpoint unix:///csi/csi.sock --mount /mnt/strata/data \\
                      --node-id NODE --state-dir /csi/volumes [--pods-dir /var/lib/kubelet/pods]
                      --tenancy /etc/strata/tenancy.yaml [--audit-log FILE] [--metrics HOST:PORT]
+                     [--hub HOST:PORT [--hub-ca CA.pem] [--hub-server-name NAME]]
     strata-csi probe --endpoint unix:///csi/csi.sock [--ready]     # a liveness check
 
 The kubelet and the node-driver-registrar speak to it over ``--endpoint`` (``$CSI_ENDPOINT``
@@ -25,6 +26,7 @@ import grpc
 import prometheus_client
 import typer
 
+from csi.hubscope import HubScope
 from csi.service import DRIVER_NAME, Identity, Node
 from csi.targets import PODS_DIR, Targets
 from csi.tenancy import Tenancy
@@ -72,6 +74,7 @@ def serve_socket(
     tenancy: Tenancy,
     audit: AuditLog | None = None,
     driver_name: str = DRIVER_NAME,
+    hub: HubScope | None = None,
 ) -> grpc.Server:
     """Start the Identity and Node services on the UNIX socket ``endpoint`` (0600; a stale
     socket file there is replaced) and return the running server.
@@ -86,7 +89,8 @@ def serve_socket(
         endpoint.unlink()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="csi"))
     csi_pb2_grpc.add_IdentityServicer_to_server(Identity(volumes, driver_name), server)
-    csi_pb2_grpc.add_NodeServicer_to_server(Node(volumes, node_id, tenancy, audit), server)
+    node = Node(volumes, node_id, tenancy, audit, hub)
+    csi_pb2_grpc.add_NodeServicer_to_server(node, server)
     old = os.umask(0o177)
     try:
         if server.add_insecure_port(f"unix:{endpoint}") == 0:
@@ -137,6 +141,22 @@ def serve(
             "--audit-log", help="Publishes and refusals, JSON lines (STATE_DIR/audit.jsonl)."
         ),
     ] = None,
+    hub: Annotated[
+        str | None,
+        typer.Option(
+            "--hub",
+            help="HOST:PORT of the hub, to check a volume's own token (its "
+            "nodePublishSecretRef's 'token') against the dataset's scope.",
+        ),
+    ] = None,
+    hub_ca: Annotated[
+        Path | None,
+        typer.Option("--hub-ca", help="CA bundle of the hub's certificate (else plaintext)."),
+    ] = None,
+    hub_server_name: Annotated[
+        str | None,
+        typer.Option("--hub-server-name", help="The name on the hub's certificate."),
+    ] = None,
     metrics: Annotated[
         str | None,
         typer.Option("--metrics", help="HOST:PORT for Prometheus metrics (none by default)."),
@@ -164,7 +184,8 @@ def serve(
         if metrics is not None:
             host, _, port = metrics.rpartition(":")
             prometheus_client.start_http_server(int(port), addr=host or "127.0.0.1")
-        server = serve_socket(path, volumes, node_id, policy, audit, driver_name)
+        scope = HubScope(hub, hub_ca, hub_server_name) if hub is not None else None
+        server = serve_socket(path, volumes, node_id, policy, audit, driver_name, scope)
     except (ValueError, OSError, RuntimeError) as err:
         raise _fail(str(err)) from None
 

@@ -26,6 +26,7 @@ import grpc
 from google.protobuf import wrappers_pb2
 from prometheus_client import Counter
 
+from csi.hubscope import HubScope, HubUnreachable
 from csi.tenancy import Tenancy
 from csi.volumes import (
     Denied,
@@ -138,25 +139,37 @@ class Node(csi_pb2_grpc.NodeServicer):
     """
 
     def __init__(
-        self, volumes: Volumes, node_id: str, tenancy: Tenancy, audit: AuditLog | None = None
+        self,
+        volumes: Volumes,
+        node_id: str,
+        tenancy: Tenancy,
+        audit: AuditLog | None = None,
+        hub: HubScope | None = None,
     ) -> None:
         self.volumes, self.node_id = volumes, node_id
-        self.tenancy, self.audit = tenancy, audit
+        self.tenancy, self.audit, self.hub = tenancy, audit, hub
 
-    def _admit(self, context: dict[str, str], dataset: str, ref: str) -> str:
-        """The pod (``namespace/name``) once the tenancy policy lets it mount ``dataset``.
+    def _admit(
+        self, context: dict[str, str], secrets: dict[str, str], dataset: str, ref: str
+    ) -> str:
+        """The pod (``namespace/name``) once it may mount ``dataset``: by the volume's own
+        token (its secret's ``token``, which the hub must accept for the dataset:
+        :mod:`csi.hubscope`), or else by the tenancy policy.
 
         Raises:
-            Denied: the kubelet named no namespace, or no entry allows it (counted, audited).
+            Denied: the kubelet named no namespace, the volume's token may not read the
+                dataset, or no tenancy entry allows it (counted, audited).
+            SpokeUnavailable: the hub could not be asked about the volume's token.
         """
         namespace = context.get(f"{KUBELET_PREFIX}pod.namespace", "")
         account = context.get(f"{KUBELET_PREFIX}serviceAccount.name", "")
         pod = f"{namespace}/{context.get(f'{KUBELET_PREFIX}pod.name', '?')}"
+        token = secrets.get("token", "").strip()
         if not namespace:
-            allowed, reason = (
-                False,
-                ("the kubelet named no pod namespace (the CSIDriver needs podInfoOnMount: true)"),
-            )
+            allowed = False
+            reason = "the kubelet named no pod namespace (the CSIDriver needs podInfoOnMount: true)"
+        elif token:
+            allowed, reason = self._token_may(token, dataset)
         else:
             decision = self.tenancy.decide(namespace, account, dataset)
             allowed, reason = decision.allowed, decision.reason
@@ -171,6 +184,22 @@ class Node(csi_pb2_grpc.NodeServicer):
                 )
             raise Denied(f"pod {pod} may not mount dataset {dataset!r}: {reason}")
         return pod
+
+    def _token_may(self, token: str, dataset: str) -> tuple[bool, str]:
+        """Whether the volume's own token may read ``dataset``, as the hub answers.
+
+        Raises:
+            SpokeUnavailable: the hub did not answer (the kubelet retries).
+        """
+        if self.hub is None:
+            return False, "the volume carries a token, and this plugin has no --hub to ask"
+        try:
+            answer = self.hub.check(token, dataset)
+        except HubUnreachable as err:
+            raise SpokeUnavailable(str(err)) from None
+        if answer.allowed:
+            return True, "the volume's token may read it"
+        return False, f"the volume's token may not read it ({answer.reason})"
 
     @_mapped
     def NodePublishVolume(
@@ -195,7 +224,7 @@ class Node(csi_pb2_grpc.NodeServicer):
             )
         context = dict(request.volume_context)
         dataset, ref = _attributes(context)
-        pod = self._admit(context, dataset, ref)
+        pod = self._admit(context, dict(request.secrets), dataset, ref)
         try:
             published = self.volumes.publish(
                 request.volume_id, request.target_path, dataset, ref, for_pod=pod

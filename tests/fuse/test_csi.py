@@ -61,7 +61,11 @@ class Plugin:
 
 @contextlib.contextmanager
 def plugin_process(
-    tmp: Path, mount: Path, name: str = "csi", pods: Path | None = None
+    tmp: Path,
+    mount: Path,
+    name: str = "csi",
+    pods: Path | None = None,
+    extra: tuple[str, ...] = (),
 ) -> Iterator[tuple[csi_pb2_grpc.IdentityStub, csi_pb2_grpc.NodeStub, Path]]:
     """``strata-csi serve`` on ``tmp/NAME.sock`` over ``mount``, its log in ``tmp/NAME.log``,
     targets below ``pods`` (``tmp/pods``); stopped (SIGTERM, then SIGKILL) on the way out.
@@ -76,6 +80,7 @@ def plugin_process(
             *(sys.executable, "-m", "csi", "serve", "--endpoint", f"unix://{sock}"),
             *("--mount", str(mount), "--node-id", "node-a", "--state-dir", str(state)),
             *("--pods-dir", str(pods or tmp / "pods"), "--tenancy", str(tenancy)),
+            *extra,
         ],
         start_new_session=True,
         stderr=log,
@@ -541,3 +546,38 @@ def test_a_changed_policy_applies_to_the_next_publish(plugin: Plugin) -> None:
     finally:
         policy.write_text(before)
     assert code_of(plugin.node.NodePublishVolume, ask)[0] == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_volumes_own_token_is_checked_against_the_hubs_scope(plugin: Plugin) -> None:
+    """A volume whose secret carries a hub token is published when the hub lets that token
+    read the dataset, whatever the namespace's policy, and refused when it does not (a
+    token of another dataset, an unknown one); without --hub a token cannot be checked."""
+    from hub.server import ServerConfig, ServerThread
+
+    tmp = plugin.pods.parent
+    tokens = tmp / "hub-tokens.yaml"
+    tokens.write_text('"token-of-demo-0123456789": [demo]\n"token-of-other-0123456789": [other]\n')
+    tokens.chmod(0o600)
+    config = ServerConfig(tokens=tokens, insecure=True)
+    target = target_of(plugin, "pod-secret")
+    outsider = {POD_NAMESPACE: "tenant-z"}  # no tenancy entry names it
+    ask = request("vol-s", target, dataset="demo", ref="v1", **outsider)
+    ask.secrets["token"] = "token-of-demo-0123456789"
+    got, details = code_of(plugin.node.NodePublishVolume, ask)
+    assert got == grpc.StatusCode.PERMISSION_DENIED and "--hub" in details
+    with ServerThread(plugin.hub_dir, config=config) as hub:
+        extra = ("--hub", f"127.0.0.1:{hub.port}")
+        with plugin_process(tmp, plugin.mount, "secret", plugin.pods, extra) as (_, node, _s):
+            node.NodePublishVolume(ask)
+            assert tree_digests(target) == tree_digests(plugin.src["v1"])
+            node.NodeUnpublishVolume(
+                csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-s", target_path=str(target))
+            )
+            for token, says in (
+                ("token-of-other-0123456789", "may not read"),
+                ("not-a-token-at-all-0123456", "may not read"),
+            ):
+                ask.secrets["token"] = token
+                got, details = code_of(node.NodePublishVolume, ask)
+                assert got == grpc.StatusCode.PERMISSION_DENIED and says in details, details
+                assert not target.exists()
