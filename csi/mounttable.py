@@ -20,7 +20,7 @@ from pathlib import Path
 from strata_local.mountinfo import MOUNTINFO, Mount, mounts, resolve_mountpoint
 
 __all__ = ["MOUNTINFO", "Mount", "bind", "make_read_only", "mounted_at", "mounts"]
-__all__ += ["resolve_target", "unmount"]
+__all__ += ["detach", "resolve_target", "unmount"]
 
 # <sys/mount.h> (Linux): mount(2) flags
 MS_RDONLY = 0x1
@@ -29,6 +29,7 @@ MS_NODEV = 0x4
 MS_NOEXEC = 0x8
 MS_REMOUNT = 0x20
 MS_BIND = 0x1000
+MNT_DETACH = 0x2
 UMOUNT_NOFOLLOW = 0x8
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -93,3 +94,14 @@ def unmount(target: Path) -> None:
         OSError: umount2(2) refused.
     """
     _check(_libc.umount2(str(target).encode(), UMOUNT_NOFOLLOW), "unmount", target)
+
+
+def detach(mounted: Path) -> None:
+    """Detach the mount on the directory ``mounted`` names (umount2(2) ``MNT_DETACH``;
+    given ``/proc/self/fd/N`` of that directory, the kernel reaches the mount stacked on
+    it wherever the directory now is): for a bind the plugin just made and takes back.
+
+    Raises:
+        OSError: umount2(2) refused.
+    """
+    _check(_libc.umount2(str(mounted).encode(), MNT_DETACH), "detach", mounted)

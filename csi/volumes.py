@@ -31,7 +31,15 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from csi.mounttable import Mount, bind, make_read_only, mounted_at, resolve_target, unmount
+from csi.mounttable import (
+    Mount,
+    bind,
+    detach,
+    make_read_only,
+    mounted_at,
+    resolve_target,
+    unmount,
+)
 from csi.targets import TargetRefused, Targets, fd_path
 
 log = logging.getLogger(__name__)
@@ -302,28 +310,28 @@ class Volumes:
             raise VolumeError(f"cannot mount {what} at {target}: {err.strerror}") from err
 
     def _bind_at(self, parent: int, source: Path, target: Path) -> None:
-        below = Targets.open_at(parent, target)
+        below = Targets.open_at(parent, target)  # the directory the bind goes on
         try:
             bind(source, fd_path(below))
+            try:
+                top = Targets.open_at(parent, target)  # by name now: the bind's root
+                try:
+                    make_read_only(source, fd_path(top))
+                finally:
+                    os.close(top)
+                here = mounted_at(target)
+                spoke = self.spoke_mount()
+                if (
+                    here is None
+                    or here.device != spoke.device
+                    or here.root != f"/{source.parent.name}/{source.name}"
+                ):
+                    raise InvalidVolume(f"{target} changed while it was being published")
+            except BaseException:
+                detach(fd_path(below))  # the bind on that directory, wherever it went
+                raise
         finally:
             os.close(below)
-        try:
-            top = Targets.open_at(parent, target)  # now the bind's root
-            try:
-                make_read_only(source, fd_path(top))
-            finally:
-                os.close(top)
-            here = mounted_at(target)
-            spoke = self.spoke_mount()
-            if (
-                here is None
-                or here.device != spoke.device
-                or here.root != f"/{source.parent.name}/{source.name}"
-            ):
-                raise InvalidVolume(f"{target} changed while it was being published: refused")
-        except BaseException:
-            unmount(fd_path(parent, target.name))
-            raise
 
     def unpublish(self, volume_id: str, target_path: str) -> None:
         """Unmount the bind this plugin made at ``target_path`` and remove the target;

@@ -581,3 +581,22 @@ def test_a_volumes_own_token_is_checked_against_the_hubs_scope(plugin: Plugin) -
                 got, details = code_of(node.NodePublishVolume, ask)
                 assert got == grpc.StatusCode.PERMISSION_DENIED and says in details, details
                 assert not target.exists()
+
+
+def test_a_bind_that_cannot_be_made_read_only_is_taken_back(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """In-process over the same spoke mount: when the remount fails after the bind, the
+    bind is detached through the target's descriptor and the directory removed."""
+    from csi import volumes as volumes_module
+    from csi.targets import Targets
+
+    def refuse(source: Path, bound: Path) -> None:
+        raise OSError(errno.EPERM, "remount refused (test)", str(bound))
+
+    monkeypatch.setattr(volumes_module, "make_read_only", refuse)
+    volumes = volumes_module.Volumes(plugin.mount, tmp_path / "state", Targets(plugin.pods))
+    target = target_of(plugin, "pod-remount")
+    with pytest.raises(volumes_module.VolumeError, match="remount refused"):
+        volumes.publish("vol-r", str(target), "demo", "v1")
+    assert mounted_at(target) is None and not target.exists()

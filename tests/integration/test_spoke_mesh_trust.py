@@ -419,6 +419,9 @@ def test_a_refused_call_reads_none_of_its_request(region: Region) -> None:
     assert sum(s.sent for s in streams) < 400 * 65_535
     for reason in before:
         assert y.metric("strata_spoke_peer_refusals_total", reason=reason) - before[reason] == 200
+    taken = sum(s.sent for s in streams)
+    print(f"peer port: {len(streams)} refused calls took {taken >> 10} KiB of requests; daemon")
+    print(f"  {rest_kib >> 10} -> {peak_kib >> 10} MiB at the peak")
     assert (peak_kib - rest_kib) >> 10 < 64, f"{rest_kib >> 10} -> {peak_kib >> 10} MiB"
     # a caller that sends its request with the call's headers, as spokes do, reads the status
     digest, size = manifest_blocks(y)[0]
