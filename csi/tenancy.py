@@ -25,18 +25,17 @@ stops parsing keeps the last good policy (and logs why).
 from __future__ import annotations
 
 import fnmatch
-import logging
-import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-log = logging.getLogger(__name__)
+from strata_local.reloading import ReloadingFile, load_yaml
 
 EVERY_NAMESPACE = "*"
 """The key that names every namespace."""
+
+
+Policy = dict[str, tuple[str, ...]]
+"""Key (``NAMESPACE``, ``NAMESPACE/SERVICEACCOUNT`` or ``*``) -> dataset globs."""
 
 
 class PolicyError(ValueError):
@@ -63,10 +62,7 @@ def parse(text: str, where: str = "the tenancy policy") -> dict[str, tuple[str, 
     Raises:
         PolicyError: not a mapping of names to lists of strings.
     """
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise PolicyError(f"{where} is not YAML: {err}") from None
+    loaded = load_yaml(text, where, PolicyError)
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -82,7 +78,9 @@ def parse(text: str, where: str = "the tenancy policy") -> dict[str, tuple[str, 
 
 
 class Tenancy:
-    """The policy in a file, re-read when the file changes (a ConfigMap update).
+    """The policy in a file, re-read when the file changes (a ConfigMap update;
+    :class:`strata_local.reloading.ReloadingFile`: a change that does not parse keeps the
+    last good policy, a removed file allows nothing).
 
     Args:
         path: The YAML file; None or a missing file is the empty policy (nothing allowed).
@@ -92,48 +90,20 @@ class Tenancy:
     """
 
     def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._stamp = self._stat()
-        self.policy = self._read() if self._stamp is not None else {}
+        self._file: ReloadingFile[Policy] = ReloadingFile(path, parse, {})
 
-    def _stat(self) -> tuple[int, int, int] | None:
-        if self.path is None:
-            return None
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-    def _read(self) -> dict[str, tuple[str, ...]]:
-        assert self.path is not None
-        try:
-            text = self.path.read_text()
-        except OSError as err:
-            raise PolicyError(f"cannot read {self.path}: {err.strerror}") from None
-        return parse(text, str(self.path))
-
-    def _refresh(self) -> None:
-        stamp = self._stat()
-        if stamp == self._stamp:
-            return
-        with self._lock:
-            if stamp == self._stamp:
-                return
-            self._stamp = stamp
-            try:
-                self.policy = self._read() if stamp is not None else {}
-            except PolicyError as err:
-                log.error("%s; the previous tenancy policy stays in use", err)
+    @property
+    def policy(self) -> dict[str, tuple[str, ...]]:
+        """The policy in force now."""
+        return self._file.current()
 
     def decide(self, namespace: str, service_account: str, dataset: str) -> Decision:
         """Whether a pod of ``namespace`` running as ``service_account`` may mount
         ``dataset``."""
-        self._refresh()
+        policy = self.policy
         keys = (f"{namespace}/{service_account}", namespace, EVERY_NAMESPACE)
         for key in keys:
-            for glob in self.policy.get(key, ()):
+            for glob in policy.get(key, ()):
                 if fnmatch.fnmatchcase(dataset, glob):
                     return Decision(True, f"{key!r} may mount {glob!r}")
         return Decision(

@@ -22,18 +22,17 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
-import logging
-import os
 import re
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-log = logging.getLogger(__name__)
+from strata_local.reloading import ReloadingFile, load_yaml
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+Table = dict[str, tuple[bytes, tuple[str, ...]]]
+"""Token name -> (SHA-256 digest, dataset globs)."""
 
 
 class ScopedTokenError(ValueError):
@@ -74,10 +73,7 @@ def parse(
     Raises:
         ScopedTokenError: not a mapping of names to ``{sha256, datasets}``.
     """
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ScopedTokenError(f"{where} is not YAML: {err}") from None
+    loaded = load_yaml(text, where, ScopedTokenError)
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -102,7 +98,9 @@ def parse(
 
 
 class ScopedTokens:
-    """The scoped tokens in a file, re-read when it changes.
+    """The scoped tokens in a file, re-read when it changes
+    (:class:`strata_local.reloading.ReloadingFile`: a change that does not parse keeps the
+    last good table, a removed file leaves no scoped token).
 
     Args:
         path: The YAML file.
@@ -113,38 +111,18 @@ class ScopedTokens:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock = threading.Lock()
-        self._stamp = self._stat()
-        self._table = self._read()
-
-    def _stat(self) -> tuple[int, int, int] | None:
         try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-    def _read(self) -> dict[str, tuple[bytes, tuple[str, ...]]]:
-        try:
-            text = self.path.read_text()
-        except OSError as err:
-            raise ScopedTokenError(f"cannot read {self.path}: {err.strerror}") from None
-        return parse(text, str(self.path))
+            self._file: ReloadingFile[Table] = ReloadingFile(path, parse, {}, required=True)
+        except ScopedTokenError:
+            raise
+        except ValueError as err:  # unreadable
+            raise ScopedTokenError(str(err)) from None
 
     def caller(self, presented: str) -> Caller | None:
         """The caller a presented token names, or None when no entry has it."""
-        stamp = self._stat()
-        if stamp != self._stamp:
-            with self._lock:
-                if stamp != self._stamp:
-                    self._stamp = stamp
-                    try:
-                        self._table = self._read()
-                    except ScopedTokenError as err:
-                        log.error("%s; the previous scoped admin tokens stay in use", err)
         digest = hashlib.sha256(presented.encode()).digest()
         found = None
-        for name, (expected, datasets) in self._table.items():
+        for name, (expected, datasets) in self._file.current().items():
             if hmac.compare_digest(digest, expected):  # every entry compared: no early exit
                 found = Caller(name, datasets)
         return found
