@@ -4,9 +4,11 @@ Hub and spoke never import each other, so the pieces both need live here:
 :mod:`strata_local.audit`, the audit trail in bounded space (JSON lines, rotated by size,
 refusals rate-limited), and :mod:`strata_local.ownership`, the checks that a directory is
 private to this user (no other user can swap, fill or point it elsewhere), and
-:mod:`strata_local.memory`, glibc's malloc arenas limited before a daemon's threads start,
-and :mod:`strata_local.mountinfo`, the mount table read as text (the spoke, the drain and
-the CSI plugin).
+:mod:`strata_local.memory`, glibc's malloc arenas limited before a daemon's threads start
+and freed pages given back, :mod:`strata_local.mountinfo`, the mount table read as text
+(the spoke, the drain and the CSI plugin), and :mod:`strata_local.reloading`, a YAML
+settings file re-read when it changes (the CSI plugin's tenancy, the spoke's scoped admin
+tokens).
 This package imports nothing of Strata (an import-linter contract keeps it so), and its
 modules do not import each other.
 """

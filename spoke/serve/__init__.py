@@ -2,7 +2,8 @@
 (:mod:`~spoke.serve.local`) behind its ``SO_PEERCRED`` front door
 (:mod:`~spoke.serve.frontdoor`), the admin API (:mod:`~spoke.serve.admin`, its routers per
 resource in :mod:`~spoke.serve.routes`, its server :mod:`~spoke.serve.adminserver`, its
-token check :mod:`~spoke.serve.adminguard`, its docs page :mod:`~spoke.serve.admindocs`),
+token check :mod:`~spoke.serve.adminguard` with the tokens scoped to datasets
+:mod:`~spoke.serve.admintokens`, its docs page :mod:`~spoke.serve.admindocs`),
 the access log both report reads to (:mod:`~spoke.serve.access`), and the caps on what
 clients may hold open (:mod:`~spoke.serve.limits`). It imports :mod:`spoke.mesh`,
 :mod:`spoke.prefetch` and the rooms below them.
