@@ -28,12 +28,15 @@ def load_yaml(text: str, where: str, error: type[ValueError]) -> object:
     """``text`` parsed as YAML (``yaml.safe_load``).
 
     Raises:
-        error: it is not YAML, with ``where`` in the message.
+        error: it is not YAML; one line naming ``where`` and the line and column.
     """
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise error(f"{where} is not YAML: {err}") from None
+    except yaml.YAMLError as err:  # one line: where, and what the parser says
+        mark = getattr(err, "problem_mark", None)
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise error(f"{where} is not YAML{at}: {problem}") from None
 
 
 class ReloadingFile(Generic[T]):

@@ -37,3 +37,12 @@ def test_a_required_file_must_exist_and_parse_at_start(tmp_path: Path) -> None:
     (tmp_path / "bad").write_text("!")
     with pytest.raises(ValueError, match="no '!'"):
         ReloadingFile(tmp_path / "bad", _words, ())
+
+
+def test_yaml_that_does_not_parse_is_one_line_naming_where() -> None:
+    from strata_local.reloading import load_yaml
+
+    with pytest.raises(ValueError) as refused:
+        load_yaml("ns: [unclosed\n", "tenancy.yaml", ValueError)
+    assert str(refused.value).startswith("tenancy.yaml is not YAML (line 2, column 1): ")
+    assert "\n" not in str(refused.value)
