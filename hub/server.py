@@ -63,7 +63,7 @@ from hub.streams import MANIFEST_STREAMS, TOKEN_SHARE, WATCH_STREAMS
 from hub.watch import POLL_SECONDS, CatalogWatcher
 from hub.wire import CHUNK_BYTES, CORE_REQUEST_BYTES, MAX_REQUEST_BYTES, SERVICE_NAME, HubWire
 from protocol.hub.v1 import hub_pb2_grpc
-from strata_local.memory import TRIM_EVERY_S, trim_malloc
+from strata_local.memory import trim_forever
 
 logger = logging.getLogger(__name__)
 
@@ -305,14 +305,6 @@ def check_bindable(address: Address) -> None:
                 raise ListenError(f"cannot listen on {address}: {exc.strerror}") from exc
 
 
-async def _trim_forever() -> None:
-    """Gives freed heap pages back every :data:`~strata_local.memory.TRIM_EVERY_S`: what
-    a flood of calls left freed is returned within seconds of its end (hub.limits)."""
-    while True:
-        await asyncio.sleep(TRIM_EVERY_S)
-        await asyncio.to_thread(trim_malloc)
-
-
 class HubServer:
     """A started gRPC hub server over one data directory.
 
@@ -507,7 +499,7 @@ class HubServer:
             audit,
         )
         hub._unwatch = unwatch
-        hub._trimmer = asyncio.create_task(_trim_forever(), name="strata-hub-malloc-trim")
+        hub._trimmer = asyncio.create_task(trim_forever(), name="strata-hub-malloc-trim")
         return hub
 
     async def stop(self, grace: float | None = GRACE_SECONDS) -> None:

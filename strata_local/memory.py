@@ -9,6 +9,7 @@ same floods level off after the first.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import functools
@@ -62,6 +63,15 @@ def trim_malloc() -> bool:
     trim.argtypes = (ctypes.c_size_t,)
     trim.restype = ctypes.c_int
     return bool(trim(0))
+
+
+async def trim_forever(every_s: float = TRIM_EVERY_S) -> None:
+    """Gives freed heap pages back every ``every_s`` seconds (:func:`trim_malloc` in a
+    worker thread), until cancelled: what a flood of calls left freed is returned within
+    seconds of its end. A daemon runs it as a task beside its server."""
+    while True:
+        await asyncio.sleep(every_s)
+        await asyncio.to_thread(trim_malloc)
 
 
 @functools.cache
