@@ -17,7 +17,15 @@ silently render something different:
 * ``images``: ``newName``/``newTag``/``digest`` for containers whose image name matches;
 * ``secretGenerator``: ``files`` (``key=path`` or ``path``), ``envs`` and ``literals``,
   with ``generatorOptions.disableNameSuffixHash: true`` (the hash suffix is not done);
-* ``patches``: RFC 6902 JSON patches (add, replace, remove) on a target kind and name.
+* ``patches``: strategic merge patches, each naming its object by ``kind`` and
+  ``metadata.name`` (no ``target``): maps merge (``null`` deletes a key); the lists of a
+  pod template merge element by element on their Kubernetes merge key (containers,
+  initContainers, env and volumes by ``name``, volumeMounts by ``mountPath``; patch
+  elements first, in their order, then the object's others, as kustomize orders them;
+  ``$patch: delete`` removes one); ``args``, ``command`` and a NetworkPolicy's
+  ``ingress``/``egress`` are replaced whole, as are every list of a custom resource
+  (ServiceMonitor, PrometheusRule). RFC 6902 JSON patches, which address list elements
+  by index, are refused: a patch names what it changes.
 """
 
 from __future__ import annotations
@@ -105,34 +113,84 @@ def _secret(base: Path, spec: Obj) -> Obj:
     }
 
 
-def _pointer(doc: Any, path: str) -> tuple[Any, str | int]:
-    """The parent container of an RFC 6901 pointer and the last token."""
-    tokens = [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
-    if not tokens:
-        raise KustomizeError(f"patch path {path!r} names the whole object")
-    for token in tokens[:-1]:
-        doc = doc[int(token)] if isinstance(doc, list) else doc[token]
-    last = tokens[-1]
-    return doc, (len(doc) if last == "-" else int(last)) if isinstance(doc, list) else last
+MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+}
+"""Lists merged element by element, by the key Kubernetes' schema gives them."""
+ATOMIC_LISTS = {"args", "command", "ingress", "egress"}
+"""Lists Kubernetes' schema has no merge key for: a patch replaces them whole."""
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+"""Custom resources: kustomize knows no schema for them, so their lists are atomic."""
 
 
-def _json_patch(obj: Obj, ops: list[Obj]) -> None:
-    """Applies RFC 6902 ``add``/``replace``/``remove`` operations in place."""
-    for op in ops:
-        try:
-            parent, key = _pointer(obj, op["path"])
-            if op["op"] == "add" and isinstance(parent, list):
-                parent.insert(int(key), op["value"])
-            elif op["op"] in ("add", "replace"):
-                if op["op"] == "replace":
-                    _ = parent[key]  # replace needs an existing target: KeyError, IndexError
-                parent[key] = op["value"]
-            elif op["op"] == "remove":
-                del parent[key]
-            else:
-                raise KustomizeError(f"patch op {op['op']!r} not supported")
-        except (KeyError, IndexError, ValueError, TypeError) as exc:
-            raise KustomizeError(f"patch {op} does not apply: {exc!r}") from exc
+def _merge(obj: Obj, patch: Obj, custom: bool, where: str) -> None:
+    """Applies a strategic merge ``patch`` to the mapping ``obj`` in place."""
+    for key, value in patch.items():
+        here = f"{where}.{key}"
+        if key.startswith("$"):
+            raise KustomizeError(f"patch directive {here} not supported")
+        if value is None:
+            obj.pop(key, None)
+        elif isinstance(value, dict):
+            current = obj.get(key)
+            if not isinstance(current, dict):
+                current = obj[key] = {}
+            _merge(current, value, custom, here)
+        elif isinstance(value, list) and not custom and key in MERGE_KEYS:
+            obj[key] = _merge_list(obj.get(key) or [], value, MERGE_KEYS[key], custom, here)
+        elif isinstance(value, list) and not custom and key not in ATOMIC_LISTS:
+            raise KustomizeError(f"patch of the list {here}: its merge rule is not known here")
+        else:
+            obj[key] = copy.deepcopy(value)
+
+
+def _merge_list(
+    current: list[Obj], patch: list[Obj], key: str, custom: bool, where: str
+) -> list[Obj]:
+    """A list merged on ``key``: the patch's elements first (merged into the object's
+    element of the same key, if any), then the object's others, in their order."""
+    by_key = {item.get(key): item for item in current if isinstance(item, dict)}
+    merged: list[Obj] = []
+    for element in patch:
+        if not isinstance(element, dict) or key not in element:
+            raise KustomizeError(f"{where}: every element names its {key}")
+        directive = element.get("$patch")
+        if directive == "delete":
+            by_key.pop(element[key], None)
+            continue
+        if directive is not None:
+            raise KustomizeError(f"{where}: $patch: {directive} not supported")
+        target = copy.deepcopy(by_key.pop(element[key], {}))
+        _merge(target, element, custom, f"{where}[{element[key]}]")
+        merged.append(target)
+    return merged + [item for item in current if item.get(key) in by_key]
+
+
+def _strategic_merge(objects: list[Obj], patch: Any, path: Path) -> None:
+    """Applies one entry of ``patches`` to the object it names."""
+    if set(patch) != {"patch"}:
+        raise KustomizeError(
+            f"{path}: a patch is one strategic merge patch naming its object, no "
+            f"target, path or options: {sorted(patch)}"
+        )
+    body = yaml.safe_load(patch["patch"])
+    if not isinstance(body, dict) or not {"kind", "metadata"} <= set(body):
+        raise KustomizeError(
+            f"{path}: only strategic merge patches (an object with kind and metadata.name) "
+            "are supported; JSON patches address list elements by index"
+        )
+    kind, name = body["kind"], body["metadata"].get("name")
+    matched = [o for o in objects if o.get("kind") == kind and o["metadata"]["name"] == name]
+    if len(matched) != 1:
+        raise KustomizeError(f"{path}: patch of {kind} {name} matches {len(matched)} objects")
+    (obj,) = matched
+    if obj.get("apiVersion") != body.get("apiVersion"):
+        raise KustomizeError(f"{path}: patch of {kind} {name}: apiVersion differs")
+    _merge(obj, body, kind in CUSTOM_KINDS, f"{kind}/{name}")
 
 
 def _containers(node: Any) -> Iterator[Obj]:
@@ -190,20 +248,7 @@ def render(directory: Path) -> list[Obj]:
         objects.extend(_secret(directory, s) for s in spec["secretGenerator"])
     objects = copy.deepcopy(objects)
     for patch in spec.get("patches", []):
-        target = patch.get("target", {})
-        ops = yaml.safe_load(patch["patch"])
-        if set(target) - {"kind", "name"} or not isinstance(ops, list):
-            raise KustomizeError(f"{path}: only JSON patches on a kind and name are supported")
-        matched = [
-            o
-            for o in objects
-            if o.get("kind") == target.get("kind", o.get("kind"))
-            and o["metadata"]["name"] == target.get("name", o["metadata"]["name"])
-        ]
-        if not matched:
-            raise KustomizeError(f"{path}: patch target {target} matches nothing")
-        for obj in matched:
-            _json_patch(obj, ops)
+        _strategic_merge(objects, patch, path)
     for obj in objects:
         meta = obj.setdefault("metadata", {})
         if "namespace" in spec and obj.get("kind") not in CLUSTER_SCOPED:

@@ -425,23 +425,27 @@ def test_network_policies_name_every_destination(
     other and the cluster's DNS; the example Job only DNS; both select their pods."""
     gpu = {**objects["gpu-region"], **objects["train"]}
     policies = [o for o in gpu.values() if o["kind"] == "NetworkPolicy"]
-    assert {p["metadata"]["name"] for p in policies} == {"strata-spoke", "strata-train-f3"}
+    names = {p["metadata"]["name"] for p in policies}
+    assert names == {"strata-spoke", "strata-spoke-hub", "strata-train-f3"}
     for policy in policies:
         for rule in policy["spec"]["egress"]:
             assert rule.get("to"), f"{policy['metadata']['name']}: egress to anywhere: {rule}"
-    spoke = next(p for p in policies if p["metadata"]["name"] == "strata-spoke")
     env = {
         e["name"]: e for e in _named(_spoke(objects)["spec"]["template"]["spec"], "spoke")["env"]
     }
     hub_port = int(env["STRATA_HUB"]["value"].rpartition(":")[2])
+    spoke_policies = [p for p in policies if p["metadata"]["name"].startswith("strata-spoke")]
     (hub_rule,) = [
-        r for r in spoke["spec"]["egress"] if {"port": hub_port, "protocol": "TCP"} in r["ports"]
+        r
+        for p in spoke_policies
+        for r in p["spec"]["egress"]
+        if {"port": hub_port, "protocol": "TCP"} in r["ports"]
     ]
     (block,) = hub_rule["to"]
     assert block["ipBlock"]["cidr"].endswith("/32"), "the hub's address, not a range"
-    assert (
-        spoke["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(_spoke(objects)).items()
-    )
+    for policy in spoke_policies:
+        selector = policy["spec"]["podSelector"]["matchLabels"]
+        assert selector.items() <= pod_labels(_spoke(objects)).items()
     job = _job(objects, "train")
     train = next(p for p in policies if p["metadata"]["name"] == "strata-train-f3")
     assert train["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(job).items()
