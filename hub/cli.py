@@ -7,6 +7,7 @@ strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--po
                    [--max-streams-per-token N] [--max-block-streams N] [--max-bytes-per-token N]
                    [--max-bytes-in-flight N] [--budget-wait S] [--grant-holders-per-token N]
                    [--max-manifest-streams N] [--max-watch-streams N]
+                   [--bulk-port PORT [--bulk-port-file PATH] [--bulk-max-connections N]]
                    [--grace SECONDS] [--blobs DIR|s3://B/P]
                    [--grant-key PEM] [--grant-lifetime SECONDS] [--rotate-grant-key]
                    [--audit-log FILE] [--audit-max-bytes N] [--audit-backups N]
@@ -52,6 +53,7 @@ from hub.atomic import write_atomic
 from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog, operator
 from hub.blocks import DEFAULT_BLOCK_SIZE
 from hub.budget import BYTES_PER_TOKEN, STREAMS, STREAMS_PER_TOKEN, TOTAL_BYTES, WAIT_S
+from hub.bulk import MAX_CONNECTIONS as BULK_CONNECTIONS
 from hub.catalog.locations import redact
 from hub.catalogcli import register as register_catalog_commands
 from hub.cliopts import (
@@ -96,7 +98,7 @@ async def _serve(
     data_dir: Path,
     listen: str,
     metrics_listen: str | None,
-    port_file: Path | None,
+    port_files: tuple[Path | None, Path | None],
     config: ServerConfig,
     grace: float,
 ) -> None:
@@ -113,12 +115,16 @@ async def _serve(
             stack.callback(endpoint.close)
         server = await HubServer.start(data_dir, listen, metrics=metrics, config=config)
         stack.push_async_callback(server.stop, grace)
-        if port_file is not None:
-            try:
-                _write_port_file(port_file, server.port)
-            except OSError as exc:
-                raise HubError(f"cannot write port file {port_file}: {exc.strerror}") from exc
+        bulk_port = server.bulk.port if server.bulk is not None else None
+        for port_file, port in zip(port_files, (server.port, bulk_port), strict=True):
+            if port_file is not None and port is not None:
+                try:
+                    _write_port_file(port_file, port)
+                except OSError as exc:
+                    raise HubError(f"cannot write port file {port_file}: {exc.strerror}") from exc
         print(f"{PROG}: serving {data_dir} on {server.address}", flush=True)
+        if bulk_port is not None:
+            say(f"bulk block channel on port {bulk_port}")
         if metrics_listen is not None:
             say(f"metrics on http://{endpoint.address}/metrics")
         if config.catalog is not None:
@@ -301,6 +307,25 @@ def serve(
         int, typer.Option("--audit-backups", help="Rotated audit files kept.")
     ] = DEFAULT_BACKUPS,
     catalog: CatalogOption = None,
+    bulk_port: Annotated[
+        int | None,
+        typer.Option(
+            "--bulk-port",
+            help="Also serve block bytes on this port of --listen's host, beside gRPC "
+            "(the bulk channel: sendfile, same tokens, TLS and limits); 0 picks a free port.",
+        ),
+    ] = None,
+    bulk_port_file: Annotated[
+        Path | None,
+        typer.Option("--bulk-port-file", help="Write the bound bulk port to this file."),
+    ] = None,
+    bulk_max_connections: Annotated[
+        int,
+        typer.Option(
+            "--bulk-max-connections",
+            help="Most bulk connections open at once (a spoke holds one per fetch worker).",
+        ),
+    ] = BULK_CONNECTIONS,
 ) -> None:
     """Serve the data directory's datasets over gRPC until SIGINT or SIGTERM.
 
@@ -333,9 +358,11 @@ def serve(
         grant_holders_per_token=grant_holders_per_token,
         max_manifest_streams=max_manifest_streams,
         max_watch_streams=max_watch_streams,
+        bulk_port=bulk_port,
+        bulk_max_connections=bulk_max_connections,
     )
     limit_malloc_arenas()  # before gRPC starts its threads (strata_local/memory.py)
-    asyncio.run(_serve(data_dir, listen, metrics, port_file, config, grace))
+    asyncio.run(_serve(data_dir, listen, metrics, (port_file, bulk_port_file), config, grace))
 
 
 @app.command()

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from hub.budget import (
     WAIT_S,
     ReadBudget,
 )
+from hub.bulk import MAX_CONNECTIONS as BULK_CONNECTIONS
+from hub.bulk import BulkServer, server_context
 from hub.catalog import Catalog
 from hub.datadir import DataDir
 from hub.errors import ConfigError, ListenError
@@ -127,6 +130,9 @@ class ServerConfig:
             (:class:`hub.grants.GrantLimiter`).
         max_manifest_streams: Most GetManifest streams open at once (:mod:`hub.streams`).
         max_watch_streams: Most Watch streams open at once.
+        bulk_port: Serve the bulk block channel (:mod:`hub.bulk`) on this port of the
+            gRPC address's host (0: a free one); None: no bulk channel.
+        bulk_max_connections: Most bulk connections open at once.
     """
 
     tls_cert: Path | None = None
@@ -155,6 +161,8 @@ class ServerConfig:
     grant_holders_per_token: int = HOLDERS_PER_TOKEN
     max_manifest_streams: int = MANIFEST_STREAMS
     max_watch_streams: int = WATCH_STREAMS
+    bulk_port: int | None = None
+    bulk_max_connections: int = BULK_CONNECTIONS
 
     def credentials(self) -> grpc.ServerCredentials | None:
         """The TLS credentials, or None for plaintext.
@@ -225,6 +233,25 @@ class ServerConfig:
                 f"--max-manifest-streams {self.max_manifest_streams} and --max-watch-streams "
                 f"{self.max_watch_streams} must be at least {TOKEN_SHARE}"
             )
+        if self.bulk_port is not None and not 0 <= self.bulk_port <= 65535:
+            raise ConfigError(f"--bulk-port {self.bulk_port} is not a port (0 to 65535)")
+        if self.bulk_max_connections < 1:
+            raise ConfigError(f"--bulk-max-connections {self.bulk_max_connections} must be >= 1")
+
+
+def _bulk_tls(config: ServerConfig) -> ssl.SSLContext | None:
+    """The bulk channel's TLS context from the gRPC port's files (None: plaintext).
+
+    Raises:
+        ConfigError: the files cannot be loaded.
+    """
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    ca = str(config.client_ca) if config.client_ca is not None else None
+    try:
+        return server_context(str(config.tls_cert), str(config.tls_key), ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"unusable TLS certificate or key for --bulk-port: {exc}") from exc
 
 
 def _read_pem(path: Path) -> bytes:
@@ -340,6 +367,7 @@ class HubServer:
         self.config = config
         self._unwatch: Callable[[], None] = lambda: None
         self._trimmer: asyncio.Task[None] | None = None
+        self.bulk: BulkServer | None = None
 
     @property
     def port(self) -> int:
@@ -466,6 +494,28 @@ class HubServer:
                 await server.stop(None)
                 raise ListenError(f"cannot listen on {listen}: address in use or not available")
             await server.start()
+            bulk = None
+            if config.bulk_port is not None:
+                bulk = BulkServer(
+                    tokens,
+                    catalog,
+                    store,
+                    budget,
+                    metrics,
+                    service.failed,
+                    service.count,
+                    tls=_bulk_tls(config),
+                    max_connections=config.bulk_max_connections,
+                    handshake_timeout_s=config.handshake_timeout_s,
+                )
+                try:
+                    await bulk.start(address.host, config.bulk_port)
+                except OSError as exc:
+                    await server.stop(None)
+                    raise ListenError(
+                        f"cannot listen on {address.host}:{config.bulk_port} (--bulk-port): "
+                        f"{exc.strerror or exc}"
+                    ) from exc
             for name in ("", SERVICE_NAME):
                 await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 
@@ -499,6 +549,7 @@ class HubServer:
             audit,
         )
         hub._unwatch = unwatch
+        hub.bulk = bulk
         hub._trimmer = asyncio.create_task(trim_forever(), name="strata-hub-malloc-trim")
         return hub
 
@@ -512,6 +563,8 @@ class HubServer:
         if self._trimmer is not None:
             self._trimmer.cancel()
         await self._health.enter_graceful_shutdown()
+        if self.bulk is not None:
+            await self.bulk.close()
         await self._watcher.close()
         await self._server.stop(grace)
         self._unwatch()

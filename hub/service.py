@@ -125,13 +125,13 @@ def _unary(
             context.add_done_callback(lambda _: slots.release(principal.name))
             response = await method(self, request, principal)
         except asyncio.CancelledError:
-            self._count(name, grpc.StatusCode.CANCELLED)
+            self.count(name, grpc.StatusCode.CANCELLED)
             raise
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
             await self._abort(name, context, exc)
-        self._count(name, grpc.StatusCode.OK)
+        self.count(name, grpc.StatusCode.OK)
         return response
 
     return handler
@@ -157,7 +157,7 @@ def _streaming(
             async for response in method(self, request, principal):
                 yield response
         except asyncio.CancelledError:
-            self._count(name, grpc.StatusCode.CANCELLED)
+            self.count(name, grpc.StatusCode.CANCELLED)
             raise
         except grpc.aio.AbortError:
             raise
@@ -165,7 +165,7 @@ def _streaming(
             await self._abort(name, context, exc)
         finally:
             active.dec()
-        self._count(name, grpc.StatusCode.OK)
+        self.count(name, grpc.StatusCode.OK)
 
     return handler
 
@@ -264,7 +264,8 @@ class HubService(hub_pb2_grpc.HubServicer):
         to :data:`MAX_PAGE_SIZE` entries a reply) in fewer slots than the small replies."""
         return self._listing_slots if method == "ListDirectory" else self._call_slots
 
-    def _count(self, method: str, code: grpc.StatusCode) -> None:
+    def count(self, method: str, code: grpc.StatusCode) -> None:
+        """Counts a finished call of ``method`` by its status (``strata_hub_requests_total``)."""
         self._metrics.requests.labels(method=method, code=code.name).inc()
 
     async def refuse(self, method: str, context: Any, error: HubError) -> NoReturn:
@@ -273,23 +274,29 @@ class HubService(hub_pb2_grpc.HubServicer):
         await self._abort(method, context, error)
 
     async def _abort(self, method: str, context: Any, error: Exception) -> NoReturn:
-        """Ends the call with the status for ``error``; the one place errors become statuses."""
+        """Ends the call with the status for ``error`` (:meth:`failed`)."""
+        code, details = self.failed(method, str(context.peer()), error)
+        await context.abort(code, details)
+        raise AssertionError("context.abort() returned")  # it always raises
+
+    def failed(self, method: str, peer: str, error: Exception) -> tuple[grpc.StatusCode, str]:
+        """The status and message for a call of ``method`` from ``peer`` (gRPC's form,
+        ``ipv4:HOST:PORT``) that ends with ``error``, counted and, when refused for its
+        token, scope or a limit, audited: the one place errors become statuses, for
+        gRPC and the bulk channel (:mod:`hub.bulk`) alike."""
         if isinstance(error, HubError):
             code, details = status_code(error), str(error)
         else:
             logger.exception("%s failed", method, exc_info=error)
             code, details = grpc.StatusCode.INTERNAL, f"internal error in {method}"
-        self._count(method, code)
+        self.count(method, code)
         quota = False
         if isinstance(error, QuotaExceeded):
             quota = True
             self._metrics.limit_refusals.labels(limit=error.limit).inc()
         if self._audit is not None and (quota or code in _AUDITED_CODES):
-            self._audit.refused(
-                who=str(context.peer()), what=method, outcome=code.name, detail=details
-            )
-        await context.abort(code, details)
-        raise AssertionError("context.abort() returned")  # it always raises
+            self._audit.refused(who=peer, what=method, outcome=code.name, detail=details)
+        return code, details
 
     async def _resolve(self, principal: Principal, dataset: str, ref: str) -> Snapshot:
         """Resolves a ref after checking the name and the caller's scope (in that order)."""

@@ -30,7 +30,7 @@ DIGEST_RE = re.compile(r"^[0-9a-f]{32}$")
 TMP_PREFIX = ".tmp-"
 
 
-def block_digest(data: bytes) -> str:
+def block_digest(data: bytes | bytearray | memoryview) -> str:
     """The block id of ``data``: xxh3-128 as 32 lowercase hex characters (xxHash spec, XXH3)."""
     return xxhash.xxh3_128_hexdigest(data)
 

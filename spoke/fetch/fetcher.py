@@ -170,17 +170,17 @@ class Fetcher:
             await self.cache.admit(digest, data, listener.placement(digest))
         except PrefetchRefused as err:  # nobody waits for it: the cache is under pressure
             log.debug("%s", err)
-            listener.resolved(digest, None, data)
+            listener.resolved(digest, None, _owned(data))
             return
         except CacheFull as err:
             log.warning("%s; streaming the block through uncached", err)
             metrics.STREAMED_THROUGH.inc()
-            listener.resolved(digest, None, data)
+            listener.resolved(digest, None, _owned(data))
             return
         except Exception:
             log.exception("could not cache block %s; streaming it through uncached", digest)
             metrics.STREAMED_THROUGH.inc()
-            listener.resolved(digest, None, data)
+            listener.resolved(digest, None, _owned(data))
             return
         listener.resolved(digest, None, None)
 
@@ -188,3 +188,9 @@ class Fetcher:
     def _fail(digests: Iterable[str], error: BaseException, listener: FetchListener) -> None:
         for digest in list(digests):
             listener.resolved(digest, error, None)
+
+
+def _owned(data: bytes) -> bytes:
+    """``data`` as ``bytes`` for the readers it is streamed through to (a source may hand
+    over a ``bytearray`` it received in place)."""
+    return data if type(data) is bytes else bytes(data)

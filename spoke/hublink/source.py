@@ -39,8 +39,16 @@ def hub_error(err: grpc.aio.AioRpcError, target: str, refused: str | None = None
         refused: :attr:`HubClient.refused` — why the hub refused this spoke's credentials
             (a bad token, a TLS failure), the message of a :class:`HubUnavailable` if set.
     """
-    code = err.code()
-    details = err.details() or code.name.lower().replace("_", " ")
+    return status_error(err.code(), err.details(), target, refused)
+
+
+def status_error(
+    code: grpc.StatusCode, details: str | None, target: str, refused: str | None = None
+) -> SpokeError:
+    """The spoke error for a hub status ``code`` with its message, from a gRPC call
+    (:func:`hub_error`) or the bulk channel (:mod:`spoke.hublink.bulk`), which carries
+    the same codes."""
+    details = details or code.name.lower().replace("_", " ")
     if code == grpc.StatusCode.NOT_FOUND:
         metrics.HUB_UP.set(1)
         return NotFound(details)

@@ -39,6 +39,7 @@ from spoke.errors import HubUnavailable
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler
 from spoke.fetch.source import BlockSource
+from spoke.hublink.bulk import BulkSource
 from spoke.hublink.client import HubClient
 from spoke.hublink.source import HubSource
 from spoke.mesh.node import MeshNode
@@ -132,6 +133,10 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         catalog = SnapshotCatalog(hub, env, settings.publisher())
         stack.push_async_callback(catalog.close)
         source: BlockSource = HubSource(hub)
+        if settings.hub_bulk_port is not None:  # block bytes beside gRPC (hublink/bulk.py)
+            bulk = BulkSource(hub, settings.hub_bulk_port, settings.fetch_workers)
+            stack.callback(bulk.close)
+            source = bulk
         mesh = (
             MeshNode(settings.mesh, source, hub, catalog, audit)
             if settings.mesh is not None

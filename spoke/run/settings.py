@@ -92,6 +92,11 @@ MAX_SOCKET_PATH = 107
 """Longest path of a UNIX socket, bytes (``sun_path`` is 108 bytes with its NUL; unix(7))."""
 
 
+def default_fetch_workers() -> int:
+    """``--fetch-workers``' default: the cores this process may use, at most 8."""
+    return max(1, min(8, len(os.sched_getaffinity(0))))
+
+
 class SpokeSettings(BaseSettings, MountSettings):
     """Everything a spoke daemon and its mount need: the one declaration of every option of
     ``strata-spoke run``/``daemon`` (its flag, ``STRATA_SPOKE_*`` variable, TOML key, default
@@ -166,6 +171,19 @@ class SpokeSettings(BaseSettings, MountSettings):
     hub_tls: bool = Field(default=False, description="TLS to the hub with the system's CA roots")
     hub_insecure: bool = Field(
         default=False, description="allow a hub token without TLS (trusted networks only)"
+    )
+    hub_bulk_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="the hub's bulk port (strata-hub serve --bulk-port): block bytes come "
+        "over it beside gRPC, received by --fetch-workers threads; unset: over gRPC",
+    )
+    fetch_workers: int = Field(
+        default_factory=lambda: default_fetch_workers(),
+        ge=1,
+        le=64,
+        description="threads receiving blocks on the bulk channel (default: the cores, at most 8)",
     )
     no_admin_token: bool = Field(
         default=False, description="admin API without a token (any local user may use it)"

@@ -1,0 +1,323 @@
+"""The bulk block channel's server (:mod:`protocol.bulk`): block bytes without gRPC.
+
+It runs on the hub's event loop beside the gRPC server and makes every check
+``Hub.ReadBlocks`` makes, with the same code: the bearer token
+(:meth:`hub.auth.TokenFile.authenticate`), the token's dataset scope (a block is found
+only in a live version of a dataset the token may read, :meth:`hub.catalog.Catalog.block_size`),
+the token's and the hub's stream slots and read budget (:mod:`hub.budget`), TLS and mutual
+TLS (the gRPC port's certificate, key and client CA), and one place that turns an error
+into a status, counts it and audits a refusal (:meth:`hub.service.HubService.failed`, as
+``ReadBlocks``).
+
+What a caller can make it hold before it has proven anything: at most ``max_connections``
+connections (one over is answered RESOURCE_EXHAUSTED and closed), each with at most
+:data:`READ_LIMIT` bytes of unread input buffered, its TLS handshake within the gRPC
+port's handshake timeout, a request within :data:`hub.inbound.REQUEST_WAIT_S` of its first
+byte, and no request for :data:`hub.limits.IDLE_S` closes it.
+
+Bytes: from a local blob store without TLS, a block leaves by ``sendfile(2)`` (the loop's
+:meth:`asyncio.AbstractEventLoop.sendfile`): the hub never reads it into Python, and the
+kernel's readahead for the next blocks of the request is asked for
+(``POSIX_FADV_WILLNEED``) while one is sent. Under TLS, or from S3, the block is read
+whole in a worker thread and written once (the copy TLS needs anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import ssl
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from hub.auth import ANONYMOUS, AUTHORIZATION, Principal, TokenFile, TokenTable
+from hub.blobstore import BlobStore, LocalBlobStore
+from hub.budget import ReadBudget
+from hub.catalog import Catalog
+from hub.errors import (
+    BlockNotFound,
+    CorruptBlob,
+    HubError,
+    InvalidArgument,
+    QuotaExceeded,
+    Unauthenticated,
+)
+from hub.inbound import REQUEST_WAIT_S
+from hub.limits import IDLE_S
+from hub.metrics import HubMetrics
+from protocol import bulk
+
+log = logging.getLogger(__name__)
+
+METHOD = "ReadBlocks"
+"""The method name bulk requests are counted and audited under (the gRPC call's)."""
+
+MAX_CONNECTIONS = 1024
+"""Default most bulk connections open at once (``--bulk-max-connections``); a spoke holds
+one per fetch worker."""
+
+READ_LIMIT = 16 * 1024
+"""Unread input buffered per connection, bytes (a request is at most 12.3 KiB)."""
+
+Failed = Callable[[str, str, Exception], tuple[grpc.StatusCode, str]]
+"""Turns an error into ``(status, message)``, counted and audited: ``(method, peer, error)``."""
+
+
+def peer_name(address: Any) -> str:
+    """gRPC's form of a peer address (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``), so an
+    audit line reads the same whichever channel the call came on."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
+    return f"unknown:{address}"
+
+
+def server_context(cert_file: str, key_file: str, client_ca: str | None) -> ssl.SSLContext:
+    """The bulk port's TLS context: the gRPC port's certificate and key, TLS 1.2 or later,
+    client certificates required when ``client_ca`` is set (mutual TLS).
+
+    Raises:
+        ssl.SSLError, OSError: a file is unreadable or not a matching certificate and key.
+    """
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_file, key_file)
+    if client_ca is not None:
+        context.load_verify_locations(client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    context.set_alpn_protocols([bulk.ALPN])
+    return context
+
+
+class BulkServer:
+    """Serves blocks on the bulk channel (see the module docstring).
+
+    Args:
+        tokens: Accepted bearer tokens; None lets every caller in (a hub without tokens).
+        catalog: Where block sizes and who may read them are looked up.
+        store: Where the blocks are.
+        budget: The gRPC server's read budget (streams and bytes per token and in all).
+        metrics: ``blocks_served``, ``blocks_served_bytes`` counted here.
+        failed: The service's error-to-status function (counts and audits).
+        count: Counts a call that ended well: ``(method, grpc.StatusCode.OK)``.
+        tls: The TLS context (:func:`server_context`); None for plaintext.
+        max_connections: Most connections open at once.
+        handshake_timeout_s: Longest a TLS handshake may take, seconds.
+    """
+
+    def __init__(
+        self,
+        tokens: TokenTable | TokenFile | None,
+        catalog: Catalog,
+        store: BlobStore,
+        budget: ReadBudget,
+        metrics: HubMetrics,
+        failed: Failed,
+        count: Callable[[str, grpc.StatusCode], None],
+        tls: ssl.SSLContext | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        handshake_timeout_s: float = 10.0,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError("--bulk-max-connections must be at least 1")
+        self._tokens, self._catalog, self._store = tokens, catalog, store
+        self._budget, self._metrics = budget, metrics
+        self._failed, self._count = failed, count
+        self._tls, self._max_connections = tls, max_connections
+        self._handshake_timeout_s = handshake_timeout_s
+        self._local = store if isinstance(store, LocalBlobStore) and tls is None else None
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.Task[Any]] = set()
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        """Listens on ``host:port`` (port 0: a free one); returns the bound port.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        self._server = await asyncio.start_server(
+            self._connection,
+            host,
+            port,
+            limit=READ_LIMIT,
+            ssl=self._tls,
+            ssl_handshake_timeout=self._handshake_timeout_s if self._tls else None,
+            reuse_address=True,
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def close(self) -> None:
+        """Stops accepting and ends the connections open (their requests in flight fail
+        at the client, which retries elsewhere)."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._open):
+            task.cancel()
+        if self._open:
+            await asyncio.gather(*self._open, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        peer = peer_name(writer.get_extra_info("peername"))
+        try:
+            if len(self._open) >= self._max_connections:
+                await self._refuse(
+                    writer,
+                    peer,
+                    QuotaExceeded(
+                        "connections",
+                        f"{len(self._open)} bulk connections are open, the most this hub "
+                        f"allows (--bulk-max-connections {self._max_connections}); retry",
+                    ),
+                )
+                return
+            self._open.add(task)
+            while await self._serve_one(reader, writer, peer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away: nothing to answer
+        finally:
+            self._open.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve_one(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> bool:
+        """Answers one request; False when the connection is done (closed, idle, refused)."""
+        try:
+            head = await asyncio.wait_for(reader.readexactly(bulk.REQUEST_HEAD.size), IDLE_S)
+        except (TimeoutError, asyncio.IncompleteReadError):
+            return False  # idle, or closed between requests: the normal end
+        try:
+            request = await asyncio.wait_for(self._rest(reader, head), REQUEST_WAIT_S)
+            principal = self._authenticate(request.token)
+        except TimeoutError:
+            error: HubError = QuotaExceeded(
+                "request", f"no whole request within {REQUEST_WAIT_S:g} s of its first byte"
+            )
+            await self._refuse(writer, peer, error)
+            return False
+        except bulk.BulkProtocolError as err:
+            await self._refuse(writer, peer, InvalidArgument(str(err)))
+            return False
+        except HubError as err:
+            await self._refuse(writer, peer, err)
+            return False
+        try:
+            with self._budget.stream(principal.name):
+                await self._answer(writer, principal, request.digests)
+        except HubError as err:
+            await self._refuse(writer, peer, err)
+            return False
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception as err:  # never a silent hang: INTERNAL, logged by failed()
+            await self._refuse(writer, peer, err)
+            return False
+        self._count(METHOD, grpc.StatusCode.OK)
+        return True
+
+    async def _rest(self, reader: asyncio.StreamReader, head: bytes) -> bulk.BulkRequest:
+        token_len = bulk.parse_request_head(head)
+        token = (await reader.readexactly(token_len)).decode("utf-8", "replace")
+        count = bulk.parse_count(await reader.readexactly(bulk.COUNT.size))
+        digests = bulk.split_digests(await reader.readexactly(16 * count))
+        return bulk.BulkRequest(token, digests)
+
+    def _authenticate(self, token: str) -> Principal:
+        if self._tokens is None:
+            return ANONYMOUS
+        metadata = ((AUTHORIZATION, f"Bearer {token}"),) if token else ()
+        if not token:
+            raise Unauthenticated(
+                "missing bearer token: a bulk request carries the token the gRPC calls do"
+            )
+        return self._tokens.authenticate(metadata)
+
+    async def _refuse(self, writer: asyncio.StreamWriter, peer: str, error: Exception) -> None:
+        code, details = self._failed(METHOD, peer, error)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            writer.write(bulk.encode_error(code.value[0], details))
+            await asyncio.wait_for(writer.drain(), 5.0)
+
+    async def _answer(
+        self, writer: asyncio.StreamWriter, principal: Principal, digests: Sequence[str]
+    ) -> None:
+        """Sends each block of ``digests`` in order, each charged to the caller's share of
+        the read budget while it is sent.
+
+        Raises:
+            BlockNotFound: a block of no dataset the caller may read (those before it
+                were sent).
+            QuotaExceeded: no room in the read budget within its wait.
+            CorruptBlob: a stored block has the wrong length.
+        """
+        readable = None if principal.scopes == ("*",) else principal.may_read
+        sizes = await asyncio.to_thread(self._sizes, digests, readable)
+        who = principal.name
+        for i, (digest, size) in enumerate(zip(digests, sizes, strict=False)):
+            if size is None:
+                raise BlockNotFound(f"unknown block {digest}")
+            await self._budget.take(who, size)
+            try:
+                writer.write(bulk.encode_block_head(digest, size))
+                if self._local is not None:
+                    await self._sendfile(writer, digest, size, digests[i + 1 : i + 2])
+                else:
+                    data = await asyncio.to_thread(self._store.read, digest)
+                    if len(data) != size:
+                        raise CorruptBlob(f"block {digest} has {len(data)} bytes, not {size}")
+                    writer.write(data)
+                    del data
+                    await writer.drain()
+            finally:
+                self._budget.release(who, size)
+            self._metrics.blocks_served.inc()
+            self._metrics.blocks_served_bytes.inc(size)
+
+    def _sizes(
+        self, digests: Sequence[str], readable: Callable[[str], bool] | None
+    ) -> list[int | None]:
+        """Each block's size, up to the first the caller may not read (None, last)."""
+        sizes: list[int | None] = []
+        for digest in digests:
+            size = self._catalog.block_size(digest, readable)
+            sizes.append(size)
+            if size is None:
+                break
+        return sizes
+
+    async def _sendfile(
+        self, writer: asyncio.StreamWriter, digest: str, size: int, following: Sequence[str]
+    ) -> None:
+        assert self._local is not None
+        try:
+            file = open(self._local.path(digest), "rb", buffering=0)  # noqa: SIM115
+        except FileNotFoundError:
+            raise CorruptBlob(f"block {digest} is in the catalog, not the blob store") from None
+        with file:
+            if os.fstat(file.fileno()).st_size != size:
+                raise CorruptBlob(f"block {digest}'s blob file is not {size} bytes")
+            for name in following:  # the kernel reads them while this one is sent
+                with contextlib.suppress(OSError):
+                    fd = os.open(self._local.path(name), os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                    finally:
+                        os.close(fd)
+            loop = asyncio.get_running_loop()
+            sent = await loop.sendfile(writer.transport, file, 0, size)
+            if sent != size:
+                raise ConnectionResetError(f"sent {sent} of block {digest}'s {size} bytes")

@@ -1,0 +1,312 @@
+"""The hub's bulk block channel (:mod:`protocol.bulk`) as a block source.
+
+Block bytes come over plain TCP (TLS when the hub link is TLS) beside the gRPC channel,
+which stays the control plane. A call's blocks are received by one of ``workers`` threads
+(:class:`BulkSource`): it sends the request, ``recv_into``s each block into a buffer of its
+own size (the one copy, by the kernel), verifies it (xxh3-128 releases the GIL) and hands
+it to the event loop, which only admits it. Receiving, verifying and the socket waits run
+off the loop and outside the GIL, so ``workers`` streams use as many cores.
+
+Connections are kept between calls (one per worker at most, re-used by the next call on
+any worker); a connection whose call failed or was cancelled is closed. The request
+carries the spoke's current token (its file re-read when changed,
+:meth:`~spoke.hublink.credentials.HubCredentials.metadata`); the hub checks it, its scope
+and its limits as it checks ``ReadBlocks``, and its refusals become the same spoke errors
+(:func:`~spoke.hublink.source.status_error`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+import ssl
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from protocol import bulk
+from protocol.address import parse_hostport
+from spoke import metrics
+from spoke.disk.layout import block_digest
+from spoke.errors import CorruptBlock, HubUnavailable
+from spoke.fetch.priority import Priority
+from spoke.hublink.client import HubClient
+from spoke.hublink.source import status_error
+
+CONNECT_TIMEOUT_S = 10.0
+"""Longest a connection (and its TLS handshake) may take, seconds."""
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+_END = object()
+
+
+class _Call:
+    """What one call's worker hands the event loop: blocks, then the end (or an error).
+
+    The worker appends under a lock and wakes the loop only when the loop waits for it
+    (one ``call_soon_threadsafe`` for a run of blocks, not one per block)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: collections.deque[object] = collections.deque()
+        self.lock = threading.Lock()
+        self.waiter: asyncio.Future[None] | None = None
+        self.cancelled = False
+        self.sock: socket.socket | None = None
+
+    def put(self, item: object) -> None:
+        with self.lock:
+            self.items.append(item)
+            waiter, self.waiter = self.waiter, None
+        if waiter is not None:
+            self.loop.call_soon_threadsafe(_wake, waiter)
+
+    async def get(self) -> object:
+        while True:
+            with self.lock:
+                if self.items:
+                    return self.items.popleft()
+                self.waiter = self.loop.create_future()
+                waiter = self.waiter
+            await waiter
+
+    def cancel(self) -> None:
+        """Ends a call the loop stopped waiting for: its socket is shut down, so a
+        blocked receive returns at once."""
+        with self.lock:
+            self.cancelled = True
+            sock = self.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class BulkSource:
+    """The hub's bulk channel as a block source (see the module docstring).
+
+    Args:
+        hub: the hub's gRPC client: its addresses (each host with ``port``), credentials
+            and name.
+        port: the hub's bulk port (``strata-hub serve --bulk-port``).
+        workers: threads receiving blocks; each runs one call at a time.
+    """
+
+    def __init__(self, hub: HubClient, port: int, workers: int) -> None:
+        if workers < 1:
+            raise ValueError("--fetch-workers must be at least 1")
+        if not 0 < port <= 65535:
+            raise ValueError(f"--hub-bulk-port {port} is not a port (1 to 65535)")
+        self.hub = hub
+        self.port = port
+        self.workers = workers
+        hosts = [parse_hostport(t.strip())[0] for t in hub.target.split(",") if t.strip()]
+        self._hosts = hosts
+        self._next = 0
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="strata-bulk")
+        self._idle: list[tuple[socket.socket, object]] = []
+        self._idle_lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        """The hub's ``HOST:PORT`` (its gRPC address: where it is configured)."""
+        return self.hub.target
+
+    def close(self) -> None:
+        """Closes the kept connections and stops the workers (after their calls)."""
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for sock, _ in idle:
+            sock.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def read_blocks(
+        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
+    ) -> AsyncIterator[tuple[str, bytes]]:
+        """As :meth:`~spoke.fetch.source.BlockSource.read_blocks`: in request order, each
+        block already verified against its digest (a mismatch raises
+        :class:`~spoke.errors.CorruptBlock` after the blocks before it).
+
+        Raises:
+            NotFound, InvalidRequest, AccessDenied, HubUnavailable: as the gRPC path.
+            CorruptBlock: a block's bytes do not match its digest.
+        """
+        del priority  # the hub serves every class alike
+        loop = asyncio.get_running_loop()
+        call = _Call(loop)
+        self.hub.credentials.refresh_tls()
+        material = self.hub.credentials.material
+        token = _token(self.hub.credentials.metadata())
+        deadline = time.monotonic() + timeout
+        work = loop.run_in_executor(
+            self._pool, self._receive, call, list(blocks), token, material, deadline
+        )
+        try:
+            while True:
+                item = await call.get()
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, tuple)
+                digest: str = item[0]
+                data: bytes = item[1]
+                metrics.HUB_FETCH_BYTES.inc(len(data))
+                metrics.HUB_FETCH_BLOCKS.inc()
+                yield digest, data
+            metrics.HUB_UP.set(1)
+        finally:
+            call.cancel()
+            with contextlib.suppress(BaseException):
+                await work
+
+    def _receive(
+        self,
+        call: _Call,
+        blocks: list[tuple[str, int]],
+        token: str,
+        material: object,
+        deadline: float,
+    ) -> None:
+        """One call, in a worker thread: every block to ``call``, then the end; an error
+        instead of the rest."""
+        sock: socket.socket | None = None
+        reusable = False
+        try:
+            sock = self._connection(material, deadline)
+            with call.lock:
+                if call.cancelled:
+                    return
+                call.sock = sock
+            for start in range(0, len(blocks), bulk.MAX_DIGESTS):
+                part = blocks[start : start + bulk.MAX_DIGESTS]
+                sock.sendall(bulk.encode_request(token, [d for d, _ in part]))
+                for digest, size in part:
+                    call.put(self._block(sock, digest, size, deadline))
+            with call.lock:  # from here on, a cancel must not shut the kept socket down
+                call.sock = None
+                reusable = not call.cancelled
+            call.put(_END)
+        except BaseException as err:  # every failure reaches the loop as the call's error
+            call.put(self._error(err, call))
+        finally:
+            if sock is not None:
+                if reusable:
+                    with self._idle_lock:
+                        self._idle.append((sock, material))
+                else:
+                    sock.close()
+
+    def _block(
+        self, sock: socket.socket, digest: str, size: int, deadline: float
+    ) -> tuple[str, bytearray]:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        head = _recv_exactly(sock, bulk.BLOCK_HEAD.size)
+        code, got, length = bulk.parse_block_head(head)
+        if code != bulk.OK:
+            message = _recv_exactly(sock, length).decode("utf-8", "replace")
+            raise _Refused(code, message)
+        if got != digest or length > size:
+            raise HubUnavailable(
+                f"hub {self.hub.target} bulk stream out of order: got {got} ({length} bytes), "
+                f"expected {digest} (at most {size})"
+            )
+        data = _recv_exactly(sock, length)
+        if block_digest(data) != digest:
+            metrics.CORRUPT_BLOCKS.inc()
+            raise CorruptBlock(f"block {digest} failed verification")
+        return digest, data
+
+    def _connection(self, material: object, deadline: float) -> socket.socket:
+        with self._idle_lock:
+            while self._idle:
+                sock, kept = self._idle.pop()
+                if kept == material:
+                    return sock
+                sock.close()  # made with credentials since replaced
+        host = self._hosts[self._next % len(self._hosts)]
+        self._next += 1
+        timeout = max(0.001, min(CONNECT_TIMEOUT_S, deadline - time.monotonic()))
+        sock = socket.create_connection((host, self.port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if material is None:
+            return sock
+        try:
+            return self._tls_context().wrap_socket(
+                sock, server_hostname=self.hub.credentials.server_name or host
+            )
+        except BaseException:
+            sock.close()
+            raise
+
+    def _tls_context(self) -> ssl.SSLContext:
+        credentials = self.hub.credentials
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+        if credentials.ca is not None:
+            context.load_verify_locations(cafile=str(credentials.ca))
+        if credentials.cert is not None and credentials.key is not None:
+            context.load_cert_chain(str(credentials.cert), str(credentials.key))
+        context.set_alpn_protocols([bulk.ALPN])
+        return context
+
+    def _error(self, err: BaseException, call: _Call) -> BaseException:
+        """The spoke error for a failed call (counted like the gRPC path's)."""
+        if isinstance(err, _Refused):
+            code = _CODES.get(err.code, grpc.StatusCode.UNKNOWN)
+            metrics.HUB_FETCH_ERRORS.labels(code.name).inc()
+            return status_error(code, err.message, self.hub.target)
+        if isinstance(err, CorruptBlock | HubUnavailable):
+            metrics.HUB_FETCH_ERRORS.labels("OUT_OF_ORDER").inc()
+            return err
+        if call.cancelled:
+            return HubUnavailable("cancelled")
+        if isinstance(
+            err, TimeoutError | OSError | ssl.SSLError | EOFError | bulk.BulkProtocolError
+        ):
+            metrics.HUB_FETCH_ERRORS.labels("UNAVAILABLE").inc()
+            metrics.HUB_UP.set(0)
+            return HubUnavailable(f"hub {self.hub.target} bulk channel: {err}")
+        return HubUnavailable(f"hub {self.hub.target} bulk channel failed: {err!r}")
+
+
+class _Refused(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _token(metadata: tuple[tuple[str, str], ...]) -> str:
+    """The bearer token of the gRPC call metadata ('' without one)."""
+    for key, value in metadata:
+        if key == "authorization":
+            return value.partition(" ")[2].strip()
+    return ""
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytearray:
+    """``size`` bytes from ``sock`` into one new buffer (received in place).
+
+    Raises:
+        EOFError: the connection ended first.
+        TimeoutError, OSError: as the socket.
+    """
+    data = bytearray(size)
+    view = memoryview(data)
+    got = 0
+    recv_into: Callable[[memoryview], int] = sock.recv_into
+    while got < size:
+        n = recv_into(view[got:])
+        if not n:
+            raise EOFError(f"connection closed after {got} of {size} bytes")
+        got += n
+    return data
