@@ -15,11 +15,13 @@ from tests.support import fuse_available, publish
 
 @dataclass(frozen=True)
 class Live:
-    """A hub with a metrics endpoint and a spoke mounting its dataset ``demo``."""
+    """A hub with a metrics endpoint and a spoke mounting its dataset ``demo``, with its
+    own metrics endpoint (``--metrics``, what Prometheus scrapes) beside its admin API."""
 
     hub: str
     hub_metrics: str
     admin: str
+    spoke_metrics: str
     mount: Path
     files: dict[str, bytes]
 
@@ -39,5 +41,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     metrics = f"127.0.0.1:{free_port()}"
     with LocalStack() as stack:
         hub = stack.start_hub(tmp / "hub", metrics=metrics)
-        admin = stack.start_spoke(hub, tmp / "cache", tmp / "mnt", "64MiB")
-        yield Live(hub, metrics, admin, tmp / "mnt", files)
+        spoke_metrics = f"127.0.0.1:{free_port()}"
+        extra = ("--metrics", spoke_metrics)
+        admin = stack.start_spoke(hub, tmp / "cache", tmp / "mnt", "64MiB", extra=extra)
+        yield Live(hub, metrics, admin, spoke_metrics, tmp / "mnt", files)

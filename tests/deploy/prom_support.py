@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,9 @@ class Prometheus:
     """Debian's ``prometheus`` on 127.0.0.1 with deploy/prometheus's configuration, the
     targets given and every interval shortened to 1 s (a copy in ``directory``)."""
 
-    def __init__(self, directory: Path, hub: list[str], spokes: list[str]) -> None:
+    def __init__(
+        self, directory: Path, hub: list[str], spokes: list[str], nodes: Sequence[str] = ()
+    ) -> None:
         config_dir = directory / "config"
         shutil.copytree(PROMETHEUS_DIR, config_dir)
         config = yaml.safe_load((config_dir / "prometheus.yml").read_text())
@@ -82,6 +84,8 @@ class Prometheus:
         (config_dir / "targets").mkdir()
         (config_dir / "targets" / "hub.yml").write_text(yaml.safe_dump([{"targets": hub}]))
         (config_dir / "targets" / "spokes.yml").write_text(yaml.safe_dump([{"targets": spokes}]))
+        for name, targets in (("nodes.yml", list(nodes)), ("alertmanagers.yml", [])):
+            (config_dir / "targets" / name).write_text(yaml.safe_dump([{"targets": targets}]))
         self.config = config_dir / "prometheus.yml"
         self.url = f"http://127.0.0.1:{free_port()}"
         self._args = [

@@ -100,7 +100,7 @@ def test_recording_rules_exist() -> None:
 @pytest.mark.fuse
 def test_every_metric_is_exported(live: Live) -> None:
     exported = exported_names(
-        httpx.get(f"{live.admin}/metrics", timeout=10).text,
+        httpx.get(f"http://{live.spoke_metrics}/metrics", timeout=10).text,
         httpx.get(f"http://{live.hub_metrics}/metrics", timeout=10).text,
     )
     rule_exprs = {f"rule {r.get('record', r.get('alert'))}": r["expr"] for r in rules()}

@@ -56,7 +56,7 @@ def test_every_alert_has_a_unit_test() -> None:
 def test_config_check(tmp_path: Path) -> None:
     shutil.copytree(PROMETHEUS_DIR, tmp_path / "p")
     (tmp_path / "p" / "targets").mkdir()
-    for name in ("hub.yml", "spokes.yml"):
+    for name in ("hub.yml", "spokes.yml", "nodes.yml", "alertmanagers.yml"):
         (tmp_path / "p" / "targets" / name).write_text("- targets: ['127.0.0.1:1']\n")
     result = _promtool("check", "config", "prometheus.yml", cwd=tmp_path / "p")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -85,9 +85,11 @@ def _until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
 
 @pytest.mark.fuse
 def test_prometheus_scrapes_hub_and_spoke(live: Live, tmp_path: Path) -> None:
-    spoke_metrics = f"{live.admin}/metrics"
+    # the spoke's metrics port, as deploy/prometheus/prometheus.yml scrapes it (never
+    # its admin API, which is loopback-only and wants a token)
+    spoke_metrics = f"http://{live.spoke_metrics}/metrics"
     hub_metrics = f"http://{live.hub_metrics}/metrics"
-    spoke_address = live.admin.removeprefix("http://")
+    spoke_address = live.spoke_metrics
     prometheus = Prometheus(tmp_path, hub=[live.hub_metrics], spokes=[spoke_address])
     with prometheus.running():
         # read after a first scrape, so that the rate rules see the counters move
