@@ -368,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}")
     rows: list[Row] = []
     print(
-        f"page cache dropped before each run: {drop_caches()}; cores: {len(os.sched_getaffinity(0))}"
+        f"page cache dropped before each run: {drop_caches()}; "
+        f"cores: {len(os.sched_getaffinity(0))}"
     )
     for shape in shapes:
         with tempfile.TemporaryDirectory(prefix=f"strata-ingest-{shape.name}-") as tmp:

@@ -44,7 +44,6 @@ from hub.errors import (
     HubError,
     InvalidArgument,
     QuotaExceeded,
-    Unauthenticated,
 )
 from hub.inbound import REQUEST_WAIT_S
 from hub.limits import IDLE_S
@@ -101,7 +100,8 @@ class BulkServer:
         catalog: Where block sizes and who may read them are looked up.
         store: Where the blocks are.
         budget: The gRPC server's read budget (streams and bytes per token and in all).
-        metrics: ``blocks_served``, ``blocks_served_bytes`` counted here.
+        metrics: ``blocks_served``, ``blocks_served_bytes``, ``bulk_bytes`` counted here,
+            ``bulk_connections`` read from here.
         failed: The service's error-to-status function (counts and audits).
         count: Counts a call that ended well: ``(method, grpc.StatusCode.OK)``.
         tls: The TLS context (:func:`server_context`); None for plaintext.
@@ -133,6 +133,7 @@ class BulkServer:
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.Task[Any]] = set()
         self.port = 0
+        metrics.bulk_connections.set_function(lambda: len(self._open))
 
     async def start(self, host: str, port: int) -> int:
         """Listens on ``host:port`` (port 0: a free one); returns the bound port.
@@ -239,11 +240,8 @@ class BulkServer:
     def _authenticate(self, token: str) -> Principal:
         if self._tokens is None:
             return ANONYMOUS
+        # the very check (and message) of a gRPC call with the same token
         metadata = ((AUTHORIZATION, f"Bearer {token}"),) if token else ()
-        if not token:
-            raise Unauthenticated(
-                "missing bearer token: a bulk request carries the token the gRPC calls do"
-            )
         return self._tokens.authenticate(metadata)
 
     async def _refuse(self, writer: asyncio.StreamWriter, peer: str, error: Exception) -> None:
@@ -286,6 +284,7 @@ class BulkServer:
                 self._budget.release(who, size)
             self._metrics.blocks_served.inc()
             self._metrics.blocks_served_bytes.inc(size)
+            self._metrics.bulk_bytes.inc(size)
 
     def _sizes(
         self, digests: Sequence[str], readable: Callable[[str], bool] | None

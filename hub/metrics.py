@@ -45,6 +45,8 @@ class HubMetrics:
         requests: ``strata_hub_requests_total{method,code}``: gRPC calls finished, by
             method name and gRPC status code name (``OK``, ``NOT_FOUND``, …).
         blocks_served: ``strata_hub_blocks_served_total``: blocks sent by ReadBlocks.
+        bulk_bytes: ``strata_hub_bulk_bytes_total``: block bytes sent on the bulk channel.
+        bulk_connections: ``strata_hub_bulk_connections``: bulk connections open.
         blocks_served_bytes: ``strata_hub_blocks_served_bytes_total``: block bytes sent
             by ReadBlocks.
         active_streams: ``strata_hub_active_streams{method}``: streaming calls in flight.
@@ -90,6 +92,16 @@ class HubMetrics:
         self.blocks_served_bytes = Counter(
             "strata_hub_blocks_served_bytes",
             "Block bytes sent by ReadBlocks.",
+            registry=self.registry,
+        )
+        self.bulk_bytes = Counter(
+            "strata_hub_bulk_bytes",
+            "Block bytes sent on the bulk channel (hub/bulk.py; also in blocks_served_bytes).",
+            registry=self.registry,
+        )
+        self.bulk_connections = Gauge(
+            "strata_hub_bulk_connections",
+            "Bulk channel connections open.",
             registry=self.registry,
         )
         self.active_streams = Gauge(
