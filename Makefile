@@ -71,6 +71,7 @@ setup: $(READY)
 bench: $(READY) bench-deps
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 	$(BIN)/python -m bench.prewarm_link
+	$(BIN)/python -m bench.ingest
 	$(BIN)/python -m bench.small_files
 	$(BIN)/python -m bench.policy_sim
 	$(BIN)/python -m bench.hints_mount

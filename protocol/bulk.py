@@ -113,7 +113,10 @@ def encode_request(token: str, digests: list[str] | tuple[str, ...]) -> bytes:
 
 
 def _raw_digest(digest: str) -> bytes:
-    raw = bytes.fromhex(digest) if len(digest) == 32 else b""
+    try:
+        raw = bytes.fromhex(digest) if len(digest) == 32 else b""
+    except ValueError:
+        raw = b""
     if len(raw) != 16:
         raise ValueError(f"not a block digest (32 hex characters): {digest[:80]!r}")
     return raw
