@@ -8,6 +8,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -35,22 +36,45 @@ def test_rules_check() -> None:
     assert f"SUCCESS: {len(rules())} rules found" in result.stdout
 
 
+TEST_FILES = sorted(p.name for p in PROMETHEUS_DIR.glob("rules_test*.yml"))
+
+
 def test_rules_unit_tests() -> None:
-    result = _promtool("test", "rules", "rules_test.yml")
+    assert len(TEST_FILES) >= 3, TEST_FILES
+    result = _promtool("test", "rules", *TEST_FILES)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout
+    assert result.stdout.count("SUCCESS") == len(TEST_FILES), result.stdout
+
+
+def _cases() -> list[dict[str, Any]]:
+    return [
+        case
+        for name in TEST_FILES
+        for test in yaml.safe_load((PROMETHEUS_DIR / name).read_text())["tests"]
+        for case in test.get("alert_rule_test", [])
+    ]
 
 
 def test_every_alert_has_a_unit_test() -> None:
-    tests = yaml.safe_load((PROMETHEUS_DIR / "rules_test.yml").read_text())["tests"]
-    tested = {
-        case["alertname"]
-        for test in tests
-        for case in test.get("alert_rule_test", [])
-        if case.get("exp_alerts")
-    }
+    """Each alert is seen firing, with its exact labels, and seen quiet (pending, or
+    suppressed by what it waits for) in at least one case."""
     alerts = {rule["alert"] for rule in rules() if "alert" in rule}
-    assert alerts == tested
+    firing = {case["alertname"] for case in _cases() if case.get("exp_alerts")}
+    quiet = {case["alertname"] for case in _cases() if not case.get("exp_alerts")}
+    assert alerts == firing
+    assert alerts - quiet == set(), "alerts never tested quiet"
+
+
+def test_a_wrong_expectation_fails(tmp_path: Path) -> None:
+    """promtool test rules fails on one wrong label: the unit tests can fail."""
+    shutil.copy(PROMETHEUS_DIR / "rules.yml", tmp_path / "rules.yml")
+    text = (PROMETHEUS_DIR / "rules_test_paging.yml").read_text()
+    wrong = text.replace('instance: "r1:9464"}', 'instance: "r2:9464"}', 1)
+    assert wrong != text
+    (tmp_path / "rules_test.yml").write_text(wrong)
+    result = _promtool("test", "rules", "rules_test.yml", cwd=tmp_path)
+    assert result.returncode != 0, result.stdout
+    assert "FAILED" in result.stdout + result.stderr
 
 
 def test_config_check(tmp_path: Path) -> None:
