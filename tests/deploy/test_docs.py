@@ -36,3 +36,34 @@ def test_keys_are_made_in_an_ignored_directory() -> None:
         )
         assert ignored.returncode == 0, f"{directory}/{name} is not git-ignored"
     assert not re.search(r"(?<![\w/.-])pki/", DOCS.read_text()), "a pki/ path is left"
+
+
+def _sections() -> dict[str, str]:
+    """docs/deploy.md's level-4 sections by GitHub's anchor (the heading in lower case,
+    spaces as dashes), each its text up to the next heading."""
+    found: dict[str, str] = {}
+    parts = re.split(r"^(#{1,4}) (.+)$", DOCS.read_text(), flags=re.MULTILINE)
+    for level, heading, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+        if level == "####":
+            found[heading.strip().lower().replace(" ", "-")] = body
+    return found
+
+
+def test_every_alert_has_a_runbook_section() -> None:
+    """Each alert's runbook_url is ``docs/deploy.md#<its name>``, a section there with
+    Symptoms, Checks (a shell block of commands) and Fixes, in that order; no alert keeps
+    the old one-cell ``runbook`` annotation."""
+    sections = _sections()
+    alerts = [rule for rule in rules() if "alert" in rule]
+    assert alerts
+    for rule in alerts:
+        name, annotations = rule["alert"], rule["annotations"]
+        assert "runbook" not in annotations, name
+        path, _, anchor = annotations["runbook_url"].partition("#")
+        assert path == "docs/deploy.md" and anchor == name.lower(), name
+        assert anchor in sections, f"no section #### {name} in docs/deploy.md"
+        body = sections[anchor]
+        marks = [body.find(f"**{mark}") for mark in ("Symptoms", "Checks", "Fixes")]
+        assert -1 not in marks and marks == sorted(marks), f"{name}: {marks}"
+        checks = body[marks[1] : marks[2]]
+        assert re.search(r"```sh\n.*\S.*\n```", checks, flags=re.DOTALL), f"{name}: no commands"
