@@ -5,6 +5,7 @@ spoke export (or the agreed pending ones) and recording rules that exist."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,14 +17,17 @@ import yaml
 
 from deploy.dashboard import OUTPUT, render
 from tests.deploy.conftest import Live
+from tests.deploy.k8s_support import K8S
 from tests.deploy.prom_support import PENDING, exported_names, metric_names, recorded_names, rules
 
 VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$node": ".*"}
 QUESTIONS = [
     "Is the GPU fed?",
     "Is the link full?",
+    "Is the hub serving?",
     "How warm is the cache?",
     "Is the region's mesh sharing?",
+    "Are Strata's pods within their resources?",
     "Is anything wrong?",
 ]
 
@@ -107,3 +111,59 @@ def test_every_metric_is_exported(live: Live) -> None:
     for where, expr in {**expressions(_dashboard()), **rule_exprs}.items():
         missing = metric_names(expr) - exported - set(PENDING)
         assert not missing, f"{where} uses metrics nothing exports: {sorted(missing)}"
+
+
+def _row(board: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """The panels under the row ``title``."""
+    panels = board["panels"]
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == title)
+    rest = panels[start + 1 :]
+    end = next((i for i, p in enumerate(rest) if p["type"] == "row"), len(rest))
+    return rest[:end]
+
+
+def test_hub_and_resource_panels() -> None:
+    """The hub's row shows requests by code, bytes served, replicas and catalog up, limit
+    refusals and streams; the resource row CPU, memory against the limit and the cache
+    disk."""
+    board = _dashboard()
+    hub = " ".join(t["expr"] for p in _row(board, "Is the hub serving?") for t in p["targets"])
+    for name in (
+        "strata_hub_requests_total",
+        "strata:hub_blocks_served_bytes:rate1m",
+        "strata:hub_catalog_up:ratio",
+        "strata:hub_replicas_up:ratio",
+        "strata_hub_limit_refusals_total",
+        "strata_hub_active_streams",
+    ):
+        assert name in hub, name
+    assert "sum by (method, code)" in hub
+    row = _row(board, "Are Strata's pods within their resources?")
+    resources = " ".join(t["expr"] for p in row for t in p["targets"])
+    for name in (
+        "container_cpu_usage_seconds_total",
+        "strata:container_memory_working_set:ratio_limit",
+        "node_filesystem_avail_bytes",
+        "strata_spoke_cache_capacity_bytes",
+    ):
+        assert name in resources, name
+
+
+def test_node_picker_lists_node_names() -> None:
+    """$node offers the spokes' ``node`` label (node names, which the ServiceMonitor and
+    prometheus.yml set), and every panel filters on that label, never on a pod's address."""
+    board = _dashboard()
+    (node,) = [v for v in board["templating"]["list"] if v["name"] == "node"]
+    assert node["definition"] == "label_values(strata_spoke_cache_used_bytes, node)"
+    raw = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    raw += [note["expr"] for note in board["annotations"]["list"]]
+    filtered = [expr for expr in raw if "$node" in expr]
+    assert len(filtered) > 20
+    for expr in filtered:
+        assert re.search(r'\bnode=~"\$node"', expr), expr
+        assert "instance=~" not in expr, expr
+    monitor = yaml.safe_load((K8S / "base" / "spoke" / "servicemonitor.yaml").read_text())
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in (
+        endpoint["relabelings"]
+    )
