@@ -115,7 +115,7 @@ def test_every_metric_is_exported(live: Live) -> None:
 
 def _row(board: dict[str, Any], title: str) -> list[dict[str, Any]]:
     """The panels under the row ``title``."""
-    panels = board["panels"]
+    panels: list[dict[str, Any]] = board["panels"]
     start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == title)
     rest = panels[start + 1 :]
     end = next((i for i, p in enumerate(rest) if p["type"] == "row"), len(rest))
