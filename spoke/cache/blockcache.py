@@ -43,7 +43,8 @@ from enum import Enum
 from spoke import metrics
 from spoke.cache.arc import ARCPolicy
 from spoke.cache.policy import EvictionPolicy
-from spoke.cache.store import BlockStore
+from spoke.cache.staging import Staged
+from spoke.cache.store import BlockStore, Received
 from spoke.cache.writer import BlockWriter
 
 log = logging.getLogger(__name__)
@@ -170,9 +171,10 @@ class BlockCache:
     # -- admission and access ---------------------------------------------------------
 
     async def admit(
-        self, digest: str, data: bytes, placement: Placement = Placement.DEMAND
+        self, digest: str, data: Received, placement: Placement = Placement.DEMAND
     ) -> None:
-        """Write a verified block to disk and account for it.
+        """Write a verified block to disk (or rename its staged file into place,
+        :mod:`spoke.cache.staging`) and account for it.
 
         The block is written only when it fits within ``capacity_bytes`` next to the
         resident blocks and the admissions being written, after evicting what the policy
@@ -183,11 +185,14 @@ class BlockCache:
 
         Raises:
             PrefetchRefused: an ``AHEAD`` block and no free room; nothing was written.
+                (On every error a staged block's temporary file is left to the caller.)
             CacheFull: no room within the cache size or on the filesystem, and nothing
                 evictable (everything pinned or held); nothing was written.
             OSError: another write failure; the cache is unchanged.
         """
         if self.contains(digest):
+            if isinstance(data, Staged):
+                data.discard()
             return
         size = len(data)
         if placement is Placement.AHEAD and size > self.prefetch_room:

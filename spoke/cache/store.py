@@ -16,8 +16,12 @@ from dataclasses import dataclass
 
 import lmdb
 
+from spoke.cache.staging import DirectWrites, Staged, write_block_file
 from spoke.disk.encryption import BlockCipher, CorruptBlock
 from spoke.disk.layout import TMP_PREFIX, CacheLayout, block_digest, is_digest
+
+Received = bytes | Staged
+"""A verified block as the cache takes it: its bytes, or its staged file."""
 
 _ENTRY = struct.Struct(">QQ")  # size (bytes), recency tick
 MAP_SIZE = 1 << 36  # 64 GiB of address space for the index; LMDB files grow sparsely
@@ -49,6 +53,7 @@ class BlockStore:
         self.cipher = cipher
         self._env = env
         self._db = env.open_db(b"blocks")
+        self._direct = DirectWrites()
         layout.blocks_dir.mkdir(parents=True, exist_ok=True)
 
     def recover(self) -> list[StoredBlock]:
@@ -94,7 +99,7 @@ class BlockStore:
         blocks.sort(key=lambda b: b.tick)
         return blocks
 
-    def write(self, digest: str, data: bytes, tick: int) -> None:
+    def write(self, digest: str, data: Received, tick: int) -> None:
         """Store a verified block atomically and index it.
 
         Raises:
@@ -104,9 +109,52 @@ class BlockStore:
         if error is not None:
             raise error
 
-    def write_many(self, blocks: Sequence[tuple[str, bytes, int]]) -> list[OSError | None]:
-        """Store several verified ``(digest, bytes, tick)`` blocks, indexing them in one
-        transaction (one index commit, hence one disk flush, for the lot).
+    def stage(self, digest: str, data: memoryview, direct: bool) -> Staged:
+        """Write a verified block to its temporary file, for admission later
+        (:mod:`spoke.cache.staging`); safe from any thread (no index access).
+
+        Args:
+            digest: The block's digest (its bytes were checked against it).
+            data: Its bytes, starting on a page boundary (an ``mmap``) when ``direct``.
+            direct: Write it with ``O_DIRECT`` (a block fetched ahead of any reader).
+
+        Raises:
+            OSError: the write failed (e.g. ENOSPC); nothing is left behind.
+        """
+        path = str(self.layout.block_path(digest))
+        tmp = f"{path[: -len(digest) - 1]}/{TMP_PREFIX}{digest}"
+        sealed = self.cipher is not None
+        payload: bytes | memoryview = data
+        if self.cipher is not None:
+            payload, direct = self.cipher.seal(digest, data), False
+        try:
+            try:
+                write_block_file(tmp, payload, self._direct if direct else None)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(tmp), exist_ok=True)
+                write_block_file(tmp, payload, self._direct if direct else None)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return Staged(digest, len(data), tmp, sealed)
+
+    def read_staged(self, staged: Staged) -> bytes:
+        """A staged block's bytes (opened when sealed), for a block the cache did not
+        admit but whose readers wait (stream-through).
+
+        Raises:
+            OSError: the file cannot be read.
+            CorruptBlock: a sealed file fails authentication.
+        """
+        with open(staged.path, "rb") as file:
+            data = file.read()
+        return self.cipher.open(staged.digest, data) if staged.sealed and self.cipher else data
+
+    def write_many(self, blocks: Sequence[tuple[str, Received, int]]) -> list[OSError | None]:
+        """Store several verified ``(digest, bytes or staged file, tick)`` blocks, indexing
+        them in one transaction (one index commit, hence one disk flush, for the lot); a
+        staged block's file is renamed into place.
 
         Returns:
             Per block, None when it was stored, or the OSError that refused it (e.g.
@@ -119,7 +167,10 @@ class BlockStore:
         errors: list[OSError | None] = []
         for digest, data, _tick in blocks:
             try:
-                self._write_file(digest, data)
+                if isinstance(data, Staged):
+                    os.replace(data.path, str(self.layout.block_path(digest)))
+                else:
+                    self._write_file(digest, data)
             except OSError as err:
                 errors.append(err)
             else:

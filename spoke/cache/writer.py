@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from spoke.cache.store import BlockStore
+from spoke.cache.store import BlockStore, Received
 
 
 class BlockWriter:
@@ -26,10 +26,10 @@ class BlockWriter:
         self._store = store
         self._most_blocks = most_blocks
         self._most_bytes = most_bytes
-        self._queue: list[tuple[str, bytes, int, asyncio.Future[None]]] = []
+        self._queue: list[tuple[str, Received, int, asyncio.Future[None]]] = []
         self._task: asyncio.Task[None] | None = None
 
-    async def write(self, digest: str, data: bytes, tick: int) -> None:
+    async def write(self, digest: str, data: Received, tick: int) -> None:
         """Store a verified block (as :meth:`BlockStore.write`), batched with others.
 
         Raises:

@@ -21,6 +21,8 @@ from typing import Protocol
 
 from spoke import metrics
 from spoke.cache.blockcache import BlockCache, CacheFull, Placement, PrefetchRefused
+from spoke.cache.staging import Staged
+from spoke.cache.store import Received
 from spoke.disk.layout import block_digest
 from spoke.errors import CorruptBlock, HubUnavailable, MissDeadline, SpokeError
 from spoke.fetch.deadlines import RETRIED, Deadlines, ReaderWait
@@ -71,6 +73,9 @@ class Fetcher:
         self.source = source
         self.cache = cache
         self.deadlines = Deadlines(miss_deadline, stream_timeout)
+        # a source that hashes what it yields (the bulk channel's receive threads,
+        # spoke/hublink/bulk.py) is not hashed twice, on the loop
+        self._verified = bool(getattr(source, "verifies", False))
 
     @property
     def name(self) -> str:
@@ -139,7 +144,9 @@ class Fetcher:
                 if first:
                     listener.first_bytes(time.monotonic() - started, len(data))
                     first = False
-                if block_digest(data) != digest:
+                if not (self._verified or isinstance(data, Staged)) and (
+                    block_digest(data) != digest
+                ):
                     metrics.CORRUPT_BLOCKS.inc()
                     raise CorruptBlock(f"block {digest} failed verification")
                 self.deadlines.delivered()
@@ -160,37 +167,46 @@ class Fetcher:
         if pending:
             raise HubUnavailable(f"stream ended with {len(pending)} blocks missing")
 
-    async def _admit(self, digest: str, data: bytes, listener: FetchListener) -> None:
+    async def _admit(self, digest: str, data: Received, listener: FetchListener) -> None:
         """Cache a verified block and resolve it; never raises.
 
         A block the cache cannot take (disk full with nothing evictable, or a failed
-        write) is resolved with its bytes instead, so readers waiting for it still succeed.
+        write) is resolved with its bytes instead, so readers waiting for it still succeed
+        (a staged block's are read back from its file, which is then deleted).
         """
         try:
             await self.cache.admit(digest, data, listener.placement(digest))
         except PrefetchRefused as err:  # nobody waits for it: the cache is under pressure
             log.debug("%s", err)
-            listener.resolved(digest, None, _owned(data))
+            await self._through(digest, data, listener)
             return
         except CacheFull as err:
             log.warning("%s; streaming the block through uncached", err)
             metrics.STREAMED_THROUGH.inc()
-            listener.resolved(digest, None, _owned(data))
+            await self._through(digest, data, listener)
             return
         except Exception:
             log.exception("could not cache block %s; streaming it through uncached", digest)
             metrics.STREAMED_THROUGH.inc()
-            listener.resolved(digest, None, _owned(data))
+            await self._through(digest, data, listener)
             return
         listener.resolved(digest, None, None)
+
+    async def _through(self, digest: str, data: Received, listener: FetchListener) -> None:
+        """Resolves a block the cache did not take with its bytes, as ``bytes`` (a source
+        may hand over a ``bytearray`` it received in place, or a staged file)."""
+        if isinstance(data, Staged):
+            staged = data
+            try:
+                data = await asyncio.to_thread(self.cache.store.read_staged, staged)
+            except Exception as err:  # its file is gone or unreadable: the readers retry
+                listener.resolved(digest, HubUnavailable(f"block {digest} lost: {err}"), None)
+                return
+            finally:
+                staged.discard()
+        listener.resolved(digest, None, data if type(data) is bytes else bytes(data))
 
     @staticmethod
     def _fail(digests: Iterable[str], error: BaseException, listener: FetchListener) -> None:
         for digest in list(digests):
             listener.resolved(digest, error, None)
-
-
-def _owned(data: bytes) -> bytes:
-    """``data`` as ``bytes`` for the readers it is streamed through to (a source may hand
-    over a ``bytearray`` it received in place)."""
-    return data if type(data) is bytes else bytes(data)

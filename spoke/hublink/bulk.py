@@ -2,10 +2,14 @@
 
 Block bytes come over plain TCP (TLS when the hub link is TLS) beside the gRPC channel,
 which stays the control plane. A call's blocks are received by one of ``workers`` threads
-(:class:`BulkSource`): it sends the request, ``recv_into``s each block into a buffer of its
-own size (the one copy, by the kernel), verifies it (xxh3-128 releases the GIL) and hands
-it to the event loop, which only admits it. Receiving, verifying and the socket waits run
-off the loop and outside the GIL, so ``workers`` streams use as many cores.
+(:class:`BulkSource`): it sends the request, ``recv_into``s each block into a page-aligned
+buffer it re-uses (the one copy, by the kernel), verifies it (xxh3-128 releases the GIL)
+and writes it to the block's temporary file (``stage``,
+:meth:`spoke.cache.store.BlockStore.stage`; ``O_DIRECT`` for blocks nobody waits for yet,
+:mod:`spoke.cache.staging`), then hands the event loop a
+:class:`~spoke.cache.staging.Staged`: the loop only admits it (room, a rename, the index,
+the policy). Receiving, verifying, writing and the socket waits run off the loop and
+outside the GIL, so ``workers`` streams use as many cores.
 
 Connections are kept between calls (one per worker at most, re-used by the next call on
 any worker); a connection whose call failed or was cancelled is closed. The request
@@ -20,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
+import mmap
 import socket
 import ssl
 import threading
@@ -32,11 +38,23 @@ import grpc
 from protocol import bulk
 from protocol.address import parse_hostport
 from spoke import metrics
+from spoke.cache.staging import Staged
+from spoke.cache.store import Received
 from spoke.disk.layout import block_digest
 from spoke.errors import CorruptBlock, HubUnavailable
 from spoke.fetch.priority import Priority
 from spoke.hublink.client import HubClient
 from spoke.hublink.source import status_error
+
+log = logging.getLogger(__name__)
+
+Stage = Callable[[str, memoryview, bool], Staged]
+"""Writes a verified block to its temporary file: ``(digest, bytes, direct)``
+(:meth:`spoke.cache.store.BlockStore.stage`)."""
+
+AHEAD_BYTES = 16 << 20
+"""Most bytes of one call's blocks received (and staged) that the loop has not yet taken
+(the fetcher's ``ADMIT_AHEAD_BYTES``)."""
 
 CONNECT_TIMEOUT_S = 10.0
 """Longest a connection (and its TLS handshake) may take, seconds."""
@@ -50,38 +68,54 @@ class _Call:
     """What one call's worker hands the event loop: blocks, then the end (or an error).
 
     The worker appends under a lock and wakes the loop only when the loop waits for it
-    (one ``call_soon_threadsafe`` for a run of blocks, not one per block)."""
+    (one ``call_soon_threadsafe`` for a run of blocks, not one per block). It waits while
+    the blocks the loop has not taken reach :data:`AHEAD_BYTES`, so a loop slow to admit
+    holds back the receive (and what is staged on disk ahead of admission) instead of
+    letting a whole batch pile up."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.items: collections.deque[object] = collections.deque()
         self.lock = threading.Lock()
+        self.room = threading.Condition(self.lock)
+        self.ahead = 0
         self.waiter: asyncio.Future[None] | None = None
         self.cancelled = False
         self.sock: socket.socket | None = None
 
     def put(self, item: object) -> None:
+        """Appends ``item`` (from the worker), after waiting for room for a block."""
+        size = len(item[1]) if isinstance(item, tuple) else 0
         with self.lock:
+            while self.ahead and self.ahead + size > AHEAD_BYTES and not self.cancelled:
+                self.room.wait()
             self.items.append(item)
+            self.ahead += size
             waiter, self.waiter = self.waiter, None
         if waiter is not None:
             self.loop.call_soon_threadsafe(_wake, waiter)
 
     async def get(self) -> object:
+        """The next item (on the loop), waiting for the worker when there is none."""
         while True:
             with self.lock:
                 if self.items:
-                    return self.items.popleft()
+                    item = self.items.popleft()
+                    if isinstance(item, tuple):
+                        self.ahead -= len(item[1])
+                        self.room.notify()
+                    return item
                 self.waiter = self.loop.create_future()
                 waiter = self.waiter
             await waiter
 
     def cancel(self) -> None:
         """Ends a call the loop stopped waiting for: its socket is shut down, so a
-        blocked receive returns at once."""
+        blocked receive returns at once, and a worker waiting for room goes on."""
         with self.lock:
             self.cancelled = True
             sock = self.sock
+            self.room.notify_all()
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -100,9 +134,13 @@ class BulkSource:
             and name.
         port: the hub's bulk port (``strata-hub serve --bulk-port``).
         workers: threads receiving blocks; each runs one call at a time.
+        stage: writes a verified block to its temporary file from the receiving thread
+            (:meth:`spoke.cache.store.BlockStore.stage`): the thread then re-uses one
+            page-aligned buffer and hands the loop a :class:`~spoke.cache.staging.Staged`.
+            None: each block is copied out of that buffer and handed over in memory.
     """
 
-    def __init__(self, hub: HubClient, port: int, workers: int) -> None:
+    def __init__(self, hub: HubClient, port: int, workers: int, stage: Stage | None = None) -> None:
         if workers < 1:
             raise ValueError("--fetch-workers must be at least 1")
         if not 0 < port <= 65535:
@@ -116,6 +154,12 @@ class BulkSource:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="strata-bulk")
         self._idle: list[tuple[socket.socket, object]] = []
         self._idle_lock = threading.Lock()
+        self._stage = stage
+        self._buffers = threading.local()  # each receive thread's page-aligned buffer
+
+    verifies = True
+    """Every block it yields was hashed against its digest (by its receive thread), so the
+    fetcher does not hash it again (:class:`~spoke.fetch.fetcher.Fetcher`)."""
 
     @property
     def name(self) -> str:
@@ -141,15 +185,17 @@ class BulkSource:
             NotFound, InvalidRequest, AccessDenied, HubUnavailable: as the gRPC path.
             CorruptBlock: a block's bytes do not match its digest.
         """
-        del priority  # the hub serves every class alike
         loop = asyncio.get_running_loop()
         call = _Call(loop)
         self.hub.credentials.refresh_tls()
         material = self.hub.credentials.material
         token = _token(self.hub.credentials.metadata())
         deadline = time.monotonic() + timeout
+        # the hub serves every class alike; a block nobody waits for yet bypasses the
+        # page cache (spoke/cache/staging.py)
+        direct = priority != Priority.DEMAND
         work = loop.run_in_executor(
-            self._pool, self._receive, call, list(blocks), token, material, deadline
+            self._pool, self._receive, call, list(blocks), token, material, deadline, direct
         )
         try:
             while True:
@@ -169,6 +215,9 @@ class BulkSource:
             call.cancel()
             with contextlib.suppress(BaseException):
                 await work
+            for item in call.items:  # staged and never taken: not a block, not kept
+                if isinstance(item, tuple) and isinstance(item[1], Staged):
+                    item[1].discard()
 
     def _receive(
         self,
@@ -177,6 +226,7 @@ class BulkSource:
         token: str,
         material: object,
         deadline: float,
+        direct: bool,
     ) -> None:
         """One call, in a worker thread: every block to ``call``, then the end; an error
         instead of the rest."""
@@ -192,7 +242,7 @@ class BulkSource:
                 part = blocks[start : start + bulk.MAX_DIGESTS]
                 sock.sendall(bulk.encode_request(token, [d for d, _ in part]))
                 for digest, size in part:
-                    call.put(self._block(sock, digest, size, deadline))
+                    call.put(self._block(sock, digest, size, deadline, direct))
             with call.lock:  # from here on, a cancel must not shut the kept socket down
                 call.sock = None
                 reusable = not call.cancelled
@@ -208,8 +258,9 @@ class BulkSource:
                     sock.close()
 
     def _block(
-        self, sock: socket.socket, digest: str, size: int, deadline: float
-    ) -> tuple[str, bytearray]:
+        self, sock: socket.socket, digest: str, size: int, deadline: float, direct: bool
+    ) -> tuple[str, Received]:
+        """One block off the wire, verified; staged when the source stages."""
         sock.settimeout(max(0.001, deadline - time.monotonic()))
         head = _recv_exactly(sock, bulk.BLOCK_HEAD.size)
         code, got, length = bulk.parse_block_head(head)
@@ -221,11 +272,30 @@ class BulkSource:
                 f"hub {self.hub.target} bulk stream out of order: got {got} ({length} bytes), "
                 f"expected {digest} (at most {size})"
             )
-        data = _recv_exactly(sock, length)
-        if block_digest(data) != digest:
+        view = self._buffer(length)
+        _recv_into(sock, view)
+        if block_digest(view) != digest:
             metrics.CORRUPT_BLOCKS.inc()
             raise CorruptBlock(f"block {digest} failed verification")
-        return digest, data
+        if self._stage is None:
+            return digest, bytes(view)
+        try:
+            return digest, self._stage(digest, view, direct)
+        except OSError as err:  # e.g. ENOSPC: the cache decides what to do with the bytes
+            log.debug("staging block %s failed (%s); handing it over in memory", digest, err)
+            return digest, bytes(view)
+
+    def _buffer(self, size: int) -> memoryview:
+        """This thread's page-aligned receive buffer, ``size`` bytes of it (grown by
+        doubling to the largest block seen)."""
+        buffer: mmap.mmap | None = getattr(self._buffers, "mmap", None)
+        if buffer is None or len(buffer) < size:
+            if buffer is not None:
+                buffer.close()
+            capacity = max(size, 2 * len(buffer) if buffer is not None else 0, 1 << 16)
+            buffer = mmap.mmap(-1, -(-capacity // mmap.PAGESIZE) * mmap.PAGESIZE)
+            self._buffers.mmap = buffer
+        return memoryview(buffer)[:size]
 
     def _connection(self, material: object, deadline: float) -> socket.socket:
         with self._idle_lock:
@@ -291,6 +361,21 @@ def _token(metadata: tuple[tuple[str, str], ...]) -> str:
         if key == "authorization":
             return value.partition(" ")[2].strip()
     return ""
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    """Fills ``view`` from ``sock``.
+
+    Raises:
+        EOFError: the connection ended first.
+        TimeoutError, OSError: as the socket.
+    """
+    got, size = 0, len(view)
+    while got < size:
+        n = sock.recv_into(view[got:])
+        if not n:
+            raise EOFError(f"connection closed after {got} of {size} bytes")
+        got += n
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytearray:

@@ -33,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
 
+from spoke.cache.store import Received
 from spoke.catalog.blockscope import BlockScope
 from spoke.disk.layout import block_digest
 from spoke.fetch.priority import Priority
@@ -44,7 +45,7 @@ from spoke.mesh.peerclient import MIN_RATE_BPS, PeerError
 
 log = logging.getLogger(__name__)
 
-_Item = tuple[str, bytes] | BaseException
+_Item = tuple[str, Received] | BaseException
 
 STAY_LIVE = frozenset(
     {"not_found", "invalid_argument", "permission_denied", "resource_exhausted", "deadline"}
@@ -124,7 +125,7 @@ class MeshSource:
 
     async def read_blocks(
         self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
-    ) -> AsyncIterator[tuple[str, bytes]]:
+    ) -> AsyncIterator[tuple[str, Received]]:
         """As :meth:`BlockSource.read_blocks`, but in arrival order; peers' blocks are
         verified here (a bad one is fetched from the hub instead).
 
@@ -164,7 +165,7 @@ class MeshSource:
 
     async def _from_hub(
         self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
-    ) -> AsyncIterator[tuple[str, bytes]]:
+    ) -> AsyncIterator[tuple[str, Received]]:
         started = time.monotonic()
         try:
             async for digest, data in self.hub.read_blocks(blocks, timeout, priority):
@@ -175,7 +176,7 @@ class MeshSource:
             metrics.SOURCE_SECONDS.labels("hub").observe(time.monotonic() - started)
 
     @staticmethod
-    async def _into(stream: AsyncIterator[tuple[str, bytes]], out: asyncio.Queue[_Item]) -> None:
+    async def _into(stream: AsyncIterator[tuple[str, Received]], out: asyncio.Queue[_Item]) -> None:
         try:
             async for item in stream:
                 out.put_nowait(item)

@@ -134,7 +134,9 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         stack.push_async_callback(catalog.close)
         source: BlockSource = HubSource(hub)
         if settings.hub_bulk_port is not None:  # block bytes beside gRPC (hublink/bulk.py)
-            bulk = BulkSource(hub, settings.hub_bulk_port, settings.fetch_workers)
+            bulk = BulkSource(
+                hub, settings.hub_bulk_port, settings.fetch_workers, stage=cache.store.stage
+            )
             stack.callback(bulk.close)
             source = bulk
         mesh = (
