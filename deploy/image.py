@@ -2,15 +2,28 @@
 
     python -m deploy.image [--target runtime|trainer] [--tag 0.1.0] [--context build/image]
 
-Three steps, each skipped when its output is already there:
+Four steps, each skipped when its output is already there:
 
-1. the Debian base image ``localhost/strata-base:bookworm``: ``mmdebstrap`` (minbase,
-   with python3, python3-venv, fuse3 and ca-certificates) writes a root filesystem
-   tarball, ``podman import`` turns it into an image. The build then uses it by its
-   content digest (``localhost/strata-base@sha256:…``, recorded in the image's
-   ``org.opencontainers.image.base.digest`` label); ``--base-digest`` (or
+1. the Debian base images ``localhost/strata-base:bookworm`` and, for the native stage
+   only, ``localhost/strata-build-base:bookworm`` (the same with a C compiler, meson,
+   ninja, dpkg-dev and Python's headers): ``mmdebstrap`` (minbase, with python3,
+   python3-venv, fuse3 and ca-certificates; apt checks every package) writes a root
+   filesystem tarball, ``podman import`` turns it into an image. The build then uses the
+   base by its content digest (``localhost/strata-base@sha256:…``, recorded in the
+   image's ``org.opencontainers.image.base.digest`` label); ``--base-digest`` (or
    ``$STRATA_BASE_DIGEST``) refuses any other base, so a vetted base stays the base;
-2. wheels of Strata and its dependencies, built on this machine by ``pip wheel`` into
+2. what FUSE passthrough and mount hand-over need (native/DESIGN.md): ``native/build.sh
+   fetch`` on this machine fetches the fuse3 source package (apt: the signed Sources
+   index, each file's hash), the pyfuse3 sdist and the wheels of
+   ``native/build-requirements.txt`` (pip, ``--require-hashes``) into ``CONTEXT/native-src``
+   with their hashes in ``SHA256SUMS``; the Containerfile's ``native-build`` stage checks
+   them again and runs ``native/build.sh libfuse`` and ``pyfuse3`` offline (libfuse >=
+   3.17, pyfuse3 with ``native/pyfuse3-passthrough.patch``), tagged
+   ``localhost/strata-native:KEY``, KEY a hash of native/, the sources' hashes, that
+   stage's text and the build base's digest: built once per change of any of them. The
+   runtime image copies only its results (libfuse's shared library, the pyfuse3 wheel
+   installed over the lock's): no compiler, no headers;
+3. wheels of Strata and its dependencies, built on this machine by ``pip wheel`` into
    ``CONTEXT/wheels``, exactly the versions of ``requirements.lock`` with their hashes
    checked (``CONTEXT/wheels-train`` for the trainer: ``requirements-torch.lock``, the CPU
    build of torch, and ``requirements-dev.lock``, which holds the ``train`` extra's
@@ -20,7 +33,7 @@ Three steps, each skipped when its output is already there:
    against the lock, and written with each wheel's own hash to ``locked.txt`` (the
    dependencies) and ``project.txt`` (Strata) in the wheel directory: the Containerfile
    installs the first with ``--require-hashes`` and the second with ``--no-deps``;
-3. ``podman build --network=host`` of deploy/Containerfile's ``--target`` stage,
+4. ``podman build --network=host`` of deploy/Containerfile's ``--target`` stage,
    tagged ``localhost/strata:TAG`` (``localhost/strata-train:TAG`` for the trainer), with
    the OCI labels ``org.opencontainers.image.version`` (the project's version),
    ``revision`` (the git commit, ``-dirty`` with uncommitted changes), ``created``
@@ -28,7 +41,8 @@ Three steps, each skipped when its output is already there:
    remote, else this checkout's ``file://`` path).
 
 The host network is used on purpose: podman's default bridge hands out private-range
-addresses, and the build needs no network at all (pip installs from the wheels only).
+addresses, and the build needs no network at all (pip installs from the wheels only, the
+native stage builds from the fetched sources).
 Exit status 0 on success, 1 when a step fails (its output is shown), 2 when a tool is
 missing.
 """
@@ -55,6 +69,18 @@ REPO = Path(__file__).resolve().parent.parent
 CONTAINERFILE = REPO / "deploy" / "Containerfile"
 BASE = "localhost/strata-base:bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "fuse3", "ca-certificates")
+BUILD_BASE = "localhost/strata-build-base:bookworm"
+BUILD_PACKAGES = (
+    *BASE_PACKAGES,
+    *("python3-dev", "gcc", "libc6-dev", "pkg-config", "meson", "ninja-build"),
+    *("dpkg-dev", "patch", "xz-utils"),
+)
+"""The native stage's base: what ``native/build.sh`` needs to build libfuse and pyfuse3."""
+NATIVE = "localhost/strata-native"
+NATIVE_DIR = REPO / "native"
+NATIVE_FILES = ("build.sh", "pyfuse3-passthrough.patch", "build-requirements.txt")
+"""What the native stage runs (copied into ``CONTEXT/native``)."""
+NATIVE_STAGE = "native-build"
 LOCKS = {
     "runtime": ("requirements.lock",),
     "trainer": ("requirements-torch.lock", "requirements-dev.lock"),
@@ -95,8 +121,10 @@ def _exists(image: str) -> bool:
     return subprocess.run(["podman", "image", "exists", image], check=False).returncode == 0
 
 
-def ensure_base(context: Path, image: str = BASE) -> None:
-    """Makes the Debian base image with mmdebstrap unless podman already has it."""
+def ensure_base(
+    context: Path, image: str = BASE, packages: tuple[str, ...] = BASE_PACKAGES
+) -> None:
+    """Makes a Debian base image with mmdebstrap unless podman already has it."""
     if _exists(image):
         return
     tarball = context / "base.tar"
@@ -106,7 +134,7 @@ def ensure_base(context: Path, image: str = BASE) -> None:
             "--variant=minbase",
             "--mode=root",
             "--format=tar",
-            f"--include={','.join(BASE_PACKAGES)}",
+            f"--include={','.join(packages)}",
             '--aptopt=Acquire::Languages "none"',
             "--dpkgopt=path-exclude=/usr/share/doc/*",
             "--dpkgopt=path-exclude=/usr/share/man/*",
@@ -289,6 +317,106 @@ def build_wheels(context: Path, trainer: bool) -> Path:
     return wheels
 
 
+def _sums(path: Path) -> dict[str, str]:
+    """The ``sha256  file`` lines of a SHA256SUMS file, by file name."""
+    out = {}
+    for line in path.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        out[name] = digest
+    return out
+
+
+def _native_inputs() -> str:
+    """A hash of what ``native/build.sh fetch`` fetches by (the script, the build
+    requirements): fetched sources of other inputs are fetched again."""
+    digest = hashlib.sha256()
+    for name in ("build.sh", "build-requirements.txt"):
+        digest.update(name.encode() + b"\0" + (NATIVE_DIR / name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def fetch_native(context: Path) -> Path:
+    """``CONTEXT/native-src``: the sources of libfuse and pyfuse3 and the wheels that build
+    them, fetched by ``native/build.sh fetch`` (apt's signed index and pip's
+    ``--require-hashes`` check them), kept while every file matches its SHA256SUMS line
+    and native/ fetches the same; and ``CONTEXT/native``: native/'s files the stage runs.
+
+    Raises:
+        ImageError: the fetch failed (a hash mismatch, no archive, no network).
+    """
+    sources = context / "native-src"
+    stamp = context / "native-src.inputs"
+    sums = sources / "SHA256SUMS"
+    fresh = stamp.exists() and stamp.read_text() == _native_inputs() and sums.exists()
+    if fresh:
+        fresh = all(
+            (sources / name).is_file() and _sha256(sources / name) == digest
+            for name, digest in _sums(sums).items()
+        )
+    if not fresh:
+        stamp.unlink(missing_ok=True)
+        _run([str(NATIVE_DIR / "build.sh"), "fetch", str(sources)])
+        stamp.write_text(_native_inputs())
+    scripts = context / "native"
+    shutil.rmtree(scripts, ignore_errors=True)
+    scripts.mkdir()
+    for name in NATIVE_FILES:
+        shutil.copy2(NATIVE_DIR / name, scripts / name)
+    return sources
+
+
+def native_stage_text(containerfile: Path = CONTAINERFILE) -> str:
+    """The Containerfile's native-build stage, from its ``FROM`` to the next ``FROM``."""
+    text = containerfile.read_text()
+    match = re.search(rf"^FROM \S+ AS {NATIVE_STAGE}\n.*?(?=^FROM )", text, re.M | re.S)
+    if match is None:
+        raise ImageError(f"{containerfile} has no {NATIVE_STAGE} stage")
+    return match.group(0)
+
+
+def native_key(sources: Path, build_base: str) -> str:
+    """What the native image is built from, as one hash: native/'s files, the fetched
+    sources' hashes, the stage's text and the build base's digest."""
+    digest = hashlib.sha256()
+    parts = [(NATIVE_DIR / name).read_bytes() for name in NATIVE_FILES]
+    parts += [(sources / "SHA256SUMS").read_bytes(), native_stage_text().encode()]
+    parts.append(build_base.encode())
+    for part in parts:
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()[:16]
+
+
+def ensure_native(context: Path) -> str:
+    """The native image (``localhost/strata-native:KEY``: libfuse >= 3.17 and the patched
+    pyfuse3's wheel under /opt/strata-native), built from the fetched sources unless
+    podman has it already; returns its name.
+
+    Raises:
+        ImageError: a step failed.
+    """
+    sources = fetch_native(context)
+    ensure_base(context, BUILD_BASE, BUILD_PACKAGES)
+    digest = base_digest(BUILD_BASE)
+    image = f"{NATIVE}:{native_key(sources, digest)}"
+    if _exists(image):
+        return image
+    _run(
+        [
+            "podman",
+            "build",
+            "--network=host",
+            *ulimit_args(),
+            f"--target={NATIVE_STAGE}",
+            "--pull=never",
+            f"--build-arg=BUILD_BASE={BUILD_BASE.rpartition(':')[0]}@{digest}",
+            f"--tag={image}",
+            f"--file={CONTAINERFILE}",
+            str(context),
+        ]
+    )
+    return image
+
+
 def base_digest(image: str = BASE) -> str:
     """The manifest digest (``sha256:…``) of a local image.
 
@@ -337,7 +465,7 @@ def build(
     want_base: str | None = None,
     source: str | None = None,
 ) -> str:
-    """All three steps; returns the image name. ``want_base``: the only base digest to
+    """All four steps; returns the image name. ``want_base``: the only base digest to
     accept (default ``$STRATA_BASE_DIGEST``, else whatever the base is).
 
     Raises:
@@ -351,6 +479,7 @@ def build(
         raise ImageError(f"{BASE} is {digest}, not the pinned {want_base}")
     base = f"{BASE.rpartition(':')[0]}@{digest}"
     trainer = target == "trainer"
+    native = [] if trainer else [f"--build-arg=NATIVE={ensure_native(context)}"]
     build_wheels(context, trainer)
     for name in ("wheels", "wheels-train"):  # the other stage's COPY needs its directory
         (context / name).mkdir(exist_ok=True)
@@ -365,6 +494,7 @@ def build(
             "--pull=never",
             "--no-cache",  # a cached image keeps an earlier build's labels (podman 4.3)
             f"--build-arg=BASE={base}",
+            *native,
             *(f"--label={key}={value}" for key, value in labels(source).items()),
             f"--label=org.opencontainers.image.base.name={BASE}",
             f"--label=org.opencontainers.image.base.digest={digest}",
