@@ -16,9 +16,13 @@ from tests.conftest import REPO_ROOT
 from tests.integration.hub_support import CertificateAuthority
 
 K8S = REPO_ROOT / "deploy" / "k8s"
-OVERLAYS = ("hub-region", "gpu-region", "train", "train-hostpath")
+OVERLAYS = ("hub-region", "hub-publish", "gpu-region", "train", "train-hostpath")
 
 Obj = dict[str, Any]
+
+HUB_ADDRESS = "203.0.113.10/32"
+"""What the tests write into overlays/gpu-region/hub-egress.yaml for SET-ME, as an
+operator writes the hub load balancer's address (a documentation address here)."""
 
 
 def create_hub_token(tokens: Path) -> str:
@@ -39,7 +43,8 @@ def create_hub_token(tokens: Path) -> str:
 def make_secrets(root: Path) -> None:
     """The secret files each overlay's secretGenerator reads, as an operator makes them
     (docs/deploy.md): a CA, the hub's server certificate, a spoke client certificate,
-    a managed token file with the spoke's token and S3 credentials."""
+    a managed token file with the spoke's token, S3 and catalog credentials for serve and
+    for publish, the catalog's CA, and the spokes' egress to the hub (hub-egress.yaml)."""
     pki = root / "pki"
     pki.mkdir()
     ca = CertificateAuthority(pki, "strata-ca")
@@ -52,14 +57,24 @@ def make_secrets(root: Path) -> None:
     shutil.copy(hub.key, secrets / "hub.key")
     shutil.copy(ca.pem.cert, secrets / "ca.crt")
     shutil.copy(pki / "tokens.yaml", secrets / "tokens.yaml")
-    (secrets / "s3-credentials").write_text(
-        "[default]\naws_access_key_id = strata\naws_secret_access_key = not-a-real-key\n"
-    )
+    for role in ("serve", "publish"):
+        (secrets / f"s3-{role}-credentials").write_text(
+            f"[default]\naws_access_key_id = strata-{role}\n"
+            "aws_secret_access_key = not-a-real-key\n"
+        )
+        (secrets / f"pgpass-{role}").write_text(
+            f"catalog.region-a.example.internal:5432:strata:strata_{role}:not-a-password\n"
+        )
     (secrets / "s3-config").write_text("[default]\nregion = a\n")
-    (secrets / "pgpass").write_text("catalog.example.internal:5432:strata:strata:not-a-password\n")
+    catalog_ca = CertificateAuthority(pki, "catalog-ca")
+    shutil.copy(catalog_ca.pem.cert, secrets / "catalog-ca.crt")
     keygen = [sys.executable, "-m", "hub", "keygen", str(secrets / "grant.key")]
     subprocess.run([*keygen, str(secrets / "grant.pub")], check=True, capture_output=True)
-    secrets = root / "overlays" / "gpu-region" / "secrets"
+    gpu = root / "overlays" / "gpu-region"
+    (gpu / "hub-egress.yaml").write_text(
+        (gpu / "hub-egress.example.yaml").read_text().replace("SET-ME/32", HUB_ADDRESS)
+    )
+    secrets = gpu / "secrets"
     secrets.mkdir()
     shutil.copy(ca.pem.cert, secrets / "ca.crt")
     shutil.copy(spoke.cert, secrets / "spoke.crt")
@@ -79,7 +94,7 @@ def make_secrets(root: Path) -> None:
 def copy_tree(tmp: Path) -> Path:
     """deploy/k8s copied to ``tmp`` with its secret files made; returns the copy."""
     root = tmp / "k8s"
-    shutil.copytree(K8S, root, ignore=shutil.ignore_patterns("secrets"))
+    shutil.copytree(K8S, root, ignore=shutil.ignore_patterns("secrets", "hub-egress.yaml"))
     make_secrets(root)
     return root
 

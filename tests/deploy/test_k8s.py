@@ -7,6 +7,7 @@ import base64
 import copy
 import hashlib
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -260,8 +261,17 @@ def test_renderer_refuses_what_it_does_not_know(tmp_path: Path) -> None:
         render(tmp_path)
 
 
+def _pod_spec(obj: Obj) -> Obj | None:
+    """The pod template's spec of a workload (a CronJob's through its jobTemplate)."""
+    spec = obj.get("spec", {})
+    if obj["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    template: Obj | None = spec.get("template", {}).get("spec")
+    return template
+
+
 def _containers(obj: Obj) -> list[Obj]:
-    spec = obj.get("spec", {}).get("template", {}).get("spec", {})
+    spec = _pod_spec(obj) or {}
     return [*spec.get("initContainers", []), *spec.get("containers", [])]
 
 
@@ -513,17 +523,18 @@ def test_hostpath_variant_reads_the_mount(
     assert hostpath_job == csi_job
 
 
-def test_hub_deployment(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
+def test_hub_statefulset(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
     hub_objects = objects["hub-region"]
-    deployment = hub_objects[("Deployment", "strata", "strata-hub")]
-    assert deployment["spec"]["replicas"] == 3, "stateless replicas over one shared catalog"
-    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    deployment = hub_objects[("StatefulSet", "strata", "strata-hub")]
+    assert deployment["spec"]["replicas"] == 3, "replicas over one shared catalog"
+    assert deployment["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     pod = deployment["spec"]["template"]["spec"]
     (hub,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in hub["env"]}
     assert env["STRATA_HUB_BLOBS"].startswith("s3://")
-    assert env["STRATA_HUB_CATALOG"].startswith("postgresql://strata@catalog.region-a")
-    assert ":" not in env["STRATA_HUB_CATALOG"].split("//")[1].split("@")[0], "no password"
+    catalog = _catalog_url(env["STRATA_HUB_CATALOG"])
+    assert catalog["user"] == "strata_serve" and catalog["host"].startswith("catalog.region-a")
+    assert catalog["password"] is None, "no password in the URL"
     assert not any("valueFrom" in e for e in hub["env"]) and "envFrom" not in hub, "no secret env"
     for variable, key in (
         ("PGPASSFILE", "pgpass"),
@@ -539,7 +550,14 @@ def test_hub_deployment(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> 
     assert grant["readOnly"]
     ready = hub["readinessProbe"]["httpGet"]
     assert ready["path"] == "/readyz" and ready["port"] == "metrics", "catalog reachability"
-    assert not any("persistentVolumeClaim" in v for v in pod["volumes"]), "nothing to keep"
+    # the replica's own files (its audit log) on a volume of its own that outlives the pod
+    data_dir = _flag(hub["args"], "--data-dir")
+    (data,) = [m for m in hub["volumeMounts"] if m["mountPath"] == data_dir]
+    (claim,) = deployment["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == data["name"]
+    assert data["name"] not in {v["name"] for v in pod["volumes"]}, "the claim's, not a volume"
+    retention = deployment["spec"]["persistentVolumeClaimRetentionPolicy"]
+    assert retention == {"whenDeleted": "Retain", "whenScaled": "Retain"}
     secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
     secrets |= {e["secretRef"]["name"] for e in hub.get("envFrom", [])}
     for name in secrets:
@@ -559,6 +577,20 @@ def test_hub_deployment(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> 
     assert pdb["spec"]["maxUnavailable"] == 1
 
 
+def _catalog_url(url: str) -> dict[str, Any]:
+    """A postgresql:// URL's parts: user, password, host, port, database and parameters."""
+    parts = urllib.parse.urlsplit(url)
+    assert parts.scheme == "postgresql", url
+    return {
+        "user": parts.username,
+        "password": parts.password,
+        "host": parts.hostname,
+        "port": parts.port,
+        "database": parts.path.lstrip("/"),
+        "params": dict(urllib.parse.parse_qsl(parts.query)),
+    }
+
+
 def _secret_file(objects: dict[tuple[str, str, str], Obj], name: str, key: str) -> bytes:
     return base64.b64decode(objects[("Secret", "strata", name)]["data"][key])
 
@@ -569,7 +601,7 @@ def test_hub_tokens_are_managed_hashed_and_expiring(
     """The hub's token Secret is a managed file (strata-hub token create): only SHA-256
     hashes, every token expiring, and the spokes' hub-token is one of them."""
     hub_objects = objects["hub-region"]
-    pod = hub_objects[("Deployment", "strata", "strata-hub")]["spec"]["template"]["spec"]
+    pod = hub_objects[("StatefulSet", "strata", "strata-hub")]["spec"]["template"]["spec"]
     (hub,) = pod["containers"]
     mount, volume = _mount_for(hub, pod, _flag(hub["args"], "--tokens"))
     key = _flag(hub["args"], "--tokens").removeprefix(mount["mountPath"] + "/")
@@ -605,19 +637,22 @@ def test_images_are_pinned_and_resources_set(
                 assert tag != "latest", (key, image)
                 limits: dict[str, Any] = container["resources"]["limits"]
                 assert "memory" in limits, f"{key} {container['name']} has no memory limit"
-    # the hub; the spoke's init, spoke, csi and node-driver-registrar; two example Jobs
-    assert seen == 7
+    # the hub; gc; the example publish; the spoke's init, spoke, csi and
+    # node-driver-registrar; two example Jobs
+    assert seen == 9
 
 
 def _pods(objects: dict[tuple[str, str, str], Obj]) -> list[tuple[tuple[str, str, str], Obj]]:
-    return [
-        (key, obj["spec"]["template"]["spec"])
-        for key, obj in objects.items()
-        if "template" in obj.get("spec", {})
-    ]
+    return [(key, pod) for key, obj in objects.items() if (pod := _pod_spec(obj)) is not None]
 
 
-REGION = {"hub-region": "a", "gpu-region": "b", "train": "b", "train-hostpath": "b"}
+REGION = {
+    "hub-region": "a",
+    "hub-publish": "a",
+    "gpu-region": "b",
+    "train": "b",
+    "train-hostpath": "b",
+}
 """The cluster each overlay is applied to: the training overlays go beside gpu-region."""
 
 
@@ -679,4 +714,5 @@ def test_no_service_account_token_and_secrets_not_world_readable(
                 if "secret" in volume:
                     mode = volume["secret"].get("defaultMode")
                     assert mode is not None and mode & 0o007 == 0, (key, volume)
-    assert seen == 4  # hub, spoke, the example Job and its hostPath variant
+    # hub, gc, the example publish, spoke, the example Job and its hostPath variant
+    assert seen == 6
