@@ -39,8 +39,16 @@ def hub(*args: str) -> subprocess.CompletedProcess[str]:
 
 def psql(server: PostgresServer, url: str) -> None:
     done = subprocess.run(
-        [str(server.bindir / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(ROLES_SQL)]
-        + [url],
+        [
+            str(server.bindir / "psql"),
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-f",
+            str(ROLES_SQL),
+            url,
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -157,9 +165,11 @@ def test_publish_role_writes_and_serve_role_only_serves(catalog: str, tmp_path: 
     assert hub("revoke", *admin, "f3", "v1").returncode == 0
     done = hub("gc", *admin)
     assert done.returncode == 0, done.stderr
-    with psycopg.connect(publisher, autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute(f"DROP TABLE {TABLE}")
+    with (
+        psycopg.connect(publisher, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute(f"DROP TABLE {TABLE}")
 
 
 def test_migrate_as_the_publish_role(

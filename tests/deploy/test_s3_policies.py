@@ -139,7 +139,8 @@ def test_serve_reads_and_publish_writes(
     done = hub(_env(keys["publish"]), *publish)
     assert done.returncode == 0 and done.stdout.strip() == "v1", done.stderr
     # every block read back (HEAD and GET) with the serve key
-    done = hub(_env(keys["serve"]), "verify", "--data-dir", str(data), *s3[2:], "--blocks", "f3", "v1")
+    verify = ["verify", "--data-dir", str(data), *s3[2:], "--blocks", "f3", "v1"]
+    done = hub(_env(keys["serve"]), *verify)
     assert done.returncode == 0, done.stderr
 
     reader = _store(monkeypatch, url, keys["serve"])
@@ -157,7 +158,7 @@ def test_serve_reads_and_publish_writes(
         region_name="us-east-1",
     )
     key = f"{PREFIX}/{digests[0][:2]}/{digests[0]}"
-    with pytest.raises(botocore.exceptions.ClientError, match="AccessDenied|Access Denied"):
+    with pytest.raises(botocore.exceptions.ClientError, match=r"AccessDenied|Access Denied"):
         client.delete_object(Bucket=BUCKET, Key=key)
     with pytest.raises(StorageError):
         _store(monkeypatch, url, keys["serve"], "elsewhere").exists(digests[0])
