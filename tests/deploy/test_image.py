@@ -1,6 +1,10 @@
 """deploy/Containerfile, for real: build the image (Debian base from mmdebstrap, podman,
 host network) and serve a file from a hub container through a privileged spoke
-container whose FUSE mount reaches the host by rshared propagation, bytes identical.
+container whose FUSE mount reaches the host by rshared propagation, bytes identical;
+and the image is the measured system (issue 44, item 1): libfuse 3.17 and the patched
+pyfuse3, no compiler; in the container a cached one-block file is read by FUSE
+passthrough (no read reaches the mount process), and a mount worker SIGKILLed under
+readers holding open files is succeeded on the same connection (hand-over): no error.
 
 Slow (minutes for a first build), so it runs only with STRATA_DEPLOY_TESTS=1 (.ci/run
 sets it). Needs root, podman, runc, mmdebstrap and /dev/fuse.
@@ -13,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 import tomllib
@@ -22,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.handover import READERS, Readers
 from deploy.image import (
     BASE,
     LOCKS,
@@ -34,10 +40,14 @@ from deploy.image import (
     ulimit_args,
 )
 from deploy.local import free_port
+from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import is_mounted, lazy_unmount
-from tests.support import make_tree, requires_fuse, tree_digests
+from spoke.run.processes import read_pid
+from spoke.run.supervisor import mount_processes
+from tests.support import eventually, make_tree, requires_fuse, spoke_metric, tree_digests
 
 HUB_UID = 10001
+BLOCK = 65_536
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -141,44 +151,66 @@ def shared_mount(path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "--lazy", str(path)], check=True)
 
 
-@pytest.mark.timeout(1800)
-def test_hub_and_spoke_containers_serve_files(image: str, tmp_path: Path) -> None:
-    src, hub_dir, cache = tmp_path / "src", tmp_path / "hub", tmp_path / "cache"
-    src.mkdir()
-    make_tree(src)
+@contextlib.contextmanager
+def hub_serving(image: str, tmp_path: Path, src: Path, name: str) -> Iterator[int]:
+    """``src`` published as ``demo`` v1 (64 KiB blocks) by a hub container, then served by
+    one on 127.0.0.1 (host network); yields its port."""
+    hub_dir = tmp_path / "hub"
     hub_dir.mkdir()
     os.chown(hub_dir, HUB_UID, HUB_UID)  # the image's user, as fsGroup does in Kubernetes
     hub_volume = f"{hub_dir}:/var/lib/strata/hub"
     published = _podman(
         "run", "--rm", "--network=host", *ulimit_args(), "-v", hub_volume,
         "-v", f"{src}:/src:ro", image,
-        "strata-hub", "publish", "--data-dir=/var/lib/strata/hub", "--block-size=65536",
+        "strata-hub", "publish", "--data-dir=/var/lib/strata/hub", f"--block-size={BLOCK}",
         "demo", "/src",
     )  # fmt: skip
     assert published.returncode == 0 and published.stdout.strip() == "v1", published.stderr
-    hub_port, admin_port = free_port(), free_port()
+    hub_port = free_port()
     hub_command = [
         "strata-hub", "serve", "--data-dir=/var/lib/strata/hub",
         f"--listen=127.0.0.1:{hub_port}", "--port-file=/var/lib/strata/hub/port",
     ]  # fmt: skip
+    with container(f"{name}-hub", image, "-v", hub_volume, command=hub_command) as hub:
+        _wait(lambda: (hub_dir / "port").exists(), hub, "the hub listens")
+        yield hub_port
+
+
+def spoke_args(cache: Path, root: Path) -> tuple[str, ...]:
+    """How the DaemonSet runs the spoke: privileged, root, /dev/fuse, ``root`` (a shared
+    mount) as /mnt/strata with rshared propagation, and --pid=host (the DaemonSet's
+    hostPID, which the preStop drain needs; here also: the pid files name host pids)."""
+    return (
+        "--privileged", "--user=0", "--device=/dev/fuse", "--pid=host",
+        "-v", f"{cache}:/var/lib/strata/cache", "-v", f"{root}:/mnt/strata:rshared",
+    )  # fmt: skip
+
+
+def spoke_command(hub_port: int, admin_port: int, *extra: str) -> list[str]:
+    return [
+        "strata-spoke", "run", f"--hub=127.0.0.1:{hub_port}",
+        "--cache-dir=/var/lib/strata/cache", "--cache-size=64MiB",
+        "--mount=/mnt/strata/data", f"--admin=127.0.0.1:{admin_port}", "--allow-other",
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(1800)
+def test_hub_and_spoke_containers_serve_files(image: str, tmp_path: Path) -> None:
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    src.mkdir()
+    make_tree(src)
     name = f"strata-test-{os.getpid()}"
     with (
-        container(f"{name}-hub", image, "-v", hub_volume, command=hub_command) as hub,
+        hub_serving(image, tmp_path, src, name) as hub_port,
         shared_mount(tmp_path / "root") as root,
     ):
-        _wait(lambda: (hub_dir / "port").exists(), hub, "the hub listens")
         (root / "data").mkdir()
-        spoke_command = [
-            "strata-spoke", "run", f"--hub=127.0.0.1:{hub_port}",
-            "--cache-dir=/var/lib/strata/cache", "--cache-size=64MiB",
-            "--mount=/mnt/strata/data", f"--admin=127.0.0.1:{admin_port}", "--allow-other",
-        ]  # fmt: skip
-        spoke_args = (  # --pid=host: the DaemonSet's hostPID, which the preStop drain needs
-            "--privileged", "--user=0", "--device=/dev/fuse", "--pid=host",
-            "-v", f"{cache}:/var/lib/strata/cache", "-v", f"{root}:/mnt/strata:rshared",
-        )  # fmt: skip
+        admin_port = free_port()
         cache.mkdir()
-        with container(f"{name}-spoke", image, *spoke_args, command=spoke_command) as spoke:
+        command = spoke_command(hub_port, admin_port)
+        args = spoke_args(cache, root)
+        with container(f"{name}-spoke", image, *args, command=command) as spoke:
             _wait(lambda: is_mounted(root / "data"), spoke, "the mount reaches the host")
             assert tree_digests(root / "data" / "demo" / "v1") == tree_digests(src)
             assert (root / "data" / "demo" / "latest").resolve().name == "v1"
@@ -193,3 +225,164 @@ def test_hub_and_spoke_containers_serve_files(image: str, tmp_path: Path) -> Non
             idle = _podman(*drain, "--timeout=0")
             assert idle.returncode == 0 and "is idle" in idle.stderr, idle.stderr
         assert not is_mounted(root / "data"), "a stopped spoke container unmounts"
+
+
+NATIVE_CHECK = """
+import fusemount.handover, fusemount.passthrough, pyfuse3
+assert fusemount.passthrough.library_supports(), "pyfuse3 without passthrough"
+assert fusemount.handover.library_supports(), "pyfuse3 without resume"
+print(pyfuse3.__file__)
+"""
+
+
+def test_the_image_carries_libfuse_3_17_and_the_patched_pyfuse3_and_no_compiler(
+    image: str,
+) -> None:
+    """What native/ builds, in the image: pyfuse3 with the passthrough and hand-over calls,
+    linked to libfuse >= 3.17 (not Debian 12's 3.14), the sources' hashes beside it, and
+    nothing of the build (compiler, meson, headers) left in the runtime."""
+    run = ("run", "--rm", "--network=none", *ulimit_args(), image)
+    checked = _podman(*run, "python3", "-c", NATIVE_CHECK)
+    assert checked.returncode == 0, checked.stderr
+    module = checked.stdout.strip()
+    linked = _podman(*run, "ldd", module)
+    assert linked.returncode == 0, linked.stderr
+    lib = re.search(r"libfuse3\.so\.\S+ => (\S+)", linked.stdout)
+    assert lib is not None and lib.group(1).startswith("/opt/strata-native/"), linked.stdout
+    real = _podman(*run, "readlink", "-f", lib.group(1)).stdout.strip()
+    version = re.fullmatch(r".*/libfuse3\.so\.(\d+)\.(\d+)\.\d+", real)
+    assert version is not None and (int(version[1]), int(version[2])) >= (3, 17), real
+    sources = _podman(*run, "cat", "/opt/strata-native/SOURCES").stdout
+    assert re.search(r"^[0-9a-f]{64}  fuse3_3\.\d+\S*\.dsc$", sources, re.M), sources
+    assert re.search(r"^[0-9a-f]{64}  pyfuse3-\S+\.tar\.gz$", sources, re.M), sources
+    tools = "cc gcc c++ meson ninja pkg-config dpkg-source cython"
+    found = _podman(*run, "sh", "-c", f"for t in {tools}; do command -v $t; done; ls /usr/include")
+    assert found.stdout.strip() == "", found.stdout
+
+
+def _xattr(mnt: Path, name: str) -> str:
+    return os.getxattr(mnt, f"user.strata.{name}").decode()
+
+
+def _mount_reads(mnt: Path) -> int:
+    return int(_xattr(mnt, "loop_reads")) + int(_xattr(mnt, "thread_reads"))
+
+
+def _readers_tree(src: Path) -> None:
+    """What ``bench.handover.Readers`` reads: READERS files of 16 blocks and 7 bytes, and 64
+    one-block files under ``chunks/`` (passthrough candidates)."""
+    (src / "chunks").mkdir(parents=True)
+    for i in range(READERS):
+        (src / f"big{i}.bin").write_bytes(os.urandom(16 * BLOCK + 7))
+    for i in range(64):
+        (src / "chunks" / f"c{i:02d}").write_bytes(os.urandom(BLOCK))
+
+
+WORKERS = 2
+
+
+@pytest.mark.timeout(1800)
+def test_a_spoke_container_reads_by_passthrough_and_hands_its_mount_over(
+    image: str, tmp_path: Path
+) -> None:
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    _readers_tree(src)
+    name = f"strata-test-pt-{os.getpid()}"
+    with (
+        hub_serving(image, tmp_path, src, name) as hub_port,
+        shared_mount(tmp_path / "root") as root,
+    ):
+        (root / "data").mkdir()
+        cache.mkdir()
+        mnt, args = root / "data", spoke_args(cache, root)
+        # one mount process first: the counters the passthrough check reads are its own
+        command = spoke_command(hub_port, free_port(), "--mount-workers=1")
+        with container(f"{name}-spoke", image, *args, command=command) as spoke:
+            _wait(lambda: is_mounted(mnt), spoke, "the mount reaches the host")
+            unchecked = _passthrough_reads(mnt, src)
+        assert not is_mounted(mnt), "a stopped spoke container unmounts"
+        # then a spoke on the same (warm) cache with WORKERS mount processes
+        command = spoke_command(hub_port, free_port(), f"--mount-workers={WORKERS}")
+        with container(f"{name}-spoke", image, *args, command=command) as spoke:
+            _wait(lambda: is_mounted(mnt), spoke, "the mount reaches the host")
+            assert unchecked or _xattr(mnt, "passthrough") == "on"
+            _hand_over_under_readers(mnt, src, cache, spoke)
+        assert not is_mounted(mnt), "a stopped spoke container unmounts"
+    if unchecked:  # hand-over passed; the kernel decides passthrough, not the image
+        pytest.skip(f"passthrough not checked: {unchecked}")
+
+
+def _passthrough_reads(mnt: Path, src: Path) -> str:
+    """The spoke reports passthrough on, and cached one-block files opened again are read
+    by the kernel from their block files: bytes identical, not one read reaches a mount
+    process (as tests/fuse/test_passthrough.py proves it on the host). Returns why not
+    checked ("": checked): a host kernel that does not offer FUSE passthrough."""
+    state = _xattr(mnt, "passthrough")
+    if state.startswith("off: the kernel"):
+        print(f"passthrough not checked: {state}")
+        return state
+    assert state == "on", state
+    v1 = mnt / "demo" / "v1"
+    names = [f"chunks/c{i:02d}" for i in range(8)]
+    for n in names:  # the first reads fetch and cache the blocks (pyfuse3 path)
+        assert (v1 / n).read_bytes() == (src / n).read_bytes()
+    opens = int(_xattr(mnt, "passthrough_opens"))
+    fds = {n: os.open(v1 / n, os.O_RDONLY) for n in names}
+    try:
+        assert int(_xattr(mnt, "passthrough_opens")) == opens + len(names)
+        reads = _mount_reads(mnt)
+        for n, fd in fds.items():
+            want = (src / n).read_bytes()
+            assert os.pread(fd, BLOCK + 10, 0) == want
+            assert os.pread(fd, 4096, 12_345) == want[12_345 : 12_345 + 4096]
+        assert _mount_reads(mnt) == reads, "a passthrough read reached the mount"
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return ""
+
+
+def _hand_over_under_readers(mnt: Path, src: Path, cache: Path, spoke: str) -> None:
+    """WORKERS mount processes serve the connection; the first (the supervisor's mount)
+    SIGKILLed under READERS threads holding files open (O_DIRECT: every read reaches a
+    mount process) and one opening one-block files (passthrough): a successor resumes the
+    connection, every read succeeds with the right bytes, nothing is remounted (as
+    tests/fuse/test_handover.py and test_mount_workers.py prove it on the host)."""
+    in_container = Path("/mnt/strata/data")  # the mount processes' own path of the mount
+    eventually(lambda: len(mount_processes(in_container)) == WORKERS, "the mount workers")
+    layout = CacheLayout(cache)
+    first = read_pid(layout.mount_pid_file)  # a host pid: the container shares its pids
+    assert first is not None and first in mount_processes(in_container), (
+        first,
+        mount_processes(in_container),
+    )
+    readers = Readers(mnt / "demo" / "v1", src, BLOCK)
+    try:
+        eventually(lambda: readers.reads > 200, "reads before the kill")
+        before = readers.reads
+        os.kill(first, signal.SIGKILL)
+        eventually(
+            lambda: read_pid(layout.mount_pid_file) not in (None, first),
+            "a successor of the killed mount process",
+        )
+        eventually(lambda: readers.reads > before + 300, "reads after the kill")
+        eventually(
+            lambda: (
+                len(mount_processes(in_container)) == WORKERS
+                and first not in mount_processes(in_container)
+            ),
+            "the workers back to their number",
+        )
+        eventually(
+            lambda: spoke_metric(cache, "strata_spoke_mount_handovers_total") == 1,
+            "the hand-over counted",
+        )
+    finally:
+        readers.finish()
+    assert readers.errors == [], readers.errors[:10]
+    print(f"hand-over in the container: {readers.reads} reads, longest {readers.longest:.3f} s")
+    assert readers.longest < 10  # the 2 s target is measured by bench.handover, not here
+    assert spoke_metric(cache, "strata_spoke_mount_restarts_total") == 0  # never remounted
+    assert _running(spoke)
+    v1 = mnt / "demo" / "v1"
+    assert (v1 / "big0.bin").read_bytes() == (src / "big0.bin").read_bytes()  # a new open
