@@ -131,11 +131,11 @@ build_pyfuse3() {
     local pip=("$venv/bin/pip" -q --disable-pip-version-check)
     if [ -n "$SOURCES" ]; then
         check_sources
-        build_venv "$venv" --no-index --find-links "$SOURCES"
         echo "pyfuse3: the $PYFUSE3_VERSION sdist from $SOURCES (sha256 checked)"
         cp "$SOURCES/pyfuse3-$PYFUSE3_VERSION.tar.gz" "$work/"
         (cd "$work" && echo "$PYFUSE3_SHA256  pyfuse3-$PYFUSE3_VERSION.tar.gz" | sha256sum --check --quiet) \
             || die "the pyfuse3 sdist's sha256 is not $PYFUSE3_SHA256"
+        build_venv "$venv" --no-index --find-links "$SOURCES"
     else
         build_venv "$venv"
         fetch_sdist "$venv" "$work"
