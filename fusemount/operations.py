@@ -32,6 +32,7 @@ from fusemount.namespace import Namespace
 from fusemount.passthrough import Passthrough
 from fusemount.readahead import Readahead
 from fusemount.reader import BlockReader
+from fusemount.source import BlockUnavailableError
 from fusemount.tree import INODE_BITS, InodeTable, Node, Role
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,8 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
 
         The block file is opened and verified (as every read of it is) in a worker thread
         before its descriptor is handed to the kernel, unless it is open and verified
-        already (then on the loop); not cached means the pyfuse3 path.
+        already (then on the loop); a block not cached is fetched first (a miss, as the
+        first read's would be), and one that cannot be means the pyfuse3 path.
         The open counts as one hit of the block for the daemon's eviction policy (its
         reads never reach this process).
         """
@@ -260,10 +262,22 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         fd = self.reader.files.verified_fd_cached(digest)  # re-opens: no thread hop
         if fd is None:
             fd = await trio.to_thread.run_sync(self.reader.files.verified_fd, digest)
+        missed = fd is None
+        if missed:
+            # not cached: fetch it now, as the first read would, so its reads are the
+            # kernel's too (a cold Zarr chunk costs this process no byte); a block the
+            # daemon could not cache, or a failed fetch, leaves the open to the pyfuse3
+            # path, whose read serves the bytes or the error
+            try:
+                if not await self.reader.source.fetch(digest, node.size):
+                    return None
+            except BlockUnavailableError:
+                return None
+            fd = await trio.to_thread.run_sync(self.reader.files.verified_fd, digest)
         if fd is None:
             return None
         backing_id = self.passthrough.attach(inode, node, digest, fd)
-        if backing_id is not None:
+        if backing_id is not None and not missed:  # a miss was counted as one by its fetch
             self.reader.hit_log.add(digest)
         return backing_id
 

@@ -130,14 +130,34 @@ class BlockSource:
             return None, True
         return data, False
 
-    async def _fetch(
-        self, digest: str, size: int, offset: int, length: int, suspect: bool
-    ) -> bytes | bytearray:
+    async def fetch(self, digest: str, size: int) -> bool:
+        """Has the daemon fetch a block this process found missing, without reading it
+        (an open that will pass the block file through, :mod:`fusemount.passthrough`);
+        counted as a miss.
+
+        Returns:
+            True when the block is then cached; False when the daemon streamed it through
+            (its bytes are kept here for the reads that follow).
+
+        Raises:
+            BlockUnavailableError: the fetch failed (the errno says why).
+        """
+        self.misses += 1
         deadline = time.monotonic() + self.client.miss_deadline
-        unreadable = 0
+        uncached = await self._ensure(digest, size, False, deadline)
+        if digest in uncached:
+            self._keep_streamed(digest, uncached[digest])
+            return False
+        return True
+
+    async def _ensure(
+        self, digest: str, size: int, suspect: bool, deadline: float
+    ) -> dict[str, bytes]:
+        """One block's ``EnsureBlocks`` (shared with other misses), retried while the daemon
+        is away until ``deadline``; the blocks it could not cache, by digest."""
         while True:
             try:
-                uncached = await self.batcher.ensure(
+                return await self.batcher.ensure(
                     digest,
                     size,
                     suspect,
@@ -150,6 +170,14 @@ class BlockSource:
                 raise BlockUnavailableError(
                     _ERRNO.get(err.code(), errno.EIO), f"block {digest}: {_describe(err)}"
                 ) from err
+
+    async def _fetch(
+        self, digest: str, size: int, offset: int, length: int, suspect: bool
+    ) -> bytes | bytearray:
+        deadline = time.monotonic() + self.client.miss_deadline
+        unreadable = 0
+        while True:
+            uncached = await self._ensure(digest, size, suspect, deadline)
             if digest in uncached:
                 self._keep_streamed(digest, uncached[digest])
                 return uncached[digest][offset : offset + length]

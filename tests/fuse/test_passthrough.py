@@ -97,7 +97,8 @@ def src(tmp_path: Path) -> Path:
 
 
 def _warm(v1: Path, src: Path) -> None:
-    """First reads fetch every block (these opens find nothing cached: pyfuse3 path)."""
+    """First reads fetch every block (a one-block file's open fetches it, then passes it
+    through; the others take the pyfuse3 path)."""
     for path in sorted(src.rglob("*")):
         if path.is_file():
             assert (v1 / path.relative_to(src)).read_bytes() == path.read_bytes()
@@ -162,6 +163,30 @@ def test_cached_one_block_files_are_read_by_the_kernel_byte_for_byte(
                 assert f.read(4096) == want[off : off + 4096]
     assert (v1 / "empty.bin").read_bytes() == b""
     assert int(_xattr(mnt, "passthrough_opens")) == opens
+
+
+@pytest.mark.usefixtures("passthrough")
+def test_a_cold_one_block_file_is_fetched_at_open_and_read_by_the_kernel(
+    tmp_path: Path, src: Path, stack: LocalStack
+) -> None:
+    """Issue 40 item 4: a cold Zarr chunk costs the mount no byte: its open fetches the
+    block (the miss its first read would have been) and passes the block file through."""
+    hub = stack.start_hub(tmp_path / "hub")
+    mnt = tmp_path / "mnt"
+    stack.start_spoke(hub, tmp_path / "cache", mnt, "64MiB", extra=("--background-fill", "off"))
+    _state(mnt)
+    v1 = mnt / "ds" / "v1"
+    for name in ONE_BLOCK:
+        os.stat(v1 / "sub" / name)  # the tree is loaded: nothing cached yet
+    opens = int(_xattr(mnt, "passthrough_opens"))
+    reads = _mount_reads(mnt)
+    for name in ONE_BLOCK:
+        assert (v1 / "sub" / name).read_bytes() == (src / "sub" / name).read_bytes()
+    assert int(_xattr(mnt, "passthrough_opens")) == opens + len(ONE_BLOCK)
+    assert _mount_reads(mnt) == reads, "every byte came from the kernel"
+    # a multi-block file stays on the pyfuse3 path, cold or not
+    assert (v1 / "sub" / "multi.bin").read_bytes() == (src / "sub" / "multi.bin").read_bytes()
+    assert int(_xattr(mnt, "passthrough_opens")) == opens + len(ONE_BLOCK)
 
 
 def _hub(data_dir: Path, *args: str) -> None:
