@@ -59,6 +59,10 @@ AHEAD_BYTES = 16 << 20
 CONNECT_TIMEOUT_S = 10.0
 """Longest a connection (and its TLS handshake) may take, seconds."""
 
+KEEP_S = 30.0
+"""A connection idle this long is not re-used (the hub closes one idle for 60 s,
+``hub.limits.IDLE_S``: a call must not find it closed under it and pay a retry)."""
+
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 _END = object()
@@ -152,7 +156,7 @@ class BulkSource:
         self._hosts = hosts
         self._next = 0
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="strata-bulk")
-        self._idle: list[tuple[socket.socket, object]] = []
+        self._idle: list[tuple[socket.socket, object, float]] = []  # socket, TLS, since
         self._idle_lock = threading.Lock()
         self._stage = stage
         self._buffers = threading.local()  # each receive thread's page-aligned buffer
@@ -170,7 +174,7 @@ class BulkSource:
         """Closes the kept connections and stops the workers (after their calls)."""
         with self._idle_lock:
             idle, self._idle = self._idle, []
-        for sock, _ in idle:
+        for sock, _, _ in idle:
             sock.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -253,7 +257,7 @@ class BulkSource:
             if sock is not None:
                 if reusable:
                     with self._idle_lock:
-                        self._idle.append((sock, material))
+                        self._idle.append((sock, material, time.monotonic()))
                 else:
                     sock.close()
 
@@ -300,10 +304,10 @@ class BulkSource:
     def _connection(self, material: object, deadline: float) -> socket.socket:
         with self._idle_lock:
             while self._idle:
-                sock, kept = self._idle.pop()
-                if kept == material:
+                sock, kept, since = self._idle.pop()
+                if kept == material and time.monotonic() - since < KEEP_S:
                     return sock
-                sock.close()  # made with credentials since replaced
+                sock.close()  # made with credentials since replaced, or the hub's by now
         host = self._hosts[self._next % len(self._hosts)]
         self._next += 1
         timeout = max(0.001, min(CONNECT_TIMEOUT_S, deadline - time.monotonic()))
