@@ -38,7 +38,7 @@ import grpc
 from protocol import bulk
 from protocol.address import parse_hostport
 from spoke import metrics
-from spoke.cache.staging import Staged
+from spoke.cache.staging import DIRECT_MIN_BYTES, Staged
 from spoke.cache.store import Received
 from spoke.disk.layout import block_digest
 from spoke.errors import CorruptBlock, HubUnavailable
@@ -284,7 +284,7 @@ class BulkSource:
         if self._stage is None:
             return digest, bytes(view)
         try:
-            return digest, self._stage(digest, view, direct)
+            return digest, self._stage(digest, view, direct and length >= DIRECT_MIN_BYTES)
         except OSError as err:  # e.g. ENOSPC: the cache decides what to do with the bytes
             log.debug("staging block %s failed (%s); handing it over in memory", digest, err)
             return digest, bytes(view)
