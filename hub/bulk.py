@@ -30,6 +30,7 @@ import logging
 import os
 import ssl
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -40,9 +41,11 @@ from hub.budget import ReadBudget
 from hub.catalog import Catalog
 from hub.errors import (
     BlockNotFound,
+    ConfigError,
     CorruptBlob,
     HubError,
     InvalidArgument,
+    ListenError,
     QuotaExceeded,
 )
 from hub.inbound import REQUEST_WAIT_S
@@ -79,19 +82,27 @@ def peer_name(address: Any) -> str:
     return f"unknown:{address}"
 
 
-def server_context(cert_file: str, key_file: str, client_ca: str | None) -> ssl.SSLContext:
-    """The bulk port's TLS context: the gRPC port's certificate and key, TLS 1.2 or later,
-    client certificates required when ``client_ca`` is set (mutual TLS).
+def tls_context(
+    cert: Path | None, key: Path | None, client_ca: Path | None
+) -> ssl.SSLContext | None:
+    """The bulk port's TLS context from the gRPC port's files: its certificate and key,
+    TLS 1.2 or later, client certificates required when ``client_ca`` is set (mutual
+    TLS), ALPN :data:`protocol.bulk.ALPN`; None without a certificate (plaintext).
 
     Raises:
-        ssl.SSLError, OSError: a file is unreadable or not a matching certificate and key.
+        ConfigError: a file is unreadable or not a matching certificate and key.
     """
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert_file, key_file)
-    if client_ca is not None:
-        context.load_verify_locations(client_ca)
-        context.verify_mode = ssl.CERT_REQUIRED
+    if cert is None or key is None:
+        return None
+    try:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(str(cert), str(key))
+        if client_ca is not None:
+            context.load_verify_locations(str(client_ca))
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"unusable TLS certificate or key for --bulk-port: {exc}") from exc
     context.set_alpn_protocols([bulk.ALPN])
     return context
 
@@ -108,7 +119,7 @@ class BulkServer:
             ``bulk_connections`` read from here.
         failed: The service's error-to-status function (counts and audits).
         count: Counts a call that ended well: ``(method, grpc.StatusCode.OK)``.
-        tls: The TLS context (:func:`server_context`); None for plaintext.
+        tls: The TLS context (:func:`tls_context`); None for plaintext.
         max_connections: Most connections open at once.
         handshake_timeout_s: Longest a TLS handshake may take, seconds.
     """
@@ -143,17 +154,22 @@ class BulkServer:
         """Listens on ``host:port`` (port 0: a free one); returns the bound port.
 
         Raises:
-            OSError: the address cannot be bound.
+            ListenError: the address cannot be bound.
         """
-        self._server = await asyncio.start_server(
-            self._connection,
-            host,
-            port,
-            limit=READ_LIMIT,
-            ssl=self._tls,
-            ssl_handshake_timeout=self._handshake_timeout_s if self._tls else None,
-            reuse_address=True,
-        )
+        try:
+            self._server = await asyncio.start_server(
+                self._connection,
+                host,
+                port,
+                limit=READ_LIMIT,
+                ssl=self._tls,
+                ssl_handshake_timeout=self._handshake_timeout_s if self._tls else None,
+                reuse_address=True,
+            )
+        except OSError as exc:
+            raise ListenError(
+                f"cannot listen on {host}:{port} (--bulk-port): {exc.strerror or exc}"
+            ) from exc
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 

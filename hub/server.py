@@ -22,7 +22,6 @@ import asyncio
 import logging
 import os
 import socket
-import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ from hub.budget import (
     ReadBudget,
 )
 from hub.bulk import MAX_CONNECTIONS as BULK_CONNECTIONS
-from hub.bulk import BulkServer, server_context
+from hub.bulk import BulkServer, tls_context
 from hub.catalog import Catalog
 from hub.datadir import DataDir
 from hub.errors import ConfigError, ListenError
@@ -237,21 +236,6 @@ class ServerConfig:
             raise ConfigError(f"--bulk-port {self.bulk_port} is not a port (0 to 65535)")
         if self.bulk_max_connections < 1:
             raise ConfigError(f"--bulk-max-connections {self.bulk_max_connections} must be >= 1")
-
-
-def _bulk_tls(config: ServerConfig) -> ssl.SSLContext | None:
-    """The bulk channel's TLS context from the gRPC port's files (None: plaintext).
-
-    Raises:
-        ConfigError: the files cannot be loaded.
-    """
-    if config.tls_cert is None or config.tls_key is None:
-        return None
-    ca = str(config.client_ca) if config.client_ca is not None else None
-    try:
-        return server_context(str(config.tls_cert), str(config.tls_key), ca)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"unusable TLS certificate or key for --bulk-port: {exc}") from exc
 
 
 def _read_pem(path: Path) -> bytes:
@@ -504,18 +488,15 @@ class HubServer:
                     metrics,
                     service.failed,
                     service.count,
-                    tls=_bulk_tls(config),
+                    tls=tls_context(config.tls_cert, config.tls_key, config.client_ca),
                     max_connections=config.bulk_max_connections,
                     handshake_timeout_s=config.handshake_timeout_s,
                 )
                 try:
                     await bulk.start(address.host, config.bulk_port)
-                except OSError as exc:
+                except ListenError:
                     await server.stop(None)
-                    raise ListenError(
-                        f"cannot listen on {address.host}:{config.bulk_port} (--bulk-port): "
-                        f"{exc.strerror or exc}"
-                    ) from exc
+                    raise
             for name in ("", SERVICE_NAME):
                 await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 

@@ -318,3 +318,12 @@ def test_a_corrupt_block_and_a_cut_stream(tmp_path: Path) -> None:
                 fetched(1, fake.port, None, [[(digest, 1000)]], timeout=5)
         finally:
             fake.close()
+
+
+def test_a_bulk_port_in_use_is_a_listen_error(data: Path) -> None:
+    from hub.errors import ListenError
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(ListenError, match=f"127.0.0.1:{port} \\(--bulk-port\\)"):
+            ServerThread(data, config=ServerConfig(bulk_port=port)).start()
