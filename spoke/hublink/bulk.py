@@ -52,6 +52,9 @@ Stage = Callable[[str, memoryview, bool], Staged]
 """Writes a verified block to its temporary file: ``(digest, bytes, direct)``
 (:meth:`spoke.cache.store.BlockStore.stage`)."""
 
+READ_AHEAD = 256 << 10
+"""Most bytes one ``recv`` reads ahead of the frame being parsed (:class:`_Frames`)."""
+
 AHEAD_BYTES = 16 << 20
 """Most bytes of one call's blocks received (and staged) that the loop has not yet taken
 (the fetcher's ``ADMIT_AHEAD_BYTES``)."""
@@ -242,14 +245,15 @@ class BulkSource:
                 if call.cancelled:
                     return
                 call.sock = sock
+            frames = _Frames(sock)
             for start in range(0, len(blocks), bulk.MAX_DIGESTS):
                 part = blocks[start : start + bulk.MAX_DIGESTS]
                 sock.sendall(bulk.encode_request(token, [d for d, _ in part]))
                 for digest, size in part:
-                    call.put(self._block(sock, digest, size, deadline, direct))
+                    call.put(self._block(frames, digest, size, deadline, direct))
             with call.lock:  # from here on, a cancel must not shut the kept socket down
                 call.sock = None
-                reusable = not call.cancelled
+                reusable = not call.cancelled and frames.empty
             call.put(_END)
         except BaseException as err:  # every failure reaches the loop as the call's error
             call.put(self._error(err, call))
@@ -262,29 +266,32 @@ class BulkSource:
                     sock.close()
 
     def _block(
-        self, sock: socket.socket, digest: str, size: int, deadline: float, direct: bool
+        self, frames: _Frames, digest: str, size: int, deadline: float, direct: bool
     ) -> tuple[str, Received]:
         """One block off the wire, verified; staged when the source stages."""
-        sock.settimeout(max(0.001, deadline - time.monotonic()))
-        head = _recv_exactly(sock, bulk.BLOCK_HEAD.size)
-        code, got, length = bulk.parse_block_head(head)
+        frames.sock.settimeout(max(0.001, deadline - time.monotonic()))
+        code, got, length = bulk.parse_block_head(frames.take(bulk.BLOCK_HEAD.size))
         if code != bulk.OK:
-            message = _recv_exactly(sock, length).decode("utf-8", "replace")
+            message = bytes(frames.take(length)).decode("utf-8", "replace")
             raise _Refused(code, message)
         if got != digest or length > size:
             raise HubUnavailable(
                 f"hub {self.hub.target} bulk stream out of order: got {got} ({length} bytes), "
                 f"expected {digest} (at most {size})"
             )
-        view = self._buffer(length)
-        _recv_into(sock, view)
+        direct = direct and length >= DIRECT_MIN_BYTES
+        if length <= READ_AHEAD and not direct:
+            view = frames.take(length)  # small: out of the read-ahead, no copy
+        else:
+            view = self._buffer(length)  # page-aligned, as O_DIRECT needs
+            frames.into(view)
         if block_digest(view) != digest:
             metrics.CORRUPT_BLOCKS.inc()
             raise CorruptBlock(f"block {digest} failed verification")
         if self._stage is None:
             return digest, bytes(view)
         try:
-            return digest, self._stage(digest, view, direct and length >= DIRECT_MIN_BYTES)
+            return digest, self._stage(digest, view, direct)
         except OSError as err:  # e.g. ENOSPC: the cache decides what to do with the bytes
             log.debug("staging block %s failed (%s); handing it over in memory", digest, err)
             return digest, bytes(view)
@@ -367,6 +374,58 @@ def _token(metadata: tuple[tuple[str, str], ...]) -> str:
     return ""
 
 
+class _Frames:
+    """A connection's reply frames with few system calls: each ``recv`` takes up to
+    :data:`READ_AHEAD` bytes, so the heads and bytes of small blocks come several to a
+    call; a large block is received straight into its own buffer after what was read
+    ahead of it. A view :meth:`take` returns is valid until the next call."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buf = bytearray(READ_AHEAD)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+
+    @property
+    def empty(self) -> bool:
+        """Whether nothing was read ahead (the connection may carry the next call)."""
+        return self._start == self._end
+
+    def take(self, size: int) -> memoryview:
+        """The next ``size`` (≤ :data:`READ_AHEAD`) bytes.
+
+        Raises:
+            EOFError: the connection ended first.
+            TimeoutError, OSError: as the socket.
+        """
+        if self._end - self._start < size:
+            if self._start:  # what is left to the front: room to read ahead again
+                left = self._end - self._start
+                self._view[:left] = self._view[self._start : self._end]
+                self._start, self._end = 0, left
+            while self._end < size:
+                n = self.sock.recv_into(self._view[self._end :])
+                if not n:
+                    raise EOFError(f"connection closed after {self._end} of {size} bytes")
+                self._end += n
+        view = self._view[self._start : self._start + size]
+        self._start += size
+        return view
+
+    def into(self, dest: memoryview) -> None:
+        """Fills ``dest``: what was read ahead first, then straight from the socket.
+
+        Raises:
+            EOFError: the connection ended first.
+            TimeoutError, OSError: as the socket.
+        """
+        have = min(len(dest), self._end - self._start)
+        dest[:have] = self._view[self._start : self._start + have]
+        self._start += have
+        if have < len(dest):
+            _recv_into(self.sock, dest[have:])
+
+
 def _recv_into(sock: socket.socket, view: memoryview) -> None:
     """Fills ``view`` from ``sock``.
 
@@ -380,22 +439,3 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         if not n:
             raise EOFError(f"connection closed after {got} of {size} bytes")
         got += n
-
-
-def _recv_exactly(sock: socket.socket, size: int) -> bytearray:
-    """``size`` bytes from ``sock`` into one new buffer (received in place).
-
-    Raises:
-        EOFError: the connection ended first.
-        TimeoutError, OSError: as the socket.
-    """
-    data = bytearray(size)
-    view = memoryview(data)
-    got = 0
-    recv_into: Callable[[memoryview], int] = sock.recv_into
-    while got < size:
-        n = recv_into(view[got:])
-        if not n:
-            raise EOFError(f"connection closed after {got} of {size} bytes")
-        got += n
-    return data
