@@ -53,22 +53,34 @@ def _spoke_env(k8s: Path) -> dict[str, str]:
     return _env(spoke)
 
 
+def _spoke_args(k8s: Path) -> list[str]:
+    objects = by_key(rendered(k8s, "gpu-region"))
+    pod = objects[("DaemonSet", "strata", "strata-spoke")]["spec"]["template"]["spec"]
+    (spoke,) = [c for c in pod["containers"] if c["name"] == "spoke"]
+    return [str(a) for a in spoke["args"]]
+
+
 def test_the_hub_is_exposed_by_a_passthrough_load_balancer(k8s: Path, hub_region: Objects) -> None:
-    """One LoadBalancer Service, TCP on the port the spokes dial, to the replicas' gRPC
-    port (the hub ends TLS itself), nothing else of theirs (metrics stay in-cluster)."""
+    """One LoadBalancer Service, TCP on the ports the spokes dial, to the replicas' gRPC
+    and bulk ports (the hub ends TLS itself on both), nothing else of theirs (metrics stay
+    in-cluster)."""
     hub = hub_region[("StatefulSet", "strata", "strata-hub")]
     services = [o for o in hub_region.values() if o["kind"] == "Service"]
     (external,) = [s for s in services if s["spec"].get("type") == "LoadBalancer"]
     spec = external["spec"]
     assert spec["selector"].items() <= hub["spec"]["template"]["metadata"]["labels"].items()
     assert spec["externalTrafficPolicy"] == "Local"
-    (port,) = spec["ports"]
-    assert port["protocol"] == "TCP" and "appProtocol" not in port, "L4, no L7 termination"
+    port, bulk = spec["ports"]
+    for each in (port, bulk):
+        assert each["protocol"] == "TCP" and "appProtocol" not in each, "L4, no L7 termination"
     (container,) = hub["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports[port["targetPort"]] == 50051
     address = _spoke_env(k8s)["STRATA_HUB"]
     assert int(address.rpartition(":")[2]) == port["port"]
+    # the bulk port: what the hub serves, and what the spokes dial
+    assert f"--bulk-port={ports[bulk['targetPort']]}" in container["args"]
+    assert f"--hub-bulk-port={bulk['port']}" in _spoke_args(k8s)
     # the ServiceMonitor scrapes the ClusterIP Service's metrics port, not this one
     (monitor,) = [o for o in hub_region.values() if o["kind"] == "ServiceMonitor"]
     selector = monitor["spec"]["selector"]["matchLabels"]
@@ -167,10 +179,18 @@ def test_the_hub_egress_must_be_written(k8s: Path, tmp_path: Path) -> None:
     )
     (rule,) = example["spec"]["egress"]
     (block,) = rule["to"]
+    hub_port = _spoke_env(k8s)["STRATA_HUB"].rpartition(":")[2]
+    assert {str(p["port"]) for p in rule["ports"]} == {hub_port, _bulk_port(k8s)}
     with pytest.raises(ValueError):
         ipaddress.ip_network(block["ipBlock"]["cidr"])
     if shutil.which("git") is not None:
         assert _ignored("deploy/k8s/overlays/gpu-region/hub-egress.yaml"), "never committed"
+
+
+def _bulk_port(k8s: Path) -> str:
+    """The hub bulk port the spokes dial (their ``--hub-bulk-port``)."""
+    (flag,) = [a for a in _spoke_args(k8s) if a.startswith("--hub-bulk-port=")]
+    return flag.partition("=")[2]
 
 
 def _ignored(path: str) -> bool:
@@ -192,4 +212,8 @@ def test_the_cilium_example_names_the_hub(k8s: Path) -> None:
     dns, fqdn = policy["spec"]["egress"]
     assert dns["toPorts"][0]["rules"]["dns"]
     assert fqdn["toFQDNs"] == [{"matchName": host}]
-    assert fqdn["toPorts"][0]["ports"] == [{"port": port, "protocol": "TCP"}]
+    bulk = _bulk_port(k8s)
+    assert fqdn["toPorts"][0]["ports"] == [
+        {"port": port, "protocol": "TCP"},
+        {"port": bulk, "protocol": "TCP"},
+    ]
