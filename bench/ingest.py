@@ -1,7 +1,8 @@
 """Ingest on loopback: what a spoke spends to bring a GiB onto its disk, beside the floor.
 
     python -m bench.ingest [--size 1GiB] [--only large,chunks,small] [--json FILE]
-                           [--paths floor,floor-direct,grpc,bulk1,bulk2,cold-grpc,cold-bulk]
+                           [--paths floor,floor-direct,grpc,bulk1,bulk2,cold-grpc,
+                                    cold-bulk,grpc-tls,bulk2-tls]
 
 For each shape of data set (random bytes published to a local hub; the hub on 127.0.0.1
 with no WAN emulator in the way, so the machine's CPU is the only limit), one run of each
@@ -19,6 +20,8 @@ may: root):
   default).
 * ``bulk1``, ``bulk2``: the same prewarm over the bulk channel (``--hub-bulk-port``)
   with 1 and 2 ``--fetch-workers``.
+* ``grpc-tls``, ``bulk2-tls``: ``grpc`` and ``bulk2`` with mutual TLS between hub and
+  spoke (one throwaway CA, :mod:`deploy.pki`), as a deployment runs them: what TLS costs.
 * ``cold-grpc``, ``cold-bulk``: ``--background-fill off``, every file read once through
   the mount by 4 threads (8 for small files), 1 MiB reads, over gRPC and over the bulk
   channel (2 workers).
@@ -53,6 +56,7 @@ import xxhash
 from bench.data import parse_size
 from bench.measure import tree_cpu_seconds
 from deploy.local import LocalStack, admin_headers, publish
+from deploy.pki import LocalCa
 from protocol import bulk
 from spoke.cache.staging import DirectWrites, write_block_file
 
@@ -81,7 +85,17 @@ SHAPES = {
     )
 }
 
-PATHS = ("floor", "floor-direct", "grpc", "bulk1", "bulk2", "cold-grpc", "cold-bulk")
+PATHS = (
+    "floor",
+    "floor-direct",
+    "grpc",
+    "bulk1",
+    "bulk2",
+    "cold-grpc",
+    "cold-bulk",
+    "grpc-tls",
+    "bulk2-tls",
+)
 
 
 @dataclass
@@ -236,9 +250,11 @@ def run_path(work: Path, shape: Shape, path: str, files: int) -> Row:
     """
     cache, mnt = work / f"cache-{path}", work / f"mnt-{path}"
     bulk_file = work / "hub" / "bulk.port"
+    hub_tls, spoke_tls = tls_flags(work / "pki") if path.endswith("-tls") else ((), ())
     with LocalStack() as stack:
         hub = stack.start_hub(
-            work / "hub", extra=("--bulk-port", "0", "--bulk-port-file", str(bulk_file))
+            work / "hub",
+            extra=("--bulk-port", "0", "--bulk-port-file", str(bulk_file), *hub_tls),
         )
         assert stack.hub is not None
         bulk_port = bulk_file.read_text().strip()
@@ -265,8 +281,8 @@ def run_path(work: Path, shape: Shape, path: str, files: int) -> Row:
             )
             shutil.rmtree(out)
             return row
-        extra: list[str] = []
-        if path in ("bulk1", "bulk2", "cold-bulk"):
+        extra: list[str] = list(spoke_tls)
+        if path in ("bulk1", "bulk2", "cold-bulk", "bulk2-tls"):
             workers = "1" if path == "bulk1" else "2"
             extra += ["--hub-bulk-port", bulk_port, "--fetch-workers", workers]
         cold = path.startswith("cold")
@@ -302,6 +318,18 @@ def run_path(work: Path, shape: Shape, path: str, files: int) -> Row:
         )
     shutil.rmtree(cache, ignore_errors=True)
     return row
+
+
+def tls_flags(directory: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The hub's and the spoke's flags for mutual TLS between them, as a deployment has it
+    (one throwaway CA, :mod:`deploy.pki`, made in ``directory`` once)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = LocalCa(directory, "bench-ca")
+    hub, spoke = ca.issue("hub"), ca.issue("spoke")
+    return (
+        ("--tls-cert", str(hub.cert), "--tls-key", str(hub.key), "--client-ca", str(ca.cert)),
+        ("--hub-ca", str(ca.cert), "--hub-cert", str(spoke.cert), "--hub-key", str(spoke.key)),
+    )
 
 
 def _prewarm(admin: str, cache: Path) -> tuple[int, float]:
@@ -369,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--size", default="1GiB", help="bytes of the large shape (default 1GiB)")
     parser.add_argument("--only", default=",".join(SHAPES), help="shapes to run")
-    parser.add_argument("--paths", default=",".join(PATHS), help="paths to run")
+    parser.add_argument(
+        "--paths", default=",".join(PATHS), help="paths to run, comma-separated (default: all)"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--floor-spec", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
