@@ -44,6 +44,10 @@ STREAMED_BLOCKS = 8  # streamed-through blocks kept in memory
 FETCH_ATTEMPTS = 3  # "on disk" answers whose file could not be read, before giving up
 RETRY_PAUSE = 0.05  # seconds between asking a restarting daemon again
 ANSWER_MARGIN = 0.25  # seconds a miss call may outlive the deadline: the daemon answers first
+OPEN_FAILURE_S = 2.0
+"""How long a fetch that failed at an open (:meth:`BlockSource.fetch`) fails the reads of
+that open at once with its error, seconds: the read right after must not wait a second
+miss deadline for what the open just waited one for."""
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,7 @@ class BlockSource:
         self.loop_reads = 0  # block-file reads answered on the loop (no thread hop)
         self.thread_reads = 0  # block-file reads done in a worker thread
         self._streamed: OrderedDict[str, bytes] = OrderedDict()
+        self._open_failed: OrderedDict[str, tuple[float, BlockUnavailableError]] = OrderedDict()
         self._io_limiter = trio.CapacityLimiter(max_threads)
         self._miss_limiter = trio.CapacityLimiter(64)
         self.batcher = MissBatcher(client, self._miss_limiter)  # small misses share calls
@@ -110,6 +115,9 @@ class BlockSource:
         if data is not None:
             self.hits.add(digest)
             return data
+        failed = self._open_failed.pop(digest, None)
+        if failed is not None and time.monotonic() - failed[0] < OPEN_FAILURE_S:
+            raise failed[1]  # its open's fetch just failed: not a second deadline
         streamed = self._streamed.get(digest)
         if streamed is not None:
             self._streamed.move_to_end(digest)
@@ -140,11 +148,18 @@ class BlockSource:
             (its bytes are kept here for the reads that follow).
 
         Raises:
-            BlockUnavailableError: the fetch failed (the errno says why).
+            BlockUnavailableError: the fetch failed (the errno says why); the reads of the
+                block in the next :data:`OPEN_FAILURE_S` fail with it at once.
         """
         self.misses += 1
         deadline = time.monotonic() + self.client.miss_deadline
-        uncached = await self._ensure(digest, size, False, deadline)
+        try:
+            uncached = await self._ensure(digest, size, False, deadline)
+        except BlockUnavailableError as err:
+            self._open_failed[digest] = (time.monotonic(), err)
+            while len(self._open_failed) > STREAMED_BLOCKS:
+                self._open_failed.popitem(last=False)
+            raise
         if digest in uncached:
             self._keep_streamed(digest, uncached[digest])
             return False

@@ -65,7 +65,14 @@ from hub.cliopts import (
     say,
 )
 from hub.datadir import secure
-from hub.errors import CatalogUnavailable, CorruptBlob, CorruptCatalog, HubError, StorageError
+from hub.errors import (
+    CatalogUnavailable,
+    ConfigError,
+    CorruptBlob,
+    CorruptCatalog,
+    HubError,
+    StorageError,
+)
 from hub.grants import DEFAULT_LIFETIME_S, HOLDERS_PER_TOKEN
 from hub.limits import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS
 from hub.metrics import HubMetrics, MetricsEndpoint
@@ -332,6 +339,10 @@ def serve(
     Also serves gRPC health checking and server reflection. Catalog changes made by
     other processes (publish, tag, revoke) reach Watch streams within a second.
     """
+    if bulk_port is None and (
+        bulk_port_file is not None or bulk_max_connections != BULK_CONNECTIONS
+    ):
+        raise ConfigError("--bulk-port-file and --bulk-max-connections need --bulk-port")
     config = ServerConfig(
         tls_cert=tls_cert,
         tls_key=tls_key,

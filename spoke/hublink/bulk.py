@@ -89,6 +89,7 @@ class _Call:
         self.waiter: asyncio.Future[None] | None = None
         self.cancelled = False
         self.sock: socket.socket | None = None
+        self.address = ""  # HOST:PORT dialled, for messages
 
     def put(self, item: object) -> None:
         """Appends ``item`` (from the worker), after waiting for room for a block."""
@@ -173,6 +174,16 @@ class BulkSource:
         """The hub's ``HOST:PORT`` (its gRPC address: where it is configured)."""
         return self.hub.target
 
+    def probe(self, timeout: float = 3.0) -> str | None:
+        """Why the bulk port cannot be reached (a TCP connection to it), or None when it
+        can; blocking (call it in a thread). Checked once at start, so a wrong
+        ``--hub-bulk-port`` is said at once instead of as every fetch's failure."""
+        try:
+            socket.create_connection((self._hosts[0], self.port), timeout=timeout).close()
+        except OSError as err:
+            return f"{self.address}: {err.strerror or err}"
+        return None
+
     def close(self) -> None:
         """Closes the kept connections and stops the workers (after their calls)."""
         with self._idle_lock:
@@ -240,7 +251,7 @@ class BulkSource:
         sock: socket.socket | None = None
         reusable = False
         try:
-            sock = self._connection(material, deadline)
+            sock = self._connection(material, deadline, call)
             with call.lock:
                 if call.cancelled:
                     return
@@ -308,15 +319,22 @@ class BulkSource:
             self._buffers.mmap = buffer
         return memoryview(buffer)[:size]
 
-    def _connection(self, material: object, deadline: float) -> socket.socket:
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` of the bulk port (the first hub address's host)."""
+        return f"{self._hosts[0]}:{self.port}"
+
+    def _connection(self, material: object, deadline: float, call: _Call) -> socket.socket:
         with self._idle_lock:
             while self._idle:
                 sock, kept, since = self._idle.pop()
                 if kept == material and time.monotonic() - since < KEEP_S:
+                    call.address = _peer(sock)
                     return sock
                 sock.close()  # made with credentials since replaced, or the hub's by now
         host = self._hosts[self._next % len(self._hosts)]
         self._next += 1
+        call.address = f"{host}:{self.port}"
         timeout = max(0.001, min(CONNECT_TIMEOUT_S, deadline - time.monotonic()))
         sock = socket.create_connection((host, self.port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -342,10 +360,17 @@ class BulkSource:
 
     def _error(self, err: BaseException, call: _Call) -> BaseException:
         """The spoke error for a failed call (counted like the gRPC path's)."""
+        where = f"hub {self.hub.target} bulk channel {call.address or self.address}"
         if isinstance(err, _Refused):
             code = _CODES.get(err.code, grpc.StatusCode.UNKNOWN)
             metrics.HUB_FETCH_ERRORS.labels(code.name).inc()
-            return status_error(code, err.message, self.hub.target)
+            refused = None
+            if code == grpc.StatusCode.UNAUTHENTICATED:  # as the gRPC path says it
+                refused = (
+                    f"hub {self.hub.target} refused the token: {err.message} "
+                    "(check --hub-token-file)"
+                )
+            return status_error(code, err.message, self.hub.target, refused)
         if isinstance(err, CorruptBlock | HubUnavailable):
             metrics.HUB_FETCH_ERRORS.labels("OUT_OF_ORDER").inc()
             return err
@@ -356,8 +381,17 @@ class BulkSource:
         ):
             metrics.HUB_FETCH_ERRORS.labels("UNAVAILABLE").inc()
             metrics.HUB_UP.set(0)
-            return HubUnavailable(f"hub {self.hub.target} bulk channel: {err}")
-        return HubUnavailable(f"hub {self.hub.target} bulk channel failed: {err!r}")
+            return HubUnavailable(f"{where}: {err}")
+        return HubUnavailable(f"{where} failed: {err!r}")
+
+
+def _peer(sock: socket.socket) -> str:
+    """``HOST:PORT`` a connected socket dials ('' once it is closed)."""
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class _Refused(Exception):

@@ -139,6 +139,18 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             )
             stack.callback(bulk.close)
             source = bulk
+            log.info(
+                "block bytes over the hub's bulk channel %s, %d fetch workers",
+                bulk.address,
+                settings.fetch_workers,
+            )
+            unreachable = await asyncio.to_thread(bulk.probe)
+            if unreachable is not None:
+                log.error(
+                    "the hub's bulk channel is unreachable (%s): block fetches fail until it "
+                    "answers; check --hub-bulk-port against the hub's serve --bulk-port",
+                    unreachable,
+                )
         mesh = (
             MeshNode(settings.mesh, source, hub, catalog, audit)
             if settings.mesh is not None

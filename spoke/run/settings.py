@@ -97,6 +97,10 @@ def default_fetch_workers() -> int:
     return max(1, min(8, len(os.sched_getaffinity(0))))
 
 
+DEFAULT_FETCH_WORKERS = default_fetch_workers()
+"""``--fetch-workers``' default on this machine."""
+
+
 class SpokeSettings(BaseSettings, MountSettings):
     """Everything a spoke daemon and its mount need: the one declaration of every option of
     ``strata-spoke run``/``daemon`` (its flag, ``STRATA_SPOKE_*`` variable, TOML key, default
@@ -180,7 +184,7 @@ class SpokeSettings(BaseSettings, MountSettings):
         "over it beside gRPC, received by --fetch-workers threads; unset: over gRPC",
     )
     fetch_workers: int = Field(
-        default_factory=lambda: default_fetch_workers(),
+        default=DEFAULT_FETCH_WORKERS,
         ge=1,
         le=64,
         description="threads receiving blocks on the bulk channel (default: the cores, at most 8)",

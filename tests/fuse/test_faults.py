@@ -196,6 +196,7 @@ def test_a_failed_miss_takes_one_miss_deadline(
     src.mkdir()
     (src / "seen.bin").write_bytes(os.urandom(BLOCK))
     (src / "unseen.bin").write_bytes(os.urandom(8 * BLOCK))
+    (src / "one.bin").write_bytes(os.urandom(BLOCK // 2))  # one block: fetched at its open
     publish(tmp_path / "hub", "ds", src, "--block-size", str(BLOCK))
     hub = stack.start_hub(tmp_path / "hub")
     host, port = hub.rsplit(":", 1)
@@ -219,6 +220,14 @@ def test_a_failed_miss_takes_one_miss_deadline(
         took = time.monotonic() - start
         assert info.value.errno == errno.EIO
         assert took < 1.5 * deadline, f"a failed miss took {took:.1f} s, deadline {deadline} s"
+        # a one-block file's open fetches its block (passthrough): its read then fails at
+        # once with the open's error, not after a second deadline
+        start = time.monotonic()
+        with pytest.raises(OSError) as info:
+            (v1 / "one.bin").read_bytes()
+        took = time.monotonic() - start
+        assert info.value.errno == errno.EIO
+        assert took < 1.5 * deadline, f"a failed one-block miss took {took:.1f} s"
         wan.restore()
         assert (v1 / "unseen.bin").read_bytes() == (src / "unseen.bin").read_bytes()
         stack.stop_spoke()
