@@ -36,7 +36,7 @@ import grpc
 
 import hub.catalog.txn as catalog_module
 from hub.catalog import Catalog
-from hub.server import ServerThread
+from hub.serverthread import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 
 SAMPLE_ENTRIES = 10_000

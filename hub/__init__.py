@@ -9,8 +9,10 @@ snapshot ids), ``blobstore`` (block bytes: local directory or S3-compatible),
 (bearer tokens), ``watch`` (noticing catalog changes), ``service`` (the gRPC servicer),
 ``gate`` (authentication before a request is read), ``inbound`` (receiving requests:
 deadline and budget charge), ``budget`` and ``streams`` (what a token may make the hub
-hold), ``server`` (running it: TLS, health, reflection, graceful stop), ``grpclog`` (gRPC's
-own log records), ``metrics``, ``address``
+hold), ``bulk`` (the bulk block channel beside gRPC: block bytes by sendfile, the same
+checks), ``server`` (running it: TLS, health, reflection, graceful stop),
+``serverthread`` (the same on a thread, for synchronous callers), ``grpclog`` (gRPC's own
+log records), ``metrics``, ``address``
 and ``cli`` (``strata-hub``). ``DESIGN.md`` beside this file states the invariants. The
 hub never imports ``spoke``, ``fusemount`` or ``trainer``.
 """

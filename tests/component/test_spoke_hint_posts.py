@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from hub.publish import publish
-from hub.server import ServerThread
+from hub.serverthread import ServerThread
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.hinted import HintedPolicy
 from spoke.cache.registry import make_policy

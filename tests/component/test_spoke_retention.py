@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hub.publish import publish
-from hub.server import ServerThread
+from hub.serverthread import ServerThread
 from spoke.audit import AuditLog
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.registry import make_policy

@@ -552,7 +552,8 @@ def test_a_volumes_own_token_is_checked_against_the_hubs_scope(plugin: Plugin) -
     """A volume whose secret carries a hub token is published when the hub lets that token
     read the dataset, whatever the namespace's policy, and refused when it does not (a
     token of another dataset, an unknown one); without --hub a token cannot be checked."""
-    from hub.server import ServerConfig, ServerThread
+    from hub.server import ServerConfig
+    from hub.serverthread import ServerThread
 
     tmp = plugin.pods.parent
     tokens = tmp / "hub-tokens.yaml"

@@ -19,7 +19,8 @@ import pytest
 from deploy.local import LocalStack
 from hub.metrics import HubMetrics
 from hub.publish import publish
-from hub.server import ServerConfig, ServerThread
+from hub.server import ServerConfig
+from hub.serverthread import ServerThread
 from hub.tokenstore import create, revoke
 from tests.integration.hub_support import (
     Pki,

@@ -17,7 +17,8 @@ import pytest
 
 from hub.metrics import HubMetrics
 from hub.publish import publish
-from hub.server import ServerConfig, ServerThread
+from hub.server import ServerConfig
+from hub.serverthread import ServerThread
 from protocol import bulk
 from protocol.hub.v1 import hub_pb2_grpc
 from spoke.errors import CorruptBlock, HubUnavailable, NotFound

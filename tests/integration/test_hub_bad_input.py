@@ -13,7 +13,7 @@ import pytest
 from hub.blocks import MiB, block_digest
 from hub.metrics import HubMetrics
 from hub.publish import publish
-from hub.server import ServerThread
+from hub.serverthread import ServerThread
 from hub.service import MAX_DIGESTS_PER_REQUEST
 from hub.wire import CORE_REQUEST_BYTES, MAX_REQUEST_BYTES
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc

@@ -25,7 +25,8 @@ from hub import gate, inbound
 from hub.budget import BYTES_PER_TOKEN, block_charge
 from hub.metrics import HubMetrics
 from hub.publish import publish
-from hub.server import ServerConfig, ServerThread
+from hub.server import ServerConfig
+from hub.serverthread import ServerThread
 from hub.streams import LISTING_CALLS, TOKEN_SHARE, UNARY_CALLS
 from hub.wire import CHUNK_BYTES
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc

@@ -21,7 +21,8 @@ from deploy.pki import LocalCa
 from hub.errors import ConfigError
 from hub.grants import KEY_FILE
 from hub.publish import publish
-from hub.server import ServerConfig, ServerThread
+from hub.server import ServerConfig
+from hub.serverthread import ServerThread
 from hub.signing import keygen
 from protocol.grants import grant_message, key_id
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc

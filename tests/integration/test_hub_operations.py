@@ -19,7 +19,7 @@ from hub.catalog import Catalog
 from hub.gc import collect
 from hub.metrics import HubMetrics
 from hub.publish import publish
-from hub.server import ServerThread
+from hub.serverthread import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import RPC_TIMEOUT, manifest, read_all, write_tree
 

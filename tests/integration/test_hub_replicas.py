@@ -34,7 +34,8 @@ from hub.errors import VersionExists
 from hub.events import EventKind
 from hub.grants import ensure_grant_key
 from hub.publish import publish
-from hub.server import ServerConfig, ServerThread
+from hub.server import ServerConfig
+from hub.serverthread import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from spoke.hublink.client import HubClient
 from spoke.hublink.credentials import HubCredentials

@@ -23,7 +23,8 @@ from hub.cli import main
 from hub.errors import BlockNotFound, ConfigError, CorruptBlob, InvalidDigest, StorageError
 from hub.gc import collect
 from hub.publish import publish
-from hub.server import ServerConfig, ServerThread
+from hub.server import ServerConfig
+from hub.serverthread import ServerThread
 from hub.verify import verify
 from protocol.hub.v1 import hub_pb2_grpc
 from tests.integration.hub_support import (

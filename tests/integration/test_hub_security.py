@@ -11,7 +11,8 @@ import pytest
 
 from hub.metrics import HubMetrics
 from hub.publish import publish
-from hub.server import ServerConfig, ServerThread
+from hub.server import ServerConfig
+from hub.serverthread import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import (
     RPC_TIMEOUT,

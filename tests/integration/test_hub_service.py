@@ -15,7 +15,8 @@ import pytest
 from hub.blocks import MiB, block_digest
 from hub.metrics import HubMetrics
 from hub.publish import publish
-from hub.server import MAX_MESSAGE_BYTES, ServerThread
+from hub.server import MAX_MESSAGE_BYTES
+from hub.serverthread import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hub.blocks import MiB, block_digest
 from hub.publish import publish
-from hub.server import ServerThread
+from hub.serverthread import ServerThread
 from protocol.hub.v1 import hub_pb2
 from spoke.hublink.client import PAGE_ENTRIES, HubClient
 
