@@ -45,7 +45,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,7 +53,7 @@ import httpx
 import xxhash
 
 from bench.data import parse_size
-from bench.measure import tree_cpu_seconds
+from bench.measure import read_groups, tree_cpu_seconds
 from deploy.local import LocalStack, admin_headers, publish
 from deploy.pki import LocalCa
 from protocol import bulk
@@ -219,25 +218,10 @@ def _fill(sock: socket.socket, view: memoryview) -> None:
 
 
 def read_files(root: Path, threads: int) -> int:
-    """Reads every file under ``root`` once, ``threads`` threads, 1 MiB reads; bytes."""
+    """Reads every file under ``root`` once, ``threads`` threads (files dealt round-robin),
+    1 MiB reads; bytes."""
     files = sorted(p for p in root.rglob("*") if p.is_file())
-    totals = [0] * threads
-
-    def reader(k: int) -> None:
-        for path in files[k::threads]:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                while data := os.read(fd, MiB):
-                    totals[k] += len(data)
-            finally:
-                os.close(fd)
-
-    workers = [threading.Thread(target=reader, args=(k,)) for k in range(threads)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
-    return sum(totals)
+    return read_groups([files[k::threads] for k in range(threads)], MiB)
 
 
 def run_path(work: Path, shape: Shape, path: str, files: int) -> Row:

@@ -87,12 +87,19 @@ def read_pass(chunks_dir: Path, workers: int = 4, block: int = 1 << 20) -> int:
     The stand-in for fio's ``seq_1m`` job (same split, same 1 MiB reads) where fio is
     not installed. Returns the bytes read.
     """
-    totals = [0] * workers
+    groups = [
+        [p for p in sorted((chunks_dir / str(k)).rglob("*")) if p.is_file()] for k in range(workers)
+    ]
+    return read_groups(groups, block)
+
+
+def read_groups(groups: list[list[Path]], block: int = 1 << 20) -> int:
+    """Reads each group's files whole, in order, ``block`` bytes a read, one thread per
+    group; returns the bytes read."""
+    totals = [0] * len(groups)
 
     def reader(k: int) -> None:
-        for path in sorted((chunks_dir / str(k)).rglob("*")):
-            if not path.is_file():
-                continue
+        for path in groups[k]:
             fd = os.open(path, os.O_RDONLY)
             try:
                 while data := os.read(fd, block):
@@ -100,7 +107,7 @@ def read_pass(chunks_dir: Path, workers: int = 4, block: int = 1 << 20) -> int:
             finally:
                 os.close(fd)
 
-    threads = [threading.Thread(target=reader, args=(k,)) for k in range(workers)]
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(len(groups))]
     for t in threads:
         t.start()
     for t in threads:
