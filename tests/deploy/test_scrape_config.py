@@ -11,6 +11,7 @@ import yaml
 
 from tests.conftest import REPO_ROOT
 from tests.deploy.prom_support import PROMETHEUS_DIR
+from tests.deploy.systemd_support import directives
 
 UNITS = REPO_ROOT / "deploy" / "systemd"
 
@@ -42,6 +43,13 @@ def test_targets_are_the_units_metrics_ports() -> None:
     }
     admin = spoke["STRATA_ADMIN"]
     assert admin.startswith("127.0.0.1:"), "the admin API is the node's own"
+    assert not spoke["STRATA_METRICS"].startswith("127."), "Prometheus scrapes another host"
+    # and each unit serves its metrics on that variable (the spoke's admin on its own)
+    (hub_start,) = directives(UNITS / "strata-hub.service")["ExecStart"]
+    (spoke_start,) = directives(UNITS / "strata-spoke.service")["ExecStart"]
+    assert "--metrics=${STRATA_HUB_METRICS}" in hub_start
+    assert "--metrics=${STRATA_METRICS}" in spoke_start
+    assert "--admin=${STRATA_ADMIN}" in spoke_start
     examples = _example_targets()
     for job, port in metrics_port.items():
         assert examples[job], job

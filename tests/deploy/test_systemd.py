@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.deploy.systemd_support import directives, unit_files
 
 UNITS = REPO_ROOT / "deploy" / "systemd"
 EXPOSURE = {"strata-hub.service": 2.0, "strata-spoke.service": 5.0}
@@ -36,8 +37,11 @@ def units(tmp_path_factory: pytest.TempPathFactory) -> Path:
     this venv: verify checks that every command it names exists and is executable."""
     out = tmp_path_factory.mktemp("systemd")
     for unit in UNITS.glob("*.service"):
-        text = unit.read_text().replace("/opt/strata/bin/", f"{Path(sys.executable).parent}/")
-        (out / unit.name).write_text(text)
+        for path in unit_files(unit):  # drop-ins too: verify reads them from beside the unit
+            text = path.read_text().replace("/opt/strata/bin/", f"{Path(sys.executable).parent}/")
+            copy = out / path.relative_to(UNITS)
+            copy.parent.mkdir(exist_ok=True)
+            copy.write_text(text)
     return out
 
 
@@ -68,6 +72,15 @@ def test_verify_reports_what_it_only_warns_about(units: Path, tmp_path: Path) ->
     assert "strickt" in result.stderr
 
 
+def test_verify_reads_the_drop_ins(units: Path, tmp_path: Path) -> None:
+    """The hub's drop-ins are verified with it: a misspelt key in one reaches stderr."""
+    shutil.copytree(units, tmp_path, dirs_exist_ok=True)
+    conf = tmp_path / "strata-hub.service.d" / "catalog.conf"
+    conf.write_text(conf.read_text().replace("LoadCredential=", "LoadCredentials=", 1))
+    result = _analyze("verify", "--man=no", str(tmp_path / "strata-hub.service"))
+    assert "catalog.conf" in result.stderr and "LoadCredentials" in result.stderr
+
+
 @pytest.mark.parametrize("unit", sorted(EXPOSURE))
 def test_units_are_sandboxed(units: Path, unit: str) -> None:
     threshold = round(EXPOSURE[unit] * 10)  # systemd compares tenths
@@ -77,25 +90,15 @@ def test_units_are_sandboxed(units: Path, unit: str) -> None:
     assert result.returncode == 0, f"{unit}: exposure {level.group(1)} > {EXPOSURE[unit]}"
 
 
-def _directives(unit: Path) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    joined = unit.read_text().replace("\\\n", " ")
-    for line in joined.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and not line.startswith(("#", "[")):
-            out.setdefault(key.strip(), []).append(value.strip())
-    return out
-
-
 def test_spoke_mount_reaches_the_host() -> None:
-    spoke = _directives(UNITS / "strata-spoke.service")
+    spoke = directives(UNITS / "strata-spoke.service")
     assert not set(spoke) & set(MOUNT_NAMESPACE), "the FUSE mount would stay in the unit"
     assert spoke["DeviceAllow"] == ["/dev/fuse rw"] and spoke["DevicePolicy"] == ["closed"]
     (start,) = spoke["ExecStart"]
     (stop,) = spoke["ExecStop"]
     assert "--mount=${STRATA_MOUNT}" in start and "--mount=${STRATA_MOUNT}" in stop
     assert "deploy.drain" in stop, "stopping waits for open files first"
-    hub = _directives(UNITS / "strata-hub.service")
+    hub = directives(UNITS / "strata-hub.service")
     assert hub["DynamicUser"] == ["yes"] and hub["ProtectSystem"] == ["strict"]
     assert "--data-dir=${STATE_DIRECTORY}" in hub["ExecStart"][0]
 
@@ -125,7 +128,7 @@ def test_spoke_may_read_proc_but_not_trace() -> None:
     """The spoke keeps CAP_SYS_PTRACE so its drain sees other users' open files
     (test_drain.py); its system-call filter leaves it no way to read or write another
     process's memory or take its descriptors with it."""
-    spoke = _directives(UNITS / "strata-spoke.service")
+    spoke = directives(UNITS / "strata-spoke.service")
     assert "CAP_SYS_PTRACE" in " ".join(spoke["CapabilityBoundingSet"]).split()
     groups = _syscall_groups()
     allowed: set[str] = set()
@@ -137,3 +140,47 @@ def test_spoke_may_read_proc_but_not_trace() -> None:
     assert "openat" in allowed and "mount" in allowed
     tracing = {"ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"}
     assert not allowed & tracing, sorted(allowed & tracing)
+
+
+CREDENTIAL_PATH = re.compile(r"(?:\$\{CREDENTIALS_DIRECTORY\}|%d)/([\w.-]+)")
+"""A file of the credentials directory, as a command line or an environment names it."""
+ENVIRONMENT_SECRETS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "PGPASSWORD",
+)
+"""Variables that would carry a secret in the environment."""
+
+
+@pytest.mark.parametrize("unit", sorted(EXPOSURE))
+def test_every_credential_used_is_loaded(unit: str) -> None:
+    """Each file a unit (with its drop-ins) reads from its credentials directory is one it
+    loads (systemd copies only those), and each one it loads is read."""
+    found = directives(UNITS / unit)
+    loaded = {entry.partition(":")[0] for entry in found["LoadCredential"]}
+    used = {
+        name
+        for key in ("ExecStart", "ExecStop", "Environment")
+        for value in found.get(key, [])
+        for name in CREDENTIAL_PATH.findall(value)
+    }
+    assert used == loaded, f"read, not loaded: {used - loaded}; loaded, unread: {loaded - used}"
+    for entry in found["LoadCredential"]:
+        assert entry.partition(":")[2].startswith("/etc/strata/"), entry
+
+
+def test_hub_runs_as_a_replica_with_secrets_as_credentials() -> None:
+    """A replica needs the grant key every replica shares (without it `serve --catalog`
+    refuses to start), its catalog password where its dynamic user can read it, and its
+    bucket key in a file: all three from the credentials directory, none in the
+    environment (test_systemd_replica.py runs it)."""
+    hub = directives(UNITS / "strata-hub.service")
+    (start,) = hub["ExecStart"]
+    assert "--grant-key=${CREDENTIALS_DIRECTORY}/grant.key" in start
+    assert hub["DynamicUser"] == ["yes"]
+    env = dict(pair.split("=", 1) for value in hub["Environment"] for pair in value.split())
+    assert env["PGPASSFILE"] == "%d/pgpass" and env["PGSSLROOTCERT"] == "%d/catalog-ca.crt"
+    assert env["AWS_SHARED_CREDENTIALS_FILE"] == "%d/s3-credentials"
+    unset = {name for value in hub["UnsetEnvironment"] for name in value.split()}
+    assert set(ENVIRONMENT_SECRETS) <= unset, "UnsetEnvironment= drops them whoever set them"
