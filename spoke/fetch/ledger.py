@@ -23,11 +23,12 @@ SIGCOMM 1988):
   source comes back: on confirmed use, never by itself, and one block at a time (its
   blocks must then be read before they are evicted to grow it further).
 
-The ledger learns of reads from the access log (:mod:`spoke.serve.access`) through the
-scheduler's subscriber (:meth:`spoke.fetch.scheduler.FetchScheduler.observe`, which also
-marks a flight read when its hit comes in before the flight resolved) and of evictions as
-one of the cache's subscribers (``BlockCache.on_evict``);
-the scheduler tells it what is requested, claimed by a reader, and how each fetch ended.
+The ledger keeps counts and windows only: whether a block was read, in every state, is
+its life's (:mod:`spoke.fetch.life`), and the ledger learns of each prefetch's life by
+subscribing to it (:meth:`PrefetchLedger.hear`: wanted, claimed by a reader, resident,
+streamed through, failed, read after it was cached, evicted unread). Reads of blocks no
+life holds reach it from the access log through the scheduler
+(:meth:`spoke.fetch.scheduler.FetchScheduler.observe`), for its ghosts.
 
 Everything runs on the daemon's event loop (no locks).
 """
@@ -37,21 +38,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from spoke import metrics
+from spoke.fetch.life import Event, Life
+from spoke.fetch.priority import Source
 
 GHOSTS = 4096
 """Dropped requests remembered per source (their digests and sizes)."""
-
-
-class Source(StrEnum):
-    """Who asked for a block before any reader did (the ``source`` metric label)."""
-
-    HINT = "hint"  # a read-order hint stream (spoke.prefetch.hints)
-    READAHEAD = "readahead"  # the mount's in-file readahead (fusemount/readahead.py)
-    CROSSFILE = "crossfile"  # the mount's cross-file readahead (fusemount/crossfile.py)
-    FILL = "fill"  # background fill (spoke.prefetch.fill)
 
 
 @dataclass
@@ -119,11 +112,11 @@ class SourceLedger:
 
 
 class PrefetchLedger:
-    """Every source's ledger, and the blocks cached ahead of their first read.
+    """Every source's ledger.
 
     One method per event in a prefetch's life (requested, claimed, arrived, discarded,
-    released, settled, read, evicted) and the questions about it: many small methods,
-    one concern.
+    released, used, wasted), :meth:`hear` mapping a life's events to them, and the
+    questions about it: many small methods, one concern.
 
     Args:
         max_bytes: each source's largest window, bytes, by source (missing: 256 MiB).
@@ -132,7 +125,6 @@ class PrefetchLedger:
     def __init__(self, max_bytes: dict[Source, int] | None = None) -> None:
         limits = max_bytes or {}
         self.sources = {s: SourceLedger(s, limits.get(s, 256 << 20)) for s in Source}
-        self._unread: dict[str, tuple[int, Source]] = {}  # cached, unread: digest -> size, source
 
     def __getitem__(self, source: Source) -> SourceLedger:
         return self.sources[source]
@@ -157,29 +149,41 @@ class PrefetchLedger:
         ledger.outstanding -= size
         ledger.grow(size)
 
-    def arrived(self, source: Source, digest: str, size: int, read: bool) -> None:
-        """The source's block is cached; ``read`` when a reader was already waiting."""
+    def arrived(self, source: Source, size: int, read: bool) -> None:
+        """The source's block is cached (or, ``read``, its reader had its bytes): issued;
+        used when ``read`` (a reader was already waiting, or read it while it was
+        admitted); otherwise its life tells of its first read or its eviction."""
         ledger = self.sources[source]
         ledger.issued += size
         metrics.PREFETCH_BYTES.inc(size)
         metrics.PREFETCH_SOURCE_BYTES.labels(source, "issued").inc(size)
         if read:
             self._used(ledger, size)
-        else:
-            self._unread[digest] = (size, source)
 
-    def settled(
-        self, source: Source, digest: str, size: int, *, failed: bool, kept: bool, read: bool
-    ) -> None:
-        """The source's fetch of ``digest`` is done: ``failed`` (it is no longer the
-        source's), else arrived and ``kept`` in the cache or not (no room); ``read`` when a
-        reader was waiting for it (it had its bytes either way)."""
-        if failed:
-            self.released(source, size)
-        elif kept or read:
-            self.arrived(source, digest, size, read=read)
-        else:
-            self.discarded(source, size)
+    def hear(self, event: Event, life: Life) -> None:
+        """A block life's subscriber (:meth:`spoke.fetch.life.BlockLives.subscribe`): count
+        what happened to a prefetch's block (lives that are a reader's count nothing)."""
+        source = life.prefetch
+        if event is Event.CLAIMED:
+            assert life.source is not None
+            self.claimed(life.source, life.size)
+        elif source is None:
+            return
+        elif event is Event.WANTED:
+            self.requested(source, life.size)
+        elif event is Event.RESIDENT:
+            self.arrived(source, life.size, read=life.read)
+        elif event is Event.STREAMED:
+            if life.read:
+                self.arrived(source, life.size, read=True)
+            else:
+                self.discarded(source, life.size)
+        elif event is Event.FAILED:
+            self.released(source, life.size)
+        elif event is Event.READ:
+            self._used(self.sources[source], life.size)
+        elif event is Event.EVICTED:
+            self._wasted(self.sources[source], life.size)
 
     def discarded(self, source: Source, size: int) -> None:
         """The source's block arrived and could not be kept (no room): fetched for
@@ -191,27 +195,12 @@ class PrefetchLedger:
         self._wasted(ledger, size)
 
     def note_read(self, digests: Iterable[str]) -> None:
-        """Readers read these blocks: cached prefetches among them were used, and
-        dropped requests among them confirm their source."""
+        """Readers read these blocks, none of them a prefetch cached unread (those are
+        their lives', :meth:`hear`): dropped requests among them confirm their source."""
         for digest in digests:
-            entry = self._unread.pop(digest, None)
-            if entry is not None:
-                size, source = entry
-                self._used(self.sources[source], size)
-                continue
             for ledger in self.sources.values():
                 if ledger.ghosts and ledger.read_ghost(digest):
                     break
-
-    def evicted(self, digest: str, size: int) -> None:
-        """``digest`` left the cache: wasted if it was a prefetch nobody read."""
-        entry = self._unread.pop(digest, None)
-        if entry is not None:
-            self._wasted(self.sources[entry[1]], entry[0])
-
-    def is_unread(self, digest: str) -> bool:
-        """True while ``digest`` is cached ahead of its first read."""
-        return digest in self._unread
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """JSON-ready per source: window, outstanding, issued, used, wasted (bytes)."""

@@ -1,13 +1,15 @@
-"""The request classes every fetch has (:class:`Priority`), most urgent first.
+"""The request classes every fetch has (:class:`Priority`), most urgent first, and who
+asks for a block ahead of its readers (:class:`Source`).
 
 A small module of its own: the scheduler queues by class, a source may use it (the mesh
-tells a peer the class of a batch), and the services name it when they ask; none of them
-needs the scheduler for it.
+tells a peer the class of a batch), and the services name both when they ask; none of
+them needs the scheduler for it, and a block's life (:mod:`spoke.fetch.life`) and the
+prefetch ledger (:mod:`spoke.fetch.ledger`) share them without importing each other.
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 
 
 class Priority(IntEnum):
@@ -28,3 +30,12 @@ class Priority(IntEnum):
 
 SPECULATIVE = frozenset({Priority.HINT, Priority.READAHEAD})
 """Classes bounded by the prefetch budget."""
+
+
+class Source(StrEnum):
+    """Who asked for a block before any reader did (the ``source`` metric label)."""
+
+    HINT = "hint"  # a read-order hint stream (spoke.prefetch.hints)
+    READAHEAD = "readahead"  # the mount's in-file readahead (fusemount/readahead.py)
+    CROSSFILE = "crossfile"  # the mount's cross-file readahead (fusemount/crossfile.py)
+    FILL = "fill"  # background fill (spoke.prefetch.fill)

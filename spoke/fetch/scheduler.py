@@ -9,10 +9,14 @@ operator asked), **fill** (the rest of a snapshot being read).
 
 The scheduler puts together parts that each own one concern:
 
-* **Single flight** (:mod:`spoke.fetch.flights`). One entry per digest being fetched,
-  whatever its class; a later request for the same digest joins it (and raises its class
-  if more urgent: a demand miss on a block still queued for readahead moves it to the
-  demand queue). The table keeps every byte count.
+* **A block's life** (:mod:`spoke.fetch.life`). One state machine per digest, whatever
+  its class, from wanted to resident (single flight: a later request for the same digest
+  joins it, and raises its class if more urgent — a demand miss on a block still queued
+  for readahead moves it to the demand queue); it owns who waits, the placement and
+  whether the block was read, keeps every byte count, and tells its subscribers — this
+  scheduler, the ledger, the policy, the metrics — of every transition. The fetcher
+  writes through a sink (:mod:`spoke.fetch.sink`) that moves the lives; nobody is called
+  back from inside a fetch.
 * **Pacing** (:mod:`spoke.fetch.pacer`). Demand batches leave at once, on streams of
   their own; other classes leave, most urgent first, only while the link window has room,
   split over several streams. Concurrent demand misses gather: while a demand stream
@@ -22,9 +26,9 @@ The scheduler puts together parts that each own one concern:
   it asks the fetcher for, the scheduler never reads the fetcher's state.
 * **Ledger and feedback** (:mod:`spoke.fetch.ledger`). A fetch asked for ahead of any
   reader has a source (hint, in-file readahead, cross-file readahead, fill): counted
-  issued when it arrives, used when read (the scheduler subscribes to the access log for
-  it, so a read that comes in while the block's admission is still running counts too),
-  wasted when evicted unread; a source whose blocks go unread has its window shrunk, down
+  issued when it arrives, used when read, wasted when evicted unread (it hears all three
+  from the block's life; the scheduler subscribes to the access log to tell the lives of
+  reads); a source whose blocks go unread has its window shrunk, down
   to off, and requests past its window are dropped.
 * **Room.** Readahead is dropped when the cache has no room for it above its high
   watermark (less what is on the way, :attr:`spoke.cache.blockcache.BlockCache.readahead_room`): a
@@ -43,12 +47,13 @@ import time
 from collections.abc import Sequence
 
 from spoke import metrics
-from spoke.cache.blockcache import BlockCache, Placement
+from spoke.cache.blockcache import BlockCache
 from spoke.fetch.fetcher import Fetcher
-from spoke.fetch.flights import Flight, FlightTable, State
-from spoke.fetch.ledger import PrefetchLedger, Source
+from spoke.fetch.ledger import PrefetchLedger
+from spoke.fetch.life import BlockLives, Event, Life
 from spoke.fetch.pacer import Pacer, Stream
-from spoke.fetch.priority import SPECULATIVE, Priority
+from spoke.fetch.priority import SPECULATIVE, Priority, Source
+from spoke.fetch.sink import CacheSink
 from spoke.fetch.window import LinkWindow
 
 log = logging.getLogger(__name__)
@@ -67,9 +72,9 @@ class FetchScheduler:
     """Fetch blocks by class through one single-flight table and one link window.
 
     Its methods are the surface the spoke's services ask (requests, and what is on the
-    way) and the fetcher's four reports (:class:`~spoke.fetch.fetcher.FetchListener`);
-    each hands its work to the part that owns it — the table, the pacer, the ledger, the
-    fetcher — so the class is wide, not deep.
+    way); each hands its work to the part that owns it — the lives, the pacer, the
+    ledger, the fetcher — so the class is wide, not deep. It learns of arrivals as a
+    subscriber of the lives (:meth:`_hear`).
 
     Args:
         fetcher: runs batches against the block source.
@@ -106,7 +111,8 @@ class FetchScheduler:
         self.window = self.pacer.window  # the link window the pacer keeps
         self.batch_blocks = batch_blocks
         self.prefetch_budget = prefetch_budget
-        self.flights = FlightTable()
+        self.lives = BlockLives()
+        self.sink = CacheSink(self.lives, cache, self.pacer.first_bytes)
         self.ledger = ledger or PrefetchLedger(
             {s: prefetch_budget for s in Source}
             | {Source.FILL: cache.capacity_bytes}
@@ -118,7 +124,9 @@ class FetchScheduler:
         self._closed = False
         self._gather: asyncio.TimerHandle | None = None  # ends the gathering of demand
         self._gathered = False  # the gather time ran out: queued demand leaves now
-        cache.on_evict.append(self.ledger.evicted)
+        for subscriber in (self._hear, self.ledger.hear, self._policy_hears, _count_bytes):
+            self.lives.subscribe(subscriber)
+        cache.on_evict.append(self.lives.evicted)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -152,16 +160,10 @@ class FetchScheduler:
         for (digest, size), hit in zip(blocks, was_cached, strict=True):
             if hit:
                 continue
-            flight = self._request(digest, size, priority, source)
-            if flight.source is not None and source is None:  # a reader's now
-                if flight.state is State.QUEUED:
-                    self.ledger.claimed(flight.source, flight.size)
-                    flight.source = None
-                else:  # counted issued and used when it resolves
-                    if flight.placed not in (None, Placement.DEMAND):
-                        flight.read_early = True  # admitted unread: the policy hears of it
-                    flight.demanded = True
-            waits.append((digest, size, flight.future))
+            life = self._request(digest, size, priority, source)
+            if source is None:  # a reader joins it (the life decides what that means)
+                self.lives.read(digest, joined=True)
+            waits.append((digest, size, life.future))
         if not waits:
             return was_cached, {}
         self._pump()
@@ -176,27 +178,18 @@ class FetchScheduler:
         return was_cached, uncached
 
     def observe(self, digests: Sequence[str], hit: bool) -> None:
-        """The access log's subscriber (in place of the ledger's own): readers read
-        ``digests`` — hits from the block files, or misses.
+        """The access log's subscriber: readers read ``digests`` — hits from the block
+        files, or misses.
 
-        A hit can come in for a block whose flight has not resolved yet: the block file
-        landed and the mount read it while the rest of its admission (the policy's insert
-        on this loop; the index commit possibly done) still ran. The policy's subscriber
-        cannot record that read (the block is not resident yet), and the ledger would count
-        a prefetched block read before it was cached as never read: evicted, wasted, its
-        source's window halved. So such a flight is marked read (``demanded`` for the
-        ledger, ``read_early`` for the policy) and :meth:`resolved` hands both the read;
-        then the ledger hears of the reads (:meth:`PrefetchLedger.note_read`). Hits for
-        flights still queued or on the wire are stale block files of earlier runs and mark
-        nothing.
+        A hit goes to the block's life, which knows what it means in its state
+        (:meth:`spoke.fetch.life.BlockLives.read`): the first read of a prefetch cached
+        unread; a read of a block whose file landed while its admission still runs (the
+        policy's insert on this loop to come: the policy hears of the read when the block
+        is resident); a stale file of an earlier run for a block still wanted or on the
+        wire. Reads no life holds go to the ledger's ghosts.
         """
         if hit:
-            for digest in digests:
-                flight = self.flights.get(digest)
-                if flight is not None and flight.state is State.ADMITTING:
-                    flight.read_early = True
-                    if flight.source is not None:
-                        flight.demanded = True
+            digests = [d for d in digests if not self.lives.read(d)]
         self.ledger.note_read(digests)
 
     def _again(
@@ -229,13 +222,13 @@ class FetchScheduler:
             How many fetches were queued.
         """
         source = source or SOURCES.get(priority)
-        room = self.cache.readahead_room - self.flights.on_the_way_bytes
+        room = self.cache.readahead_room - self.lives.on_the_way_bytes
         started = 0
         for n, (digest, size) in enumerate(blocks):
             if self._known(digest):
                 continue
             if priority in SPECULATIVE and (
-                self.flights.speculative_bytes + size > self.prefetch_budget
+                self.lives.speculative_bytes + size > self.prefetch_budget
                 or (priority == Priority.READAHEAD and size > room)
             ):
                 if source is not None:
@@ -253,20 +246,17 @@ class FetchScheduler:
         return started
 
     def _known(self, digest: str) -> bool:
-        return self.cache.contains(digest) or digest in self.flights
+        return self.cache.contains(digest) or digest in self.lives
 
     def _request(
         self, digest: str, size: int, priority: Priority, source: Source | None = None
-    ) -> Flight:
-        flight, new = self.flights.request(digest, size, priority, source)
-        if new and source is not None:
-            self.ledger.requested(source, size)
-        return flight
+    ) -> Life:
+        return self.lives.want(digest, size, priority, source)[0]
 
     @property
     def prefetch_room(self) -> int:
         """Bytes of hinted or readahead requests the budget still takes."""
-        return max(0, self.prefetch_budget - self.flights.speculative_bytes)
+        return max(0, self.prefetch_budget - self.lives.speculative_bytes)
 
     def readahead_room(self, source: Source) -> int:
         """Bytes of readahead ``source`` may ask for now without any being dropped: what
@@ -276,7 +266,7 @@ class FetchScheduler:
         ledger = self.ledger[source]
         room = min(
             self.prefetch_room,
-            self.cache.readahead_room - self.flights.on_the_way_bytes,
+            self.cache.readahead_room - self.lives.on_the_way_bytes,
             ledger.window - ledger.outstanding,
         )
         return max(0, room)
@@ -290,32 +280,32 @@ class FetchScheduler:
 
     def is_fetching(self, digest: str) -> bool:
         """True while ``digest`` is queued or on the wire."""
-        return digest in self.flights
+        return digest in self.lives
 
     @property
     def inflight(self) -> int:
         """Blocks queued or being fetched now."""
-        return len(self.flights)
+        return len(self.lives)
 
     @property
     def on_the_way_bytes(self) -> int:
         """Bytes of blocks requested and not resident yet (queued, on the wire, or being
         written to the cache)."""
-        return self.flights.on_the_way_bytes
+        return self.lives.on_the_way_bytes
 
     @property
     def wire_bytes(self) -> int:
         """Bytes asked of the source that have not arrived yet."""
-        return self.flights.wire_bytes
+        return self.lives.wire_bytes
 
     @property
     def admitting_bytes(self) -> int:
         """Bytes that arrived and are being written to the cache."""
-        return self.flights.admitting_bytes
+        return self.lives.admitting_bytes
 
     def queued(self, priority: Priority) -> tuple[int, int]:
         """Blocks and bytes of ``priority`` waiting to leave."""
-        return self.flights.queued(priority)
+        return self.lives.queued(priority)
 
     def snapshot(self) -> dict[str, object]:
         """JSON-ready state: window, rate, RTT, bytes on the wire, queues by class, and
@@ -323,12 +313,12 @@ class FetchScheduler:
         rate, rtt = self.window.rate_bps, self.window.rtt_s
         return {
             "window_bytes": self.window.bytes,
-            "wire_bytes": self.flights.wire_bytes,
+            "wire_bytes": self.lives.wire_bytes,
             "rate_bytes_per_s": round(rate) if rate is not None else None,
             "rtt_s": round(rtt, 4) if rtt is not None else None,
             "streams": self.pacer.busy,
             "queued": {
-                p.label: dict(zip(("blocks", "bytes"), self.flights.queued(p), strict=True))
+                p.label: dict(zip(("blocks", "bytes"), self.lives.queued(p), strict=True))
                 for p in Priority
             },
             "prefetch": self.ledger.snapshot(),
@@ -341,33 +331,33 @@ class FetchScheduler:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for flight in self.flights.close():
-            flight.future.cancel()
+        for life in self.lives.close():
+            life.future.cancel()
 
     # -- batches ---------------------------------------------------------------------------
 
     def _pump(self) -> None:
         """Start batches while the pacer allows, most urgent class first."""
         while True:
-            priority = next((p for p in Priority if self.flights.head(p) is not None), None)
+            priority = next((p for p in Priority if self.lives.head(p) is not None), None)
             if priority is None:
                 break
             demand = priority == Priority.DEMAND
             if demand and self._gathering():
                 break  # nothing less urgent overtakes the gathering misses
-            room = self.pacer.room(priority, self.flights.wire_bytes, self.flights.admitting_bytes)
+            room = self.pacer.room(priority, self.lives.wire_bytes, self.lives.admitting_bytes)
             if room is None:
                 break
-            batch = self.flights.take(priority, room, self.batch_blocks)
+            batch = self.lives.take(priority, room, self.batch_blocks)
             stream = self.pacer.open(len(batch), demand=demand)
             if demand:
                 self._end_gathering()
-            for flight in batch:
-                flight.stream = stream
+            for life in batch:
+                life.stream = stream
             task = asyncio.create_task(self._run(batch, priority, stream))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        self.flights.publish()
+        self.lives.publish()
         self.pacer.publish()
 
     def _gathering(self) -> bool:
@@ -393,67 +383,40 @@ class FetchScheduler:
             self._gather = None
         self._gathered = False
 
-    async def _run(self, batch: list[Flight], priority: Priority, stream: Stream) -> None:
+    async def _run(self, batch: list[Life], priority: Priority, stream: Stream) -> None:
         try:
-            await self.fetcher.fetch([(f.digest, f.size) for f in batch], priority, self)
+            await self.fetcher.fetch([(f.digest, f.size) for f in batch], priority, self.sink)
         finally:
             self.pacer.release(stream)
-            for flight in batch:  # cancelled part-way: what never arrived leaves the wire
-                self.flights.left(flight)
+            for life in batch:  # cancelled part-way: what never arrived leaves the wire
+                self.lives.left(life)
             task = asyncio.current_task()
             if not self._closed and not (task is not None and task.cancelling()):
                 self._pump()  # (not while shutting down: new tasks would never run)
 
-    # -- FetchListener ---------------------------------------------------------------------
+    # -- subscribers of the lives ---------------------------------------------------------
 
-    def first_bytes(self, seconds: float, nbytes: int) -> None:
-        """A stream's first block came back: a round-trip sample for the window."""
-        self.pacer.first_bytes(seconds, nbytes)
+    def _hear(self, event: Event, life: Life) -> None:
+        """A block arrived: it leaves the wire, its stream may free its slot, the window
+        has a delivery sample, and more may leave."""
+        if event is Event.ARRIVED:
+            self.window.on_delivered(life.size)
+            if life.stream is not None:
+                self.pacer.arrived(life.stream)
+            self._pump()
 
-    def arrived(self, digest: str, nbytes: int) -> None:
-        """A verified block arrived: it leaves the wire, and the window may admit more."""
-        self.window.on_delivered(nbytes)
-        flight = self.flights.arrived(digest)
-        if flight is not None:
-            metrics.CLASS_BYTES.labels((flight.sent_as or flight.priority).label).inc(nbytes)
-            if flight.stream is not None:
-                self.pacer.arrived(flight.stream)
-        self._pump()
-
-    def resolved(self, digest: str, error: BaseException | None, data: bytes | None) -> None:
-        """A block is done: resident, streamed through, or failed."""
-        flight = self.flights.resolve(digest)
-        if flight is None:
-            return
-        if flight.source is not None:
-            self.ledger.settled(
-                flight.source,
-                digest,
-                flight.size,
-                failed=error is not None,
-                kept=data is None,
-                read=flight.demanded,
-            )
-        if not flight.future.done():
-            if error is None:
-                flight.future.set_result(data)
-            else:
-                flight.future.set_exception(error)
-        if flight.read_early and error is None and data is None:
-            try:  # the read the policy could not record then (observe, ensure)
-                self.cache.record_access([digest])
+    def _policy_hears(self, event: Event, life: Life) -> None:
+        """The policy's subscriber: a block read while its admission ran (the read the
+        policy could not record then, as the block was not resident to it) is recorded
+        once it is resident."""
+        if event is Event.RESIDENT and life.unseen:
+            try:
+                self.cache.record_access([life.digest])
             except Exception:  # its recency flush writes the index: the readers go on
-                log.exception("recording the early read of %s failed", digest)
+                log.exception("recording the early read of %s failed", life.digest)
 
-    def placement(self, digest: str) -> Placement:
-        """How the cache admits an arrived block: ahead of its readers while only its
-        prefetch source asked for it (a hint's, or readahead's and fill's, which must
-        find room), as a reader's otherwise."""
-        flight = self.flights.get(digest)
-        if flight is None:
-            return Placement.DEMAND
-        if flight.source is None or flight.demanded:
-            flight.placed = Placement.DEMAND
-        else:
-            flight.placed = Placement.HINTED if flight.source is Source.HINT else Placement.AHEAD
-        return flight.placed
+
+def _count_bytes(event: Event, life: Life) -> None:
+    """The metrics' subscriber: bytes arrived, by the class their batch left in."""
+    if event is Event.ARRIVED:
+        metrics.CLASS_BYTES.labels((life.sent_as or life.priority).label).inc(life.size)

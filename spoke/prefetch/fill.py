@@ -37,7 +37,7 @@ from spoke import metrics
 from spoke.cache.blockcache import BlockCache
 from spoke.catalog.snapshots import SnapshotIndex
 from spoke.errors import HubUnavailable, SpokeError
-from spoke.fetch.ledger import Source
+from spoke.fetch.priority import Source
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.prefetch.prewarm import fetch_batches
 

@@ -47,8 +47,7 @@ from typing import TYPE_CHECKING
 from spoke.cache.hinted import HintedPolicy, HintPlan, HintStream
 from spoke.cache.hintplan import PlanBuilder, PlanLimit
 from spoke.errors import OverLimit
-from spoke.fetch.ledger import Source
-from spoke.fetch.priority import Priority
+from spoke.fetch.priority import Priority, Source
 
 if TYPE_CHECKING:
     from spoke.cache.blockcache import BlockCache

@@ -157,7 +157,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             else None
         )
         scheduler = FetchScheduler(
-            Fetcher(mesh.source if mesh else source, cache, miss_deadline=settings.miss_deadline),
+            Fetcher(mesh.source if mesh else source, miss_deadline=settings.miss_deadline),
             cache,
         )
         stack.push_async_callback(scheduler.close)

@@ -35,7 +35,7 @@ from spoke.errors import (
     NotFound,
     SpokeError,
 )
-from spoke.fetch.ledger import Source
+from spoke.fetch.priority import Source
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.prefetch.hints import HintService
 from spoke.serve.access import AccessLog

@@ -58,7 +58,7 @@ def run(tmp_path: Path, port: int, scenario: Scenario, scoped: ScopedTokens | No
         hub = HubClient(f"127.0.0.1:{port}")
         cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 24), 1 << 24)
         catalog = SnapshotCatalog(hub, env)
-        scheduler = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
+        scheduler = FetchScheduler(Fetcher(HubSource(hub), miss_deadline=5), cache)
         pins = PinRegistry(env, cache)
         jobs = PrewarmJobs(catalog, cache, scheduler, pins)
         audit = AuditLog(tmp_path / "audit.jsonl")
@@ -186,7 +186,7 @@ def test_pins_of_a_revoked_version_go_with_it(tmp_path: Path, hub_port: int) -> 
         hub = HubClient(f"127.0.0.1:{hub_port}")
         cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 24), 1 << 24)
         catalog = SnapshotCatalog(hub, env)
-        scheduler = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
+        scheduler = FetchScheduler(Fetcher(HubSource(hub), miss_deadline=5), cache)
         pins = PinRegistry(env, cache)
         jobs = PrewarmJobs(catalog, cache, scheduler, pins)
         try:

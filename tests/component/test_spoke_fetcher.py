@@ -62,7 +62,7 @@ class FakeHub:
 def _scheduler(
     hub: FakeHub, cache: BlockCache, miss_deadline: float = 60.0, batch_blocks: int = 64
 ) -> FetchScheduler:
-    fetcher = Fetcher(HubSource(hub), cache, miss_deadline=miss_deadline)  # type: ignore[arg-type]
+    fetcher = Fetcher(HubSource(hub), miss_deadline=miss_deadline)  # type: ignore[arg-type]
     return FetchScheduler(fetcher, cache, batch_blocks=batch_blocks)
 
 

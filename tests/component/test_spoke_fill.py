@@ -75,7 +75,7 @@ class Setup:
         )
         self.hub = Hub({d: b for (d, _), b in zip(self.refs, data, strict=True)})
         self.scheduler = FetchScheduler(
-            Fetcher(self.hub, self.cache, miss_deadline=miss_deadline),  # type: ignore[arg-type]
+            Fetcher(self.hub, miss_deadline=miss_deadline),  # type: ignore[arg-type]
             self.cache,
         )
         index = SnapshotIndex()

@@ -62,7 +62,7 @@ def run(tmp_path: Path, port: int, scenario: Scenario) -> None:
         policy = HintedPolicy(make_policy("lru", 1 << 24))
         cache = BlockCache(BlockStore(layout, env), policy, 1 << 24)
         catalog = SnapshotCatalog(hub, env)
-        scheduler = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
+        scheduler = FetchScheduler(Fetcher(HubSource(hub), miss_deadline=5), cache)
         pins = PinRegistry(env, cache)
         jobs = PrewarmJobs(catalog, cache, scheduler, pins)
         hints = HintService(cache, scheduler)

@@ -19,7 +19,7 @@ from spoke.cache.hinted import HintedPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.errors import InvalidRequest
-from spoke.fetch.ledger import Source
+from spoke.fetch.priority import Source
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.prefetch import hints as hintservice
 from spoke.prefetch.hints import FAR_PLAN_S, HintService

@@ -22,8 +22,7 @@ from spoke.catalog.catalog import SnapshotCatalog
 from spoke.catalog.snapshots import SnapshotIndex
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher
-from spoke.fetch.ledger import Source
-from spoke.fetch.priority import Priority
+from spoke.fetch.priority import Priority, Source
 from spoke.fetch.scheduler import FetchScheduler
 from spoke.serve.access import AccessLog, SteadyState
 from spoke.serve.local import SpokeLocalService
@@ -86,7 +85,7 @@ class Service:
         layout = CacheLayout(root)
         self.cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(1 << 30), 1 << 30)
         self.hub = Hub({d: b for (d, _), b in zip(self.refs, self.data, strict=True)})
-        self.scheduler = FetchScheduler(Fetcher(self.hub, self.cache), self.cache)
+        self.scheduler = FetchScheduler(Fetcher(self.hub), self.cache)
         self.access = AccessLog()
         self.heard: list[tuple[list[str], bool]] = []
         self.access.subscribe("test", lambda d, hit: self.heard.append((list(d), hit)))

@@ -153,7 +153,7 @@ class Owner:
         _hold(catalog, "ds", self.blocks)
         self.cache = cache
         source = MeshSource(self.hub, Membership(self.node))
-        self.scheduler = FetchScheduler(Fetcher(source, cache), cache)
+        self.scheduler = FetchScheduler(Fetcher(source), cache)
         service = PeerService(
             self.node,
             cache,
@@ -289,7 +289,7 @@ def test_hub_fetch_bytes_count_the_hubs_blocks_not_the_peers(tmp_path: Path) -> 
         hub = FakeHubClient(blocks)
         cache, _ = _cache(tmp_path / "asker")
         mesh = MeshSource(HubSource(hub), membership, grants=source.grants)  # type: ignore[arg-type]
-        scheduler = FetchScheduler(Fetcher(mesh, cache), cache)
+        scheduler = FetchScheduler(Fetcher(mesh), cache)
         await scheduler.ensure(_sized(blocks, blocks))
         await scheduler.close()
         await membership.close()

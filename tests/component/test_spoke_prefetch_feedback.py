@@ -13,7 +13,8 @@ from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher
-from spoke.fetch.ledger import PrefetchLedger, Source
+from spoke.fetch.ledger import PrefetchLedger
+from spoke.fetch.priority import Source
 from spoke.fetch.scheduler import FetchScheduler, Priority
 
 BLOCK = 4096
@@ -53,7 +54,7 @@ def _setup(
         BlockStore(layout, open_index(layout)), LRUPolicy(capacity), capacity, *watermarks
     )
     ledger = PrefetchLedger({s: window_blocks * BLOCK for s in Source})
-    scheduler = FetchScheduler(Fetcher(hub, cache), cache, ledger=ledger)
+    scheduler = FetchScheduler(Fetcher(hub), cache, ledger=ledger)
     return hub, cache, scheduler, [(block_digest(b), len(b)) for b in data]
 
 
@@ -115,7 +116,7 @@ def test_an_off_source_comes_back_only_when_a_reader_confirms_it(tmp_path: Path)
 
     assert asyncio.run(go()) == (0, 0, 1)
     assert ledger.window == BLOCK and ledger.outstanding == BLOCK
-    scheduler.ledger.note_read([refs[3][0]])  # its prefetch was read: used, and it grows
+    scheduler.observe([refs[3][0]], hit=True)  # its prefetch was read: used, and it grows
     assert ledger.used == BLOCK and ledger.outstanding == 0 and ledger.window == BLOCK
 
 
@@ -165,7 +166,7 @@ def test_the_background_evictor_spares_prefetched_blocks_on_their_way_to_a_reade
 
     asyncio.run(go())
     assert cache.resident() == [d for d, _ in (*ahead, *read[3:])]
-    scheduler.ledger.note_read([d for d, _ in ahead])
+    scheduler.observe([d for d, _ in ahead], hit=True)
     ledger = scheduler.ledger[Source.READAHEAD]
     assert ledger.used == 3 * BLOCK and ledger.wasted == 0
 
@@ -201,7 +202,7 @@ def test_a_hit_reported_before_its_prefetch_resolved_counts_as_used(tmp_path: Pa
     asyncio.run(go())
     assert len(early) == 2
     assert ledger.issued == 4 * BLOCK and ledger.used == 2 * BLOCK
-    assert [scheduler.ledger.is_unread(d) for d, _ in refs] == [False, False, True, True]
+    assert [scheduler.lives.is_unread(d) for d, _ in refs] == [False, False, True, True]
     assert cache.policy.unread_bytes == 2 * BLOCK  # the two read early are read there too
     report([d for d, _ in refs[2:]])  # the usual order: after the flight resolved
     assert ledger.used == ledger.issued and ledger.outstanding == 0 and ledger.wasted == 0
@@ -264,5 +265,5 @@ def test_a_hit_for_a_block_not_arrived_yet_marks_nothing(tmp_path: Path) -> None
 
     asyncio.run(go())
     assert scheduler.ledger[Source.CROSSFILE].used == 0
-    assert scheduler.ledger.is_unread(refs[0][0])
+    assert scheduler.lives.is_unread(refs[0][0])
     assert cache.policy.unread_bytes == BLOCK

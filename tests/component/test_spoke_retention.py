@@ -46,7 +46,7 @@ def test_stale_snapshots_lose_their_own_blocks_only(tmp_path: Path) -> None:
             hub = HubClient(f"127.0.0.1:{hub_server.port}")
             cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 24), 1 << 24)
             catalog = SnapshotCatalog(hub, env)
-            scheduler = FetchScheduler(Fetcher(HubSource(hub), cache, miss_deadline=5), cache)
+            scheduler = FetchScheduler(Fetcher(HubSource(hub), miss_deadline=5), cache)
             pins = PinRegistry(env, cache)
             audit = AuditLog(tmp_path / "audit.jsonl")
             clock = ReadClock(lambda: now[0])

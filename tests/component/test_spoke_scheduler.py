@@ -59,7 +59,7 @@ def _setup(
     hub = SlowHub(blobs)
     window = LinkWindow(floor=kwargs.pop("window", 1 << 20), ceiling=1 << 30)
     scheduler = FetchScheduler(
-        Fetcher(hub, cache), cache, window=window, demand_gather_s=demand_gather_s, **kwargs
+        Fetcher(hub), cache, window=window, demand_gather_s=demand_gather_s, **kwargs
     )
     hub.scheduler = scheduler
     return hub, cache, scheduler, [(d, len(b)) for d, b in blobs.items()]
@@ -200,7 +200,7 @@ def test_ledger_counts_issued_used_and_prewarm_is_not_a_miss(tmp_path: Path) -> 
         await scheduler.ensure(refs[3:], Priority.PREWARM)
         while scheduler.inflight:
             await asyncio.sleep(0.01)
-        scheduler.ledger.note_read([refs[0][0], refs[3][0]])  # one prefetched, one prewarmed
+        scheduler.observe([refs[0][0], refs[3][0]], hit=True)  # one prefetched, one prewarmed
 
     asyncio.run(go())
     assert metrics.PREFETCH_BYTES._value.get() - issued0 == 3 * BLOCK

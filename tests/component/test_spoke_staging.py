@@ -106,7 +106,7 @@ def test_a_staged_block_the_cache_cannot_take_streams_through(tmp_path: Path) ->
     refs = [(d, len(b)) for d, b in blobs.items()]
 
     async def go() -> tuple[list[bool], dict[str, bytes]]:
-        scheduler = FetchScheduler(Fetcher(StagingSource(cache.store, blobs), cache), cache)
+        scheduler = FetchScheduler(Fetcher(StagingSource(cache.store, blobs)), cache)
         return await asyncio.wait_for(scheduler.ensure(refs), 10)
 
     was_cached, through = asyncio.run(go())
@@ -121,7 +121,7 @@ def test_staged_blocks_through_the_scheduler_land_as_blocks(tmp_path: Path) -> N
     refs = [(d, len(b)) for d, b in blobs.items()]
 
     async def go() -> None:
-        scheduler = FetchScheduler(Fetcher(StagingSource(cache.store, blobs), cache), cache)
+        scheduler = FetchScheduler(Fetcher(StagingSource(cache.store, blobs)), cache)
         await scheduler.ensure(refs)
 
     asyncio.run(go())

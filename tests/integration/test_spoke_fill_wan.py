@@ -52,7 +52,7 @@ async def _fill_over_the_link(hub: str, cache_dir: Path, cut: str) -> dict[str, 
         layout = CacheLayout(cache_dir)
         env = open_index(layout)
         cache = BlockCache(BlockStore(layout, env), LRUPolicy(1 << 30), 1 << 30)
-        fetcher = Fetcher(HubSource(client), cache, miss_deadline=60, stream_timeout=3)
+        fetcher = Fetcher(HubSource(client), miss_deadline=60, stream_timeout=3)
         window = LinkWindow(floor=1 << 20)
         scheduler = FetchScheduler(fetcher, cache, window=window)
         index = SnapshotIndex()

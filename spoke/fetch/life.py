@@ -1,0 +1,425 @@
+"""One owner of a block's life on the spoke: a state machine per digest, from the moment
+something wants the block until it leaves the fetch path — and, for a block fetched ahead
+of its readers, until it is read or evicted.
+
+::
+
+    WANTED ─sent─▶ WIRE ─arrived─▶ VERIFIED ─admitted─▶ RESIDENT ─read───▶ (out)
+       │            │  └─batch cancelled─▶ LEFT  │  │         └─evicted─▶ EVICTED (out)
+       │            │                       │    │  └─not kept─▶ STREAMED (out)
+       └────────────┴─────── failed ────────┴────┴───────────▶ FAILED (out)
+
+A block enters VERIFIED whole and checked: its arriving (bytes on their way in) happens in
+the source — the bulk channel's receive thread, or the fetcher reading a gRPC stream —
+which hands a block over only once its digest matched; a corrupt block never enters the
+machine (its batch asks again, the block still on the wire). A block leaves the machine
+resident (its readers' future gets None), streamed through uncached (their future gets its
+bytes) or failed (the error); a block placed ahead of any reader stays, RESIDENT, until its
+first read or its eviction.
+
+What a life owns, in every state: who waits for it (one future), who asked for it ahead of
+readers (``source``; ``claimed`` once a reader took the fetch over before it left), whether
+a reader read it (``read``, and ``unseen`` for a read the policy could not record: the
+block was not resident to it yet), how the cache places it (``placed``, chosen once, at
+admission, from the first two) and the class and stream it travels in. A read is handled
+by the state it finds (:meth:`BlockLives.read`), so no order of a read and an admission can
+lose one — the races that earlier patches fixed one at a time ("a hit reported while its
+admission still runs", "a miss that joins a fetch already placed ahead") have no seam to
+fall through.
+
+Everything else learns of a life by subscribing (:meth:`BlockLives.subscribe`): each
+:class:`Event` reaches every subscriber in order, on the loop, after the state changed —
+the scheduler (the pacer, the link window, the next batches), the prefetch ledger, the
+policy (a read it could not see) and the metrics. Nothing in the fetch path calls them.
+
+Counts: per class, the blocks and bytes queued; the bytes on the wire, being admitted, on
+the way, and of speculative classes — all follow from the lives' states, and only
+:meth:`BlockLives._count` changes them: a life's bytes leave its old state's counts and join
+its new one's in the same step, so no count can drift from the table.
+
+Everything runs on the daemon's event loop (no locks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import TYPE_CHECKING
+
+from spoke import metrics
+from spoke.cache.blockcache import Placement
+from spoke.fetch.priority import SPECULATIVE, Priority, Source
+
+if TYPE_CHECKING:
+    from spoke.fetch.pacer import Stream
+
+
+class State(Enum):
+    """Where a block's life is."""
+
+    WANTED = auto()  # waiting in its class's queue
+    WIRE = auto()  # asked of the source, not arrived
+    VERIFIED = auto()  # arrived and verified; its admission (disk write) runs
+    LEFT = auto()  # its batch ended (cancelled) before it arrived
+    RESIDENT = auto()  # in the cache, placed ahead of any reader and not read yet
+    STREAMED = auto()  # handed to its readers uncached (the cache could not take it)
+    FAILED = auto()  # the fetch gave up, or the spoke closed
+    EVICTED = auto()  # left the cache before anyone read it
+    DONE = auto()  # out of the machine: resident and read (or a reader's from the start)
+
+
+class Event(Enum):
+    """What subscribers hear: a life's transition (the name is what happened)."""
+
+    WANTED = auto()  # a new life, queued
+    CLAIMED = auto()  # a reader took over a prefetch still queued (the guess was right)
+    SENT = auto()  # its batch left
+    ARRIVED = auto()  # WIRE -> VERIFIED
+    LEFT = auto()  # WIRE -> LEFT
+    RESIDENT = auto()  # admitted: read (``life.read``) or kept until read / evicted
+    STREAMED = auto()  # not kept: its readers had its bytes
+    FAILED = auto()  # its readers had the error
+    READ = auto()  # a resident prefetch's first read
+    EVICTED = auto()  # a resident prefetch evicted unread
+
+
+IN_FLIGHT = frozenset({State.WANTED, State.WIRE, State.VERIFIED, State.LEFT})
+NEXT: dict[State, frozenset[State]] = {
+    State.WANTED: frozenset({State.WIRE, State.FAILED}),
+    State.WIRE: frozenset({State.VERIFIED, State.LEFT, State.FAILED}),
+    State.VERIFIED: frozenset({State.RESIDENT, State.DONE, State.STREAMED, State.FAILED}),
+    State.LEFT: frozenset({State.FAILED}),
+    State.RESIDENT: frozenset({State.DONE, State.EVICTED}),
+}
+"""The transitions a life may make, from each state that has any."""
+
+
+class InvalidTransition(RuntimeError):
+    """A life was asked to move where its state allows no move: a bug, never input."""
+
+
+def _retrieve(future: asyncio.Future[bytes | None]) -> None:
+    if not future.cancelled():
+        future.exception()  # a prefetch nobody waits for must not log "never retrieved"
+
+
+@dataclass(eq=False)
+class Life:
+    """One block's life: its state and everything that depends on it.
+
+    Attributes:
+        digest, size: the block (bytes).
+        priority: its class now (raised by a more urgent request while queued).
+        future: what its readers wait for: None (resident), its bytes (streamed through)
+            or the error.
+        state: where it is (:class:`State`).
+        sent_as: the class its batch left in.
+        source: who asked for it ahead of any reader (the ledger's), or None.
+        claimed: a reader took the fetch over while it was queued: ``source``'s no more.
+        read: a reader read it, or waits for it.
+        unseen: read while its admission ran, which the policy could not record then.
+        placed: how the cache admits it, chosen at admission (:meth:`placement`).
+        stream: the stream it left on.
+    """
+
+    digest: str
+    size: int
+    priority: Priority
+    future: asyncio.Future[bytes | None]
+    state: State = State.WANTED
+    sent_as: Priority | None = None
+    source: Source | None = None
+    claimed: bool = False
+    read: bool = False
+    unseen: bool = False
+    placed: Placement | None = None
+    stream: Stream | None = None
+
+    @property
+    def prefetch(self) -> Source | None:
+        """The prefetch source this life counts for in the ledger (None: a reader's)."""
+        return None if self.claimed else self.source
+
+    def placement(self) -> Placement:
+        """How the cache admits it, chosen once: ahead of readers while only its prefetch
+        source asked (a hint's at the hinted end, readahead's and fill's into free room),
+        as a reader's otherwise."""
+        if self.placed is None:
+            source = self.prefetch
+            if source is None or self.read:
+                self.placed = Placement.DEMAND
+            else:
+                self.placed = Placement.HINTED if source is Source.HINT else Placement.AHEAD
+        return self.placed
+
+
+@dataclass
+class Queued:
+    """A class's queue: its entries (stale ones included), and the live ones' count and
+    bytes."""
+
+    lives: deque[Life]
+    count: int = 0
+    bytes: int = 0
+
+
+Subscriber = Callable[[Event, Life], None]
+
+
+class BlockLives:
+    """Every block's life from wanted to out: in flight by digest, the queues by class, and
+    the resident prefetches not read yet."""
+
+    def __init__(self) -> None:
+        self._flights: dict[str, Life] = {}
+        self._ahead: dict[str, Life] = {}  # RESIDENT: cached ahead of their first read
+        self._queues = {p: Queued(deque()) for p in Priority}
+        self._subscribers: list[Subscriber] = []
+        self.wire_bytes = 0
+        """Bytes asked of the source, not arrived."""
+        self.admitting_bytes = 0
+        """Bytes arrived, not resident yet (disk writes)."""
+        self.on_the_way_bytes = 0
+        """Bytes of every life in flight (queued, on the wire, or being admitted)."""
+        self.speculative_bytes = 0
+        """Bytes in flight of a speculative class (:data:`~spoke.fetch.priority.SPECULATIVE`)."""
+        self._gauges = {
+            p: (metrics.QUEUE_DEPTH.labels(p.label), metrics.QUEUED_BYTES.labels(p.label))
+            for p in Priority
+        }
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """Call ``subscriber(event, life)`` on every transition from now on, after the
+        subscribers before it."""
+        self._subscribers.append(subscriber)
+
+    def __contains__(self, digest: str) -> bool:
+        """Whether ``digest`` is in flight (wanted, on the wire or being admitted)."""
+        return digest in self._flights
+
+    def __len__(self) -> int:
+        return len(self._flights)
+
+    def get(self, digest: str) -> Life | None:
+        """``digest``'s life, if it is in flight."""
+        return self._flights.get(digest)
+
+    def is_unread(self, digest: str) -> bool:
+        """True while ``digest`` is cached ahead of its first read."""
+        return digest in self._ahead
+
+    # -- transitions -----------------------------------------------------------------------
+
+    def want(
+        self, digest: str, size: int, priority: Priority, source: Source | None
+    ) -> tuple[Life, bool]:
+        """``digest``'s life in flight, a new one queued in ``priority`` unless there is one
+        (its class raised to ``priority`` if that is more urgent); and whether it is new."""
+        life = self._flights.get(digest)
+        if life is None:
+            future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+            future.add_done_callback(_retrieve)
+            life = Life(digest, size, priority, future, source=source)
+            self._flights[digest] = life
+            self._count(life, 1)
+            self._queues[priority].lives.append(life)
+            self._publish(Event.WANTED, life)
+            return life, True
+        if priority < life.priority:
+            self._move(life, life.state, priority)
+            if life.state is State.WANTED:
+                self._queues[priority].lives.append(life)
+        return life, False
+
+    def read(self, digest: str, joined: bool = False) -> bool:
+        """A reader read ``digest`` (a hit on its block file), or ``joined`` its fetch (a
+        miss that waits for it); handled by the life's state:
+
+        - wanted: a reader joining a prefetch takes it over (CLAIMED);
+        - on the wire or left: a joining reader makes it read (placed as a reader's);
+        - verified: read, and ``unseen`` (the policy hears of it when it is resident);
+        - resident ahead of readers: its first read (READ, out of the machine).
+
+        A hit for a block wanted or on the wire is a stale block file of an earlier run and
+        marks nothing.
+
+        Returns:
+            True if it was a resident prefetch's first read.
+        """
+        life = self._flights.get(digest)
+        if life is None:
+            life = self._ahead.get(digest)
+            if life is None:
+                return False
+            del self._ahead[digest]
+            life.read = True
+            self._to(life, State.DONE)
+            self._publish(Event.READ, life)
+            return True
+        if life.state is State.VERIFIED:
+            life.read = life.unseen = True
+        elif joined:
+            if life.state is State.WANTED:
+                if life.prefetch is not None:
+                    life.claimed = True
+                    self._publish(Event.CLAIMED, life)
+            else:
+                life.read = True
+        return False
+
+    def take(self, priority: Priority, room: int, most: int) -> list[Life]:
+        """Up to ``most`` lives of ``priority``'s queue, put on the wire: blocks until
+        ``room`` bytes are reached (at least one)."""
+        batch: list[Life] = []
+        total = 0
+        while len(batch) < most:
+            life = self.head(priority)
+            # a stream takes blocks until it is full: rounding down instead left every
+            # stream one 1 MiB chunk file when the room was just under 2 MiB, and the
+            # stream count, not the window, capped the bytes on the wire
+            if life is None or (batch and total >= room):
+                break
+            self._queues[priority].lives.popleft()
+            self._move(life, State.WIRE, life.priority)
+            life.sent_as = priority
+            total += life.size
+            batch.append(life)
+        for life in batch:
+            self._publish(Event.SENT, life)
+        return batch
+
+    def arrived(self, digest: str) -> Life | None:
+        """``digest`` arrived verified: its life (if it was on the wire) is being admitted;
+        None if it was not on the wire (then nobody waits for it here)."""
+        life = self._flights.get(digest)
+        if life is None or life.state is not State.WIRE:
+            return None
+        self._move(life, State.VERIFIED, life.priority)
+        self._publish(Event.ARRIVED, life)
+        return life
+
+    def left(self, life: Life) -> None:
+        """``life``'s batch ended: if it never arrived, it is off the wire."""
+        if life.state is State.WIRE:
+            self._move(life, State.LEFT, life.priority)
+            self._publish(Event.LEFT, life)
+
+    def admitted(self, life: Life) -> None:
+        """``life``'s block is in the cache: its readers go on; a prefetch nobody read
+        stays (RESIDENT) until its first read or its eviction."""
+        self._leave(life, State.DONE if life.read or life.prefetch is None else State.RESIDENT)
+        if life.state is State.RESIDENT:
+            self._ahead[life.digest] = life
+        life.future.set_result(None)
+        self._publish(Event.RESIDENT, life)
+
+    def streamed(self, life: Life, data: bytes) -> None:
+        """``life``'s block was not kept: its readers have ``data``."""
+        self._leave(life, State.STREAMED)
+        life.future.set_result(data)
+        self._publish(Event.STREAMED, life)
+
+    def fail(self, digest: str, error: BaseException) -> None:
+        """``digest``'s fetch gave up with ``error``: its readers have it."""
+        life = self._flights.get(digest)
+        if life is not None:
+            self._leave(life, State.FAILED)
+            life.future.set_exception(error)
+            self._publish(Event.FAILED, life)
+
+    def evicted(self, digest: str, size: int) -> None:
+        """The cache evicted ``digest`` (its ``on_evict`` hook): a prefetch resident and
+        unread leaves, EVICTED."""
+        life = self._ahead.pop(digest, None)
+        if life is not None:
+            self._to(life, State.EVICTED)
+            self._publish(Event.EVICTED, life)
+
+    def close(self) -> list[Life]:
+        """Empty the table; returns the lives that were in flight (their futures are the
+        caller's to cancel)."""
+        lives = list(self._flights.values())
+        for life in lives:
+            self._leave(life, State.FAILED)
+        self._ahead.clear()
+        return lives
+
+    # -- queues and counts -----------------------------------------------------------------
+
+    def head(self, priority: Priority) -> Life | None:
+        """The next live entry of ``priority``'s queue (stale ones dropped)."""
+        q = self._queues[priority].lives
+        while q:
+            life = q[0]
+            if (
+                life.priority == priority
+                and life.state is State.WANTED
+                and self._flights.get(life.digest) is life
+            ):
+                return life
+            q.popleft()
+        return None
+
+    def queued(self, priority: Priority) -> tuple[int, int]:
+        """Blocks and bytes of ``priority`` waiting to leave."""
+        q = self._queues[priority]
+        return q.count, q.bytes
+
+    def publish(self) -> None:
+        """Set the queue and in-flight gauges."""
+        for p, q in self._queues.items():
+            depth, queued = self._gauges[p]
+            depth.set(q.count)
+            queued.set(q.bytes)
+        metrics.INFLIGHT_BYTES.set(self.wire_bytes)
+        metrics.INFLIGHT_FETCHES.set(len(self._flights))
+
+    def _publish(self, event: Event, life: Life) -> None:
+        for subscriber in self._subscribers:
+            subscriber(event, life)
+
+    @staticmethod
+    def _check(life: Life, state: State) -> None:
+        """Raises InvalidTransition unless ``life`` may move to ``state``: before anything
+        changes, so a refused move leaves the life and every count as they were."""
+        if state not in NEXT.get(life.state, ()):
+            raise InvalidTransition(f"block {life.digest}: {life.state.name} -> {state.name}")
+
+    def _to(self, life: Life, state: State) -> None:
+        self._check(life, state)
+        life.state = state
+
+    def _leave(self, life: Life, state: State) -> None:
+        """``life`` leaves the flight table for ``state``."""
+        if self._flights.get(life.digest) is not life:
+            raise InvalidTransition(f"block {life.digest} is not in flight")
+        self._check(life, state)
+        self._count(life, -1)
+        life.state = state
+        del self._flights[life.digest]
+
+    def _move(self, life: Life, state: State, priority: Priority) -> None:
+        if state is not life.state:
+            self._check(life, state)
+        self._count(life, -1)
+        life.state, life.priority = state, priority
+        self._count(life, 1)
+
+    def _count(self, life: Life, sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) ``life``'s share of every count, as its state
+        and class give it: the one place the counts change."""
+        n = sign * life.size
+        self.on_the_way_bytes += n
+        if life.priority in SPECULATIVE:
+            self.speculative_bytes += n
+        if life.state is State.WANTED:
+            q = self._queues[life.priority]
+            q.count += sign
+            q.bytes += n
+        elif life.state is State.WIRE:
+            self.wire_bytes += n
+        elif life.state is State.VERIFIED:
+            self.admitting_bytes += n
