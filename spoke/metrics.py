@@ -31,6 +31,21 @@ CACHE_CAPACITY_BYTES = Gauge("strata_spoke_cache_capacity_bytes", "Configured ca
 CACHE_BLOCKS = Gauge("strata_spoke_cache_blocks", "Blocks in the cache")
 EVICTIONS = Counter("strata_spoke_evictions", "Blocks evicted from the cache")
 EVICTED_BYTES = Counter("strata_spoke_evicted_bytes", "Bytes evicted from the cache")
+TENANT_RESIDENT_BYTES = Gauge(
+    "strata_spoke_tenant_resident_bytes",
+    "Bytes of resident blocks each tenant's datasets hold (--tenants)",
+    ["tenant"],
+)
+TENANT_ADMITTED_BYTES = Counter(
+    "strata_spoke_tenant_admitted_bytes",
+    "Bytes admitted to the cache for each tenant's datasets (--tenants), for chargeback",
+    ["tenant"],
+)
+TENANT_READS = Counter(
+    "strata_spoke_tenant_reads",
+    "Block reads of each tenant's datasets by outcome (hit or miss; --tenants)",
+    ["tenant", "outcome"],
+)
 CORRUPT_BLOCKS = Counter(
     "strata_spoke_corrupt_blocks", "Blocks whose bytes did not match their digest"
 )

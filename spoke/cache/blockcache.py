@@ -45,6 +45,7 @@ from spoke.cache.arc import ARCPolicy
 from spoke.cache.policy import EvictionPolicy
 from spoke.cache.staging import Staged
 from spoke.cache.store import BlockStore, Received
+from spoke.cache.tenants import Keeper, TenantShares
 from spoke.cache.writer import BlockWriter
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ class BlockCache:
         self._landed: asyncio.Event | None = None  # set when an admission's write ends
         self._wake: asyncio.Event | None = None
         self.on_evict: list[Callable[[str, int], None]] = []  # called per evicted block
+        self.tenants: TenantShares | None = None  # tenants' shares (share_with)
         policy.resize(capacity_bytes)
         for block in store.recover():
             policy.insert(block.digest, block.size)
@@ -139,6 +141,13 @@ class BlockCache:
             capacity_bytes,
             policy.name,
         )
+
+    def share_with(self, tenants: TenantShares) -> None:
+        """From now on, evictions keep every tenant's share (:mod:`spoke.cache.tenants`);
+        the resident blocks are attributed to their tenants now."""
+        self.tenants = tenants
+        sizes = {d: self.policy.size_of(d) for d in self.policy.resident()}
+        tenants.restore(sizes | self._pinned)
 
     # -- queries -------------------------------------------------------------------------
 
@@ -199,7 +208,8 @@ class BlockCache:
             raise PrefetchRefused(
                 errno.ENOSPC, f"no room below the high watermark for prefetched {digest}"
             )
-        await self._make_room(digest, size, wait=True)
+        keep = self._keeper(digest)  # other tenants' shares (one attribution per admission)
+        await self._make_room(digest, size, wait=True, keep=keep)
         self._reserved += size
         self._tick += 1
         self._touched.pop(digest, None)  # its admission's tick is newer
@@ -222,10 +232,12 @@ class BlockCache:
         # pins taken meanwhile may have shrunk the evictable room: make it again (the
         # block is not in the policy yet, so it is never its own victim), or give it up
         try:
-            await self._make_room(digest, size, wait=False)
+            await self._make_room(digest, size, wait=False, keep=keep)
         except CacheFull:
             self.store.delete(digest)
             raise
+        if self.tenants is not None and keep is not None:
+            self.tenants.admitted(digest, size, keep.tenant)
         if digest in self._pin_refs:
             self._pinned[digest] = size
             self._resize_policy()
@@ -250,17 +262,21 @@ class BlockCache:
         ranked = max(self.ranked_bytes, self.high_bytes)
         return self.capacity_bytes - ranked - self.policy.unread_bytes - self._reserved
 
-    async def _make_room(self, digest: str, size: int, wait: bool) -> None:
+    async def _make_room(
+        self, digest: str, size: int, wait: bool, keep: Keeper | None = None
+    ) -> None:
         """Evict until ``size`` more bytes fit next to the residents and the admissions
-        being written (the hard limit). When only admissions being written are in the way,
-        wait (``wait``) for one to land: it is then evictable like any other block.
+        being written (the hard limit), passing over what ``keep`` keeps (other tenants'
+        shares). When only admissions being written are in the way, wait (``wait``) for
+        one to land: it is then evictable like any other block.
 
         Raises:
-            CacheFull: they cannot fit: what is left is pinned or held by readers.
+            CacheFull: they cannot fit: what is left is pinned, held by readers, or other
+                tenants' shares.
         """
         while True:
             if self.pinned_bytes + self._reserved + size <= self.capacity_bytes:
-                self._evict_down_to(self.capacity_bytes - self._reserved - size)
+                self._evict_down_to(self.capacity_bytes - self._reserved - size, keep)
                 if self.used_bytes + self._reserved + size <= self.capacity_bytes:
                     return
             if not wait or not self._reserved or self.pinned_bytes + size > self.capacity_bytes:
@@ -303,6 +319,8 @@ class BlockCache:
     def drop(self, digest: str) -> bool:
         """Delete a block now (corrupt, or purged); returns whether it was resident."""
         was = self.contains(digest)
+        if self.tenants is not None:
+            self.tenants.removed(digest)
         self.policy.remove(digest)
         if self._pinned.pop(digest, None) is not None:
             self._resize_policy()
@@ -379,7 +397,8 @@ class BlockCache:
             await self._wake.wait()
             self._wake.clear()
             while self.ranked_bytes > self.low_bytes and not self.policy.evict_on_demand:
-                if self._evict_batch(self.low_bytes, EVICT_BATCH, housekeeping=True) == 0:
+                keep = self.tenants.keeper() if self.tenants is not None else None
+                if self._evict_batch(self.low_bytes, EVICT_BATCH, True, keep) == 0:
                     break
                 await asyncio.sleep(0)  # let fetches and access records in between
 
@@ -391,9 +410,13 @@ class BlockCache:
         ):
             self._wake.set()
 
-    def _evict_down_to(self, target: int) -> None:
+    def _keeper(self, digest: str) -> Keeper | None:
+        """What an eviction for ``digest``'s admission keeps: other tenants' shares."""
+        return self.tenants.keeper(digest) if self.tenants is not None else None
+
+    def _evict_down_to(self, target: int, keep: Keeper | None = None) -> None:
         while self.used_bytes > max(target, 0):
-            if self._evict_batch(target, EVICT_BATCH) == 0:
+            if self._evict_batch(target, EVICT_BATCH, keep=keep) == 0:
                 return
 
     def _evict_bytes(self, want: int) -> int:
@@ -402,18 +425,25 @@ class BlockCache:
         self._evict_down_to(before - want)
         return before - self.used_bytes
 
-    def _evict_batch(self, target: int, most: int, housekeeping: bool = False) -> int:
+    def _evict_batch(
+        self, target: int, most: int, housekeeping: bool = False, keep: Keeper | None = None
+    ) -> int:
         """Evict up to ``most`` victims while the cache (``housekeeping``: its ranked
-        blocks, unread prefetched ones spared) holds more than ``target`` bytes."""
+        blocks, unread prefetched ones spared) holds more than ``target`` bytes, passing
+        over what ``keep`` keeps."""
         victims: list[tuple[str, int]] = []
         used = self.ranked_bytes if housekeeping else self.used_bytes
         while used > target and len(victims) < most:
-            victim = self.policy.pop_victim(spare_unread=housekeeping)
+            victim = self.policy.pop_victim(spare_unread=housekeeping, keep=keep)
             if victim is None:
                 break
+            if keep is not None:
+                keep.took(*victim)
             victims.append(victim)
             used -= victim[1]
         self._delete_evicted(victims)
+        if keep is not None:
+            keep.settled()  # the victims' tenants' bytes are down now
         self._update_gauges()
         return len(victims)
 
@@ -422,6 +452,8 @@ class BlockCache:
             return
         self.store.delete_many([d for d, _ in victims])
         for digest, size in victims:
+            if self.tenants is not None:
+                self.tenants.removed(digest)
             for hook in self.on_evict:
                 hook(digest, size)
         metrics.EVICTIONS.inc(len(victims))

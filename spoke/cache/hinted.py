@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 from spoke.cache.hintplan import HintPlan
 from spoke.cache.hintstream import DEFAULT_TOLERANCE, NEVER, HintStream
-from spoke.cache.policy import EvictionPolicy
+from spoke.cache.policy import EvictionPolicy, Keep, skip_set
 
 __all__ = ["BEING_READ", "DEFAULT_TOLERANCE", "NEVER", "HintPlan", "HintStream", "HintedPolicy"]
 
@@ -450,19 +450,19 @@ class HintedPolicy(EvictionPolicy):
         return self.inner.remove(key)
 
     def pop_victim(
-        self, exclude: Iterable[str] = (), spare_unread: bool = False
+        self, exclude: Iterable[str] = (), spare_unread: bool = False, keep: Keep | None = None
     ) -> tuple[str, int] | None:
         """Without a stream, the wrapped policy's victim. With one: a done block (least
         recently used first), an unhinted block the shadow has let go, the planned block
         read farthest ahead, and only then the wrapped policy's choice among the unhinted
         blocks the shadow keeps; never a block being read (nor an unread prefetched one
-        with ``spare_unread``)."""
+        with ``spare_unread``), nor one ``keep`` keeps."""
         if not self.streams:
-            victim = self.inner.pop_victim(exclude, spare_unread)
+            victim = self.inner.pop_victim(exclude, spare_unread, keep)
             if victim is not None:
                 self._forget(victim[0])
             return victim
-        skip = set(exclude)
+        skip = skip_set(exclude, keep)
         if spare_unread:
             skip.update(self.inner.unread())
         key = next((k for k in self._never if k not in skip), None)
@@ -476,7 +476,7 @@ class HintedPolicy(EvictionPolicy):
         if not self._unhinted:
             return None
         placed = skip.union(self._next, self._never, self._surplus)
-        victim = self.inner.pop_victim(placed, spare_unread)
+        victim = self.inner.pop_victim(placed, spare_unread, keep)
         if victim is not None:
             self._forget(victim[0])
         return victim

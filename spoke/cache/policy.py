@@ -27,7 +27,30 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+
+Keep = Callable[[str], bool]
+"""Keys a victim search must pass over, as a predicate (a tenant's share,
+:class:`spoke.cache.tenants.Keeper`)."""
+
+
+class Skip(set[str]):
+    """Keys a victim search passes over: a set, and every key ``keep`` says to keep."""
+
+    def __init__(self, keys: Iterable[str] = (), keep: Keep | None = None) -> None:
+        super().__init__(keys)
+        self.keep = keep
+
+    def __contains__(self, key: object) -> bool:
+        if set.__contains__(self, key):
+            return True
+        return self.keep is not None and isinstance(key, str) and self.keep(key)
+
+
+def skip_set(exclude: Iterable[str], keep: Keep | None) -> set[str]:
+    """What a victim search passes over: ``exclude`` and, with ``keep``, what it keeps
+    (a plain set when there is no ``keep``: the search runs at the set's speed)."""
+    return Skip(exclude, keep) if keep is not None else set(exclude)
 
 
 class EvictionPolicy(ABC):
@@ -107,10 +130,10 @@ class EvictionPolicy(ABC):
 
     @abstractmethod
     def pop_victim(
-        self, exclude: Iterable[str] = (), spare_unread: bool = False
+        self, exclude: Iterable[str] = (), spare_unread: bool = False, keep: Keep | None = None
     ) -> tuple[str, int] | None:
-        """Evict the next key (not one in ``exclude``, nor an unread prefetched key with
-        ``spare_unread``); returns ``(key, size)`` or None."""
+        """Evict the next key (not one in ``exclude`` or that ``keep`` keeps, nor an unread
+        prefetched key with ``spare_unread``); returns ``(key, size)`` or None."""
 
     @abstractmethod
     def resident(self) -> list[str]:
@@ -219,11 +242,12 @@ class ByteWeightedPolicy(EvictionPolicy):
         return size
 
     def pop_victim(
-        self, exclude: Iterable[str] = (), spare_unread: bool = False
+        self, exclude: Iterable[str] = (), spare_unread: bool = False, keep: Keep | None = None
     ) -> tuple[str, int] | None:
-        """Evict the next victim outside ``exclude``: an unread prefetched key first
-        (unless ``spare_unread``), else the policy's; returns ``(key, size)``."""
-        skip = set(exclude)
+        """Evict the next victim outside ``exclude`` and not kept by ``keep``: an unread
+        prefetched key first (unless ``spare_unread``), else the policy's; returns
+        ``(key, size)``."""
+        skip = skip_set(exclude, keep)
         key = None if spare_unread else next((k for k in self._unread if k not in skip), None)
         if key is not None:
             del self._unread[key]

@@ -139,6 +139,12 @@ class BlockScope:
                     out[digest] = Held(holders[0][1], datasets)
         return out
 
+    def datasets_of(self, digests: Sequence[str]) -> dict[str, frozenset[str]]:
+        """The datasets of the live stored snapshots holding each of ``digests`` (digests
+        none holds are left out): whose a block is, for tenants' shares
+        (:mod:`spoke.cache.tenants`)."""
+        return {digest: held.datasets for digest, held in self.lookup(digests).items()}
+
     def snapshots_of(self, digests: Sequence[str], most: int = 8) -> list[tuple[str, str, str]]:
         """``(dataset, version, snapshot id)`` of the live stored snapshots holding the most
         of ``digests``, at most ``most`` of them (the hint a peer request carries)."""

@@ -43,7 +43,7 @@ Everything runs on the daemon's event loop (no locks).
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, auto
@@ -86,6 +86,10 @@ class Event(Enum):
     EVICTED = auto()  # a resident prefetch evicted unread
 
 
+HELD_SCAN = 256
+"""Most queued lives one :meth:`BlockLives.take` passes over (held by their tenant's link
+share) before it gives up on the class for now."""
+
 IN_FLIGHT = frozenset({State.WANTED, State.WIRE, State.VERIFIED, State.LEFT})
 NEXT: dict[State, frozenset[State]] = {
     State.WANTED: frozenset({State.WIRE, State.FAILED}),
@@ -123,6 +127,7 @@ class Life:
         unseen: read while its admission ran, which the policy could not record then.
         placed: how the cache admits it, chosen at admission (:meth:`placement`).
         stream: the stream it left on.
+        tenant: whose datasets hold it (with tenants' shares, :mod:`spoke.cache.tenants`).
     """
 
     digest: str
@@ -137,6 +142,7 @@ class Life:
     unseen: bool = False
     placed: Placement | None = None
     stream: Stream | None = None
+    tenant: str | None = None
 
     @property
     def prefetch(self) -> Source | None:
@@ -173,7 +179,9 @@ class BlockLives:
     """Every block's life from wanted to out: in flight by digest, the queues by class, and
     the resident prefetches not read yet."""
 
-    def __init__(self) -> None:
+    def __init__(self, tenant_of: Callable[[str], str | None] | None = None) -> None:
+        self.tenant_of = tenant_of
+        """Whose a new life is (None: no tenants), asked once per life."""
         self._flights: dict[str, Life] = {}
         self._ahead: dict[str, Life] = {}  # RESIDENT: cached ahead of their first read
         self._queues = {p: Queued(deque()) for p in Priority}
@@ -186,6 +194,10 @@ class BlockLives:
         """Bytes of every life in flight (queued, on the wire, or being admitted)."""
         self.speculative_bytes = 0
         """Bytes in flight of a speculative class (:data:`~spoke.fetch.priority.SPECULATIVE`)."""
+        self.demand: Counter[str | None] = Counter()
+        """Demand lives wanted or on the wire, by tenant."""
+        self.ahead_wire: Counter[str | None] = Counter()
+        """Bytes on the wire of every class but demand, by tenant."""
         self._gauges = {
             p: (metrics.QUEUE_DEPTH.labels(p.label), metrics.QUEUED_BYTES.labels(p.label))
             for p in Priority
@@ -223,6 +235,8 @@ class BlockLives:
             future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
             future.add_done_callback(_retrieve)
             life = Life(digest, size, priority, future, source=source)
+            if self.tenant_of is not None:
+                life.tenant = self.tenant_of(digest)
             self._flights[digest] = life
             self._count(life, 1)
             self._queues[priority].lives.append(life)
@@ -270,23 +284,36 @@ class BlockLives:
                 life.read = True
         return False
 
-    def take(self, priority: Priority, room: int, most: int) -> list[Life]:
+    def take(
+        self,
+        priority: Priority,
+        room: int,
+        most: int,
+        allowed: Callable[[Life], bool] | None = None,
+    ) -> list[Life]:
         """Up to ``most`` lives of ``priority``'s queue, put on the wire: blocks until
-        ``room`` bytes are reached (at least one)."""
+        ``room`` bytes are reached (at least one). Lives ``allowed`` refuses (a tenant over
+        its link share) stay queued, in order; at most :data:`HELD_SCAN` are passed over."""
         batch: list[Life] = []
+        held: list[Life] = []
         total = 0
-        while len(batch) < most:
+        queue = self._queues[priority].lives
+        while len(batch) < most and len(held) < HELD_SCAN:
             life = self.head(priority)
             # a stream takes blocks until it is full: rounding down instead left every
             # stream one 1 MiB chunk file when the room was just under 2 MiB, and the
             # stream count, not the window, capped the bytes on the wire
             if life is None or (batch and total >= room):
                 break
-            self._queues[priority].lives.popleft()
+            queue.popleft()
+            if allowed is not None and not allowed(life):
+                held.append(life)
+                continue
             self._move(life, State.WIRE, life.priority)
             life.sent_as = priority
             total += life.size
             batch.append(life)
+        queue.extendleft(reversed(held))
         for life in batch:
             self._publish(Event.SENT, life)
         return batch
@@ -415,11 +442,16 @@ class BlockLives:
         self.on_the_way_bytes += n
         if life.priority in SPECULATIVE:
             self.speculative_bytes += n
+        demand = life.priority == Priority.DEMAND
+        if demand and life.state in (State.WANTED, State.WIRE):
+            self.demand[life.tenant] += sign
         if life.state is State.WANTED:
             q = self._queues[life.priority]
             q.count += sign
             q.bytes += n
         elif life.state is State.WIRE:
             self.wire_bytes += n
+            if not demand:
+                self.ahead_wire[life.tenant] += n
         elif life.state is State.VERIFIED:
             self.admitting_bytes += n

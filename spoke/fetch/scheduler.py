@@ -48,6 +48,7 @@ from collections.abc import Sequence
 
 from spoke import metrics
 from spoke.cache.blockcache import BlockCache
+from spoke.cache.tenants import TenantShares
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.ledger import PrefetchLedger
 from spoke.fetch.life import BlockLives, Event, Life
@@ -120,6 +121,7 @@ class FetchScheduler:
             | {Source.HINT: max(prefetch_budget, cache.capacity_bytes)}
         )
         self.demand_gather_s = demand_gather_s
+        self.tenants: TenantShares | None = None  # tenants' link shares (share_link)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._gather: asyncio.TimerHandle | None = None  # ends the gathering of demand
@@ -338,17 +340,30 @@ class FetchScheduler:
 
     def _pump(self) -> None:
         """Start batches while the pacer allows, most urgent class first."""
-        while True:
-            priority = next((p for p in Priority if self.lives.head(p) is not None), None)
-            if priority is None:
-                break
+        while self._start():
+            pass
+        self.lives.publish()
+        self.pacer.publish()
+
+    def _start(self) -> bool:
+        """Start one batch of the most urgent class that may leave; False if none may.
+
+        A class whose queued lives are all held by their tenants' link shares
+        (:meth:`_within_link_share`) lets the next class go; a class the pacer holds
+        back holds back every less urgent one."""
+        for priority in Priority:
+            if self.lives.head(priority) is None:
+                continue
             demand = priority == Priority.DEMAND
             if demand and self._gathering():
-                break  # nothing less urgent overtakes the gathering misses
+                return False  # nothing less urgent overtakes the gathering misses
             room = self.pacer.room(priority, self.lives.wire_bytes, self.lives.admitting_bytes)
             if room is None:
-                break
-            batch = self.lives.take(priority, room, self.batch_blocks)
+                return False
+            allowed = None if demand or self.tenants is None else self._within_link_share
+            batch = self.lives.take(priority, room, self.batch_blocks, allowed)
+            if not batch:
+                continue
             stream = self.pacer.open(len(batch), demand=demand)
             if demand:
                 self._end_gathering()
@@ -357,8 +372,30 @@ class FetchScheduler:
             task = asyncio.create_task(self._run(batch, priority, stream))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        self.lives.publish()
-        self.pacer.publish()
+            return True
+        return False
+
+    def share_link(self, tenants: TenantShares) -> None:
+        """From now on, each new life is its tenant's, and a tenant's fetches of every
+        class but demand take at most its ``link_share`` of the window while another
+        tenant has demand misses wanted or on the wire (:mod:`spoke.cache.tenants`)."""
+        self.tenants = tenants
+
+        def tenant_of(digest: str) -> str | None:
+            return tenants.attribute([digest]).get(digest)
+
+        self.lives.tenant_of = tenant_of
+
+    def _within_link_share(self, life: Life) -> bool:
+        """Whether ``life`` (of a class other than demand) may go on the wire now."""
+        tenant = life.tenant
+        if tenant is None or self.tenants is None:
+            return True
+        if not any(n > 0 for who, n in self.lives.demand.items() if who != tenant):
+            return True
+        found = self.tenants.tenants().get(tenant)
+        share = found.link_share * self.window.bytes if found is not None else 0.0
+        return self.lives.ahead_wire[tenant] + life.size <= share
 
     def _gathering(self) -> bool:
         """True while queued demand waits to share a stream: a demand stream waits for its

@@ -25,6 +25,7 @@ from spoke.cache.blockcache import BlockCache
 from spoke.cache.hinted import HintedPolicy
 from spoke.cache.registry import make_policy
 from spoke.cache.store import BlockStore, open_index
+from spoke.cache.tenants import TenantShares
 from spoke.catalog.catalog import SnapshotCatalog
 from spoke.catalog.snapshots import SnapshotIndex
 from spoke.disk.encryption import check_cache_key
@@ -161,6 +162,13 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             cache,
         )
         stack.push_async_callback(scheduler.close)
+        if settings.tenants is not None:  # tenants' shares of the cache and the link
+            tenants = TenantShares(
+                settings.tenants, int(settings.cache_size), catalog.scope.datasets_of
+            )
+            cache.share_with(tenants)
+            scheduler.share_link(tenants)
+            log.info("tenants' shares from %s: %s", settings.tenants, ", ".join(tenants.tenants()))
         if mesh is not None:  # the region's spokes before the hub (spoke/mesh/)
             await mesh.start(scheduler, cache, caps.peer)
             stack.push_async_callback(mesh.close)
@@ -176,6 +184,8 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         access.subscribe("policy", policy)
         access.subscribe("hints", hints.observe)
         access.subscribe("ledger", scheduler.observe)
+        if cache.tenants is not None:
+            access.subscribe("tenants", cache.tenants.reads)
         fill = BackgroundFill(
             index,
             scheduler,

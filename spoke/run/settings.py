@@ -147,6 +147,13 @@ class SpokeSettings(BaseSettings, MountSettings):
         "their holders prewarm, pin and hint those datasets and see their own jobs, pins "
         "and hints; re-read on change",
     )
+    tenants: Path | None = Field(
+        default=None,
+        description="YAML of tenants (name: {datasets, cache_share, link_share}): no "
+        "tenant's fetches evict another's blocks below its cache_share of --cache-size, "
+        "nor take more than its link_share of the fetch window while another tenant "
+        "misses; per-tenant byte and read metrics; re-read on change",
+    )
     background_fill: Literal["auto", "off"] = Field(
         default="auto",
         description="auto: once a snapshot is read, fetch the rest of it at the lowest "
@@ -298,6 +305,15 @@ class SpokeSettings(BaseSettings, MountSettings):
             from spoke.serve.admintokens import ScopedTokens
 
             ScopedTokens(v)  # raises ScopedTokenError (a ValueError) naming what is wrong
+        return v
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenants(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            from spoke.cache.tenants import TenantShares
+
+            TenantShares(v, 1)  # raises TenantsError (a ValueError) naming what is wrong
         return v
 
     @field_validator("publisher_key")

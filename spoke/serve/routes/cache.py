@@ -64,6 +64,11 @@ class CacheStats(BaseModel):
         description="regional mesh: this node, live nodes, owned share, peers' state, "
         "bytes, blocks and stream seconds by source (hub, peer, local), peer errors",
     )
+    tenants: dict[str, Any] = Field(
+        default_factory=dict,
+        description="with --tenants, per tenant: its cache and link shares (fractions), the "
+        "bytes its cache share keeps and its resident bytes",
+    )
 
 
 @router.post("/v1/evict")
@@ -128,6 +133,7 @@ def cache_stats(context: Context, caller: CallerOf) -> CacheStats:
         fetch=scheduler.snapshot(),
         fill=context.fill.status() if context.fill is not None else {},
         mesh=context.mesh() if context.mesh is not None else {},
+        tenants=cache.tenants.snapshot() if cache.tenants is not None else {},
     )
 
 
