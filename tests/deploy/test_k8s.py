@@ -637,9 +637,9 @@ def test_images_are_pinned_and_resources_set(
                 assert tag != "latest", (key, image)
                 limits: dict[str, Any] = container["resources"]["limits"]
                 assert "memory" in limits, f"{key} {container['name']} has no memory limit"
-    # the hub; gc; the example publish; the spoke's init, spoke, csi and
-    # node-driver-registrar; two example Jobs
-    assert seen == 9
+    # the hub and its grant-key init; gc; the example publish; the spoke's init, spoke,
+    # csi and node-driver-registrar; two example Jobs
+    assert seen == 10
 
 
 def _pods(objects: dict[tuple[str, str, str], Obj]) -> list[tuple[tuple[str, str, str], Obj]]:
