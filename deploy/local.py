@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -123,8 +124,17 @@ class LocalStack:
     ) -> None:
         self.close()
 
-    def _spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-m", *args], start_new_session=True)
+    def _spawn(self, args: list[str], open_files: int | None = None) -> subprocess.Popen[bytes]:
+        files = open_files or 0
+
+        def limit() -> None:  # in the child, before exec: its processes inherit it
+            resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *args],
+            start_new_session=True,
+            preexec_fn=limit if open_files is not None else None,
+        )
         self._procs.append(proc)
         return proc
 
@@ -164,8 +174,12 @@ class LocalStack:
         timeout: float = 60.0,
         extra: tuple[str, ...] = (),
         admin_token: bool = True,
+        open_files: int | None = None,
     ) -> str:
         """Run ``strata-spoke run`` and wait until the mount is up; returns the admin URL.
+
+        ``open_files`` sets its processes' open-file limit (soft and hard), as a unit's
+        ``LimitNOFILE=`` would.
 
         The admin API needs the token the spoke generates in ``CACHE_DIR/admin.token``
         (the spoke's default; :func:`admin_headers` sends it), or the one of an
@@ -195,7 +209,8 @@ class LocalStack:
                 self.log_level,
                 *(() if admin_token else ("--no-admin-token",)),
                 *extra,
-            ]
+            ],
+            open_files,
         )
         self._mounts.append(mount)
         self.spoke = proc

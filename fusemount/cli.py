@@ -30,7 +30,8 @@ from fusemount.client import DaemonClient
 from fusemount.journal import InodeJournal
 from fusemount.ledger import BackingLedger
 from fusemount.operations import StrataOperations
-from fusemount.passthrough import IDLE_BACKINGS, Passthrough, unavailable_reason
+from fusemount.passthrough import IDLE_BACKINGS, Passthrough
+from fusemount.passthroughcheck import unavailable_reason
 from fusemount.reader import BlockReader
 from fusemount.tree import InodeTable
 from spoke.disk.encryption import EncryptionError, check_cache_key

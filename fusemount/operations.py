@@ -355,6 +355,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             out[b"user.strata.backing_ids"] = str(pt.backing_ids).encode()
             out[b"user.strata.idle_backing_ids"] = str(pt.idle_backing_ids).encode()
             out[b"user.strata.backing_reuses"] = str(pt.reuses).encode()
+            out[b"user.strata.backing_descriptors"] = str(pt.descriptors).encode()
             ahead = self.reader.crossfile
             out[b"user.strata.crossfile_windows"] = str(ahead.windows).encode()
             out[b"user.strata.crossfile_blocks"] = str(ahead.blocks).encode()

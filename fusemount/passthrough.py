@@ -23,16 +23,22 @@ Kernel rules this module keeps (``fs/fuse/iomode.c``, ``fs/fuse/passthrough.c``)
   system (overlayfs: ``EOPNOTSUPP``); a refused one turns passthrough off, logged once.
 
 When the inode's last passthrough handle is released its backing id stays registered,
-*idle*, for the next open of the inode (:data:`IDLE_BACKINGS` at most, least recently
-released closed first): a re-open is then a dictionary look-up, with no thread hop, no
-``dup``, no ``BACKING_OPEN`` and, but once per :data:`RECHECK_S`, no ``fstat``; its
-release a counter. An idle id is closed when its block file is found unlinked (evicted or
-replaced: checked at the re-open, and :meth:`Passthrough.sweep` looks at a slice of the
-idle ids every half second), when its snapshot is revoked, or when passthrough is turned
-off. Files already open keep the kernel's own reference to the block file, so closing an
-id does not end them — revocation does that by truncating the block file
-(:meth:`Passthrough.revoke` here for evicted ones, the daemon's purge for the rest:
-fusemount/DESIGN.md).
+*idle*, for the next open of the inode (:data:`IDLE_IDS` at most, least recently released
+closed first). The :data:`IDLE_BACKINGS` most recently released keep this process's
+descriptor of their block file: a re-open is then a dictionary look-up, with no thread
+hop, no ``BACKING_OPEN`` and, but once per :data:`RECHECK_S`, no ``fstat``; its release a
+counter. Older idle ids give their descriptor up (the open-file limit bounds those, not
+the ids) and keep the block file's device and inode number instead: their re-open opens
+the block file by its path on the loop and checks it is the same file (one ``open`` and
+one ``fstat``, no thread hop, no registration). So a snapshot of up to :data:`IDLE_IDS`
+cached one-block files never pays a registration twice, whatever the open-file limit.
+An idle id is closed when its block file is found unlinked (evicted or replaced: checked
+at the re-open, and :meth:`Passthrough.sweep` looks at a slice of the idle ids every half
+second: an ``fstat``, or a ``stat`` of the path for one without a descriptor), when its
+snapshot is revoked, or when passthrough is turned off. Files already open keep the
+kernel's own reference to the block file, so closing an id does not end them — revocation
+does that by truncating the block file (:meth:`Passthrough.revoke` here for evicted ones,
+the daemon's purge for the rest: fusemount/DESIGN.md).
 
 Several mount workers serving one connection share every inode's backing id and handle
 counts through the backing ledger (:mod:`fusemount.ledger`): each change is a
@@ -60,91 +66,30 @@ import trio
 
 from fusemount.ledger import BackingLedger, LedgerRecord
 from fusemount.tree import Node
-from spoke.disk.mountinfo import mounts
 
 log = logging.getLogger(__name__)
 
-CAP_SYS_ADMIN = 21  # bit of CapEff in /proc/self/status (capability.h)
-STACKED_FILESYSTEMS = frozenset({"overlay", "aufs", "ecryptfs"})
 # errnos of BACKING_OPEN that say passthrough cannot work here at all (not this file)
 _FATAL = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS}
 
 IDLE_BACKINGS = 16384
-"""Most backing ids kept registered after their inode's last release, for its next open
-(and at most half the mount's open-file limit: ``fusemount.cli.idle_backings``). Each holds one
-descriptor here and the kernel's reference to its block file (about 1 KiB of kernel
-memory with the block file's inode and dentry: 16 MiB for all), and keeps an evicted
-block's disk space until it is found unlinked (:data:`SWEEP_SLICE`). Shuffled opens of
-more files than this mostly miss it (least recently released go first)."""
+"""Most idle backing ids that keep their descriptor of the block file (and at most half
+the mount's open-file limit: ``fusemount.cli.idle_backings``): their re-open is a look-up."""
+
+IDLE_IDS = 131072
+"""Most backing ids kept registered after their inode's last release, for its next open.
+Each holds the kernel's reference to its block file (about 1 KiB of kernel memory with the
+block file's inode and dentry: 128 MiB for all) and about 200 bytes here, and keeps an
+evicted block's disk space until it is found unlinked (:data:`SWEEP_SLICE`). Shuffled
+opens of more files than this mostly miss it (least recently released go first)."""
 
 RECHECK_S = 0.1
 """An idle id is re-checked (one ``fstat``: unlinked means evicted or replaced) at a
 re-open when its last check is older than this, seconds (``BlockFiles.recheck_after``)."""
 
 SWEEP_SLICE = 1024
-"""Idle ids :meth:`Passthrough.sweep` checks per call, every 0.5 s (one ``fstat`` each,
-about 2 ms on the loop): 16,384 in 8 s."""
-
-
-def library_supports() -> bool:
-    """True when the installed pyfuse3 has the passthrough calls (the patched build)."""
-    return all(
-        hasattr(pyfuse3, name)
-        for name in ("passthrough_open", "passthrough_close", "passthrough_state")
-    )
-
-
-def has_cap_sys_admin(status: str = "/proc/self/status") -> bool:
-    """True when this process holds CAP_SYS_ADMIN (``CapEff`` in ``status``)."""
-    try:
-        with open(status, encoding="ascii") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
-    except (OSError, ValueError):
-        pass
-    return False
-
-
-def filesystem_type(path: Path) -> str:
-    """The type of the file system holding ``path`` (the innermost mount above it), from
-    /proc/self/mountinfo; "" when unknown."""
-    target = str(path.resolve())
-    best, fstype = -1, ""
-    with contextlib.suppress(OSError):
-        for m in mounts():
-            point = m.mountpoint.rstrip("/") or "/"
-            inside = target == point or target.startswith(point.rstrip("/") + "/")
-            if inside and len(point) >= best:  # a later mount at the same point is on top
-                best, fstype = len(point), m.fstype
-    return fstype
-
-
-def unavailable_reason(
-    mode: str,
-    cache_dir: Path,
-    encrypted: bool,
-    *,
-    library: Callable[[], bool] = library_supports,
-    privileged: Callable[[], bool] = has_cap_sys_admin,
-    fstype: Callable[[Path], str] = filesystem_type,
-) -> str:
-    """Why passthrough cannot be used, checked before mounting; "" when it may be.
-
-    Whether the kernel offers it is only known after FUSE INIT (:meth:`Passthrough.negotiated`).
-    """
-    if mode == "off":
-        return "--passthrough off"
-    if not library():
-        return "pyfuse3 was built without passthrough (make setup builds it on libfuse >= 3.17)"
-    if encrypted:
-        return "block files are encrypted at rest (the kernel would read ciphertext)"
-    if not privileged():
-        return "no CAP_SYS_ADMIN (the kernel requires it to register backing files)"
-    kind = fstype(cache_dir / "blocks" if (cache_dir / "blocks").exists() else cache_dir)
-    if kind in STACKED_FILESYSTEMS:
-        return f"the cache directory is on {kind} (a stacked file system cannot back files)"
-    return ""
+"""Idle ids :meth:`Passthrough.sweep` checks per call, every 0.5 s (one ``fstat``, or a
+``stat`` of the path, each: about 2-4 ms on the loop): 131,072 in about a minute."""
 
 
 _UNLOCKED = contextlib.nullcontext()  # reusable and re-entrant
@@ -155,9 +100,10 @@ class _Backing:
     backing_id: int
     digest: str
     snapshot_id: str
-    fd: int  # our own descriptor of the block file (for a revocation's truncation)
+    fd: int  # our own descriptor of the block file (for a revocation's truncation); -1: none
     handles: int = 1  # 0: idle, kept for the inode's next open
     checked: float = 0.0  # monotonic time its block file was last seen linked
+    ident: tuple[int, int] = (0, 0)  # the block file's device and inode ((0, 0): unknown)
 
 
 class Passthrough:
@@ -170,8 +116,9 @@ class Passthrough:
         reason: why passthrough is off from the start ("" = it may be on).
         open_backing / close_backing: the kernel calls (pyfuse3's by default; tests fake
             them). ``open_backing(fd)`` returns a backing id or raises OSError.
-        idle_max: idle backing ids kept (:data:`IDLE_BACKINGS`; 0: closed at the last
-            release).
+        idle_max: idle backing ids that keep their descriptor (:data:`IDLE_BACKINGS`; 0:
+            ids are closed at the last release).
+        idle_ids: idle backing ids kept in all (:data:`IDLE_IDS`; at least ``idle_max``).
         clock: monotonic seconds (tests pass their own).
         ledger: where every inode's backing id and handle counts are kept for a process
             that resumes this FUSE connection, and for the other workers serving it
@@ -190,6 +137,7 @@ class Passthrough:
         open_backing: Callable[[int], int] | None = None,
         close_backing: Callable[[int], None] | None = None,
         idle_max: int = IDLE_BACKINGS,
+        idle_ids: int = IDLE_IDS,
         clock: Callable[[], float] = time.monotonic,
         ledger: BackingLedger | None = None,
         block_path: Callable[[str], Path] | None = None,
@@ -206,8 +154,10 @@ class Passthrough:
         self.reuses = 0  # of those, opens that took an idle id (no registration)
         self.truncated = 0  # block files truncated by revocations
         self.idle_max = idle_max
+        self.idle_ids = max(idle_ids, idle_max)
         self._clock = clock
         self._idle: OrderedDict[int, None] = OrderedDict()  # idle inodes, oldest first
+        self._idle_fds: OrderedDict[int, None] = OrderedDict()  # of those, with a descriptor
         self._sweep_at = 0  # where the next sweep's slice of the idle ids starts
         self._reconcile_at = 0  # where the next reconcile's slice starts
         self._open_backing = open_backing or getattr(pyfuse3, "passthrough_open", None)
@@ -270,12 +220,18 @@ class Passthrough:
             if not counted or not self.enabled or self._cached.get(inode):
                 return None
             now = self._clock()
-            if now - backing.checked > RECHECK_S:
+            if backing.fd < 0:  # idle without a descriptor: the block file by its path
+                if not self._reopen(backing):
+                    self._close(inode)
+                    return None
+                backing.checked = now
+            elif now - backing.checked > RECHECK_S:
                 if not self._linked(backing):
                     self._close(inode)
                     return None
                 backing.checked = now
             self._idle.pop(inode, None)
+            self._idle_fds.pop(inode, None)
             self.reuses += 1
         backing.handles += 1
         self._record(inode)
@@ -309,7 +265,7 @@ class Passthrough:
                 log.info("passthrough of %s refused (%s); pyfuse3 path", digest, err)
             return None
         self._backings[inode] = _Backing(
-            backing_id, digest, node.snapshot_id, fd, checked=self._clock()
+            backing_id, digest, node.snapshot_id, fd, checked=self._clock(), ident=_ident(fd)
         )
         self._record(inode)
         self.opens += 1
@@ -334,8 +290,28 @@ class Passthrough:
         with self._locked():
             self._load(inode)
             self._release(inode, passthrough)
-        while len(self._idle) > self.idle_max:
+        self._trim()
+
+    def _trim(self) -> None:
+        """Keep the idle ids within their bounds: the oldest beyond :attr:`idle_max` give
+        up their descriptor, the oldest beyond :attr:`idle_ids` are closed."""
+        while len(self._idle_fds) > self.idle_max:
+            self._drop_fd(next(iter(self._idle_fds)))
+        while len(self._idle) > self.idle_ids:
             self._close_idle(next(iter(self._idle)))
+
+    def _drop_fd(self, inode: int) -> None:
+        """An idle id gives up our descriptor of its block file (keeping its identity);
+        one whose identity is unknown is closed instead."""
+        self._idle_fds.pop(inode, None)
+        backing = self._backings.get(inode)
+        if backing is None or backing.handles > 0 or backing.fd < 0:
+            return
+        if backing.ident == (0, 0) or self._block_path is None:
+            self._close_idle(inode)
+            return
+        os.close(backing.fd)
+        backing.fd = -1
 
     def _release(self, inode: int, passthrough: bool) -> None:
         if not passthrough:
@@ -358,6 +334,9 @@ class Passthrough:
             return
         self._idle.pop(inode, None)
         self._idle[inode] = None  # newest last
+        if backing.fd >= 0:
+            self._idle_fds.pop(inode, None)
+            self._idle_fds[inode] = None
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
         """The ledger's lock (nothing when this process serves the connection alone: a
@@ -390,14 +369,18 @@ class Passthrough:
             mine = self._backings[inode] = _Backing(
                 slot.backing_id, slot.digest, snapshot_id, fd, handles=slot.handles,
                 checked=self._clock() if fd >= 0 else 0.0,  # gone: re-checked at once
+                ident=_ident(fd),
             )  # fmt: skip
         mine.handles = slot.handles
         if snapshot_id and not mine.snapshot_id:
             mine.snapshot_id = snapshot_id
         if mine.handles > 0:
             self._idle.pop(inode, None)
+            self._idle_fds.pop(inode, None)
         elif inode not in self._idle:
             self._idle[inode] = None  # idle: any worker may close it
+            if mine.fd >= 0:
+                self._idle_fds[inode] = None
 
     def _open_block(self, digest: str) -> int:
         """Our descriptor of ``digest``'s block file, for the linked checks (-1: gone)."""
@@ -412,6 +395,7 @@ class Passthrough:
         """Drop this process's view of a backing id that is no longer ``inode``'s."""
         backing = self._backings.pop(inode)
         self._idle.pop(inode, None)
+        self._idle_fds.pop(inode, None)
         if backing.fd >= 0:
             os.close(backing.fd)
 
@@ -425,11 +409,13 @@ class Passthrough:
                 self._close(inode)
             else:
                 self._idle.pop(inode, None)
+                self._idle_fds.pop(inode, None)
 
     def _close(self, inode: int) -> None:
         """Close ``inode``'s backing id and our descriptor of its block file."""
         backing = self._backings.pop(inode)
         self._idle.pop(inode, None)
+        self._idle_fds.pop(inode, None)
         self._record(inode)
         if backing.fd >= 0:
             os.close(backing.fd)
@@ -463,15 +449,41 @@ class Passthrough:
             with self._locked():
                 self._load(r.inode, adopting=True)
             adopted += r.backing_id > 0
+        self._trim()
         return adopted
 
-    @staticmethod
-    def _linked(backing: _Backing) -> bool:
-        """Whether the backing's block file is still in the cache (not unlinked)."""
+    def _linked(self, backing: _Backing) -> bool:
+        """Whether the backing's block file is still in the cache (not unlinked): by our
+        descriptor, or for an idle id without one, by its path (the same file)."""
         try:
-            return os.fstat(backing.fd).st_nlink > 0
-        except OSError:
+            if backing.fd >= 0:
+                return os.fstat(backing.fd).st_nlink > 0
+            if self._block_path is None or backing.ident == (0, 0):
+                return False
+            found = os.stat(self._block_path(backing.digest))
+        except (OSError, ValueError):
             return False
+        return (found.st_dev, found.st_ino) == backing.ident
+
+    def _reopen(self, backing: _Backing) -> bool:
+        """Open an idle id's block file by its path again, for an open that takes the id
+        (its reads may need a revocation's truncation): True if it is the same file,
+        linked, and ``backing.fd`` is its descriptor now."""
+        if self._block_path is None or backing.ident == (0, 0):
+            return False
+        try:
+            fd = os.open(self._block_path(backing.digest), os.O_RDONLY | os.O_CLOEXEC)
+        except (OSError, ValueError):
+            return False
+        try:
+            found = os.fstat(fd)
+        except OSError:
+            found = None
+        if found is None or found.st_nlink == 0 or (found.st_dev, found.st_ino) != backing.ident:
+            os.close(fd)
+            return False
+        backing.fd = fd
+        return True
 
     def sweep(self, count: int = SWEEP_SLICE) -> int:
         """Check ``count`` idle ids (the next slice, round robin) and close those whose
@@ -532,6 +544,11 @@ class Passthrough:
         """Backing ids registered for no open file, kept for their inode's next open."""
         return len(self._idle)
 
+    @property
+    def descriptors(self) -> int:
+        """This process's descriptors of block files (one per backing id that keeps one)."""
+        return sum(1 for b in self._backings.values() if b.fd >= 0)
+
     def revoke(self, revoked: Iterable[str]) -> int:
         """End passthrough reads of revoked snapshots whose block file was evicted.
 
@@ -567,3 +584,14 @@ class Passthrough:
                 log.warning("revoked block %s not truncated: %s", backing.digest, err)
         self.truncated += done
         return done
+
+
+def _ident(fd: int) -> tuple[int, int]:
+    """The device and inode number of the file ``fd`` ((0, 0): none, or unknown)."""
+    if fd < 0:
+        return (0, 0)
+    try:
+        found = os.fstat(fd)
+    except OSError:
+        return (0, 0)
+    return (found.st_dev, found.st_ino)

@@ -10,14 +10,8 @@ from pathlib import Path
 import pytest
 
 from fusemount.cli import idle_backings
-from fusemount.passthrough import (
-    IDLE_BACKINGS,
-    RECHECK_S,
-    Passthrough,
-    filesystem_type,
-    has_cap_sys_admin,
-    unavailable_reason,
-)
+from fusemount.passthrough import IDLE_BACKINGS, RECHECK_S, Passthrough
+from fusemount.passthroughcheck import filesystem_type, has_cap_sys_admin, unavailable_reason
 from fusemount.tree import Node, Role
 
 BLOCK = 65_536
@@ -323,3 +317,59 @@ def test_idle_ids_are_kept_within_half_the_open_file_limit() -> None:
     assert idle_backings(1 << 20) == IDLE_BACKINGS
     assert idle_backings(-1) == IDLE_BACKINGS  # RLIM_INFINITY
     assert idle_backings(1) == 0
+
+
+def test_idle_ids_past_the_descriptor_bound_keep_their_id_and_give_up_the_descriptor(
+    tmp_path: Path,
+) -> None:
+    """Two idle ids may keep a descriptor, four in all: the oldest two give theirs up and
+    are opened again by path when reused (no registration); past four, the oldest close."""
+    kernel = FakeKernel()
+    blocks = tmp_path / "blocks"
+    blocks.mkdir()
+    pt = Passthrough(
+        open_backing=kernel.open,
+        close_backing=kernel.close,
+        idle_max=2,
+        idle_ids=4,
+        block_path=lambda digest: blocks / digest,
+    )
+    for inode in range(2, 7):
+        node = _file(inode, 100)
+        assert pt.attach(inode, node, f"d{inode}-0", _fd(blocks, f"d{inode}-0")) is not None
+        pt.released(inode, passthrough=True)
+    assert pt.idle_backing_ids == 4 and len(kernel.open_ids) == 4  # inode 2's closed
+    assert pt.descriptors == 2  # inodes 5 and 6 keep theirs
+    registered = kernel.next_id
+    assert pt.shared(3) is not None  # fd-less: opened again by path, same file
+    assert kernel.next_id == registered and pt.reuses == 1 and pt.descriptors == 3
+    pt.released(3, passthrough=True)
+    assert pt.descriptors == 2  # back under the bound: the oldest with one gave it up
+    held = os.open(blocks / "d4-0", os.O_RDONLY)  # the kernel's reference to its file
+    (blocks / "d4-0").unlink()  # evicted, then cached again: another file
+    (blocks / "d4-0").write_bytes(b"y" * 100)
+    assert pt.shared(4) is None  # not the file the kernel holds: the id is closed
+    os.close(held)
+    assert pt.idle_backing_ids == 3 and len(kernel.open_ids) == 3
+    assert pt.shared(2) is None  # closed past the bound: the caller registers it anew
+
+
+def test_a_sweep_closes_idle_ids_without_a_descriptor_whose_file_is_gone(
+    tmp_path: Path,
+) -> None:
+    kernel = FakeKernel()
+    blocks = tmp_path / "blocks"
+    blocks.mkdir()
+    pt = Passthrough(
+        open_backing=kernel.open,
+        close_backing=kernel.close,
+        idle_max=1,
+        block_path=lambda digest: blocks / digest,
+    )
+    for inode in (2, 3, 4):
+        pt.attach(inode, _file(inode, 100), f"d{inode}-0", _fd(blocks, f"d{inode}-0"))
+        pt.released(inode, passthrough=True)
+    assert pt.descriptors == 1 and pt.idle_backing_ids == 3
+    (blocks / "d2-0").unlink()
+    assert pt.sweep() == 1
+    assert pt.idle_backing_ids == 2 and len(kernel.open_ids) == 2

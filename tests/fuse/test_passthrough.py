@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from deploy.local import LocalStack
-from fusemount.passthrough import has_cap_sys_admin, library_supports
+from fusemount.passthroughcheck import has_cap_sys_admin, library_supports
 from spoke.disk.layout import CacheLayout
 from tests.support import publish, requires_fuse
 
@@ -355,3 +355,50 @@ def test_parallel_opens_of_cached_files_share_ids_and_read_identical_bytes(
     assert int(_xattr(mnt, "backing_ids")) == registered == len(want)
     assert int(_xattr(mnt, "backing_reuses")) > reuses
     _within(5, lambda: int(_xattr(mnt, "idle_backing_ids")) == len(want))
+
+
+@pytest.mark.usefixtures("passthrough")
+def test_opens_of_more_cached_files_than_keep_descriptors_reuse_their_ids_and_leak_nothing(
+    tmp_path: Path, stack: LocalStack
+) -> None:
+    """The mount under an open-file limit of 4,096 keeps descriptors for 2,048 idle backing
+    ids; 2,400 cached one-block files opened in a loop keep all 2,400 ids registered (the
+    older ones without a descriptor, opened again by path), read byte for byte, with no
+    new registration after the first pass and no descriptor or id left over."""
+    rng = random.Random(11)
+    root = tmp_path / "src"
+    files = {}
+    for d in range(8):
+        (root / f"d{d}").mkdir(parents=True)
+        for i in range(300):
+            name = f"d{d}/f{i}.bin"
+            files[name] = rng.randbytes(rng.randint(1, 2048))
+            (root / name).write_bytes(files[name])
+    assert publish(tmp_path / "hub", "many", root, "--block-size", str(BLOCK)) == "v1"
+    hub = stack.start_hub(tmp_path / "hub")
+    mnt = tmp_path / "mnt"
+    extra = ("--mount-workers", "1")
+    stack.start_spoke(hub, tmp_path / "cache", mnt, "64MiB", extra=extra, open_files=4096)
+    _state(mnt)
+    v1 = mnt / "many" / "v1"
+    pid = int(CacheLayout(tmp_path / "cache").mount_pid_file.read_text())
+    names = sorted(files)
+
+    def one_pass() -> None:
+        rng.shuffle(names)
+        for name in names:
+            assert (v1 / name).read_bytes() == files[name]
+
+    one_pass()  # the first reads fetch the blocks: each open then registers its id
+    registered = int(_xattr(mnt, "passthrough_opens")) - int(_xattr(mnt, "backing_reuses"))
+    fds = []
+    for _ in range(3):
+        one_pass()
+        fds.append(len(os.listdir(f"/proc/{pid}/fd")))
+        opens = int(_xattr(mnt, "passthrough_opens"))
+        assert opens - int(_xattr(mnt, "backing_reuses")) == registered  # none registered
+    assert int(_xattr(mnt, "idle_backing_ids")) == len(files)
+    assert int(_xattr(mnt, "backing_ids")) == len(files)
+    assert int(_xattr(mnt, "backing_descriptors")) == 2048
+    assert max(fds) - min(fds) <= 4, fds  # nothing accumulates pass after pass (2,400 opens)
+    assert fds[0] < 4096
