@@ -29,6 +29,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from trainer.hints import HintTarget
+from trainer.location import data_path, parse_storage_options
 from trainer.presets import PRESETS
 
 EXIT_USAGE = 2
@@ -40,6 +41,29 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+_DATA_HELP = (
+    "Zarr/MDIO store (read-only): a directory, or a URL such as s3://bucket/f3.mdio "
+    "read through fsspec (endpoint and credentials from the environment, e.g. "
+    "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, or --storage-option)."
+)
+
+StorageOptionFlag = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--storage-option",
+        help="KEY=VALUE passed to the URL's fsspec filesystem (repeatable; JSON values "
+        "such as true or 16 are parsed; ignored for a local path).",
+    ),
+]
+
+
+def _storage_options(items: list[str] | None) -> dict[str, object]:
+    try:
+        return parse_storage_options(items or [])
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 def _fail(message: str) -> NoReturn:
@@ -162,7 +186,7 @@ def synth(
 
 @app.command()
 def fit(
-    data: Annotated[Path, typer.Option("--data", help="Zarr/MDIO store to train on (read-only).")],
+    data: Annotated[str, typer.Option("--data", help=_DATA_HELP)],
     steps: Annotated[
         int, typer.Option("--steps", help="Total optimiser steps (the schedule's length).")
     ] = 300,
@@ -251,6 +275,7 @@ def fit(
             "Default: fit- and a hash of --out.",
         ),
     ] = None,
+    storage_option: StorageOptionFlag = None,
 ) -> None:
     """Train the 3D ViT masked autoencoder on random patches of a seismic volume.
 
@@ -261,7 +286,7 @@ def fit(
     from trainer.train import fit as run_fit
 
     options = FitOptions(
-        data=data,
+        data=data_path(data),
         out=out,
         steps=steps,
         preset=preset,
@@ -286,6 +311,7 @@ def fit(
         hints=_hint_target(
             hints, data, hints_dataset, hints_ref, hints_prefix, hints_token_file, hints_stream
         ),
+        storage_options=_storage_options(storage_option),
     )
     try:
         run_fit(options, echo=typer.echo)
@@ -295,7 +321,7 @@ def fit(
 
 def _hint_target(
     url: str | None,
-    data: Path,
+    data: str,
     dataset: str | None,
     ref: str | None,
     prefix: str | None,
@@ -305,7 +331,7 @@ def _hint_target(
     if url is None:
         return None
     try:
-        return HintTarget.for_path(url, data, dataset, ref, prefix, token_file, stream)
+        return HintTarget.for_path(url, data_path(data), dataset, ref, prefix, token_file, stream)
     except OSError as exc:
         _fail(f"--hints-token-file: {exc}")
     except ValueError as exc:
@@ -315,7 +341,7 @@ def _hint_target(
 @app.command("eval")
 def eval_(
     ckpt: Annotated[Path, typer.Option("--ckpt", help="Checkpoint written by fit.")],
-    data: Annotated[Path, typer.Option("--data", help="Zarr/MDIO store to evaluate on.")],
+    data: Annotated[str, typer.Option("--data", help=_DATA_HELP)],
     out: Annotated[
         Path | None,
         typer.Option("--out", help="Output directory (default: the checkpoint's)."),
@@ -331,13 +357,14 @@ def eval_(
         typer.Option("--inline", help="Inline index of the section (default: middle)."),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    storage_option: StorageOptionFlag = None,
 ) -> None:
     """Reconstruction PSNR on held-out patches and a PNG of one inline section."""
     from trainer.evaluate import EvalError, EvalOptions, evaluate
 
     options = EvalOptions(
         ckpt=ckpt,
-        data=data,
+        data=data_path(data),
         out=out,
         patches=patches,
         batch_size=batch_size,
@@ -345,6 +372,7 @@ def eval_(
         mask_ratio=mask_ratio,
         inline=inline,
         device=device,
+        storage_options=_storage_options(storage_option),
     )
     from trainer.volume import DataError
 
@@ -356,7 +384,7 @@ def eval_(
 
 @app.command()
 def plan(
-    data: Annotated[Path, typer.Option("--data", help="Zarr/MDIO store the run will read.")],
+    data: Annotated[str, typer.Option("--data", help=_DATA_HELP)],
     epoch: Annotated[int, typer.Option("--epoch", help="Epoch (0-based).")] = 0,
     rank: Annotated[int, typer.Option("--rank", help="Rank whose shard to list.")] = 0,
     world_size: Annotated[int, typer.Option("--world-size", help="Number of ranks.")] = 1,
@@ -371,6 +399,7 @@ def plan(
     all_reads: Annotated[
         bool, typer.Option("--all-reads", help="One line per chunk read, repeats included.")
     ] = False,
+    storage_option: StorageOptionFlag = None,
 ) -> None:
     """Print the store keys a fit run reads in one epoch, in order (prefetch hints)."""
     from trainer.plan import build_plan
@@ -380,7 +409,7 @@ def plan(
 
     try:
         config = get_preset(preset)
-        info = inspect_volume(data)
+        info = inspect_volume(data_path(data), _storage_options(storage_option))
         the_plan = build_plan(
             info,
             config.input_size,

@@ -1,7 +1,8 @@
 """Random 3D patches from an MDIO / Zarr seismic volume, and the epoch plan that orders them.
 
-The trainer reads a *path*, nothing more: a local directory, or the same
-directory seen through a Strata FUSE mount. The store is opened read-only with
+The trainer reads a *path*, nothing more: a local directory, the same directory
+seen through a Strata FUSE mount, or an object-store URL read through fsspec
+(:mod:`trainer.volume`). The store is opened read-only with
 ``zarr.open_group(path, mode="r")``; nothing is ever written under it.
 
 Process model: the parent process inspects the store
@@ -39,7 +40,7 @@ from torch.utils.data import Dataset
 
 from trainer.presets import Shape3
 from trainer.stats import VolumeStats, normalise
-from trainer.volume import MASK_CACHE_TRACES, BoolArray, FloatArray, VolumeInfo
+from trainer.volume import MASK_CACHE_TRACES, BoolArray, FloatArray, VolumeInfo, open_group
 
 
 def _corner(key: Any) -> tuple[int, int, int]:
@@ -87,7 +88,7 @@ class PatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def _open(self) -> tuple[zarr.Array[Any], zarr.Array[Any] | BoolArray | None]:
         if self._amplitude is None:
-            group = zarr.open_group(self.info.path, mode="r")
+            group = open_group(self.info.path, self.info.storage_options)
             amp = group[self.info.variable]
             assert isinstance(amp, zarr.Array)
             if self.info.mask_variable is not None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ import zarr
 from trainer.checkpoint import load_checkpoint
 from trainer.dataset import PatchDataset
 from trainer.distributed import select_device
+from trainer.location import StorageOptions
 from trainer.model import MaskedAutoencoder3D, patchify, unpatchify
 from trainer.options import FitError, check_out_dir
 from trainer.plan import STREAM_EVAL, EpochPlan, PlanSpec, PositionSampler, derive_seed
@@ -70,7 +71,7 @@ class EvalOptions:
 
     Attributes:
         ckpt: Checkpoint written by ``strata-train fit``.
-        data: Zarr/MDIO store to evaluate on (read-only).
+        data: Zarr/MDIO store to evaluate on (read-only): a directory or an fsspec URL.
         out: Output directory; ``None`` for the checkpoint's directory.
         patches: Number of held-out patches for the PSNR.
         batch_size: Patches per forward pass.
@@ -81,10 +82,11 @@ class EvalOptions:
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
         threads: Torch intra-op threads; ``None`` for all cores.
         amp: bf16 autocast; ``None`` for CUDA only.
+        storage_options: fsspec options of a URL ``data`` (see :mod:`trainer.volume`).
     """
 
     ckpt: Path
-    data: Path
+    data: str | Path
     out: Path | None = None
     patches: int = 256
     batch_size: int = 32
@@ -94,6 +96,7 @@ class EvalOptions:
     device: str = "auto"
     threads: int | None = None
     amp: bool | None = None
+    storage_options: StorageOptions = field(default_factory=dict, repr=False)
 
 
 def _plan_spec(raw: dict[str, Any]) -> PlanSpec:
@@ -263,7 +266,7 @@ def _axis(info: VolumeInfo, dim: int, name: str, fallback: str) -> tuple[list[fl
     size = info.shape[dim]
     if name:
         try:
-            arr = open_store(info.path)[name]
+            arr = open_store(info.path, info.storage_options)[name]
         except KeyError:
             arr = None
         if isinstance(arr, zarr.Array) and arr.shape == (size,):
@@ -381,8 +384,8 @@ def evaluate(opts: EvalOptions, echo: Callable[[str], None] = print) -> dict[str
         ckpt = load_checkpoint(Path(opts.ckpt))
         device = select_device(opts.device)
         out = Path(opts.out) if opts.out is not None else Path(opts.ckpt).parent
-        info = inspect_volume(opts.data)
-        check_out_dir(Path(opts.data), out)
+        info = inspect_volume(opts.data, opts.storage_options)
+        check_out_dir(opts.data, out)
     except FitError as exc:
         raise EvalError(str(exc)) from None
     config = MAEConfig(**ckpt["preset"])
@@ -434,7 +437,7 @@ def evaluate(opts: EvalOptions, echo: Callable[[str], None] = print) -> dict[str
         return 10 * math.log10(peak**2 / err) if err > 0 else float("inf")
 
     out.mkdir(parents=True, exist_ok=True)
-    group = open_store(info.path)
+    group = open_store(info.path, info.storage_options)
     number = _coordinate(group, "inline", inline, info.shape[0])
     png = out / SECTION_PNG
     section = render_section(ev, info, inline, png, f"inline {number}")

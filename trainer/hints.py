@@ -26,9 +26,11 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import httpx
+
+from trainer.location import is_url, url_parts
 
 _STREAM_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,50}$")  # leaves room for ".rankN"
 
@@ -79,7 +81,7 @@ class HintTarget:
     def for_path(
         cls,
         url: str,
-        data: Path,
+        data: str | Path,
         dataset: str | None = None,
         ref: str | None = None,
         prefix: str | None = None,
@@ -88,17 +90,20 @@ class HintTarget:
     ) -> HintTarget:
         """Defaults read off a ``MOUNT/<dataset>/<ref>/<store>`` path, each overridable.
 
+        A URL (``s3://bucket/<dataset>/<ref>/<store>``) is read the same way, off its
+        bucket and key.
+
         Raises:
             OSError: the token file cannot be read.
             ValueError: ``stream`` is not a valid name.
         """
-        data = Path(data)
+        path: PurePath = url_parts(data) if is_url(data) else Path(data)
         token = token_file.read_text().strip() if token_file is not None else None
         return cls(
             url=url.rstrip("/"),
-            dataset=dataset or data.parent.parent.name,
-            ref=ref or data.parent.name,
-            prefix=(prefix if prefix is not None else data.name).strip("/"),
+            dataset=dataset or path.parent.parent.name,
+            ref=ref or path.parent.name,
+            prefix=(prefix if prefix is not None else path.name).strip("/"),
             token=token,
             stream=check_stream(stream) if stream is not None else None,
         )

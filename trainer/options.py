@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.hints import HintTarget
+from trainer.location import StorageOptions, is_url
 
 DEFAULT_OUT = Path("strata-train-out")
 """Output directory when ``--out`` is not given."""
@@ -20,7 +21,8 @@ class FitOptions:
     """Options of one training run.
 
     Attributes:
-        data: Zarr/MDIO store to read (read-only).
+        data: Zarr/MDIO store to read (read-only): a local directory (a
+            :class:`~pathlib.Path`) or an fsspec URL string (``s3://bucket/f3.mdio``).
         out: Output directory for ``metrics.jsonl``, ``summary.json`` and
             ``checkpoint.pt``; created if missing; must not be inside ``data``.
         steps: Total optimiser steps of the run (the schedule's length, >= 1).
@@ -48,9 +50,11 @@ class FitOptions:
         amp: bf16 autocast; ``None`` turns it on exactly when running on CUDA.
         hints: where rank 0 posts each upcoming epoch's read order (opt-in); ``None``
             leaves the run exactly as without hints.
+        storage_options: fsspec options of a URL ``data`` (see :mod:`trainer.volume`);
+            never written to the summary or checkpoints.
     """
 
-    data: Path
+    data: str | Path
     out: Path = DEFAULT_OUT
     steps: int = 300
     preset: str = "tiny"
@@ -74,23 +78,25 @@ class FitOptions:
     clip_grad: float = 1.0
     amp: bool | None = None
     hints: HintTarget | None = None
+    storage_options: StorageOptions = field(default_factory=dict, repr=False)
 
 
-def check_out_dir(data: Path, out: Path) -> None:
+def check_out_dir(data: str | Path, out: Path) -> None:
     """Refuse an output directory inside (or equal to) the data path.
 
     Args:
-        data: The data store.
+        data: The data store (a URL is never a local directory ``out`` could be in).
         out: The proposed output directory.
 
     Raises:
         FitError: If ``out`` resolves to ``data`` or to a path below it, or is an
             existing file.
     """
-    d = data.resolve()
-    o = out.resolve()
-    if o == d or o.is_relative_to(d):
-        raise FitError(f"--out {out} is inside the data path {data}, which is read-only")
+    o = Path(out).resolve()
+    if not is_url(data):
+        d = Path(data).resolve()
+        if o == d or o.is_relative_to(d):
+            raise FitError(f"--out {out} is inside the data path {data}, which is read-only")
     if o.exists() and not o.is_dir():
         raise FitError(f"--out {out} exists and is not a directory")
 

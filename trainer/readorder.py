@@ -65,7 +65,7 @@ def planned_chunk_keys(
     Raises:
         DataError: If the store cannot be opened.
     """
-    group = open_store(info.path)
+    group = open_store(info.path, info.storage_options)
     amp = group[info.variable]
     assert isinstance(amp, zarr.Array)
     keys: list[str] = []

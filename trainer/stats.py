@@ -101,7 +101,7 @@ def estimate_stats(
     Raises:
         DataError: If the sample holds no finite live value.
     """
-    group = open_store(info.path)
+    group = open_store(info.path, info.storage_options)
     arr = group[info.variable]
     assert isinstance(arr, zarr.Array)
     mask = read_live_mask(info)
@@ -164,7 +164,7 @@ def volume_stats(
         ValueError: If ``clip`` or ``scale`` is not positive.
     """
     _check_clip_scale(clip, scale)
-    arr = open_store(info.path)[info.variable]
+    arr = open_store(info.path, info.storage_options)[info.variable]
     assert isinstance(arr, zarr.Array)
     stats = _stats_from_mdio(arr, clip, scale)
     if stats is not None:

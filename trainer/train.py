@@ -154,7 +154,7 @@ def build_dataset(
         DataError: If the store cannot be used (see :mod:`trainer.volume`).
         FitError: If an epoch is smaller than one batch on every rank.
     """
-    info = inspect_volume(opts.data)
+    info = inspect_volume(opts.data, opts.storage_options)
     check_fits(info, config.input_size)
     stats = volume_stats(info, config.input_size, opts.seed, opts.clip, opts.scale)
     try:
@@ -202,7 +202,7 @@ class Trainer:
             opts, self.config, self.batch_size, ctx.world_size
         )
         self.out = Path(opts.out)
-        check_out_dir(Path(opts.data), self.out)
+        check_out_dir(opts.data, self.out)
         self.ckpt_path = self.out / CHECKPOINT_NAME
         self.peak_lr = opts.lr if opts.lr is not None else self.config.lr
         self.warmup = min(self.config.warmup_steps, max(1, opts.steps // 10))
@@ -339,7 +339,7 @@ class Trainer:
                     "scheduler": self.scheduler.state_dict(),
                     "rng": states,
                     "stats": asdict(self.dataset.stats),
-                    "volume": asdict(self.info),
+                    "volume": self.info.public(),
                     "data": str(self.opts.data),
                     **self.identity(),
                 },

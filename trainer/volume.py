@@ -1,8 +1,14 @@
 """The volume a run trains on: where its amplitudes and live-trace mask are in the store.
 
-The trainer reads a *path*, nothing more: a local directory, or the same
-directory seen through a Strata FUSE mount. The store is opened read-only with
-``zarr.open_group(path, mode="r")``; nothing is ever written under it.
+The trainer reads a *path*, nothing more: a local directory, the same directory
+seen through a Strata FUSE mount, or an object-store URL (``s3://bucket/f3.mdio``,
+``gs://...``, any URL fsspec has a filesystem for), so one command runs direct or
+through a mount. The store is opened read-only with ``zarr.open_group(path,
+mode="r")`` (for a URL, through fsspec with the run's storage options; endpoint and
+credentials otherwise come from the filesystem's usual environment, e.g. s3fs's
+``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``); nothing is
+ever written under it. :func:`data_path` reads a ``--data`` argument,
+:func:`parse_storage_options` the ``--storage-option KEY=VALUE`` flags,
 :func:`inspect_volume` finds the amplitude array and its trace mask, and
 :func:`read_live_mask` reads the mask.
 """
@@ -10,13 +16,14 @@ directory seen through a Strata FUSE mount. The store is opened read-only with
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
 
+from trainer.location import StorageOptions, is_url
 from trainer.presets import Shape3
 
 FloatArray = np.ndarray[Any, np.dtype[np.float32]]
@@ -48,7 +55,7 @@ class VolumeInfo:
     """Where the amplitudes live inside a store, and their layout.
 
     Attributes:
-        path: Store path as given (a directory).
+        path: Store path as given (a directory, or an fsspec URL).
         variable: Name of the 3D amplitude array inside the group.
         mask_variable: Name of the 2D boolean live-trace mask, or ``None``.
         shape: Amplitude shape (inline, crossline, time) in samples.
@@ -58,6 +65,9 @@ class VolumeInfo:
         dtype: Amplitude dtype name.
         dims: The amplitude's dimension names (e.g. ``("inline", "crossline",
             "time")`` for MDIO), or ``()`` when the store does not name them.
+        storage_options: fsspec options a URL ``path`` is opened with (every reader,
+            DataLoader workers included); may hold credentials, so it is neither
+            printed nor written to checkpoints and summaries.
     """
 
     path: str
@@ -68,29 +78,69 @@ class VolumeInfo:
     storage_chunks: Shape3
     dtype: str
     dims: tuple[str, ...] = ()
+    storage_options: StorageOptions = field(default_factory=dict, repr=False)
+
+    def public(self) -> dict[str, Any]:
+        """The description without its storage options (for checkpoints and summaries)."""
+        return {k: v for k, v in asdict(self).items() if k != "storage_options"}
 
 
-def open_store(path: str | Path) -> zarr.Group:
+def open_group(path: str | Path, storage_options: StorageOptions | None = None) -> zarr.Group:
+    """Open a store's root group read-only without checking the path first (workers).
+
+    Args:
+        path: Directory or fsspec URL of the store.
+        storage_options: fsspec options of a URL (ignored for a local path).
+
+    Returns:
+        The root group, opened with ``mode="r"``.
+    """
+    if is_url(path):
+        return zarr.open_group(str(path), mode="r", storage_options=dict(storage_options or {}))
+    return zarr.open_group(str(path), mode="r")
+
+
+def _check_url(url: str, storage_options: StorageOptions) -> None:
+    import fsspec  # type: ignore[import-untyped]
+
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        found = fs.exists(root)
+    except (ImportError, ValueError) as exc:  # unknown protocol, or its package missing
+        raise DataError(f"cannot open {url}: {exc}") from exc
+    except Exception as exc:  # credentials, endpoint, network: the filesystem's own types
+        raise DataError(f"cannot read {url}: {type(exc).__name__}: {exc}") from exc
+    if not found:
+        raise DataError(f"data path not found: {url}")
+
+
+def open_store(path: str | Path, storage_options: StorageOptions | None = None) -> zarr.Group:
     """Open a Zarr (MDIO) group read-only.
 
     Args:
-        path: Directory of the store.
+        path: Directory of the store, or an fsspec URL (``s3://bucket/f3.mdio``).
+        storage_options: fsspec options of a URL (ignored for a local path).
 
     Returns:
         The root group, opened with ``mode="r"``.
 
     Raises:
-        DataError: If the path does not exist or is not a Zarr group.
+        DataError: If the path does not exist, cannot be reached, or is not a Zarr group.
     """
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"data path not found: {p}")
-    if not p.is_dir():
-        raise DataError(f"not a Zarr/MDIO store (not a directory): {p}")
+    if is_url(path):
+        shown = str(path)
+        _check_url(shown, storage_options or {})
+    else:
+        p = Path(path)
+        shown = str(p)
+        if not p.exists():
+            raise DataError(f"data path not found: {p}")
+        if not p.is_dir():
+            raise DataError(f"not a Zarr/MDIO store (not a directory): {p}")
     try:
-        return zarr.open_group(str(p), mode="r")
+        return open_group(path, storage_options)
     except Exception as exc:  # zarr raises several types for "no group here"
-        raise DataError(f"not a Zarr/MDIO store: {p} ({type(exc).__name__})") from exc
+        raise DataError(f"not a Zarr/MDIO store: {shown} ({type(exc).__name__})") from exc
 
 
 def _is_amplitude_array(node: Any) -> bool:
@@ -147,11 +197,12 @@ def _shape3(values: Sequence[int]) -> Shape3:
     return (int(values[0]), int(values[1]), int(values[2]))
 
 
-def inspect_volume(path: str | Path) -> VolumeInfo:
+def inspect_volume(path: str | Path, storage_options: StorageOptions | None = None) -> VolumeInfo:
     """Describe the amplitude volume of a store.
 
     Args:
-        path: Directory of a Zarr/MDIO store.
+        path: Directory or fsspec URL of a Zarr/MDIO store.
+        storage_options: fsspec options of a URL (ignored for a local path).
 
     Returns:
         Names, shape, chunks and dtype of the amplitude variable.
@@ -159,7 +210,8 @@ def inspect_volume(path: str | Path) -> VolumeInfo:
     Raises:
         DataError: If the path is not a store or holds no 3D amplitude array.
     """
-    group = open_store(path)
+    options = dict(storage_options or {}) if is_url(path) else {}
+    group = open_store(path, options)
     name, mask = locate_variables(group)
     arr = group[name]
     assert isinstance(arr, zarr.Array)
@@ -173,6 +225,7 @@ def inspect_volume(path: str | Path) -> VolumeInfo:
         storage_chunks=_shape3(shards if shards is not None else arr.chunks),
         dtype=str(np.dtype(arr.dtype)),
         dims=_dimension_names(arr),
+        storage_options=options,
     )
 
 
@@ -213,6 +266,6 @@ def read_live_mask(info: VolumeInfo) -> BoolArray | None:
     """
     if info.mask_variable is None:
         return None
-    arr = open_store(info.path)[info.mask_variable]
+    arr = open_store(info.path, info.storage_options)[info.mask_variable]
     assert isinstance(arr, zarr.Array)
     return np.asarray(arr[...], dtype=np.bool_)
