@@ -3,12 +3,15 @@
     strata-csi serve --endpoint unix:///csi/csi.sock --mount /mnt/strata/data \\
                      --node-id NODE --state-dir /csi/volumes [--pods-dir /var/lib/kubelet/pods]
                      --tenancy /etc/strata/tenancy.yaml [--audit-log FILE] [--metrics HOST:PORT]
-                     [--hub HOST:PORT [--hub-ca CA.pem] [--hub-server-name NAME]]
+                     [--hub HOST:PORT --hub-ca CA.pem --hub-cert CERT.pem --hub-key KEY.pem
+                      [--hub-server-name NAME]]
     strata-csi probe --endpoint unix:///csi/csi.sock [--ready]     # a liveness check
 
 The kubelet and the node-driver-registrar speak to it over ``--endpoint`` (``$CSI_ENDPOINT``
 by CSI convention); it needs ``CAP_SYS_ADMIN`` for mount(2) and must see the spoke's mount
-and the kubelet's pod directory with the same paths as the kubelet.
+and the kubelet's pod directory with the same paths as the kubelet. ``--hub`` (to check a
+volume's own token) takes the spoke's TLS flags and, in the DaemonSet, the spoke's files:
+the shipped hub requires a client certificate.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 import os
 import signal
 import stat
+import threading
 from concurrent import futures
 from pathlib import Path
 from types import FrameType
@@ -27,6 +31,7 @@ import prometheus_client
 import typer
 
 from csi.hubscope import HubScope
+from csi.hubtls import HubTls, HubTlsError
 from csi.service import DRIVER_NAME, Identity, Node
 from csi.targets import PODS_DIR, Targets
 from csi.tenancy import Tenancy
@@ -101,6 +106,53 @@ def serve_socket(
     return server
 
 
+def hub_tls_of(
+    ca: Path | None,
+    cert: Path | None,
+    key: Path | None,
+    server_name: str | None,
+    system_roots: bool,
+    insecure: bool,
+) -> HubTls | None:
+    """The TLS settings for the hub from the flags (files read and checked now); None for
+    plaintext, which must be asked for, as volumes' tokens would cross it in clear.
+
+    Raises:
+        HubTlsError: a file is missing, malformed, expired or mismatched; flags that do not
+            go together; plaintext without ``--hub-insecure``.
+    """
+    if ca is None and cert is None and not system_roots:
+        if server_name is not None:
+            raise HubTlsError("--hub-server-name needs TLS (--hub-ca)")
+        if key is not None:
+            raise HubTlsError("--hub-cert and --hub-key go together")
+        if not insecure:
+            raise HubTlsError(
+                "--hub without TLS would send volumes' tokens in cleartext: give --hub-ca "
+                "(and --hub-cert/--hub-key for a hub that requires client certificates), "
+                "--hub-tls, or --hub-insecure on a trusted network"
+            )
+        return None
+    tls = HubTls(ca, cert, key, server_name)
+    tls.credentials()  # every file read and checked now, not at the first pod
+    return tls
+
+
+def _greet(scope: HubScope) -> None:
+    """Say in the log, once, whether the hub lets this plugin through."""
+    problem = scope.greet()
+    if problem is None:
+        log.info("hub %s answers (TLS: %s)", scope.address, _tls_words(scope.tls))
+    else:
+        log.error("volumes' own tokens cannot be checked until this is fixed: %s", problem)
+
+
+def _tls_words(tls: HubTls | None) -> str:
+    if tls is None:
+        return "none"
+    return "with client certificate" if tls.mutual else "without client certificate"
+
+
 @app.command()
 def serve(
     node_id: Annotated[
@@ -151,12 +203,35 @@ def serve(
     ] = None,
     hub_ca: Annotated[
         Path | None,
-        typer.Option("--hub-ca", help="CA bundle of the hub's certificate (else plaintext)."),
+        typer.Option("--hub-ca", help="PEM CA bundle the hub's certificate is from."),
     ] = None,
     hub_server_name: Annotated[
         str | None,
-        typer.Option("--hub-server-name", help="The name on the hub's certificate."),
+        typer.Option(
+            "--hub-server-name", help="Name in the hub's certificate, if not the --hub host."
+        ),
     ] = None,
+    hub_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--hub-cert",
+            help="PEM client certificate for mutual TLS (the shipped hub requires one: the "
+            "spoke's).",
+        ),
+    ] = None,
+    hub_key: Annotated[
+        Path | None, typer.Option("--hub-key", help="PEM private key of --hub-cert.")
+    ] = None,
+    hub_tls: Annotated[
+        bool, typer.Option("--hub-tls", help="TLS to the hub with the system's CA roots.")
+    ] = False,
+    hub_insecure: Annotated[
+        bool,
+        typer.Option(
+            "--hub-insecure",
+            help="Send volumes' tokens to the hub without TLS (trusted networks only).",
+        ),
+    ] = False,
     metrics: Annotated[
         str | None,
         typer.Option("--metrics", help="HOST:PORT for Prometheus metrics (none by default)."),
@@ -184,10 +259,15 @@ def serve(
         if metrics is not None:
             host, _, port = metrics.rpartition(":")
             prometheus_client.start_http_server(int(port), addr=host or "127.0.0.1")
-        scope = HubScope(hub, hub_ca, hub_server_name) if hub is not None else None
+        scope = None
+        if hub is not None:
+            tls = hub_tls_of(hub_ca, hub_cert, hub_key, hub_server_name, hub_tls, hub_insecure)
+            scope = HubScope(hub, tls)
         server = serve_socket(path, volumes, node_id, policy, audit, driver_name, scope)
     except (ValueError, OSError, RuntimeError) as err:
         raise _fail(str(err)) from None
+    if scope is not None:
+        threading.Thread(target=_greet, args=(scope,), name="hub-greet", daemon=True).start()
 
     def stop(signum: int, frame: FrameType | None) -> None:
         server.stop(grace=5)

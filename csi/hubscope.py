@@ -9,20 +9,30 @@ checks (``PERMISSION_DENIED`` outside the scope, ``UNAUTHENTICATED`` for an unkn
 expired token) — and remembers the answer for :data:`CACHE_S` (a read grant's lifetime), so
 a pod's volumes cost at most one hub round trip a minute or two, whatever their number.
 Tokens are kept only as their SHA-256, in memory.
+
+The channel is the plugin's own: TLS with the spoke's client certificate against the
+shipped hub (:mod:`csi.hubtls`), rebuilt when those files change. A hub that refuses the
+plugin in the TLS handshake is :class:`HubRefused`, with one line naming the flag to fix
+(the publish fails FAILED_PRECONDITION); one that does not answer is
+:class:`HubUnreachable` (UNAVAILABLE). Neither is cached, and neither is ever an allow.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 
+from csi.hubtls import HubTls, HubTlsError, refusal
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 CACHE_S = 120.0
 """How long an answer of the hub is reused, seconds (the hub's read grants' lifetime)."""
@@ -33,6 +43,11 @@ CALL_TIMEOUT_S = 10.0
 
 class HubUnreachable(Exception):
     """The hub could not be asked (the kubelet retries the publish)."""
+
+
+class HubRefused(Exception):
+    """The hub refused this plugin's connection (TLS: its trust, its client certificate):
+    a setting to fix, said in one line."""
 
 
 @dataclass(frozen=True)
@@ -53,34 +68,61 @@ class HubScope:
 
     Args:
         address: The hub, ``HOST:PORT`` (as the spokes dial it).
-        ca: The CA bundle the hub's certificate is checked against; None for plaintext
-            (tests, a trusted network).
-        server_name: The name the certificate must carry (defaults to the host).
+        tls: TLS to the hub (:mod:`csi.hubtls`); None for plaintext (tests, a trusted
+            network).
         clock: Monotonic seconds (tests pass their own).
+
+    Raises:
+        HubTlsError: a TLS file is missing, malformed, expired or mismatched.
     """
 
     def __init__(
         self,
         address: str,
-        ca: Path | None = None,
-        server_name: str | None = None,
+        tls: HubTls | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
-        if ca is None:
-            self._channel = grpc.insecure_channel(address)
-        else:
-            credentials = grpc.ssl_channel_credentials(ca.read_bytes())
-            self._channel = grpc.secure_channel(address, credentials, options)
-        self._stub = hub_pb2_grpc.HubStub(self._channel)
+        self.address, self.tls = address, tls
         self._clock = clock
         self._lock = threading.Lock()
         self._answers: dict[tuple[bytes, str], tuple[float, Answer]] = {}
+        self._stamp = tls.stamp() if tls is not None else None
+        self._warned: tuple[object, ...] | None = None
+        self._channel = self._open(tls.credentials() if tls is not None else None)
+        self._stub = hub_pb2_grpc.HubStub(self._channel)
+
+    def _open(self, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+        if credentials is None or self.tls is None:
+            return grpc.insecure_channel(self.address)
+        return grpc.secure_channel(self.address, credentials, self.tls.options())
+
+    def _current_stub(self) -> hub_pb2_grpc.HubStub:
+        """The stub, on a new channel when the TLS files changed and are whole again (a
+        half-renewed pair keeps the current one, with one warning)."""
+        if self.tls is None:
+            return self._stub
+        stamp = self.tls.stamp()
+        with self._lock:
+            if stamp == self._stamp:
+                return self._stub
+            try:
+                credentials = self.tls.credentials()
+            except HubTlsError as err:
+                if stamp != self._warned:
+                    log.warning("not switching the hub's TLS files yet: %s", err)
+                    self._warned = stamp
+                return self._stub
+            self._stamp = stamp
+            self._channel = self._open(credentials)  # the old one closes when unused
+            self._stub = hub_pb2_grpc.HubStub(self._channel)
+            log.info("the hub's TLS files changed; new calls use them")
+            return self._stub
 
     def check(self, token: str, dataset: str) -> Answer:
         """Whether ``token`` may read ``dataset`` at the hub (cached for :data:`CACHE_S`).
 
         Raises:
+            HubRefused: the hub refused this plugin in the TLS handshake (not cached).
             HubUnreachable: the hub did not answer (not cached: asked again next time).
         """
         key = (hashlib.sha256(token.encode()).digest(), dataset)
@@ -97,7 +139,7 @@ class HubScope:
 
     def _ask(self, token: str, dataset: str) -> Answer:
         try:
-            self._stub.ListVersions(
+            self._current_stub().ListVersions(
                 hub_pb2.ListVersionsRequest(dataset=dataset),
                 metadata=(("authorization", f"Bearer {token}"),),
                 timeout=CALL_TIMEOUT_S,
@@ -109,8 +151,29 @@ class HubScope:
                 return Answer(False, f"the hub: {details}")
             if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                 return Answer(True)  # within the scope; the publish finds it missing
-            raise HubUnreachable(f"the hub did not answer: {code.name} {details}") from None
+            if code == grpc.StatusCode.UNAVAILABLE:
+                reason = refusal(self.tls, details or "")
+                if reason is not None:
+                    raise HubRefused(f"hub {self.address}: {reason}") from None
+            raise HubUnreachable(
+                f"hub {self.address} did not answer: {code.name} {details}"
+            ) from None
         return Answer(True)
+
+    def greet(self, timeout: float = CALL_TIMEOUT_S) -> str | None:
+        """Ask the hub's health service (no token needed) whether this plugin gets through:
+        None when it does, else the one-line reason (the TLS refusal, or the hub's silence).
+        Run once at start, so a missing client certificate is in the log before any pod
+        asks."""
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        try:
+            stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError as err:
+            code = err.code()  # type: ignore[attr-defined]
+            details = err.details() or ""  # type: ignore[attr-defined]
+            reason = refusal(self.tls, details) if code == grpc.StatusCode.UNAVAILABLE else None
+            return f"hub {self.address}: {reason or f'{code.name} {details}'}"
+        return None
 
     def close(self) -> None:
         """Closes the channel."""

@@ -3,8 +3,9 @@
 Requests are checked here and domain errors become gRPC status codes here, nowhere else:
 a bad or missing field or volume attribute is INVALID_ARGUMENT with a message naming it,
 an unknown dataset, version or tag NOT_FOUND, an occupied target ALREADY_EXISTS, a target holding
-another file system's mount FAILED_PRECONDITION on unpublish, a spoke
-that cannot answer yet UNAVAILABLE (the kubelet retries), anything else INTERNAL.
+another file system's mount FAILED_PRECONDITION on unpublish, as is a hub that refuses the
+plugin's TLS when a volume's token must be checked (one line naming the flag), a spoke or
+hub that cannot answer yet UNAVAILABLE (the kubelet retries), anything else INTERNAL.
 
 A volume's attributes (``volumeAttributes`` of a CSI ephemeral inline volume, or a
 PersistentVolume's ``csi.volumeAttributes``) are ``dataset`` and ``ref``; the kubelet adds
@@ -26,12 +27,13 @@ import grpc
 from google.protobuf import wrappers_pb2
 from prometheus_client import Counter
 
-from csi.hubscope import HubScope, HubUnreachable
+from csi.hubscope import HubRefused, HubScope, HubUnreachable
 from csi.tenancy import Tenancy
 from csi.volumes import (
     Denied,
     ForeignMount,
     InvalidVolume,
+    Misconfigured,
     NoSuchSnapshot,
     SpokeUnavailable,
     TargetTaken,
@@ -58,6 +60,7 @@ _CODES: tuple[tuple[type[VolumeError], grpc.StatusCode], ...] = (
     (NoSuchSnapshot, grpc.StatusCode.NOT_FOUND),
     (TargetTaken, grpc.StatusCode.ALREADY_EXISTS),
     (ForeignMount, grpc.StatusCode.FAILED_PRECONDITION),
+    (Misconfigured, grpc.StatusCode.FAILED_PRECONDITION),
     (SpokeUnavailable, grpc.StatusCode.UNAVAILABLE),
     (VolumeError, grpc.StatusCode.INTERNAL),
 )
@@ -160,6 +163,7 @@ class Node(csi_pb2_grpc.NodeServicer):
             Denied: the kubelet named no namespace, the volume's token may not read the
                 dataset, or no tenancy entry allows it (counted, audited).
             SpokeUnavailable: the hub could not be asked about the volume's token.
+            Misconfigured: the hub refused this plugin's TLS.
         """
         namespace = context.get(f"{KUBELET_PREFIX}pod.namespace", "")
         account = context.get(f"{KUBELET_PREFIX}serviceAccount.name", "")
@@ -190,6 +194,7 @@ class Node(csi_pb2_grpc.NodeServicer):
 
         Raises:
             SpokeUnavailable: the hub did not answer (the kubelet retries).
+            Misconfigured: the hub refused this plugin's TLS (the reason in one line).
         """
         if self.hub is None:
             return False, "the volume carries a token, and this plugin has no --hub to ask"
@@ -197,6 +202,8 @@ class Node(csi_pb2_grpc.NodeServicer):
             answer = self.hub.check(token, dataset)
         except HubUnreachable as err:
             raise SpokeUnavailable(str(err)) from None
+        except HubRefused as err:
+            raise Misconfigured(f"cannot check the volume's token: {err}") from None
         if answer.allowed:
             return True, "the volume's token may read it"
         return False, f"the volume's token may not read it ({answer.reason})"

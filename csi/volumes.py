@@ -77,6 +77,11 @@ class SpokeUnavailable(VolumeError):
     """The spoke's mount is not there or cannot answer now; retry later (gRPC UNAVAILABLE)."""
 
 
+class Misconfigured(VolumeError):
+    """The plugin's own settings keep it from deciding, e.g. the hub refuses its TLS (gRPC
+    FAILED_PRECONDITION: retrying does not help until an operator fixes them)."""
+
+
 @dataclass(frozen=True)
 class Publication:
     """A volume published at a target.

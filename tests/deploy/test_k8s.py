@@ -425,6 +425,28 @@ def test_csi_plugin_beside_the_spoke(objects: dict[str, dict[tuple[str, str, str
         assert "livenessProbe" in container and "readinessProbe" in container, container["name"]
     probe = csi["livenessProbe"]["exec"]["command"]
     assert probe[:2] == ["strata-csi", "probe"] and _flag(probe, "--endpoint") == f"unix://{socket}"
+    # a volume's own token is checked at the spoke's hub, with the spoke's TLS files (the
+    # hub requires a client certificate), but never the spoke's own hub token
+    spoke_env = {e["name"]: e.get("value") for e in spoke["env"]}
+    csi_values = {e["name"]: e.get("value") for e in csi["env"]}
+    for flag in ("--hub", "--hub-server-name"):
+        assert _flag(csi["args"], flag) == _flag(spoke["args"], flag), flag
+        variable = _flag(csi["args"], flag).removeprefix("$(").removesuffix(")")
+        assert csi_values[variable] == spoke_env[variable], f"the overlay sets {variable} in both"
+    assert csi_values["STRATA_HUB"].startswith("hub.region-a."), "the overlay's, not the base's"
+    for flag in ("--hub-ca", "--hub-cert", "--hub-key"):
+        path = _flag(csi["args"], flag)
+        assert path == _flag(spoke["args"], flag), flag
+        mount, volume = _mount_for(csi, pod, path)
+        assert mount["readOnly"] is True
+        assert (
+            volume["secret"]["secretName"]
+            == _mount_for(spoke, pod, path)[1]["secret"]["secretName"]
+        )
+        items = {i["key"]: i["path"] for i in volume["secret"]["items"]}
+        assert items[path.rpartition("/")[2]] == path.rpartition("/")[2]
+        assert "token" not in items, "the node's hub token is the spoke's alone"
+    assert "--hub-insecure" not in str(csi["args"])
 
 
 def test_network_policies_name_every_destination(

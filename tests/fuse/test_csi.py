@@ -27,6 +27,7 @@ import pytest
 from csi.mounttable import mounted_at, mounts, unmount
 from deploy.local import LocalStack
 from protocol.csi.v1 import csi_pb2, csi_pb2_grpc
+from tests.integration.hub_support import CertificateAuthority, Pem
 from tests.support import eventually, make_tree, publish, requires_fuse, tree_digests
 
 pytestmark = [
@@ -567,7 +568,7 @@ def test_a_volumes_own_token_is_checked_against_the_hubs_scope(plugin: Plugin) -
     got, details = code_of(plugin.node.NodePublishVolume, ask)
     assert got == grpc.StatusCode.PERMISSION_DENIED and "--hub" in details
     with ServerThread(plugin.hub_dir, config=config) as hub:
-        extra = ("--hub", f"127.0.0.1:{hub.port}")
+        extra = ("--hub", f"127.0.0.1:{hub.port}", "--hub-insecure")
         with plugin_process(tmp, plugin.mount, "secret", plugin.pods, extra) as (_, node, _s):
             node.NodePublishVolume(ask)
             assert tree_digests(target) == tree_digests(plugin.src["v1"])
@@ -582,6 +583,103 @@ def test_a_volumes_own_token_is_checked_against_the_hubs_scope(plugin: Plugin) -
                 got, details = code_of(node.NodePublishVolume, ask)
                 assert got == grpc.StatusCode.PERMISSION_DENIED and says in details, details
                 assert not target.exists()
+
+
+@pytest.fixture(scope="module")
+def pki(plugin: Plugin) -> dict[str, Pem]:
+    """The hub's CA, its server certificate, a client certificate of that CA (the spoke's,
+    which the DaemonSet gives the plugin too) and one of a foreign CA."""
+    directory = plugin.pods.parent / "pki"
+    directory.mkdir()
+    ca, foreign = CertificateAuthority(directory, "hub-ca"), CertificateAuthority(directory, "x")
+    return {
+        "ca": ca.pem,
+        "server": ca.issue("hub-server", server=True),
+        "client": ca.issue("spoke-client", server=False),
+        "foreign": foreign.issue("intruder", server=False),
+    }
+
+
+def test_a_volumes_own_token_against_a_hub_that_requires_client_certificates(
+    plugin: Plugin, pki: dict[str, Pem]
+) -> None:
+    """Against the hub as shipped (TLS, client certificates from its CA, tokens), a plugin
+    with the spoke's certificate publishes a volume whose token covers the dataset and
+    refuses one whose token does not (PERMISSION_DENIED); without a client certificate, or
+    with a foreign one, the publish fails FAILED_PRECONDITION with one line that names
+    the flags to fix, and the plugin said so in its log at start."""
+    from hub.server import ServerConfig
+    from hub.serverthread import ServerThread
+
+    tmp = plugin.pods.parent
+    tokens = tmp / "mtls-tokens.yaml"
+    tokens.write_text('"token-of-demo-0123456789": [demo]\n"token-of-other-0123456789": [other]\n')
+    tokens.chmod(0o600)
+    config = ServerConfig(
+        tokens=tokens,
+        tls_cert=pki["server"].cert,
+        tls_key=pki["server"].key,
+        client_ca=pki["ca"].cert,
+    )
+    target = target_of(plugin, "pod-mtls")
+    ask = request("vol-m", target, dataset="demo", ref="v1", **{POD_NAMESPACE: "tenant-z"})
+    with ServerThread(plugin.hub_dir, config=config) as hub:
+        tls = ("--hub", f"127.0.0.1:{hub.port}", "--hub-ca", str(pki["ca"].cert))
+        tls += ("--hub-server-name", "localhost")
+        client = ("--hub-cert", str(pki["client"].cert), "--hub-key", str(pki["client"].key))
+        with plugin_process(tmp, plugin.mount, "mtls", plugin.pods, (*tls, *client)) as (
+            _,
+            node,
+            _s,
+        ):
+            ask.secrets["token"] = "token-of-demo-0123456789"
+            node.NodePublishVolume(ask)
+            assert tree_digests(target) == tree_digests(plugin.src["v1"])
+            node.NodeUnpublishVolume(
+                csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-m", target_path=str(target))
+            )
+            ask.secrets["token"] = "token-of-other-0123456789"
+            got, details = code_of(node.NodePublishVolume, ask)
+            assert got == grpc.StatusCode.PERMISSION_DENIED and "may not read" in details
+            assert not target.exists()
+        assert "answers (TLS: with client certificate)" in (tmp / "mtls.log").read_text()
+
+        ask.secrets["token"] = "token-of-demo-0123456789"
+        foreign = ("--hub-cert", str(pki["foreign"].cert), "--hub-key", str(pki["foreign"].key))
+        for name, extra, says in (
+            ("mtls-none", (), "requires a client certificate and this plugin presents none"),
+            ("mtls-foreign", foreign, "refused this plugin's client certificate"),
+        ):
+            with plugin_process(tmp, plugin.mount, name, plugin.pods, (*tls, *extra)) as (
+                _,
+                node,
+                _s,
+            ):
+                got, details = code_of(node.NodePublishVolume, ask)
+                assert got == grpc.StatusCode.FAILED_PRECONDITION, (got, details)
+                assert says in details and "\n" not in details, details
+                if not extra:
+                    assert "--hub-cert and --hub-key" in details
+                assert not target.exists()
+                log = tmp / f"{name}.log"
+                eventually(lambda log=log: "cannot be checked" in log.read_text(), "greet")
+                (line,) = [x for x in log.read_text().splitlines() if "cannot be checked" in x]
+                assert says in line
+
+
+def test_hub_without_tls_needs_hub_insecure(tmp_path: Path) -> None:
+    """A plugin told to ask a hub in plaintext refuses to start without --hub-insecure: it
+    would send volumes' tokens in clear; and the TLS files are checked at start."""
+    base = [sys.executable, "-m", "csi", "serve", "--endpoint", f"unix://{tmp_path}/s.sock"]
+    base += ["--node-id", "n", "--state-dir", str(tmp_path / "state"), "--pods-dir", "/tmp"]
+    for extra, says in (
+        (["--hub", "127.0.0.1:1"], "--hub-insecure"),
+        (["--hub", "127.0.0.1:1", "--hub-ca", str(tmp_path / "nope.crt")], "--hub-ca"),
+        (["--hub", "127.0.0.1:1", "--hub-ca", "/etc/hostname", "--hub-cert", "/x"], "together"),
+    ):
+        done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert says in done.stderr, done.stderr
 
 
 def test_a_bind_that_cannot_be_made_read_only_is_taken_back(
