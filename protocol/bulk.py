@@ -29,6 +29,33 @@ UNAUTHENTICATED, a block of no dataset the token may read NOT_FOUND, a request o
 limits INVALID_ARGUMENT or RESOURCE_EXHAUSTED.
 
 Under TLS the ALPN protocol is :data:`ALPN`.
+
+**The peer variant** (a region's spokes, ``spoke serve --peer-bulk-port``) carries what
+the gRPC peer call ``SpokePeer.ReadBlocks`` carries, in one self-delimiting request::
+
+    magic    4 bytes   b"SBP1"
+    length   u32       bytes of the body that follows (at most MAX_PEER_REQUEST_BYTES)
+    body:
+      token      u16 length, then the region's token (UTF-8; length 0: none)
+      grant      u16 length, then the hub-signed read grant (the gRPC call's
+                 ``strata-grant-bin`` bytes; length 0: none)
+      proof      u16 length, then the proof of possession made for the owner's mesh
+                 name and ``ReadBlocks`` (``strata-proof-bin``; length 0: none)
+      class      u8 length, then the request class label (ASCII: demand, peer, …)
+      blocks     u16 count, then count x (16 bytes digest, u32 size): the asker's sizes
+      snapshots  u8 count (at most MAX_SNAPSHOTS), then each as three u8-length UTF-8
+                 strings: dataset, version, snapshot id (the owner's load hint)
+
+Its reply starts with one **declined frame** (what gRPC puts in the initial metadata)::
+
+    code     u8        DECLINED (255)
+    16 zero bytes, u32 count, then count x 16 bytes: the digests the owner will not
+    serve (the asker gets them from the hub)
+
+then one OK frame (as above) per block not declined, in request order. An error frame may
+stand in place of the declined frame (the call was refused: the gRPC path's status, the
+same checks in the same order) or of any block (the owner's fetch of it failed); the
+connection is then closed. Hub-bulk frames are unchanged: a hub never sends DECLINED.
 """
 
 from __future__ import annotations
@@ -76,6 +103,28 @@ BLOCK_HEAD = struct.Struct(">B16sI")
 """code 0, digest, size: the start of an OK frame (21 bytes)."""
 ERROR_HEAD = struct.Struct(">BH18x")
 """code, message length, padding: the head of an error frame (21 bytes, as an OK one)."""
+
+
+PEER_MAGIC = b"SBP1"
+"""The first bytes of every peer request (the version, as :data:`MAGIC`)."""
+
+PEER_HEAD = struct.Struct(">4sI")
+"""magic, body length: the first 8 bytes of a peer request."""
+
+MAX_PEER_REQUEST_BYTES = 64 << 10
+"""Longest peer request body, bytes (the gRPC peer port's receive limit)."""
+
+MAX_GRANT_BYTES = 4096
+"""Longest grant or proof a peer request may carry, bytes (each is about 200)."""
+
+MAX_SNAPSHOTS = 16
+"""Most snapshots a peer request names (the owner looks at the first 8)."""
+
+DECLINED = 255
+"""The code of a peer reply's declined frame."""
+
+_BLOCK_REF = struct.Struct(">16sI")
+_U8 = struct.Struct(">B")
 
 
 class BulkProtocolError(ValueError):
@@ -189,3 +238,158 @@ def parse_block_head(head: bytes | bytearray | memoryview) -> tuple[int, str, in
     if length > MAX_MESSAGE_BYTES:
         raise BulkProtocolError(f"an error message of {length} bytes; at most {MAX_MESSAGE_BYTES}")
     return int(code), "", int(length)
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRequest:
+    """One peer request: the region's token, the grant and proof (raw bytes; empty:
+    none), the request class, ``(digest, size)`` asked for, and ``(dataset, version,
+    snapshot id)`` hints."""
+
+    token: str
+    grant: bytes
+    proof: bytes
+    request_class: str
+    blocks: tuple[tuple[str, int], ...]
+    snapshots: tuple[tuple[str, str, str], ...] = ()
+
+
+def encode_peer_request(request: PeerRequest) -> bytes:
+    """A peer request's bytes (snapshots past :data:`MAX_SNAPSHOTS` left out, names cut
+    to 255 bytes).
+
+    Raises:
+        BulkProtocolError: a token, grant or proof too long, more than
+            :data:`MAX_DIGESTS` blocks, a malformed digest or a size over
+            :data:`MAX_BLOCK_BYTES`, or a body over :data:`MAX_PEER_REQUEST_BYTES`.
+    """
+    token = request.token.encode("utf-8")
+    if len(token) > MAX_TOKEN_BYTES:
+        raise BulkProtocolError(f"token of {len(token)} bytes; at most {MAX_TOKEN_BYTES}")
+    for name, raw in (("grant", request.grant), ("proof", request.proof)):
+        if len(raw) > MAX_GRANT_BYTES:
+            raise BulkProtocolError(f"{name} of {len(raw)} bytes; at most {MAX_GRANT_BYTES}")
+    if len(request.blocks) > MAX_DIGESTS:
+        raise BulkProtocolError(
+            f"{len(request.blocks)} blocks in one request; at most {MAX_DIGESTS}"
+        )
+    label = request.request_class.encode("ascii", "replace")[:255]
+    parts = [COUNT.pack(len(token)), token, COUNT.pack(len(request.grant)), request.grant]
+    parts += [COUNT.pack(len(request.proof)), request.proof, _U8.pack(len(label)), label]
+    parts.append(COUNT.pack(len(request.blocks)))
+    try:
+        for digest, size in request.blocks:
+            if not 0 <= size <= MAX_BLOCK_BYTES:
+                raise ValueError(f"a block of {size} bytes; at most {MAX_BLOCK_BYTES}")
+            parts.append(_BLOCK_REF.pack(_raw_digest(digest), size))
+    except ValueError as err:
+        raise BulkProtocolError(str(err)) from None
+    snapshots = request.snapshots[:MAX_SNAPSHOTS]
+    parts.append(_U8.pack(len(snapshots)))
+    for names in snapshots:
+        for name in names:
+            raw = name.encode("utf-8")[:255]
+            parts += [_U8.pack(len(raw)), raw]
+    body = b"".join(parts)
+    if len(body) > MAX_PEER_REQUEST_BYTES:
+        raise BulkProtocolError(f"a request of {len(body)} bytes; at most {MAX_PEER_REQUEST_BYTES}")
+    return PEER_HEAD.pack(PEER_MAGIC, len(body)) + body
+
+
+def parse_peer_head(head: bytes) -> int:
+    """The body length a peer request's first :data:`PEER_HEAD` bytes announce.
+
+    Raises:
+        BulkProtocolError: wrong magic, or a body over :data:`MAX_PEER_REQUEST_BYTES`.
+    """
+    magic, length = PEER_HEAD.unpack(head)
+    if magic != PEER_MAGIC:
+        raise BulkProtocolError(f"not a peer bulk request (starts {magic!r}, not {PEER_MAGIC!r})")
+    if length > MAX_PEER_REQUEST_BYTES:
+        raise BulkProtocolError(f"a request of {length} bytes; at most {MAX_PEER_REQUEST_BYTES}")
+    return int(length)
+
+
+class _Body:
+    """Reads a peer request's body field by field."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw, self.at = raw, 0
+
+    def take(self, n: int) -> bytes:
+        if self.at + n > len(self.raw):
+            raise BulkProtocolError(f"a request cut short at byte {self.at} of {len(self.raw)}")
+        self.at += n
+        return self.raw[self.at - n : self.at]
+
+    def u8(self) -> int:
+        return int(self.take(1)[0])
+
+    def u16(self) -> int:
+        return int(COUNT.unpack(self.take(2))[0])
+
+    def string(self, length: int, what: str) -> str:
+        try:
+            return self.take(length).decode("utf-8")
+        except UnicodeDecodeError:
+            raise BulkProtocolError(f"a {what} that is not UTF-8") from None
+
+
+def parse_peer_request(body: bytes) -> PeerRequest:
+    """A peer request from its body (the bytes after :data:`PEER_HEAD`).
+
+    Raises:
+        BulkProtocolError: a field cut short or over its limit, a size over
+            :data:`MAX_BLOCK_BYTES`, or bytes after the last field.
+    """
+    b = _Body(body)
+    token_len = b.u16()
+    if token_len > MAX_TOKEN_BYTES:
+        raise BulkProtocolError(f"token of {token_len} bytes; at most {MAX_TOKEN_BYTES}")
+    token = b.take(token_len).decode("utf-8", "replace")
+    grant, proof = b.take(b.u16()), b.take(b.u16())
+    if max(len(grant), len(proof)) > MAX_GRANT_BYTES:
+        raise BulkProtocolError(f"a grant or proof over {MAX_GRANT_BYTES} bytes")
+    label = b.string(b.u8(), "request class")
+    count = b.u16()
+    if count > MAX_DIGESTS:
+        raise BulkProtocolError(f"{count} blocks in one request; at most {MAX_DIGESTS}")
+    blocks = []
+    for _ in range(count):
+        raw, size = _BLOCK_REF.unpack(b.take(_BLOCK_REF.size))
+        if size > MAX_BLOCK_BYTES:
+            raise BulkProtocolError(f"a block of {size} bytes; at most {MAX_BLOCK_BYTES}")
+        blocks.append((bytes(raw).hex(), int(size)))
+    nsnap = b.u8()
+    if nsnap > MAX_SNAPSHOTS:
+        raise BulkProtocolError(f"{nsnap} snapshots in one request; at most {MAX_SNAPSHOTS}")
+    snapshots = []
+    for _ in range(nsnap):
+        dataset, version, sid = (b.string(b.u8(), "snapshot name") for _ in range(3))
+        snapshots.append((dataset, version, sid))
+    if b.at != len(body):
+        raise BulkProtocolError(f"{len(body) - b.at} bytes after the request's last field")
+    return PeerRequest(token, grant, proof, label, tuple(blocks), tuple(snapshots))
+
+
+def encode_declined(digests: list[str] | tuple[str, ...]) -> bytes:
+    """A peer reply's declined frame for ``digests`` (32 hex characters each; at most
+    :data:`MAX_DIGESTS`)."""
+    return BLOCK_HEAD.pack(DECLINED, bytes(16), len(digests)) + b"".join(
+        bytes.fromhex(d) for d in digests
+    )
+
+
+def parse_peer_reply_head(head: bytes | bytearray | memoryview) -> tuple[int, str, int]:
+    """As :func:`parse_block_head` for a peer reply, which may also be the declined
+    frame: ``(DECLINED, "", count)``, ``count`` x 16 bytes of digests following.
+
+    Raises:
+        BulkProtocolError: as :func:`parse_block_head`, or a count over :data:`MAX_DIGESTS`.
+    """
+    if head[0] != DECLINED:
+        return parse_block_head(head)
+    _, _, count = BLOCK_HEAD.unpack(head)
+    if count > MAX_DIGESTS:
+        raise BulkProtocolError(f"{count} declined digests; at most {MAX_DIGESTS}")
+    return DECLINED, "", int(count)

@@ -22,15 +22,13 @@ and its limits as it checks ``ReadBlocks``, and its refusals become the same spo
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
-import mmap
 import socket
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -38,26 +36,14 @@ import grpc
 from protocol import bulk
 from protocol.address import parse_hostport
 from spoke import metrics
-from spoke.cache.staging import DIRECT_MIN_BYTES, Staged
 from spoke.cache.store import Received
-from spoke.disk.layout import block_digest
 from spoke.errors import CorruptBlock, HubUnavailable
 from spoke.fetch.priority import Priority
 from spoke.hublink.client import HubClient
+from spoke.hublink.receive import END, Buffers, Frames, Handoff, Stage, peer_of, receive_block
 from spoke.hublink.source import status_error
 
 log = logging.getLogger(__name__)
-
-Stage = Callable[[str, memoryview, bool], Staged]
-"""Writes a verified block to its temporary file: ``(digest, bytes, direct)``
-(:meth:`spoke.cache.store.BlockStore.stage`)."""
-
-READ_AHEAD = 256 << 10
-"""Most bytes one ``recv`` reads ahead of the frame being parsed (:class:`_Frames`)."""
-
-AHEAD_BYTES = 16 << 20
-"""Most bytes of one call's blocks received (and staged) that the loop has not yet taken
-(the fetcher's ``ADMIT_AHEAD_BYTES``)."""
 
 CONNECT_TIMEOUT_S = 10.0
 """Longest a connection (and its TLS handshake) may take, seconds."""
@@ -67,71 +53,6 @@ KEEP_S = 30.0
 ``hub.limits.IDLE_S``: a call must not find it closed under it and pay a retry)."""
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
-
-_END = object()
-
-
-class _Call:
-    """What one call's worker hands the event loop: blocks, then the end (or an error).
-
-    The worker appends under a lock and wakes the loop only when the loop waits for it
-    (one ``call_soon_threadsafe`` for a run of blocks, not one per block). It waits while
-    the blocks the loop has not taken reach :data:`AHEAD_BYTES`, so a loop slow to admit
-    holds back the receive (and what is staged on disk ahead of admission) instead of
-    letting a whole batch pile up."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.items: collections.deque[object] = collections.deque()
-        self.lock = threading.Lock()
-        self.room = threading.Condition(self.lock)
-        self.ahead = 0
-        self.waiter: asyncio.Future[None] | None = None
-        self.cancelled = False
-        self.sock: socket.socket | None = None
-        self.address = ""  # HOST:PORT dialled, for messages
-
-    def put(self, item: object) -> None:
-        """Appends ``item`` (from the worker), after waiting for room for a block."""
-        size = len(item[1]) if isinstance(item, tuple) else 0
-        with self.lock:
-            while self.ahead and self.ahead + size > AHEAD_BYTES and not self.cancelled:
-                self.room.wait()
-            self.items.append(item)
-            self.ahead += size
-            waiter, self.waiter = self.waiter, None
-        if waiter is not None:
-            self.loop.call_soon_threadsafe(_wake, waiter)
-
-    async def get(self) -> object:
-        """The next item (on the loop), waiting for the worker when there is none."""
-        while True:
-            with self.lock:
-                if self.items:
-                    item = self.items.popleft()
-                    if isinstance(item, tuple):
-                        self.ahead -= len(item[1])
-                        self.room.notify()
-                    return item
-                self.waiter = self.loop.create_future()
-                waiter = self.waiter
-            await waiter
-
-    def cancel(self) -> None:
-        """Ends a call the loop stopped waiting for: its socket is shut down, so a
-        blocked receive returns at once, and a worker waiting for room goes on."""
-        with self.lock:
-            self.cancelled = True
-            sock = self.sock
-            self.room.notify_all()
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 class BulkSource:
@@ -163,7 +84,7 @@ class BulkSource:
         self._idle: list[tuple[socket.socket, object, float]] = []  # socket, TLS, since
         self._idle_lock = threading.Lock()
         self._stage = stage
-        self._buffers = threading.local()  # each receive thread's page-aligned buffer
+        self._buffers = Buffers()  # each receive thread's page-aligned buffer
 
     verifies = True
     """Every block it yields was hashed against its digest (by its receive thread), so the
@@ -204,7 +125,7 @@ class BulkSource:
             CorruptBlock: a block's bytes do not match its digest.
         """
         loop = asyncio.get_running_loop()
-        call = _Call(loop)
+        call = Handoff(loop)
         self.hub.credentials.refresh_tls()
         material = self.hub.credentials.material
         token = _token(self.hub.credentials.metadata())
@@ -218,7 +139,7 @@ class BulkSource:
         try:
             while True:
                 item = await call.get()
-                if item is _END:
+                if item is END:
                     break
                 if isinstance(item, BaseException):
                     raise item
@@ -233,13 +154,11 @@ class BulkSource:
             call.cancel()
             with contextlib.suppress(BaseException):
                 await work
-            for item in call.items:  # staged and never taken: not a block, not kept
-                if isinstance(item, tuple) and isinstance(item[1], Staged):
-                    item[1].discard()
+            call.discard()  # staged and never taken: not a block, not kept
 
     def _receive(
         self,
-        call: _Call,
+        call: Handoff,
         blocks: list[tuple[str, int]],
         token: str,
         material: object,
@@ -256,7 +175,7 @@ class BulkSource:
                 if call.cancelled:
                     return
                 call.sock = sock
-            frames = _Frames(sock)
+            frames = Frames(sock, deadline)
             for start in range(0, len(blocks), bulk.MAX_DIGESTS):
                 part = blocks[start : start + bulk.MAX_DIGESTS]
                 sock.sendall(bulk.encode_request(token, [d for d, _ in part]))
@@ -265,7 +184,7 @@ class BulkSource:
             with call.lock:  # from here on, a cancel must not shut the kept socket down
                 call.sock = None
                 reusable = not call.cancelled and frames.empty
-            call.put(_END)
+            call.put(END)
         except BaseException as err:  # every failure reaches the loop as the call's error
             call.put(self._error(err, call))
         finally:
@@ -277,10 +196,9 @@ class BulkSource:
                     sock.close()
 
     def _block(
-        self, frames: _Frames, digest: str, size: int, deadline: float, direct: bool
+        self, frames: Frames, digest: str, size: int, deadline: float, direct: bool
     ) -> tuple[str, Received]:
         """One block off the wire, verified; staged when the source stages."""
-        frames.sock.settimeout(max(0.001, deadline - time.monotonic()))
         code, got, length = bulk.parse_block_head(frames.take(bulk.BLOCK_HEAD.size))
         if code != bulk.OK:
             message = bytes(frames.take(length)).decode("utf-8", "replace")
@@ -290,46 +208,19 @@ class BulkSource:
                 f"hub {self.hub.target} bulk stream out of order: got {got} ({length} bytes), "
                 f"expected {digest} (at most {size})"
             )
-        direct = direct and length >= DIRECT_MIN_BYTES
-        if length <= READ_AHEAD and not direct:
-            view = frames.take(length)  # small: out of the read-ahead, no copy
-        else:
-            view = self._buffer(length)  # page-aligned, as O_DIRECT needs
-            frames.into(view)
-        if block_digest(view) != digest:
-            metrics.CORRUPT_BLOCKS.inc()
-            raise CorruptBlock(f"block {digest} failed verification")
-        if self._stage is None:
-            return digest, bytes(view)
-        try:
-            return digest, self._stage(digest, view, direct)
-        except OSError as err:  # e.g. ENOSPC: the cache decides what to do with the bytes
-            log.debug("staging block %s failed (%s); handing it over in memory", digest, err)
-            return digest, bytes(view)
-
-    def _buffer(self, size: int) -> memoryview:
-        """This thread's page-aligned receive buffer, ``size`` bytes of it (grown by
-        doubling to the largest block seen)."""
-        buffer: mmap.mmap | None = getattr(self._buffers, "mmap", None)
-        if buffer is None or len(buffer) < size:
-            if buffer is not None:
-                buffer.close()
-            capacity = max(size, 2 * len(buffer) if buffer is not None else 0, 1 << 16)
-            buffer = mmap.mmap(-1, -(-capacity // mmap.PAGESIZE) * mmap.PAGESIZE)
-            self._buffers.mmap = buffer
-        return memoryview(buffer)[:size]
+        return digest, receive_block(frames, self._buffers, digest, length, direct, self._stage)
 
     @property
     def address(self) -> str:
         """``HOST:PORT`` of the bulk port (the first hub address's host)."""
         return f"{self._hosts[0]}:{self.port}"
 
-    def _connection(self, material: object, deadline: float, call: _Call) -> socket.socket:
+    def _connection(self, material: object, deadline: float, call: Handoff) -> socket.socket:
         with self._idle_lock:
             while self._idle:
                 sock, kept, since = self._idle.pop()
                 if kept == material and time.monotonic() - since < KEEP_S:
-                    call.address = _peer(sock)
+                    call.address = peer_of(sock)
                     return sock
                 sock.close()  # made with credentials since replaced, or the hub's by now
         host = self._hosts[self._next % len(self._hosts)]
@@ -358,7 +249,7 @@ class BulkSource:
         context.set_alpn_protocols([bulk.ALPN])
         return context
 
-    def _error(self, err: BaseException, call: _Call) -> BaseException:
+    def _error(self, err: BaseException, call: Handoff) -> BaseException:
         """The spoke error for a failed call (counted like the gRPC path's)."""
         where = f"hub {self.hub.target} bulk channel {call.address or self.address}"
         if isinstance(err, _Refused):
@@ -385,15 +276,6 @@ class BulkSource:
         return HubUnavailable(f"{where} failed: {err!r}")
 
 
-def _peer(sock: socket.socket) -> str:
-    """``HOST:PORT`` a connected socket dials ('' once it is closed)."""
-    try:
-        host, port = sock.getpeername()[:2]
-    except OSError:
-        return ""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 class _Refused(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
@@ -406,70 +288,3 @@ def _token(metadata: tuple[tuple[str, str], ...]) -> str:
         if key == "authorization":
             return value.partition(" ")[2].strip()
     return ""
-
-
-class _Frames:
-    """A connection's reply frames with few system calls: each ``recv`` takes up to
-    :data:`READ_AHEAD` bytes, so the heads and bytes of small blocks come several to a
-    call; a large block is received straight into its own buffer after what was read
-    ahead of it. A view :meth:`take` returns is valid until the next call."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._buf = bytearray(READ_AHEAD)
-        self._view = memoryview(self._buf)
-        self._start = self._end = 0
-
-    @property
-    def empty(self) -> bool:
-        """Whether nothing was read ahead (the connection may carry the next call)."""
-        return self._start == self._end
-
-    def take(self, size: int) -> memoryview:
-        """The next ``size`` (≤ :data:`READ_AHEAD`) bytes.
-
-        Raises:
-            EOFError: the connection ended first.
-            TimeoutError, OSError: as the socket.
-        """
-        if self._end - self._start < size:
-            if self._start:  # what is left to the front: room to read ahead again
-                left = self._end - self._start
-                self._view[:left] = self._view[self._start : self._end]
-                self._start, self._end = 0, left
-            while self._end < size:
-                n = self.sock.recv_into(self._view[self._end :])
-                if not n:
-                    raise EOFError(f"connection closed after {self._end} of {size} bytes")
-                self._end += n
-        view = self._view[self._start : self._start + size]
-        self._start += size
-        return view
-
-    def into(self, dest: memoryview) -> None:
-        """Fills ``dest``: what was read ahead first, then straight from the socket.
-
-        Raises:
-            EOFError: the connection ended first.
-            TimeoutError, OSError: as the socket.
-        """
-        have = min(len(dest), self._end - self._start)
-        dest[:have] = self._view[self._start : self._start + have]
-        self._start += have
-        if have < len(dest):
-            _recv_into(self.sock, dest[have:])
-
-
-def _recv_into(sock: socket.socket, view: memoryview) -> None:
-    """Fills ``view`` from ``sock``.
-
-    Raises:
-        EOFError: the connection ended first.
-        TimeoutError, OSError: as the socket.
-    """
-    got, size = 0, len(view)
-    while got < size:
-        n = sock.recv_into(view[got:])
-        if not n:
-            raise EOFError(f"connection closed after {got} of {size} bytes")
-        got += n

@@ -4,7 +4,9 @@ The spokes of a region agree, without talking about it, on an owner for every bl
 (rendezvous hashing over the live spokes, :mod:`spoke.mesh.rendezvous`). A spoke that
 misses asks the owner (:mod:`spoke.mesh.source`) before the hub; the owner serves the block
 from its cache or fetches it from the hub once for the whole region
-(:mod:`spoke.mesh.peerservice`). Membership and health probes: :mod:`spoke.mesh.membership`.
+(:mod:`spoke.mesh.peerservice` over gRPC; with ``--peer-bulk-port`` the bytes take the bulk
+channel, :mod:`spoke.mesh.peerbulk` and :mod:`spoke.mesh.bulkclient`, admitted by the same
+code, :mod:`spoke.mesh.peercall`). Membership and health probes: :mod:`spoke.mesh.membership`.
 
 Trust: a spoke proves its dataset scope with a hub-signed read grant and a proof of
 possession (:mod:`spoke.mesh.grants`, checked by :mod:`spoke.mesh.grantcheck`); an owner

@@ -46,6 +46,12 @@ PEER_SERVED_BYTES = Counter(
     "Block bytes served to other spokes, by how this spoke had them (cache, fetched)",
     ["how"],
 )
+PEER_BULK_BYTES = Counter(
+    "strata_spoke_peer_bulk_bytes",
+    "Block bytes sent to other spokes over the bulk peer port (--peer-bulk-port), by how "
+    "(sendfile, written)",
+    ["how"],
+)
 PEERS_LIVE = Gauge("strata_spoke_mesh_nodes_live", "Spokes of the mesh seen live, self included")
 OWNED_SHARE = Gauge(
     "strata_spoke_mesh_owned_share", "Share of the blocks this spoke owns (1 / live nodes)"

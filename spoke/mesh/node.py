@@ -1,5 +1,5 @@
 """The mesh's parts in one daemon: membership, the read grant, the mesh source and the
-peer port."""
+peer port (and its bulk channel, :mod:`spoke.mesh.peerbulk`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import grpc.aio
 from prometheus_client import REGISTRY
 
+from protocol.address import parse_hostport
 from spoke.audit import AuditLog
 from spoke.cache.blockcache import BlockCache
 from spoke.catalog.catalog import SnapshotCatalog
@@ -18,9 +19,11 @@ from spoke.fetch.scheduler import FetchScheduler
 from spoke.fetch.source import BlockSource
 from spoke.hublink.client import HubClient
 from spoke.mesh.admission import Refusals, ScopeCheck
+from spoke.mesh.bulkclient import PeerBulkClient
 from spoke.mesh.grantcheck import GrantVerifier
 from spoke.mesh.grants import GrantKeeper, HubGrantKeys, load_public_key
 from spoke.mesh.membership import Membership
+from spoke.mesh.peerbulk import PeerBulkServer
 from spoke.mesh.peerclient import PeerClient
 from spoke.mesh.peerservice import PeerService, start_peer_server
 from spoke.mesh.settings import MeshSettings
@@ -89,14 +92,16 @@ class MeshNode:
             scope=catalog.scope,
         )
         self._server: grpc.aio.Server | None = None
+        self._bulk: PeerBulkServer | None = None
         self._scope: ScopeCheck | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(
         self, scheduler: FetchScheduler, cache: BlockCache, max_connections: int | None = None
     ) -> int:
-        """Serve the peer port, get a read grant and probe the peers once (each bounded),
-        and keep both fresh in the background.
+        """Serve the peer port (and the bulk peer port with ``--peer-bulk-port``), get a
+        read grant and probe the peers once (each bounded), and keep both fresh in the
+        background.
 
         Args:
             scheduler: fetches what peers ask for and this spoke misses.
@@ -108,7 +113,7 @@ class MeshNode:
             The peer port bound.
 
         Raises:
-            OSError: the peer port could not be bound.
+            OSError: the peer port (or ``--peer-bulk-port``) could not be bound.
         """
         if self.settings.insecure:
             log.warning(
@@ -131,12 +136,17 @@ class MeshNode:
             token=self.token,
             refusals=Refusals(self.audit),
         )
+        connections = max_connections or self.settings.max_connections
         self._server, port = await start_peer_server(
-            service,
-            self.settings.listen,
-            self.tls,
-            max_connections or self.settings.max_connections,
+            service, self.settings.listen, self.tls, connections
         )
+        if self.settings.bulk_port:  # block bytes between spokes beside gRPC (peerbulk.py)
+            self._bulk = PeerBulkServer(service.gate, service.blocks, self.tls, connections)
+            host = parse_hostport(self.settings.listen)[0]
+            await self._bulk.start(host, self.settings.bulk_port)
+            self.source.bulk = PeerBulkClient(
+                self.settings.bulk_port, self.token, self.tls, self.grants, cache.store.stage
+            )
         try:  # most often the hub answers at once; if not, the keeper keeps asking
             await asyncio.wait_for(self.grants.fetch(), GRANT_AT_START_S)
         except Exception as err:  # the reason is in the keeper's next log line
@@ -145,9 +155,10 @@ class MeshNode:
         await self.membership.refresh()
         self._tasks.append(asyncio.create_task(self.membership.run()))
         log.info(
-            "mesh: node %s, peer port %d, %d of %d peers live, grant %s",
+            "mesh: node %s, peer port %d%s, %d of %d peers live, grant %s",
             self.settings.node,
             port,
+            f", bulk peer port {self._bulk.port}" if self._bulk is not None else "",
             len(self.membership.live),
             len(self.membership.clients),
             "valid" if self.grants.valid else f"missing ({self.grants.problem})",
@@ -166,6 +177,10 @@ class MeshNode:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._bulk is not None:
+            await self._bulk.close()
+        if self.source.bulk is not None:
+            self.source.bulk.close()
         if self._server is not None:
             await self._server.stop(1.0)
         if self._scope is not None:

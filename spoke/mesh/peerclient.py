@@ -74,7 +74,12 @@ class PeerError(Exception):
 
 
 def _kind(err: grpc.aio.AioRpcError) -> str:
-    code = err.code()
+    return kind_of(err.code())
+
+
+def kind_of(code: grpc.StatusCode) -> str:
+    """The ``kind`` of a :class:`PeerError` for a peer call that ended with ``code``
+    (either port)."""
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return "deadline"  # the caller's budget (the pace is kept here, and fires first)
     if code == grpc.StatusCode.UNAUTHENTICATED:

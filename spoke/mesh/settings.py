@@ -1,5 +1,6 @@
 """The mesh's settings: the peer port, who the peers are, and how calls between them are
-secured (``--peer-listen``, ``--peers``, ``--peers-dns``, ``--peer-token-file``, …).
+secured (``--peer-listen``, ``--peers``, ``--peers-dns``, ``--peer-token-file``, …), and
+whether block bytes between them take the bulk channel (``--peer-bulk-port``).
 
 The peer port is TLS with a region token unless ``--peer-insecure`` says otherwise (as the
 hub refuses tokens without TLS unless ``--insecure``): a spoke given ``--peer-listen``
@@ -100,6 +101,17 @@ class MeshSettings(BaseModel):
         json_schema_extra={"flag": "--peer-max-connections"},
     )
 
+    bulk_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="serve peers' block reads on this port of listen's host over the bulk "
+        "channel (sendfile; the peer port's TLS and token) and read from other spokes' on "
+        "the same port: every spoke of the region gives the same one; 0: off, blocks go "
+        "over the peer port's gRPC",
+        json_schema_extra={"flag": "--peer-bulk-port"},
+    )
+
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:
@@ -167,6 +179,14 @@ class MeshSettings(BaseModel):
             raise ValueError(
                 "--peer-listen without --peer-token-file would let anyone who reaches the "
                 "peer port call it: give the region's token, or --peer-insecure"
+            )
+        if (
+            self.bulk_port
+            and self.bulk_port == parse_option_hostport(self.listen, "--peer-listen")[1]
+        ):
+            raise ValueError(
+                f"--peer-bulk-port {self.bulk_port} is the peer port's (--peer-listen); give "
+                "another"
             )
         if self.advertise is None:
             host, port = parse_option_hostport(self.listen, "--peer-listen")

@@ -19,6 +19,10 @@ One call keeps to its ``timeout``: a peer gets at most :data:`PEER_SHARE` of it,
 the peer does not deliver goes to the hub with what is left, so a read through a failing
 peer never takes longer than the same read from the hub would be allowed to.
 
+With ``--peer-bulk-port`` (:attr:`MeshSource.bulk`) the peers are read over their bulk
+peer ports (:mod:`spoke.mesh.bulkclient`): the same request, pace and fallback, each block
+verified and staged by a receive thread (a bad one ends the stream as ``corrupt``).
+
 Blocks a peer asked this spoke for (:meth:`MeshSource.serving`) always go to the hub: a
 request is forwarded at most once, so views of the membership that disagree for a moment
 cannot make a loop.
@@ -33,12 +37,14 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
 
+from spoke.cache.staging import Staged
 from spoke.cache.store import Received
 from spoke.catalog.blockscope import BlockScope
 from spoke.disk.layout import block_digest
 from spoke.fetch.priority import Priority
 from spoke.fetch.source import BlockSource
 from spoke.mesh import metrics
+from spoke.mesh.bulkclient import PeerBulkClient
 from spoke.mesh.grants import GrantKeeper
 from spoke.mesh.membership import Membership
 from spoke.mesh.peerclient import MIN_RATE_BPS, PeerError
@@ -53,7 +59,7 @@ STAY_LIVE = frozenset(
 """Peer errors that leave the peer in the mesh (this call's blocks come from the hub;
 ``deadline``: the call's own time ran out, not the peer's pace)."""
 
-QUARANTINED = frozenset({"lying", "slow", "timeout"})
+QUARANTINED = frozenset({"lying", "slow", "timeout", "corrupt"})
 """Peer errors that quarantine the peer (as a corrupt block does)."""
 
 PEER_SHARE = 0.5
@@ -73,6 +79,8 @@ class MeshSource:
         grants: this spoke's read grant; without a valid one, peers are not asked.
         scope: this spoke's block scope index (which snapshots a block comes from).
         min_rate: the slowest pace a peer may keep, bytes per second.
+        bulk: the owners' bulk peer ports (``--peer-bulk-port``); None: their gRPC peer
+            ports (:class:`~spoke.mesh.peerclient.PeerClient`).
     """
 
     def __init__(
@@ -83,8 +91,10 @@ class MeshSource:
         grants: GrantKeeper | None = None,
         scope: BlockScope | None = None,
         min_rate: float = MIN_RATE_BPS,
+        bulk: PeerBulkClient | None = None,
     ) -> None:
         self.hub = hub
+        self.bulk = bulk
         self.membership = membership
         self.step_timeout = step_timeout
         self.min_rate = min_rate
@@ -162,6 +172,10 @@ class MeshSource:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            while not out.empty():  # staged and never taken: not a block, not kept
+                left = out.get_nowait()
+                if isinstance(left, tuple) and isinstance(left[1], Staged):
+                    left[1].discard()
 
     async def _from_hub(
         self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
@@ -216,18 +230,18 @@ class MeshSource:
         try:
             client = self.membership.client(node)
             corrupt = False
-            async for digest, data in client.read_blocks(
-                blocks,
-                priority.label,
-                (deadline - started) * PEER_SHARE,
-                self.step_timeout,
-                snapshots=snapshots,
-                on_declined=on_declined,
-                min_rate=self.min_rate,
-            ):
+            args = (blocks, priority.label, (deadline - started) * PEER_SHARE, self.step_timeout)
+            stream: AsyncIterator[tuple[str, Received]] = (
+                self.bulk.read_blocks(node, *args, snapshots, on_declined, self.min_rate)
+                if self.bulk is not None
+                else client.read_blocks(*args, snapshots, on_declined, self.min_rate)
+            )
+            async for digest, data in stream:
                 if digest not in left:
+                    if isinstance(data, Staged):
+                        data.discard()
                     continue
-                if block_digest(data) != digest:
+                if isinstance(data, bytes) and self.bulk is None and block_digest(data) != digest:
                     metrics.PEER_CORRUPT_BLOCKS.inc()
                     metrics.PEER_ERRORS.labels("corrupt").inc()
                     self.membership.quarantine(
@@ -243,6 +257,8 @@ class MeshSource:
                 self.membership.delivered(node)
         except PeerError as err:
             metrics.PEER_ERRORS.labels(err.kind).inc()
+            if err.kind == "corrupt":  # a bulk receive thread's verification
+                metrics.PEER_CORRUPT_BLOCKS.inc()
             log.info("%s; %d blocks from the hub instead", err, len(left))
             if err.kind in QUARANTINED:
                 self.membership.quarantine(node, str(err), err.kind)

@@ -59,10 +59,11 @@ class Spoke:
     peer_port: int
     extra: tuple[str, ...] = ()
     proc: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"  # another of 127.0.0.0/8 lets spokes share one bulk peer port
 
     @property
     def node(self) -> str:
-        return f"127.0.0.1:{self.peer_port}"
+        return f"{self.host}:{self.peer_port}"
 
     @property
     def admin(self) -> str:
@@ -105,8 +106,8 @@ class Region:
     def hub_metric(self, name: str) -> float:
         return metric(f"http://127.0.0.1:{self.metrics_port}/metrics", name)
 
-    def add(self, name: str, extra: tuple[str, ...] = ()) -> Spoke:
-        spoke = Spoke(name, self.root / name, free_port(), extra)
+    def add(self, name: str, extra: tuple[str, ...] = (), host: str = "127.0.0.1") -> Spoke:
+        spoke = Spoke(name, self.root / name, free_port(), extra, host=host)
         self.spokes.append(spoke)
         return spoke
 

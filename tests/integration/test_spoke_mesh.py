@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.local import free_port
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
 from spoke.hublink.client import HubClient
@@ -83,6 +84,34 @@ def test_three_spokes_read_everything_and_each_block_crosses_the_wan_once(
     mesh = spokes[0].stats()["mesh"]
     assert mesh["nodes_live"] == 3 and mesh["owned_share"] == pytest.approx(1 / 3, abs=1e-3)
     assert mesh["sources"]["peer"]["bytes"] + mesh["sources"]["hub"]["bytes"] == dataset
+
+
+def test_over_the_bulk_peer_port_each_block_crosses_the_wan_once(region: Region) -> None:
+    """As the first test, with ``--peer-bulk-port``: every spoke serves its peers on the
+    same bulk port (each on a loopback address of its own, one region certificate named
+    ``localhost``), under mTLS with the region token; the WAN still carries each block
+    once (1.00x) and the peers' bytes all take the bulk channel."""
+    flags = ("--peer-bulk-port", str(free_port()), "--peer-server-name", "localhost")
+    spokes = [region.add(name, flags, f"127.0.0.{i}") for i, name in enumerate("abc", 2)]
+    for spoke in spokes:
+        region.start(spoke)
+    region.wait_live(spokes, 3)
+    blocks = manifest_blocks(spokes[0])
+    for spoke in spokes[1:]:
+        assert manifest_blocks(spoke) == blocks
+    dataset = sum(size for _, size in blocks)
+    before = region.wan.stats().down_bytes
+    checked = _parallel({s.name: (lambda s=s: read_all(s, blocks)) for s in spokes})
+    assert checked == {s.name: dataset for s in spokes}
+    assert region.hub_metric("strata_hub_blocks_served_total") == len(blocks)
+    wan = region.wan.stats().down_bytes - before
+    assert wan <= 1.05 * dataset
+    peer_bytes = sum(s.metric("strata_spoke_source_bytes_total", source="peer") for s in spokes)
+    hub_bytes = sum(s.metric("strata_spoke_source_bytes_total", source="hub") for s in spokes)
+    assert hub_bytes == dataset and peer_bytes == 2 * dataset
+    bulk_bytes = sum(s.metric("strata_spoke_peer_bulk_bytes_total") for s in spokes)
+    assert bulk_bytes == peer_bytes  # none over the peer port's gRPC
+    print(f"WAN bytes {wan / dataset:.2f}x the dataset, peers over bulk {bulk_bytes:,.0f} B")
 
 
 def test_a_peer_killed_mid_read_and_restarted(region: Region) -> None:
