@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import bisect
 import stat
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
@@ -36,9 +37,10 @@ class Role(Enum):
     ENTRY = "entry"  # a file, directory or symlink inside a snapshot
 
 
-@dataclass
+@dataclass(slots=True)
 class Node:
-    """One inode.
+    """One inode (``slots``: no per-node ``__dict__``; a loaded snapshot holds one per
+    file, so each byte here is a byte per file of every mounted snapshot).
 
     Attributes:
         inode: the inode number.
@@ -71,7 +73,7 @@ class Node:
     blocks: tuple[tuple[str, int], ...] = ()
     position: int = -1
     children: dict[bytes, int] | None = None
-    child_names: list[bytes] = field(default_factory=list)
+    child_names: Sequence[bytes] = ()  # a directory's sorted names, once loaded
 
     @property
     def is_dir(self) -> bool:
@@ -216,37 +218,47 @@ class InodeTable:
 
     def intern(self, key: tuple[str, ...], make: Node, inode: int = 0) -> Node:
         """The node for ``key``: the existing one (refreshed from ``make``'s fields for
-        mutable nodes such as tags) or ``make`` itself with a fresh inode (``inode`` when
-        given: a snapshot entry's number in its range; else the next one, journaled).
+        mutable nodes such as tags) or ``make`` itself with a fresh inode (the next one,
+        journaled). A snapshot entry is given its ``inode`` (its number in its snapshot's
+        range, which the manifest's order fixes): that number is its key, the node there
+        if there is one, else ``make``.
 
         Raises:
             OverflowError: the connection used up its 2**48 inode numbers.
         """
+        if inode:  # a snapshot entry: its number is its key (the range is the snapshot's)
+            entry = self._nodes.get(inode)
+            if entry is not None:
+                return entry
+            if inode >= 1 << INODE_BITS:
+                raise OverflowError("inode numbers of this FUSE connection are used up")
+            make.inode = inode
+            self._nodes[inode] = make  # not in _by_key: a key per file cost ~250 B each
+            return make
         known = self._by_key.get(key)
         if known is not None:
             node = self._nodes[known]
             if node.role is Role.TAG:
                 node.target, node.size = make.target, make.size
             return node
-        if not inode:
-            if self.journal is not None:
-                with self.journal.allocating():  # other workers may give out numbers too
-                    self.sync()
-                    if key in self._by_key:  # another worker numbered it meanwhile
-                        return self.intern(key, make)
-                    inode = self._next
-                    self._next += 1
-                    self.journal.append(
-                        {
-                            "key": list(key), "inode": inode, "role": make.role.value,
-                            "mode": make.mode, "size": make.size, "mtime_ns": make.mtime_ns,
-                            "dataset": make.dataset, "version": make.version,
-                            "snapshot_id": make.snapshot_id, "target": make.target.decode(),
-                        }
-                    )  # fmt: skip
-            else:
+        if self.journal is not None:
+            with self.journal.allocating():  # other workers may give out numbers too
+                self.sync()
+                if key in self._by_key:  # another worker numbered it meanwhile
+                    return self.intern(key, make)
                 inode = self._next
                 self._next += 1
+                self.journal.append(
+                    {
+                        "key": list(key), "inode": inode, "role": make.role.value,
+                        "mode": make.mode, "size": make.size, "mtime_ns": make.mtime_ns,
+                        "dataset": make.dataset, "version": make.version,
+                        "snapshot_id": make.snapshot_id, "target": make.target.decode(),
+                    }
+                )  # fmt: skip
+        else:
+            inode = self._next
+            self._next += 1
         if inode >= 1 << INODE_BITS:
             raise OverflowError("inode numbers of this FUSE connection are used up")
         make.inode = inode
@@ -308,7 +320,7 @@ class InodeTable:
             number = cursor[0]
             cursor[0] += 1
             node = self.intern(
-                ("entry", snapshot_id, entry.path),
+                (),  # numbered from the snapshot's range: no key
                 Node(
                     0,
                     Role.ENTRY,
