@@ -1,8 +1,10 @@
 """docs/deploy.md's multi-team walk-through ("Many teams on one cluster") and systemd
 section against what ships: the tenancy patch renders into the gpu-region overlay and is
-the policy it says, the pod is one Pod Security ``restricted`` admits and the plugin
-reads, the refusal and the audit record it quotes are the plugin's own words for that
-pod, and every flag its commands give is one the command has."""
+the policy it says, the tenants' patches give the spoke a tenants file it parses where
+``--tenants`` reads it, the per-tenant metrics it names are the spoke's, the pod is one
+Pod Security ``restricted`` admits and the plugin reads, the refusal and the audit record
+it quotes are the plugin's own words for that pod, and every flag its commands give is
+one the command has."""
 
 from __future__ import annotations
 
@@ -11,19 +13,25 @@ import re
 import subprocess
 import sys
 import textwrap
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.metrics import MetricWrapperBase
 
 from csi.service import ATTRIBUTES, KUBELET_PREFIX, Node
 from csi.tenancy import Tenancy, parse
 from csi.volumes import Denied
 from deploy.kustomize import render
+from deploy.local import LocalStack, admin_headers
+from spoke import metrics as spoke_metrics
+from spoke.cache.tenants import parse as parse_tenants
 from strata_local.audit import AuditLog
 from tests.conftest import REPO_ROOT
 from tests.deploy.k8s_support import copy_tree, kubectl_render
+from tests.support import fuse_available, publish
 
 DOCS = REPO_ROOT / "docs" / "deploy.md"
 K8S = REPO_ROOT / "deploy" / "k8s"
@@ -78,6 +86,101 @@ def test_the_tenancy_patch_renders_into_the_overlay(tmp_path: Path) -> None:
     (spokes,) = [o for o in objects if o["kind"] == "DaemonSet"]
     volumes = {v["name"]: v for v in spokes["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tenancy"]["configMap"]["name"] == "strata-csi-tenancy"
+
+
+def _tenants_patches() -> list[dict[str, Any]]:
+    """The two ``patches:`` entries of step 7: the tenants file, and the variable."""
+    entries = _yaml_block("name: strata-spoke-tenants")
+    assert isinstance(entries, list) and len(entries) == 2
+    return entries
+
+
+def test_the_tenants_patches_give_the_spoke_its_shares(tmp_path: Path) -> None:
+    """Added to gpu-region's ``patches:`` as step 7 says, they fill the ConfigMap the spoke
+    container mounts with a tenants file the spoke parses (the teams of the tenancy
+    policy, over the same datasets), and point ``STRATA_SPOKE_TENANTS`` — the variable of
+    ``strata-spoke run --tenants`` — at it, through a directory mount (not a subPath, so
+    an edit reaches the running spoke)."""
+    root = copy_tree(tmp_path)
+    kustomization = root / "overlays" / "gpu-region" / "kustomization.yaml"
+    config = yaml.safe_load(kustomization.read_text())
+    config["patches"].extend(_tenants_patches())
+    kustomization.write_text(yaml.safe_dump(config, sort_keys=False))
+    objects = kubectl_render(kustomization.parent) or render(kustomization.parent)
+    (configmap,) = [o for o in objects if o["metadata"]["name"] == "strata-spoke-tenants"]
+    assert configmap["kind"] == "ConfigMap" and configmap["metadata"]["namespace"] == "strata"
+    (spokes,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    pod = spokes["spec"]["template"]["spec"]
+    (spoke,) = [c for c in pod["containers"] if c["name"] == "spoke"]
+    env = {e["name"]: e.get("value") for e in spoke["env"]}
+    path = env["STRATA_SPOKE_TENANTS"]
+    (mount,) = [m for m in spoke["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    assert "subPath" not in mount and mount.get("readOnly") is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == "strata-spoke-tenants"
+    key = path.removeprefix(mount["mountPath"] + "/")
+    tenants = parse_tenants(configmap["data"][key])
+    policy = parse(_policy())
+    assert set(tenants) == set(policy)
+    for name, tenant in tenants.items():
+        assert tenant.datasets == policy[name]
+        assert tenant.cache_share > 0 and tenant.link_share > 0
+    done = subprocess.run(
+        [BINDIR / "strata-spoke", "run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    (line,) = [x for x in done.stdout.splitlines() if "--tenants " in x]
+    flag_help = done.stdout[done.stdout.index(line) :].split("│ --", 2)[1]
+    assert "$STRATA_SPOKE_TENANTS" in flag_help
+
+
+def test_a_spoke_given_the_variable_keeps_the_shares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real spoke started with ``STRATA_SPOKE_TENANTS`` (and no flag) pointing at the
+    file step 7 writes reports both teams' shares in ``GET /v1/cache``."""
+    reason = fuse_available()
+    if reason is not None:
+        pytest.skip(reason)
+    patch = yaml.safe_load(_tenants_patches()[0]["patch"])
+    tenants_file = tmp_path / "tenants.yaml"
+    tenants_file.write_text(patch["data"]["tenants.yaml"])
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("team a\n")
+    assert publish(tmp_path / "hub", "team-a", src) == "v1"
+    monkeypatch.setenv("STRATA_SPOKE_TENANTS", str(tenants_file))
+    with LocalStack() as stack:
+        hub = stack.start_hub(tmp_path / "hub")
+        admin = stack.start_spoke(hub, tmp_path / "cache", tmp_path / "mnt", "64MiB")
+        request = urllib.request.Request(
+            f"{admin}/v1/cache", headers=admin_headers(tmp_path / "cache")
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            status = json.load(answer)
+    shares = parse_tenants(patch["data"]["tenants.yaml"])
+    assert set(status["tenants"]) == set(shares) == {"team-a", "team-b"}, status["tenants"]
+
+
+def test_the_tenant_metrics_are_the_spokes() -> None:
+    """Every ``strata_spoke_tenant_*`` the walk-through names is a metric the spoke
+    exports (a counter with its ``_total``), and it names all three."""
+    exported = set()
+    for metric in vars(spoke_metrics).values():
+        if isinstance(metric, MetricWrapperBase):
+            name = metric._name
+            exported.add(f"{name}_total" if metric._type == "counter" else name)
+    named = set(re.findall(r"strata_spoke_tenant_\w+", _walkthrough()))
+    assert named == {
+        "strata_spoke_tenant_resident_bytes",
+        "strata_spoke_tenant_admitted_bytes_total",
+        "strata_spoke_tenant_reads_total",
+    }
+    assert named <= exported
 
 
 def _pod() -> dict[str, Any]:
