@@ -201,8 +201,10 @@ class Node(csi_pb2_grpc.NodeServicer):
         try:
             answer = self.hub.check(token, dataset)
         except HubUnreachable as err:
+            PUBLISHES.labels("failed").inc()
             raise SpokeUnavailable(str(err)) from None
         except HubRefused as err:
+            PUBLISHES.labels("failed").inc()
             raise Misconfigured(f"cannot check the volume's token: {err}") from None
         if answer.allowed:
             return True, "the volume's token may read it"
