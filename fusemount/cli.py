@@ -296,7 +296,15 @@ def main(argv: list[str] | None = None) -> int:
             session.inodes.journal.shared = True
         if session.ledger is not None:
             session.ledger.shared = True
-    ops = StrataOperations(client, reader, passthrough, session.inodes)
+    ops = StrataOperations(
+        client,
+        reader,
+        passthrough,
+        session.inodes,
+        readable_by_all=settings.readable_by_all,
+        uid=settings.mount_uid,
+        gid=settings.mount_gid,
+    )
     # written first: whoever sees the mount appear (libfuse 3.17 makes it visible before
     # init returns) finds the pid of the process serving it; the first worker's only
     if session.worker == 0:

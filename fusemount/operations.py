@@ -59,6 +59,16 @@ def handle_inode(fh: int) -> tuple[int, bool]:
     return fh & _INODE_MASK, bool(fh & _FH_PASSTHROUGH)
 
 
+def readable(mode: int) -> int:
+    """``mode`` opened to every uid: read (and execute, where anyone may) for files, read
+    and search for directories; symlinks as they are (the kernel ignores their bits)."""
+    if stat.S_ISDIR(mode):
+        return mode | 0o555
+    if stat.S_ISREG(mode):
+        return mode | 0o444 | (0o111 if mode & 0o111 else 0)
+    return mode
+
+
 class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
     """The read-only filesystem ``MOUNT/<dataset>/<version>/…``.
 
@@ -67,6 +77,9 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         reader: serves file bytes.
         passthrough: which opens the kernel serves itself (default: none).
         inodes: the inode table (default: a new one, not journaled).
+        readable_by_all: show snapshot files readable (| 0o444, and | 0o111 where anyone
+            may run it) and directories searchable (| 0o555) by any uid.
+        uid, gid: the owner every node shows (default: this process's).
     """
 
     enable_writeback_cache = False
@@ -78,6 +91,9 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         reader: BlockReader,
         passthrough: Passthrough | None = None,
         inodes: InodeTable | None = None,
+        readable_by_all: bool = False,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> None:
         super().__init__()
         self.client = client
@@ -89,15 +105,16 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         self.namespace.on_revoked = self._revoked
         self._handles: dict[int, tuple[Node, Readahead, bool]] = {}  # fh -> node, ra, passthrough
         self._serial = 0
-        self._uid = os.getuid()
-        self._gid = os.getgid()
+        self._uid = os.getuid() if uid is None else uid
+        self._gid = os.getgid() if gid is None else gid
+        self._readable_by_all = readable_by_all
 
     # -- attributes ---------------------------------------------------------------
 
     def _attr(self, node: Node) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = node.inode
-        attr.st_mode = node.mode
+        attr.st_mode = readable(node.mode) if self._readable_by_all else node.mode
         attr.st_nlink = node.nlink
         attr.st_size = node.size
         attr.st_uid = self._uid

@@ -415,6 +415,14 @@ def publish(
         ),
     ] = False,
     catalog: CatalogOption = None,
+    readable_by_all: Annotated[
+        bool,
+        typer.Option(
+            "--readable-by-all",
+            help="Record every file readable (and every directory searchable) by any "
+            "uid, whatever SRC_DIR's modes: for pods that run as any user.",
+        ),
+    ] = False,
 ) -> None:
     """Publish SRC_DIR as the next version of DATASET; prints the new version.
 
@@ -435,6 +443,7 @@ def publish(
         signing_key=signing_key,
         allow_external_symlinks=allow_external_symlinks,
         catalog=catalog,
+        readable_by_all=readable_by_all,
     )
     print(result.version, flush=True)
     say(

@@ -22,11 +22,11 @@ the process dies) and at most some unreferenced blobs; step 5 is all or nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from hub.blobstore import BlobStore
@@ -50,7 +50,7 @@ STORE_THREADS = 8
 """Blocks stored in parallel (file writes with fsync, or object PUTs)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class PublishResult:
     """What a publish did.
 
@@ -116,6 +116,20 @@ class _BlockWriter:
             return self._store.put(digest, data)
         except OSError as exc:
             raise HubError(f"cannot store block {digest}: {exc.strerror or exc}") from exc
+
+
+READABLE_FILE = 0o444
+"""Bits ``readable_by_all`` adds to a file's mode (and 0o111 to one any class may run)."""
+READABLE_DIR = 0o555
+"""Bits ``readable_by_all`` adds to a directory's mode."""
+
+
+def readable(mode: int, directory: bool) -> int:
+    """``mode`` (permission bits) opened to every uid: read for files (and execute for
+    all where anyone may execute it), read and search for directories; nothing removed."""
+    if directory:
+        return mode | READABLE_DIR
+    return mode | READABLE_FILE | (0o111 if mode & 0o111 else 0)
 
 
 def _file_entry(member: Member, block_size: int, writer: _BlockWriter) -> ManifestEntry:
@@ -201,6 +215,7 @@ def publish(
     signing_key: str | os.PathLike[str] | None = None,
     allow_external_symlinks: bool = False,
     catalog: str | None = None,
+    readable_by_all: bool = False,
 ) -> PublishResult:
     """Publishes a directory tree as the next version of a dataset.
 
@@ -231,6 +246,10 @@ def publish(
         allow_external_symlinks: Publish symlinks that point outside the tree too.
         catalog: A shared catalog's URL (``postgresql://…``, :mod:`hub.catalog.postgres`);
             None: the data directory's own.
+        readable_by_all: Record every file readable by every uid (mode | 0o444, and
+            | 0o111 where anyone may run it) and every directory readable and searchable
+            (| 0o555), whatever the source's modes (:func:`readable`): for pods that run as
+            any user. Default: the source's bits as they are.
 
     Returns:
         What was published; see :class:`PublishResult`.
@@ -276,7 +295,10 @@ def publish(
             for member in walk(root):
                 kind = stat.S_IFMT(member.mode)
                 if kind == stat.S_IFREG:
-                    session.add(_file_entry(member, block_size, writer))
+                    entry = _file_entry(member, block_size, writer)
+                    if readable_by_all:
+                        entry = dataclasses.replace(entry, mode=readable(entry.mode, False))
+                    session.add(entry)
                 elif kind == stat.S_IFLNK:
                     session.add(_symlink_entry(member, allow_external_symlinks))
                     symlinks += 1
@@ -285,7 +307,9 @@ def publish(
                         ManifestEntry(
                             path=member.path,
                             type=EntryType.DIRECTORY,
-                            mode=stat.S_IMODE(member.mode),
+                            mode=readable(stat.S_IMODE(member.mode), True)
+                            if readable_by_all
+                            else stat.S_IMODE(member.mode),
                             size=0,
                             mtime_ns=member.mtime_ns,
                         )

@@ -77,6 +77,27 @@ class MountSettings(BaseModel):
         "GIL (needs hand-over; 0: one per 4 cores, 1 to 8)",
         json_schema_extra={"commands": [RUN]},
     )
+    readable_by_all: bool = Field(
+        default=False,
+        description="present every file of a snapshot readable, and every directory "
+        "searchable, by any uid (mode | 0444, | 0555), whatever its published modes: for "
+        "pods that run as any user (with --allow-other)",
+        json_schema_extra={"commands": [RUN]},
+    )
+    mount_uid: int | None = Field(
+        default=None,
+        ge=0,
+        description="owner uid every file and directory of the mount shows (default: the "
+        "mount process's): the kernel checks the published owner bits against it",
+        json_schema_extra={"commands": [RUN]},
+    )
+    mount_gid: int | None = Field(
+        default=None,
+        ge=0,
+        description="owner gid every file and directory of the mount shows (default: the "
+        "mount process's)",
+        json_schema_extra={"commands": [RUN]},
+    )
     encryption_key_file: Path | None = Field(
         default=None,
         description="encrypt block files at rest with this AES-256-GCM key (0600; "

@@ -38,6 +38,9 @@ def test_every_setting_has_exactly_one_flag_on_run_and_the_daemon() -> None:
         "--passthrough",
         "--mount-handover",
         "--mount-workers",
+        "--readable-by-all",
+        "--mount-uid",
+        "--mount-gid",
     }
     assert set(daemon) == {o.flag for o in declared} - mount_only | {"--config", "--settings"}
     for flag in ("--high-watermark", "--low-watermark", "--fill-share", "--peer-probe-interval"):
