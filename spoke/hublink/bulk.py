@@ -180,7 +180,7 @@ class BulkSource:
                 part = blocks[start : start + bulk.MAX_DIGESTS]
                 sock.sendall(bulk.encode_request(token, [d for d, _ in part]))
                 for digest, size in part:
-                    call.put(self._block(frames, digest, size, deadline, direct))
+                    call.put(self._block(frames, digest, size, direct))
             with call.lock:  # from here on, a cancel must not shut the kept socket down
                 call.sock = None
                 reusable = not call.cancelled and frames.empty
@@ -195,9 +195,7 @@ class BulkSource:
                 else:
                     sock.close()
 
-    def _block(
-        self, frames: Frames, digest: str, size: int, deadline: float, direct: bool
-    ) -> tuple[str, Received]:
+    def _block(self, frames: Frames, digest: str, size: int, direct: bool) -> tuple[str, Received]:
         """One block off the wire, verified; staged when the source stages."""
         code, got, length = bulk.parse_block_head(frames.take(bulk.BLOCK_HEAD.size))
         if code != bulk.OK:

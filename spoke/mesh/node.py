@@ -107,7 +107,8 @@ class MeshNode:
             scheduler: fetches what peers ask for and this spoke misses.
             cache: the block cache.
             max_connections: most peer port connections open at once (default: the
-                settings'; the daemon fits it under its open-file limit).
+                settings'; the daemon fits it under its open-file limit); with
+                ``--peer-bulk-port`` the gRPC and the bulk peer port get half each.
 
         Returns:
             The peer port bound.
@@ -137,6 +138,8 @@ class MeshNode:
             refusals=Refusals(self.audit),
         )
         connections = max_connections or self.settings.max_connections
+        if self.settings.bulk_port:  # the two ports share the cap (and the open files)
+            connections = max(8, connections // 2)
         self._server, port = await start_peer_server(
             service, self.settings.listen, self.tls, connections
         )

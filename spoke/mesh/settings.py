@@ -97,7 +97,8 @@ class MeshSettings(BaseModel):
     max_connections: int = Field(
         default=1024,  # spoke.mesh.transport.MAX_CONNECTIONS
         description="most connections open to the peer port at once; more are closed as "
-        "they arrive (each spoke of the region holds one to every other)",
+        "they arrive (each spoke of the region holds one to every other); with "
+        "--peer-bulk-port, half for each port",
         json_schema_extra={"flag": "--peer-max-connections"},
     )
 

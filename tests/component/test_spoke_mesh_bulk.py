@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -293,7 +294,8 @@ def test_the_bulk_port_refuses_what_grpc_refuses_and_the_asker_reads_the_hub(
 @contextlib.contextmanager
 def _serving(blocks: dict[str, bytes], bad: int, how: str) -> Iterator[int]:
     """A peer's bulk port on 127.0.0.1 that sends block ``bad`` of each request with one
-    byte flipped (``corrupt``) or one byte more than its size (``oversized``)."""
+    byte flipped (``corrupt``), one byte more than its size (``oversized``), or half of
+    it before the connection ends (``cut``)."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.05)  # so that the thread sees ``stop``
     stop = threading.Event()
@@ -321,13 +323,17 @@ def _serving(blocks: dict[str, bytes], bad: int, how: str) -> Iterator[int]:
                 out = [bulk.encode_declined([])]
                 for i, (digest, _) in enumerate(request.blocks):
                     data = blocks[digest]
+                    if i == bad and how == "cut":  # half the block, then the connection ends
+                        out += [bulk.encode_block_head(digest, len(data)), data[: len(data) // 2]]
+                        break
                     if i == bad:
                         data = (
                             bytes([data[0] ^ 0xFF]) + data[1:] if how == "corrupt" else data + b"!"
                         )
                     out += [bulk.encode_block_head(digest, len(data)), data]
                 conn.sendall(b"".join(out))
-                conn.recv(1)
+                if how != "cut":
+                    conn.recv(1)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -339,11 +345,11 @@ def _serving(blocks: dict[str, bytes], bad: int, how: str) -> Iterator[int]:
         thread.join(5)
 
 
-@pytest.mark.parametrize("how", ["corrupt", "oversized"])
+@pytest.mark.parametrize("how", ["corrupt", "oversized", "cut"])
 def test_a_bad_block_from_a_peer_is_caught_and_read_from_the_hub(tmp_path: Path, how: str) -> None:
     blocks = _blocks(24)
     counted = metrics.PEER_CORRUPT_BLOCKS
-    kind = "corrupt" if how == "corrupt" else "lying"
+    kind = {"corrupt": "corrupt", "oversized": "lying", "cut": "unavailable"}[how]
 
     async def go(port: int) -> tuple[dict[str, bytes], list[str], list[str], bool]:
         node = "127.0.0.1:1"  # its gRPC port is never called: it is live from the start
@@ -365,7 +371,7 @@ def test_a_bad_block_from_a_peer_is_caught_and_read_from_the_hub(tmp_path: Path,
     assert from_hub == wanted[1:]  # the first came from the peer; the bad one on, the hub
     assert metrics.PEER_ERRORS.labels(kind)._value.get() - errors_before == 1
     assert counted._value.get() - corrupt_before == (1 if how == "corrupt" else 0)
-    assert not live  # quarantined
+    assert not live  # quarantined (cut: marked down until a probe finds it)
     assert not list((tmp_path / "a").rglob(".tmp-*"))  # nothing staged left behind
 
 
@@ -381,3 +387,54 @@ def test_the_bulk_peer_port_is_off_by_default_and_not_the_peer_port() -> None:
         MeshSettings(**base, bulk_port=7000)  # type: ignore[arg-type]
     with pytest.raises(ValidationError):
         MeshSettings(**base, bulk_port=70_000)  # type: ignore[arg-type]
+
+
+def test_the_bulk_port_takes_renewed_certificates_for_new_connections(tmp_path: Path) -> None:
+    """A renewed certificate pair (same CA) is presented from the next handshake on, as the
+    gRPC peer port's dynamic credentials do; a connection without a client certificate is
+    refused (mTLS)."""
+    ca = LocalCa(tmp_path, "region-ca")
+    first, second = ca.issue("first"), ca.issue("second")
+    cert, key = tmp_path / "peer.crt", tmp_path / "peer.key"
+    cert.write_bytes(first.cert.read_bytes())
+    key.write_bytes(first.key.read_bytes())
+    clock = [0.0]
+    tls = PeerTls(cert, key, ca.cert, now=lambda: clock[0])
+
+    def handshake(port: int, client_cert: bool = True) -> bytes:
+        """The certificate the port presents; without a client certificate, b"" once the
+        port has ended the connection (TLS 1.3 checks the client after the handshake)."""
+        context = ssl.create_default_context(cafile=str(ca.cert))
+        if client_cert:
+            context.load_cert_chain(str(first.cert), str(first.key))
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
+        ):
+            if not client_cert:
+                with contextlib.suppress(ssl.SSLError, ConnectionError):
+                    assert sock.recv(1) == b""
+                return b""
+            der = sock.getpeercert(binary_form=True)
+            assert der is not None
+            return der
+
+    async def go() -> tuple[bytes, bytes, bool]:
+        server = PeerBulkServer(None, None, tls)  # type: ignore[arg-type]
+        port = await server.start("127.0.0.1", 0)
+        before = await asyncio.to_thread(handshake, port)
+        cert.write_bytes(second.cert.read_bytes())
+        key.write_bytes(second.key.read_bytes())
+        clock[0] += 2.0  # past transport.RECHECK_S: the files are looked at again
+        after = await asyncio.to_thread(handshake, port)
+        try:
+            refused = await asyncio.to_thread(handshake, port, False) == b""
+        except (ssl.SSLError, ConnectionError):
+            refused = True  # refused in the handshake itself (TLS 1.2)
+        await server.close()
+        return before, after, refused
+
+    before, after, refused = asyncio.run(go())
+    assert before != after  # the second leaf, without a restart
+    assert after == ssl.PEM_cert_to_DER_cert(second.cert.read_text())
+    assert refused
