@@ -1,13 +1,17 @@
 """Strata's seismic trainer: MDIO/Zarr patch dataset, 3D ViT-MAE model, training loop, data prep.
 
 The trainer imports nothing of the rest of Strata: it reads a path (a local
-directory or a Strata FUSE mount) with Zarr, like any other program would.
+directory or a Strata FUSE mount) or an object-store URL with Zarr, like any other
+program would.
 
 Modules: :mod:`trainer.presets` (model sizes), :mod:`trainer.prepare` (SEG-Y to
-MDIO), :mod:`trainer.synth` (synthetic volumes), :mod:`trainer.volume`
+MDIO), :mod:`trainer.synth` (synthetic volumes), :mod:`trainer.location` (``--data`` paths
+and URLs, storage options), :mod:`trainer.volume`
 (inspection, trace mask), :mod:`trainer.stats` (normalisation), :mod:`trainer.plan`
 (seeds, sampler, epoch plan), :mod:`trainer.readorder` (chunk keys for hints),
-:mod:`trainer.dataset` (the patch dataset), :mod:`trainer.model` (MAE),
+:mod:`trainer.dataset` (the patch dataset), :mod:`trainer.dataloader` (the DataLoader
+``fit`` and ``load`` share), :mod:`trainer.loadonly` (the loader-only mode),
+:mod:`trainer.model` (MAE),
 :mod:`trainer.train` (the :class:`~trainer.train.Trainer` and its loop),
 :mod:`trainer.options` (what a run is asked), :mod:`trainer.schedule` (AdamW, warm-up +
 cosine), :mod:`trainer.checkpoint` (save, load, RNG state, resumability),

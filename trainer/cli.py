@@ -7,9 +7,13 @@ Commands:
 * ``strata-train synth --shape IxXxT --out OUT.mdio`` writes a synthetic volume
   of any size as MDIO (:mod:`trainer.synth`).
 * ``strata-train fit --data PATH.mdio`` trains on random patches read with Zarr
-  from any directory path, alone or under ``torchrun`` (:mod:`trainer.train`).
+  from a directory path or an object-store URL, alone or under ``torchrun``
+  (:mod:`trainer.train`).
 * ``strata-train eval --ckpt RUN/checkpoint.pt --data PATH.mdio`` measures
   reconstruction PSNR and draws an inline section (:mod:`trainer.evaluate`).
+* ``strata-train load --data PATH.mdio`` drains fit's DataLoader with no model (or a
+  fixed emulated compute time per batch) from the store or from memory and reports
+  samples/s, MB/s and the data-wait share (:mod:`trainer.loadonly`).
 * ``strata-train plan --data PATH.mdio`` prints the store keys an epoch reads,
   in order (:func:`trainer.readorder.epoch_read_order`).
 
@@ -380,6 +384,79 @@ def eval_(
         evaluate(options, echo=typer.echo)
     except (DataError, EvalError) as exc:
         _fail(str(exc))
+
+
+@app.command()
+def load(
+    data: Annotated[str, typer.Option("--data", help=_DATA_HELP)],
+    source: Annotated[
+        str,
+        typer.Option(
+            "--source",
+            help="store: read the store; memory: the same volume from shared memory "
+            "(the loader's own ceiling).",
+        ),
+    ] = "store",
+    epochs: Annotated[int, typer.Option("--epochs", help="Whole epochs to read.")] = 1,
+    compute_ms: Annotated[
+        float,
+        typer.Option("--compute-ms", help="Emulated compute time per batch, ms (0: none)."),
+    ] = 0.0,
+    preset: Annotated[
+        str, typer.Option("--preset", help="Preset whose patch shape is read.")
+    ] = "tiny",
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", help="Patches per batch (default: the preset's)."),
+    ] = None,
+    workers: Annotated[int, typer.Option("--workers", help="DataLoader worker processes.")] = 2,
+    mp_context: Annotated[
+        str, typer.Option("--mp-context", help="Worker start method: spawn or forkserver.")
+    ] = "spawn",
+    seed: Annotated[int, typer.Option("--seed", help="Random seed (as fit's).")] = 0,
+    epoch_size: Annotated[
+        int, typer.Option("--epoch-size", help="Patch positions per epoch.")
+    ] = 1024,
+    chunk_aligned: Annotated[
+        bool,
+        typer.Option("--chunk-aligned", help="Place patches to read as few chunks as possible."),
+    ] = False,
+    min_live: Annotated[
+        float, typer.Option("--min-live", help="Reject patches with fewer live traces.")
+    ] = 0.5,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the summary to this file.")
+    ] = None,
+    storage_option: StorageOptionFlag = None,
+) -> None:
+    """Loader only: fit's dataset, sampler, workers and collation, no model; reports
+    samples/s, MB/s and the data-wait share per epoch."""
+    from trainer.loadonly import LoadOptions, run_load
+    from trainer.options import FitError
+    from trainer.report import write_json
+    from trainer.volume import DataError
+
+    options = LoadOptions(
+        data=data_path(data),
+        preset=preset,
+        batch_size=batch_size,
+        workers=workers,
+        mp_context=mp_context,
+        epochs=epochs,
+        epoch_size=epoch_size,
+        seed=seed,
+        chunk_aligned=chunk_aligned,
+        min_live_fraction=min_live,
+        compute_ms=compute_ms,
+        source=source,
+        storage_options=_storage_options(storage_option),
+    )
+    try:
+        summary = run_load(options, echo=typer.echo)
+    except (DataError, FitError) as exc:
+        _fail(str(exc))
+    if json_out is not None:
+        write_json(json_out, summary)
 
 
 @app.command()

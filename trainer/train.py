@@ -71,7 +71,8 @@ from trainer.checkpoint import (
     rng_state,
     set_rng_state,
 )
-from trainer.dataset import PatchDataset, worker_init
+from trainer.dataloader import make_loader
+from trainer.dataset import PatchDataset
 from trainer.distributed import DistContext, dist_context_from_env, select_device
 from trainer.hints import HintPoster, default_stream, split_head
 from trainer.model import MaskedAutoencoder3D
@@ -84,7 +85,7 @@ from trainer.schedule import LR_FLOOR, WarmupCosine, lr_at, make_optimizer, para
 from trainer.stats import VolumeStats, volume_stats
 from trainer.volume import DataError, VolumeInfo, check_fits, inspect_volume
 
-_STREAM_LOADER = 5
+STREAM_LOADER = 5
 """Seed-stream tag of the DataLoader's generator (see :func:`trainer.plan.derive_seed`)."""
 
 HINT_HEAD_STEPS = 8
@@ -291,19 +292,15 @@ class Trainer:
         self.sampler = EpochSampler(self.plan, ctx.rank)
         self.sampler.set_epoch(self.epoch, offset)
         loader_gen = torch.Generator()
-        loader_gen.manual_seed(derive_seed(opts.seed, _STREAM_LOADER, ctx.rank, self.epoch))
-        workers = opts.workers
-        self.loader: DataLoader[Any] | None = DataLoader(
+        loader_gen.manual_seed(derive_seed(opts.seed, STREAM_LOADER, ctx.rank, self.epoch))
+        self.loader: DataLoader[Any] | None = make_loader(
             self.dataset,
-            batch_size=self.batch_size,
-            sampler=self.sampler,
-            drop_last=True,
-            num_workers=workers,
-            multiprocessing_context=opts.mp_context if workers > 0 else None,
-            persistent_workers=workers > 0,
-            worker_init_fn=worker_init if workers > 0 else None,
+            self.sampler,
+            self.batch_size,
+            opts.workers,
+            opts.mp_context,
+            loader_gen,
             pin_memory=device.type == "cuda",
-            generator=loader_gen,
         )
 
     def _read_order(self, epoch: int, steps: int | None = None) -> list[str]:

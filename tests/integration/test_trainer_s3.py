@@ -1,5 +1,5 @@
-"""``strata-train`` on an object-store URL: ``fit``, ``plan`` and ``eval`` on ``s3://`` read
-what they read on a local copy (issue 41 item 0).
+"""``strata-train`` on an object-store URL: ``fit``, ``plan``, ``eval`` and the loader-only
+``load`` on ``s3://`` read what they read on a local copy (issue 41 items 0 and 2).
 
 The volume is a tiny synthetic MDIO store (:mod:`trainer.synth`) uploaded to a real
 SeaweedFS (tests/integration/seaweedfs.py). ``fit`` runs as users run it, in a subprocess
@@ -25,6 +25,7 @@ from tests.integration.hub_support import S3_ENV, S3Server
 from tests.integration.seaweedfs import seaweedfs_fixture  # noqa: F401  (seaweedfs)
 from trainer.cli import app
 from trainer.evaluate import EvalOptions, evaluate
+from trainer.loadonly import LoadOptions, run_load
 from trainer.synth import SynthSpec, synth
 from trainer.train import FitOptions, fit
 
@@ -136,6 +137,25 @@ def test_eval_on_s3_scores_the_same_patches_as_on_a_local_copy(
     assert remote["data"] == s3_volume
     assert remote["psnr_db"] == local["psnr_db"]
     assert remote["held_out_fraction"] == local["held_out_fraction"]
+
+
+def test_loader_only_reads_the_same_bytes_through_s3fs_as_from_local_disk(
+    s3_volume: str, s3_env: dict[str, str], local_volume: Path
+) -> None:
+    del s3_env  # in this process's environment, which the spawned worker inherits
+    runs = [
+        run_load(
+            LoadOptions(data=data, workers=1, epochs=2, epoch_size=16, batch_size=4, digest=True),
+            echo=lambda _line: None,
+        )
+        for data in (local_volume, s3_volume)
+    ]
+    local, remote = runs
+    assert remote["data"] == s3_volume
+    assert remote["payload_digest"] == local["payload_digest"]
+    for got, want in zip(remote["epochs"], local["epochs"], strict=True):
+        assert got["reads_digest"] == want["reads_digest"]
+        assert got["store_bytes"] == want["store_bytes"] > 0
 
 
 @pytest.mark.parametrize(
