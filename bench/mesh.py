@@ -238,7 +238,15 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(results, link))
     if ns.json:
         ns.json.write_text(
-            json.dumps({"link": link.describe(), "results": [asdict(r) for r in results]}, indent=2)
+            json.dumps(
+                {
+                    "link": link.describe(),
+                    "rtt_s": link.rtt_s,
+                    "rate_bps": link.rate_bps,
+                    "results": [asdict(r) for r in results],
+                },
+                indent=2,
+            )
         )
     return 0
 
