@@ -123,6 +123,22 @@ class BlobStore(Protocol):
         """
         ...
 
+    def read_note(self, name: str) -> bytes | None:
+        """A small object kept beside the blobs (``gc``'s candidates), or None if absent.
+
+        Raises:
+            StorageError: The store cannot be read.
+        """
+        ...
+
+    def write_note(self, name: str, data: bytes) -> None:
+        """Replaces the note ``name`` whole (a reader sees the old one or the new one).
+
+        Raises:
+            StorageError: The store refused or failed.
+        """
+        ...
+
 
 class LocalBlobStore:
     """A :class:`BlobStore` in a local directory: ``ROOT/<first 2 hex>/<digest>``.
@@ -252,6 +268,23 @@ class LocalBlobStore:
                 pass
             except OSError as exc:
                 raise StorageError(f"cannot delete block {digest}: {exc.strerror}") from exc
+
+    def read_note(self, name: str) -> bytes | None:
+        """See :meth:`BlobStore.read_note`: ``ROOT/NAME`` (never a blob: blobs are in
+        two-character shards)."""
+        try:
+            return (self.root / _note_name(name)).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(f"cannot read {name} in {self.root}: {exc.strerror}") from exc
+
+    def write_note(self, name: str, data: bytes) -> None:
+        """See :meth:`BlobStore.write_note` (written whole, then renamed into place)."""
+        try:
+            write_atomic(self.root / _note_name(name), data)
+        except OSError as exc:
+            raise StorageError(f"cannot write {name} in {self.root}: {exc.strerror}") from exc
 
     def clean_temp(self, older_than_s: float) -> int:
         """See :meth:`BlobStore.clean_temp`: removes ``.tmp-*`` files of crashed writers."""
@@ -388,6 +421,32 @@ class S3BlobStore:
     def clean_temp(self, older_than_s: float) -> int:
         """See :meth:`BlobStore.clean_temp`: an object store keeps no partial objects."""
         return 0
+
+    def read_note(self, name: str) -> bytes | None:
+        """See :meth:`BlobStore.read_note`: the object ``PREFIX/NAME`` (a GET)."""
+        try:
+            data: bytes = self._fs.cat_file(f"{self._root}/{_note_name(name)}")
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            raise StorageError(f"cannot read {name} from {self._url}: {exc}") from exc
+        return data
+
+    def write_note(self, name: str, data: bytes) -> None:
+        """See :meth:`BlobStore.write_note` (one PUT: an object appears whole)."""
+        try:
+            self._fs.pipe_file(f"{self._root}/{_note_name(name)}", data)
+        except Exception as exc:
+            raise StorageError(f"cannot write {name} to {self._url}: {exc}") from exc
+
+
+def _note_name(name: str) -> str:
+    """``name`` if it can be a note: not a blob's digest or shard, no path."""
+    if not name or "/" in name or name.startswith(".") or DIGEST_PATTERN.fullmatch(name):
+        raise ValueError(f"not a note name: {name!r}")
+    if len(name) == 2:
+        raise ValueError(f"a note name of two characters would be a shard: {name!r}")
+    return name
 
 
 def open_blob_store(

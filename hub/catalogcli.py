@@ -23,7 +23,7 @@ from hub.cliopts import (
 )
 from hub.datadir import DataDir
 from hub.errors import CorruptBlob, CorruptCatalog
-from hub.gc import STALE_AFTER_SECONDS, collect
+from hub.gc import GRACE_SECONDS, STALE_AFTER_SECONDS, collect
 from hub.manifest import EntryType
 from hub.migrate import migrate as migrate_catalog
 from hub.verify import verify as verify_version
@@ -113,20 +113,37 @@ def gc(
             "--stale-after", help="Seconds after which a publish in progress counts as abandoned."
         ),
     ] = STALE_AFTER_SECONDS,
+    grace: Annotated[
+        float,
+        typer.Option(
+            "--grace",
+            help="Seconds a blob must have been found unreferenced before it is deleted "
+            "(default a week: a catalog backup that old restores without a lost block; "
+            "0: at once).",
+            min=0,
+        ),
+    ] = GRACE_SECONDS,
     blobs: BlobsOption = None,
     s3_endpoint: S3EndpointOption = None,
     catalog: CatalogOption = None,
 ) -> None:
-    """Delete blobs no live version references (safe while publishes and serve run)."""
+    """Delete blobs no live version references (safe while publishes and serve run), once
+    they have been unreferenced for --grace seconds."""
     layout = DataDir.open(data_dir, create=False, catalog=catalog)
     with layout.open_catalog(create=False) as opened:
         store = layout.blob_store(opened, blobs, endpoint_url=s3_endpoint)
         result = collect(
-            opened, store, dry_run=dry_run, keep_events=keep_events, stale_after_s=stale_after
+            opened,
+            store,
+            dry_run=dry_run,
+            keep_events=keep_events,
+            stale_after_s=stale_after,
+            grace_s=grace,
         )
     verb = "would delete" if dry_run else "deleted"
     say(
-        f"gc: scanned {result.blobs_scanned} blobs, {verb} {result.blobs_deleted}; "
+        f"gc: scanned {result.blobs_scanned} blobs, {verb} {result.blobs_deleted}, "
+        f"{result.blobs_waiting} unreferenced within the {grace:g} s grace; "
         f"abandoned publishes {result.publishes_dropped}, temp files {result.temp_removed}, "
         f"events pruned {result.events_pruned}"
     )

@@ -13,8 +13,8 @@ from hub import datadir
 from hub.blobstore import LocalBlobStore
 from hub.blocks import block_digest
 from hub.catalog import Catalog, PublishSession
-from hub.errors import Conflict, RefNotFound, VersionExists, VersionRevoked
-from hub.gc import collect
+from hub.errors import Conflict, RefNotFound, StorageError, VersionExists, VersionRevoked
+from hub.gc import CANDIDATES, collect, load_candidates
 from hub.verify import verify
 from tests.catalogs import CatalogAt
 
@@ -241,3 +241,44 @@ def test_gc_concurrent_with_publishes_in_threads(tmp_path: Path, engine: Catalog
     for version in ("v2", "v3", "v4"):
         assert intact(engine, data, "f3", version)
     assert lmdb.version()
+
+
+def test_unreferenced_blobs_wait_out_the_grace_and_a_reference_again_keeps_them(
+    tmp_path: Path, engine: CatalogAt
+) -> None:
+    """v1's two own blocks become candidates at t0 and go only at t0 + grace; a publish of
+    the same bytes meanwhile takes one of them off the list for good."""
+    data = tmp_path / "data"
+    first, second = os.urandom(BLOCK), os.urandom(BLOCK)
+    src = tree(tmp_path / "src", {"a.bin": first, "b.bin": second})
+    engine.publish(data, "f3", src, block_size=BLOCK)
+    (src / "a.bin").write_bytes(os.urandom(BLOCK))
+    (src / "b.bin").write_bytes(os.urandom(BLOCK))
+    engine.publish(data, "f3", src, block_size=BLOCK)
+    store = LocalBlobStore(data / "blobs")
+    t0 = 1_000 * 10**9
+    with engine.open(data) as catalog:
+        catalog.revoke("f3", "v1")
+        result = collect(catalog, store, grace_s=100, now_ns=lambda: t0)
+        assert (result.blobs_deleted, result.blobs_waiting) == (0, 2)
+        assert set(load_candidates(store).values()) == {t0}
+        result = collect(catalog, store, grace_s=100, now_ns=lambda: t0 + 50 * 10**9)
+        assert (result.blobs_deleted, result.blobs_waiting) == (0, 2)
+        assert set(load_candidates(store).values()) == {t0}  # first found, not last
+    again = tree(tmp_path / "again", {"a.bin": first})  # the same bytes, published anew
+    engine.publish(data, "f3", again, block_size=BLOCK)
+    with engine.open(data) as catalog:
+        result = collect(catalog, store, grace_s=100, now_ns=lambda: t0 + 101 * 10**9)
+    assert (result.blobs_deleted, result.blobs_waiting) == (1, 0)
+    assert block_digest(first) in blobs(data) and block_digest(second) not in blobs(data)
+    assert load_candidates(store) == {}
+    assert intact(engine, data, "f3")
+
+
+def test_a_cut_candidates_note_is_an_error_not_a_guess(tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path / "blobs")
+    store.write_note(CANDIDATES, b"x" * 23)
+    with pytest.raises(StorageError, match="cut short"):
+        load_candidates(store)
+    with pytest.raises(ValueError):
+        store.write_note("ab", b"")  # a shard's name
