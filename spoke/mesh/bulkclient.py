@@ -21,7 +21,9 @@ connection that cannot be made or breaks is ``unavailable``. Every one of them s
 call's undelivered blocks to the hub (:class:`~spoke.mesh.source.MeshSource`).
 
 Every spoke of a region serves its bulk peer port on the same port number, on the host of
-its mesh name. Connections are kept between calls (:data:`KEEP_S`), one per call in flight.
+its mesh name. Connections are kept between calls (:data:`KEEP_S`), one per call in flight;
+a kept one the owner closed meanwhile (it restarted) is dialled again once before the
+call fails.
 """
 
 from __future__ import annotations
@@ -213,17 +215,26 @@ class PeerBulkClient:
         frames: Frames | None = None
         reusable = False
         try:
-            sock = self._connection(node, pace, context)
-            with call.lock:
-                if call.cancelled:
-                    return
-                call.sock = sock
-            frames = Frames(sock, min(pace.due, pace.end), pace.step)
-            frames.last = pace.start
-            sock.settimeout(max(0.001, min(pace.step, pace.end - time.monotonic())))
-            sock.sendall(request)
+            for fresh in (False, True):
+                sock, reused = self._connection(node, pace, context, fresh)
+                with call.lock:
+                    if call.cancelled:
+                        return
+                    call.sock = sock
+                frames = Frames(sock, min(pace.due, pace.end), pace.step)
+                frames.last = pace.start
+                try:
+                    sock.settimeout(max(0.001, min(pace.step, pace.end - time.monotonic())))
+                    sock.sendall(request)
+                    head = frames.take(bulk.BLOCK_HEAD.size)
+                    break
+                except (EOFError, ConnectionError):
+                    if not reused:
+                        raise
+                    sock.close()  # the owner closed it meanwhile (a restart): dial again
+            assert frames is not None  # the loop breaks with one, or raises
             sizes = dict(blocks)
-            code, _, count = bulk.parse_peer_reply_head(frames.take(bulk.BLOCK_HEAD.size))
+            code, _, count = bulk.parse_peer_reply_head(head)
             if code != bulk.DECLINED:
                 raise self._refused(node, frames, code, count, "its declined frame")
             raw = bytes(frames.take(16 * count))
@@ -281,25 +292,27 @@ class PeerBulkClient:
         return PeerError(kind_of(status), f"peer {node}: {message}")
 
     def _connection(
-        self, node: str, pace: _Pace, context: tuple[int, ssl.SSLContext] | None
-    ) -> socket.socket:
+        self, node: str, pace: _Pace, context: tuple[int, ssl.SSLContext] | None, fresh: bool
+    ) -> tuple[socket.socket, bool]:
+        """A connection to ``node``'s bulk port: a kept one (True) unless ``fresh``, else
+        a new one (False)."""
         generation = context[0] if context else 0
         with self._idle_lock:
-            kept = self._idle.get(node, [])
+            kept = [] if fresh else self._idle.get(node, [])
             while kept:
                 sock, made, since = kept.pop()
                 if made == generation and time.monotonic() - since < KEEP_S:
-                    return sock
+                    return sock, True
                 sock.close()  # made with certificates since replaced, or the owner's by now
         host = parse_hostport(node)[0]
         wait = max(0.001, min(pace.step, pace.end - time.monotonic()))
         sock = socket.create_connection((host, self.port), timeout=wait)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if context is None:
-            return sock
+            return sock, False
         try:
             name = self.tls.server_name if self.tls is not None else None
-            return context[1].wrap_socket(sock, server_hostname=name or host)
+            return context[1].wrap_socket(sock, server_hostname=name or host), False
         except BaseException:
             sock.close()
             raise

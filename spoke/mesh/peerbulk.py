@@ -182,7 +182,7 @@ class PeerBulkServer:
             self._open.add(task)
             while await self._serve_one(reader, writer, who):
                 pass
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError):
+        except (OSError, asyncio.IncompleteReadError):  # ssl.SSLError, TimeoutError too
             pass  # the caller went away or stopped reading: nothing to answer
         except asyncio.CancelledError:
             pass  # closed (close()): the task ends as a connection that ended
@@ -215,6 +215,12 @@ class PeerBulkServer:
             await self._answer(writer, request, who)
         except PeerRefused as refused:
             await _error(writer, refused)
+            return False
+        except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            raise  # the caller went away, stopped reading, or the port is closing
+        except Exception as err:  # never a silent hang: INTERNAL, logged (gRPC: UNKNOWN)
+            log.exception("bulk peer call from %s failed", who)
+            await _error(writer, PeerRefused(grpc.StatusCode.INTERNAL, f"owner failed: {err!r}"))
             return False
         return True
 

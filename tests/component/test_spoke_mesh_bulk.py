@@ -1,9 +1,12 @@
 """The bulk peer port (``--peer-bulk-port``) in one process, on real sockets of 127.0.0.1:
 an owner serves its peers' reads by ``sendfile`` (plaintext) or under mTLS with the region
 token, fetching each block from the hub once for every asker; what the gRPC peer port
-refuses it refuses with the same status and the same audit record, and the asker reads
-those blocks from the hub; a corrupt or oversized block from a peer is caught and read
-from the hub, and the peer leaves the mesh.
+refuses (no token, a wrong one, no grant, a caller over its limits) or declines (a grant
+outside the dataset's scope) it refuses or declines with the same status, message and
+audit record, and the asker reads those blocks from the hub; a corrupt, oversized or cut
+block from a peer is caught and read from the hub, and the peer leaves the mesh; renewed
+certificates are used without a restart; connections over the cap and requests late or
+malformed are answered and closed.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from spoke.disk.layout import block_digest
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.mesh import metrics
-from spoke.mesh.admission import Refusals, ScopeCheck
+from spoke.mesh.admission import CallerLimits, Refusals, ScopeCheck
 from spoke.mesh.bulkclient import PeerBulkClient
 from spoke.mesh.grantcheck import GrantVerifier
 from spoke.mesh.grants import GrantKeeper
@@ -88,7 +91,12 @@ class Owner:
         self.node = f"127.0.0.1:{free_port()}"
         self.audit = Audit()
 
-    async def start(self, token: PeerToken | None = None, tls: PeerTls | None = None) -> None:
+    async def start(
+        self,
+        token: PeerToken | None = None,
+        tls: PeerTls | None = None,
+        limits: CallerLimits | None = None,
+    ) -> None:
         cache, catalog = _cache(self.root)
         _hold(catalog, "ds", self.blocks)
         source = MeshSource(self.hub, Membership(self.node))
@@ -101,8 +109,10 @@ class Owner:
             GrantVerifier(self.node, _keys()),
             ScopeCheck(catalog),
             token=token,
+            limits=limits,
             refusals=Refusals(self.audit),  # type: ignore[arg-type]
         )
+        self.service = service
         self.server, _ = await start_peer_server(service, self.node, tls)
         self.bulk = PeerBulkServer(service.gate, service.blocks, tls)
         self.port = await self.bulk.start("127.0.0.1", 0)
@@ -239,7 +249,9 @@ def _grpc_and_bulk(
     return asyncio.run(both())
 
 
-@pytest.mark.parametrize("case", ["no token", "wrong token", "no grant", "outside scope"])
+@pytest.mark.parametrize(
+    "case", ["no token", "wrong token", "no grant", "outside scope", "over its limits"]
+)
 def test_the_bulk_port_refuses_what_grpc_refuses_and_the_asker_reads_the_hub(
     tmp_path: Path, case: str, region_tls: tuple[PeerTls, PeerToken]
 ) -> None:
@@ -253,7 +265,8 @@ def test_the_bulk_port_refuses_what_grpc_refuses_and_the_asker_reads_the_hub(
 
     async def go() -> tuple[list[tuple[str | None, list[str]]], list[dict[str, Any]], Any]:
         owner_ = Owner(tmp_path / "owner", FakeHub(blocks), blocks)
-        await owner_.start(token, tls)
+        limits = CallerLimits(calls=0) if case == "over its limits" else None
+        await owner_.start(token, tls, limits)
         keeper = await _keeper("127.0.0.1:1", principal)
         granted = keeper if case != "no grant" else None
         results = await asyncio.to_thread(_grpc_and_bulk, owner_, blocks, granted, presented, tls)
@@ -276,19 +289,21 @@ def test_the_bulk_port_refuses_what_grpc_refuses_and_the_asker_reads_the_hub(
         await owner_.stop()
         return results, owner_.audit.records, None
 
-    before = {r: refusals(r)._value.get() for r in ("token", "no_grant", "declined")}
+    before = {r: refusals(r)._value.get() for r in ("token", "no_grant", "declined", "limit")}
     (grpc_result, bulk_result), audited, _ = asyncio.run(go())
     assert grpc_result == bulk_result  # the same status and message, the same declines
     records = [r for r in audited if r["what"] == "peer ReadBlocks"]  # not the probes
     assert len(records) == 3  # gRPC, bulk, and the mesh source's read over bulk
     assert _same(records[0]) == _same(records[1])  # the same audit record
-    reason = {"no grant": "no_grant", "outside scope": "declined"}.get(case, "token")
+    reasons = {"no grant": "no_grant", "outside scope": "declined", "over its limits": "limit"}
+    reason = reasons.get(case, "token")
     assert records[0]["outcome"] == records[2]["outcome"] == f"refused: {reason}"
     assert refusals(reason)._value.get() - before[reason] == len(audited)  # counted too
     if case == "outside scope":
         assert grpc_result[0] is None and sorted(grpc_result[1]) == sorted(blocks)
     else:
-        assert grpc_result[0] is not None and grpc_result[0].startswith("refused: ")
+        kind = "resource_exhausted" if case == "over its limits" else "refused"
+        assert grpc_result[0] is not None and grpc_result[0].startswith(f"{kind}: ")
 
 
 @contextlib.contextmanager
@@ -438,3 +453,82 @@ def test_the_bulk_port_takes_renewed_certificates_for_new_connections(tmp_path: 
     assert before != after  # the second leaf, without a restart
     assert after == ssl.PEM_cert_to_DER_cert(second.cert.read_text())
     assert refused
+
+
+def test_what_a_caller_holds_before_it_proves_anything_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection over the cap is answered RESOURCE_EXHAUSTED; a request not whole in
+    time is DEADLINE_EXCEEDED (``no_request``) and one that is not the protocol
+    INVALID_ARGUMENT (``malformed``), each audited, and the connection closed."""
+    from spoke.mesh import peerbulk
+
+    monkeypatch.setattr(peerbulk, "REQUEST_WAIT_S", 0.2)
+    blocks = _blocks(2)
+
+    def answer(port: int, send: bytes) -> tuple[int, str]:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(send)
+            head = b""
+            while len(head) < bulk.BLOCK_HEAD.size:
+                more = sock.recv(bulk.BLOCK_HEAD.size - len(head))
+                assert more, "closed without an answer"
+                head += more
+            code, _, length = bulk.parse_peer_reply_head(head)
+            message = b""
+            while len(message) < length:
+                message += sock.recv(length - len(message))
+            assert sock.recv(1) == b""  # then closed
+            return code, message.decode()
+
+    async def go() -> tuple[list[tuple[int, str]], list[str]]:
+        owner_ = Owner(tmp_path / "owner", FakeHub(blocks), blocks)
+        await owner_.start()
+        capped = PeerBulkServer(owner_.service.gate, owner_.service.blocks, None, 1)
+        capped_port = await capped.start("127.0.0.1", 0)
+        held = socket.create_connection(("127.0.0.1", capped_port))
+        await asyncio.sleep(0.1)  # the first connection is open there
+        answers = [
+            await asyncio.to_thread(answer, capped_port, b""),
+            await asyncio.to_thread(answer, owner_.port, bulk.PEER_HEAD.pack(bulk.PEER_MAGIC, 10)),
+            await asyncio.to_thread(answer, owner_.port, b"GET / HTTP/1.1\r\n\r\n"),
+        ]
+        held.close()
+        await capped.close()
+        await owner_.stop()
+        return answers, [r["outcome"] for r in owner_.audit.records]
+
+    answers, outcomes = asyncio.run(go())
+    assert [code for code, _ in answers] == [8, 4, 3]
+    assert "bulk peer connections are open" in answers[0][1]
+    assert "no whole request within 0.2 s" in answers[1][1]
+    assert "not a peer bulk request" in answers[2][1]
+    assert outcomes == ["refused: no_request", "refused: malformed"]
+
+
+def test_a_kept_connection_the_owner_closed_is_dialled_again(tmp_path: Path) -> None:
+    """The owner's bulk port restarts between two reads: the asker's kept connection is
+    gone, the read dials again and still comes from the owner, which stays live."""
+    blocks = _blocks(12)
+
+    async def go() -> tuple[dict[str, bytes], list[str], list[str], bool]:
+        owner_ = Owner(tmp_path / "owner", FakeHub(blocks), blocks)
+        await owner_.start()
+        source, membership, hub, _ = await _asker(owner_.node, owner_.port, blocks)
+        wanted = [d for d in blocks if membership.owner(d) == owner_.node]
+        half = len(wanted) // 2
+        got = await _read(source, blocks, wanted[:half])
+        await owner_.bulk.close()  # its connections end with it
+        owner_.bulk = PeerBulkServer(owner_.service.gate, owner_.service.blocks)
+        await owner_.bulk.start("127.0.0.1", owner_.port)
+        got.update(await _read(source, blocks, wanted[half:]))
+        live = owner_.node in membership.live
+        assert source.bulk is not None
+        source.bulk.close()
+        await membership.close()
+        await owner_.stop()
+        return got, wanted, hub.sent, live
+
+    got, wanted, from_hub, live = asyncio.run(go())
+    assert len(wanted) >= 2 and got == {d: blocks[d] for d in wanted}
+    assert from_hub == [] and live
