@@ -10,6 +10,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -18,10 +19,12 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from hub import tokenstore
 from hub.address import Address
 from hub.catalog import Catalog
 from hub.errors import HubError, ListenError
 from hub.events import Event, EventKind
+from strata_local.expiry import certificate_not_after
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +171,60 @@ class HubMetrics:
         collector = _CatalogCollector(catalog)
         self.registry.register(collector)
         return lambda: self.registry.unregister(collector)
+
+    def watch_expiry(self, tokens: Path | None, certificate: Path | None) -> Callable[[], None]:
+        """Exposes when the tokens and the serving certificate expire
+        (:class:`ExpiryCollector`), read per scrape.
+
+        Returns:
+            A function that stops exposing them.
+        """
+        collector = ExpiryCollector(tokens, certificate)
+        self.registry.register(collector)
+        return lambda: self.registry.unregister(collector)
+
+
+class ExpiryCollector(Collector):
+    """``strata_hub_token_expiry_timestamp_seconds{token}`` (each managed token with an
+    expiry, :func:`hub.tokenstore.entries`) and
+    ``strata_hub_certificate_expiry_timestamp_seconds`` (the serving certificate), read from
+    the files at each scrape.
+
+    Args:
+        tokens: the token file (None: no tokens).
+        certificate: the serving certificate (None: no TLS).
+    """
+
+    def __init__(self, tokens: Path | None, certificate: Path | None) -> None:
+        self.tokens = tokens
+        self.certificate = certificate
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The two gauges (a family without samples when there is nothing to say)."""
+        tokens = GaugeMetricFamily(
+            "strata_hub_token_expiry_timestamp_seconds",
+            "When each managed token expires, seconds since the epoch (tokens without an "
+            "expiry are left out)",
+            labels=["token"],
+        )
+        if self.tokens is not None:
+            try:
+                entries = tokenstore.entries(self.tokens)
+            except (HubError, OSError, ValueError):  # unreadable now: serve keeps the last
+                entries = []
+            for entry in entries:
+                if entry.expires is not None:
+                    tokens.add_metric([entry.id], entry.expires.timestamp())
+        yield tokens
+        cert = GaugeMetricFamily(
+            "strata_hub_certificate_expiry_timestamp_seconds",
+            "When the hub's serving certificate expires, seconds since the epoch",
+        )
+        if self.certificate is not None:
+            not_after = certificate_not_after(self.certificate)
+            if not_after is not None:
+                cert.add_metric([], not_after)
+        yield cert
 
 
 class _CatalogCollector(Collector):

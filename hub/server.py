@@ -509,7 +509,13 @@ class HubServer:
                     await health_servicer.set(name, status)
 
             watcher.on_reachable = reachable
-            unwatch = metrics.watch_catalog(catalog)
+            unwatch_catalog = metrics.watch_catalog(catalog)
+            unwatch_expiry = metrics.watch_expiry(config.tokens, config.tls_cert)
+
+            def unwatch() -> None:
+                unwatch_catalog()
+                unwatch_expiry()
+
         except BaseException:
             if watcher is not None:
                 await watcher.close()

@@ -9,8 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from strata_local.expiry import certificate_not_after
 
 CACHE_HITS = Counter("strata_spoke_cache_hits", "Block reads served from the spoke's disk cache")
 CACHE_MISSES = Counter("strata_spoke_cache_misses", "Block reads that needed a hub fetch")
@@ -154,6 +156,32 @@ class MountRestarts(Collector):
 
 MOUNT_RESTARTS = MountRestarts()
 REGISTRY.register(MOUNT_RESTARTS)
+
+
+class CertificateExpiry(Collector):
+    """``strata_spoke_certificate_expiry_timestamp_seconds{use}``: when each certificate
+    the daemon presents expires (``hub-client``: ``--hub-cert``; ``peer``:
+    ``--peer-cert``), read from its file at each scrape, so a renewal shows at once."""
+
+    def __init__(self) -> None:
+        self.paths: dict[str, Path] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """One sample per certificate that is set and readable."""
+        family = GaugeMetricFamily(
+            "strata_spoke_certificate_expiry_timestamp_seconds",
+            "When a certificate the spoke presents expires, seconds since the epoch",
+            labels=["use"],
+        )
+        for use, path in sorted(self.paths.items()):
+            not_after = certificate_not_after(path)
+            if not_after is not None:
+                family.add_metric([use], not_after)
+        yield family
+
+
+CERTIFICATES = CertificateExpiry()
+REGISTRY.register(CERTIFICATES)
 QUEUE_DEPTH = Gauge(
     "strata_spoke_fetch_queue_depth", "Blocks queued for a fetch, by request class", ["class"]
 )

@@ -105,6 +105,10 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
     secure_cache_dir(layout)
     owner = lock.hold(layout.daemon_lock, "spoke daemon")
     metrics.MOUNT_RESTARTS.path = layout.mount_restarts_file
+    if settings.hub_cert is not None:  # when they expire, read at each scrape
+        metrics.CERTIFICATES.paths["hub-client"] = settings.hub_cert
+    if settings.mesh is not None and settings.mesh.cert is not None:
+        metrics.CERTIFICATES.paths["peer"] = settings.mesh.cert
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(os.close, owner)
         private_socket_dir(layout.private_dir)  # gRPC's own socket: gRPC cannot check peers
