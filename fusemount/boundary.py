@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 import grpc
 import pyfuse3
 
+from fusemount.readerrors import READ_HANDLERS, count_read_error
 from fusemount.source import BlockUnavailableError
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,9 @@ def boundary(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[A
             if _FAULT_FILE is not None:
                 _inject(fn.__name__)
             return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
+        except pyfuse3.FUSEError as err:
+            if err.errno == errno.EIO and fn.__name__ in READ_HANDLERS:
+                count_read_error()
             raise
         except Exception as exc:
             code = errno_for(exc)
@@ -89,6 +92,8 @@ def boundary(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[A
                 code = errno.EIO
             else:
                 log.warning("%s failed: %s (errno %d)", fn.__name__, _describe(exc), code)
+            if code == errno.EIO and fn.__name__ in READ_HANDLERS:
+                count_read_error()
             raise pyfuse3.FUSEError(code) from exc
 
     return wrapper

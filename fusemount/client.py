@@ -123,13 +123,15 @@ class DaemonClient:
             self.readahead_room[source] = reply.room_bytes
         return int(reply.started)
 
-    def record_access(self, digests: Sequence[str]) -> None:
-        """Report a batch of hits (best effort: a short deadline, never waits for a restart).
+    def record_access(self, digests: Sequence[str], read_errors: int = 0) -> None:
+        """Report a batch of hits, and the reads answered with EIO since the last report
+        (best effort: a short deadline, never waits for a restart).
 
         Updates :attr:`prompt`, whether the daemon wants hits reported as they happen (a
         read-order hint is installed), as every EnsureBlocks answer does.
         """
         reply = self._stub.RecordAccess(
-            spoke_pb2.RecordAccessRequest(digests=list(digests)), timeout=2.0
+            spoke_pb2.RecordAccessRequest(digests=list(digests), read_errors=read_errors),
+            timeout=2.0,
         )
         self.prompt = bool(reply.prompt)

@@ -17,6 +17,7 @@ import logging
 import trio
 
 from fusemount.client import DaemonClient
+from fusemount.readerrors import give_back_read_errors, take_read_errors
 
 HIT_BATCH = 1024  # hits that make a report go out before its interval is up
 
@@ -68,14 +69,17 @@ class HitLog:
                 await trio.sleep_until(started + PROMPT_INTERVAL)
 
     async def report(self) -> None:
-        """Report the hits gathered so far; a failed report is logged and dropped."""
+        """Report the hits gathered so far, and the reads failed with EIO since the last
+        report; a failed report is logged and dropped (its failed reads are told again)."""
         batch = self.take()
-        if not batch:
+        errors = take_read_errors()
+        if not batch and not errors:
             return
         try:
-            await trio.to_thread.run_sync(self.client.record_access, batch)
+            await trio.to_thread.run_sync(self.client.record_access, batch, errors)
         except Exception as err:  # the daemon may be restarting; recency is advisory
             log.debug("could not report %d hits: %s", len(batch), err)
+            give_back_read_errors(errors)
             return
         if len(self._batch) >= self._report_after():  # gathered while this one was out
             self._full.set()

@@ -33,6 +33,11 @@ CACHE_CAPACITY_BYTES = Gauge("strata_spoke_cache_capacity_bytes", "Configured ca
 CACHE_BLOCKS = Gauge("strata_spoke_cache_blocks", "Blocks in the cache")
 EVICTIONS = Counter("strata_spoke_evictions", "Blocks evicted from the cache")
 EVICTED_BYTES = Counter("strata_spoke_evicted_bytes", "Bytes evicted from the cache")
+READ_ERRORS = Counter(
+    "strata_spoke_read_errors",
+    "Reads and opens the mount answered with EIO (a miss that failed, a block it could not "
+    "read), as its hit reports tell them",
+)
 TENANT_RESIDENT_BYTES = Gauge(
     "strata_spoke_tenant_resident_bytes",
     "Bytes of resident blocks each tenant's datasets hold (--tenants)",

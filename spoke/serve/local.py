@@ -188,7 +188,10 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
     async def RecordAccess(
         self, request: spoke_pb2.RecordAccessRequest, context: grpc.aio.ServicerContext
     ) -> spoke_pb2.RecordAccessResponse:
-        self._access.record(list(request.digests), True)
+        if request.digests:
+            self._access.record(list(request.digests), True)
+        if request.read_errors:
+            metrics.READ_ERRORS.inc(request.read_errors)
         return spoke_pb2.RecordAccessResponse(prompt=self._prompt())
 
     @_unary

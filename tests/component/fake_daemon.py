@@ -31,6 +31,7 @@ class FakeDaemon:
         self.resident: set[str] = set()  # what the daemon's index says is on disk
         self.versions = ["v1"]
         self.reports: list[list[str]] = []
+        self.read_errors = 0  # reads answered EIO, as the hit reports tell them
         self.prefetched: list[tuple[list[tuple[str, int]], int]] = []  # blocks, source
 
     def list_datasets(self) -> list[str]:
@@ -79,8 +80,10 @@ class FakeDaemon:
             self.resident.add(digest)
         return {}
 
-    def record_access(self, digests: Sequence[str]) -> None:
-        self.reports.append(list(digests))
+    def record_access(self, digests: Sequence[str], read_errors: int = 0) -> None:
+        if digests:
+            self.reports.append(list(digests))
+        self.read_errors += read_errors
 
     def prefetch(self, blocks: Sequence[tuple[str, int]], source: int = 1) -> int:
         self.prefetched.append((list(blocks), source))

@@ -15,10 +15,11 @@ import pyfuse3
 import pytest
 import trio
 
-from fusemount import boundary
+from fusemount import boundary, readerrors
 from fusemount.hits import PROMPT_INTERVAL
 from fusemount.operations import StrataOperations
 from fusemount.reader import BlockReader
+from fusemount.source import BlockUnavailableError
 from spoke.disk.layout import CacheLayout, block_digest
 from tests.component.fake_daemon import FakeDaemon
 from tests.support import eventually_async
@@ -136,7 +137,7 @@ def test_hits_are_reported_at_once_while_the_daemon_asks_for_it(ops: StrataOpera
     daemon = ops.client
     assert isinstance(daemon, FakeDaemon)
     reports: list[list[str]] = []
-    daemon.record_access = lambda digests: reports.append(list(digests))  # type: ignore[method-assign]
+    daemon.record_access = lambda digests, *_: reports.append(list(digests))  # type: ignore[method-assign]
 
     async def go() -> None:
         attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
@@ -166,7 +167,7 @@ def test_prompt_reports_go_out_at_most_once_per_interval(ops: StrataOperations) 
     reports: list[tuple[float, list[str]]] = []
 
     async def go() -> None:
-        daemon.record_access = lambda digests: reports.append(  # type: ignore[method-assign]
+        daemon.record_access = lambda digests, *_: reports.append(  # type: ignore[method-assign]
             (time.monotonic(), list(digests))
         )
         attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
@@ -194,3 +195,33 @@ def test_prompt_reports_go_out_at_most_once_per_interval(ops: StrataOperations) 
     # so make one gap shorter; on CI one came 6.4 ms after the one before it)
     span = reports[-1][0] - reports[0][0]
     assert len(reports) - 1 <= span / (PROMPT_INTERVAL * 0.9) + 1, (len(reports), span)
+
+
+def test_a_read_answered_eio_reaches_the_daemon_with_the_next_hit_report(
+    ops: StrataOperations,
+) -> None:
+    """A read the boundary answers with EIO is counted and carried by the next hit report
+    (strata_spoke_read_errors_total); a lookup's EIO is not a failed read."""
+    daemon = ops.client
+    assert isinstance(daemon, FakeDaemon)
+    readerrors.take_read_errors()  # what earlier tests left
+
+    async def failing(*args: object) -> bytes:
+        raise BlockUnavailableError(errno.EIO, "the hub did not deliver")
+
+    async def go() -> None:
+        node = await _walk(ops, "ds", "v1", "dir", "f.bin")
+        fi = await ops.open(node.st_ino, os.O_RDONLY, CTX)
+        ops.reader.read = failing  # type: ignore[method-assign]
+        for _ in range(2):
+            with pytest.raises(pyfuse3.FUSEError) as info:
+                await ops.read(fi.fh, 0, 10)
+            assert info.value.errno == errno.EIO
+        daemon.fail_catalog = True
+        with pytest.raises(pyfuse3.FUSEError):
+            await ops.lookup(1, b"other", CTX)
+        await ops.reader.hit_log.report()
+
+    trio.run(go)
+    assert daemon.read_errors == 2
+    assert readerrors.take_read_errors() == 0  # told once

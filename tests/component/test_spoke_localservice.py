@@ -204,3 +204,15 @@ def test_time_to_steady_state() -> None:
         now[0] = float(second)
         steady.observe(["b" * 32] * 10, second >= 36)
     assert steady.seconds is None
+
+
+def test_failed_reads_the_mount_tells_are_counted(tmp_path: Path) -> None:
+    s = Service(tmp_path)
+    before = metrics.READ_ERRORS._value.get()
+
+    async def go() -> None:
+        await s.local.RecordAccess(spoke_pb2.RecordAccessRequest(read_errors=3), Context())
+
+    asyncio.run(go())
+    assert metrics.READ_ERRORS._value.get() - before == 3
+    assert s.heard == []  # no digests: no reads recorded

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from protocol.hub.v1 import hub_pb2 as protocol_dot_hub_dot_v1_dot_hub__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotocol/spoke/v1/spoke.proto\x12\x11protocol.spoke.v1\x1a\x19protocol/hub/v1/hub.proto\"o\n\x0fPrefetchRequest\x12)\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x19.protocol.hub.v1.BlockRef\x12\x31\n\x06source\x18\x02 \x01(\x0e\x32!.protocol.spoke.v1.PrefetchSource\"K\n\x10PrefetchResponse\x12\x0f\n\x07started\x18\x01 \x01(\r\x12\x17\n\nroom_bytes\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\r\n\x0b_room_bytes\"?\n\x0cManifestPage\x12/\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1e.protocol.hub.v1.ManifestEntry\"Y\n\x13\x45nsureBlocksRequest\x12)\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x19.protocol.hub.v1.BlockRef\x12\x17\n\x0fsuspect_digests\x18\x02 \x03(\t\"-\n\rUncachedBlock\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"n\n\x14\x45nsureBlocksResponse\x12\x12\n\nwas_cached\x18\x01 \x03(\x08\x12\x32\n\x08uncached\x18\x02 \x03(\x0b\x32 .protocol.spoke.v1.UncachedBlock\x12\x0e\n\x06prompt\x18\x03 \x01(\x08\"&\n\x13RecordAccessRequest\x12\x0f\n\x07\x64igests\x18\x01 \x03(\t\"&\n\x14RecordAccessResponse\x12\x0e\n\x06prompt\x18\x01 \x01(\x08*o\n\x0ePrefetchSource\x12\x1f\n\x1bPREFETCH_SOURCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19PREFETCH_SOURCE_READAHEAD\x10\x01\x12\x1d\n\x19PREFETCH_SOURCE_CROSSFILE\x10\x02\x32\x81\x05\n\nSpokeLocal\x12[\n\x0cListDatasets\x12$.protocol.hub.v1.ListDatasetsRequest\x1a%.protocol.hub.v1.ListDatasetsResponse\x12[\n\x0cListVersions\x12$.protocol.hub.v1.ListVersionsRequest\x1a%.protocol.hub.v1.ListVersionsResponse\x12K\n\nResolveRef\x12\".protocol.hub.v1.ResolveRefRequest\x1a\x19.protocol.hub.v1.Snapshot\x12U\n\x0bGetManifest\x12#.protocol.hub.v1.GetManifestRequest\x1a\x1f.protocol.spoke.v1.ManifestPage0\x01\x12_\n\x0c\x45nsureBlocks\x12&.protocol.spoke.v1.EnsureBlocksRequest\x1a\'.protocol.spoke.v1.EnsureBlocksResponse\x12_\n\x0cRecordAccess\x12&.protocol.spoke.v1.RecordAccessRequest\x1a\'.protocol.spoke.v1.RecordAccessResponse\x12S\n\x08Prefetch\x12\".protocol.spoke.v1.PrefetchRequest\x1a#.protocol.spoke.v1.PrefetchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotocol/spoke/v1/spoke.proto\x12\x11protocol.spoke.v1\x1a\x19protocol/hub/v1/hub.proto\"o\n\x0fPrefetchRequest\x12)\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x19.protocol.hub.v1.BlockRef\x12\x31\n\x06source\x18\x02 \x01(\x0e\x32!.protocol.spoke.v1.PrefetchSource\"K\n\x10PrefetchResponse\x12\x0f\n\x07started\x18\x01 \x01(\r\x12\x17\n\nroom_bytes\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\r\n\x0b_room_bytes\"?\n\x0cManifestPage\x12/\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1e.protocol.hub.v1.ManifestEntry\"Y\n\x13\x45nsureBlocksRequest\x12)\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x19.protocol.hub.v1.BlockRef\x12\x17\n\x0fsuspect_digests\x18\x02 \x03(\t\"-\n\rUncachedBlock\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"n\n\x14\x45nsureBlocksResponse\x12\x12\n\nwas_cached\x18\x01 \x03(\x08\x12\x32\n\x08uncached\x18\x02 \x03(\x0b\x32 .protocol.spoke.v1.UncachedBlock\x12\x0e\n\x06prompt\x18\x03 \x01(\x08\";\n\x13RecordAccessRequest\x12\x0f\n\x07\x64igests\x18\x01 \x03(\t\x12\x13\n\x0bread_errors\x18\x02 \x01(\x04\"&\n\x14RecordAccessResponse\x12\x0e\n\x06prompt\x18\x01 \x01(\x08*o\n\x0ePrefetchSource\x12\x1f\n\x1bPREFETCH_SOURCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19PREFETCH_SOURCE_READAHEAD\x10\x01\x12\x1d\n\x19PREFETCH_SOURCE_CROSSFILE\x10\x02\x32\x81\x05\n\nSpokeLocal\x12[\n\x0cListDatasets\x12$.protocol.hub.v1.ListDatasetsRequest\x1a%.protocol.hub.v1.ListDatasetsResponse\x12[\n\x0cListVersions\x12$.protocol.hub.v1.ListVersionsRequest\x1a%.protocol.hub.v1.ListVersionsResponse\x12K\n\nResolveRef\x12\".protocol.hub.v1.ResolveRefRequest\x1a\x19.protocol.hub.v1.Snapshot\x12U\n\x0bGetManifest\x12#.protocol.hub.v1.GetManifestRequest\x1a\x1f.protocol.spoke.v1.ManifestPage0\x01\x12_\n\x0c\x45nsureBlocks\x12&.protocol.spoke.v1.EnsureBlocksRequest\x1a\'.protocol.spoke.v1.EnsureBlocksResponse\x12_\n\x0cRecordAccess\x12&.protocol.spoke.v1.RecordAccessRequest\x1a\'.protocol.spoke.v1.RecordAccessResponse\x12S\n\x08Prefetch\x12\".protocol.spoke.v1.PrefetchRequest\x1a#.protocol.spoke.v1.PrefetchResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protocol.spoke.v1.spoke_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PREFETCHSOURCE']._serialized_start=664
-  _globals['_PREFETCHSOURCE']._serialized_end=775
+  _globals['_PREFETCHSOURCE']._serialized_start=685
+  _globals['_PREFETCHSOURCE']._serialized_end=796
   _globals['_PREFETCHREQUEST']._serialized_start=79
   _globals['_PREFETCHREQUEST']._serialized_end=190
   _globals['_PREFETCHRESPONSE']._serialized_start=192
@@ -47,9 +47,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENSUREBLOCKSRESPONSE']._serialized_start=472
   _globals['_ENSUREBLOCKSRESPONSE']._serialized_end=582
   _globals['_RECORDACCESSREQUEST']._serialized_start=584
-  _globals['_RECORDACCESSREQUEST']._serialized_end=622
-  _globals['_RECORDACCESSRESPONSE']._serialized_start=624
-  _globals['_RECORDACCESSRESPONSE']._serialized_end=662
-  _globals['_SPOKELOCAL']._serialized_start=778
-  _globals['_SPOKELOCAL']._serialized_end=1419
+  _globals['_RECORDACCESSREQUEST']._serialized_end=643
+  _globals['_RECORDACCESSRESPONSE']._serialized_start=645
+  _globals['_RECORDACCESSRESPONSE']._serialized_end=683
+  _globals['_SPOKELOCAL']._serialized_start=799
+  _globals['_SPOKELOCAL']._serialized_end=1440
 # @@protoc_insertion_point(module_scope)

@@ -211,16 +211,22 @@ class RecordAccessRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DIGESTS_FIELD_NUMBER: _builtins.int
+    READ_ERRORS_FIELD_NUMBER: _builtins.int
+    read_errors: _builtins.int
+    """Reads and opens the mount answered with EIO since its last report (a miss that failed,
+    a block file it could not read): strata_spoke_read_errors_total.
+    """
     @_builtins.property
     def digests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         digests: _abc.Iterable[_builtins.str] | None = ...,
+        read_errors: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["digests", b"digests"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digests", b"digests", "read_errors", b"read_errors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
