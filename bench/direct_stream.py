@@ -2,7 +2,8 @@
 
     python -m bench.direct_stream [--quick] [--shape 256x256x512] [--data VOLUME.mdio]
         [--epochs 3] [--workers 2] [--preset tiny] [--epoch-size 1024] [--chunk-aligned]
-        [--compute-ms 0] [--rtt-ms 50] [--rate 1Gbit] [--json FILE]
+        [--compute-ms 0] [--rtt-ms 50] [--rate 1Gbit] [--rows local,memory,direct,strata]
+        [--json FILE]
 
 What a team that streams MDIO/Zarr straight from its bucket gets (issue 41, item 1): one
 synthetic MDIO volume (``strata-train synth``, or ``--data``) is uploaded to a real
@@ -14,16 +15,21 @@ workers and collation, no model) for several epochs in one process, in three row
 * ``memory``: the same loader fed from memory, its own ceiling (no store at all);
 * ``direct s3fs``: ``s3://bucket/syn.mdio`` through fsspec/s3fs — MDIO's own cloud path —
   with the server behind :mod:`bench.wan` (default 50 ms RTT, 1 Gbit/s), endpoint and
-  credentials in the environment as a user sets them.
+  credentials in the environment as a user sets them;
+* ``strata``: the same volume published to a local hub behind the same kind of link and
+  read through a spoke's mount with its defaults and an empty cache
+  (``MOUNT/syn/<version>/syn.mdio``): epoch 0 is cold, the later ones warm. Needs
+  FUSE; left out (and said so) where it cannot mount.
 
 Every epoch of the direct row pays the link again. Per row and epoch: wall seconds,
 samples/s, payload MB/s (patch bytes the loader delivers), MB/s read from the store
 (stored chunk bytes: each patch fetches every whole chunk it touches) and the data-wait
 share; for the direct row, the bytes that came down the link in each epoch (sampled from
-the link's counters and lined up with the epoch's start and end). The stored bytes read
-through s3fs must equal the local read's, epoch by epoch: the run fails otherwise.
+the link's counters and lined up with the epoch's start and end); the same for the
+Strata row's link to its hub. The page cache is dropped before each row where this
+process may (root). Every row must read the local row's patches, and s3fs exactly the
+local read's stored bytes, epoch by epoch: the run fails otherwise.
 ``--quick`` is a smoke run: a tiny volume, two epochs of a few batches, one worker.
-Strata's own rows (a cold and a warm mount on the same link) are ``bench.run``'s.
 """
 
 from __future__ import annotations
@@ -31,16 +37,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.measure import LinkSampler
 from bench.seaweed import KEY, SECRET, SeaweedError, seaweedfs
-from bench.wan import LinkSpec, WanProxy, format_rate, parse_rate
+from bench.wan import LinkSpec, WanProxy, format_rate, parse_hostport, parse_rate
+from deploy.local import LocalStack, StackError, drop_page_cache, publish
 
 QUICK = {
     "shape": "32x32x128", "chunks": "16x16x64", "epoch_size": 24, "epochs": 2, "workers": 1,
@@ -50,7 +59,11 @@ QUICK = {
 
 BUCKET = "direct"
 
-ROWS = ("local", "memory", "direct s3fs")
+DATASET = "syn"
+"""The Strata row's dataset name (its mount path is ``MOUNT/syn/<version>/<volume>``)."""
+
+ROWS = {"local": "local", "memory": "memory", "direct": "direct s3fs", "strata": "strata"}
+"""``--rows`` names and the labels they print as, in the order they run."""
 
 
 def _trainer(args: list[str], env: dict[str, str] | None = None) -> None:
@@ -93,6 +106,49 @@ def _load(
     return summary
 
 
+def _linked(wan: WanProxy, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], int]:
+    """``run()``'s summary with each epoch's ``link_bytes`` (what came down ``wan`` between
+    its start and end, sampled every 50 ms), and the bytes of the whole run."""
+    with LinkSampler(wan, 0.05) as link:
+        t0 = link.mark()
+        summary = run()
+        t1 = link.mark()
+        offset = time.time() - time.monotonic()  # epochs are stamped in Unix seconds
+        for ep in summary["epochs"]:
+            ep["link_bytes"] = link.down_bytes(ep["started_at"] - offset, ep["ended_at"] - offset)
+    return summary, link.down_bytes(t0, t1)
+
+
+def _direct(
+    volume: Path, ns: argparse.Namespace, work: Path, spec: LinkSpec
+) -> tuple[dict[str, Any], int]:
+    with seaweedfs(work / "seaweedfs") as server:
+        url = _upload(volume, server.url)
+        with WanProxy((server.host, server.port), spec) as wan:
+            env = server.env(f"http://{wan.address}")
+            return _linked(wan, lambda: _load(url, ns, work / "direct.json", "store", env))
+
+
+def _strata(
+    volume: Path, ns: argparse.Namespace, work: Path, spec: LinkSpec
+) -> tuple[dict[str, Any], int]:
+    """A spoke with defaults and an empty cache, its hub behind the link."""
+    tree = volume.parent
+    if tree != work / "published":  # publish the volume alone, not what lies beside it
+        tree = work / "published"
+        shutil.copytree(volume, tree / volume.name)
+    version = publish(work / "hub", DATASET, tree)
+    size = sum(f.stat().st_size for f in volume.rglob("*") if f.is_file())
+    with LocalStack() as stack:
+        hub = stack.start_hub(work / "hub")
+        with WanProxy(parse_hostport(hub), spec) as wan:
+            stack.start_spoke(
+                wan.address, work / "cache", work / "mnt", f"{2 * size // 2**20 + 256}MiB"
+            )
+            data = work / "mnt" / DATASET / version / volume.name
+            return _linked(wan, lambda: _load(str(data), ns, work / "strata.json", "store"))
+
+
 def _rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     local = summaries["local"]["epochs"]
@@ -131,46 +187,74 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _check(summaries: dict[str, dict[str, Any]]) -> None:
+    """Every row read the local row's patches; s3fs its stored bytes too."""
+    local = summaries["local"]["epochs"]
+    for name, summary in summaries.items():
+        for ep, want in zip(summary["epochs"], local, strict=True):
+            if ep["reads_digest"] != want["reads_digest"]:
+                raise RuntimeError(f"{name}, epoch {ep['epoch']}: other patches than local")
+            if name == ROWS["direct"] and ep["store_bytes"] != want["store_bytes"]:
+                raise RuntimeError(f"epoch {ep['epoch']}: s3fs read other bytes than local disk")
+
+
 def run(ns: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Every row, in order; returns the report (``rows``, ``summaries``, ``link``...)."""
     if ns.data is not None:
         volume = Path(ns.data)
     else:
-        volume = work / "syn.mdio"
+        volume = work / "published" / "syn.mdio"
+        volume.parent.mkdir()
         _trainer(["synth", "--shape", ns.shape, "--chunks", ns.chunks, "--out", str(volume),
                   "--workers", "2"])  # fmt: skip
     spec = LinkSpec(rtt_s=ns.rtt_ms / 1000.0, rate_bps=ns.rate)
     summaries: dict[str, dict[str, Any]] = {}
-    summaries["local"] = _load(str(volume), ns, work / "local.json", "store")
-    summaries["memory"] = _load(str(volume), ns, work / "memory.json", "memory")
-    with seaweedfs(work / "seaweedfs") as server:
-        url = _upload(volume, server.url)
-        with WanProxy((server.host, server.port), spec) as wan, LinkSampler(wan, 0.05) as link:
-            env = server.env(f"http://{wan.address}")
-            t0 = link.mark()
-            direct = _load(url, ns, work / "direct.json", "store", env)
-            t1 = link.mark()
-            offset = time.time() - time.monotonic()  # epochs are stamped in Unix seconds
-            for ep in direct["epochs"]:
-                start, end = ep["started_at"] - offset, ep["ended_at"] - offset
-                ep["link_bytes"] = link.down_bytes(start, end)
-            link_total = link.down_bytes(t0, t1)
-        summaries["direct s3fs"] = direct
-    for ep, want in zip(direct["epochs"], summaries["local"]["epochs"], strict=True):
-        if ep["store_bytes"] != want["store_bytes"] or ep["reads_digest"] != want["reads_digest"]:
-            raise RuntimeError(f"epoch {ep['epoch']}: s3fs read other bytes than local disk")
+    link_bytes: dict[str, int] = {}
+    dropped = False
+    for name in ("local", *(r for r in ROWS if r != "local" and r in ns.rows)):
+        label = ROWS[name]
+        dropped = drop_page_cache()
+        if name == "local":
+            summaries[label] = _load(str(volume), ns, work / "local.json", "store")
+        elif name == "memory":
+            summaries[label] = _load(str(volume), ns, work / "memory.json", "memory")
+        elif name == "direct":
+            summaries[label], link_bytes[label] = _direct(volume, ns, work, spec)
+        else:
+            summaries[label], link_bytes[label] = _strata(volume, ns, work, spec)
+    _check(summaries)
     return {
         "volume": str(volume),
         "volume_bytes": sum(f.stat().st_size for f in volume.rglob("*") if f.is_file()),
-        "link": {"rtt_ms": ns.rtt_ms, "rate_bps": ns.rate, "down_bytes": link_total},
+        "page_cache_dropped": dropped,
+        "link": {"rtt_ms": ns.rtt_ms, "rate_bps": ns.rate, "down_bytes": link_bytes},
         "loader": {
             k: summaries["local"][k]
             for k in ("preset", "patch", "batch_size", "workers", "compute_ms", "epoch_size")
         },
-        "identical_bytes": True,
+        "identical_bytes": ROWS["direct"] in summaries,
         "rows": _rows(summaries),
         "summaries": summaries,
     }
+
+
+def fuse_missing() -> str | None:
+    """Why a Strata mount cannot run here, or None when it can."""
+    if not Path("/dev/fuse").exists():
+        return "/dev/fuse is missing"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (Debian package fuse3)"
+    return None
+
+
+def _rows_arg(text: str) -> list[str]:
+    rows = [r.strip() for r in text.split(",") if r.strip()]
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown rows {', '.join(unknown)} (of {', '.join(ROWS)})"
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,25 +278,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rtt-ms", type=float, default=50.0)
     parser.add_argument("--rate", type=parse_rate, default=parse_rate("1Gbit"))
+    parser.add_argument(
+        "--rows", type=_rows_arg, default=list(ROWS), help="of local,memory,direct,strata"
+    )
     parser.add_argument("--json", type=Path, default=None)
     ns = parser.parse_args(argv)
+    missing = fuse_missing()
+    if "strata" in ns.rows and missing is not None:
+        print(f"strata row left out: {missing}")
+        ns.rows = [r for r in ns.rows if r != "strata"]
     if ns.quick:
         for name, value in QUICK.items():
             setattr(ns, name, value)
     with tempfile.TemporaryDirectory(prefix="strata-direct-") as tmp:
         try:
             report = run(ns, Path(tmp))
-        except (RuntimeError, SeaweedError) as exc:
+        except (RuntimeError, SeaweedError, StackError) as exc:
             sys.stderr.write(f"bench.direct_stream: error: {exc}\n")
             return 1
     link = report["link"]
+    down = ", ".join(f"{name} {n / 1e6:.1f} MB" for name, n in link["down_bytes"].items())
     print(
         f"{report['volume_bytes'] / 1e6:.1f} MB volume, loader {report['loader']}, link "
-        f"{link['rtt_ms']:g} ms RTT / {format_rate(link['rate_bps'])}: "
-        f"{link['down_bytes'] / 1e6:.1f} MB down over the direct run"
+        f"{link['rtt_ms']:g} ms RTT / {format_rate(link['rate_bps'])}; down the link: "
+        f"{down or 'nothing'}; page cache dropped before each row: "
+        f"{'yes' if report['page_cache_dropped'] else 'no (not root)'}"
     )
     print(_table(report["rows"]))
-    print("stored bytes read through s3fs identical to local disk, epoch by epoch: yes")
+    print("every row read the local row's patches, epoch by epoch: yes")
+    if report["identical_bytes"]:
+        print("stored bytes read through s3fs identical to local disk, epoch by epoch: yes")
     if ns.json is not None:
         ns.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
