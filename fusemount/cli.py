@@ -25,7 +25,6 @@ import pyfuse3
 import trio
 from pydantic import ValidationError
 
-from fusemount import handover
 from fusemount.client import DaemonClient
 from fusemount.journal import InodeJournal
 from fusemount.ledger import BackingLedger
@@ -34,6 +33,7 @@ from fusemount.passthrough import IDLE_BACKINGS, Passthrough
 from fusemount.passthroughcheck import unavailable_reason
 from fusemount.reader import BlockReader
 from fusemount.tree import InodeTable
+from spoke.disk import handover
 from spoke.disk.encryption import EncryptionError, check_cache_key
 from spoke.disk.hardening import UnsafeDirectory, secure_cache_dir
 from spoke.disk.layout import CacheLayout
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
 
 class _Session:
     """How this process comes to serve the FUSE connection: a new mount, or the
-    resumption of one a predecessor served (:mod:`fusemount.handover`), with the inode
+    resumption of one a predecessor served (:mod:`spoke.disk.handover`), with the inode
     journal and backing ledger that make the hand-over exact."""
 
     def __init__(self, layout: CacheLayout, reason: str) -> None:

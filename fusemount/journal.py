@@ -2,7 +2,7 @@
 
 The kernel keeps the inode numbers and file handles a mount process gave it for as long
 as the connection lives. When a successor process resumes the connection (mount
-hand-over, :mod:`fusemount.handover`), it must answer requests about inodes it never
+hand-over, :mod:`spoke.disk.handover`), it must answer requests about inodes it never
 looked up itself with the same nodes. Numbers are given out in a deterministic order —
 one number per dataset, version and tag as first seen, and one contiguous range per
 snapshot, numbered in the manifest's order (:meth:`fusemount.tree.InodeTable.load_snapshot`)

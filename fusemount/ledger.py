@@ -4,7 +4,7 @@ connection's inodes have, kept where every process serving the connection reads 
 Backing ids (``FUSE_DEV_IOC_BACKING_OPEN``) belong to the FUSE connection, not to the
 process that registered them, and the kernel's rules bind every open of an inode to its
 one backing id or to none (:mod:`fusemount.passthrough`). A process that resumes the
-connection after its predecessor died or handed it over (:mod:`fusemount.handover`), and
+connection after its predecessor died or handed it over (:mod:`spoke.disk.handover`), and
 each of several mount workers serving it at once (``--mount-workers``), must therefore
 know, per inode, the backing id the kernel may still use, how many passthrough handles
 share it and how many handles are open on the pyfuse3 path — else an open of such an inode

@@ -6,7 +6,7 @@ no bytes. Every handler goes through :func:`boundary`. Opens of cached one-block
 be handed to the kernel (FUSE passthrough: :mod:`fusemount.passthrough`).
 
 File handles carry their inode and whether the open is passthrough (:func:`file_handle`),
-so a process that resumes the FUSE connection (:mod:`fusemount.handover`) serves and
+so a process that resumes the FUSE connection (:mod:`spoke.disk.handover`) serves and
 releases handles its predecessor opened; inodes it has not seen are found through the
 inode journal (:meth:`fusemount.tree.InodeTable.pending_root`).
 

@@ -5,7 +5,7 @@ stall or crash in the daemon never takes the mount down. The supervisor starts t
 waits until it serves, starts the mount, waits until the kernel shows it mounted, and then
 watches both: a daemon that dies is restarted (the mount's misses wait for it); a mount
 that dies is succeeded by a new mount process on the same FUSE connection, which the
-supervisor holds (mount hand-over, :mod:`fusemount.handover`: readers holding open files
+supervisor holds (mount hand-over, :mod:`spoke.disk.handover`: readers holding open files
 see a delay, not ENOTCONN), or, where hand-over is off or fails, lazily unmounted and
 mounted again. With ``--mount-workers N`` the held connection is cloned for N-1 more mount
 processes, each resumed the same way and succeeded the same way when it dies
@@ -37,7 +37,7 @@ from types import FrameType
 
 from pydantic import BaseModel
 
-from fusemount import handover
+from spoke.disk import handover
 from spoke.disk.encryption import EncryptionError, check_cache_key
 from spoke.disk.hardening import (
     UnsafeDirectory,

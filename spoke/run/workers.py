@@ -1,8 +1,8 @@
 """The mount workers beyond the first: more processes serving the one FUSE connection.
 
-With ``--mount-workers N`` (:func:`fusemount.handover.default_workers`) the supervisor,
+With ``--mount-workers N`` (:func:`spoke.disk.handover.default_workers`) the supervisor,
 once it holds the mount's connection, clones its descriptor N-1 times
-(:func:`fusemount.handover.clone`) and starts a successor mount process on each clone
+(:func:`spoke.disk.handover.clone`) and starts a successor mount process on each clone
 (fusemount/DESIGN.md, "Mount workers"). It keeps its copy of every clone for the
 connection's life: a worker that dies leaves its requests on a device still open, so the
 kernel does not fail them (closing the last descriptor of a device ends its unanswered
@@ -23,7 +23,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fusemount import handover
+from spoke.disk import handover
 from spoke.run.processes import Adopted, Process
 
 log = logging.getLogger(__name__)

@@ -228,9 +228,9 @@ def test_hub_and_spoke_containers_serve_files(image: str, tmp_path: Path) -> Non
 
 
 NATIVE_CHECK = """
-import fusemount.handover, fusemount.passthroughcheck, pyfuse3
+import spoke.disk.handover, fusemount.passthroughcheck, pyfuse3
 assert fusemount.passthroughcheck.library_supports(), "pyfuse3 without passthrough"
-assert fusemount.handover.library_supports(), "pyfuse3 without resume"
+assert spoke.disk.handover.library_supports(), "pyfuse3 without resume"
 print(pyfuse3.__file__)
 """
 

@@ -16,7 +16,7 @@ import pytest
 
 from bench.handover import READERS, Readers
 from deploy.local import LocalStack
-from fusemount.handover import default_workers
+from spoke.disk.handover import default_workers
 from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import is_mounted
 from spoke.run.processes import read_pid

@@ -222,7 +222,7 @@ def test_two_journals_give_out_numbers_without_collisions(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("mode", ["off"])
 def test_hand_over_off_is_said(mode: str) -> None:
-    from fusemount.handover import unavailable_reason
+    from spoke.disk.handover import unavailable_reason
 
     assert unavailable_reason(mode) == "--mount-handover off"
 

@@ -33,6 +33,11 @@ that clone.
 Readers holding open files see a delay while no process serves, never an error. Where
 this cannot work — ``--mount-handover off``, a pyfuse3 without ``resume``, a kernel that
 refuses the resend — the supervisor says so and remounts as before.
+
+This module is the contract both sides keep (the variables, the control socket's
+messages, the ioctls), so it lives in :mod:`spoke.disk`, the room the supervisor
+(:mod:`spoke.run`) and the mount (:mod:`fusemount`) may both import: the daemon side never
+imports the mount.
 """
 
 from __future__ import annotations
