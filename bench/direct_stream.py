@@ -3,7 +3,7 @@
     python -m bench.direct_stream [--quick] [--shape 256x256x512] [--data VOLUME.mdio]
         [--epochs 3] [--workers 2] [--preset tiny] [--epoch-size 1024] [--chunk-aligned]
         [--compute-ms 0] [--rtt-ms 50] [--rate 1Gbit] [--rows local,memory,direct,strata]
-        [--json FILE]
+        [--json FILE] [--plot PNG]
 
 What a team that streams MDIO/Zarr straight from its bucket gets (issue 41, item 1): one
 synthetic MDIO volume (``strata-train synth``, or ``--data``) is uploaded to a real
@@ -29,7 +29,10 @@ the link's counters and lined up with the epoch's start and end); the same for t
 Strata row's link to its hub. The page cache is dropped before each row where this
 process may (root). Every row must read the local row's patches, and s3fs exactly the
 local read's stored bytes, epoch by epoch: the run fails otherwise.
-``--quick`` is a smoke run: a tiny volume, two epochs of a few batches, one worker.
+``--plot`` draws every row on one time axis: each epoch a segment at its samples/s from
+its start to its end, so Strata's cold epoch at the link's pace and its later epochs at
+local disk's sit beside the direct path's flat, long line. ``--quick`` is a smoke run: a
+tiny volume, two epochs of a few batches, one worker.
 """
 
 from __future__ import annotations
@@ -247,6 +250,38 @@ def fuse_missing() -> str | None:
     return None
 
 
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Samples/s of every row's epochs on one time axis (seconds since the row's first
+    epoch started; epoch 0 starts with the workers), written as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4), constrained_layout=True)
+    for i, (name, summary) in enumerate(report["summaries"].items()):
+        epochs = summary["epochs"]
+        t0 = epochs[0]["started_at"]
+        color = f"C{i}"
+        for ep in epochs:
+            start, end = ep["started_at"] - t0, ep["ended_at"] - t0
+            ax.hlines(ep["samples_per_s"], start, end, color=color, linewidth=2.5)
+            ax.axvline(end, color=color, linewidth=0.5, linestyle=":")
+        ax.plot([], [], color=color, linewidth=2.5, label=name)
+    link = report["link"]
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds since the row's first epoch started (dotted: an epoch ends)")
+    ax.set_ylabel("samples/s in each epoch")
+    ax.set_title(
+        f"{len(report['rows']) // max(1, len(report['summaries']))} epochs of the loader-only "
+        f"load, {report['loader']['preset']} patches; link {link['rtt_ms']:g} ms RTT, "
+        f"{format_rate(link['rate_bps'])}"
+    )
+    ax.legend(loc="best", fontsize=8)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _rows_arg(text: str) -> list[str]:
     rows = [r.strip() for r in text.split(",") if r.strip()]
     unknown = sorted(set(rows) - set(ROWS))
@@ -282,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rows", type=_rows_arg, default=list(ROWS), help="of local,memory,direct,strata"
     )
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None, help="PNG: every row on one time axis")
     ns = parser.parse_args(argv)
     missing = fuse_missing()
     if "strata" in ns.rows and missing is not None:
@@ -310,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         print("stored bytes read through s3fs identical to local disk, epoch by epoch: yes")
     if ns.json is not None:
         ns.json.write_text(json.dumps(report, indent=2) + "\n")
+    if ns.plot is not None:
+        plot(report, ns.plot)
+        print(f"wrote {ns.plot}")
     return 0
 
 

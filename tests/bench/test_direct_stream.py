@@ -24,7 +24,10 @@ def test_quick_run_reads_the_same_bytes_direct_as_local(tmp_path: Path) -> None:
         pytest.skip(message)
     fuse = direct_stream.fuse_missing() is None
     out = tmp_path / "direct.json"
-    assert direct_stream.main(["--quick", "--rtt-ms", "10", "--json", str(out)]) == 0
+    png = tmp_path / "direct.png"
+    args = ["--quick", "--rtt-ms", "10", "--json", str(out), "--plot", str(png)]
+    assert direct_stream.main(args) == 0
+    assert png.read_bytes().startswith(b"\x89PNG")
     report = json.loads(out.read_text())
     assert report["identical_bytes"] is True
     labels = [v for k, v in direct_stream.ROWS.items() if k != "strata" or fuse]
