@@ -51,7 +51,7 @@ from trainer.dataset import PatchDataset
 from trainer.location import StorageOptions, is_url
 from trainer.options import FitError, FitOptions
 from trainer.plan import EpochSampler, derive_seed
-from trainer.presets import get_preset
+from trainer.presets import Shape3, get_preset
 from trainer.stats import VolumeStats
 from trainer.train import STREAM_LOADER, build_dataset
 from trainer.volume import MASK_CACHE_TRACES, BoolArray, VolumeInfo, open_store
@@ -125,7 +125,7 @@ class CountedPatchDataset(PatchDataset):
     amplitude bytes the store returned for this read.
     """
 
-    def __init__(self, info: VolumeInfo, patch: tuple[int, int, int], stats: VolumeStats) -> None:
+    def __init__(self, info: VolumeInfo, patch: Shape3, stats: VolumeStats) -> None:
         super().__init__(info, patch, stats)
         self._store: CountingStore | None = None
 
@@ -181,7 +181,7 @@ class MemoryPatchDataset(PatchDataset):
         stats: Normalisation statistics.
     """
 
-    def __init__(self, info: VolumeInfo, patch: tuple[int, int, int], stats: VolumeStats) -> None:
+    def __init__(self, info: VolumeInfo, patch: Shape3, stats: VolumeStats) -> None:
         super().__init__(info, patch, stats)
         group = open_store(info.path, info.storage_options)
         amp = group[info.variable]
