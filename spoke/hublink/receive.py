@@ -126,9 +126,9 @@ class Buffers:
         """This thread's buffer, ``size`` bytes of it."""
         buffer: mmap.mmap | None = getattr(self._local, "mmap", None)
         if buffer is None or len(buffer) < size:
-            if buffer is not None:
-                buffer.close()
             capacity = max(size, 2 * len(buffer) if buffer is not None else 0, 1 << 16)
+            # the old buffer is not closed here: a view of it may still be held (a block
+            # handed on as bytes of it); it goes with its last view
             buffer = mmap.mmap(-1, -(-capacity // mmap.PAGESIZE) * mmap.PAGESIZE)
             self._local.mmap = buffer
         return memoryview(buffer)[:size]

@@ -62,3 +62,29 @@ def test_reads_over_the_bulk_channel(tmp_path: Path, stack: LocalStack, workers:
     # a second pass is served from the cache: bytes identical, nothing more from the hub
     for name, data in want.items():
         assert (root / name).read_bytes() == data, name
+
+
+def test_a_receive_thread_takes_larger_blocks_after_smaller_ones(
+    tmp_path: Path, stack: LocalStack
+) -> None:
+    """4 MiB blocks, one receive thread, files read smallest first: the thread's buffer
+    grows for each larger block (a new user's first try failed every block after the
+    first growth with "mmap closed or invalid", and every such file with EIO)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    sizes = [6, 3 * (1 << 20) + 7, 3 * (1 << 20) + 12_345, (4 << 20) + (4 << 19), 4 << 20]
+    want = {f"f{i}.bin": os.urandom(size) for i, size in enumerate(sizes)}
+    for name, data in want.items():
+        (src / name).write_bytes(data)
+    assert publish(tmp_path / "hub", "ds", src) == "v1"
+    bulk_file = tmp_path / "bulk.port"
+    hub = stack.start_hub(
+        tmp_path / "hub", extra=("--bulk-port", "0", "--bulk-port-file", str(bulk_file))
+    )
+    extra = ("--hub-bulk-port", bulk_file.read_text().strip(), "--fetch-workers", "1")
+    extra += ("--background-fill", "off", "--miss-deadline", "10")
+    mnt = tmp_path / "mnt"
+    stack.start_spoke(hub, tmp_path / "cache", mnt, "64MiB", extra=extra)
+    root = mnt / "ds" / "v1"
+    for name, data in want.items():  # in size order: the buffer grows at every file
+        assert (root / name).read_bytes() == data, name
