@@ -380,7 +380,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.ingest", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--size", default="1GiB", help="bytes of the large shape (default 1GiB)")
-    parser.add_argument("--only", default=",".join(SHAPES), help="shapes to run")
+    parser.add_argument(
+        "--only",
+        default=",".join(SHAPES),
+        help=f"shapes to run, comma-separated: {', '.join(SHAPES)} (default: all)",
+    )
     parser.add_argument(
         "--paths", default=",".join(PATHS), help="paths to run, comma-separated (default: all)"
     )
@@ -397,7 +401,11 @@ def main(argv: list[str] | None = None) -> int:
         args.floor_spec.write_text(json.dumps({"cpu_s": cpu}))
         return 0
     size = parse_size(args.size)
-    shapes = [SHAPES[name] for name in args.only.split(",") if name]
+    named = [name for name in args.only.split(",") if name]
+    wrong = [name for name in named if name not in SHAPES]
+    if wrong:
+        parser.error(f"unknown shape(s) {', '.join(wrong)}; choose from {', '.join(SHAPES)}")
+    shapes = [SHAPES[name] for name in named]
     paths = [p for p in args.paths.split(",") if p]
     unknown = [p for p in paths if p not in PATHS]
     if unknown:

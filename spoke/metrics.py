@@ -16,6 +16,11 @@ from strata_local.expiry import certificate_not_after
 
 CACHE_HITS = Counter("strata_spoke_cache_hits", "Block reads served from the spoke's disk cache")
 CACHE_MISSES = Counter("strata_spoke_cache_misses", "Block reads that needed a hub fetch")
+HUB_BULK_BYTES = Counter(
+    "strata_spoke_hub_bulk_bytes",
+    "Block bytes received from the hub over its bulk channel (--hub-bulk-port; the rest of "
+    "strata_spoke_hub_fetch_bytes_total came over gRPC)",
+)
 HUB_FETCH_BYTES = Counter(
     "strata_spoke_hub_fetch_bytes", "Block bytes received from the hub (not from peers)"
 )

@@ -147,6 +147,7 @@ class BulkSource:
                 digest: str = item[0]
                 data: bytes = item[1]
                 metrics.HUB_FETCH_BYTES.inc(len(data))
+                metrics.HUB_BULK_BYTES.inc(len(data))
                 metrics.HUB_FETCH_BLOCKS.inc()
                 yield digest, data
             metrics.HUB_UP.set(1)

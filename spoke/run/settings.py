@@ -194,7 +194,8 @@ class SpokeSettings(BaseSettings, MountSettings):
         default=DEFAULT_FETCH_WORKERS,
         ge=1,
         le=64,
-        description="threads receiving blocks on the bulk channel (default: the cores, at most 8)",
+        description="threads receiving blocks on the bulk channel (--hub-bulk-port, "
+        "--peer-bulk-port); the default is this machine's cores, at most 8",
     )
     no_admin_token: bool = Field(
         default=False, description="admin API without a token (any local user may use it)"

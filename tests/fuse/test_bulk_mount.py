@@ -81,10 +81,15 @@ def test_a_receive_thread_takes_larger_blocks_after_smaller_ones(
     hub = stack.start_hub(
         tmp_path / "hub", extra=("--bulk-port", "0", "--bulk-port-file", str(bulk_file))
     )
+    metrics_port = free_port()
     extra = ("--hub-bulk-port", bulk_file.read_text().strip(), "--fetch-workers", "1")
     extra += ("--background-fill", "off", "--miss-deadline", "10")
+    extra += ("--metrics", f"127.0.0.1:{metrics_port}")
     mnt = tmp_path / "mnt"
     stack.start_spoke(hub, tmp_path / "cache", mnt, "64MiB", extra=extra)
     root = mnt / "ds" / "v1"
     for name, data in want.items():  # in size order: the buffer grows at every file
         assert (root / name).read_bytes() == data, name
+    spoke_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    bulk = _metric(spoke_metrics, "strata_spoke_hub_bulk_bytes_total")
+    assert bulk == _metric(spoke_metrics, "strata_spoke_hub_fetch_bytes_total") == sum(sizes)
