@@ -147,7 +147,7 @@ class PrewarmJobs:
         snapshot, globs, entries, blocks = await self.resolve(dataset, ref, paths)
         total = sum(blocks.values())
         if pin:
-            self.check_pin_room(f"{dataset}@{ref}", blocks)
+            self.check_pin_room(f"{dataset}@{ref}", blocks, dataset)
         job = Job(
             secrets.token_hex(8),
             dataset,
@@ -182,18 +182,37 @@ class PrewarmJobs:
             raise InvalidRequest(f"no file of {dataset}@{ref} matches {globs}")
         return snapshot, globs, entries, unique_blocks(entries)
 
-    def check_pin_room(self, what: str, blocks: dict[str, int]) -> None:
-        """Refuse a pin that cannot fit beside the pins already held.
+    def check_pin_room(self, what: str, blocks: dict[str, int], dataset: str = "") -> None:
+        """Refuse a pin that cannot fit beside the pins already held — and, with tenants'
+        shares (:mod:`spoke.cache.tenants`), one that would let ``dataset``'s tenant pin
+        more than the cache less every other tenant's share: pinned blocks are never
+        evicted, so that is how far one team's pins may go without keeping another below
+        its share.
 
         Raises:
-            CapacityError: the not-yet-pinned bytes exceed the cache's unpinned room.
+            CapacityError: the not-yet-pinned bytes exceed the cache's unpinned room, or
+                the tenant's room for pins.
         """
-        room = self._cache.capacity_bytes - self._cache.pinned_bytes
-        new = sum(s for d, s in blocks.items() if not self._cache.is_pinned(d))
+        cache = self._cache
+        room = cache.capacity_bytes - cache.pinned_bytes
+        new = sum(s for d, s in blocks.items() if not cache.is_pinned(d))
         if new > room:
             raise CapacityError(
                 f"cannot pin {new:,} bytes of {what}: only {room:,} of the cache's "
-                f"{self._cache.capacity_bytes:,} bytes are not pinned already"
+                f"{cache.capacity_bytes:,} bytes are not pinned already"
+            )
+        tenants = cache.tenants
+        tenant = tenants.tenant_of_datasets([dataset]) if tenants is not None else None
+        if tenants is None or tenant is None:
+            return
+        others = sum(tenants.share_bytes(t) for t in tenants.tenants() if t != tenant)
+        allowed = cache.capacity_bytes - others
+        held = cache.pinned_bytes_of(tenant)
+        if held + new > allowed:
+            raise CapacityError(
+                f"cannot pin {new:,} bytes of {what}: tenant {tenant} holds {held:,} pinned "
+                f"bytes and may pin at most {allowed:,} (the cache less the other tenants' "
+                f"shares, --tenants)"
             )
 
     def get(self, job_id: str) -> Job | None:

@@ -18,6 +18,7 @@ from hub.publish import publish
 from hub.serverthread import ServerThread
 from spoke.audit import AuditLog
 from spoke.cache.blockcache import BlockCache
+from spoke.cache.hinted import HintedPolicy
 from spoke.cache.registry import make_policy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.catalog import SnapshotCatalog
@@ -26,6 +27,7 @@ from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler
 from spoke.hublink.client import HubClient
 from spoke.hublink.source import HubSource
+from spoke.prefetch.hints import HintService
 from spoke.prefetch.prewarm import PrewarmJobs
 from spoke.serve import admin as admin_module
 from spoke.serve.admin import create_app
@@ -50,20 +52,33 @@ def hub_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 Scenario = Callable[[httpx.AsyncClient, Path], Awaitable[None]]
 
 
-def run(tmp_path: Path, port: int, scenario: Scenario, scoped: ScopedTokens | None = None) -> None:
+def run(
+    tmp_path: Path,
+    port: int,
+    scenario: Scenario,
+    scoped: ScopedTokens | None = None,
+    hinted: bool = False,
+) -> None:
     async def main() -> None:
         layout = CacheLayout(tmp_path / "cache")
         layout.root.mkdir()
         env = open_index(layout)
         hub = HubClient(f"127.0.0.1:{port}")
-        cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 24), 1 << 24)
+        policy = make_policy("lru", 1 << 24)
+        if hinted:
+            policy = HintedPolicy(policy)
+        cache = BlockCache(BlockStore(layout, env), policy, 1 << 24)
         catalog = SnapshotCatalog(hub, env)
         scheduler = FetchScheduler(Fetcher(HubSource(hub), miss_deadline=5), cache)
         pins = PinRegistry(env, cache)
         jobs = PrewarmJobs(catalog, cache, scheduler, pins)
         audit = AuditLog(tmp_path / "audit.jsonl")
+        hints = HintService(cache, scheduler) if hinted else None
         app = AdminGuard(
-            create_app(cache, scheduler, catalog, jobs, pins), TOKEN, audit, scoped=scoped
+            create_app(cache, scheduler, catalog, jobs, pins, hints=hints),
+            TOKEN,
+            audit,
+            scoped=scoped,
         )
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 4242))  # type: ignore[arg-type]
         try:
@@ -270,3 +285,27 @@ def test_a_scoped_admin_token_acts_only_on_its_datasets(tmp_path: Path, hub_port
         assert TEAM_A not in audit.read_text() and TEAM_B not in audit.read_text()
 
     run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
+
+
+def test_a_scoped_token_cannot_take_over_another_teams_hint_stream(
+    tmp_path: Path, hub_port: int
+) -> None:
+    """Stream names are shared on a node: team-b's token may not replace or extend the
+    stream "rank0" that reads team-a's dataset (403, the stream unchanged); team-a may."""
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        b = {"Authorization": f"Bearer {TEAM_B}"}
+        body = {"dataset": "ds", "stream": "rank0", "paths": ["f0.bin", "f1.bin"]}
+        assert (await client.post("/v1/hints", json=body, headers=a)).status_code == 202
+        for append in (False, True):
+            theirs = {"dataset": "other", "stream": "rank0", "paths": ["x"], "append": append}
+            refused = await client.post("/v1/hints", json=theirs, headers=b)
+            assert refused.status_code == 403, refused.text
+            assert "hint stream 'rank0'" in refused.json()["detail"]
+        (stream,) = (await client.get("/v1/hints", headers=a)).json()
+        assert stream["stream"] == "rank0" and stream["source"] == "ds@v1"
+        again = {**body, "paths": ["f2.bin"], "append": True}
+        assert (await client.post("/v1/hints", json=again, headers=a)).status_code == 202
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path), hinted=True)

@@ -20,6 +20,7 @@ from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.fetch.window import LinkWindow
+from spoke.prefetch.prewarm import CapacityError, PrewarmJobs
 
 BLOCK = 4096
 TENANTS = """
@@ -267,3 +268,24 @@ def test_resident_blocks_are_attributed_again_at_start(tmp_path: Path) -> None:
     world.cache.share_with(shares)
     assert shares.resident_bytes("team-b") == 5 * BLOCK
     assert shares.owner(world.refs["team-b"][0][0]) == ("team-b", BLOCK)
+
+
+def test_a_tenants_pins_stop_where_the_other_tenants_shares_begin(tmp_path: Path) -> None:
+    """Pinned blocks are never evicted: team-a (share 0.5 of 32 blocks) may pin at most
+    the cache less team-b's share (32 - 8 = 24 blocks), so its pins cannot keep team-b
+    below its share."""
+    world = World(tmp_path, 32)
+    jobs = PrewarmJobs(None, world.cache, world.scheduler, None)  # type: ignore[arg-type]
+    team_a = world.refs["team-a"]
+
+    async def go() -> None:
+        await _prewarm(world, team_a[:20])
+
+    asyncio.run(go())
+    world.cache.pin([d for d, _ in team_a[:20]])
+    assert world.cache.pinned_bytes_of("team-a") == 20 * BLOCK
+    jobs.check_pin_room("team-a@v1", dict(team_a[20:24]), "team-a")  # 24: fits
+    with pytest.raises(CapacityError, match="may pin at most 98,304"):
+        jobs.check_pin_room("team-a@v1", dict(team_a[20:25]), "team-a")
+    jobs.check_pin_room("team-b@v1", dict(world.refs["team-b"][:12]), "team-b")  # its room
+    jobs.check_pin_room("other@v1", dict(world.refs["other"]), "other")  # nobody's: the cache

@@ -13,7 +13,15 @@ from spoke.cache.hintplan import HintPlan, PlanBuilder
 from spoke.catalog.selection import MAX_GLOB_CHARS, hint_plan
 from spoke.errors import InvalidRequest, NotFound
 from spoke.serve.admintokens import Caller
-from spoke.serve.routes.context import NAME, STRICT, CallerOf, Context, require, v1_router
+from spoke.serve.routes.context import (
+    NAME,
+    STRICT,
+    CallerOf,
+    Context,
+    NotYours,
+    require,
+    v1_router,
+)
 
 router = v1_router()
 
@@ -73,6 +81,12 @@ async def post_hints(request: Request, context: Context, caller: CallerOf) -> di
     hints = context.hints
     if hints is None:
         raise InvalidRequest("this spoke was started without hint support")
+    for installed in hints.status():  # a stream another team's datasets read is theirs
+        if installed.stream == body.stream and not _may_see(caller, installed.source):
+            raise NotYours(
+                f"hint stream {body.stream!r} reads datasets admin token {caller.name!r} "
+                "may not act on: name a stream of your own"
+            )
     catalog = context.catalog
     snapshot = await catalog.resolve_ref(body.dataset, body.ref)
     manifest = await catalog.manifest(body.dataset, snapshot.version)
