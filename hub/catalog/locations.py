@@ -15,9 +15,10 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 _PASSWORD = re.compile(r"(://[^:/@]*):[^@]*@")
 """A password in a URL's user information (``postgresql://USER:PASSWORD@HOST``)."""
 
-_PASSWORD_PARAMETER = re.compile(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)")
-"""A ``password=`` parameter: in a URL's query (``?password=…``, ``&password=…``) or a
-libpq key/value connection string (``password=…``, quoted or not)."""
+_PASSWORD_PARAMETER = re.compile(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)")
+"""A ``password=`` or ``sslpassword=`` (the client key's) parameter: in a URL's query
+(``?password=…``, ``&sslpassword=…``) or a libpq key/value connection string
+(``password=…``, quoted or not)."""
 
 
 def is_shared_location(location: str | os.PathLike[str]) -> bool:

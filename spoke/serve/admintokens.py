@@ -93,6 +93,9 @@ def parse(
             raise ScopedTokenError(f"{where}: {name} must list the datasets it may act on")
         if set(entry) - {"sha256", "datasets"}:
             raise ScopedTokenError(f"{where}: {name} has unknown keys {sorted(set(entry))}")
+        twin = next((other for other, (d, _) in table.items() if d.hex() == digest), None)
+        if twin is not None:  # one secret for two scopes: which one a holder gets is a guess
+            raise ScopedTokenError(f"{where}: {name} and {twin} have the same sha256")
         table[name] = (bytes.fromhex(digest), tuple(datasets))
     return table
 

@@ -176,5 +176,8 @@ def test_redact_covers_the_forms_libpq_takes() -> None:
     assert redact("postgresql://u:pw@h/db") == "postgresql://u:***@h/db"
     assert redact("postgresql://u@h/db?password=pw&x=1") == "postgresql://u@h/db?password=***&x=1"
     assert redact("host=h user=u password='p w' dbname=d") == "host=h user=u password=*** dbname=d"
+    assert (
+        redact("postgresql://u@h/db?sslpassword=k&x=1") == "postgresql://u@h/db?sslpassword=***&x=1"
+    )
     assert redact("host=h password=pw") == "host=h password=***"
     assert redact("/var/lib/strata/catalog") == "/var/lib/strata/catalog"

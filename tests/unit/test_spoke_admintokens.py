@@ -38,8 +38,10 @@ def test_a_token_names_its_holder_and_datasets_and_changes_are_picked_up(tmp_pat
         "team: {sha256: " + "0" * 64 + ", datasets: []}",
         "team: {sha256: " + "0" * 64 + ", datasets: [x], admin: true}",
         "[a]",
+        "a: {sha256: " + "1" * 64 + ", datasets: [x]}\n"
+        "b: {sha256: " + "1" * 64 + ", datasets: [y]}",
     ],
-    ids=["short-hash", "no-datasets", "unknown-key", "a-list"],
+    ids=["short-hash", "no-datasets", "unknown-key", "a-list", "one-secret-two-names"],
 )
 def test_a_bad_file_is_refused(text: str) -> None:
     with pytest.raises(ScopedTokenError):
