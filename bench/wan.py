@@ -198,9 +198,13 @@ class _Connection:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def abort(self) -> None:
+        """Drop both sides now. Also runs when a handler that never finished is closed
+        after its loop was (the proxy stopped while a connection was arriving): then the
+        transports are gone with the loop and there is nothing left to drop."""
         for writer in (self.client, self.server):
             if writer is not None:
-                writer.transport.abort()
+                with contextlib.suppress(RuntimeError):  # "Event loop is closed"
+                    writer.transport.abort()
 
 
 class WanLink:
