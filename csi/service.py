@@ -2,8 +2,9 @@
 
 Requests are checked here and domain errors become gRPC status codes here, nowhere else:
 a bad or missing field or volume attribute is INVALID_ARGUMENT with a message naming it,
-an unknown dataset, version or tag NOT_FOUND, an occupied target ALREADY_EXISTS, a target holding
-another file system's mount FAILED_PRECONDITION on unpublish, as is a hub that refuses the
+an unknown dataset, version or tag NOT_FOUND, an occupied target (another volume id's
+included) ALREADY_EXISTS, a target holding another file system's mount FAILED_PRECONDITION
+on unpublish, as are a target that is a non-empty directory and a hub that refuses the
 plugin's TLS when a volume's token must be checked (one line naming the flag), a spoke or
 hub that cannot answer yet UNAVAILABLE (the kubelet retries), anything else INTERNAL.
 
@@ -36,6 +37,7 @@ from csi.volumes import (
     Misconfigured,
     NoSuchSnapshot,
     SpokeUnavailable,
+    TargetNotEmpty,
     TargetTaken,
     VolumeError,
     Volumes,
@@ -60,6 +62,7 @@ _CODES: tuple[tuple[type[VolumeError], grpc.StatusCode], ...] = (
     (NoSuchSnapshot, grpc.StatusCode.NOT_FOUND),
     (TargetTaken, grpc.StatusCode.ALREADY_EXISTS),
     (ForeignMount, grpc.StatusCode.FAILED_PRECONDITION),
+    (TargetNotEmpty, grpc.StatusCode.FAILED_PRECONDITION),
     (Misconfigured, grpc.StatusCode.FAILED_PRECONDITION),
     (SpokeUnavailable, grpc.StatusCode.UNAVAILABLE),
     (VolumeError, grpc.StatusCode.INTERNAL),

@@ -8,8 +8,10 @@ directory elsewhere, a ``..``, a symlinked component that a pod's author made in
 it shares, or a component swapped for one while the call runs — must never become a bind
 mount, nor lose an unmount or a directory. So a target is
 
-- checked as text first: absolute, normalised (no ``.``, ``..`` or ``//``), strictly below
-  the pods directory (``--pods-dir``, the kubelet's ``--root-dir`` + ``/pods``);
+- checked as text first: absolute, normalised (no ``.``, ``..`` or ``//``), below the
+  pods directory (``--pods-dir``, the kubelet's ``--root-dir`` + ``/pods``) in the shape the
+  kubelet gives, ``POD_UID/volumes/kubernetes.io~csi/NAME/mount`` (so never a pod's own
+  directory, its ``volumes/`` or ``etc-hosts``);
 - then reached by directory descriptors (``O_PATH | O_NOFOLLOW | O_DIRECTORY``, each opened
   relative to the one before, from the pods directory opened once), so a symlink at any
   component below the pods directory fails the walk (``ELOOP`` / ``ENOTDIR``) and is
@@ -33,6 +35,12 @@ PODS_DIR = Path("/var/lib/kubelet/pods")
 """The kubelet's pods directory with its default ``--root-dir``."""
 
 _WALK = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+
+SHAPE = ("*", "volumes", "kubernetes.io~csi", "*", "mount")
+"""A target's components below the pods directory, as the kubelet makes them for a CSI
+volume (Kubernetes ``pkg/volume/csi``, ``csi_mounter.go`` and ``GetCSIMounterPath``:
+``PODS/UID/volumes/kubernetes.io~csi/NAME/mount``);
+``*`` is any one name."""
 
 
 class TargetRefused(ValueError):
@@ -59,7 +67,8 @@ class Targets:
         """``target_path`` as the plugin names it: below the resolved pods directory.
 
         Raises:
-            TargetRefused: not absolute, not normalised, or not below the pods directory.
+            TargetRefused: not absolute, not normalised, not below the pods directory, or
+                not of the kubelet's shape there (:data:`SHAPE`).
         """
         if not target_path.startswith("/") or os.path.normpath(target_path) != target_path:
             raise TargetRefused(
@@ -69,11 +78,22 @@ class Targets:
         for base in (self.given, self.root):
             relative = os.path.relpath(target_path, base)
             if relative != "." and not relative.startswith(".."):
-                return self.root / relative
+                return self._shaped(target_path, self.root / relative)
         raise TargetRefused(
             f"target_path {target_path!r} is not below the kubelet's pods directory "
             f"{self.given} (--pods-dir): this plugin publishes only where the kubelet asks"
         )
+
+    def _shaped(self, target_path: str, target: Path) -> Path:
+        parts = target.relative_to(self.root).parts
+        if len(parts) != len(SHAPE) or any(
+            want not in ("*", got) for want, got in zip(SHAPE, parts, strict=True)
+        ):
+            raise TargetRefused(
+                f"target_path {target_path!r} is not a CSI volume's target as the kubelet "
+                f"makes it ({self.given}/POD_UID/volumes/kubernetes.io~csi/NAME/mount): refused"
+            )
+        return target
 
     @contextlib.contextmanager
     def parent(self, target: Path) -> Iterator[int]:

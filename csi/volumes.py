@@ -10,7 +10,8 @@ version it got first instead of asking again.
 
 Idempotence, as the CSI spec asks of NodePublishVolume and NodeUnpublishVolume: publishing
 what a target already holds succeeds and changes nothing; publishing something else on an
-occupied target is :class:`TargetTaken`; unpublishing a target that is not there succeeds.
+occupied target, another volume id included, is :class:`TargetTaken` (and the target's record
+stays the first volume's); unpublishing a target that is not there succeeds.
 What a target holds is read from the mount table (its device is the spoke mount's, its
 root ``/DATASET/VERSION``), never by ``stat`` of the target, which a dead mount would fail.
 
@@ -66,6 +67,11 @@ class Denied(VolumeError):
 
 class TargetTaken(VolumeError):
     """The target already holds another volume (gRPC ALREADY_EXISTS)."""
+
+
+class TargetNotEmpty(VolumeError):
+    """The target is a directory with something in it: a bind would hide it (gRPC
+    FAILED_PRECONDITION)."""
 
 
 class ForeignMount(VolumeError):
@@ -224,7 +230,9 @@ class Volumes:
 
         Raises:
             InvalidVolume: the target is not one the kubelet may give (:mod:`csi.targets`).
-            TargetTaken: the target holds another volume, version or file system.
+            TargetTaken: the target holds another volume (another volume id included),
+                version or file system.
+            TargetNotEmpty: the target is a directory with something in it.
             NoSuchSnapshot, SpokeUnavailable: as :meth:`resolve`.
             VolumeError: mount(2) refused (its errno in the message).
         """
@@ -238,9 +246,7 @@ class Volumes:
             )
             here = mounted_at(target)
             if here is not None:
-                return self._already(
-                    here, record if same else None, volume_id, target, dataset, ref
-                )
+                return self._already(here, record, same, volume_id, target, dataset, ref)
             version = record.version if same and record is not None else self.resolve(dataset, ref)
             publication = Publication(volume_id, str(target), dataset, ref, version)
             self._bind(publication)
@@ -259,17 +265,25 @@ class Volumes:
         self,
         here: Mount,
         record: Publication | None,
+        same: bool,
         volume_id: str,
         target: Path,
         dataset: str,
         ref: str,
     ) -> Publication:
-        """The answer for a target that is a mountpoint already: this volume, or taken."""
+        """The answer for a target that is a mountpoint already: this volume (``same``: its
+        record names this volume id, dataset and ref), or taken. A record of another volume
+        id is a conflict (CSI spec, NodePublishVolume: ALREADY_EXISTS) and stays as it is."""
         spoke = self.spoke_mount()
         ours = here.device == spoke.device
-        if record is not None and ours and here.root == f"/{dataset}/{record.version}":
-            return record
-        if record is None and ours and here.root.startswith(f"/{dataset}/"):
+        if record is not None:
+            if same and ours and here.root == f"/{dataset}/{record.version}":
+                return record
+            held = f"{here.root.lstrip('/')} of the spoke" if ours else f"a {here.fstype} mount"
+            raise TargetTaken(
+                f"{target} already holds {held} (volume {record.volume_id}); unpublish it first"
+            )
+        if ours and here.root.startswith(f"/{dataset}/"):
             # published before the record was kept: it is this volume if the ref agrees
             version = self.resolve(dataset, ref)
             if here.root == f"/{dataset}/{version}":
@@ -287,9 +301,11 @@ class Volumes:
 
     def _bind(self, publication: Publication) -> None:
         """Bind the publication's version at its target, through descriptors: the target's
-        parent reached without symlinks, the target made there and bound by its own
-        descriptor, then made read-only through the bind's root; checked in the mount
-        table after, so a component swapped meanwhile leaves nothing mounted elsewhere."""
+        parent reached without symlinks, the target made there (or found empty) and bound by
+        its own descriptor, then made read-only through the bind's root; checked in the
+        mount table after, so a component swapped meanwhile leaves nothing mounted
+        elsewhere. A name that vanishes meanwhile is the version's only when the version's
+        directory is gone from the spoke's mount; otherwise the target changed."""
         target = Path(publication.target)
         source = self.mount / publication.dataset / publication.version
         what = f"{publication.dataset} {publication.version}"
@@ -306,9 +322,16 @@ class Volumes:
         except TargetRefused as err:
             raise InvalidVolume(str(err)) from None
         except FileNotFoundError as err:
-            if not os.path.isdir(target.parent):
-                raise InvalidVolume(f"the target's parent {target.parent} does not exist") from err
-            raise NoSuchSnapshot(f"{what} is gone from the spoke (revoked?)") from err
+            if not self._exists(source):
+                raise NoSuchSnapshot(f"{what} is gone from the spoke (revoked?)") from err
+            if not os.path.lexists(target.parent):
+                raise InvalidVolume(
+                    f"the target's parent {target.parent} does not exist (or moved during the call)"
+                ) from err
+            raise InvalidVolume(
+                f"{target} changed while it was being published (a directory on its path "
+                "vanished): nothing mounted"
+            ) from err
         except OSError as err:
             if err.errno in (errno.ENOTCONN, errno.EIO):
                 raise SpokeUnavailable(f"the spoke cannot show {what} now: {err.strerror}") from err
@@ -317,6 +340,11 @@ class Volumes:
     def _bind_at(self, parent: int, source: Path, target: Path) -> None:
         below = Targets.open_at(parent, target)  # the directory the bind goes on
         try:
+            if os.listdir(fd_path(below)):
+                raise TargetNotEmpty(
+                    f"{target} is a directory with something in it, which a bind would hide: "
+                    "refused"
+                )
             bind(source, fd_path(below))
             try:
                 top = Targets.open_at(parent, target)  # by name now: the bind's root
@@ -369,8 +397,12 @@ class Volumes:
                         os.rmdir(target.name, dir_fd=parent)
             except TargetRefused as err:
                 raise InvalidVolume(str(err)) from None
-            except FileNotFoundError:
-                pass  # its parent is gone already: nothing was there
+            except FileNotFoundError as err:
+                if here is not None:  # a bind is there, by its path: a component was swapped
+                    raise InvalidVolume(
+                        f"{target} changed while it was being unpublished: left as it is"
+                    ) from err
+                # its parent is gone already: nothing was there
             except OSError as err:
                 raise VolumeError(f"cannot unpublish {target}: {err.strerror}") from err
             self.state.drop(str(target))

@@ -699,3 +699,174 @@ def test_a_bind_that_cannot_be_made_read_only_is_taken_back(
     with pytest.raises(volumes_module.VolumeError, match="remount refused"):
         volumes.publish("vol-r", str(target), "demo", "v1")
     assert mounted_at(target) is None and not target.exists()
+
+
+def test_only_the_kubelets_target_shape_and_an_empty_directory_are_published(
+    plugin: Plugin,
+) -> None:
+    """A pod's own directory, its ``volumes/``, another plugin's volume or a path deeper
+    than ``.../kubernetes.io~csi/NAME/mount`` is INVALID_ARGUMENT for publish and unpublish
+    alike; a target that is a non-empty directory is FAILED_PRECONDITION; nothing is
+    mounted, made or removed (issue 39: a bind over ``pods/pod-y4`` hid its ``volumes/``
+    and ``etc-hosts``, and unpublish then failed ``Directory not empty``)."""
+    pod = plugin.pods / "pod-y4"
+    (pod / "volumes" / "kubernetes.io~csi" / "data").mkdir(parents=True, exist_ok=True)
+    (pod / "volumes" / "kubernetes.io~secret" / "token").mkdir(parents=True, exist_ok=True)
+    (pod / "etc-hosts").write_text("127.0.0.1 localhost\n")
+    empty = plugin.pods / "pod-empty"
+    empty.mkdir(exist_ok=True)
+    csi_dir = pod / "volumes" / "kubernetes.io~csi"
+    for target in (
+        pod,
+        empty,
+        pod / "volumes",
+        csi_dir / "data",
+        pod / "volumes" / "kubernetes.io~secret" / "token" / "mount",
+        csi_dir / "data" / "mount" / "deeper",
+        pod / "mount",
+    ):
+        got, details = code_of(
+            plugin.node.NodePublishVolume, request("v-shape", target, dataset="demo", ref="v1")
+        )
+        assert got == grpc.StatusCode.INVALID_ARGUMENT, (target, got, details)
+        assert "kubernetes.io~csi/NAME/mount" in details and "\n" not in details, details
+        got, details = code_of(
+            plugin.node.NodeUnpublishVolume,
+            csi_pb2.NodeUnpublishVolumeRequest(volume_id="v-shape", target_path=str(target)),
+        )
+        assert got == grpc.StatusCode.INVALID_ARGUMENT, (target, got, details)
+    assert _below(pod) == [] and _below(empty) == [] and empty.is_dir()
+    assert sorted(os.listdir(pod)) == ["etc-hosts", "volumes"]
+    assert not (csi_dir / "data" / "mount").exists() and not (pod / "mount").exists()
+
+    full = target_of(plugin, "pod-full")
+    full.mkdir()
+    (full / "kept.txt").write_text("the pod's own\n")
+    got, details = code_of(
+        plugin.node.NodePublishVolume, request("v-full", full, dataset="demo", ref="v1")
+    )
+    assert got == grpc.StatusCode.FAILED_PRECONDITION and "something in it" in details, details
+    assert mounted_at(full) is None and os.listdir(full) == ["kept.txt"]
+    assert not any(plugin.state.glob("*.json"))
+    # an empty target directory (as older kubelets make it) is published, and taken back
+    made = target_of(plugin, "pod-made")
+    made.mkdir()
+    plugin.node.NodePublishVolume(request("v-made", made, dataset="demo", ref="v1"))
+    assert tree_digests(made) == tree_digests(plugin.src["v1"])
+    _unpublish(plugin, "v-made", made)
+    assert mounted_at(made) is None and not made.exists()
+
+
+def test_another_volume_id_on_a_published_target_is_already_exists(plugin: Plugin) -> None:
+    """The same dataset and ref under a second volume id is ALREADY_EXISTS and the record
+    stays the first id's, so its unpublish still works (CSI spec, NodePublishVolume; issue
+    39: it was OK, the owner silently became the second id and the first one's unpublish
+    failed); the first id again stays OK."""
+    target = target_of(plugin, "pod-owner")
+    plugin.node.NodePublishVolume(request("vb1", target, dataset="demo", ref="v1"))
+    got, details = code_of(
+        plugin.node.NodePublishVolume, request("vb2", target, dataset="demo", ref="v1")
+    )
+    assert got == grpc.StatusCode.ALREADY_EXISTS and "volume vb1" in details, details
+    plugin.node.NodePublishVolume(request("vb1", target, dataset="demo", ref="v1"))
+    got, details = code_of(
+        plugin.node.NodeUnpublishVolume,
+        csi_pb2.NodeUnpublishVolumeRequest(volume_id="vb2", target_path=str(target)),
+    )
+    assert got == grpc.StatusCode.INVALID_ARGUMENT and "holds volume vb1" in details, details
+    here = mounted_at(target)
+    assert here is not None and here.root == "/demo/v1"
+    _unpublish(plugin, "vb1", target)
+    assert mounted_at(target) is None and not target.exists()
+    assert not any(plugin.state.glob("*.json"))
+
+
+def test_a_target_that_vanishes_during_publish_is_not_a_missing_snapshot(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """In-process over the same spoke mount: the target is removed between being made and
+    being bound (a component swapped meanwhile). The snapshot is still in the spoke's mount,
+    so the publish says the target changed (INVALID_ARGUMENT), not NOT_FOUND 'gone from the
+    spoke (revoked?)' (issue 39); nothing is mounted or recorded."""
+    from csi import volumes as volumes_module
+    from csi.targets import Targets
+
+    made = volumes_module._make_dir
+
+    def make_then_lose(parent: int, name: str) -> bool:
+        result = made(parent, name)
+        os.rmdir(name, dir_fd=parent)  # what the race's other side does
+        return result
+
+    monkeypatch.setattr(volumes_module, "_make_dir", make_then_lose)
+    volumes = volumes_module.Volumes(plugin.mount, tmp_path / "state", Targets(plugin.pods))
+    target = target_of(plugin, "pod-vanish")
+    with pytest.raises(volumes_module.InvalidVolume, match="changed while it was being published"):
+        volumes.publish("vol-v", str(target), "demo", "v1")
+    assert mounted_at(target) is None and not target.exists()
+    assert not any((tmp_path / "state").glob("*.json"))
+    monkeypatch.undo()
+    # a version that is really gone is still NOT_FOUND
+    volumes = volumes_module.Volumes(plugin.mount, tmp_path / "state", Targets(plugin.pods))
+    with pytest.raises(volumes_module.NoSuchSnapshot):
+        volumes.publish("vol-v", str(target), "demo", "v99")
+
+
+def test_a_component_swapped_during_publish_is_refused_never_not_found(plugin: Plugin) -> None:
+    """Over the socket, while another thread swaps the pod's ``volumes`` directory for a
+    symlink to a look-alike tree elsewhere and back: every publish is OK (at the real
+    target) or INVALID_ARGUMENT, never NOT_FOUND (issue 39), and nothing is mounted
+    elsewhere."""
+    import threading
+    import time
+
+    pod = plugin.pods / "pod-race"
+    elsewhere = plugin.pods.parent / "race-elsewhere"
+    names = [f"d{i}" for i in range(200)]
+    for root in (pod, elsewhere):
+        for name in names:
+            (root / "volumes" / "kubernetes.io~csi" / name).mkdir(parents=True, exist_ok=True)
+    volumes, away = pod / "volumes", pod / "volumes.away"
+    stop = threading.Event()
+    swaps = 0
+
+    def swap() -> None:
+        nonlocal swaps
+        while not stop.is_set():
+            volumes.rename(away)
+            volumes.symlink_to(elsewhere / "volumes")
+            volumes.unlink()
+            away.rename(volumes)
+            swaps += 1
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    outcomes: dict[str, tuple[grpc.StatusCode, str]] = {}
+    try:
+        deadline = time.monotonic() + 20
+        for name in names:
+            if time.monotonic() > deadline:
+                break
+            target = volumes / "kubernetes.io~csi" / name / "mount"
+            try:
+                plugin.node.NodePublishVolume(
+                    request(f"vol-{name}", target, dataset="demo", ref="v1")
+                )
+                outcomes[name] = (grpc.StatusCode.OK, "")
+            except grpc.RpcError as err:
+                outcomes[name] = (err.code(), err.details())  # type: ignore[attr-defined]
+    finally:
+        stop.set()
+        swapper.join()
+    assert swaps > 0
+    assert _below(elsewhere) == []
+    codes = {code for code, _ in outcomes.values()}
+    assert codes <= {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}, outcomes
+    for name, (code, _) in outcomes.items():
+        target = volumes / "kubernetes.io~csi" / name / "mount"
+        if code == grpc.StatusCode.OK:
+            here = mounted_at(target)
+            assert here is not None and here.root == "/demo/v1", name
+        _unpublish(plugin, f"vol-{name}", target)
+        assert mounted_at(target) is None and not target.exists(), name
+    assert _below(pod) == []
