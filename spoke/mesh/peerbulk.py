@@ -113,6 +113,21 @@ class ServerTls:
             sock.context = self.context
 
 
+CLOSE_WAIT_S = 1.0
+"""Longest a closing connection is waited for before it is dropped."""
+
+
+async def _closed(writer: asyncio.StreamWriter) -> None:
+    """Close a connection, waiting at most :data:`CLOSE_WAIT_S` for it: under TLS a peer
+    that keeps its end open between calls may never answer ``close_notify``, and asyncio
+    would wait 30 s for it (``ssl_shutdown_timeout``), holding up the daemon's stop."""
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S)
+    except (Exception, asyncio.CancelledError):
+        writer.transport.abort()
+
+
 class PeerBulkServer:
     """Serves peers' block reads on the bulk channel (see the module docstring).
 
@@ -164,8 +179,10 @@ class PeerBulkServer:
         if self._open:
             await asyncio.gather(*self._open, return_exceptions=True)
         if self._server is not None:
+            # (wait_closed also waits for connections a peer keeps open between calls:
+            # not for long, they were just cancelled, but never past a second)
             with contextlib.suppress(Exception):
-                await self._server.wait_closed()
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -188,9 +205,7 @@ class PeerBulkServer:
             pass  # closed (close()): the task ends as a connection that ended
         finally:
             self._open.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            await _closed(writer)
 
     async def _serve_one(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, who: str
