@@ -52,6 +52,7 @@ from spoke.cache.tenants import TenantShares
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.ledger import PrefetchLedger
 from spoke.fetch.life import BlockLives, Event, Life
+from spoke.fetch.linkshare import LinkShares
 from spoke.fetch.pacer import Pacer, Stream
 from spoke.fetch.priority import SPECULATIVE, Priority, Source
 from spoke.fetch.sink import CacheSink
@@ -121,7 +122,7 @@ class FetchScheduler:
             | {Source.HINT: max(prefetch_budget, cache.capacity_bytes)}
         )
         self.demand_gather_s = demand_gather_s
-        self.tenants: TenantShares | None = None  # tenants' link shares (share_link)
+        self.links: LinkShares | None = None  # tenants' link shares (share_link)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._gather: asyncio.TimerHandle | None = None  # ends the gathering of demand
@@ -330,6 +331,8 @@ class FetchScheduler:
         """Cancel fetches in flight; waiters get :class:`asyncio.CancelledError`."""
         self._closed = True
         self._end_gathering()
+        if self.links is not None:
+            self.links.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -349,7 +352,7 @@ class FetchScheduler:
         """Start one batch of the most urgent class that may leave; False if none may.
 
         A class whose queued lives are all held by their tenants' link shares
-        (:meth:`_within_link_share`) lets the next class go; a class the pacer holds
+        (:class:`~spoke.fetch.linkshare.LinkShares`) lets the next class go; a class the pacer holds
         back holds back every less urgent one."""
         for priority in Priority:
             if self.lives.head(priority) is None:
@@ -360,7 +363,7 @@ class FetchScheduler:
             room = self.pacer.room(priority, self.lives.wire_bytes, self.lives.admitting_bytes)
             if room is None:
                 return False
-            allowed = None if demand or self.tenants is None else self._within_link_share
+            allowed = None if demand or self.links is None else self.links.allows
             batch = self.lives.take(priority, room, self.batch_blocks, allowed)
             if not batch:
                 continue
@@ -377,25 +380,19 @@ class FetchScheduler:
 
     def share_link(self, tenants: TenantShares) -> None:
         """From now on, each new life is its tenant's, and a tenant's fetches of every
-        class but demand take at most its ``link_share`` of the window while another
-        tenant has demand misses wanted or on the wire (:mod:`spoke.cache.tenants`)."""
-        self.tenants = tenants
+        class but demand keep to its ``link_share`` of the window while another tenant
+        misses (:mod:`spoke.fetch.linkshare`)."""
+        self.links = LinkShares(tenants, self.lives, lambda: self.window.bytes, self._pump_open)
+        self.lives.subscribe(self.links.hear)
 
         def tenant_of(digest: str) -> str | None:
             return tenants.attribute([digest]).get(digest)
 
         self.lives.tenant_of = tenant_of
 
-    def _within_link_share(self, life: Life) -> bool:
-        """Whether ``life`` (of a class other than demand) may go on the wire now."""
-        tenant = life.tenant
-        if tenant is None or self.tenants is None:
-            return True
-        if not any(n > 0 for who, n in self.lives.demand.items() if who != tenant):
-            return True
-        found = self.tenants.tenants().get(tenant)
-        share = found.link_share * self.window.bytes if found is not None else 0.0
-        return self.lives.ahead_wire[tenant] + life.size <= share
+    def _pump_open(self) -> None:
+        if not self._closed:
+            self._pump()
 
     def _gathering(self) -> bool:
         """True while queued demand waits to share a stream: a demand stream waits for its

@@ -18,6 +18,7 @@ from spoke.cache.store import BlockStore, open_index
 from spoke.cache.tenants import TenantShares
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.linkshare import DEMAND_RECENT_S
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.fetch.window import LinkWindow
 from spoke.prefetch.prewarm import CapacityError, PrewarmJobs
@@ -63,7 +64,9 @@ class Hub:
 class World:
     """A cache of ``cache_blocks`` blocks, a scheduler, and each team's blocks."""
 
-    def __init__(self, tmp_path: Path, cache_blocks: int, tenants: bool = True) -> None:
+    def __init__(
+        self, tmp_path: Path, cache_blocks: int, tenants: bool = True, text: str = TENANTS
+    ) -> None:
         self.refs: dict[str, list[tuple[str, int]]] = {}
         blobs: dict[str, bytes] = {}
         self.datasets: dict[str, str] = {}
@@ -86,7 +89,7 @@ class World:
         self.shares: TenantShares | None = None
         if tenants:
             path = tmp_path / "tenants.yaml"
-            path.write_text(TENANTS)
+            path.write_text(text)
             self.shares = TenantShares(path, capacity, self.datasets_of)
             self.cache.share_with(self.shares)
             self.scheduler.share_link(self.shares)
@@ -289,3 +292,25 @@ def test_a_tenants_pins_stop_where_the_other_tenants_shares_begin(tmp_path: Path
         jobs.check_pin_room("team-a@v1", dict(team_a[20:25]), "team-a")
     jobs.check_pin_room("team-b@v1", dict(world.refs["team-b"][:12]), "team-b")  # its room
     jobs.check_pin_room("other@v1", dict(world.refs["other"]), "other")  # nobody's: the cache
+
+
+def test_a_miss_that_just_ended_still_holds_the_other_tenants_prefetch_to_its_share(
+    tmp_path: Path,
+) -> None:
+    """A reader between two misses has nothing on the wire: team-a's prewarm right after
+    team-b's miss keeps to its share anyway (for DEMAND_RECENT_S), and one whose share is 0
+    waits it out, then goes (a timer wakes the scheduler: nothing else would)."""
+    world = World(tmp_path, 64, text=TENANTS.replace("link_share: 0.25", "link_share: 0"))
+    lives = world.scheduler.lives
+    world.hub.wire = lambda: lives.ahead_wire["team-a"]
+
+    async def go() -> float:
+        await world.scheduler.ensure(world.refs["team-b"][:1])  # done: nothing on the wire
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await world.scheduler.ensure(world.refs["team-a"][:8], Priority.PREWARM)
+        return loop.time() - started
+
+    took = asyncio.run(go())
+    assert world.resident("team-a") == 8
+    assert took >= DEMAND_RECENT_S * 0.9  # held until team-b's miss was a second old
