@@ -85,6 +85,9 @@ class BulkSource:
         self._idle_lock = threading.Lock()
         self._stage = stage
         self._buffers = Buffers()  # each receive thread's page-aligned buffer
+        self.problem: str | None = None
+        """Why the last call (or the start's probe) failed to reach the bulk channel; None
+        once a call went through (``/readyz`` says it)."""
 
     verifies = True
     """Every block it yields was hashed against its digest (by its receive thread), so the
@@ -102,7 +105,9 @@ class BulkSource:
         try:
             socket.create_connection((self._hosts[0], self.port), timeout=timeout).close()
         except OSError as err:
-            return f"{self.address}: {err.strerror or err}"
+            self.problem = f"{self.address}: {err.strerror or err}"
+            return self.problem
+        self.problem = None
         return None
 
     def close(self) -> None:
@@ -142,6 +147,8 @@ class BulkSource:
                 if item is END:
                     break
                 if isinstance(item, BaseException):
+                    if isinstance(item, HubUnavailable):
+                        self.problem = str(item)
                     raise item
                 assert isinstance(item, tuple)
                 digest: str = item[0]
@@ -151,6 +158,7 @@ class BulkSource:
                 metrics.HUB_FETCH_BLOCKS.inc()
                 yield digest, data
             metrics.HUB_UP.set(1)
+            self.problem = None
         finally:
             call.cancel()
             with contextlib.suppress(BaseException):

@@ -93,3 +93,22 @@ def test_a_receive_thread_takes_larger_blocks_after_smaller_ones(
     spoke_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
     bulk = _metric(spoke_metrics, "strata_spoke_hub_bulk_bytes_total")
     assert bulk == _metric(spoke_metrics, "strata_spoke_hub_fetch_bytes_total") == sum(sizes)
+
+
+def test_readyz_names_an_unreachable_bulk_channel(tmp_path: Path, stack: LocalStack) -> None:
+    """A --hub-bulk-port nobody listens on: the hub's gRPC answers (the catalog works),
+    but no block can come; /readyz says so, naming the bulk channel, not just "hub
+    unreachable"."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"a" * 1000)
+    assert publish(tmp_path / "hub", "ds", src) == "v1"
+    hub = stack.start_hub(tmp_path / "hub")
+    closed = str(free_port())
+    admin = stack.start_spoke(
+        hub, tmp_path / "cache", tmp_path / "mnt", "64MiB", extra=("--hub-bulk-port", closed)
+    )
+    ready = httpx.get(f"{admin}/readyz", timeout=5)
+    assert ready.status_code == 503, ready.text
+    detail = ready.json()["detail"]
+    assert "bulk channel failed" in detail and f":{closed}" in detail, detail

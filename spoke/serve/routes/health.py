@@ -29,8 +29,11 @@ def readyz(context: Context) -> Any:
     problems = []
     if mount is not None and not is_mounted(mount):
         problems.append(f"mount {mount} is not up")
+    bulk = getattr(context.scheduler.fetcher.source, "problem", None)  # hublink/bulk.py
     if context.catalog.hub_refused is not None:
         problems.append(context.catalog.hub_refused)
+    elif bulk is not None and len(context.cache) == 0:
+        problems.append(f"the hub's bulk channel failed ({bulk}) and the cache is empty")
     elif not hub_up and len(context.cache) == 0:
         problems.append(f"hub {context.scheduler.source_name} unreachable and the cache is empty")
     if not problems:
