@@ -156,3 +156,12 @@ def validate_digest(digest: str) -> str:
             f"malformed block digest {_shown(digest)}: expected 32 lowercase hex characters"
         )
     return digest
+
+
+def note_name(name: str) -> str:
+    """``name`` if it can be a note: not a blob's digest or shard, no path."""
+    if not name or "/" in name or name.startswith(".") or DIGEST_PATTERN.fullmatch(name):
+        raise ValueError(f"not a note name: {name!r}")
+    if len(name) == 2:
+        raise ValueError(f"a note name of two characters would be a shard: {name!r}")
+    return name

@@ -23,9 +23,9 @@ import pytest
 import requests
 
 from deploy.local import free_port
-from hub.blobstore import S3BlobStore
 from hub.blocks import block_digest
 from hub.errors import StorageError
+from hub.s3blobs import S3BlobStore
 from tests.conftest import REPO_ROOT
 from tests.support import eventually
 

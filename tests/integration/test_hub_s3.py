@@ -16,13 +16,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hub.blobstore import BlobStore, LocalBlobStore, S3BlobStore, open_blob_store
+from hub.blobstore import BlobStore, LocalBlobStore, open_blob_store
 from hub.blocks import block_digest
 from hub.catalog import Catalog
 from hub.cli import main
 from hub.errors import BlockNotFound, ConfigError, CorruptBlob, InvalidDigest, StorageError
 from hub.gc import collect
 from hub.publish import publish
+from hub.s3blobs import S3BlobStore
 from hub.server import ServerConfig
 from hub.serverthread import ServerThread
 from hub.verify import verify
