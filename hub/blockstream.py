@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hub.blobstore import BlobStore
@@ -192,7 +192,7 @@ class BlockStreamer:
         readable: Callable[[str], bool] | None,
         pack_bytes: int,
         who: str,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """Streams blocks in order, each charged to ``who`` while it is held; the next
         run is read while this one is being sent when the budget has room for both."""
         if not digests:

@@ -30,6 +30,18 @@ Limits, per principal (the token's id; ``anonymous`` without tokens):
   charges (it is small, and it is what lets a stream or call go on), and the stream that
   takes it holds no other charge then, so the no-cycle rule above still holds.
 
+A charge is held only while its bytes make progress: every send of a block's bytes (a
+``ReadBlocks`` message, a bulk channel step of :data:`hub.wire.CHUNK_BYTES`) must complete
+within ``stall_s`` (:data:`STALL_S`), or the stream ends ``RESOURCE_EXHAUSTED`` (counted
+``limit="stall"``) and its charge is released: a client that asks and never reads holds the
+budget for ``stall_s``, not for ever, while one that reads slowly is never cut (each send
+is timed, not the stream). A gRPC stream's last message stays in gRPC core until the
+client reads it, cancels or goes away (``grpc.aio`` cannot reset one stream of a
+connection), so that message (:func:`stalled_charge`) stays charged to the token's share,
+with its stream slot, out of the hub's total into a stalled pool of the same size
+(:attr:`ReadBudget.stalled`): what a token left stalled bounds its own later reads, not
+other tokens'. A bulk connection that stalls is closed, which frees everything.
+
 Sizing, for the shipped Deployment (``memory: 1Gi``): a serving hub holds 92 to 143 MiB
 at its measured peak (``bench.rss``, local blobs and S3). Stalled streams hold at most
 :data:`TOTAL_BYTES` (384 MiB) of blocks and their copies, one token at most
@@ -38,7 +50,10 @@ other token). A stream waiting for room holds its request and gRPC's call state:
 KiB for a spoke's 16-digest request, at most about 120 KiB (one 64 KiB stream window of
 request bytes, :data:`hub.wire.CORE_REQUEST_BYTES`, and gRPC's call state), so a token's
 :data:`STREAMS_PER_TOKEN` (512) streams hold at most about 60 MiB more.
-143 + 384 + 60 = 587 MiB, under 1 GiB with room for the allocator's slack.
+143 + 384 + 60 = 587 MiB, under 1 GiB with room for the allocator's slack; stalled
+gRPC messages waiting in core for clients that never read add at most the stalled pool, one
+chunk (1 MiB) a stream, so 384 MiB more at most, under 1 GiB still (971 MiB), and only
+once tokens that stall have filled it.
 
 A spoke opens at most 16 block streams (``spoke.fetch.scheduler``: 8 for every class and 8 more
 for demand misses), so 512 streams is 32 spokes sharing one token at full concurrency; a
@@ -82,6 +97,28 @@ WAIT_S = 10.0
 (``--budget-wait``); shorter when the call's deadline is nearer."""
 
 
+STALL_S = 30.0
+"""Default longest one send of a block's bytes may make no progress before its stream is
+ended and its charge released, seconds (``--stall-timeout``): a reader must take a chunk
+(1 MiB) within it, 35 KB/s, to be served."""
+
+
+def stalled_charge(message_bytes: int) -> int:
+    """What gRPC core keeps for a stream stalled on a message of ``message_bytes``: the
+    message itself, until the client reads it or the call ends."""
+    return message_bytes
+
+
+def stall_error(what: str, stall_s: float) -> QuotaExceeded:
+    """The refusal of a stream whose client took none of ``what`` within ``stall_s``."""
+    return QuotaExceeded(
+        "stall",
+        f"the client took none of {what} within {stall_s:g} s (--stall-timeout); the "
+        "stream is ended and its share of the read budget given back: read what a stream "
+        "sends, or cancel it",
+    )
+
+
 def block_charge(size: int, chunk_bytes: int) -> int:
     """What a block (or a packed run) of ``size`` bytes costs while a stream sends it."""
     return size + 2 * min(size, chunk_bytes)
@@ -110,6 +147,8 @@ class ReadBudget:
         bytes_per_token: Most bytes charged at once per principal.
         total_bytes: Most bytes charged at once in total.
         wait_s: Longest a charge waits for room, seconds.
+        total_streams: Most streams open at once over every principal.
+        stall_s: Longest one send may make no progress, seconds (:data:`STALL_S`).
     """
 
     def __init__(
@@ -119,15 +158,20 @@ class ReadBudget:
         total_bytes: int = TOTAL_BYTES,
         wait_s: float = WAIT_S,
         total_streams: int = STREAMS,
+        stall_s: float = STALL_S,
     ) -> None:
         if min(streams_per_token, bytes_per_token, total_bytes, total_streams) < 1 or wait_s < 0:
             raise ValueError("read budget limits must be positive")
+        if stall_s <= 0:
+            raise ValueError("the stall timeout must be positive")
         self.streams_per_token = streams_per_token
         self.bytes_per_token = bytes_per_token
         self.total_bytes = total_bytes
         self.total_streams = total_streams
         self.wait_s = wait_s
+        self.stall_s = stall_s
         self.held = 0
+        self.stalled = 0
         self.streams = 0
         self._shares: dict[str, _Share] = {}
         self._waiters: collections.deque[_Waiter] = collections.deque()
@@ -257,6 +301,35 @@ class ReadBudget:
             return
         share.held -= amount
         self.held -= amount
+        self._forget(name, share)
+        self._wake()
+
+    def take_stalled(self, name: str, amount: int) -> bool:
+        """Charges what gRPC core keeps for one of ``name``'s stalled streams
+        (:func:`stalled_charge`) to ``name``'s share and, when it has room, to the stalled
+        pool instead of the hub's total; never waits (the bytes are held already).
+
+        Returns:
+            Whether it went to the stalled pool (pass it to :meth:`release_stalled`).
+        """
+        pooled = self.stalled + amount <= self.total_bytes
+        self._shares.setdefault(name, _Share()).held += amount
+        if pooled:
+            self.stalled += amount
+        else:
+            self.held += amount
+        return pooled
+
+    def release_stalled(self, name: str, amount: int, pooled: bool) -> None:
+        """Gives back a charge :meth:`take_stalled` made; wakes the waiters that fit."""
+        share = self._shares.get(name)
+        if share is None:
+            return
+        share.held -= amount
+        if pooled:
+            self.stalled -= amount
+        else:
+            self.held -= amount
         self._forget(name, share)
         self._wake()
 

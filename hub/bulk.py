@@ -20,6 +20,14 @@ Bytes: from a local blob store without TLS, a block leaves by ``sendfile(2)`` (t
 kernel's readahead for the next blocks of the request is asked for
 (``POSIX_FADV_WILLNEED``) while one is sent. Under TLS, or from S3, the block is read
 whole in a worker thread and written once (the copy TLS needs anyway).
+
+Stalls: a block leaves in steps of :data:`STEP_BYTES`, and while a step is under way the
+client must take some of the connection's bytes (its kernel acknowledges them,
+``TCP_INFO``) within every stall timeout (:attr:`hub.budget.ReadBudget.stall_s`,
+``--stall-timeout``). A connection that takes none is counted (``limit="stall"``), audited
+and closed at once (an error frame could not reach a client that does not read), so the
+block's charge is released and the kernel frees what the socket held. A reader that keeps
+taking bytes, however slowly, is never cut.
 """
 
 from __future__ import annotations
@@ -28,16 +36,18 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import ssl
-from collections.abc import Callable, Sequence
+import struct
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from hub.auth import ANONYMOUS, AUTHORIZATION, Principal, TokenFile, TokenTable
 from hub.blobstore import BlobStore, LocalBlobStore
-from hub.budget import ReadBudget
+from hub.budget import ReadBudget, stall_error
 from hub.catalog import Catalog
 from hub.errors import (
     BlockNotFound,
@@ -51,9 +61,12 @@ from hub.errors import (
 from hub.inbound import REQUEST_WAIT_S
 from hub.limits import IDLE_S
 from hub.metrics import HubMetrics
+from hub.wire import CHUNK_BYTES
 from protocol import bulk
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 METHOD = "ReadBlocks"
 """The method name bulk requests are counted and audited under (the gRPC call's)."""
@@ -66,8 +79,21 @@ READAHEAD_BYTES = 1 << 20
 """Blocks of at least this size have the next block's readahead asked for while they are
 sent (for smaller ones the three system calls cost more than they save)."""
 
+STEP_BYTES = CHUNK_BYTES
+"""Bytes of a block sent per step, each within the stall timeout (a gRPC message's worth,
+so both channels ask a reader for the same progress)."""
+
 READ_LIMIT = 16 * 1024
 """Unread input buffered per connection, bytes (a request is at most 12.3 KiB)."""
+
+
+class _Stalled(Exception):
+    """The client took none of a block's bytes within the stall timeout."""
+
+    def __init__(self, error: QuotaExceeded) -> None:
+        super().__init__(str(error))
+        self.error = error
+
 
 Failed = Callable[[str, str, Exception], tuple[grpc.StatusCode, str]]
 """Turns an error into ``(status, message)``, counted and audited: ``(method, peer, error)``."""
@@ -239,6 +265,10 @@ class BulkServer:
         try:
             with self._budget.stream(principal.name):
                 await self._answer(writer, principal, request.digests)
+        except _Stalled as stalled:
+            self._failed(METHOD, peer, stalled.error)  # counted and audited
+            writer.transport.abort()  # nothing reaches a client that does not read
+            return False
         except HubError as err:
             await self._refuse(writer, peer, err)
             return False
@@ -281,6 +311,7 @@ class BulkServer:
                 were sent).
             QuotaExceeded: no room in the read budget within its wait.
             CorruptBlob: a stored block has the wrong length.
+            _Stalled: the client took no step of a block within the stall timeout.
         """
         readable = None if principal.scopes == ("*",) else principal.may_read
         sizes = await asyncio.to_thread(self._sizes, digests, readable)
@@ -298,14 +329,44 @@ class BulkServer:
                     data = await asyncio.to_thread(self._store.read, digest)
                     if len(data) != size:
                         raise CorruptBlob(f"block {digest} has {len(data)} bytes, not {size}")
-                    writer.write(data)
-                    del data
-                    await writer.drain()
+                    view = memoryview(data)
+                    for offset in range(0, size, STEP_BYTES):
+                        writer.write(view[offset : offset + STEP_BYTES])
+                        await self._progress(writer.drain(), writer.transport)
+                    del view, data
             finally:
                 self._budget.release(who, size)
             self._metrics.blocks_served.inc()
             self._metrics.blocks_served_bytes.inc(size)
             self._metrics.bulk_bytes.inc(size)
+
+    async def _progress(self, step: Awaitable[_T], transport: asyncio.WriteTransport) -> _T:
+        """``step`` (a send on ``transport``), given as long as the client takes bytes:
+        within every stall timeout the client must have taken some (:func:`_taken`), or
+        the step is given up. Progress, not the step's time, so a slow reader behind a deep
+        socket buffer is served; where the kernel does not count, the step itself must
+        complete within the stall timeout.
+
+        Raises:
+            _Stalled: the client took nothing within a stall timeout.
+        """
+        stall_s = self._budget.stall_s
+        sending = asyncio.ensure_future(step)
+        try:
+            taken = _taken(transport)
+            while True:
+                done, _ = await asyncio.wait((sending,), timeout=stall_s)
+                if done:
+                    return sending.result()
+                now = _taken(transport)
+                if now is None or now == taken:
+                    raise _Stalled(stall_error("a step of a block", stall_s))
+                taken = now
+        finally:
+            if not sending.done():
+                sending.cancel()
+                with contextlib.suppress(BaseException):
+                    await sending
 
     def _sizes(
         self, digests: Sequence[str], readable: Callable[[str], bool] | None
@@ -329,6 +390,7 @@ class BulkServer:
         Raises:
             CorruptBlob: the blob file is missing or has another size.
             ConnectionError: the client went away.
+            _Stalled: the client took no step within the stall timeout.
         """
         assert self._local is not None
         try:
@@ -354,11 +416,40 @@ class BulkServer:
             if sent < size:
                 with open(fd, "rb", buffering=0, closefd=False) as file:
                     loop = asyncio.get_running_loop()
-                    sent += await loop.sendfile(transport, file, sent, size - sent)
+                    while sent < size:  # a step at a time, each within the stall timeout
+                        step = min(STEP_BYTES, size - sent)
+                        moved = await self._progress(
+                            loop.sendfile(transport, file, sent, step), transport
+                        )
+                        if not moved:
+                            break
+                        sent += moved
             if sent != size:
                 raise ConnectionResetError(f"sent {sent} of block {digest}'s {size} bytes")
         finally:
             os.close(fd)
+
+
+_TCP_INFO = struct.Struct("120xQ")
+"""``struct tcp_info`` up to ``tcpi_bytes_acked`` (Linux 4.1, ``linux/tcp.h``): the bytes
+of the connection the peer's kernel has acknowledged."""
+
+
+def _taken(transport: asyncio.WriteTransport) -> int | None:
+    """Bytes of the connection the client has taken so far (``tcpi_bytes_acked``, tcp(7)
+    ``TCP_INFO``): its kernel acknowledges them only while its receive buffer has room,
+    that is while the client reads. None where the kernel does not say."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
+    except (OSError, AttributeError):
+        return None
+    if len(info) < _TCP_INFO.size:
+        return None
+    acked: int = _TCP_INFO.unpack(info)[0]
+    return acked
 
 
 def _will_need(path: os.PathLike[str]) -> None:

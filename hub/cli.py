@@ -5,7 +5,8 @@ strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--po
                    [--tls-cert PEM --tls-key PEM [--client-ca PEM]] [--tokens FILE [--insecure]]
                    [--max-message-bytes N] [--max-connections N] [--handshake-timeout S]
                    [--max-streams-per-token N] [--max-block-streams N] [--max-bytes-per-token N]
-                   [--max-bytes-in-flight N] [--budget-wait S] [--grant-holders-per-token N]
+                   [--max-bytes-in-flight N] [--budget-wait S] [--stall-timeout S]
+                   [--grant-holders-per-token N]
                    [--max-manifest-streams N] [--max-watch-streams N]
                    [--bulk-port PORT [--bulk-port-file PATH] [--bulk-max-connections N]]
                    [--grace SECONDS] [--blobs DIR|s3://B/P]
@@ -52,7 +53,14 @@ import typer
 from hub.atomic import write_atomic
 from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog, operator
 from hub.blocks import DEFAULT_BLOCK_SIZE
-from hub.budget import BYTES_PER_TOKEN, STREAMS, STREAMS_PER_TOKEN, TOTAL_BYTES, WAIT_S
+from hub.budget import (
+    BYTES_PER_TOKEN,
+    STALL_S,
+    STREAMS,
+    STREAMS_PER_TOKEN,
+    TOTAL_BYTES,
+    WAIT_S,
+)
 from hub.bulk import MAX_CONNECTIONS as BULK_CONNECTIONS
 from hub.catalog.locations import redact
 from hub.catalogcli import register as register_catalog_commands
@@ -244,6 +252,16 @@ def serve(
             "is refused (RESOURCE_EXHAUSTED).",
         ),
     ] = WAIT_S,
+    stall_timeout: Annotated[
+        float,
+        typer.Option(
+            "--stall-timeout",
+            help="Seconds one send of a block's bytes (a ReadBlocks message, a bulk "
+            "channel step of 1 MiB) may make no progress; then the stream is ended "
+            "(RESOURCE_EXHAUSTED; a bulk connection is closed) and its share of the byte "
+            "budget given back. A slow reader that keeps reading is not cut.",
+        ),
+    ] = STALL_S,
     max_manifest_streams: Annotated[
         int,
         typer.Option(
@@ -366,6 +384,7 @@ def serve(
         max_bytes_per_token=max_bytes_per_token,
         max_bytes_in_flight=max_bytes_in_flight,
         budget_wait_s=budget_wait,
+        stall_timeout_s=stall_timeout,
         grant_holders_per_token=grant_holders_per_token,
         max_manifest_streams=max_manifest_streams,
         max_watch_streams=max_watch_streams,

@@ -37,8 +37,10 @@ class QuotaExceeded(LimitExceeded):
     ``strata_hub_limit_refusals_total`` and audited.
 
     Attributes:
-        limit: Which limit: ``streams``, ``bytes``, ``grants`` or ``request`` (a request
-            message not received within its deadline, :mod:`hub.inbound`).
+        limit: Which limit: ``streams``, ``bytes``, ``grants``, ``request`` (a request
+            message not received within its deadline, :mod:`hub.inbound`) or ``stall`` (a
+            block's bytes not taken by the client within the stall timeout,
+            :mod:`hub.budget`).
     """
 
     def __init__(self, limit: str, message: str) -> None:

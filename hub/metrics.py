@@ -63,6 +63,9 @@ class HubMetrics:
             ``request`` (a request message not received within its deadline).
         read_bytes_held: ``strata_hub_read_bytes_held``: block bytes charged to ReadBlocks
             streams now (:class:`hub.budget.ReadBudget`; read at scrape time).
+        read_bytes_stalled: ``strata_hub_read_bytes_stalled``: bytes of messages that
+            stalled ReadBlocks streams left in gRPC core, charged to their tokens out of the
+            hub's total (:meth:`hub.budget.ReadBudget.take_stalled`).
         events: ``strata_hub_catalog_events_total{kind}``: catalog events seen.
         catalog_up: ``strata_hub_catalog_up``: 1 while the catalog answers the watcher's
             polls (:class:`hub.watch.CatalogWatcher`), 0 while its engine is unreachable;
@@ -122,6 +125,12 @@ class HubMetrics:
         self.read_bytes_held = Gauge(
             "strata_hub_read_bytes_held",
             "Block bytes held for ReadBlocks streams (charged to the read budget).",
+            registry=self.registry,
+        )
+        self.read_bytes_stalled = Gauge(
+            "strata_hub_read_bytes_stalled",
+            "Bytes of messages stalled ReadBlocks streams left in gRPC core until their "
+            "clients read, cancel or go away (--stall-timeout).",
             registry=self.registry,
         )
         self.publish_duration = Histogram(

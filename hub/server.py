@@ -37,6 +37,7 @@ from hub.auth import TokenFile
 from hub.blocks import MiB
 from hub.budget import (
     BYTES_PER_TOKEN,
+    STALL_S,
     STREAMS,
     STREAMS_PER_TOKEN,
     TOTAL_BYTES,
@@ -123,6 +124,8 @@ class ServerConfig:
         max_bytes_per_token: Most block bytes held for one token's streams.
         max_bytes_in_flight: Most block bytes held for every stream together.
         budget_wait_s: Longest a stream waits for room in the read budget, seconds.
+        stall_timeout_s: Longest one send of a block's bytes may make no progress before
+            its stream is ended and its charge released, seconds.
         grant_holders_per_token: Most holder keys one token may hold live read grants for
             (:class:`hub.grants.GrantLimiter`).
         max_manifest_streams: Most GetManifest streams open at once (:mod:`hub.streams`).
@@ -155,6 +158,7 @@ class ServerConfig:
     max_bytes_per_token: int = BYTES_PER_TOKEN
     max_bytes_in_flight: int = TOTAL_BYTES
     budget_wait_s: float = WAIT_S
+    stall_timeout_s: float = STALL_S
     grant_holders_per_token: int = HOLDERS_PER_TOKEN
     max_manifest_streams: int = MANIFEST_STREAMS
     max_watch_streams: int = WATCH_STREAMS
@@ -225,6 +229,8 @@ class ServerConfig:
             )
         if not 0 <= self.budget_wait_s <= 600:
             raise ConfigError(f"--budget-wait {self.budget_wait_s} s is not in [0, 600]")
+        if not 0 < self.stall_timeout_s <= 3600:
+            raise ConfigError(f"--stall-timeout {self.stall_timeout_s} s is not in (0, 3600]")
         if min(self.max_manifest_streams, self.max_watch_streams) < TOKEN_SHARE:
             raise ConfigError(
                 f"--max-manifest-streams {self.max_manifest_streams} and --max-watch-streams "
@@ -434,6 +440,7 @@ class HubServer:
                 config.max_bytes_in_flight,
                 config.budget_wait_s,
                 config.max_block_streams,
+                config.stall_timeout_s,
             )
             service = HubService(
                 catalog,

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -36,7 +36,7 @@ from hub.audit import AuditLog
 from hub.auth import Principal
 from hub.blobstore import BlobStore
 from hub.blockstream import MAX_DIGESTS_PER_REQUEST, BlockStreamer, PackedDigests
-from hub.budget import ReadBudget
+from hub.budget import ReadBudget, stall_error, stalled_charge
 from hub.catalog import Catalog, Snapshot, Tag
 from hub.errors import (
     Conflict,
@@ -170,6 +170,43 @@ def _streaming(
     return handler
 
 
+def _writing(
+    method: Callable[[HubService, _Request, Any, Principal], Awaitable[None]],
+) -> Callable[..., Awaitable[None]]:
+    """Wraps a response-streaming handler that writes its own messages (each send timed,
+    :meth:`HubService._send_blocks`): the gate's principal, limits, status, counting. A
+    call whose status was sent already (a stalled stream, counted when it was ended) is
+    not counted again."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def handler(
+        self: HubService, request: _Request, context: Any, principal: Principal | None = None
+    ) -> None:
+        active = self._metrics.active_streams.labels(method=name)
+        active.inc()
+        try:
+            if principal is None:
+                raise _UNGATED
+            if isinstance(request, Oversize):
+                raise request.error()
+            await method(self, request, context, principal)
+        except asyncio.CancelledError:
+            if not context.done():
+                self.count(name, grpc.StatusCode.CANCELLED)
+            raise
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await self._abort(name, context, exc)
+        finally:
+            active.dec()
+        if not context.done():
+            self.count(name, grpc.StatusCode.OK)
+
+    return handler
+
+
 _AUDITED_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 REFUSE_READ_S = 1.0
@@ -253,6 +290,7 @@ class HubService(hub_pb2_grpc.HubServicer):
         )
         self._call_slots = StreamSlots("unary", "hub.streams.UNARY_CALLS", UNARY_CALLS)
         self._metrics.read_bytes_held.set_function(lambda: self._budget.held)
+        self._metrics.read_bytes_stalled.set_function(lambda: self._budget.stalled)
         self._blocks = BlockStreamer(catalog, store, self._budget, self._metrics, chunk_bytes)
         if grant_limiter is None and grants is not None:
             grant_limiter = GrantLimiter(grants.lifetime_s)
@@ -436,16 +474,20 @@ class HubService(hub_pb2_grpc.HubServicer):
             snapshot=snapshot_message(snapshot),
         )
 
-    @_streaming
-    async def ReadBlocks(  # type: ignore[override]  # bytes pass HubWire's serializer
-        self, request_iterator: AsyncIterator[hub_pb2.ReadBlocksRequest], principal: Principal
-    ) -> AsyncIterator[bytes]:
+    @_writing
+    async def ReadBlocks(  # type: ignore[override]  # writes its messages, each timed
+        self,
+        request_iterator: AsyncIterator[hub_pb2.ReadBlocksRequest],
+        context: Any,
+        principal: Principal,
+    ) -> None:
         """Answers each requested digest, in order, with its bytes in chunks.
 
         The stream takes one of the caller's stream slots (and one of the hub's) before its
         request is read, receives each request within its deadline with its bytes charged
         meanwhile (:mod:`hub.inbound`), and charges each block to the caller's share of the
         read budget before reading it (:mod:`hub.budget`): over any, RESOURCE_EXHAUSTED.
+        Each message must leave within the stall timeout (:meth:`_send_blocks`).
         """
         readable = None if principal.scopes == ("*",) else principal.may_read
         requests = request_iterator
@@ -460,7 +502,11 @@ class HubService(hub_pb2_grpc.HubServicer):
                 request = await receive(requests, self._budget, principal.name, first=first)
                 if request is None:
                     break
-                first = False
+                if first:
+                    # headers now: the status of a stream stalled on its first message
+                    # must be the only operation core is given then
+                    await context.send_initial_metadata(())
+                    first = False
                 if isinstance(request, Oversize):
                     raise request.error()
                 if len(request.digests) > MAX_DIGESTS_PER_REQUEST:
@@ -471,10 +517,54 @@ class HubService(hub_pb2_grpc.HubServicer):
                 digests = PackedDigests([validate_digest(digest) for digest in request.digests])
                 pack_bytes = min(request.pack_bytes, self._chunk_bytes)
                 request = None  # type: ignore[assignment]  # not kept while the stream waits
-                async for message in self._blocks.messages(
-                    digests, readable, pack_bytes, principal.name
-                ):
-                    yield message
+                messages = self._blocks.messages(digests, readable, pack_bytes, principal.name)
+                if not await self._send_blocks(context, messages, principal.name):
+                    return  # stalled: ended with its status
+
+    async def _send_blocks(
+        self, context: Any, messages: AsyncGenerator[bytes, None], who: str
+    ) -> bool:
+        """Writes ``messages``, each within the budget's stall timeout; False when one was
+        not, and the call has been ended.
+
+        A message the client's flow-control window has not taken within
+        :attr:`ReadBudget.stall_s` ends the stream: ``messages`` is closed, which gives
+        back its charges, and the call is ended RESOURCE_EXHAUSTED (counted
+        ``limit="stall"`` and audited). The message stays in gRPC core until the client
+        reads it, cancels or goes away (``grpc.aio`` cannot reset one stream), and so does
+        its status, queued behind it: until then it stays charged to ``who`` (in the
+        budget's stalled pool, :meth:`ReadBudget.take_stalled`) and the stream keeps its
+        slot, so what stalled streams leave in core stays bounded.
+
+        Raises:
+            asyncio.CancelledError: the call ended under a write (the client went away).
+        """
+        stall_s = self._budget.stall_s
+        stalled = 0
+        async with contextlib.aclosing(messages):
+            async for message in messages:
+                try:
+                    async with asyncio.timeout(stall_s):
+                        await context.write(message)
+                except TimeoutError:
+                    stalled = stalled_charge(len(message))
+                    break
+                except Exception:
+                    # the call ended under the write (the client went away, the server
+                    # stops): what grpc.aio does with a cancelled call, quietly
+                    raise asyncio.CancelledError from None
+        if not stalled:
+            return True
+        pooled = self._budget.take_stalled(who, stalled)
+        try:
+            await self._abort("ReadBlocks", context, stall_error("a block's message", stall_s))
+        except grpc.aio.AbortError:
+            raise
+        except Exception:  # the call ended (the client went away) before its status left
+            pass
+        finally:
+            self._budget.release_stalled(who, stalled, pooled)
+        return False
 
     @_unary
     async def IssueGrant(

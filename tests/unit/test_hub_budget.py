@@ -65,6 +65,38 @@ def test_a_cancelled_waiter_leaves_no_charge() -> None:
     asyncio.run(run())
 
 
+def test_what_a_stalled_stream_leaves_in_core_stays_on_its_token_not_the_hubs_total() -> None:
+    async def run() -> None:
+        budget = ReadBudget(bytes_per_token=10, total_bytes=12, wait_s=5, stall_s=1)
+        await budget.take("a", 10)
+        waiter = asyncio.ensure_future(budget.take("b", 6))
+        await asyncio.sleep(0)
+        assert not waiter.done()  # the hub is full
+        # a's stream stalls: its charge goes, the message core keeps stays a's
+        pooled = budget.take_stalled("a", 3)
+        budget.release("a", 10)
+        await asyncio.wait_for(waiter, 1)  # another token gets the room
+        assert pooled and (budget.held, budget.stalled, budget.held_by("a")) == (6, 3, 3)
+        assert not budget.try_take("a", 8)  # a's own share counts what it left stalled
+        # the stalled pool is as large as the total; beyond, the hub's total takes it
+        assert budget.take_stalled("c", 9) and not budget.take_stalled("c", 1)
+        assert (budget.held, budget.stalled) == (7, 12)
+        budget.release_stalled("c", 1, False)
+        budget.release_stalled("c", 9, True)
+        budget.release_stalled("a", 3, True)
+        budget.release("b", 6)
+        assert (budget.held, budget.stalled, budget.held_by("a"), budget.held_by("c")) == (
+            0,
+            0,
+            0,
+            0,
+        )
+        with pytest.raises(ValueError, match="stall"):
+            ReadBudget(stall_s=0)
+
+    asyncio.run(run())
+
+
 def test_streams_per_token_are_capped() -> None:
     budget = ReadBudget(streams_per_token=2)
     with budget.stream("a"), budget.stream("a"):
