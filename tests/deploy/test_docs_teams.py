@@ -83,8 +83,9 @@ def test_the_tenancy_patch_renders_into_the_overlay(tmp_path: Path) -> None:
     (tenancy,) = [o for o in objects if o["metadata"]["name"] == "strata-csi-tenancy"]
     assert tenancy["kind"] == "ConfigMap" and tenancy["metadata"]["namespace"] == "strata"
     assert parse(tenancy["data"]["tenancy.yaml"]) == {"team-a": ("team-a",), "team-b": ("team-b",)}
-    (spokes,) = [o for o in objects if o["kind"] == "DaemonSet"]
-    volumes = {v["name"]: v for v in spokes["spec"]["template"]["spec"]["volumes"]}
+    daemonsets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DaemonSet"}
+    plugins = daemonsets["strata-spoke-csi"]
+    volumes = {v["name"]: v for v in plugins["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tenancy"]["configMap"]["name"] == "strata-csi-tenancy"
 
 
@@ -109,7 +110,9 @@ def test_the_tenants_patches_give_the_spoke_its_shares(tmp_path: Path) -> None:
     objects = kubectl_render(kustomization.parent) or render(kustomization.parent)
     (configmap,) = [o for o in objects if o["metadata"]["name"] == "strata-spoke-tenants"]
     assert configmap["kind"] == "ConfigMap" and configmap["metadata"]["namespace"] == "strata"
-    (spokes,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    (spokes,) = [
+        o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "strata-spoke"
+    ]
     pod = spokes["spec"]["template"]["spec"]
     (spoke,) = [c for c in pod["containers"] if c["name"] == "spoke"]
     env = {e["name"]: e.get("value") for e in spoke["env"]}
@@ -207,8 +210,9 @@ def test_the_pod_is_restricted_and_asks_the_plugin_for_a_dataset() -> None:
     assert driver["spec"]["podInfoOnMount"] is True, "the namespace the policy needs"
     assert volume["csi"]["readOnly"] is True
     assert tuple(volume["csi"]["volumeAttributes"]) == ATTRIBUTES
-    daemonset = yaml.safe_load((K8S / "base" / "spoke" / "daemonset.yaml").read_text())
-    assert spec["nodeSelector"] == daemonset["spec"]["template"]["spec"]["nodeSelector"]
+    for name in ("daemonset.yaml", "csi-daemonset.yaml"):  # the spoke's and the plugin's
+        daemonset = yaml.safe_load((K8S / "base" / "spoke" / name).read_text())
+        assert spec["nodeSelector"] == daemonset["spec"]["template"]["spec"]["nodeSelector"]
 
 
 def test_the_quoted_refusal_is_the_plugins(tmp_path: Path) -> None:

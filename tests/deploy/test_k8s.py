@@ -379,31 +379,82 @@ def _job(objects: dict[str, dict[tuple[str, str, str], Obj]], overlay: str) -> O
     return job
 
 
-def test_csi_plugin_beside_the_spoke(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> None:
-    """strata-csi in the spoke's pod: the same mount as the spoke (HostToContainer), the
-    kubelet's pods directory at the kubelet's own path (Bidirectional, so the binds reach
-    the node), its socket where the registrar tells the kubelet it is, and a CSIDriver of
-    its name for ephemeral inline volumes only, nothing to attach."""
+def _csi_plugin(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> Obj:
+    return objects["gpu-region"][("DaemonSet", "strata", "strata-spoke-csi")]
+
+
+def _node_path(container: Obj, pod: Obj, path: str) -> str:
+    """``path`` of the container as the node sees it: through its hostPath volume."""
+    mount, volume = _mount_for(container, pod, path)
+    assert "hostPath" in volume, f"{path} is not on the node"
+    node: str = volume["hostPath"]["path"] + path.removeprefix(mount["mountPath"])
+    return node
+
+
+def test_csi_plugin_in_a_daemonset_of_its_own(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    """strata-csi and its registrar in the DaemonSet strata-spoke-csi, not in the spoke's
+    pod (rolling either leaves the other running), on the same nodes: the spoke's mount as
+    the node sees it (the spoke shares it Bidirectional, the plugin reads it
+    HostToContainer at the spoke's --mount), the kubelet's pods directory at the kubelet's
+    own path (Bidirectional, so the binds reach the node), its socket where the registrar
+    tells the kubelet it is, its records on the node, and a CSIDriver of its name for
+    ephemeral inline volumes only, nothing to attach."""
     gpu = objects["gpu-region"]
-    pod = _spoke(objects)["spec"]["template"]["spec"]
-    spoke, csi, registrar = (_named(pod, n) for n in ("spoke", "csi", "node-driver-registrar"))
+    spoke_set, csi_set = _spoke(objects), _csi_plugin(objects)
+    spoke_pod = spoke_set["spec"]["template"]["spec"]
+    pod = csi_set["spec"]["template"]["spec"]
+    assert [c["name"] for c in spoke_pod["containers"]] == ["spoke"], "the spoke's pod is its own"
+    assert {c["name"] for c in pod["containers"]} == {"csi", "node-driver-registrar"}
+    assert not pod.get("initContainers")
+    assert pod_labels(csi_set).items() != pod_labels(spoke_set).items()
+    assert csi_set["spec"]["selector"]["matchLabels"].items() <= pod_labels(csi_set).items()
+    assert not csi_set["spec"]["selector"]["matchLabels"].items() <= pod_labels(spoke_set).items()
+    # wherever a spoke runs, and nowhere else
+    for field in ("nodeSelector", "tolerations", "priorityClassName"):
+        assert pod[field] == spoke_pod[field], field
+    assert not pod.get("hostPID"), "only the spoke's drain needs the node's processes"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # a rollout of N nodes goes a quarter at a time; the spoke's, one node at a time
+    assert csi_set["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": "25%"},
+    }
+    assert spoke_set["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 1
+    spoke = _named(spoke_pod, "spoke")
+    csi, registrar = (_named(pod, n) for n in ("csi", "node-driver-registrar"))
     assert csi["command"] == ["strata-csi"] and csi["args"][0] == "serve"
     assert csi["securityContext"]["privileged"] is True, "Bidirectional needs privileged"
+    # the mount: the spoke mounts on --mount inside a root it shares with the node; the
+    # plugin's --mount is the same path on the same node directory, seen HostToContainer
     mountpoint = _flag(csi["args"], "--mount")
     assert mountpoint == _flag(spoke["args"], "--mount")
+    spoke_root, spoke_root_volume = _mount_for(spoke, spoke_pod, mountpoint)
     csi_root, csi_root_volume = _mount_for(csi, pod, mountpoint)
-    spoke_root, spoke_root_volume = _mount_for(spoke, pod, mountpoint)
-    assert csi_root_volume is spoke_root_volume and csi_root["mountPath"] == spoke_root["mountPath"]
+    assert spoke_root["mountPropagation"] == "Bidirectional", "the node must see the spoke's mount"
     assert csi_root["mountPropagation"] == "HostToContainer", "it must see the spoke's mount"
+    assert "readOnly" not in csi_root, "a read-only hostPath would not propagate new mounts"
+    assert csi_root_volume == spoke_root_volume, "the same node directory, the same type"
+    assert _node_path(csi, pod, mountpoint) == _node_path(spoke, spoke_pod, mountpoint)
+    assert csi_root["mountPath"] != mountpoint, "a root above the mount: it survives remounts"
     pods_mount, pods_volume = _mount_for(csi, pod, "/var/lib/kubelet/pods/uid/volumes")
     assert pods_mount["mountPropagation"] == "Bidirectional"
     assert pods_volume["hostPath"]["path"] == pods_mount["mountPath"] == "/var/lib/kubelet/pods"
+    # nothing of the plugin is left in the spoke's pod
+    spoke_volumes = {v["name"]: v for v in spoke_pod["volumes"]}
+    assert not any(
+        v.get("hostPath", {}).get("path", "").startswith("/var/lib/kubelet")
+        for v in spoke_volumes.values()
+    )
+    assert "strata-csi-tenancy" not in str(spoke_pod)
     # the socket: csi serves it, the registrar dials it, the kubelet is told its node path
     socket = _flag(csi["args"], "--endpoint").removeprefix("unix://")
     assert _flag(registrar["args"], "--csi-address") == socket
     sock_mount, sock_volume = _mount_for(csi, pod, socket)
     assert _mount_for(registrar, pod, socket)[1] is sock_volume
-    node_socket = sock_volume["hostPath"]["path"] + socket.removeprefix(sock_mount["mountPath"])
+    node_socket = _node_path(csi, pod, socket)
     assert _flag(registrar["args"], "--kubelet-registration-path") == node_socket
     (driver,) = [o for o in gpu.values() if o["kind"] == "CSIDriver"]
     name = driver["metadata"]["name"]
@@ -413,16 +464,27 @@ def test_csi_plugin_beside_the_spoke(objects: dict[str, dict[tuple[str, str, str
     assert driver["spec"]["podInfoOnMount"] is True
     assert driver["spec"]["volumeLifecycleModes"] == ["Ephemeral"]
     assert driver["spec"]["fsGroupPolicy"] == "None", "the kubelet must not chown a snapshot"
-    assert _flag(csi["args"], "--state-dir").startswith(sock_mount["mountPath"] + "/")
+    # its records of published volumes on the node, beside its socket: a new plugin pod
+    # finds what the old one published
+    state = _flag(csi["args"], "--state-dir")
+    assert state.startswith(sock_mount["mountPath"] + "/")
+    assert _node_path(csi, pod, state).startswith(f"/var/lib/kubelet/plugins/{name}/")
     env = {e["name"]: e for e in csi["env"]}
     assert _flag(csi["args"], "--node-id") == "$(NODE_NAME)"
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    tenancy_mount, tenancy = _mount_for(csi, pod, _flag(csi["args"], "--tenancy"))
+    assert tenancy["configMap"]["name"] == "strata-csi-tenancy" and tenancy_mount["readOnly"]
+    assert ("ConfigMap", "strata", "strata-csi-tenancy") in gpu
     registration = _mount_for(registrar, pod, "/registration/x")[1]
     assert registration["hostPath"]["path"] == "/var/lib/kubelet/plugins_registry"
     assert registrar["securityContext"].get("privileged") is not True
+    assert registrar["securityContext"]["allowPrivilegeEscalation"] is False
     assert registrar["securityContext"]["capabilities"]["drop"] == ["ALL"]
     for container in (csi, registrar):
         assert "livenessProbe" in container and "readinessProbe" in container, container["name"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"cpu", "memory"} <= set(container["resources"]["limits"]), container["name"]
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"]), container["name"]
     probe = csi["livenessProbe"]["exec"]["command"]
     assert probe[:2] == ["strata-csi", "probe"] and _flag(probe, "--endpoint") == f"unix://{socket}"
     # a volume's own token is checked at the spoke's hub, with the spoke's TLS files (the
@@ -441,7 +503,7 @@ def test_csi_plugin_beside_the_spoke(objects: dict[str, dict[tuple[str, str, str
         assert mount["readOnly"] is True
         assert (
             volume["secret"]["secretName"]
-            == _mount_for(spoke, pod, path)[1]["secret"]["secretName"]
+            == _mount_for(spoke, spoke_pod, path)[1]["secret"]["secretName"]
         )
         items = {i["key"]: i["path"] for i in volume["secret"]["items"]}
         assert items[path.rpartition("/")[2]] == path.rpartition("/")[2]
@@ -449,16 +511,54 @@ def test_csi_plugin_beside_the_spoke(objects: dict[str, dict[tuple[str, str, str
     assert "--hub-insecure" not in str(csi["args"])
 
 
+def test_resource_alerts_cover_the_plugins_pods(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    """The memory, restart and OOM rules (and the dashboard's resource panels) pick pods by
+    name, ``strata-(hub|spoke)-.+``: the DaemonSet's name, strata-spoke-csi, keeps its
+    pods (csi, node-driver-registrar) under them; the example Jobs are not Strata's."""
+    patterns = set(re.findall(r'pod=~"([^"]+)"', RULES.read_text()))
+    assert patterns, "the rules pick no pods by name"
+    for key, obj in objects["gpu-region"].items():
+        if obj["kind"] == "DaemonSet":
+            pod_name = f"{key[2]}-x7k2p"  # a DaemonSet's pods: its name, a dash, a suffix
+            for pattern in patterns:
+                assert re.fullmatch(pattern, pod_name), (pattern, pod_name)
+    assert not re.fullmatch(next(iter(patterns)), "strata-csi-node-x7k2p")
+
+
+def test_the_plugin_sees_the_spoke_mount_through_the_node(
+    objects: dict[str, dict[tuple[str, str, str], Obj]],
+) -> None:
+    """The checks above can fail: a plugin pod whose root is another node directory, or
+    whose --mount is not the spoke's, or that does not receive the node's mounts."""
+    spoke_pod = _spoke(objects)["spec"]["template"]["spec"]
+    spoke = _named(spoke_pod, "spoke")
+    mountpoint = _flag(spoke["args"], "--mount")
+    pod = copy.deepcopy(_csi_plugin(objects)["spec"]["template"]["spec"])
+    csi = _named(pod, "csi")
+    mount, volume = _mount_for(csi, pod, mountpoint)
+    assert _node_path(csi, pod, mountpoint) == _node_path(spoke, spoke_pod, mountpoint)
+    volume["hostPath"]["path"] = "/mnt/other"
+    assert _node_path(csi, pod, mountpoint) != _node_path(spoke, spoke_pod, mountpoint)
+    volume["hostPath"]["path"] = "/mnt/strata"
+    mount["mountPath"] = "/strata"
+    assert _node_path(csi, pod, "/strata/data") == _node_path(spoke, spoke_pod, mountpoint)
+    with pytest.raises(AssertionError):
+        _mount_for(csi, pod, mountpoint)  # the plugin's --mount is on no volume now
+
+
 def test_network_policies_name_every_destination(
     objects: dict[str, dict[tuple[str, str, str], Obj]],
 ) -> None:
     """In the GPU region no egress rule is open to every destination: the spokes reach
     the hub's address (the overlay's ipBlock, the same ports as the hub's Service), each
-    other and the cluster's DNS; the example Job only DNS; both select their pods."""
+    other and the cluster's DNS; strata-spoke-csi the hub (the same policy) and DNS, and
+    nothing reaches it; the example Job only DNS; each selects its pods."""
     gpu = {**objects["gpu-region"], **objects["train"]}
     policies = [o for o in gpu.values() if o["kind"] == "NetworkPolicy"]
     names = {p["metadata"]["name"] for p in policies}
-    assert names == {"strata-spoke", "strata-spoke-hub", "strata-train-f3"}
+    assert names == {"strata-spoke", "strata-spoke-hub", "strata-spoke-csi", "strata-train-f3"}
     for policy in policies:
         for rule in policy["spec"]["egress"]:
             assert rule.get("to"), f"{policy['metadata']['name']}: egress to anywhere: {rule}"
@@ -466,22 +566,44 @@ def test_network_policies_name_every_destination(
         e["name"]: e for e in _named(_spoke(objects)["spec"]["template"]["spec"], "spoke")["env"]
     }
     hub_port = int(env["STRATA_HUB"]["value"].rpartition(":")[2])
-    spoke_policies = [p for p in policies if p["metadata"]["name"].startswith("strata-spoke")]
-    (hub_rule,) = [
-        r
-        for p in spoke_policies
-        for r in p["spec"]["egress"]
-        if {"port": hub_port, "protocol": "TCP"} in r["ports"]
-    ]
-    (block,) = hub_rule["to"]
-    assert block["ipBlock"]["cidr"].endswith("/32"), "the hub's address, not a range"
-    for policy in spoke_policies:
-        selector = policy["spec"]["podSelector"]["matchLabels"]
-        assert selector.items() <= pod_labels(_spoke(objects)).items()
+    spoke_labels, csi_labels = pod_labels(_spoke(objects)), pod_labels(_csi_plugin(objects))
+    for labels in (spoke_labels, csi_labels):
+        # the policies that select these pods: one rule to the hub, none to anywhere else
+        (hub_rule,) = [
+            r
+            for p in policies
+            if _selects(p["spec"]["podSelector"], labels)
+            for r in p["spec"]["egress"]
+            if {"port": hub_port, "protocol": "TCP"} in r["ports"]
+        ]
+        (block,) = hub_rule["to"]
+        assert block["ipBlock"]["cidr"].endswith("/32"), "the hub's address, not a range"
+    by_name = {p["metadata"]["name"]: p for p in policies}
+    assert _selects(by_name["strata-spoke"]["spec"]["podSelector"], spoke_labels)
+    assert not _selects(by_name["strata-spoke"]["spec"]["podSelector"], csi_labels)
+    assert _selects(by_name["strata-spoke-hub"]["spec"]["podSelector"], spoke_labels)
+    csi_policy = by_name["strata-spoke-csi"]
+    assert _selects(csi_policy["spec"]["podSelector"], csi_labels)
+    assert not _selects(csi_policy["spec"]["podSelector"], spoke_labels)
+    assert csi_policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert csi_policy["spec"]["ingress"] == []
+    assert {p["port"] for r in csi_policy["spec"]["egress"] for p in r["ports"]} == {53}
     job = _job(objects, "train")
     train = next(p for p in policies if p["metadata"]["name"] == "strata-train-f3")
     assert train["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(job).items()
     assert train["spec"]["ingress"] == []
+
+
+def _selects(selector: Obj, labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels, matchExpressions with In) selects ``labels``."""
+    assert set(selector) <= {"matchLabels", "matchExpressions"}, selector
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", expression
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
 
 
 def test_training_job_reads_a_csi_volume(
@@ -659,8 +781,8 @@ def test_images_are_pinned_and_resources_set(
                 assert tag != "latest", (key, image)
                 limits: dict[str, Any] = container["resources"]["limits"]
                 assert "memory" in limits, f"{key} {container['name']} has no memory limit"
-    # the hub and its grant-key init; gc; the example publish; the spoke's init, spoke,
-    # csi and node-driver-registrar; two example Jobs
+    # the hub and its grant-key init; gc; the example publish; the spoke's init and spoke;
+    # strata-spoke-csi's csi and node-driver-registrar; two example Jobs
     assert seen == 10
 
 
@@ -736,5 +858,6 @@ def test_no_service_account_token_and_secrets_not_world_readable(
                 if "secret" in volume:
                     mode = volume["secret"].get("defaultMode")
                     assert mode is not None and mode & 0o007 == 0, (key, volume)
-    # hub, gc, the example publish, spoke, the example Job and its hostPath variant
-    assert seen == 6
+    # hub, gc, the example publish, spoke, strata-spoke-csi, the example Job and its
+    # hostPath variant
+    assert seen == 7
