@@ -133,6 +133,10 @@ def tls_context(
     return context
 
 
+CLOSE_WAIT_S = 1.0
+"""Longest a closing connection is waited for before it is dropped, seconds."""
+
+
 class BulkServer:
     """Serves blocks on the bulk channel (see the module docstring).
 
@@ -236,8 +240,11 @@ class BulkServer:
         finally:
             self._open.discard(task)
             writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            try:  # under TLS a spoke keeping its end open may never answer close_notify,
+                # and asyncio would wait 30 s (ssl_shutdown_timeout) for it at every stop
+                await asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S)
+            except (Exception, asyncio.CancelledError):
+                writer.transport.abort()
 
     async def _serve_one(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
