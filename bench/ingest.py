@@ -386,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
         help=f"shapes to run, comma-separated: {', '.join(SHAPES)} (default: all)",
     )
     parser.add_argument(
-        "--paths", default=",".join(PATHS), help="paths to run, comma-separated (default: all)"
+        "--paths",
+        default=",".join(PATHS),
+        help=f"paths to run, comma-separated: {', '.join(PATHS)} (default: all)",
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--floor-spec", type=Path, help=argparse.SUPPRESS)
@@ -403,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     size = parse_size(args.size)
     named = [name for name in args.only.split(",") if name]
     wrong = [name for name in named if name not in SHAPES]
+    if not named:
+        parser.error(f"--only names no shape; choose from {', '.join(SHAPES)}")
     if wrong:
         parser.error(f"unknown shape(s) {', '.join(wrong)}; choose from {', '.join(SHAPES)}")
     shapes = [SHAPES[name] for name in named]

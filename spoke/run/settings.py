@@ -271,6 +271,12 @@ class SpokeSettings(BaseSettings, MountSettings):
                 "--hub-token-file without TLS would send the token in cleartext: add "
                 "--hub-ca (or --hub-tls), or --hub-insecure on a trusted network"
             )
+        grpc_ports = {part.rpartition(":")[2] for part in self.hub.split(",")}
+        if self.hub_bulk_port is not None and str(self.hub_bulk_port) in grpc_ports:
+            raise ValueError(
+                f"--hub-bulk-port {self.hub_bulk_port} is the hub's gRPC port (--hub "
+                f"{self.hub}): give the port of the hub's serve --bulk-port"
+            )
         return self
 
     @field_validator("hub")

@@ -28,6 +28,7 @@ def _spoke(*args: str) -> subprocess.CompletedProcess[str]:
         ({"--background-fill": "sometimes"}, "--background-fill: Input should be 'auto' or 'off'"),
         ({"--fill-rate": "0"}, "--fill-rate must be a positive size per second"),
         ({"--fill-rate": "fast"}, "--fill-rate: "),
+        ({"--hub-bulk-port": "1"}, "--hub-bulk-port 1 is the hub's gRPC port"),
     ],
 )
 def test_bad_settings_are_one_line_errors(
