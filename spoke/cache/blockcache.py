@@ -375,15 +375,6 @@ class BlockCache:
         self._update_gauges()
         self._wake_evictor()
 
-    def pinned_bytes_of(self, tenant: str) -> int:
-        """Bytes of resident pinned blocks ``tenant`` owns (:mod:`spoke.cache.tenants`)."""
-        shares = self.tenants
-        if shares is None:
-            return 0
-        return sum(
-            size for d, size in self._pinned.items() if (shares.owner(d) or ("",))[0] == tenant
-        )
-
     def is_pinned(self, digest: str) -> bool:
         """True when some pin holds ``digest``."""
         return digest in self._pin_refs

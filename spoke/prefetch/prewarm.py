@@ -207,7 +207,13 @@ class PrewarmJobs:
             return
         others = sum(tenants.share_bytes(t) for t in tenants.tenants() if t != tenant)
         allowed = cache.capacity_bytes - others
-        held = cache.pinned_bytes_of(tenant)
+        # the tenant's pins as recorded, fetched or not: pins whose blocks are still on
+        # their way hold their room as much as resident ones (a probe pinned 48 MiB of a
+        # 32 MiB allowance in two requests before anything arrived)
+        held = sum(
+            p.bytes for p in self._pins.all() if tenants.tenant_of_datasets([p.dataset]) == tenant
+        )
+        new = sum(blocks.values())
         if held + new > allowed:
             raise CapacityError(
                 f"cannot pin {new:,} bytes of {what}: tenant {tenant} holds {held:,} pinned "

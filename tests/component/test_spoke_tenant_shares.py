@@ -22,6 +22,7 @@ from spoke.fetch.linkshare import DEMAND_RECENT_S
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.fetch.window import LinkWindow
 from spoke.prefetch.prewarm import CapacityError, PrewarmJobs
+from spoke.upkeep.pins import PinRegistry
 
 BLOCK = 4096
 TENANTS = """
@@ -276,19 +277,17 @@ def test_resident_blocks_are_attributed_again_at_start(tmp_path: Path) -> None:
 def test_a_tenants_pins_stop_where_the_other_tenants_shares_begin(tmp_path: Path) -> None:
     """Pinned blocks are never evicted: team-a (share 0.5 of 32 blocks) may pin at most
     the cache less team-b's share (32 - 8 = 24 blocks), so its pins cannot keep team-b
-    below its share."""
+    below its share — counted from the pins recorded, fetched or not (a probe pinned 48
+    MiB of a 32 MiB allowance in two requests before anything had arrived)."""
     world = World(tmp_path, 32)
-    jobs = PrewarmJobs(None, world.cache, world.scheduler, None)  # type: ignore[arg-type]
+    pins = PinRegistry(world.cache.store._env, world.cache)
+    jobs = PrewarmJobs(None, world.cache, world.scheduler, pins)  # type: ignore[arg-type]
     team_a = world.refs["team-a"]
-
-    async def go() -> None:
-        await _prewarm(world, team_a[:20])
-
-    asyncio.run(go())
-    world.cache.pin([d for d, _ in team_a[:20]])
-    assert world.cache.pinned_bytes_of("team-a") == 20 * BLOCK
+    first = dict(team_a[:20])  # recorded, nothing fetched yet
+    jobs.check_pin_room("team-a@v1", first, "team-a")
+    pins.add("team-a", "v1", "v1", ["*"], first)
     jobs.check_pin_room("team-a@v1", dict(team_a[20:24]), "team-a")  # 24: fits
-    with pytest.raises(CapacityError, match="may pin at most 98,304"):
+    with pytest.raises(CapacityError, match="holds 81,920 pinned bytes and may pin at most"):
         jobs.check_pin_room("team-a@v1", dict(team_a[20:25]), "team-a")
     jobs.check_pin_room("team-b@v1", dict(world.refs["team-b"][:12]), "team-b")  # its room
     jobs.check_pin_room("other@v1", dict(world.refs["other"]), "other")  # nobody's: the cache
