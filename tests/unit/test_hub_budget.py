@@ -35,6 +35,29 @@ def test_one_tokens_share_leaves_the_rest_to_others_and_waiters_are_served_in_or
     asyncio.run(run())
 
 
+def test_room_given_back_goes_first_to_the_token_that_holds_least() -> None:
+    """Tokens that keep queueing streams they never read must not take every byte the
+    stall deadline gives back: a token holding nothing is served before them, whatever
+    the arrival order."""
+
+    async def run() -> None:
+        budget = ReadBudget(bytes_per_token=60, total_bytes=100, wait_s=5)
+        await budget.take("x", 50)
+        await budget.take("y", 50)
+        greedy = [asyncio.ensure_future(budget.take(n, 10)) for n in ("x", "y", "x", "y")]
+        await asyncio.sleep(0)
+        victim = asyncio.ensure_future(budget.take("v", 10))  # arrived last, holds nothing
+        await asyncio.sleep(0)
+        budget.release("x", 10)  # a stall deadline gives 10 bytes back
+        await asyncio.wait_for(victim, 1)
+        assert not any(g.done() for g in greedy)
+        assert (budget.held_by("v"), budget.held) == (10, 100)
+        for g in greedy:
+            g.cancel()
+
+    asyncio.run(run())
+
+
 def test_a_charge_without_room_is_refused_after_the_wait_and_holds_nothing() -> None:
     async def run() -> None:
         budget = ReadBudget(bytes_per_token=10, total_bytes=10, wait_s=0.05)
