@@ -179,5 +179,8 @@ def test_redact_covers_the_forms_libpq_takes() -> None:
     assert (
         redact("postgresql://u@h/db?sslpassword=k&x=1") == "postgresql://u@h/db?sslpassword=***&x=1"
     )
+    assert redact("postgresql://u@h/db?%70assword=s&ssl%70assword=t") == (
+        "postgresql://u@h/db?%70assword=***&ssl%70assword=***"
+    )
     assert redact("host=h password=pw") == "host=h password=***"
     assert redact("/var/lib/strata/catalog") == "/var/lib/strata/catalog"
