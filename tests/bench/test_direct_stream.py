@@ -46,5 +46,9 @@ def test_quick_run_reads_the_same_bytes_direct_as_local(tmp_path: Path) -> None:
     direct = summaries["direct s3fs"]["epochs"]
     assert report["link"]["down_bytes"]["direct s3fs"] >= sum(e["store_bytes"] for e in direct)
     if fuse:
+        # the volume crosses the link once: in the cold epoch, or before it when the
+        # spoke's background fill got there first (then the cold epoch's own share is a
+        # few hundred bytes); the warm epoch reads the spoke's cache either way
+        total = report["link"]["down_bytes"]["strata"]
         cold, warm = link["strata"]
-        assert cold > 0 and warm < cold / 10  # the warm epoch reads the spoke's cache
+        assert total >= cold > 0 and warm < total / 10
