@@ -195,9 +195,9 @@ class BlockLives:
         self.speculative_bytes = 0
         """Bytes in flight of a speculative class (:data:`~spoke.fetch.priority.SPECULATIVE`)."""
         self.demand: Counter[str | None] = Counter()
-        """Demand lives wanted or on the wire, by tenant."""
+        """Demand lives wanted or on the wire, by tenant (kept with tenants only)."""
         self.ahead_wire: Counter[str | None] = Counter()
-        """Bytes on the wire of every class but demand, by tenant."""
+        """Bytes on the wire of every class but demand, by tenant (with tenants only)."""
         self._gauges = {
             p: (metrics.QUEUE_DEPTH.labels(p.label), metrics.QUEUED_BYTES.labels(p.label))
             for p in Priority
@@ -442,8 +442,9 @@ class BlockLives:
         self.on_the_way_bytes += n
         if life.priority in SPECULATIVE:
             self.speculative_bytes += n
+        shared = self.tenant_of is not None  # per-tenant counts only with tenants' shares
         demand = life.priority == Priority.DEMAND
-        if demand and life.state in (State.WANTED, State.WIRE):
+        if shared and demand and life.state in (State.WANTED, State.WIRE):
             self.demand[life.tenant] += sign
         if life.state is State.WANTED:
             q = self._queues[life.priority]
@@ -451,7 +452,7 @@ class BlockLives:
             q.bytes += n
         elif life.state is State.WIRE:
             self.wire_bytes += n
-            if not demand:
+            if shared and not demand:
                 self.ahead_wire[life.tenant] += n
         elif life.state is State.VERIFIED:
             self.admitting_bytes += n
