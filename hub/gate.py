@@ -10,7 +10,7 @@ metadata (:meth:`hub.auth.TokenTable.authenticate`, the only place a token is ch
 and then either
 
 - passes the call on with the caller's :class:`~hub.auth.Principal` bound to the
-  handler's ``principal`` argument (:func:`hub.service._unary` / ``_streaming`` take it
+  handler's ``principal`` argument (:func:`hub.calls._unary` / ``_streaming`` take it
   from there), a call with a unary request first taking one of its token's call slots
   (:data:`CALLS`) and receiving its request through :func:`hub.inbound.receive` (within
   :data:`~hub.inbound.REQUEST_WAIT_S`, its bytes charged to the token's read budget

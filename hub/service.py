@@ -7,9 +7,10 @@ block (LMDB, file or object I/O), so they run in worker threads
 
 Callers are authenticated before their request is read, by :class:`hub.gate.HubGate`
 (a server interceptor), which hands each handler the caller's
-:class:`~hub.auth.Principal`. Every handler goes through one wrapper (:func:`_unary` or
-:func:`_streaming`), which takes that principal, refuses oversize requests, tracks active
-streams and counts the finished call in ``strata_hub_requests_total{method,code}``.
+:class:`~hub.auth.Principal`. Every handler goes through one wrapper (:mod:`hub.calls`:
+unary, streaming, or writing its own timed messages), which takes that principal, refuses
+oversize requests, tracks active streams and counts the finished call in
+``strata_hub_requests_total{method,code}``.
 Errors are mapped to gRPC status codes in exactly one place, :func:`hub.wire.status_code`: a
 :class:`~hub.errors.HubError` becomes its code with the error's message as details;
 anything else is logged and answered ``INTERNAL``. Codes follow gRPC's status code guide
@@ -25,9 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -37,6 +37,7 @@ from hub.auth import Principal
 from hub.blobstore import BlobStore
 from hub.blockstream import MAX_DIGESTS_PER_REQUEST, BlockStreamer, PackedDigests
 from hub.budget import ReadBudget, stall_error, stalled_charge
+from hub.calls import _first_taken, _streaming, _unary, _writing
 from hub.catalog import Catalog, Snapshot, Tag
 from hub.errors import (
     Conflict,
@@ -44,7 +45,6 @@ from hub.errors import (
     LimitExceeded,
     QuotaExceeded,
     SequenceOutOfRange,
-    Unauthenticated,
     VersionRevoked,
 )
 from hub.grants import GrantIssuer, GrantLimiter
@@ -99,134 +99,7 @@ _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
 
 
-_UNGATED = Unauthenticated("this hub serves without its authentication interceptor (HubGate)")
-"""Raised when a call reaches a handler without a principal: fail closed."""
-
-
-def _unary(
-    method: Callable[[HubService, _Request, Principal], Awaitable[_Response]],
-) -> Callable[..., Awaitable[_Response]]:
-    """Wraps a unary handler: the gate's principal, limits, status mapping, counting."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    async def handler(
-        self: HubService, request: _Request, context: Any, principal: Principal | None = None
-    ) -> _Response:
-        try:
-            if principal is None:
-                raise _UNGATED
-            if isinstance(request, Oversize):
-                raise request.error()
-            # the slot is held until the reply has left (a reply the client does not read
-            # stays at the hub after the handler returned), released when the call is done
-            slots = self._unary_slots(name)
-            await slots.acquire(principal.name)
-            context.add_done_callback(lambda _: slots.release(principal.name))
-            response = await method(self, request, principal)
-        except asyncio.CancelledError:
-            self.count(name, grpc.StatusCode.CANCELLED)
-            raise
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await self._abort(name, context, exc)
-        self.count(name, grpc.StatusCode.OK)
-        return response
-
-    return handler
-
-
-def _streaming(
-    method: Callable[[HubService, _Request, Principal], AsyncIterator[_Response]],
-) -> Callable[..., AsyncIterator[_Response]]:
-    """Wraps a response-streaming handler: the gate's principal, limits, status, counting."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    async def handler(
-        self: HubService, request: _Request, context: Any, principal: Principal | None = None
-    ) -> AsyncIterator[_Response]:
-        active = self._metrics.active_streams.labels(method=name)
-        active.inc()
-        try:
-            if principal is None:
-                raise _UNGATED
-            if isinstance(request, Oversize):
-                raise request.error()
-            async for response in method(self, request, principal):
-                yield response
-        except asyncio.CancelledError:
-            self.count(name, grpc.StatusCode.CANCELLED)
-            raise
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await self._abort(name, context, exc)
-        finally:
-            active.dec()
-        self.count(name, grpc.StatusCode.OK)
-
-    return handler
-
-
-def _writing(
-    method: Callable[[HubService, _Request, Any, Principal], Awaitable[None]],
-) -> Callable[..., Awaitable[None]]:
-    """Wraps a response-streaming handler that writes its own messages (each send timed,
-    :meth:`HubService._send_blocks`): the gate's principal, limits, status, counting. A
-    call whose status was sent already (a stalled stream, counted when it was ended) is
-    not counted again."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    async def handler(
-        self: HubService, request: _Request, context: Any, principal: Principal | None = None
-    ) -> None:
-        active = self._metrics.active_streams.labels(method=name)
-        active.inc()
-        try:
-            if principal is None:
-                raise _UNGATED
-            if isinstance(request, Oversize):
-                raise request.error()
-            await method(self, request, context, principal)
-        except asyncio.CancelledError:
-            if not context.done():
-                self.count(name, grpc.StatusCode.CANCELLED)
-            raise
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await self._abort(name, context, exc)
-        finally:
-            active.dec()
-        if not context.done():
-            self.count(name, grpc.StatusCode.OK)
-
-    return handler
-
-
 _AUDITED_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
-
-REFUSE_READ_S = 1.0
-"""Longest a stream about to be refused waits for its request first, seconds."""
-
-
-async def _first_taken(requests: AsyncIterator[_Request]) -> AsyncIterator[_Request]:
-    """``requests`` with its first message already read (within :data:`REFUSE_READ_S`;
-    none if it did not come), as an iterator that yields it again first."""
-    first: list[_Request] = []
-    with contextlib.suppress(TimeoutError, StopAsyncIteration):
-        first.append(await asyncio.wait_for(anext(requests), REFUSE_READ_S))
-
-    async def chained() -> AsyncIterator[_Request]:
-        for request in first:
-            yield request
-        async for request in requests:
-            yield request
-
-    return chained()
 
 
 class HubService(hub_pb2_grpc.HubServicer):
