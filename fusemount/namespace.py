@@ -83,7 +83,9 @@ class Namespace:
                 self.refreshed[node.inode] = time.monotonic()
 
     async def _load_root(self, root: Node) -> None:
-        names = await trio.to_thread.run_sync(self.client.list_datasets)
+        # abandon_on_cancel (here and below): a mount told to stop (SIGUSR2: hand-over,
+        # succession) abandons a call that waits for an absent daemon (up to 10 s)
+        names = await trio.to_thread.run_sync(self.client.list_datasets, abandon_on_cancel=True)
         children: dict[bytes, int] = {}
         for name in names:
             node = self.inodes.intern(
@@ -93,7 +95,9 @@ class Namespace:
         root.set_children(children)
 
     async def _load_dataset(self, ds: Node) -> None:
-        reply = await trio.to_thread.run_sync(self.client.list_versions, ds.dataset)
+        reply = await trio.to_thread.run_sync(
+            self.client.list_versions, ds.dataset, abandon_on_cancel=True
+        )
         children: dict[bytes, int] = {}
         for snap in reply.versions:
             node = self.inodes.intern(
@@ -132,7 +136,7 @@ class Namespace:
             if root.children is not None:
                 return
             entries = await trio.to_thread.run_sync(
-                self.client.manifest, root.dataset, root.version
+                self.client.manifest, root.dataset, root.version, abandon_on_cancel=True
             )
             self.inodes.load_snapshot(root, root.snapshot_id, entries)
 
