@@ -6,6 +6,14 @@ each looked up in the catalog, charged to the caller's share of the read budget
 (:mod:`hub.budget`) before it is read, read whole from the blob store in a worker thread,
 and encoded only as the previous message is sent. The next run is read while this one is
 sent when the budget has room for both.
+
+A stream's messages start small and grow (:class:`MessageRamp`: 64 KiB, then each twice
+the one before, up to the chunk size), so a client that never reads stalls on a message
+of 128 KiB or so rather than a whole chunk: what gRPC core keeps for it until it reads,
+cancels or goes away is that message (:func:`hub.budget.stalled_charge`), and the stall
+deadline of a small message is short (:meth:`hub.budget.ReadBudget.send_deadline`), so
+its block's charge goes back within seconds. A client that reads pays four small messages
+per request (under 1 MiB in all) before the chunks are full size.
 """
 
 from __future__ import annotations
@@ -26,6 +34,37 @@ from protocol.hub.v1 import hub_pb2
 MAX_DIGESTS_PER_REQUEST = 512
 """Most digests one ``ReadBlocksRequest`` may name (the spoke asks for 16 at a time); with
 :data:`hub.wire.MAX_REQUEST_BYTES` (a request of 512 is 17.4 KB)."""
+
+
+FIRST_MESSAGE_BYTES = 64 * 1024
+"""Data bytes of a stream's first message (:class:`MessageRamp`): what HTTP/2's default
+stream window (65,535 bytes) and gRPC core's write buffer take from a client that has
+read nothing yet."""
+
+
+class MessageRamp:
+    """The data sizes of one request's messages: :data:`FIRST_MESSAGE_BYTES`, then each
+    twice the one before, up to ``most`` (the chunk size), bytes.
+
+    Args:
+        most: The largest size (positive).
+    """
+
+    __slots__ = ("_next", "most")
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self._next = min(FIRST_MESSAGE_BYTES, most)
+
+    def peek(self) -> int:
+        """The next message's size, without taking it."""
+        return self._next
+
+    def take(self) -> int:
+        """The next message's size; the one after is twice it (at most :attr:`most`)."""
+        size = self._next
+        self._next = min(2 * size, self.most)
+        return size
 
 
 PACK_MOST_BLOCKS = 256
@@ -168,23 +207,28 @@ class BlockStreamer:
             raise
         return run
 
-    def run_messages(self, run: BlockRun) -> Iterator[bytes]:
+    def run_messages(self, run: BlockRun, ramp: MessageRamp | None = None) -> Iterator[bytes]:
         """A run's messages, each encoded only when the previous one has been sent
-        (:func:`encode_block_chunk` from a view of the block: one copy besides the read)."""
+        (:func:`encode_block_chunk` from a view of the block: one copy besides the read);
+        a block's chunks are sized by ``ramp`` (full chunks without one)."""
+        ramp = ramp or MessageRamp(self._chunk_bytes)
         if run.packed:
             messages = [
                 encode_block_chunk(digest, 0, data, size, True)
                 for (digest, size), data in zip(run.blocks, run.data, strict=True)
             ]
+            ramp.take()
             yield pack_into_first(messages, hub_pb2.BlockChunk.MORE_FIELD_NUMBER)
             return
         (digest, size), data = run.blocks[0], run.data[0]
         view = memoryview(data)
-        step = self._chunk_bytes
-        for offset in range(0, size, step):
+        offset = 0
+        while offset < size:
+            step = ramp.take()
             yield encode_block_chunk(
                 digest, offset, view[offset : offset + step], size, offset + step >= size
             )
+            offset += step
 
     async def messages(
         self,
@@ -194,10 +238,13 @@ class BlockStreamer:
         who: str,
     ) -> AsyncGenerator[bytes, None]:
         """Streams blocks in order, each charged to ``who`` while it is held; the next
-        run is read while this one is being sent when the budget has room for both."""
+        run is read while this one is being sent when the budget has room for both. The
+        messages grow from :data:`FIRST_MESSAGE_BYTES` to the chunk size
+        (:class:`MessageRamp`), packed runs with them."""
         if not digests:
             return
         load = self.load_run
+        ramp = MessageRamp(self._chunk_bytes)
         pending: asyncio.Future[BlockRun | None] | None = None
         start = 0
         try:
@@ -205,14 +252,16 @@ class BlockStreamer:
                 run = await pending if pending is not None else None
                 pending = None
                 if run is None:
-                    run = await load(digests, start, readable, pack_bytes, who, True)
+                    packing = min(pack_bytes, ramp.peek())
+                    run = await load(digests, start, readable, packing, who, True)
                     assert run is not None  # a waiting load charges or raises
                 try:
                     if run.end < len(digests):
+                        packing = min(pack_bytes, ramp.peek())
                         pending = asyncio.ensure_future(
-                            load(digests, run.end, readable, pack_bytes, who, False)
+                            load(digests, run.end, readable, packing, who, False)
                         )
-                    for message in self.run_messages(run):
+                    for message in self.run_messages(run, ramp):
                         yield message
                 finally:
                     run.data.clear()

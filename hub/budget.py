@@ -33,10 +33,13 @@ Limits, per principal (the token's id; ``anonymous`` without tokens):
 
 A charge is held only while its bytes make progress: every send of a block's bytes (a
 ``ReadBlocks`` message, a bulk channel step of :data:`hub.wire.CHUNK_BYTES`) must complete
-within ``stall_s`` (:data:`STALL_S`), or the stream ends ``RESOURCE_EXHAUSTED`` (counted
-``limit="stall"``) and its charge is released: a client that asks and never reads holds the
-budget for ``stall_s``, not for ever, while one that reads slowly is never cut (each send
-is timed, not the stream). A gRPC stream's last message stays in gRPC core until the
+within its deadline, ``stall_s`` (:data:`STALL_S`) per MiB and at least
+:data:`STALL_FLOOR_S` (:meth:`ReadBudget.send_deadline`), or the stream ends
+``RESOURCE_EXHAUSTED`` (counted ``limit="stall"``) and its charge is released; one that
+reads slowly is never cut (each send is timed, not the stream). A stream's messages start
+at 64 KiB and double (:class:`hub.blockstream.MessageRamp`), so a client that asks and
+never reads stalls on its first message and holds the budget about 2 s, not ``stall_s``.
+A gRPC stream's last message stays in gRPC core until the
 client reads it, cancels or goes away (``grpc.aio`` cannot reset one stream of a
 connection), so that message (:func:`stalled_charge`) stays charged to the token's share,
 with its stream slot, out of the hub's total into a stalled pool of the same size
@@ -53,8 +56,13 @@ request bytes, :data:`hub.wire.CORE_REQUEST_BYTES`, and gRPC's call state), so a
 :data:`STREAMS_PER_TOKEN` (512) streams hold at most about 60 MiB more.
 143 + 384 + 60 = 587 MiB, under 1 GiB with room for the allocator's slack; stalled
 gRPC messages waiting in core for clients that never read add at most the stalled pool, one
-chunk (1 MiB) a stream, so 384 MiB more at most, under 1 GiB still (971 MiB), and only
-once tokens that stall have filled it.
+message a stream (64 KiB for a client that never read; a chunk, 1 MiB, only for one that
+read the 960 KiB before it), so 384 MiB more at most, under 1 GiB still (971 MiB), and only
+once tokens that stall have filled it. Measured (``python -m bench.stall_flood --seconds
+150``: six tokens opening 40 unread streams every 3 s, a seventh reading a block a second):
+the hub peaked at 610 MiB, and 125 MiB 15 s after the flood closed (1,051 MiB with 1 MiB
+first messages and the stall timeout for each, when the seventh token had 10 of 30 reads
+refused; now none).
 
 A spoke opens at most 16 block streams (``spoke.fetch.scheduler``: 8 for every class and 8 more
 for demand misses), so 512 streams is 32 spokes sharing one token at full concurrency; a
@@ -104,17 +112,25 @@ ended and its charge released, seconds (``--stall-timeout``): a reader must take
 (1 MiB) within it, 35 KB/s, to be served."""
 
 
+STALL_FLOOR_S = 2.0
+"""Shortest time a message of a block's bytes is given to leave, seconds
+(:meth:`ReadBudget.send_deadline`): a pause of the network (a TCP retransmission, a busy
+client) is not a stall."""
+
+
 def stalled_charge(message_bytes: int) -> int:
     """What gRPC core keeps for a stream stalled on a message of ``message_bytes``: the
     message itself, until the client reads it or the call ends."""
     return message_bytes
 
 
-def stall_error(what: str, stall_s: float) -> QuotaExceeded:
-    """The refusal of a stream whose client took none of ``what`` within ``stall_s``."""
+def stall_error(what: str, seconds: float) -> QuotaExceeded:
+    """The refusal of a stream whose client took none of ``what`` within ``seconds``
+    (its deadline: :meth:`ReadBudget.send_deadline`)."""
     return QuotaExceeded(
         "stall",
-        f"the client took none of {what} within {stall_s:g} s (--stall-timeout); the "
+        f"the client took none of {what} within {seconds:.3g} s (--stall-timeout, per "
+        "MiB); the "
         "stream is ended and its share of the read budget given back: read what a stream "
         "sends, or cancel it",
     )
@@ -305,6 +321,15 @@ class ReadBudget:
         self.held -= amount
         self._forget(name, share)
         self._wake()
+
+    def send_deadline(self, message_bytes: int) -> float:
+        """Longest one message of ``message_bytes`` may take to leave before its stream is
+        ended as stalled, seconds: :attr:`stall_s` per MiB (a reader must keep up with
+        1 MiB per stall timeout), at least :data:`STALL_FLOOR_S` (or :attr:`stall_s`
+        when that is shorter). A stream's first messages are small
+        (:class:`hub.blockstream.MessageRamp`), so a client that never reads is found
+        within seconds, not a whole stall timeout."""
+        return max(min(self.stall_s, STALL_FLOOR_S), self.stall_s * message_bytes / MiB)
 
     def take_stalled(self, name: str, amount: int) -> bool:
         """Charges what gRPC core keeps for one of ``name``'s stalled streams

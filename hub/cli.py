@@ -256,8 +256,9 @@ def serve(
         float,
         typer.Option(
             "--stall-timeout",
-            help="Seconds one send of a block's bytes (a ReadBlocks message, a bulk "
-            "channel step of 1 MiB) may make no progress; then the stream is ended "
+            help="Seconds one MiB of a block's bytes (a ReadBlocks message, a bulk "
+            "channel step) may take to leave; a smaller message gets its share, at least "
+            "2 s (a stream's first messages are 64 KiB). Then the stream is ended "
             "(RESOURCE_EXHAUSTED; a bulk connection is closed) and its share of the byte "
             "budget given back. A slow reader that keeps reading is not cut.",
         ),

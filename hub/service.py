@@ -397,11 +397,12 @@ class HubService(hub_pb2_grpc.HubServicer):
     async def _send_blocks(
         self, context: Any, messages: AsyncGenerator[bytes, None], who: str
     ) -> bool:
-        """Writes ``messages``, each within the budget's stall timeout; False when one was
-        not, and the call has been ended.
+        """Writes ``messages``, each within its stall deadline; False when one was not,
+        and the call has been ended.
 
-        A message the client's flow-control window has not taken within
-        :attr:`ReadBudget.stall_s` ends the stream: ``messages`` is closed, which gives
+        A message the client's flow-control window has not taken within its deadline
+        (:meth:`ReadBudget.send_deadline`: the stall timeout per MiB, at least 2 s; a
+        stream's first messages are small) ends the stream: ``messages`` is closed, which gives
         back its charges, and the call is ended RESOURCE_EXHAUSTED (counted
         ``limit="stall"`` and audited). The message stays in gRPC core until the client
         reads it, cancels or goes away (``grpc.aio`` cannot reset one stream), and so does
@@ -412,15 +413,15 @@ class HubService(hub_pb2_grpc.HubServicer):
         Raises:
             asyncio.CancelledError: the call ended under a write (the client went away).
         """
-        stall_s = self._budget.stall_s
-        stalled = 0
+        stalled, deadline_s = 0, 0.0
         async with contextlib.aclosing(messages):
             async for message in messages:
                 try:
-                    async with asyncio.timeout(stall_s):
+                    async with asyncio.timeout(self._budget.send_deadline(len(message))):
                         await context.write(message)
                 except TimeoutError:
                     stalled = stalled_charge(len(message))
+                    deadline_s = self._budget.send_deadline(len(message))
                     break
                 except Exception:
                     # the call ended under the write (the client went away, the server
@@ -430,7 +431,8 @@ class HubService(hub_pb2_grpc.HubServicer):
             return True
         pooled = self._budget.take_stalled(who, stalled)
         try:
-            await self._abort("ReadBlocks", context, stall_error("a block's message", stall_s))
+            error = stall_error(f"a block's message of {stalled} bytes", deadline_s)
+            await self._abort("ReadBlocks", context, error)
         except grpc.aio.AbortError:
             raise
         except Exception:  # the call ended (the client went away) before its status left

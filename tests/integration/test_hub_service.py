@@ -207,15 +207,22 @@ def test_read_blocks_answers_each_request_in_order(hub: Hub) -> None:
     assert all(c.last and c.offset == 0 for c in chunks)
 
 
-def test_big_blocks_come_in_chunks_of_at_most_1_mib(hub: Hub) -> None:
+def test_big_blocks_come_in_chunks_of_at_most_1_mib_growing_from_64_kib(hub: Hub) -> None:
     request = hub_pb2.GetManifestRequest(dataset="big", ref="latest")
     (entry,) = list(hub.stub.GetManifest(request, timeout=RPC_TIMEOUT))
     first = entry.blocks[0]
     chunks = hub.read_blocks([first.digest])
+    # a stream's first message is 64 KiB, each next twice the last (hub.blockstream's
+    # MessageRamp: a client that never reads stalls on 64 KiB), up to 1 MiB
+    KiB = 1024
     assert [(c.offset, len(c.data), c.last) for c in chunks] == [
-        (0, MiB, False),
-        (MiB, MiB, False),
-        (2 * MiB, MiB, True),
+        (0, 64 * KiB, False),
+        (64 * KiB, 128 * KiB, False),
+        (192 * KiB, 256 * KiB, False),
+        (448 * KiB, 512 * KiB, False),
+        (960 * KiB, MiB, False),
+        (1984 * KiB, MiB, False),
+        (3008 * KiB, 64 * KiB, True),
     ]
     assert all(c.block_size == BIG_BLOCK for c in chunks)
     assert reassemble(hub, entry) == (hub.data.parent / "big" / "block.bin").read_bytes()
@@ -246,11 +253,11 @@ def test_packing_leaves_big_blocks_in_chunks_and_stops_at_an_unknown_block(hub: 
         digests=[small[0].digest, big.blocks[0].digest, small[1].digest], pack_bytes=MiB
     )
     messages = list(hub.stub.ReadBlocks(iter([request]), timeout=RPC_TIMEOUT))
+    KiB = 1024
+    # the big block's chunks go on growing from where the first message left the ramp
     assert [(m.digest, m.offset, len(m.more)) for m in messages] == [
         (small[0].digest, 0, 0),
-        (big.blocks[0].digest, 0, 0),
-        (big.blocks[0].digest, MiB, 0),
-        (big.blocks[0].digest, 2 * MiB, 0),
+        *((big.blocks[0].digest, at * KiB, 0) for at in (0, 128, 384, 896, 1920, 2944)),
         (small[1].digest, 0, 0),
     ]
     unknown = "0" * 32

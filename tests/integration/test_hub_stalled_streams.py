@@ -20,6 +20,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from hub.blockstream import FIRST_MESSAGE_BYTES
 from hub.metrics import HubMetrics
 from hub.publish import publish
 from hub.server import ServerConfig
@@ -163,9 +164,11 @@ def test_stalled_streams_of_several_tokens_hold_the_budget_only_until_the_stall_
     assert seen["served_s"] < STALL_S + 3  # room at the first deadline, not --budget-wait
     assert seen["codes"] == ["RESOURCE_EXHAUSTED"] * len(STALLERS) * STREAMS_EACH
     assert all("--stall-timeout" in detail for detail in seen["details"])  # type: ignore[attr-defined]
-    assert seen["first"] == [CHUNK_BYTES] * len(STALLERS) * STREAMS_EACH  # the message in core
+    # the message in core: a stream's first, small (hub.blockstream.MessageRamp), so
+    # never reading pins 64 KiB of gRPC core, not a chunk
+    assert seen["first"] == [FIRST_MESSAGE_BYTES] * len(STALLERS) * STREAMS_EACH
     # what core keeps for each stalled stream, out of the hub's total: one message each
-    assert 0 < seen["stalled"] <= len(STALLERS) * STREAMS_EACH * (CHUNK_BYTES + 64)  # type: ignore[operator]
+    assert 0 < seen["stalled"] <= len(STALLERS) * STREAMS_EACH * (FIRST_MESSAGE_BYTES + 64)  # type: ignore[operator]
     assert seen["refusals"] == len(STALLERS) * STREAMS_EACH
     assert (
         _sample(
