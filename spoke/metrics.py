@@ -128,39 +128,42 @@ LOST_BLOCKS = Counter(
 
 
 class MountRestarts(Collector):
-    """``strata_spoke_mount_restarts_total``: remounts of a mount that died, and
+    """``strata_spoke_mount_restarts_total``: remounts of a mount that died,
     ``strata_spoke_mount_handovers_total``: successors that resumed its connection instead,
-    as counted by the supervisors of this cache directory (``CACHE_DIR/mount-restarts``,
-    ``mount-handovers``), read at each scrape so the counts survive daemon and supervisor
-    restarts."""
+    and ``strata_spoke_successions_total``: new spokes (``--take-over``) that took the
+    connection over from the one before, as counted by the supervisors of this cache
+    directory (``CACHE_DIR/mount-restarts``, ``mount-handovers``, ``successions``), read at
+    each scrape so the counts survive daemon and supervisor restarts."""
 
     def __init__(self) -> None:
         self.path: Path | None = None
 
+    def _count(self, name: str) -> int:
+        if self.path is None:
+            return 0
+        try:
+            return int(self.path.with_name(name).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return 0
+
     def collect(self) -> Iterator[CounterMetricFamily]:
-        """One sample: the count in the file (0 when it is missing or unreadable)."""
-        value = 0
-        if self.path is not None:
-            try:
-                value = int(self.path.read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                value = 0
+        """One sample each: the count in its file (0 when it is missing or unreadable)."""
         yield CounterMetricFamily(
             "strata_spoke_mount_restarts",
             "Times the supervisor remounted a mount process that died",
-            value=value,
+            value=self._count("mount-restarts"),
         )
-        handovers = 0
-        if self.path is not None:
-            try:
-                handovers = int(self.path.with_name("mount-handovers").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                handovers = 0
         yield CounterMetricFamily(
             "strata_spoke_mount_handovers",
             "Times a new mount process resumed the FUSE connection of one that died or was "
             "upgraded (no remount)",
-            value=handovers,
+            value=self._count("mount-handovers"),
+        )
+        yield CounterMetricFamily(
+            "strata_spoke_successions",
+            "Times a new spoke (--take-over) took over the FUSE connection, cache and mount "
+            "of the one serving this cache dir (no remount)",
+            value=self._count("successions"),
         )
 
 

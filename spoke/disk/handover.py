@@ -70,6 +70,13 @@ file another device of the connection whose descriptor is passed."""
 
 MAX_DEFAULT_WORKERS = 8
 
+RESUME_FORMAT = 1
+"""The version of what a successor's mount reads to resume a connection another release
+may have served (the INIT request as pyfuse3 keeps it, the inode journal's records, the
+backing ledger's slots): bump it when any of them changes, so that a spoke of one release
+refuses to hand its connection to a spoke of another that would misread them
+(:mod:`spoke.run.succession`)."""
+
 _SESSION = b"session "
 _RESUMED = b"resumed"
 

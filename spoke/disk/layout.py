@@ -10,6 +10,7 @@ hits straight from block files, with no daemon round trip)::
       daemon.sock                  the daemon's local gRPC socket (SpokeLocal), peer-checked
       .grpc/sock                   where gRPC itself listens, in a private (0700) directory
       .grpc/{daemon,mount}-*.json  the settings the supervisor hands each child (0600)
+      .grpc/heir                   where the running supervisor hears a successor (0600)
       admin.url                    the admin API's base URL, written once it listens
       daemon.pid, mount.pid        process ids of the running daemon and mount
       mount-restarts               remounts of a mount that died, counted by supervisors
@@ -75,6 +76,18 @@ class CacheLayout:
     def grpc_socket_path(self) -> Path:
         """UNIX socket gRPC listens on; only ``daemon.sock``'s peer check splices to it."""
         return self.private_dir / "sock"
+
+    @property
+    def succession_socket(self) -> Path:
+        """UNIX socket (0600, in the private directory) on which the running ``strata-spoke
+        run`` hears a new one that takes it over (:mod:`spoke.run.succession`); its path is
+        no longer than ``daemon.sock``'s, so the cache dir's length check covers it."""
+        return self.private_dir / "heir"
+
+    @property
+    def successions_file(self) -> Path:
+        """How many times a new spoke took over this cache dir's connection (a counter)."""
+        return self.root / "successions"
 
     @property
     def daemon_pid_file(self) -> Path:

@@ -27,7 +27,8 @@ from rich.progress import (
 
 from spoke.mesh.settings import MeshSettings
 from spoke.run.settings import CONFIG_ENV, Option, SpokeSettings, options, read_settings
-from spoke.run.supervisor import StartupError, Supervisor
+from spoke.run.startup import StartupError
+from spoke.run.supervisor import Supervisor
 
 app = typer.Typer(
     name="strata-spoke",

@@ -44,9 +44,15 @@ def hold(path: Path, what: str) -> int:
         raise CacheInUse(
             errno.EBUSY, f"cache dir {path.parent} is in use by another {what}{holder}"
         ) from None
+    claim(fd)
+    return fd
+
+
+def claim(fd: int) -> None:
+    """Write this process's pid into a lock it was handed (a copy of another process's
+    descriptor: the ``flock`` belongs to the open file, so it passed with it)."""
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def holder(path: Path) -> int | None:

@@ -44,6 +44,7 @@ from spoke.disk.layout import CacheLayout
 from spoke.hublink.credentials import CredentialError, HubCredentials
 from spoke.mesh.settings import MeshSettings
 from spoke.run.schema import (
+    RUN,
     MountSettings,
     Option,
     declared,
@@ -216,6 +217,20 @@ class SpokeSettings(BaseSettings, MountSettings):
     publisher_key: Path | None = Field(
         default=None,
         description="Ed25519 public key (strata-hub keygen): serve only snapshots it signed",
+    )
+
+    take_over: bool = Field(
+        default=False,
+        description="when another strata-spoke run serves this cache dir and mountpoint, "
+        "take over its FUSE connection instead of refusing to start (a new release or "
+        "pod beside the old one): readers with open files see a stall, not ENOTCONN",
+        json_schema_extra={"commands": [RUN]},
+    )
+    after_succession: Literal["exit", "wait"] = Field(
+        default="exit",
+        description="once a --take-over spoke serves this one's connection: exit (exit), "
+        "or stay idle until SIGTERM (wait: a pod's container, which would be restarted)",
+        json_schema_extra={"commands": [RUN]},
     )
 
     @classmethod

@@ -151,6 +151,30 @@ class MountWorkers:
             worker.failures = 0
             self._run(index, worker, again=True)
 
+    def stop_reading(self, timeout: float, first: Process | None) -> None:
+        """Succession (:mod:`spoke.run.succession`): ``first`` (worker 0) and every worker
+        stop reading at once (SIGUSR2) and exit without unmounting; one still running
+        after ``timeout`` seconds is SIGKILLed (its requests are queued again by the
+        caller's ``FUSE_NOTIFY_RESEND``). The clones stay held: should this spoke serve
+        on, :meth:`watch` starts a worker on each again."""
+        procs = [w.proc for w in self._workers.values() if w.proc is not None]
+        procs = [first, *procs] if first is not None else procs
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGUSR2)
+        deadline = self._clock() + timeout
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - self._clock()))
+            except subprocess.TimeoutExpired:
+                log.error("mount process %d did not stop reading in time; killing it", proc.pid)
+                proc.kill()
+                proc.wait()
+        for index, worker in list(self._workers.items()):
+            worker.proc, worker.failures, worker.retry_at = None, 0, 0.0
+            if worker.fd < 0:  # adopted without a clone: nothing to start again on
+                del self._workers[index]
+
     def stop(self, terminate: Callable[[Process], None]) -> None:
         """Stop every worker and close the clones (the connection itself lives on while
         the supervisor holds its first descriptor: :meth:`Supervisor.shutdown` unmounts

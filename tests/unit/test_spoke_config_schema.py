@@ -41,6 +41,8 @@ def test_every_setting_has_exactly_one_flag_on_run_and_the_daemon() -> None:
         "--readable-by-all",
         "--mount-uid",
         "--mount-gid",
+        "--take-over",  # the supervisor's: succession
+        "--after-succession",
     }
     assert set(daemon) == {o.flag for o in declared} - mount_only | {"--config", "--settings"}
     for flag in ("--high-watermark", "--low-watermark", "--fill-share", "--peer-probe-interval"):
