@@ -24,7 +24,15 @@ while any bind of a directory of the mount's file system is in the node's mount 
 (``/proc/1/mountinfo``, pid 1 of the node with ``hostPID``; this process's own table where
 that cannot be read). The kubelet unpublishes a pod's volume once the pod is gone.
 
-Exit status: 0 when the mount is idle (or not mounted: nothing to protect); 1 when
+When the spoke was succeeded (``strata-spoke run --take-over`` in a new pod beside this
+one took over the FUSE connection: spoke/run/succession.py), the mount is no longer this
+pod's to protect: the drain returns at once. It knows by the processes serving the
+mount (``fusemount ... MOUNTPOINT``): there are some, and none is in this process's
+cgroup, which an ``exec`` hook shares with the container it runs in; a spoke still
+serving from this container (a real stop: a node drain, a deleted pod, a rollout without
+succession) is waited for as above.
+
+Exit status: 0 when the mount is idle, not mounted, or handed over; 1 when
 ``--timeout`` seconds pass first (the busy processes are listed on stderr; Kubernetes
 then stops the spoke anyway, at the end of ``terminationGracePeriodSeconds``); 2 for
 bad arguments.
@@ -40,6 +48,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from spoke.run.startup import mount_processes
 from strata_local.mountinfo import mounts
 
 PROG = "deploy.drain"
@@ -125,6 +134,23 @@ def published(
     return []
 
 
+def _cgroup(pid: int | str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+
+
+def handed_over(mount: Path, own: str | None = None) -> bool:
+    """True when ``mount``'s connection was handed to a successor: strata mount processes
+    serve it and none shares this process's cgroup (``own``, default ``/proc/self/cgroup``:
+    the container of the hook). False when none serves it, one of this container's does,
+    or cgroups cannot be read."""
+    own = own if own is not None else _cgroup("self")
+    serving = [_cgroup(pid) for pid in mount_processes(mount.resolve())]
+    return own is not None and bool(serving) and None not in serving and own not in serving
+
+
 def _mounted(mount: Path) -> bool:
     try:
         return os.path.ismount(mount)
@@ -135,16 +161,18 @@ def _mounted(mount: Path) -> bool:
 def drain(
     mount: Path, timeout: float, interval: float, refused: set[int] | None = None
 ) -> list[Holder]:
-    """Polls :func:`holders` until none are left or ``timeout`` seconds pass; ``refused``
-    gets the pids of the last poll whose descriptors could not be read.
+    """Polls :func:`holders` until none are left, the mount was handed over
+    (:func:`handed_over`) or ``timeout`` seconds pass; ``refused`` gets the pids of the
+    last poll whose descriptors could not be read.
 
     Returns:
-        The holders at the end: empty when the mount became idle (or is not mounted).
+        The holders at the end: empty when the mount became idle (or is not mounted, or
+        was handed over).
     """
     deadline = time.monotonic() + timeout
     exclude = {os.getpid()}
     while True:
-        if not _mounted(mount):
+        if not _mounted(mount) or handed_over(mount):
             return []
         if refused is not None:
             refused.clear()
@@ -181,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: {holder}", file=sys.stderr)
         print(f"{PROG}: {args.mount} still busy after {args.timeout:.0f} s", file=sys.stderr)
         return 1
+    if _mounted(args.mount) and handed_over(args.mount):
+        print(f"{PROG}: {args.mount} was handed over to a new spoke: nothing to wait for",
+              file=sys.stderr)  # fmt: skip
+        return 0
     print(f"{PROG}: {args.mount} is idle", file=sys.stderr)
     return 0
 

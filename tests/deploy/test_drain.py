@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy import drain
 from tests.conftest import REPO_ROOT
 from tests.deploy.conftest import Live
 from tests.support import other_user
@@ -124,6 +125,39 @@ def test_a_published_volume_keeps_the_mount_busy(live: Live, tmp_path: Path) -> 
         subprocess.run(["umount", str(volume)], check=True)
     result = _drain(live.mount, timeout=0)
     assert result.returncode == 0, result.stderr
+
+
+def test_handed_over_is_told_by_the_cgroups_of_the_mounts_processes(
+    live: Live, tmp_path: Path
+) -> None:
+    """The live spoke's mount processes share this process's cgroup: its own mount, not
+    handed over; seen from another container's cgroup they are a successor's."""
+    assert not drain.handed_over(live.mount)
+    assert drain.handed_over(live.mount, own="0::/kubepods/pod-old/spoke\n")
+    assert not drain.handed_over(tmp_path, own="0::/elsewhere\n")  # nothing serves it
+
+
+def test_a_drain_in_the_succeeded_pods_container_returns_at_once(live: Live) -> None:
+    """The preStop hook of a spoke pod that was succeeded runs in that pod's container, a
+    cgroup that serves the mount no more: with a file still open it returns at once."""
+    group = Path("/sys/fs/cgroup/unified") / f"strata-drain-{os.getpid()}"
+    try:
+        group.mkdir()
+    except OSError as err:
+        pytest.skip(f"cannot make a cgroup v2 group here: {err}")
+    holder = _holder(f"f = open({str(live.mount / 'demo' / 'v1' / 'b.txt')!r}, 'rb')")
+    procs = str(group / "cgroup.procs")
+    try:
+        result = subprocess.run(
+            ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable, "-m",
+             "deploy.drain", f"--mount={live.mount}", "--timeout=30", "--interval=0.1"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        _release(holder)
+        group.rmdir()
+    assert result.returncode == 0, result.stderr
+    assert "was handed over to a new spoke" in result.stderr
 
 
 def test_not_a_mount_and_bad_arguments(tmp_path: Path) -> None:
