@@ -313,6 +313,10 @@ def test_spoke_daemonset(objects: dict[str, dict[tuple[str, str, str], Obj]]) ->
     init_mount, init_volume = _mount_for(init, pod, mountpoint)
     assert init_volume is root_volume and init_mount["mountPropagation"] == "Bidirectional"
     assert init["command"][-1].endswith(f"mkdir -p {mountpoint}"), "the spoke needs its mountpoint"
+    # a surge pod's init runs beside the old pod: it detaches only a dead mount (stat fails)
+    assert init["command"][-1].startswith(f"stat {mountpoint} >/dev/null 2>&1 || umount -l")
+    # succession: the new pod takes the old one's connection; the old one idles until deleted
+    assert "--take-over" in args and _flag(args, "--after-succession") == "wait"
     _, fuse_volume = _mount_for(spoke, pod, "/dev/fuse")
     assert fuse_volume["hostPath"] == {"path": "/dev/fuse", "type": "CharDevice"}
     assert spoke["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -417,12 +421,16 @@ def test_csi_plugin_in_a_daemonset_of_its_own(
     assert not pod.get("hostPID"), "only the spoke's drain needs the node's processes"
     assert pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    # a rollout of N nodes goes a quarter at a time; the spoke's, one node at a time
+    # a rollout of N nodes goes a quarter at a time, the spoke's too: a new spoke pod
+    # beside the old one takes over its mount (succession), so no node is ever without one
     assert csi_set["spec"]["updateStrategy"] == {
         "type": "RollingUpdate",
         "rollingUpdate": {"maxUnavailable": "25%"},
     }
-    assert spoke_set["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 1
+    assert spoke_set["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0},
+    }
     spoke = _named(spoke_pod, "spoke")
     csi, registrar = (_named(pod, n) for n in ("csi", "node-driver-registrar"))
     assert csi["command"] == ["strata-csi"] and csi["args"][0] == "serve"
