@@ -3,6 +3,7 @@ bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -39,6 +40,22 @@ class Spoke:
 
 @pytest.fixture
 def spoke(tmp_path: Path) -> Iterator[Spoke]:
+    """A fresh hub and spoke, for a test that fetches, pins, evicts or restarts."""
+    with _spoke(tmp_path) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def idle_spoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spoke]:
+    """One hub and spoke for the tests whose calls are all refused: each checks that no
+    job started and nothing was fetched, so sharing it only adds the earlier refusals to
+    what each must find unchanged."""
+    with _spoke(tmp_path_factory.mktemp("idle")) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def _spoke(tmp_path: Path) -> Iterator[Spoke]:
     src = tmp_path / "src"
     (src / "train").mkdir(parents=True)
     (src / "val").mkdir()
@@ -149,8 +166,8 @@ def test_evict_a_version_keeps_pinned_blocks(spoke: Spoke) -> None:
         ({"ref": "v1"}, 422),
     ],
 )
-def test_bad_prewarm_requests(spoke: Spoke, body: dict[str, Any], status: int) -> None:
-    with spoke.client() as c:
+def test_bad_prewarm_requests(idle_spoke: Spoke, body: dict[str, Any], status: int) -> None:
+    with idle_spoke.client() as c:
         reply = c.post("/v1/prewarm", json=body)
         assert reply.status_code == status, reply.text
         assert reply.json()["detail"]
@@ -158,7 +175,8 @@ def test_bad_prewarm_requests(spoke: Spoke, body: dict[str, Any], status: int) -
         assert c.get("/v1/cache").json()["used_bytes"] == 0  # nothing fetched or evicted
 
 
-def test_auth_invalid_json_and_unknown_ids(spoke: Spoke) -> None:
+def test_auth_invalid_json_and_unknown_ids(idle_spoke: Spoke) -> None:
+    spoke = idle_spoke
     with spoke.client(token=None) as anon:
         assert anon.get("/v1/cache").status_code == 401
         assert anon.get("/v1/cache").json()["detail"] == "missing or wrong bearer token"
@@ -176,6 +194,8 @@ def test_auth_invalid_json_and_unknown_ids(spoke: Spoke) -> None:
         assert c.get("/v1/jobs/nope").status_code == 404
         assert c.request("DELETE", "/v1/pins/nope").status_code == 404
         assert c.post("/v1/evict", json={}).status_code == 400
+        assert c.get("/v1/jobs").json() == []  # nothing started
+        assert c.get("/v1/cache").json()["used_bytes"] == 0  # nothing fetched
 
 
 def test_cli_prewarm_wait(spoke: Spoke) -> None:

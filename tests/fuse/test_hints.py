@@ -5,6 +5,7 @@ Belady's optimum needs (Belady 1966; NoPFS, Dryden et al., SC 2021)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,22 +40,39 @@ class Spoke:
         return httpx.Client(base_url=self.admin, headers=headers, timeout=30)
 
 
-@pytest.fixture
-def spoke(tmp_path: Path) -> Iterator[Spoke]:
-    sha = make_files(tmp_path / "src", FILES, BLOCK, seed=3)
-    publish(tmp_path / "hub", "ds", tmp_path / "src", "--block-size", str(BLOCK))
-    token_file = tmp_path / "token"
+@contextlib.contextmanager
+def _spoke(root: Path) -> Iterator[Spoke]:
+    """A hub serving ``ds`` and a mounted spoke with an admin token, under ``root``."""
+    sha = make_files(root / "src", FILES, BLOCK, seed=3)
+    publish(root / "hub", "ds", root / "src", "--block-size", str(BLOCK))
+    token_file = root / "token"
     token_file.write_text(TOKEN + "\n")
     with LocalStack() as stack:
-        hub = stack.start_hub(tmp_path / "hub")
+        hub = stack.start_hub(root / "hub")
         admin = stack.start_spoke(
             hub,
-            tmp_path / "cache",
-            tmp_path / "mnt",
+            root / "cache",
+            root / "mnt",
             f"{CACHE_BLOCKS * BLOCK}",
             extra=("--admin-token-file", str(token_file)),
         )
-        yield Spoke(admin, tmp_path / "mnt", sha)
+        yield Spoke(admin, root / "mnt", sha)
+
+
+@pytest.fixture
+def spoke(tmp_path: Path) -> Iterator[Spoke]:
+    """A fresh spoke, for a test that reads and fetches."""
+    with _spoke(tmp_path) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def idle_spoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spoke]:
+    """One spoke for the tests whose requests are all refused: each checks afterwards that
+    its cache is still empty and no hint installed, so sharing it only adds the earlier
+    refusals to what each must find unchanged."""
+    with _spoke(tmp_path_factory.mktemp("idle")) as s:
+        yield s
 
 
 @pytest.mark.parametrize(
@@ -77,8 +95,8 @@ def spoke(tmp_path: Path) -> Iterator[Spoke]:
         ({"dataset": "ds", "paths": [path_of(0)], "stream": "Rank/0"}, 422),
     ],
 )
-def test_bad_hint_requests(spoke: Spoke, body: dict[str, Any], status: int) -> None:
-    with spoke.client() as c:
+def test_bad_hint_requests(idle_spoke: Spoke, body: dict[str, Any], status: int) -> None:
+    with idle_spoke.client() as c:
         reply = c.post("/v1/hints", json=body)
         assert reply.status_code == status, reply.text
         assert reply.json()["detail"]
@@ -86,12 +104,15 @@ def test_bad_hint_requests(spoke: Spoke, body: dict[str, Any], status: int) -> N
         assert c.get("/v1/hints").json() == []  # nothing installed
 
 
-def test_hint_needs_the_token(spoke: Spoke) -> None:
-    with spoke.client(token=None) as anon:
+def test_hint_needs_the_token(idle_spoke: Spoke) -> None:
+    with idle_spoke.client(token=None) as anon:
         reply = anon.post("/v1/hints", json={"dataset": "ds", "paths": [path_of(0)]})
         assert reply.status_code == 401
         assert anon.get("/v1/hints").status_code == 401
         assert anon.delete("/v1/hints/default").status_code == 401
+    with idle_spoke.client() as c:
+        assert c.get("/v1/cache").json()["used_bytes"] == 0  # nothing prefetched
+        assert c.get("/v1/hints").json() == []  # nothing installed
 
 
 def test_two_readers_hinted_come_close_to_belady(spoke: Spoke) -> None:
