@@ -205,9 +205,17 @@ class Region:
             loop.close()
 
     def close(self) -> None:
-        for spoke in self.spokes:
-            if spoke.proc is not None:
-                stop_process(spoke.proc)
+        # every daemon stops at once (each flushes its state on SIGTERM; one after another,
+        # three spokes took seconds more)
+        stops = [
+            threading.Thread(target=stop_process, args=(spoke.proc,))
+            for spoke in self.spokes
+            if spoke.proc is not None
+        ]
+        for t in stops:
+            t.start()
+        for t in stops:
+            t.join()
         if hasattr(self, "wan"):
             self.wan.__exit__(None, None, None)
         self.stack.close()
