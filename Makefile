@@ -43,12 +43,15 @@ check: $(READY)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# The suite on every core: one test file a worker (a file's module fixtures are set up once);
+# The suite on every core: one test file a worker (a file's module fixtures are set up once),
+# handed out in collection order, the longest files first (tests/conftest.py LONGEST_FILES;
+# xdist's own order, most tests first, left the one-test minute-long files to the end);
 # TEST_WORKERS=0 runs it in this process (pdb, -s). Tests that assert a wall-clock duration
 # (marker timing) run after, alone, so the other workers' load cannot stretch them.
 TEST_WORKERS ?= auto
 pytest: $(READY) deploy-deps $(CHECKOV_STAMP)
-	CHECKOV=$(CHECKOV_VENV)/bin/checkov $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not timing"
+	CHECKOV=$(CHECKOV_VENV)/bin/checkov $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile \
+	  --no-loadscope-reorder -m "not timing"
 	$(BIN)/pytest -m timing
 
 # checkov (tests/deploy/test_checkov.py: the rendered manifests' hardening) in a venv of its

@@ -41,3 +41,42 @@ def seismic() -> Path:
             pytest.fail(message)  # CI always has ../shared: never pass by skipping
         pytest.skip(message)
     return d
+
+
+LONGEST_FILES = (
+    "tests/e2e/test_bench_hints_smoke.py",
+    "tests/e2e/test_bench_smoke.py",
+    "tests/integration/test_spoke_mesh.py",
+    "tests/integration/test_spoke_mesh_trust.py",
+    "tests/fuse/test_cache_engine.py",
+    "tests/integration/test_connection_floods.py",
+    "tests/bench/test_direct_stream.py",
+    "tests/fuse/test_bulk_mount.py",
+    "tests/component/test_trainer_cli.py",
+    "tests/fuse/test_restarts.py",
+    "tests/fuse/test_hub_security_mount.py",
+    "tests/fuse/test_faults.py",
+    "tests/integration/test_hub_budget.py",
+    "tests/fuse/test_passthrough.py",
+    "tests/integration/test_trainer_s3.py",
+    "tests/integration/test_spoke_mesh_budget.py",
+    "tests/fuse/test_mount_workers.py",
+    "tests/fuse/test_hub_failover.py",
+    "tests/unit/test_spoke_policy.py",
+    "tests/e2e/test_demo_flow.py",
+)
+"""The files that take longest (20 s to 1.5 min each on a 2-core CI machine), longest first.
+
+``make pytest`` hands whole files to its workers in collection order
+(``--dist loadfile --no-loadscope-reorder``): these go first, and the many short files
+after them even out the workers' ends. (xdist's default order, most tests first, handed
+out the one-test benchmark smoke runs last, and one worker ran them alone while the
+other had nothing left.) A file missing here only runs later; keep the list to the
+longest few."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files of :data:`LONGEST_FILES` first, in its order; every other test, and the
+    tests within each file, in the order collected."""
+    rank = {path: i for i, path in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
