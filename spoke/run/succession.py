@@ -393,6 +393,8 @@ def _receive(sock: socket.socket, timeout: float) -> tuple[dict[str, Any], list[
     """
     sock.settimeout(timeout)
     data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 4)
+    for fd in fds:  # SCM_RIGHTS gives them without close-on-exec
+        os.set_inheritable(fd, False)
     if not data:
         _close(fds)
         raise ConnectionError("the other spoke closed the connection")

@@ -324,7 +324,8 @@ class Supervisor(Children):
         if self.daemon is not None:
             terminate(self.daemon)
             self.daemon = None
-        self.layout.mount_pid_file.unlink(missing_ok=True)  # the mount's, now stopped
+        if self._mounted:  # never a predecessor's, after a take-over that failed
+            self.layout.mount_pid_file.unlink(missing_ok=True)  # the mount's, now stopped
         self._release()
 
     # succession (spoke.run.succession): this spoke as the predecessor, then as the successor
