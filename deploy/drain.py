@@ -32,6 +32,14 @@ cgroup, which an ``exec`` hook shares with the container it runs in; a spoke sti
 serving from this container (a real stop: a node drain, a deleted pod, a rollout without
 succession) is waited for as above.
 
+With ``--cordon`` (the DaemonSet's hook), a drain that has to wait first cordons the
+node (``PATCH /api/v1/nodes/NODE`` ``spec.unschedulable``, as ``kubectl cordon``) with the
+pod's service account (``nodes`` ``get``/``patch``: deploy/k8s/base/spoke/rbac.yaml), so
+that no new job lands on a node whose spoke is going away and the wait ends when the
+running ones do; the annotation ``strata.io/cordoned-by`` says why, and ``kubectl
+uncordon NODE`` undoes it once the new spoke is ready. A cordon that fails is a warning:
+the drain waits all the same.
+
 Exit status: 0 when the mount is idle, not mounted, or handed over; 1 when
 ``--timeout`` seconds pass first (the busy processes are listed on stderr; Kubernetes
 then stops the spoke anyway, at the end of ``terminationGracePeriodSeconds``); 2 for
@@ -41,17 +49,22 @@ bad arguments.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 from spoke.run.startup import mount_processes
 from strata_local.mountinfo import mounts
 
 PROG = "deploy.drain"
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+CORDONED_BY = "strata.io/cordoned-by"
 NODE_MOUNTINFO = "/proc/1/mountinfo"
 
 
@@ -158,12 +171,49 @@ def _mounted(mount: Path) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Cordon:
+    """Cordons ``node`` through the Kubernetes API at ``api`` (a base URL), with the bearer
+    token in ``token_file`` and, for ``https``, the CA bundle ``ca_file``."""
+
+    node: str
+    api: str
+    token_file: Path
+    ca_file: Path
+
+    def __call__(self, why: str) -> None:
+        """Mark the node unschedulable, annotated with ``why``.
+
+        Raises:
+            OSError: the token or CA file cannot be read.
+            httpx.HTTPError: the API cannot be reached or refused (e.g. 403 without RBAC).
+        """
+        token = self.token_file.read_text().strip()
+        body = {"spec": {"unschedulable": True}, "metadata": {"annotations": {CORDONED_BY: why}}}
+        reply = httpx.patch(
+            f"{self.api.rstrip('/')}/api/v1/nodes/{self.node}",
+            content=json.dumps(body),
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/merge-patch+json",
+            },
+            verify=str(self.ca_file) if self.api.startswith("https:") else True,
+            timeout=10.0,
+        )
+        reply.raise_for_status()
+
+
 def drain(
-    mount: Path, timeout: float, interval: float, refused: set[int] | None = None
+    mount: Path,
+    timeout: float,
+    interval: float,
+    refused: set[int] | None = None,
+    on_busy: Callable[[list[Holder]], None] | None = None,
 ) -> list[Holder]:
     """Polls :func:`holders` until none are left, the mount was handed over
     (:func:`handed_over`) or ``timeout`` seconds pass; ``refused`` gets the pids of the
-    last poll whose descriptors could not be read.
+    last poll whose descriptors could not be read; ``on_busy`` is called once, with the
+    holders, when the first poll finds the mount busy.
 
     Returns:
         The holders at the end: empty when the mount became idle (or is not mounted, or
@@ -182,6 +232,9 @@ def drain(
             return []
         if not busy or time.monotonic() >= deadline:
             return busy
+        if on_busy is not None:
+            on_busy(busy)
+            on_busy = None
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
 
 
@@ -190,12 +243,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mount", type=Path, required=True, help="the spoke's mountpoint")
     parser.add_argument("--timeout", type=float, default=3500.0, help="seconds (3500)")
     parser.add_argument("--interval", type=float, default=5.0, help="poll period, s (5)")
+    parser.add_argument(
+        "--cordon", action="store_true", help="cordon the node first when it has to wait"
+    )
+    parser.add_argument("--node", default=os.environ.get("NODE_NAME"), help="($NODE_NAME)")
+    parser.add_argument("--api", default=_in_cluster_api(), help="the API's base URL (in-cluster)")
+    parser.add_argument("--token-file", type=Path, default=SERVICE_ACCOUNT / "token")
+    parser.add_argument("--ca-file", type=Path, default=SERVICE_ACCOUNT / "ca.crt")
     args = parser.parse_args(argv)
     if args.timeout < 0 or args.interval <= 0:
         print(f"{PROG}: error: --timeout must be >= 0 and --interval > 0", file=sys.stderr)
         return 2
+    if args.cordon and not (args.node and args.api):
+        print(f"{PROG}: error: --cordon needs --node (or NODE_NAME) and --api (or "
+              "KUBERNETES_SERVICE_HOST, in a pod)", file=sys.stderr)  # fmt: skip
+        return 2
+    on_busy = None
+    if args.cordon:
+        cordon = Cordon(args.node, args.api, args.token_file, args.ca_file)
+        on_busy = lambda busy: _cordon(cordon, args.mount, busy)  # noqa: E731
     refused: set[int] = set()
-    busy = drain(args.mount, args.timeout, args.interval, refused)
+    busy = drain(args.mount, args.timeout, args.interval, refused, on_busy)
     if refused:
         pids = ", ".join(map(str, sorted(refused)[:10])) + (", …" if len(refused) > 10 else "")
         print(
@@ -215,6 +283,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{PROG}: {args.mount} is idle", file=sys.stderr)
     return 0
+
+
+def _in_cluster_api() -> str | None:
+    host, port = (
+        os.environ.get("KUBERNETES_SERVICE_HOST"),
+        os.environ.get("KUBERNETES_SERVICE_PORT"),
+    )
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
+def _cordon(cordon: Cordon, mount: Path, busy: list[Holder]) -> None:
+    why = f"{PROG}: the spoke is stopping; {len(busy)} holder(s) of {mount} to wait for"
+    try:
+        cordon(why)
+    except (OSError, httpx.HTTPError) as err:
+        print(f"{PROG}: warning: could not cordon node {cordon.node} ({err}): waiting all "
+              "the same", file=sys.stderr)  # fmt: skip
+        return
+    print(f"{PROG}: cordoned node {cordon.node} while its jobs finish; kubectl uncordon "
+          f"{cordon.node} once the new spoke is ready", file=sys.stderr)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -4,10 +4,13 @@ exactly the capabilities the systemd unit gives it, against another user's proce
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -158,6 +161,88 @@ def test_a_drain_in_the_succeeded_pods_container_returns_at_once(live: Live) -> 
         group.rmdir()
     assert result.returncode == 0, result.stderr
     assert "was handed over to a new spoke" in result.stderr
+
+
+class _FakeAPI:
+    """A stand-in for the Kubernetes API on 127.0.0.1: records each request (method, path,
+    headers, JSON body) and answers ``status``."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.requests: list[tuple[str, str, dict[str, str], object]] = []
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_PATCH(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                api.requests.append(("PATCH", self.path, dict(self.headers), json.loads(body)))
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _cordoning_drain(
+    mount: Path, api: _FakeAPI, token: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "deploy.drain", f"--mount={mount}", f"--timeout={timeout}",
+         "--interval=0.1", "--cordon", "--node=gpu-7", f"--api={api.url}",
+         f"--token-file={token}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("status", [200, 403])
+def test_a_drain_that_has_to_wait_cordons_the_node_first(
+    live: Live, tmp_path: Path, status: int
+) -> None:
+    """One PATCH of the node, as ``kubectl cordon`` sends it, with the service account's
+    token; a refusal (no RBAC) is a warning and the drain waits all the same; an idle
+    mount cordons nothing."""
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    api = _FakeAPI(status)
+    holder = _holder(f"f = open({str(live.mount / 'demo' / 'v1' / 'b.txt')!r}, 'rb')")
+    try:
+        result = _cordoning_drain(live.mount, api, token, timeout=0.5)
+    finally:
+        _release(holder)
+    try:
+        assert result.returncode == 1 and "still busy after" in result.stderr, result.stderr
+        ((method, path, headers, body),) = api.requests
+        assert (method, path) == ("PATCH", "/api/v1/nodes/gpu-7")
+        assert headers["Authorization"] == "Bearer sa-token"
+        assert headers["Content-Type"] == "application/merge-patch+json"
+        assert isinstance(body, dict) and body["spec"] == {"unschedulable": True}
+        assert "strata.io/cordoned-by" in body["metadata"]["annotations"]
+        if status == 200:
+            assert "cordoned node gpu-7" in result.stderr
+        else:
+            assert "could not cordon node gpu-7" in result.stderr and "403" in result.stderr
+        idle = _cordoning_drain(live.mount, api, token, timeout=5)
+        assert idle.returncode == 0 and len(api.requests) == 1, idle.stderr
+    finally:
+        api.close()
+
+
+def test_cordon_needs_a_node_and_an_api(live: Live) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBERNETES_SERVICE_HOST")}
+    bad = subprocess.run(
+        [sys.executable, "-m", "deploy.drain", f"--mount={live.mount}", "--cordon"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "--cordon needs --node" in bad.stderr
 
 
 def test_not_a_mount_and_bad_arguments(tmp_path: Path) -> None:

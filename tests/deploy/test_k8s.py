@@ -344,6 +344,25 @@ def test_spoke_daemonset(objects: dict[str, dict[tuple[str, str, str], Obj]]) ->
     assert _flag(pre_stop, "--mount") == mountpoint, "the drain watches the spoke's mount"
     assert pod["hostPID"] is True, "the drain must see the training pods' processes"
     assert float(_flag(pre_stop, "--timeout")) < pod["terminationGracePeriodSeconds"]
+    # a drain that has to wait cordons the node: its name, an expiring token of a service
+    # account that may patch nodes and nothing else, in the spoke container only
+    assert "--cordon" in pre_stop
+    env = {e["name"]: e for e in spoke["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert pod["automountServiceAccountToken"] is False
+    account = pod["serviceAccountName"]
+    _, api_volume = _mount_for(spoke, pod, "/var/run/secrets/kubernetes.io/serviceaccount/token")
+    sources = api_volume["projected"]["sources"]
+    assert {"path": "token", "expirationSeconds": 3600} in [
+        src["serviceAccountToken"] for src in sources if "serviceAccountToken" in src
+    ]
+    gpu = objects["gpu-region"]
+    (binding,) = [
+        o for o in gpu.values() if o["kind"] == "ClusterRoleBinding"
+        and {"kind": "ServiceAccount", "name": account, "namespace": "strata"} in o["subjects"]
+    ]  # fmt: skip
+    role = gpu[("ClusterRole", "", binding["roleRef"]["name"])]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert not any(a.startswith("--hub=") and "example" in a for a in args)
     # the regional mesh: a peer port, advertised as the pod's IP, found through a headless
     # Service that lists spokes before they are ready
