@@ -64,8 +64,11 @@ log = logging.getLogger(__name__)
 
 PROTOCOL = 1
 """The succession protocol's version: a predecessor takes only a successor speaking it."""
-VERSION = importlib.metadata.version("strata")
-"""This release, for the operator's messages."""
+try:
+    VERSION = importlib.metadata.version("strata")
+    """This release, for the operator's messages."""
+except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
+    VERSION = "unknown"
 
 ANSWER_TIMEOUT = 30.0  # seconds for the other side's next message (a daemon stop or start)
 RESUME_TIMEOUT = 60.0  # seconds for the successor's mount to resume the connection
@@ -102,6 +105,9 @@ class Predecessor(Protocol):
     def serve_again(self) -> None:
         """Stop what a failed successor left and serve as before."""
 
+    def audit(self, outcome: str, **details: object) -> None:
+        """One succession record in the spoke's audit log."""
+
 
 class Successor(Protocol):
     """What :func:`take_over` needs of the starting supervisor."""
@@ -124,6 +130,9 @@ class Successor(Protocol):
 
     def withdraw(self) -> None:
         """Stop what it started (never unmounting) and let go of the lock and descriptor."""
+
+    def audit(self, outcome: str, **details: object) -> None:
+        """One succession record in the spoke's audit log."""
 
 
 def terms(mountpoint: Path, allow_other: bool) -> dict[str, Any]:
@@ -226,6 +235,7 @@ def hand_over(peer: socket.socket, spoke: Predecessor) -> int | None:
         reason = refusal(request, spoke.succession_terms()) or spoke.succession_refusal()
         if reason:
             log.warning("succession: refused the take-over by %s: %s", who, reason)
+            spoke.audit(f"refused: {reason}", successor=who)
             with contextlib.suppress(OSError):
                 _send(peer, {"ok": False, "reason": reason, "version": VERSION})
             return None
@@ -247,10 +257,13 @@ def hand_over(peer: socket.socket, spoke: Predecessor) -> int | None:
             _expect(_receive(peer, ANSWER_TIMEOUT), "serving")
         except (OSError, _Withdrawn) as err:
             log.error("succession: the take-over by %s failed (%s); serving on", who, err)
+            spoke.audit(f"failed: {err}; serving on", successor=who)
             spoke.serve_again()
             return None
+        took = time.monotonic() - started
         log.warning("succession: %s serves %s (%.2f s after the request); exiting without "
-                    "unmounting", who, spoke.mountpoint, time.monotonic() - started)  # fmt: skip
+                    "unmounting", who, spoke.mountpoint, took)  # fmt: skip
+        spoke.audit("handed over", successor=who, seconds=round(took, 3))
         return int(request.get("pid") or 0)
 
 
@@ -302,6 +315,7 @@ def take_over(spoke: Successor, holder: int | None) -> str:
                 _send(peer, {"op": "abort", "reason": str(err)})
             raise StartupError(f"the take-over from {old} failed ({err}); it serves on") from None
     took = time.monotonic() - started
+    spoke.audit("took over", predecessor=old, seconds=round(took, 3))
     return f"took over {spoke.mountpoint} from {old} in {took:.2f} s, without unmounting"
 
 

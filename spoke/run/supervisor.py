@@ -39,6 +39,7 @@ import time
 from types import FrameType
 from typing import Any
 
+from spoke.audit import AuditLog
 from spoke.disk import handover
 from spoke.disk.encryption import EncryptionError, check_cache_key
 from spoke.disk.hardening import (
@@ -435,6 +436,22 @@ class Supervisor(Children):
         self._release_connection()
         self.stop_daemon()
         self._release()
+
+    def audit(self, outcome: str, **details: object) -> None:
+        """One succession record (``what``: ``succession``) in the spoke's audit log, beside
+        the daemon's (whole lines in append mode: the two never tear each other's)."""
+        s = self.settings
+        try:
+            trail = AuditLog(s.audit_log or self.layout.root / "audit.jsonl",
+                             max_bytes=int(s.audit_max_bytes), backups=s.audit_backups)  # fmt: skip
+            try:
+                trail.record(who=f"strata-spoke run pid {os.getpid()} (strata "
+                             f"{succession.VERSION})", what="succession", outcome=outcome,
+                             **details)  # fmt: skip
+            finally:
+                trail.close()
+        except (OSError, ValueError) as err:
+            log.error("succession not audited (%s): %s", err, outcome)
 
     def _retire(self) -> None:
         """After a succession: let go of the lock and the connection (the successor holds

@@ -192,6 +192,10 @@ def test_a_new_spoke_takes_over_under_readers_without_an_error(
     assert is_mounted(mnt)
     assert spoke_metric(cache, "strata_spoke_successions_total") == 2
     assert spoke_metric(cache, "strata_spoke_mount_restarts_total") == 0  # never remounted
+    trail = [json.loads(line) for line in (cache / "audit.jsonl").read_text().splitlines()]
+    outcomes = [r["outcome"].split(":")[0] for r in trail if r["what"] == "succession"]
+    assert outcomes.count("took over") == 2 and outcomes.count("handed over") == 2
+    assert outcomes.count("refused") == 3 and outcomes.count("failed") == 1, outcomes
     for i in range(READERS):  # every byte, through the new spoke
         got = (mnt / "ds" / "v1" / f"big{i}.bin").read_bytes()
         assert (
