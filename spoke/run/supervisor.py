@@ -93,6 +93,7 @@ class Supervisor(Children):
         self._reload = False  # SIGHUP: re-exec, keep the mount, restart the daemon
         self._heir: succession.Listener | None = None  # where a successor asks
         self._successor: int | None = None  # the pid that took over: exit, never unmount
+        self._predecessor_mount: int | None = None  # its first mount process (a successor's)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
@@ -135,6 +136,8 @@ class Supervisor(Children):
                     raise StartupError(f"cannot take over: {self._handover_off}")
                 holder = lock.holder(self.layout.spoke_lock)
                 adopted = succession.take_over(self, holder)
+                assert self._fuse is not None
+                self.workers.start(self.mount_workers, self._fuse[0])  # on clones
             else:
                 adopted = self._start_or_adopt(reloaded)
             self._listen()
@@ -393,6 +396,8 @@ class Supervisor(Children):
             self._restart(self._start_daemon, self._daemon_restarts, "daemon")
         if self.mount is None and self._fuse is not None:
             self._resume_mount()  # the other workers follow from _watch, on their clones
+        elif self.mount is not None:  # its successor's first mount process wrote it over
+            self.layout.mount_pid_file.write_text(f"{self.mount.pid}\n")
 
     def take_lock(self, fd: int) -> None:
         """Hold ``spoke.lock`` through the predecessor's descriptor ``fd``.
@@ -413,25 +418,28 @@ class Supervisor(Children):
 
     def resume(self, fd: int, init: bytes) -> None:
         """Serve the connection of ``fd`` with the INIT request ``init`` beside the
-        predecessor's mount processes: ours resume it (worker 0 on ``fd``, the others on
-        clones), as mount workers join a connection.
+        predecessor's mount processes: our first mount process resumes it on ``fd``, as a
+        mount worker joins a connection (the others start once the predecessor's stopped:
+        :meth:`run`).
 
         Raises:
-            StartupError: ``fd`` is not ``/dev/fuse``, or worker 0 did not resume.
+            StartupError: ``fd`` is not ``/dev/fuse``, or the mount process did not resume.
         """
         if not handover.is_fuse_device(fd):
             os.close(fd)
             raise StartupError("the predecessor sent a descriptor that is not /dev/fuse")
         self._fuse = (fd, init)
+        self._predecessor_mount = read_pid(self.layout.mount_pid_file)
         self.mount = self._spawn_mount(0, fd)
         self._mount_restarts.up()
-        self.workers.start(self.mount_workers, fd)
 
     def withdraw(self) -> None:
         """Stop what this successor started, never unmounting, and let go of the lock and
         the connection: the predecessor serves on."""
         self.workers.stop_reading(HANDOVER_TIMEOUT, self.mount)
         self.workers.stop(terminate)
+        if self._predecessor_mount:  # our first mount process wrote over its pid
+            self.layout.mount_pid_file.write_text(f"{self._predecessor_mount}\n")
         self.mount, self._mounted = None, False
         self._release_connection()
         self.stop_daemon()

@@ -128,21 +128,27 @@ def test_a_new_spoke_takes_over_under_readers_without_an_error(
     try:
         # every block read once (cached): the old mount never waits for a daemon below
         eventually(lambda: readers.reads > 3000, "reads before")
+        eventually(layout.succession_socket.exists, "the old spoke listening for a successor")
         old_tree = _tree(layout, old.pid, mnt)
 
         # a successor that vanishes half-way — it holds the lock, has the connection and
         # had the old mount stop — never having served: the old spoke starts its daemon
         # again and resumes its own mount on the connection it still holds
         before = readers.reads
-        with _ask(layout, _terms(mnt)) as sock:
-            reply, fds = _reply(sock)
-            assert reply["ok"] is True and len(fds) == 1  # a copy of its spoke.lock
-            sock.sendmsg([json.dumps({"op": "connection"}).encode()])
-            reply, more = _reply(sock)
-            assert reply["ok"] is True and len(more) == 1  # the /dev/fuse descriptor
-            sock.sendmsg([json.dumps({"op": "stop"}).encode()])
-            assert _reply(sock)[0] == {"ok": True}  # its mount processes stopped
-            for fd in fds + more:
+        held: list[int] = []  # closed whatever happens: a /dev/fuse copy keeps the connection
+        try:
+            with _ask(layout, _terms(mnt)) as sock:
+                reply, fds = _reply(sock)
+                held += fds
+                assert reply["ok"] is True and len(fds) == 1  # a copy of its spoke.lock
+                sock.sendmsg([json.dumps({"op": "connection"}).encode()])
+                reply, fds = _reply(sock)
+                held += fds
+                assert reply["ok"] is True and len(fds) == 1  # the /dev/fuse descriptor
+                sock.sendmsg([json.dumps({"op": "stop"}).encode()])
+                assert _reply(sock)[0] == {"ok": True}  # its mount processes stopped
+        finally:
+            for fd in held:
                 os.close(fd)
         eventually(lambda: _metric(cache, "strata_spoke_successions_total") == 0, "the daemon")
         eventually(lambda: readers.reads > before + 200, "reads after the failed succession")
@@ -156,13 +162,15 @@ def test_a_new_spoke_takes_over_under_readers_without_an_error(
                 reply, fds = _reply(sock)
             assert reply["ok"] is False and said in str(reply["reason"]) and fds == []
 
-        # the new release, as a second process tree; the old pod's spoke idles, its probes
+        # the new release, as a second process tree, with two mount processes (its second
+        # one starts on a clone once it serves); the old pod's spoke idles, its probes
         # saying live and not ready, until SIGTERM, and never unmounts
         before, failed_longest, readers.longest = readers.reads, readers.longest, 0.0
-        stack.start_spoke(hub, cache, mnt, SIZE, extra=("--take-over",))
+        stack.start_spoke(hub, cache, mnt, SIZE, extra=("--take-over", "--mount-workers", "2"))
         second = stack.spoke
         assert second is not None and second is not old
         eventually(lambda: not any(map(_alive, old_tree - {old.pid})), "the old children")
+        eventually(lambda: len(mount_processes(mnt)) == 2, "the second spoke's two workers")
         assert old.poll() is None
         eventually(lambda: _status(f"http://{probes}/healthz") == 200, "the idle probes")
         assert _status(f"http://{probes}/readyz") == 503
@@ -171,7 +179,8 @@ def test_a_new_spoke_takes_over_under_readers_without_an_error(
         assert old.wait(30) == 0 and is_mounted(mnt)
         first_longest, readers.longest = readers.longest, 0.0
 
-        # and the next one, which the second (--after-succession exit) makes way for
+        # and the next one, which the second (--after-succession exit, both its mount
+        # processes stopping) makes way for
         second_tree, before = _tree(layout, second.pid, mnt), readers.reads
         stack.start_spoke(hub, cache, mnt, SIZE, extra=("--take-over",))
         new = stack.spoke
