@@ -428,6 +428,12 @@ def load(
         Path | None, typer.Option("--json", help="Also write the summary to this file.")
     ] = None,
     storage_option: StorageOptionFlag = None,
+    client: Annotated[
+        str,
+        typer.Option(
+            "--client", help="How a URL --data is read: fsspec, or obstore (zarr's ObjectStore)."
+        ),
+    ] = "fsspec",
 ) -> None:
     """Loader only: fit's dataset, sampler, workers and collation, no model; reports
     samples/s, MB/s and the data-wait share per epoch."""
@@ -450,6 +456,7 @@ def load(
         compute_ms=compute_ms,
         source=source,
         storage_options=_storage_options(storage_option),
+        client=client,
     )
     try:
         summary = run_load(options, echo=typer.echo)

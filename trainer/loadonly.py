@@ -12,7 +12,8 @@ Two sources feed the same loader:
 
 * ``store`` reads the Zarr store (a directory, a mount, or an fsspec URL) through a
   :class:`CountingStore`, so each item also carries the bytes its read fetched from the
-  amplitude array's stored chunks (what the file system or object store delivered);
+  amplitude array's stored chunks (what the file system or object store delivered); a
+  URL through fsspec or, with ``client="obstore"``, zarr's ``ObjectStore``;
 * ``memory`` reads the same amplitudes and live mask from one copy held in shared
   memory, loaded before the workers start (:class:`MemoryPatchDataset`): the loader's own
   ceiling (slicing, normalisation and the worker-to-main hand-off, with no store and no
@@ -44,11 +45,12 @@ import torch
 import zarr
 from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
-from zarr.storage import FsspecStore, LocalStore, WrapperStore
+from zarr.storage import WrapperStore
 
 from trainer.dataloader import make_loader
 from trainer.dataset import PatchDataset
-from trainer.location import StorageOptions, is_url
+from trainer.location import StorageOptions
+from trainer.objstore import CLIENTS, raw_store
 from trainer.options import FitError, FitOptions
 from trainer.plan import EpochSampler, derive_seed
 from trainer.presets import Shape3, get_preset
@@ -111,12 +113,6 @@ class CountingStore(WrapperStore[Store]):
         return bufs
 
 
-def _inner_store(path: str, storage_options: StorageOptions) -> Store:
-    if is_url(path):
-        return FsspecStore.from_url(path, storage_options=dict(storage_options), read_only=True)
-    return LocalStore(path, read_only=True)
-
-
 class CountedPatchDataset(PatchDataset):
     """The patch dataset read through a :class:`CountingStore`.
 
@@ -125,8 +121,11 @@ class CountedPatchDataset(PatchDataset):
     amplitude bytes the store returned for this read.
     """
 
-    def __init__(self, info: VolumeInfo, patch: Shape3, stats: VolumeStats) -> None:
+    def __init__(
+        self, info: VolumeInfo, patch: Shape3, stats: VolumeStats, client: str = "fsspec"
+    ) -> None:
         super().__init__(info, patch, stats)
+        self.client = client  # how a URL is read: fsspec or obstore (trainer.objstore)
         self._store: CountingStore | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -138,7 +137,8 @@ class CountedPatchDataset(PatchDataset):
     def _open(self) -> tuple[zarr.Array[Any], zarr.Array[Any] | BoolArray | None]:
         if self._amplitude is None:
             store = CountingStore(
-                _inner_store(self.info.path, self.info.storage_options), f"{self.info.variable}/"
+                raw_store(self.info.path, self.info.storage_options, self.client),
+                f"{self.info.variable}/",
             )
             group = zarr.open_group(store=store, mode="r")
             amp = group[self.info.variable]
@@ -229,7 +229,10 @@ class LoadOptions:
         source: ``"store"`` or ``"memory"`` (see :data:`SOURCES`).
         digest: Also hash every batch's bytes, in order (``payload_digest``; costs CPU
             in the training process, so off when measuring).
-        storage_options: fsspec options of a URL ``data``.
+        storage_options: fsspec options of a URL ``data`` (obstore config keys with
+            ``client="obstore"``).
+        client: How the ``store`` source reads a URL ``data``: ``"fsspec"`` or
+            ``"obstore"`` (zarr's ``ObjectStore``, :mod:`trainer.objstore`).
     """
 
     data: str | Path
@@ -246,6 +249,7 @@ class LoadOptions:
     source: str = "store"
     digest: bool = False
     storage_options: StorageOptions = field(default_factory=dict, repr=False)
+    client: str = "fsspec"
 
 
 def _check(opts: LoadOptions, batch_size: int) -> None:
@@ -253,6 +257,7 @@ def _check(opts: LoadOptions, batch_size: int) -> None:
         (opts.epochs >= 1, f"--epochs must be >= 1, got {opts.epochs}"),
         (opts.compute_ms >= 0, f"--compute-ms must be >= 0, got {opts.compute_ms}"),
         (opts.source in SOURCES, f"--source must be one of {', '.join(SOURCES)}"),
+        (opts.client in CLIENTS, f"--client must be one of {', '.join(CLIENTS)}"),
         (batch_size >= 1, f"--batch-size must be >= 1, got {batch_size}"),
         (opts.workers >= 0, f"--workers must be >= 0, got {opts.workers}"),
         (opts.seed >= 0, f"--seed must be >= 0, got {opts.seed}"),
@@ -349,7 +354,7 @@ def run_load(opts: LoadOptions, echo: Callable[[str], None] = print) -> dict[str
     if opts.source == "memory":
         dataset = MemoryPatchDataset(info, patch, fit_dataset.stats)
     else:
-        dataset = CountedPatchDataset(info, patch, fit_dataset.stats)
+        dataset = CountedPatchDataset(info, patch, fit_dataset.stats, opts.client)
     memory_load_s = time.perf_counter() - t_load
     torch.set_num_threads(1)  # the loop only waits, counts and sleeps
     sampler = EpochSampler(plan)
@@ -414,6 +419,7 @@ def run_load(opts: LoadOptions, echo: Callable[[str], None] = print) -> dict[str
     overall = total.record()
     summary: dict[str, Any] = {
         "source": opts.source,
+        "client": opts.client,
         "data": str(opts.data),
         "preset": config.name,
         "patch": list(patch),
