@@ -20,6 +20,7 @@ deploy/k8s/base/hub/statefulset.yaml); ``hub/budget.py`` gives the sizing it pro
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -27,13 +28,13 @@ import resource
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
+import grpc.aio
 
 from bench.bulk_flood import rss_mib
 from deploy.local import LocalStack, publish
@@ -89,38 +90,75 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _reader(
-    address: str,
-    digests: list[str],
-    stop: threading.Event,
-    out: dict[str, float],
-    took: list[float],
+async def _reader(
+    address: str, digests: list[str], stop: asyncio.Event, out: dict[str, float], took: list[float]
 ) -> None:
     """Reads one block a second with the well-behaved token; counts what it got."""
     meta = (("authorization", f"Bearer {READER}"),)
-    with grpc.insecure_channel(
-        address, options=(("grpc.use_local_subchannel_pool", 1),)
-    ) as channel:
+    options = (("grpc.use_local_subchannel_pool", 1),)
+    async with grpc.aio.insecure_channel(address, options=options) as channel:
         stub = hub_pb2_grpc.HubStub(channel)
         turn = 0
         while not stop.is_set():
             digest = digests[turn % len(digests)]
             turn += 1
             started = time.monotonic()
+            request = hub_pb2.ReadBlocksRequest(digests=[digest])
+            got = 0
             try:
-                got = sum(
-                    len(chunk.data)
-                    for chunk in stub.ReadBlocks(
-                        iter([hub_pb2.ReadBlocksRequest(digests=[digest])]),
-                        timeout=60,
-                        metadata=meta,
-                    )
-                )
+                async for chunk in stub.ReadBlocks(iter([request]), timeout=60, metadata=meta):
+                    got += len(chunk.data)
                 out["served" if got == 4 * MiB else "refused"] += 1
-            except grpc.RpcError:
+            except grpc.aio.AioRpcError:
                 out["refused"] += 1
             took.append(time.monotonic() - started)
-            stop.wait(1.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
+
+async def _attack(
+    args: argparse.Namespace, address: str, pid: int, digests: list[str], metrics: str
+) -> tuple[int, int, dict[str, float], dict[str, float], list[float], float]:
+    """The flood and the well-behaved reader beside it, in one event loop (grpc.aio: no
+    thread per call). Returns the calls opened, the peak RSS (MiB), the hub's refusals by
+    limit, the reader's counts and read times, and the hub's CPU seconds meanwhile."""
+    attackers = [f"bench-stall-{i:02d}-0123456789abcdef" for i in range(args.tokens)]
+    stop = asyncio.Event()
+    reads = {"served": 0.0, "refused": 0.0}
+    took: list[float] = []
+    cpu_before = _cpu_s(pid)
+    reader = asyncio.ensure_future(_reader(address, digests, stop, reads, took))
+    channels = [grpc.aio.insecure_channel(address, options=NEVER_READ) for _ in attackers]
+    calls: list[grpc.aio.StreamStreamCall] = []
+    peak = rss_mib(pid)
+    started = time.monotonic()
+    next_round = started
+    try:
+        while time.monotonic() - started < args.seconds:
+            if time.monotonic() >= next_round:
+                for token, channel in zip(attackers, channels, strict=True):
+                    stub = hub_pb2_grpc.HubStub(channel)
+                    meta = (("authorization", f"Bearer {token}"),)
+                    for n in range(args.streams):
+                        request = hub_pb2.ReadBlocksRequest(digests=[digests[n % len(digests)]])
+                        calls.append(stub.ReadBlocks(iter([request]), metadata=meta))
+                next_round += args.every
+            peak = max(peak, rss_mib(pid))
+            await asyncio.sleep(0.25)
+        refusals = await asyncio.to_thread(_refusals, metrics)
+    finally:
+        for call in calls:
+            call.cancel()
+        for channel in channels:
+            await channel.close()
+    cpu = _cpu_s(pid) - cpu_before
+    closed = time.monotonic()
+    while time.monotonic() - closed < 5:
+        peak = max(peak, rss_mib(pid))
+        await asyncio.sleep(0.25)
+    stop.set()
+    await asyncio.wait_for(reader, 90)
+    return len(calls), peak, refusals, reads, took, cpu
 
 
 def flood(args: argparse.Namespace, work: Path) -> Result:
@@ -135,69 +173,25 @@ def flood(args: argparse.Namespace, work: Path) -> Result:
     tokens.chmod(0o600)
     with LocalStack() as stack:
         metrics = "127.0.0.1:" + str(_free_port())
-        address = stack.start_hub(
-            work / "hub",
-            metrics=metrics,
-            extra=(
-                "--tokens",
-                str(tokens),
-                "--insecure",
-                "--stall-timeout",
-                str(args.stall_timeout),
-            ),
-        )
+        extra = ("--tokens", str(tokens), "--insecure", "--stall-timeout", str(args.stall_timeout))
+        address = stack.start_hub(work / "hub", metrics=metrics, extra=extra)
         assert stack.hub is not None
         pid = stack.hub.pid
         digests = _digests(address)
         time.sleep(1)
         rest = rss_mib(pid)
-        stop = threading.Event()
-        reads = {"served": 0.0, "refused": 0.0}
-        took: list[float] = []
-        reader = threading.Thread(
-            target=_reader, args=(address, digests, stop, reads, took), daemon=True
+        opened, peak, refusals, reads, took, cpu = asyncio.run(
+            _attack(args, address, pid, digests, metrics)
         )
-        cpu_before = _cpu_s(pid)
-        reader.start()
-        channels = [grpc.insecure_channel(address, options=NEVER_READ) for _ in attackers]
-        calls: list[grpc.Call] = []
-        peak = rest
-        started = time.monotonic()
-        next_round = started
-        try:
-            while time.monotonic() - started < args.seconds:
-                if time.monotonic() >= next_round:
-                    for token, channel in zip(attackers, channels, strict=True):
-                        stub = hub_pb2_grpc.HubStub(channel)
-                        meta = (("authorization", f"Bearer {token}"),)
-                        for n in range(args.streams):
-                            request = hub_pb2.ReadBlocksRequest(digests=[digests[n % len(digests)]])
-                            calls.append(stub.ReadBlocks(iter([request]), metadata=meta))
-                    next_round += args.every
-                peak = max(peak, rss_mib(pid))
-                time.sleep(0.25)
-            refusals = _refusals(metrics)
-        finally:
-            for call in calls:
-                call.cancel()  # type: ignore[attr-defined]
-            for channel in channels:
-                channel.close()
-        cpu = _cpu_s(pid) - cpu_before
-        closed = time.monotonic()
-        while time.monotonic() - closed < 5:
-            peak = max(peak, rss_mib(pid))
-            time.sleep(0.25)
         after_5 = rss_mib(pid)
         time.sleep(10)
         after_15 = rss_mib(pid)
-        stop.set()
-        reader.join(timeout=90)
         return Result(
             rest,
             peak,
             after_5,
             after_15,
-            len(calls),
+            opened,
             int(reads["served"]),
             int(reads["refused"]),
             round(statistics.median(took), 2) if took else 0.0,

@@ -59,10 +59,11 @@ gRPC messages waiting in core for clients that never read add at most the stalle
 message a stream (64 KiB for a client that never read; a chunk, 1 MiB, only for one that
 read the 960 KiB before it), so 384 MiB more at most, under 1 GiB still (971 MiB), and only
 once tokens that stall have filled it. Measured (``python -m bench.stall_flood --seconds
-150``: six tokens opening 40 unread streams every 3 s, a seventh reading a block a second):
-the hub peaked at 610 MiB, and 125 MiB 15 s after the flood closed (1,051 MiB with 1 MiB
-first messages and the stall timeout for each, when the seventh token had 10 of 30 reads
-refused; now none).
+120``: six tokens opening 40 unread streams every 3 s, a seventh reading a block a second;
+the commit before the ramp, then this, back to back on 2 loaded cores): the hub peaked at
+929 MiB before and 626 MiB now, and was back at 111 / 117 MiB 15 s after the flood closed;
+the seventh token had 8 of 16 reads refused before (median 9.1 s), 0 of 89 now (median
+0.02 s, slowest 5.6 s).
 
 A spoke opens at most 16 block streams (``spoke.fetch.scheduler``: 8 for every class and 8 more
 for demand misses), so 512 streams is 32 spokes sharing one token at full concurrency; a
