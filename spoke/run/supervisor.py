@@ -94,12 +94,15 @@ class Supervisor(Children):
         self._heir: succession.Listener | None = None  # where a successor asks
         self._successor: int | None = None  # the pid that took over: exit, never unmount
         self._predecessor_mount: int | None = None  # its first mount process (a successor's)
+        self._terminated = False  # SIGINT or SIGTERM came
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
             self._reload = True
         elif signum == signal.SIGUSR1:
             self._leave = True
+        else:
+            self._terminated = True  # SIGINT, SIGTERM: also ends a retired spoke's wait
         self._stop = True
 
     def run(self) -> int:
@@ -480,8 +483,7 @@ class Supervisor(Children):
                 probes = succession.RetiredProbes(self.settings.metrics)
             except (OSError, ValueError) as err:
                 log.warning("no probes while idle: %s: %s", self.settings.metrics, err)
-        self._stop = False
-        while not self._stop:  # SIGTERM, SIGINT
+        while not self._terminated:  # SIGTERM, SIGINT (perhaps during the succession)
             time.sleep(0.5)
         if probes is not None:
             probes.close()
