@@ -56,9 +56,9 @@ class MessageRamp:
         self.most = most
         self._next = min(FIRST_MESSAGE_BYTES, most)
 
-    def peek(self) -> int:
-        """The next message's size, without taking it."""
-        return self._next
+    def peek(self, after: int = 0) -> int:
+        """The size of the message ``after`` messages from the next, without taking any."""
+        return min(self._next << after, self.most)
 
     def take(self) -> int:
         """The next message's size; the one after is twice it (at most :attr:`most`)."""
@@ -257,7 +257,8 @@ class BlockStreamer:
                     assert run is not None  # a waiting load charges or raises
                 try:
                     if run.end < len(digests):
-                        packing = min(pack_bytes, ramp.peek())
+                        # read ahead: it follows at least this run's first message
+                        packing = min(pack_bytes, ramp.peek(after=1))
                         pending = asyncio.ensure_future(
                             load(digests, run.end, readable, packing, who, False)
                         )
