@@ -149,9 +149,10 @@ def markdown_section(result: dict[str, Any], plots: list[str]) -> str:
         targets_table(result),
         "",
     ]
-    lines += [f"![{Path(p).stem}]({p})" for p in plots]
+    lines += [f"![{Path(p).stem}]({p})" for p in plots if not p.endswith("-epochs.png")]
     if plots:
         lines.append("")
+    lines += _epochs_section(result, [p for p in plots if p.endswith("-epochs.png")])
     lines += [
         "Columns: *first byte* = open + first 4 KiB read of `f3.mdio/amplitude/c/0/0/0` "
         "right after mounting (cold rows) or after dropping the page cache; *first batch* = "
@@ -168,6 +169,40 @@ def markdown_section(result: dict[str, Any], plots: list[str]) -> str:
         END,
     ]
     return "\n".join(lines)
+
+
+def _epochs(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The epochs group's report (bench.direct_stream's), or None where it did not run."""
+    for row in result["scenarios"]:
+        if row["name"] == "epochs" and row["status"] == "ok" and row.get("epochs"):
+            report: dict[str, Any] = row["epochs"]
+            return report
+    return None
+
+
+def _epochs_section(result: dict[str, Any], plots: list[str]) -> list[str]:
+    """The loader-only epochs: what ran, the table, the time-axis plot."""
+    report = _epochs(result)
+    if report is None:
+        return []
+    from bench.scenarios.epochs import markdown_table
+
+    loader = report["loader"]
+    return [
+        "Loader only, several epochs (`strata-train load`, no model step; "
+        f"{report['volume_bytes'] / 1e6:,.0f} MB synthetic volume of 1 MiB zstd chunks, "
+        f"`{loader['preset']}` patches {'×'.join(map(str, loader['patch']))}, batch "
+        f"{loader['batch_size']}, {loader['workers']} workers, {loader['epoch_size']} patches "
+        "an epoch; direct rows read SeaweedFS behind the same link with "
+        f"ZARR_ASYNC_CONCURRENCY={report.get('zarr_concurrency', '64')}; *CPU-s per GiB* = the "
+        "loader's processes (and a spoke's daemon and mount) over the stored chunk bytes read, "
+        "all epochs):",
+        "",
+        markdown_table(report),
+        "",
+        *[f"![{Path(p).stem}]({p})" for p in plots],
+        *([""] if plots else []),
+    ]
 
 
 def update_markdown(path: Path, section: str, title: str = "# Benchmarks") -> None:
@@ -278,7 +313,14 @@ def plot(result: dict[str, Any], out_prefix: Path) -> list[Path]:
     fig.savefig(bars_path, dpi=110)
     plt.close(fig)
     timeline = timeline_plot(result, out_prefix.with_name(out_prefix.name + "-timeline.png"))
-    return [cold_path, bars_path, *([timeline] if timeline else [])]
+    extra = [timeline] if timeline else []
+    report = _epochs(result)
+    if report is not None:
+        from bench.direct_stream import plot as epochs_plot
+
+        extra.append(out_prefix.with_name(out_prefix.name + "-epochs.png"))
+        epochs_plot(report, extra[-1])
+    return [cold_path, bars_path, *extra]
 
 
 def timeline_plot(result: dict[str, Any], path: Path) -> Path | None:

@@ -1,4 +1,4 @@
-"""Strata side by side with local disk, copy-first, rclone and httpdirfs, over one emulated WAN.
+"""Strata beside local disk, copy-first, rclone, httpdirfs and direct streaming, over one WAN.
 
     python -m bench.run [--quick] [--size 1GiB] [--rtt-ms 50] [--rate 1Gbit] [--steps 100]
                         [--only strata,rclone,...] [--markdown BENCHMARKS.md]
@@ -15,6 +15,10 @@ see :mod:`bench.data`), one link (:mod:`bench.wan`, default 50 ms RTT and 1 Gbit
 5. **rclone**: ``rclone mount --vfs-cache-mode full`` of the same files served over HTTP
    through the same kind of link, cold and then warm (page cache dropped);
 6. **httpdirfs**: ``httpdirfs --cache``, same HTTP source, cold and warm.
+7. **epochs**: the loader-only load (``strata-train load``) for three epochs on its own
+   volume, local, copy-first, direct s3fs, direct obstore (SeaweedFS behind the same kind
+   of link) and Strata: one table and one time axis (:mod:`bench.scenarios.epochs`; left
+   out with ``--quick``).
 
 Per scenario: time to first byte; fio's sequential 1 MiB, random 4 KiB and random 1 MiB
 reads (4 workers each); the trainer's time to first batch, samples/s and data-wait

@@ -11,6 +11,7 @@ from typing import Any
 
 from bench import fio
 from bench.scenarios.base import Row
+from bench.scenarios.epochs import targets as epoch_targets
 from bench.wan import LinkSpec
 
 
@@ -144,4 +145,7 @@ def targets(rows: dict[str, Row], link: LinkSpec) -> list[dict[str, Any]]:
                 worse.append(job)
         if parts:
             add(f"Strata warm ≥ {other} on every fio job", "≥ 1×", ", ".join(parts), not worse)
+    loader = _get(rows, "epochs")
+    if loader is not None and loader.epochs:  # issue 41's, only where the group ran
+        out += epoch_targets(loader.epochs)
     return out

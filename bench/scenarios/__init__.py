@@ -3,7 +3,9 @@
 Each implements :class:`~bench.scenarios.base.Scenario`: :mod:`~bench.scenarios.local`
 (local disk), :mod:`~bench.scenarios.floor` (Python FUSE's floor over the local files),
 :mod:`~bench.scenarios.copy_first` (download, then read) and
-:mod:`~bench.scenarios.remote` (Strata, rclone, httpdirfs behind the link). The measures
+:mod:`~bench.scenarios.remote` (Strata, rclone, httpdirfs behind the link),
+:mod:`~bench.scenarios.epochs` (the loader-only load for several epochs, direct streaming
+from the bucket beside Strata). The measures
 they are made of are in :mod:`~bench.scenarios.phases`.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from bench.scenarios.base import LABELS, BenchError, Context, Row, Scenario, Settings
 from bench.scenarios.copy_first import CopyFirstScenario
+from bench.scenarios.epochs import EpochsScenario
 from bench.scenarios.floor import FloorScenario
 from bench.scenarios.local import LocalScenario
 from bench.scenarios.remote import HttpdirfsScenario, RcloneScenario, StrataScenario
@@ -22,6 +25,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     StrataScenario(),
     RcloneScenario(),
     HttpdirfsScenario(),
+    EpochsScenario(),
 )
 """Every scenario, in the order they run."""
 

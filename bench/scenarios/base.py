@@ -35,6 +35,7 @@ LABELS = {
     "rclone-warm": "rclone warm (page cache dropped)",
     "httpdirfs-cold": "httpdirfs cold",
     "httpdirfs-warm": "httpdirfs warm (page cache dropped)",
+    "epochs": "loader only, 3 epochs (local, copy-first, direct, Strata: table below)",
 }
 """Every row name, with its human label for tables and plots."""
 
@@ -109,6 +110,7 @@ class Row:
     cold: dict[str, Any] | None = None
     spoke: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    epochs: dict[str, Any] | None = None  # the epochs group: bench.direct_stream's report
 
     def add_spoke(self, counts: dict[str, float]) -> None:
         """Add a phase's spoke counters (:data:`SPOKE_COUNTERS`: hits, misses, hub bytes,
