@@ -2,9 +2,10 @@
 processes with the FUSE connection they hand over (:mod:`spoke.disk.handover`).
 
 :class:`Children` is the state and the start-up half of :class:`spoke.run.supervisor.Supervisor`
-(which adds the life cycle: adopt, watch, restart, re-exec, succession, stop): how each
-child is started with its settings file, how a new mount's connection is taken and held,
-how a successor mount process resumes it after the one before ended or handed it over.
+(which adds the life cycle: watch, restart, re-exec, succession, stop): how each child is
+started with its settings file or adopted from a supervisor that was killed, how a new
+mount's connection is taken and held, how a successor mount process resumes it after the
+one before ended or handed it over.
 Everything here runs on the supervisor's one thread.
 """
 
@@ -23,10 +24,10 @@ from spoke.disk import handover
 from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import is_mounted, lazy_unmount, resolve_mountpoint
 from spoke.run.process import stop_process
-from spoke.run.processes import Process
+from spoke.run.processes import Process, find, find_daemon, read_pid, same_settings
 from spoke.run.schema import MountSettings, resolved, settings_file, write_settings
 from spoke.run.settings import SpokeSettings
-from spoke.run.startup import Restarts, StartupError, count_mount_restart
+from spoke.run.startup import Restarts, StartupError, count_mount_restart, mount_processes
 from spoke.run.workers import MountWorkers, stop_reading
 
 log = logging.getLogger(__name__)
@@ -223,6 +224,50 @@ class Children:
     def admin_url(self) -> str:
         """The admin API's base URL (as written by the daemon)."""
         return self.layout.admin_url_file.read_text().strip()
+
+    def _adopt(self) -> str:
+        """Take over a live daemon and mount of this cache directory (their supervisor was
+        killed, or this one re-executed); stop those started with other settings.
+
+        Returns:
+            What was done, for the operator ("" when nothing was found).
+        """
+        done: list[str] = []
+        expected = self._daemon_cmd()
+        daemon, args = find_daemon(self.layout.daemon_lock, expected)
+        if daemon is not None and args is not None:
+            if same_settings(args, expected) and self.layout.admin_url_file.exists():
+                self.daemon = daemon
+                self._daemon_restarts.up()
+                done.append(f"adopted daemon pid {daemon.pid}")
+            else:
+                terminate(daemon)
+                done.append(f"stopped daemon pid {daemon.pid} (other settings)")
+        expected = self._mount_cmd()
+        mount, args = find(read_pid(self.layout.mount_pid_file), expected)
+        if mount is not None and args is not None:
+            if same_settings(args, expected) and is_mounted(self.mountpoint):
+                self.mount = mount
+                self._mounted = True
+                self._mount_restarts.up()
+                done.append(f"adopted mount pid {mount.pid}")
+                known = {mount.pid, *self.workers.pids()}
+                self.workers.adopt([p for p in mount_processes(self.mountpoint) if p not in known])
+            else:
+                terminate(mount)
+                done.append(f"stopped mount pid {mount.pid} (other settings)")
+        if not done:
+            return ""
+        if len(done) == 2 and done[0].split()[0] == done[1].split()[0]:  # the same verb
+            done[1] = done[1].split(" ", 1)[1]
+        message = " and ".join(done) + f" of {self.layout.root}"
+        log.warning("%s", message)
+        return message
+
+    def _restart_daemon(self) -> None:
+        if self.daemon is not None:
+            terminate(self.daemon)
+        self._start_daemon()
 
     def _release(self) -> None:
         if self._lock is not None:

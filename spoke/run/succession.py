@@ -56,8 +56,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from spoke.audit import AuditLog
 from spoke.disk import handover
 from spoke.disk.layout import CacheLayout
+from spoke.run.settings import SpokeSettings
 from spoke.run.startup import StartupError
 
 log = logging.getLogger(__name__)
@@ -317,6 +319,23 @@ def take_over(spoke: Successor, holder: int | None) -> str:
     took = time.monotonic() - started
     spoke.audit("took over", predecessor=old, seconds=round(took, 3))
     return f"took over {spoke.mountpoint} from {old} in {took:.2f} s, without unmounting"
+
+
+def audit(path: Path, settings: SpokeSettings, outcome: str, **details: object) -> None:
+    """Append one record (``what``: ``succession``, ``who``: this supervisor) to the audit
+    log ``path`` with ``settings``' rotation, beside the daemon's records (whole lines in
+    append mode: the two writers never tear each other's). A log that cannot be written
+    is logged, never raised."""
+    try:
+        trail = AuditLog(path, max_bytes=int(settings.audit_max_bytes),
+                         backups=settings.audit_backups)  # fmt: skip
+        try:
+            trail.record(who=f"strata-spoke run pid {os.getpid()} (strata {VERSION})",
+                         what="succession", outcome=outcome, **details)  # fmt: skip
+        finally:
+            trail.close()
+    except (OSError, ValueError) as err:
+        log.error("succession not audited (%s): %s", err, outcome)
 
 
 class RetiredProbes:

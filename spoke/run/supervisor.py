@@ -39,7 +39,6 @@ import time
 from types import FrameType
 from typing import Any
 
-from spoke.audit import AuditLog
 from spoke.disk import handover
 from spoke.disk.encryption import EncryptionError, check_cache_key
 from spoke.disk.hardening import (
@@ -51,7 +50,7 @@ from spoke.disk.hardening import (
 from spoke.disk.mountinfo import is_mounted, lazy_unmount
 from spoke.run import lock, succession
 from spoke.run.children import HANDOVER_TIMEOUT, Children, terminate
-from spoke.run.processes import Adopted, Process, find, find_daemon, read_pid, same_settings
+from spoke.run.processes import Adopted, Process, read_pid
 from spoke.run.settings import SpokeSettings
 from spoke.run.startup import (
     Restarts,
@@ -72,9 +71,9 @@ FUSE_ENV = "STRATA_SPOKE_FUSE"  # across the re-exec: "FD INIT-HEX" of the held 
 class Supervisor(Children):
     """Runs and watches the daemon and mount processes of one spoke.
 
-    The life cycle around :class:`Children`' state and start-up: adopt children a killed
-    supervisor left, watch and restart them with backoff, re-exec on SIGHUP, stop or
-    leave both, and succession — the predecessor's and the successor's side of
+    The life cycle around :class:`Children`' state, start-up and adoption: watch and
+    restart the children with backoff, re-exec on SIGHUP, stop or leave both, and
+    succession — the predecessor's and the successor's side of
     :mod:`spoke.run.succession` (its :class:`~spoke.run.succession.Predecessor` and
     :class:`~spoke.run.succession.Successor`). What needs no such state lives beside it
     (:mod:`spoke.run.startup`, :mod:`spoke.run.processes`, :mod:`spoke.disk.mountinfo`).
@@ -204,50 +203,6 @@ class Supervisor(Children):
             check_cache_key(self.layout, s.block_cipher(), s.encryption_key_file, record=False)
         except EncryptionError as err:
             raise StartupError(str(err)) from None
-
-    def _adopt(self) -> str:
-        """Take over a live daemon and mount of this cache directory (their supervisor was
-        killed, or this one re-executed); stop those started with other settings.
-
-        Returns:
-            What was done, for the operator ("" when nothing was found).
-        """
-        done: list[str] = []
-        expected = self._daemon_cmd()
-        daemon, args = find_daemon(self.layout.daemon_lock, expected)
-        if daemon is not None and args is not None:
-            if same_settings(args, expected) and self.layout.admin_url_file.exists():
-                self.daemon = daemon
-                self._daemon_restarts.up()
-                done.append(f"adopted daemon pid {daemon.pid}")
-            else:
-                terminate(daemon)
-                done.append(f"stopped daemon pid {daemon.pid} (other settings)")
-        expected = self._mount_cmd()
-        mount, args = find(read_pid(self.layout.mount_pid_file), expected)
-        if mount is not None and args is not None:
-            if same_settings(args, expected) and is_mounted(self.mountpoint):
-                self.mount = mount
-                self._mounted = True
-                self._mount_restarts.up()
-                done.append(f"adopted mount pid {mount.pid}")
-                known = {mount.pid, *self.workers.pids()}
-                self.workers.adopt([p for p in mount_processes(self.mountpoint) if p not in known])
-            else:
-                terminate(mount)
-                done.append(f"stopped mount pid {mount.pid} (other settings)")
-        if not done:
-            return ""
-        if len(done) == 2 and done[0].split()[0] == done[1].split()[0]:  # the same verb
-            done[1] = done[1].split(" ", 1)[1]
-        message = " and ".join(done) + f" of {self.layout.root}"
-        log.warning("%s", message)
-        return message
-
-    def _restart_daemon(self) -> None:
-        if self.daemon is not None:
-            terminate(self.daemon)
-        self._start_daemon()
 
     def _reexec(self) -> None:
         """Replace this process with a fresh ``strata-spoke run`` (the code on disk now),
@@ -449,20 +404,9 @@ class Supervisor(Children):
         self._release()
 
     def audit(self, outcome: str, **details: object) -> None:
-        """One succession record (``what``: ``succession``) in the spoke's audit log, beside
-        the daemon's (whole lines in append mode: the two never tear each other's)."""
-        s = self.settings
-        try:
-            trail = AuditLog(s.audit_log or self.layout.root / "audit.jsonl",
-                             max_bytes=int(s.audit_max_bytes), backups=s.audit_backups)  # fmt: skip
-            try:
-                trail.record(who=f"strata-spoke run pid {os.getpid()} (strata "
-                             f"{succession.VERSION})", what="succession", outcome=outcome,
-                             **details)  # fmt: skip
-            finally:
-                trail.close()
-        except (OSError, ValueError) as err:
-            log.error("succession not audited (%s): %s", err, outcome)
+        """One succession record in the spoke's audit log (:func:`succession.audit`)."""
+        succession.audit(self.settings.audit_log or self.layout.root / "audit.jsonl",
+                         self.settings, outcome, **details)  # fmt: skip
 
     def _retire(self) -> None:
         """After a succession: let go of the lock and the connection (the successor holds
