@@ -263,7 +263,7 @@ class TrainerError(RuntimeError):
 
 
 def run_trainer(
-    data: Path,
+    data: Path | str,
     out: Path,
     steps: int,
     workers: int = 2,
@@ -272,12 +272,15 @@ def run_trainer(
     timeout_s: float = 1800.0,
     extra: tuple[str, ...] = (),
     ranks: int = 1,
+    env: dict[str, str] | None = None,
 ) -> TrainerRun:
     """Train for ``steps`` steps on ``data``; parse ``summary.json`` and ``metrics.jsonl``.
 
     Args:
         extra: More ``fit`` flags (e.g. ``("--hints", ADMIN_URL)``).
         ranks: Processes; above 1 the trainer runs under ``torchrun --standalone``.
+        env: Variables added to this process's environment for the trainer (e.g. an
+            object store's endpoint and credentials when ``data`` is an ``s3://`` URL).
 
     Raises:
         TrainerError: The trainer failed or timed out.
@@ -298,7 +301,13 @@ def run_trainer(
     cmd += extra
     started = time.monotonic()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=None if env is None else {**os.environ, **env},
+        )
     except subprocess.TimeoutExpired as err:
         raise TrainerError(f"trainer did not finish in {timeout_s:.0f} s") from err
     wall = time.monotonic() - started

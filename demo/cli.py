@@ -5,18 +5,21 @@
    show is written beside it (``strata-train synth``, ``--synth-shape``: 256 MiB of 1 MiB
    chunk files by default; F3 itself is 120 KiB, one round trip of link time);
 2. publish both to a local hub as dataset ``f3`` (tag ``latest``), and put the hub behind
-   the WAN emulator (:mod:`bench.wan`: 50 ms RTT, 1 Gbit/s unless told otherwise);
+   the WAN emulator (:mod:`bench.wan`: 50 ms RTT, 100 Mbit/s unless told otherwise, so the
+   synthetic volume takes about 20 s to cross: longer than the trainer takes to start);
 3. start a spoke (daemon + FUSE mount) with an empty cache, prewarming nothing: it
    reaches the hub only through the link (``--background-fill`` passes the spoke's
    option on; ``auto`` by default, as in the spoke: once a snapshot is read, the rest of
    it is fetched at the lowest priority);
 4. train the tiny 3D ViT-MAE reading ``MOUNT/f3/latest/f3.mdio`` (and, with
    ``--second-pass-steps``, a second pass on the warm cache);
-5. train on the synthetic volume cold (a fresh, empty cache: every chunk a reader
-   touches first is a miss over the link) and then warm (page cache dropped when root:
-   every read a cache hit, no hub bytes), and print the two side by side (samples/s,
-   data wait, first batch, wall time, bytes over the link, cache misses);
-6. write ``demo-timeline.png``: samples/s and link MB/s per 1 s, cold and warm.
+5. train two epochs on the synthetic volume through a fresh spoke (empty cache: epoch 0
+   waits for the link, epoch 1 reads the cache), then the same two epochs straight from
+   a SeaweedFS bucket behind the same kind of link (``s3://demo/synth.mdio`` through
+   s3fs, :mod:`demo.epochs`; ``--no-direct`` leaves it out), and print them side by side
+   per epoch: wall time, samples/s, bytes over the link, cache misses and hits;
+6. write ``demo-timeline.png``: samples/s and link MB/s per 1 s of both runs, one time
+   axis.
 
 Everything is cleaned up (unmount, processes, temporary directory) on success, on error
 and on Ctrl-C.
@@ -39,8 +42,10 @@ from typing import Any
 
 import httpx
 
-from bench.measure import LinkSampler, TrainerError, TrainerRun, run_trainer
+from bench.measure import LinkSampler, TrainerError
+from bench.seaweed import SeaweedError
 from bench.wan import LinkSpec, WanProxy, parse_hostport, parse_rate
+from demo.epochs import bucket, direct_missing, timeline_png, two_epochs
 from deploy.local import LocalStack, StackError, admin_headers, drop_page_cache
 from trainer.command import fit_args
 
@@ -109,16 +114,17 @@ def run_demo(
     second_pass_steps: int = 0,
     link: LinkSpec | None = None,
     synth_shape: str = "256x256x1024",
-    synth_steps: int = 60,
+    synth_steps: int = 40,
     png: Path | None = None,
     background_fill: str = "auto",
+    direct: bool = True,
 ) -> dict[str, Any]:
     """Run every step in ``work``; returns the summary (also printed).
 
     Raises:
-        DemoError, StackError, TrainerError: a step failed.
+        DemoError, StackError, TrainerError, SeaweedError: a step failed.
     """
-    link = link or LinkSpec(rtt_s=0.05, rate_bps=1e9)
+    link = link or LinkSpec(rtt_s=0.05, rate_bps=1e8)
     src = work / "src"
     src.mkdir(parents=True)
     synth = None
@@ -143,7 +149,7 @@ def run_demo(
         capture=True,
     ).strip()
     fill = ("--background-fill", background_fill)
-    side: dict[str, Any] = {}
+    runs: dict[str, dict[str, Any]] = {}
     with LocalStack() as stack:
         hub = stack.start_hub(work / "hub")
         with WanProxy(parse_hostport(hub), link) as wan, LinkSampler(wan) as sampler:
@@ -180,27 +186,30 @@ def run_demo(
             if synth_steps > 0:
                 stack.stop_spoke()
                 shutil.rmtree(work / "cache")
-                print("==> fresh spoke, empty cache: the synthetic volume cold, then warm")
+                print("==> fresh spoke, empty cache: two epochs of the synthetic volume")
                 synth_admin = stack.start_spoke(
                     wan.address, work / "cache", work / "mnt", cache_size, extra=fill
                 )
                 auth = admin_headers(work / "cache")  # the new spoke made a new token
                 volume = work / "mnt" / "f3" / "latest" / "synth.mdio"
-                for name in ("cold", "warm"):
-                    if name == "warm":
-                        drop_page_cache()
-                    print(f"==> train {synth_steps} steps on the synthetic volume, {name}")
-                    before = cache_stats(synth_admin, auth)
-                    t0 = sampler.mark()
-                    run = run_trainer(
-                        volume, work / f"synth-{name}", synth_steps, workers, batch_size
-                    )
-                    t1 = sampler.mark()
-                    after = wait_for_hits(synth_admin, above=before["hits"], headers=auth)
-                    side[name] = _side(run, batch_size, sampler, t0, t1)
-                    side[name]["cache_misses"] = after["misses"] - before["misses"]
-                    side[name]["hub_bytes"] = after["hub_fetch_bytes"] - before["hub_fetch_bytes"]
-                    side[name]["cache_hits"] = after["hits"] - before["hits"]
+                drop_page_cache()
+                before = cache_stats(synth_admin, auth)
+                runs["strata"] = run = two_epochs(
+                    volume, work / "synth-strata", sampler, synth_steps, batch_size, workers
+                )
+                after = wait_for_hits(synth_admin, above=before["hits"], headers=auth)
+                run["cache_misses"] = after["misses"] - before["misses"]
+                run["cache_hits"] = after["hits"] - before["hits"]
+                run["hub_bytes"] = after["hub_fetch_bytes"] - before["hub_fetch_bytes"]
+    why = direct_missing() if synth_steps > 0 and direct else "not asked for"
+    if not why:  # the spoke is stopped: nothing of Strata's competes for the cores
+        with bucket(src / "synth.mdio", work, link) as (url, env, direct_sampler):
+            print(f"==> two epochs straight from the bucket: {url} (s3fs, through the link)")
+            runs["direct s3fs"] = two_epochs(
+                url, work / "synth-direct", direct_sampler, synth_steps, batch_size, workers, env
+            )
+    elif synth_steps > 0:
+        print(f"==> direct streaming left out: {why}")
     train = json.loads((work / "train" / "summary.json").read_text())
     summary = {
         "dataset": f"f3@latest ({version})",
@@ -217,41 +226,21 @@ def run_demo(
         "loss_last": round(train["loss_last"], 4),
         "train_wall_s": round(train_s, 1),
         "second_pass": second,
-        "cold_vs_warm": {
-            k: {x: y for x, y in v.items() if not x.endswith("bins")} for k, v in side.items()
+        "two_epochs": {
+            k: {x: y for x, y in v.items() if not x.endswith("bins")} for k, v in runs.items()
         },
     }
-    _print(summary, second, side)
-    if side and png is not None:
-        timeline_png(side, link, png)
+    _print(summary, second, runs)
+    if runs and png is not None:
+        timeline_png(runs, link, png)
         summary["timeline_png"] = str(png)
         print(f"  timeline           {png}")
     return summary
 
 
-def _side(
-    run: TrainerRun, batch_size: int, sampler: LinkSampler, t0: float, t1: float
-) -> dict[str, Any]:
-    """One synthetic run's figures; ``train_s`` is steps 2..N (what ``samples_per_s`` and
-    ``data_wait_fraction`` cover), without the trainer's start-up (torch's import, the
-    model, the DataLoader's workers), which costs the same cold and warm."""
-    return {
-        "samples_per_s": round(run.samples_per_s, 1),
-        "train_s": (
-            round((run.steps - 1) * batch_size / run.samples_per_s, 1)
-            if run.samples_per_s > 0
-            else 0.0
-        ),
-        "data_wait_fraction": round(run.data_wait_fraction, 4),
-        "first_batch_s": round(run.time_to_first_batch_s, 2),
-        "wall_s": round(run.wall_s, 1),
-        "link_bytes": sampler.down_bytes(t0, t1),
-        "samples_bins": run.bins_samples_s,
-        "link_bins": sampler.bins_mb_s(t0, t1),
-    }
-
-
-def _print(summary: dict[str, Any], second: dict[str, Any], side: dict[str, Any]) -> None:
+def _print(
+    summary: dict[str, Any], second: dict[str, Any], runs: dict[str, dict[str, Any]]
+) -> None:
     print(f"\n== Strata demo summary (first pass: cold cache, {summary['link']}) ==")
     print(f"  dataset            {summary['dataset']}")
     print(f"  hub bytes fetched  {summary['hub_bytes_fetched']:,}")
@@ -276,55 +265,38 @@ def _print(summary: dict[str, Any], second: dict[str, Any], side: dict[str, Any]
             f"{second['new_hub_bytes']:,} new hub bytes, cache hits/misses "
             f"{second['cache_hits']:,} / {second['cache_misses']:,}"
         )
-    if side:
-        print("\n  synthetic volume   cold        warm")
-        for key, label, fmt in (
-            ("samples_per_s", "samples/s", "{:.1f}"),
-            ("data_wait_fraction", "data wait", "{:.1%}"),
-            ("first_batch_s", "first batch s", "{:.2f}"),
-            ("train_s", "steps 2..N s", "{:.1f}"),
-            ("wall_s", "wall s", "{:.1f}"),
-            ("link_bytes", "link MB", "{:.0f}"),
-            ("hub_bytes", "hub block MB", "{:.0f}"),
-            ("cache_misses", "cache misses", "{:,.0f}"),
-            ("cache_hits", "cache hits", "{:,.0f}"),
-        ):
-            values = [
-                side[n][key] / (1e6 if key.endswith("bytes") else 1) for n in ("cold", "warm")
-            ]
-            print(f"  {label:18s} " + "".join(f"{fmt.format(v):12s}" for v in values))
-        cold, warm = side["cold"], side["warm"]
-        if warm["train_s"] > 0 and warm["samples_per_s"] > 0:
-            print(
-                f"  cold / warm        steps 2..N {cold['train_s'] / warm['train_s']:.2f}x "
-                f"the time, samples/s {cold['samples_per_s'] / warm['samples_per_s']:.2f}x"
-            )
+    if runs:
+        _print_runs(runs)
 
 
-def timeline_png(side: dict[str, Any], link: LinkSpec, path: Path) -> None:
-    """Samples/s and link MB/s per 1 s of the cold and the warm run, one panel each."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 1, figsize=(9, 6), sharex=True, constrained_layout=True)
-    for ax, name in zip(axes, ("cold", "warm"), strict=True):
-        run = side[name]
-        samples = run["samples_bins"]
-        offset = max(0.0, run["wall_s"] - len(samples))  # the trainer's start-up
-        ax.step([offset + i for i in range(len(samples))], samples, where="post", color="tab:blue")
-        ax.set_ylabel("samples/s", color="tab:blue")
-        ax.set_ylim(bottom=0)
-        twin = ax.twinx()
-        twin.step(range(len(run["link_bins"])), run["link_bins"], where="post", color="tab:red")
-        twin.set_ylabel("link MB/s", color="tab:red")
-        twin.set_ylim(0, max(1.0, link.rate_bps / 8e6, *run["link_bins"]))  # the link's rate
-        ax.set_title(f"{name}: {run['samples_per_s']:.0f} samples/s, {run['wall_s']:.1f} s")
-    axes[-1].set_xlabel("seconds since the trainer command started")
-    fig.suptitle(f"Strata demo: the synthetic volume cold, then warm ({link.describe()})")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def _print_runs(runs: dict[str, dict[str, Any]]) -> None:
+    names = list(runs)
+    print("\n  synthetic volume, two epochs " + "".join(f"{n:>14s}" for n in names))
+    lines: list[tuple[str, Any]] = [
+        ("start-up s", lambda r: f"{r['startup_s']:.1f}"),
+        ("wall s", lambda r: f"{r['wall_s']:.1f}"),
+        ("link MB, all", lambda r: f"{r['link_bytes'] / 1e6:,.0f}"),
+    ]
+    for e in range(len(runs[names[0]]["epochs"])):
+        lines += [
+            (f"epoch {e} s", lambda r, e=e: f"{r['epochs'][e]['wall_s']:.1f}"),
+            (f"epoch {e} samples/s", lambda r, e=e: f"{r['epochs'][e]['samples_per_s']:.1f}"),
+            (f"epoch {e} link MB", lambda r, e=e: f"{r['epochs'][e]['link_bytes'] / 1e6:,.0f}"),
+        ]
+    lines += [
+        ("cache misses", lambda r: f"{r['cache_misses']:,}" if "cache_misses" in r else "–"),
+        ("cache hits", lambda r: f"{r['cache_hits']:,}" if "cache_hits" in r else "–"),
+    ]
+    for label, cell in lines:
+        print(f"  {label:28s} " + "".join(f"{cell(runs[n]):>14s}" for n in names))
+    if len(names) == 2:
+        a, b = (runs[n]["epochs"] for n in names)
+        ratios = ", ".join(
+            f"epoch {x['epoch']} {x['wall_s'] / y['wall_s']:.2f}x"
+            for x, y in zip(a, b, strict=True)
+            if y["wall_s"]
+        )
+        print(f"  {names[0]} / {names[1]} time   {ratios}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,12 +333,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
     parser.add_argument("--rtt-ms", type=float, default=50.0, help="the emulated WAN's RTT")
-    parser.add_argument("--rate", default="1Gbit", help="the emulated WAN's rate each way")
+    parser.add_argument(
+        "--rate",
+        default="100Mbit",
+        help="the emulated WAN's rate each way (100Mbit: the synthetic volume takes about "
+        "20 s to cross, longer than the trainer takes to start)",
+    )
     parser.add_argument(
         "--synth-shape", default="256x256x1024", help="synthetic volume IxXxT (4 bytes a sample)"
     )
     parser.add_argument(
-        "--synth-steps", type=int, default=60, help="steps of each synthetic run (0 skips them)"
+        "--synth-steps",
+        type=int,
+        default=40,
+        help="steps of each synthetic run, two epochs of half as many (0 skips them)",
+    )
+    parser.add_argument(
+        "--direct",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also train straight from a SeaweedFS bucket behind the same link (s3fs)",
     )
     parser.add_argument(
         "--png", type=Path, default=Path("demo-timeline.png"), help="where the timeline goes"
@@ -404,11 +390,12 @@ def main(argv: list[str] | None = None) -> int:
             synth_steps=ns.synth_steps,
             png=ns.png,
             background_fill=ns.background_fill,
+            direct=ns.direct,
         )
         if ns.json:
             ns.json.write_text(json.dumps(summary, indent=2) + "\n")
         return 0
-    except (DemoError, StackError, TrainerError, httpx.HTTPError) as err:
+    except (DemoError, StackError, TrainerError, SeaweedError, httpx.HTTPError) as err:
         print(f"strata-demo: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

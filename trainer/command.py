@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 def fit_args(
-    data: Path,
+    data: Path | str,
     out: Path,
     steps: int,
     *,
@@ -26,7 +26,8 @@ def fit_args(
     """The arguments after ``python -m``: ``["trainer", "fit", "--data", DATA, ...]``.
 
     Args:
-        data: The MDIO volume to train on (a local path or one in a Strata mount).
+        data: The MDIO volume to train on (a local path, one in a Strata mount, or an
+            object-store URL such as ``s3://bucket/f3.mdio``).
         out: Output directory (``summary.json``, ``metrics.jsonl``, checkpoints).
         steps: Optimiser steps.
         batch_size: Samples per step per process.

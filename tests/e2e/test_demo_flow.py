@@ -85,3 +85,16 @@ def test_f3_through_the_mount(seismic: Path, tmp_path: Path) -> None:
         assert again["hub_fetch_bytes"] == warm["hub_fetch_bytes"]
         assert again["misses"] == warm["misses"]
         assert again["hits"] > warm["hits"]
+
+
+def test_demo_splits_a_two_epoch_run_by_epoch(tmp_path: Path) -> None:
+    """The demo's per-epoch figures come from the trainer's metrics.jsonl: each epoch's
+    wall from the previous epoch's last step (epoch 0 from the DataLoader's start)."""
+    from demo.epochs import epochs_of
+
+    lines = [{"step": s, "epoch": (s - 1) // 3, "elapsed_s": e} for s, e in
+             zip(range(1, 7), (4.0, 5.0, 6.0, 6.5, 7.0, 7.5), strict=True)]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    epochs = epochs_of(tmp_path, batch_size=8)
+    assert [(e["epoch"], e["wall_s"], e["samples"]) for e in epochs] == [(0, 6.0, 24), (1, 1.5, 24)]
+    assert epochs[1]["samples_per_s"] == 16.0 and epochs[1]["start_s"] == 6.0
