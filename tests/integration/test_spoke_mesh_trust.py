@@ -81,8 +81,9 @@ def _tree(root: Path, name: str, files: int) -> Path:
 
 @pytest.fixture(scope="module")
 def tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
-    """One region for the two tenant tests: the first only reads (its counts are deltas);
-    the second, which narrows ``x``'s token for good, runs after it."""
+    """One region for the two tenant tests, the file's last (so that it stops as they end,
+    not after the others): the first only reads (its counts are deltas); the second,
+    which narrows ``x``'s token for good, runs after it."""
     tmp_path = tmp_path_factory.mktemp("tenants")
     hub_dir = tmp_path / "hub"
     for name in ("a", "b"):
@@ -181,131 +182,6 @@ def _series(spoke: Spoke) -> dict[str, float]:
 
 def _owned_by(spoke: Spoke, nodes: list[Spoke], blocks: list[tuple[str, int]]) -> list[str]:
     return [d for d, _ in blocks if owner(d, [s.node for s in nodes]) == spoke.node]
-
-
-def test_a_spoke_scoped_to_a_gets_no_block_of_b_from_a_peer(tenants: Tenants) -> None:
-    x, y = tenants.x, tenants.y
-    a_blocks = manifest_blocks(y, "a")
-    b_blocks = manifest_blocks(y, "b")
-    read_all(y, b_blocks[: len(b_blocks) // 2])  # y caches half of b
-    cached = _owned_by(y, [x, y], b_blocks[: len(b_blocks) // 2])
-    uncached = _owned_by(y, [x, y], b_blocks[len(b_blocks) // 2 :])
-    assert cached and uncached
-    y_hub_blocks = y.metric("strata_spoke_source_blocks_total", source="hub")
-    declined0 = y.metric("strata_spoke_peer_refused_blocks_total")
-
-    # the real spoke x, asked (as a mount would be) for b's blocks y owns
-    sizes = dict(b_blocks)
-    for digest in (cached[0], uncached[0]):
-        with pytest.raises(grpc.RpcError) as refused:
-            read_all(x, [(digest, sizes[digest])])
-        assert refused.value.code() == grpc.StatusCode.NOT_FOUND  # the hub's answer to x
-        assert not CacheLayout(x.cache).block_path(digest).exists()
-    assert y.metric("strata_spoke_peer_refused_blocks_total") - declined0 == 2
-    # y fetched nothing for x: its own reads of b are all it asked the hub for
-    assert y.metric("strata_spoke_source_blocks_total", source="hub") == y_hub_blocks
-
-    async def attack() -> None:
-        # with the region's token and certificate, but no grant; then without a token
-        bare = Peer(tenants.region, y.node)
-        for token, reason in ((True, "no_grant"), (False, "token")):
-            before = y.metric("strata_spoke_peer_refusals_total", reason=reason)
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await bare.read([(cached[0], sizes[cached[0]])], token=token)
-            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            assert y.metric("strata_spoke_peer_refusals_total", reason=reason) - before == 1
-        await bare.close()
-        # with a valid grant of its own for a: b is declined, cached or not; a is served
-        keeper = tenants.keeper(tenants.token_a)
-        await keeper.fetch()
-        tenant = Peer(tenants.region, y.node, keeper)
-        a_digest, a_size = a_blocks[0]
-        wanted = [(cached[0], 1), (uncached[0], 1), (a_digest, 1)]
-        declined, served, announced = await tenant.read(wanted, snapshots=(("b", "v1", "0" * 32),))
-        assert sorted(declined) == sorted([cached[0], uncached[0]])
-        assert list(served) == [a_digest] and block_digest(served[a_digest]) == a_digest
-        assert announced == [a_size]  # its own manifest's size, not the 1 asked
-        # a digest y holds for b and one nobody holds look the same to the tenant, in its
-        # answer and in y's /metrics (open to anyone who reaches the admin port)
-        changed = []
-        for guess in (cached[1], block_digest(os.urandom(64))):
-            before = _series(y)
-            declined, served, _ = await tenant.read([(guess, 1)])
-            assert declined == [guess] and served == {}
-            after = _series(y)
-            changed.append({k for k, v in after.items() if before.get(k) != v})
-        assert changed[0] == changed[1] and changed[0]
-        await tenant.close()
-
-    asyncio.run(attack())
-    assert y.metric("strata_spoke_source_blocks_total", source="hub") == y_hub_blocks + 1
-    audit = [json.loads(line) for line in (y.cache / "audit.jsonl").read_text().splitlines()]
-    outcomes = {r["outcome"] for r in audit if r["what"] == "peer ReadBlocks"}
-    assert {"refused: declined", "refused: no_grant", "refused: token"} <= outcomes
-    # only the owner-only audit log says which declined blocks were another tenant's
-    declines = [r for r in audit if r["outcome"] == "refused: declined"]
-    assert any(r["outside"] for r in declines) and any(r["unknown"] for r in declines)
-
-
-def test_a_narrowed_token_loses_its_datasets_on_peers_within_a_grant_lifetime(
-    tenants: Tenants,
-) -> None:
-    x, y = tenants.x, tenants.y
-    a_blocks = manifest_blocks(x, "a")
-    assert manifest_blocks(y, "a") == a_blocks
-    read_all(y, a_blocks)  # y holds all of a
-    mine = _owned_by(y, [x, y], a_blocks)
-    sizes = dict(a_blocks)
-    from_peers = x.metric("strata_spoke_source_blocks_total", source="peer")
-    read_all(x, [(mine[0], sizes[mine[0]])])  # from y, through the mesh
-    assert x.metric("strata_spoke_source_blocks_total", source="peer") - from_peers == 1
-
-    async def narrow() -> float:
-        keeper = tenants.keeper(tenants.token_a)
-        await keeper.fetch()
-        peer = Peer(tenants.region, y.node, keeper)
-        _, served, _ = await peer.read([(mine[1], sizes[mine[1]])])
-        assert list(served) == [mine[1]]
-        stale = keeper.metadata(y.node, "ReadBlocks")  # the grant of before, kept
-        assert stale
-        narrowed = time.monotonic()
-        tenants.tokens.write_text(f'"{TOKEN_A}": ["c", "c-*"]\n"{TOKEN_AB}": ["a", "b"]\n')
-        assert keeper.grant is not None
-        old = keeper.grant.claims
-        await keeper.fetch()  # a grant asked for now says what the token says now
-        assert keeper.claims is not None and list(keeper.claims.scopes) == ["c", "c-*"]
-        # the old grant, shown by a holder who would not let go of it, until y refuses it
-        keeper.grant = hub_pb2.ReadGrant.FromString(dict(stale)["strata-grant-bin"])
-        assert keeper.grant.claims == old
-        keeper._usable_until = float("inf")  # (as a dishonest holder would)
-        refused_after = None
-        for _ in range(200):
-            try:
-                await peer.read([(mine[2], sizes[mine[2]])])
-            except grpc.aio.AioRpcError as err:
-                assert err.code() == grpc.StatusCode.UNAUTHENTICATED
-                assert "expired" in (err.details() or "")
-                refused_after = time.monotonic() - narrowed
-                break
-            await asyncio.sleep(0.1)
-        await peer.close()
-        assert refused_after is not None
-        return refused_after
-
-    refused_after = asyncio.run(narrow())
-    # the old grant was issued before the narrowing: expiry plus the clock skew allowed
-    assert refused_after <= LIFETIME_S + SKEW_S + 2.0
-    # and the real spoke x: its next grant says c, and y stops serving it a
-    wait_until(
-        lambda: x.stats()["mesh"]["grant"].get("datasets") == ["c", "c-*"],
-        "x's grant follows its narrowed token",
-        timeout=LIFETIME_S + 5,
-    )
-    declined0 = y.metric("strata_spoke_peer_refused_blocks_total")
-    with pytest.raises(grpc.RpcError):
-        read_all(x, [(mine[3], sizes[mine[3]])])
-    assert y.metric("strata_spoke_peer_refused_blocks_total") - declined0 == 1
-    assert not CacheLayout(x.cache).block_path(mine[3]).exists()
 
 
 @pytest.fixture
@@ -459,3 +335,128 @@ def test_a_peer_port_without_tls_or_token_warns_at_start(region: Region, tmp_pat
         _, err = proc.communicate(timeout=30)
     (line,) = [x for x in err.splitlines() if "--peer-insecure" in x]
     assert " WARNING " in line and "plaintext, no region token" in line
+
+
+def test_a_spoke_scoped_to_a_gets_no_block_of_b_from_a_peer(tenants: Tenants) -> None:
+    x, y = tenants.x, tenants.y
+    a_blocks = manifest_blocks(y, "a")
+    b_blocks = manifest_blocks(y, "b")
+    read_all(y, b_blocks[: len(b_blocks) // 2])  # y caches half of b
+    cached = _owned_by(y, [x, y], b_blocks[: len(b_blocks) // 2])
+    uncached = _owned_by(y, [x, y], b_blocks[len(b_blocks) // 2 :])
+    assert cached and uncached
+    y_hub_blocks = y.metric("strata_spoke_source_blocks_total", source="hub")
+    declined0 = y.metric("strata_spoke_peer_refused_blocks_total")
+
+    # the real spoke x, asked (as a mount would be) for b's blocks y owns
+    sizes = dict(b_blocks)
+    for digest in (cached[0], uncached[0]):
+        with pytest.raises(grpc.RpcError) as refused:
+            read_all(x, [(digest, sizes[digest])])
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND  # the hub's answer to x
+        assert not CacheLayout(x.cache).block_path(digest).exists()
+    assert y.metric("strata_spoke_peer_refused_blocks_total") - declined0 == 2
+    # y fetched nothing for x: its own reads of b are all it asked the hub for
+    assert y.metric("strata_spoke_source_blocks_total", source="hub") == y_hub_blocks
+
+    async def attack() -> None:
+        # with the region's token and certificate, but no grant; then without a token
+        bare = Peer(tenants.region, y.node)
+        for token, reason in ((True, "no_grant"), (False, "token")):
+            before = y.metric("strata_spoke_peer_refusals_total", reason=reason)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await bare.read([(cached[0], sizes[cached[0]])], token=token)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert y.metric("strata_spoke_peer_refusals_total", reason=reason) - before == 1
+        await bare.close()
+        # with a valid grant of its own for a: b is declined, cached or not; a is served
+        keeper = tenants.keeper(tenants.token_a)
+        await keeper.fetch()
+        tenant = Peer(tenants.region, y.node, keeper)
+        a_digest, a_size = a_blocks[0]
+        wanted = [(cached[0], 1), (uncached[0], 1), (a_digest, 1)]
+        declined, served, announced = await tenant.read(wanted, snapshots=(("b", "v1", "0" * 32),))
+        assert sorted(declined) == sorted([cached[0], uncached[0]])
+        assert list(served) == [a_digest] and block_digest(served[a_digest]) == a_digest
+        assert announced == [a_size]  # its own manifest's size, not the 1 asked
+        # a digest y holds for b and one nobody holds look the same to the tenant, in its
+        # answer and in y's /metrics (open to anyone who reaches the admin port)
+        changed = []
+        for guess in (cached[1], block_digest(os.urandom(64))):
+            before = _series(y)
+            declined, served, _ = await tenant.read([(guess, 1)])
+            assert declined == [guess] and served == {}
+            after = _series(y)
+            changed.append({k for k, v in after.items() if before.get(k) != v})
+        assert changed[0] == changed[1] and changed[0]
+        await tenant.close()
+
+    asyncio.run(attack())
+    assert y.metric("strata_spoke_source_blocks_total", source="hub") == y_hub_blocks + 1
+    audit = [json.loads(line) for line in (y.cache / "audit.jsonl").read_text().splitlines()]
+    outcomes = {r["outcome"] for r in audit if r["what"] == "peer ReadBlocks"}
+    assert {"refused: declined", "refused: no_grant", "refused: token"} <= outcomes
+    # only the owner-only audit log says which declined blocks were another tenant's
+    declines = [r for r in audit if r["outcome"] == "refused: declined"]
+    assert any(r["outside"] for r in declines) and any(r["unknown"] for r in declines)
+
+
+def test_a_narrowed_token_loses_its_datasets_on_peers_within_a_grant_lifetime(
+    tenants: Tenants,
+) -> None:
+    x, y = tenants.x, tenants.y
+    a_blocks = manifest_blocks(x, "a")
+    assert manifest_blocks(y, "a") == a_blocks
+    read_all(y, a_blocks)  # y holds all of a
+    mine = _owned_by(y, [x, y], a_blocks)
+    sizes = dict(a_blocks)
+    from_peers = x.metric("strata_spoke_source_blocks_total", source="peer")
+    read_all(x, [(mine[0], sizes[mine[0]])])  # from y, through the mesh
+    assert x.metric("strata_spoke_source_blocks_total", source="peer") - from_peers == 1
+
+    async def narrow() -> float:
+        keeper = tenants.keeper(tenants.token_a)
+        await keeper.fetch()
+        peer = Peer(tenants.region, y.node, keeper)
+        _, served, _ = await peer.read([(mine[1], sizes[mine[1]])])
+        assert list(served) == [mine[1]]
+        stale = keeper.metadata(y.node, "ReadBlocks")  # the grant of before, kept
+        assert stale
+        narrowed = time.monotonic()
+        tenants.tokens.write_text(f'"{TOKEN_A}": ["c", "c-*"]\n"{TOKEN_AB}": ["a", "b"]\n')
+        assert keeper.grant is not None
+        old = keeper.grant.claims
+        await keeper.fetch()  # a grant asked for now says what the token says now
+        assert keeper.claims is not None and list(keeper.claims.scopes) == ["c", "c-*"]
+        # the old grant, shown by a holder who would not let go of it, until y refuses it
+        keeper.grant = hub_pb2.ReadGrant.FromString(dict(stale)["strata-grant-bin"])
+        assert keeper.grant.claims == old
+        keeper._usable_until = float("inf")  # (as a dishonest holder would)
+        refused_after = None
+        for _ in range(200):
+            try:
+                await peer.read([(mine[2], sizes[mine[2]])])
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+                assert "expired" in (err.details() or "")
+                refused_after = time.monotonic() - narrowed
+                break
+            await asyncio.sleep(0.1)
+        await peer.close()
+        assert refused_after is not None
+        return refused_after
+
+    refused_after = asyncio.run(narrow())
+    # the old grant was issued before the narrowing: expiry plus the clock skew allowed
+    assert refused_after <= LIFETIME_S + SKEW_S + 2.0
+    # and the real spoke x: its next grant says c, and y stops serving it a
+    wait_until(
+        lambda: x.stats()["mesh"]["grant"].get("datasets") == ["c", "c-*"],
+        "x's grant follows its narrowed token",
+        timeout=LIFETIME_S + 5,
+    )
+    declined0 = y.metric("strata_spoke_peer_refused_blocks_total")
+    with pytest.raises(grpc.RpcError):
+        read_all(x, [(mine[3], sizes[mine[3]])])
+    assert y.metric("strata_spoke_peer_refused_blocks_total") - declined0 == 1
+    assert not CacheLayout(x.cache).block_path(mine[3]).exists()
