@@ -25,11 +25,12 @@ import pyfuse3
 import trio
 from pydantic import ValidationError
 
+from fusemount.backings import IDLE_BACKINGS
 from fusemount.client import DaemonClient
 from fusemount.journal import InodeJournal
 from fusemount.ledger import BackingLedger
 from fusemount.operations import StrataOperations
-from fusemount.passthrough import IDLE_BACKINGS, Passthrough
+from fusemount.passthrough import Passthrough
 from fusemount.passthroughcheck import unavailable_reason
 from fusemount.reader import BlockReader
 from fusemount.tree import InodeTable

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from fusemount.backings import IDLE_BACKINGS, RECHECK_S
 from fusemount.cli import idle_backings
-from fusemount.passthrough import IDLE_BACKINGS, RECHECK_S, Passthrough
+from fusemount.passthrough import Passthrough
 from fusemount.passthroughcheck import filesystem_type, has_cap_sys_admin, unavailable_reason
 from fusemount.tree import Node, Role
 
