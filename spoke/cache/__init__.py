@@ -1,5 +1,7 @@
 """The block cache: block files and their index (:mod:`~spoke.cache.store`), the cache
 that admits, pins and evicts them under its watermarks (:mod:`~spoke.cache.blockcache`),
+with an admission's placement and refusals (:mod:`~spoke.cache.admission`) and the hits'
+recency batched to the index (:mod:`~spoke.cache.recency`),
 the eviction policies (:mod:`~spoke.cache.policy` and its subclasses in
 :mod:`~spoke.cache.lru`, :mod:`~spoke.cache.arc`, :mod:`~spoke.cache.sieve`,
 :mod:`~spoke.cache.s3fifo`, named for ``--policy`` in :mod:`~spoke.cache.registry`), and

@@ -28,6 +28,9 @@ hand-off and one index commit per batch (:class:`~spoke.cache.writer.BlockWriter
   for only while it fits above the high watermark (:attr:`BlockCache.readahead_room`),
   fill only below it (:mod:`spoke.prefetch.fill`); a hinted prefetch may take the room of a block
   its hint reads later (the hinted policy chose it).
+
+How a block is placed and refused is :mod:`spoke.cache.admission`'s; the hits' recency on
+its way to the index, :mod:`spoke.cache.recency`'s.
 """
 
 from __future__ import annotations
@@ -36,13 +39,13 @@ import asyncio
 import errno
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable
-from enum import Enum
 
 from spoke import metrics
+from spoke.cache.admission import CacheFull, Placement, PrefetchRefused
 from spoke.cache.arc import ARCPolicy
 from spoke.cache.policy import EvictionPolicy
+from spoke.cache.recency import PendingRecency
 from spoke.cache.staging import Staged
 from spoke.cache.store import BlockStore, Received
 from spoke.cache.tenants import Keeper, TenantShares
@@ -51,30 +54,6 @@ from spoke.cache.writer import BlockWriter
 log = logging.getLogger(__name__)
 
 EVICT_BATCH = 64  # victims per background step before yielding the loop
-
-RECENCY_FLUSH_S = 1.0
-"""Hits' recency reaches the index at most once per this many seconds (the first batch
-after a quiet second at once, the rest with the next batch after it, and at close). While
-a hint is installed the mount reports hits every 10 ms; one index transaction per report
-was the daemon's largest cost in a hinted run (py-spy: 50 samples of 6 s against 8 with
-background fill). A crash loses at most this much recency, never a block."""
-
-
-class CacheFull(OSError):
-    """No room on the cache filesystem and nothing evictable (everything pinned)."""
-
-
-class PrefetchRefused(CacheFull):
-    """A block fetched ahead of its readers finds no free room (it would make the cache
-    evict a block the policy ranks above it)."""
-
-
-class Placement(Enum):
-    """How an arriving block is admitted."""
-
-    DEMAND = "demand"  # a reader (or an operator) asked: the policy places it, it may evict
-    AHEAD = "ahead"  # readahead, fill: the cold end, only into free room, evicting nothing
-    HINTED = "hinted"  # a hinted prefetch: the cold end; the hinted policy picks its room
 
 
 class BlockCache:
@@ -120,8 +99,7 @@ class BlockCache:
         self._pinned: dict[str, int] = {}  # resident pinned digest -> size
         self._pin_refs: dict[str, int] = {}  # digest -> number of pins holding it
         self._tick = 0
-        self._touched: dict[str, int] = {}  # recency ticks not yet in the index
-        self._touched_at = -RECENCY_FLUSH_S  # monotonic time of the last flush
+        self._recency = PendingRecency(store)  # recency ticks not yet in the index
         self._reserved = 0  # bytes of admissions being written
         self._landed: asyncio.Event | None = None  # set when an admission's write ends
         self._wake: asyncio.Event | None = None
@@ -212,7 +190,7 @@ class BlockCache:
         await self._make_room(digest, size, wait=True, keep=keep)
         self._reserved += size
         self._tick += 1
-        self._touched.pop(digest, None)  # its admission's tick is newer
+        self._recency.forget(digest)  # its admission's tick is newer
         try:
             while True:
                 try:
@@ -303,18 +281,13 @@ class BlockCache:
                 self._tick += 1
                 ticks[digest] = self._tick
         if ticks:
-            self._touched.update(ticks)
-            if time.monotonic() - self._touched_at >= RECENCY_FLUSH_S:
-                self.flush_recency()
+            self._recency.add(ticks)
         return len(ticks)
 
     def flush_recency(self) -> None:
         """Write the hits' recency ticks gathered since the last flush to the index, in one
         transaction (the daemon calls it at close; :meth:`record_access` once a second)."""
-        self._touched_at = time.monotonic()
-        if self._touched:
-            ticks, self._touched = self._touched, {}
-            self.store.touch(ticks)
+        self._recency.flush()
 
     def drop(self, digest: str) -> bool:
         """Delete a block now (corrupt, or purged); returns whether it was resident."""

@@ -50,7 +50,7 @@ from enum import Enum, auto
 from typing import TYPE_CHECKING
 
 from spoke import metrics
-from spoke.cache.blockcache import Placement
+from spoke.cache.admission import Placement
 from spoke.fetch.priority import SPECULATIVE, Priority, Source
 
 if TYPE_CHECKING:

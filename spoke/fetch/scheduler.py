@@ -33,7 +33,7 @@ The scheduler puts together parts that each own one concern:
 * **Room.** Readahead is dropped when the cache has no room for it above its high
   watermark (less what is on the way, :attr:`spoke.cache.blockcache.BlockCache.readahead_room`): a
   block fetched ahead never makes the cache evict one its policy ranks (it is admitted at
-  the policy's cold end, :class:`spoke.cache.blockcache.Placement`).
+  the policy's cold end, :class:`spoke.cache.admission.Placement`).
 
 Everything runs on the daemon's event loop (no locks).
 """

@@ -18,7 +18,8 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable
 
 from spoke import metrics
-from spoke.cache.blockcache import BlockCache, CacheFull, PrefetchRefused
+from spoke.cache.admission import CacheFull, PrefetchRefused
+from spoke.cache.blockcache import BlockCache
 from spoke.cache.staging import Staged
 from spoke.cache.store import Received
 from spoke.errors import HubUnavailable

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from spoke.cache.blockcache import BlockCache, CacheFull
+from spoke.cache.admission import CacheFull
+from spoke.cache.blockcache import BlockCache
 from spoke.cache.registry import make_policy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest

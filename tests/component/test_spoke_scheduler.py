@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from spoke import metrics
-from spoke.cache.blockcache import BlockCache, Placement
+from spoke.cache.admission import Placement
+from spoke.cache.blockcache import BlockCache
 from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest

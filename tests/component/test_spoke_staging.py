@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from spoke.cache.blockcache import BlockCache, Placement
+from spoke.cache.admission import Placement
+from spoke.cache.blockcache import BlockCache
 from spoke.cache.lru import LRUPolicy
 from spoke.cache.staging import DirectWrites, Staged, write_block_file
 from spoke.cache.store import BlockStore, Received, open_index

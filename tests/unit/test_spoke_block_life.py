@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from spoke.cache.blockcache import Placement
+from spoke.cache.admission import Placement
 from spoke.errors import HubUnavailable
 from spoke.fetch.ledger import PrefetchLedger
 from spoke.fetch.life import NEXT, BlockLives, Event, InvalidTransition, Life, State
