@@ -5,8 +5,9 @@ directory or a Strata FUSE mount) or an object-store URL with Zarr, like any oth
 program would.
 
 Modules: :mod:`trainer.presets` (model sizes), :mod:`trainer.prepare` (SEG-Y to
-MDIO), :mod:`trainer.synth` (synthetic volumes), :mod:`trainer.location` (``--data`` paths
-and URLs, storage options), :mod:`trainer.volume`
+MDIO), :mod:`trainer.synth` (synthetic volumes: writing them; what is asked in
+:mod:`trainer.synthspec`, the earth model in :mod:`trainer.earthmodel`),
+:mod:`trainer.location` (``--data`` paths and URLs, storage options), :mod:`trainer.volume`
 (inspection, trace mask), :mod:`trainer.stats` (normalisation), :mod:`trainer.plan`
 (seeds, sampler, epoch plan), :mod:`trainer.readorder` (chunk keys for hints),
 :mod:`trainer.dataset` (the patch dataset), :mod:`trainer.dataloader` (the DataLoader

@@ -156,8 +156,8 @@ def synth(
     ] = False,
 ) -> None:
     """Write a synthetic seismic volume (folded, faulted layers; Ricker wavelet; noise) as MDIO."""
-    from trainer.synth import SynthError, SynthSpec, parse_shape
     from trainer.synth import synth as run_synth
+    from trainer.synthspec import SynthError, SynthSpec, parse_shape
 
     def report(done: int, total: int) -> None:
         if done == total or done % max(1, total // 20) == 0:

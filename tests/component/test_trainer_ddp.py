@@ -23,7 +23,8 @@ from trainer.model import MaskedAutoencoder3D
 from trainer.plan import build_plan, positions_digest
 from trainer.presets import MAEConfig
 from trainer.readorder import epoch_read_order
-from trainer.synth import SynthSpec, synth
+from trainer.synth import synth
+from trainer.synthspec import SynthSpec
 from trainer.train import load_checkpoint, params_digest
 from trainer.volume import inspect_volume
 

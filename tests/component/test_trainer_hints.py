@@ -19,7 +19,8 @@ from trainer.dataset import PatchDataset
 from trainer.hints import HintTarget, default_stream
 from trainer.presets import get_preset
 from trainer.readorder import epoch_read_order
-from trainer.synth import SynthSpec, synth
+from trainer.synth import synth
+from trainer.synthspec import SynthSpec
 from trainer.train import FitOptions, build_dataset, fit
 
 

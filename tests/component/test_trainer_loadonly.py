@@ -23,7 +23,8 @@ from trainer.options import FitError, FitOptions
 from trainer.plan import positions_digest
 from trainer.presets import get_preset
 from trainer.readorder import planned_chunk_keys
-from trainer.synth import SynthSpec, synth
+from trainer.synth import synth
+from trainer.synthspec import SynthSpec
 from trainer.train import build_dataset
 
 

@@ -26,7 +26,8 @@ from tests.integration.seaweedfs import seaweedfs_fixture  # noqa: F401  (seawee
 from trainer.cli import app
 from trainer.evaluate import EvalOptions, evaluate
 from trainer.loadonly import LoadOptions, run_load
-from trainer.synth import SynthSpec, synth
+from trainer.synth import synth
+from trainer.synthspec import SynthSpec
 from trainer.train import FitOptions, fit
 
 _buckets = itertools.count()

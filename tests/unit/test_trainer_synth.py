@@ -10,16 +10,10 @@ import numpy as np
 import pytest
 import zarr
 
+from trainer.earthmodel import EarthModel, dead_trace_mask, ricker
 from trainer.stats import volume_stats
-from trainer.synth import (
-    EarthModel,
-    SynthError,
-    SynthSpec,
-    dead_trace_mask,
-    parse_shape,
-    ricker,
-    synth,
-)
+from trainer.synth import synth
+from trainer.synthspec import SynthError, SynthSpec, parse_shape
 from trainer.volume import inspect_volume
 
 
