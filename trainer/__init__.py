@@ -18,7 +18,8 @@ MDIO), :mod:`trainer.synth` (synthetic volumes: writing them; what is asked in
 cosine), :mod:`trainer.checkpoint` (save, load, RNG state, resumability),
 :mod:`trainer.distributed` (ranks, devices, collectives), :mod:`trainer.report`
 (metrics, summary),
-:mod:`trainer.evaluate` (PSNR and section plots), :mod:`trainer.cli`
+:mod:`trainer.evaluate` (PSNR and section plots; the model run on masked patches in
+:mod:`trainer.reconstruct`, the plot in :mod:`trainer.section`), :mod:`trainer.cli`
 (``strata-train``), :mod:`trainer.command` (its ``fit`` command line, for programs that
 run the trainer).
 """

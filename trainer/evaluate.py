@@ -15,6 +15,9 @@ Two results, both written next to the checkpoint unless ``--out`` says otherwise
   masked input (hidden tokens grey) and reconstruction (visible tokens pasted
   back, hidden ones predicted).
 
+The model run on masked patches is :mod:`trainer.reconstruct`'s; drawing the section,
+:mod:`trainer.section`'s.
+
 Held-out patches: positions drawn from the evaluation seed stream, excluding
 every position the checkpoint's training plan visited (computable exactly,
 :class:`trainer.plan.EpochPlan`) when the volume has the training volume's
@@ -40,17 +43,18 @@ from trainer.checkpoint import load_checkpoint
 from trainer.dataset import PatchDataset
 from trainer.distributed import select_device
 from trainer.location import StorageOptions
-from trainer.model import MaskedAutoencoder3D, patchify, unpatchify
+from trainer.model import MaskedAutoencoder3D
 from trainer.options import FitError, check_out_dir
 from trainer.plan import STREAM_EVAL, EpochPlan, PlanSpec, PositionSampler, derive_seed
 from trainer.presets import MAEConfig, Shape3
+from trainer.reconstruct import Reconstructor
+from trainer.section import render_section
 from trainer.stats import volume_stats
-from trainer.train import autocast, default_threads
+from trainer.train import default_threads
 from trainer.volume import (
     BoolArray,
     DataError,
     IntArray,
-    VolumeInfo,
     check_fits,
     inspect_volume,
     open_store,
@@ -188,68 +192,6 @@ def held_out_positions(
     return np.concatenate([unseen, fill]).astype(np.int64), len(unseen)
 
 
-def _voxel_mask(token_mask: torch.Tensor, config: MAEConfig) -> torch.Tensor:
-    """``(B, N)`` token mask to a ``(B, 1, I, X, T)`` boolean voxel mask."""
-    tokens = token_mask.float()[..., None].expand(-1, -1, config.patch_dim)
-    return unpatchify(tokens, config.patch_size, config.grid_size) > 0.5
-
-
-def _token_mean_volume(x: torch.Tensor, config: MAEConfig) -> torch.Tensor:
-    tokens = patchify(x.float(), config.patch_size)
-    means = tokens.mean(dim=-1, keepdim=True).expand_as(tokens)
-    return unpatchify(means.contiguous(), config.patch_size, config.grid_size)
-
-
-class _Evaluator:
-    def __init__(
-        self,
-        model: MaskedAutoencoder3D,
-        dataset: PatchDataset,
-        live: BoolArray | None,
-        device: torch.device,
-        amp: bool,
-        mask_ratio: float,
-        seed: int,
-    ) -> None:
-        self.model = model
-        self.config = model.config
-        self.dataset = dataset
-        self.live = live
-        self.device = device
-        self.amp = amp
-        self.mask_ratio = mask_ratio
-        self.gen = torch.Generator(device=device)
-        self.gen.manual_seed(derive_seed(seed, STREAM_EVAL, 1))
-
-    def run(self, corners: IntArray) -> dict[str, torch.Tensor]:
-        """Mask, reconstruct and score a batch of patches (all float32, on the CPU)."""
-        x = torch.stack([self.dataset[c][0] for c in corners.tolist()]).to(self.device)
-        with torch.no_grad(), autocast(self.device, self.amp):
-            out = self.model(x, mask_ratio=self.mask_ratio, generator=self.gen)
-        recon = self.model.reconstruct(x, out.pred)
-        hidden = _voxel_mask(out.mask, self.config)
-        weight = hidden.clone()
-        if self.live is not None:
-            pi, px, _ = self.config.input_size
-            live = np.stack([self.live[i : i + pi, j : j + px] for i, j, _ in corners.tolist()])
-            weight &= torch.from_numpy(live)[:, None, :, :, None].to(self.device)
-        return {
-            "x": x.float().cpu(),
-            "recon": recon.cpu(),
-            "baseline": _token_mean_volume(x, self.config).cpu(),
-            "hidden": hidden.cpu(),
-            "weight": weight.cpu(),
-            "loss": out.loss.float().cpu(),
-        }
-
-
-def _tile_starts(size: int, patch: int) -> list[int]:
-    starts = list(range(0, size - patch + 1, patch))
-    if starts[-1] != size - patch:
-        starts.append(size - patch)
-    return starts
-
-
 def _coordinate(group: zarr.Group, name: str, index: int, size: int) -> int:
     """Inline/crossline number at ``index`` when the store has that coordinate."""
     try:
@@ -259,103 +201,6 @@ def _coordinate(group: zarr.Group, name: str, index: int, size: int) -> int:
     if isinstance(arr, zarr.Array) and arr.shape == (size,):
         return int(np.asarray(arr[index]))
     return index
-
-
-def _axis(info: VolumeInfo, dim: int, name: str, fallback: str) -> tuple[list[float], str]:
-    """Coordinate values and label of one amplitude axis (indices when absent)."""
-    size = info.shape[dim]
-    if name:
-        try:
-            arr = open_store(info.path, info.storage_options)[name]
-        except KeyError:
-            arr = None
-        if isinstance(arr, zarr.Array) and arr.shape == (size,):
-            values = np.asarray(arr[...], dtype=np.float64)
-            if np.all(np.isfinite(values)) and (size < 2 or np.all(np.diff(values) > 0)):
-                unit = " (ms)" if name == "time" else " (m)" if name == "depth" else ""
-                return values.tolist(), f"{name}{unit}"
-    return [float(v) for v in range(size)], f"{fallback} index"
-
-
-def render_section(
-    ev: _Evaluator, info: VolumeInfo, inline: int, path: Path, title: str
-) -> dict[str, Any]:
-    """Reconstruct one inline section tile by tile and draw it as a PNG.
-
-    Args:
-        ev: The evaluator (model, dataset, masks).
-        info: The volume.
-        inline: Inline index (0-based) of the section.
-        path: PNG file to write.
-        title: Figure title prefix.
-
-    Returns:
-        ``{"inline_index", "psnr_db"}`` of the section's hidden live samples.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pi, px, pt = ev.config.input_size
-    n_il, n_xl, n_t = info.shape
-    i0 = min(max(inline - pi // 2, 0), n_il - pi)
-    offset = inline - i0
-    corners = np.array(
-        [(i0, x, t) for x in _tile_starts(n_xl, px) for t in _tile_starts(n_t, pt)], np.int64
-    )
-    original = np.zeros((n_xl, n_t), np.float32)
-    shown = np.zeros((n_xl, n_t), np.float32)
-    recon = np.zeros((n_xl, n_t), np.float32)
-    hidden = np.zeros((n_xl, n_t), bool)
-    weight = np.zeros((n_xl, n_t), bool)
-    for start in range(0, len(corners), 64):
-        batch = corners[start : start + 64]
-        r = ev.run(batch)
-        for k, (_, x, t) in enumerate(batch.tolist()):
-            sl = np.s_[x : x + px, t : t + pt]
-            orig = r["x"][k, 0, offset].numpy()
-            hid = r["hidden"][k, 0, offset].numpy()
-            original[sl] = orig
-            hidden[sl] = hid
-            weight[sl] = r["weight"][k, 0, offset].numpy()
-            shown[sl] = np.where(hid, np.nan, orig)
-            recon[sl] = np.where(hid, r["recon"][k, 0, offset].numpy(), orig)
-    err = (recon - original)[weight]
-    mse = float(np.mean(err**2)) if err.size else float("nan")
-    peak = ev.dataset.stats.peak_to_peak
-    psnr = 10 * math.log10(peak**2 / mse) if mse > 0 else float("inf")
-
-    vmax = float(np.percentile(np.abs(original), 99)) or 1.0
-    cmap = plt.get_cmap("seismic").copy()
-    cmap.set_bad("0.6")
-    xaxis, xlabel = _axis(info, 1, "crossline", "crossline")
-    taxis, tlabel = _axis(info, 2, info.dims[2] if len(info.dims) == 3 else "", "sample")
-    extent = (xaxis[0] - 0.5, xaxis[-1] + 0.5, taxis[-1], taxis[0])
-    width = max(9.0, min(18.0, 9.0 * n_xl / max(n_t, 1) + 3))
-    fig, axes = plt.subplots(1, 3, figsize=(width, 4.8), sharey=True, constrained_layout=True)
-    panels = (
-        ("original", original),
-        (f"masked input ({ev.mask_ratio:.0%} hidden)", shown),
-        ("reconstruction", recon),
-    )
-    for ax, (name, img) in zip(axes, panels, strict=True):
-        ax.imshow(
-            np.ma.masked_invalid(img.T),
-            cmap=cmap,
-            vmin=-vmax,
-            vmax=vmax,
-            aspect="auto",
-            interpolation="nearest",
-            extent=extent,
-        )
-        ax.set_title(name)
-        ax.set_xlabel(xlabel)
-    axes[0].set_ylabel(tlabel)
-    fig.suptitle(f"{title}: hidden-sample PSNR {psnr:.1f} dB")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return {"inline_index": inline, "psnr_db": psnr}
 
 
 def evaluate(opts: EvalOptions, echo: Callable[[str], None] = print) -> dict[str, Any]:
@@ -416,7 +261,7 @@ def evaluate(opts: EvalOptions, echo: Callable[[str], None] = print) -> dict[str
     model = MaskedAutoencoder3D(config)
     model.load_state_dict(ckpt["model"])
     model.to(device).eval()
-    ev = _Evaluator(model, dataset, live, device, amp, mask_ratio, opts.seed)
+    ev = Reconstructor(model, dataset, live, device, amp, mask_ratio, opts.seed)
 
     sq = base_sq = 0.0
     count = 0
