@@ -11,7 +11,8 @@ MDIO), :mod:`trainer.synth` (synthetic volumes: writing them; what is asked in
 (inspection, trace mask), :mod:`trainer.stats` (normalisation), :mod:`trainer.plan`
 (seeds, sampler, epoch plan), :mod:`trainer.readorder` (chunk keys for hints),
 :mod:`trainer.dataset` (the patch dataset), :mod:`trainer.dataloader` (the DataLoader
-``fit`` and ``load`` share), :mod:`trainer.loadonly` (the loader-only mode),
+``fit`` and ``load`` share), :mod:`trainer.loadonly` (the loader-only mode; its counted and
+in-memory patch sources in :mod:`trainer.loadsources`),
 :mod:`trainer.model` (MAE),
 :mod:`trainer.train` (the :class:`~trainer.train.Trainer` and its loop),
 :mod:`trainer.options` (what a run is asked), :mod:`trainer.schedule` (AdamW, warm-up +
