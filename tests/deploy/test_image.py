@@ -28,18 +28,10 @@ import httpx
 import pytest
 
 from bench.handover import READERS, Readers
-from deploy.image import (
-    BASE,
-    LOCKS,
-    PROJECT,
-    REPO,
-    base_digest,
-    build,
-    normalize,
-    read_locks,
-    ulimit_args,
-)
+from deploy.image import BASE, base_digest, build, ulimit_args
+from deploy.imagerun import REPO
 from deploy.local import free_port
+from deploy.wheels import LOCKS, PROJECT, normalize, read_locks
 from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import is_mounted, lazy_unmount
 from spoke.run.processes import read_pid

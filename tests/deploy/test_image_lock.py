@@ -11,15 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.image import (
-    LOCKS,
-    REPO,
-    ImageError,
-    normalize,
-    prune_wheels,
-    read_locks,
-    write_requirements,
-)
+from deploy.imagerun import REPO, ImageError
+from deploy.wheels import LOCKS, normalize, prune_wheels, read_locks, write_requirements
 
 
 def make_wheel(wheels: Path, name: str, version: str, *requires: str) -> Path:
