@@ -13,8 +13,9 @@ the copy gRPC core keeps until the peer's flow-control window takes it),
 Limits, per principal (the token's id; ``anonymous`` without tokens):
 
 - at most ``streams_per_token`` ``ReadBlocks`` streams at once (:data:`STREAMS_PER_TOKEN`),
-  and at most ``total_streams`` over every principal (:data:`STREAMS`): one more is
-  refused at once, ``RESOURCE_EXHAUSTED``.
+  and at most ``total_streams`` over every principal (:data:`STREAMS`), the last eighth
+  of them only for tokens holding fewer than :data:`RESERVED_BELOW` (:func:`slot_free`):
+  one more is refused at once, ``RESOURCE_EXHAUSTED``.
 - at most ``bytes_per_token`` charged at once (:data:`BYTES_PER_TOKEN`), and at most
   ``total_bytes`` over every principal (:data:`TOTAL_BYTES`). A stream with no room
   *waits* (the token holding least served first, then first come, first served) up to
@@ -87,6 +88,32 @@ from hub.errors import QuotaExceeded
 
 STREAMS_PER_TOKEN = 512
 """Default most ``ReadBlocks`` streams one token may have open (``--max-streams-per-token``)."""
+
+RESERVED_SHARE = 8
+"""The last 1/``RESERVED_SHARE`` of the hub's stream slots (of each kind: ``ReadBlocks``
+here, the others in :mod:`hub.streams`) go only to tokens holding fewer than
+:data:`RESERVED_BELOW` streams of that kind: tokens that fill the rest (four tokens at
+their 512 ``ReadBlocks`` streams each, header-only and re-opened as they time out, would
+fill 2,048) cannot lock the other tokens out."""
+
+RESERVED_BELOW = 16
+"""A token holding fewer streams of a kind than this may take the reserved slots: a spoke
+opens at most 16 block streams (``spoke.fetch.scheduler``)."""
+
+
+def reserved_slots(total: int) -> int:
+    """How many of ``total`` slots are kept for tokens holding few (:data:`RESERVED_SHARE`)."""
+    return total // RESERVED_SHARE
+
+
+def slot_free(total: int, open_: int, mine: int, per_token: int) -> bool:
+    """Whether a token holding ``mine`` of a kind's ``open_`` slots may take one more:
+    under ``total`` and its ``per_token``, and, in the reserved last slots
+    (:func:`reserved_slots`), only while it holds fewer than :data:`RESERVED_BELOW`."""
+    if open_ >= total or mine >= per_token:
+        return False
+    return open_ < total - reserved_slots(total) or mine < RESERVED_BELOW
+
 
 STREAMS = 2048
 """Default most ``ReadBlocks`` streams open at once over every token (``--max-block-streams``):
@@ -206,8 +233,10 @@ class ReadBudget:
         return share.streams if share is not None else 0
 
     def stream_room(self, name: str) -> bool:
-        """Whether principal ``name`` may open one more stream now."""
-        return self.streams < self.total_streams and self.streams_of(name) < self.streams_per_token
+        """Whether principal ``name`` may open one more stream now (:func:`slot_free`)."""
+        return slot_free(
+            self.total_streams, self.streams, self.streams_of(name), self.streams_per_token
+        )
 
     @contextlib.contextmanager
     def stream(self, name: str) -> Iterator[None]:
@@ -226,13 +255,14 @@ class ReadBudget:
                 f"hub allows one token (--max-streams-per-token {self.streams_per_token}); "
                 "finish or cancel some first",
             )
-        if self.streams >= self.total_streams:
+        if not slot_free(self.total_streams, self.streams, share.streams, self.streams_per_token):
             self._forget(name, share)
             raise QuotaExceeded(
                 "streams",
                 f"{self.streams} ReadBlocks streams are open ({share.streams} for token "
-                f"{name}), the most this hub allows (--max-block-streams "
-                f"{self.total_streams}); retry",
+                f"{name}); this hub allows {self.total_streams} (--max-block-streams), the "
+                f"last {reserved_slots(self.total_streams)} only to tokens holding fewer "
+                f"than {RESERVED_BELOW}; retry",
             )
         share.streams += 1
         self.streams += 1

@@ -23,6 +23,10 @@ their number (:class:`StreamSlots`):
   most an eighth, refused at once beyond (a client that had 128 listings of 10,000
   entries unread took the hub past 1 GiB).
 
+The last eighth of each kind's slots is kept for tokens holding fewer than 16 of that
+kind (:func:`hub.budget.slot_free`): eight tokens at their eighth each, re-opening calls
+as they end, cannot lock the others out.
+
 Stalled clients of one token can hold an eighth of each kind, so about 170 MiB beside its
 192 MiB of the read budget; of every token together, the read budget's 384 MiB, 55 MiB of
 manifests, 210 MiB of watches and up to 330 + 105 MiB of unary replies, over a serving
@@ -39,6 +43,7 @@ import collections
 import contextlib
 from collections.abc import AsyncIterator
 
+from hub.budget import RESERVED_BELOW, reserved_slots, slot_free
 from hub.errors import QuotaExceeded
 
 MANIFEST_STREAMS = 256
@@ -91,7 +96,7 @@ class StreamSlots:
         return self._open[name]
 
     def _free_for(self, name: str) -> bool:
-        return self.open < self.total and self._open[name] < self.per_token
+        return slot_free(self.total, self.open, self._open[name], self.per_token)
 
     @contextlib.asynccontextmanager
     async def slot(self, name: str) -> AsyncIterator[None]:
@@ -150,6 +155,7 @@ class StreamSlots:
         raise QuotaExceeded(
             "streams",
             f"{self.open} {self.kind} streams are open ({mine} for token {name}); this hub "
-            f"keeps at most {self.total} ({self.flag}), {self.per_token} per token: finish "
-            "or cancel some, or retry",
+            f"keeps at most {self.total} ({self.flag}), {self.per_token} per token, the last "
+            f"{reserved_slots(self.total)} for tokens holding fewer than {RESERVED_BELOW}: "
+            "finish or cancel some, or retry",
         )

@@ -4,10 +4,11 @@ grant limiter's windows, including a spoke that renews at half the lifetime fore
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
-from hub.budget import ReadBudget, block_charge
+from hub.budget import RESERVED_BELOW, ReadBudget, block_charge, reserved_slots
 from hub.errors import QuotaExceeded
 from hub.grants import ISSUES_PER_HOLDER, GrantLimiter
 
@@ -135,13 +136,32 @@ def test_streams_of_every_token_together_are_capped() -> None:
     with budget.stream("a"), budget.stream("a"), budget.stream("b"):
         assert not budget.stream_room("c") and not budget.stream_room("b")
         with (
-            pytest.raises(QuotaExceeded, match="--max-block-streams 3") as refused,
+            pytest.raises(QuotaExceeded, match=r"allows 3 \(--max-block-streams\)") as refused,
             budget.stream("c"),
         ):
             pass
         assert refused.value.limit == "streams"
         assert budget.streams_of("c") == 0
     assert budget.streams == 0 and budget.stream_room("c")
+
+
+def test_the_last_eighth_of_the_streams_is_kept_for_tokens_holding_few() -> None:
+    """Four tokens at their 512 streams would fill 2,048 (issue 39's re-probe): the last
+    256 go only to tokens holding fewer than 16, so a fifth token still gets in."""
+    budget = ReadBudget(streams_per_token=512, total_streams=2048)
+    with contextlib.ExitStack() as held:
+        for token in "abcd":
+            while budget.stream_room(token):
+                held.enter_context(budget.stream(token))
+        assert budget.streams == 2048 - reserved_slots(2048) == 1792
+        assert [budget.streams_of(token) for token in "abcd"] == [512, 512, 512, 256]
+        with pytest.raises(QuotaExceeded, match="the last 256 only to tokens holding fewer"):
+            held.enter_context(budget.stream("d"))
+        for n in range(RESERVED_BELOW):  # a fifth token: a spoke's full concurrency
+            assert budget.stream_room("e"), n
+            held.enter_context(budget.stream("e"))
+        assert not budget.stream_room("e") and budget.stream_room("f")
+    assert budget.streams == 0
 
 
 def test_a_request_charge_waits_ahead_of_the_block_charges_already_waiting() -> None:

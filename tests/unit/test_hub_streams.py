@@ -7,6 +7,7 @@ import contextlib
 
 import pytest
 
+from hub.budget import RESERVED_BELOW
 from hub.errors import QuotaExceeded
 from hub.streams import TOKEN_SHARE, WAITING_PER_SLOT, StreamSlots
 
@@ -37,6 +38,31 @@ def test_the_total_is_shared_by_every_token() -> None:
                 await stack.enter_async_context(slots.slot(f"t{i}"))
             with pytest.raises(QuotaExceeded):
                 await stack.enter_async_context(slots.slot("late"))
+
+    asyncio.run(go())
+
+
+def test_tokens_at_their_share_leave_the_last_eighth_to_tokens_holding_few() -> None:
+    """Eight tokens at their eighth each would fill the unary calls' 4,096 (issue 39's
+    re-probe): seven fill all but the last 512, which stay for tokens holding fewer than
+    16 — the eighth token gets 16, and so does each newcomer after it."""
+
+    async def go() -> None:
+        slots = StreamSlots("unary", "--max-unary-calls", 4096)
+        async with contextlib.AsyncExitStack() as stack:
+            for i in range(TOKEN_SHARE):
+                with contextlib.suppress(QuotaExceeded):
+                    while True:
+                        await stack.enter_async_context(slots.slot(f"t{i}"))
+            assert [slots.open_by(f"t{i}") for i in range(TOKEN_SHARE)] == [512] * 7 + [
+                RESERVED_BELOW
+            ]
+            with pytest.raises(QuotaExceeded, match="the last 512 for tokens holding fewer"):
+                await stack.enter_async_context(slots.slot("t0"))
+            for _ in range(RESERVED_BELOW):
+                await stack.enter_async_context(slots.slot("newcomer"))
+            assert slots.open == 3584 + 2 * RESERVED_BELOW
+        assert slots.open == 0
 
     asyncio.run(go())
 
