@@ -7,7 +7,15 @@ For every ``/v1/`` request, before any byte of the body is read:
    scope's ``state`` for the routes to check against what they act on → 401 JSON;
 2. a declared ``Content-Length`` above :data:`MAX_BODY_BYTES` → 413 JSON at once; a body
    sent without a length is counted as it arrives and refused with 413 once it passes the
-   cap, so no request ever makes the daemon hold more than the cap in memory.
+   cap, so no request ever makes the daemon hold more than the cap in memory;
+3. a request with a body takes its declared length (the cap without one) from the bodies
+   in flight, at most :data:`MAX_BODIES_BYTES` over every caller and half of that for one
+   → 503 JSON with ``Retry-After`` at once beyond: however many connections send bodies
+   slowly, the daemon holds at most that much of them (and parses at most a few at once).
+   Found by issue 39's re-probe: 250 connections of one scoped token each sending all but
+   the last byte of an 8 MiB hint took the daemon from 95 MiB to 2,131 MiB.
+
+A client that goes away in the middle of its body is one audit line, not a traceback.
 
 FastAPI parses a body before it runs dependencies, which is why these checks cannot be
 dependencies. Each ``/v1/`` call that changes something (any method but GET/HEAD) and
@@ -37,6 +45,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 MAX_BODY_BYTES = 8 << 20
 """Largest admin request body, bytes (a hint of 100,000 paths fits)."""
 
+
+MAX_BODIES_BYTES = 64 << 20
+"""Most bytes of request bodies the admin API takes in at once, over every caller (eight
+bodies at the cap); one caller may hold half of it."""
 
 AUDIT_HEAD_BYTES = 4096
 _AUDITED_FIELDS = ("dataset", "ref", "all", "pin", "stream", "append")
@@ -84,6 +96,8 @@ class AdminGuard:
         token: the node-wide bearer token every ``/v1/`` route accepts (the operator's).
         audit: where admin actions and refused tokens are recorded (None: nowhere).
         max_body: the body cap, bytes.
+        max_bodies: the most bytes of bodies in flight over every caller
+            (:data:`MAX_BODIES_BYTES`); one caller may hold half.
         scoped: tokens scoped to datasets (:mod:`spoke.serve.admintokens`); the routes
             decide what their holders may do from the :class:`Caller` left in the scope.
     """
@@ -95,12 +109,16 @@ class AdminGuard:
         audit: AuditLog | None = None,
         max_body: int = MAX_BODY_BYTES,
         scoped: ScopedTokens | None = None,
+        max_bodies: int = MAX_BODIES_BYTES,
     ) -> None:
         self.app = app
         self.token = token
         self.audit = audit
         self.max_body = max_body
         self.scoped = scoped
+        self.max_bodies = max_bodies
+        self.bodies = 0  # bytes of bodies in flight (declared, or the cap), one event loop
+        self._bodies_of: dict[str, int] = {}
 
     def _caller(self, scope: Scope) -> Caller | None:
         """Who presented which token: the operator, a scoped token's holder, or None."""
@@ -139,16 +157,49 @@ class AdminGuard:
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
             await self._too_large(send, who, action)
             return
+        charge, holder = 0, caller.name or ""  # "": the operator's token
+        if method not in ("GET", "HEAD") and declared != b"0":
+            charge = int(declared) if declared is not None else self.max_body
+            mine = self._bodies_of.get(holder, 0)
+            if self.bodies + charge > self.max_bodies or mine + charge > self.max_bodies // 2:
+                await self._busy(send, who, action, mine)
+                return
+            self.bodies += charge
+            self._bodies_of[holder] = mine + charge
+        try:
+            await self._serve(scope, receive, send, caller, who, action, method)
+        finally:
+            if charge:
+                self.bodies -= charge
+                left = self._bodies_of[holder] - charge
+                if left:
+                    self._bodies_of[holder] = left
+                else:
+                    del self._bodies_of[holder]
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        caller: Caller,
+        who: str,
+        action: str,
+        method: str,
+    ) -> None:
         received = 0
         too_large = False
+        gone = False
         head = bytearray()  # the start of the body, for the audit record
 
         async def capped() -> Message:
-            nonlocal received, too_large
+            nonlocal received, too_large, gone
             if too_large:
                 return {"type": "http.disconnect"}
             message = await receive()
-            if message["type"] == "http.request":
+            if message["type"] == "http.disconnect":
+                gone = True
+            elif message["type"] == "http.request":
                 chunk = message.get("body", b"")
                 received += len(chunk)
                 if received > self.max_body:  # stop reading; the app sees a disconnect
@@ -173,6 +224,10 @@ class AdminGuard:
         try:
             await self.app(scope, capped, watch)
         except Exception:
+            if gone and not too_large:  # the client left mid-body: nobody to answer
+                if self.audit is not None:
+                    self.audit.refused(who=who, what=action, outcome="client went away")
+                return
             if not too_large:
                 raise
         if too_large:
@@ -182,6 +237,18 @@ class AdminGuard:
             self.audit.record(
                 who=who, what=action, outcome=str(status[0]), **_named(bytes(head), received)
             )
+
+    async def _busy(self, send: Send, who: str, action: str, mine: int) -> None:
+        if self.audit is not None:
+            self.audit.refused(who=who, what=action, outcome="refused: bodies in flight")
+        await _json(
+            send,
+            503,
+            f"{self.bodies} bytes of request bodies are being received ({mine} of them "
+            f"this token's); this daemon takes at most {self.max_bodies} at once, half for "
+            "one token: retry",
+            [(b"retry-after", b"1")],
+        )
 
     async def _too_large(self, send: Send, who: str, action: str) -> None:
         if self.audit is not None:

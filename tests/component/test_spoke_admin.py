@@ -31,7 +31,7 @@ from spoke.prefetch.hints import HintService
 from spoke.prefetch.prewarm import PrewarmJobs
 from spoke.serve import admin as admin_module
 from spoke.serve.admin import create_app
-from spoke.serve.adminguard import MAX_BODY_BYTES, AdminGuard
+from spoke.serve.adminguard import MAX_BODIES_BYTES, MAX_BODY_BYTES, AdminGuard
 from spoke.serve.admintokens import ScopedTokens
 from spoke.upkeep.pins import PinRegistry
 from tests.integration.hub_support import write_tree
@@ -58,6 +58,7 @@ def run(
     scenario: Scenario,
     scoped: ScopedTokens | None = None,
     hinted: bool = False,
+    max_bodies: int = MAX_BODIES_BYTES,
 ) -> None:
     async def main() -> None:
         layout = CacheLayout(tmp_path / "cache")
@@ -79,6 +80,7 @@ def run(
             TOKEN,
             audit,
             scoped=scoped,
+            max_bodies=max_bodies,
         )
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 4242))  # type: ignore[arg-type]
         try:
@@ -148,6 +150,47 @@ def test_bodies_are_capped_with_413_json(tmp_path: Path, hub_port: int) -> None:
         assert outcomes == ["refused: body too large"] * 2
 
     run(tmp_path, hub_port, scenario)
+
+
+def test_bodies_in_flight_are_capped_with_503_json(tmp_path: Path, hub_port: int) -> None:
+    """However many connections send bodies slowly, the daemon takes in at most
+    ``max_bodies`` of them at once, one token half (issue 39's re-probe: 250 slow 8 MiB
+    hints of one scoped token took the daemon to 2,131 MiB)."""
+    MiB = 1 << 20
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        go_on = asyncio.Event()
+
+        async def slow() -> AsyncIterator[bytes]:
+            yield b" " * MiB
+            await go_on.wait()
+            yield b" " * (MiB // 2)
+
+        held = asyncio.ensure_future(
+            client.post(
+                "/v1/hints",
+                headers={**AUTH, "Content-Length": str(MiB + MiB // 2)},
+                content=slow(),
+            )
+        )
+        await asyncio.sleep(0.2)  # the first body is being received
+        busy = await client.post(
+            "/v1/hints", headers={**AUTH, "Content-Length": str(MiB)}, content=b" " * MiB
+        )
+        assert busy.status_code == 503
+        assert busy.headers["retry-after"] == "1"
+        assert "at most 4194304 at once, half for one token" in busy.json()["detail"]
+        assert not held.done()
+        go_on.set()
+        assert (await held).status_code == 422  # received whole (blanks are no JSON)
+        after = await client.post(
+            "/v1/hints", headers={**AUTH, "Content-Length": str(MiB)}, content=b" " * MiB
+        )
+        assert after.status_code == 422  # room again once the first was answered
+        outcomes = [line["outcome"] for line in audit_lines(audit)]
+        assert outcomes.count("refused: bodies in flight") == 1
+
+    run(tmp_path, hub_port, scenario, max_bodies=4 * MiB)
 
 
 def test_pin_and_job_caps(tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
