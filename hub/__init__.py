@@ -13,8 +13,7 @@ its handlers wrapped by ``calls``),
 deadline and budget charge), ``budget`` and ``streams`` (what a token may make the hub
 hold), ``bulk`` (the bulk block channel beside gRPC: block bytes by sendfile, the same
 checks), ``server`` (running it: TLS, health, reflection, graceful stop),
-``serverthread`` (the same on a thread, for synchronous callers), ``grpclog`` (gRPC's own
-log records), ``metrics``, ``address``
+``serverthread`` (the same on a thread, for synchronous callers), ``metrics``, ``address``
 and ``cli`` (``strata-hub``). ``DESIGN.md`` beside this file states the invariants. The
 hub never imports ``spoke``, ``fusemount`` or ``trainer``.
 """

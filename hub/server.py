@@ -30,7 +30,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
-from hub import grpclog
 from hub.address import Address
 from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog
 from hub.auth import TokenFile
@@ -64,6 +63,7 @@ from hub.streams import MANIFEST_STREAMS, TOKEN_SHARE, WATCH_STREAMS
 from hub.watch import POLL_SECONDS, CatalogWatcher
 from hub.wire import CHUNK_BYTES, CORE_REQUEST_BYTES, MAX_REQUEST_BYTES, SERVICE_NAME, HubWire
 from protocol.hub.v1 import hub_pb2_grpc
+from strata_local import grpclog
 from strata_local.memory import trim_forever
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ private to this user (no other user can swap, fill or point it elsewhere), and
 and freed pages given back, :mod:`strata_local.mountinfo`, the mount table read as text
 (the spoke, the drain and the CSI plugin), and :mod:`strata_local.reloading`, a YAML
 settings file re-read when it changes (the CSI plugin's tenancy, the spoke's scoped admin
-tokens).
+tokens), and :mod:`strata_local.grpclog`, gRPC's report of a reply to a stream its client
+cancelled made one line instead of a traceback (the hub, the spoke's peer port).
 This package imports nothing of Strata (an import-linter contract keeps it so), and its
 modules do not import each other.
 """

@@ -1,7 +1,7 @@
-"""gRPC's own log records, as they reach the hub's log.
+"""gRPC's own log records, as they reach the hub's and the spoke's logs.
 
 When a client cancels a stream (a spoke stops reading, a reader's deadline passes) while
-the hub is writing a reply to it, grpc.aio logs the failed write
+the hub (or a spoke's peer port) is writing a reply to it, grpc.aio logs the failed write
 (``ExecuteBatchError raised in core by servicer method [...]``) with a full traceback, at
 ERROR, from ``grpc._cython.cygrpc``: a dozen lines for an ordinary event, and an operator
 scanning for errors sees a fault where there is none. :class:`EndedByClient` turns each

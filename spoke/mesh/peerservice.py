@@ -60,6 +60,7 @@ from spoke.mesh.peercall import (
 from spoke.mesh.peerclient import MAX_MESSAGE_BYTES
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import MAX_CONNECTIONS, PeerTls, PeerToken, server_options
+from strata_local import grpclog
 
 __all__ = [
     "CALL_HOLD_BYTES",
@@ -285,6 +286,7 @@ async def start_peer_server(
     Raises:
         OSError: the address could not be bound.
     """
+    grpclog.install()  # a stream its peer cancelled: one line, not a traceback
     server = grpc.aio.server(
         options=[
             # requests are small: a request still arriving holds one window (REQUEST_BYTES)

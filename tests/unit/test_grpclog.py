@@ -1,12 +1,12 @@
-"""gRPC's report of a write to a stream its client cancelled is one INFO line (hub.grpclog);
-other records of gRPC's logger pass unchanged."""
+"""gRPC's report of a write to a stream its client cancelled is one INFO line
+(strata_local.grpclog); other records of gRPC's logger pass unchanged."""
 
 from __future__ import annotations
 
 import logging
 import sys
 
-from hub.grpclog import GRPC_LOGGER, EndedByClient
+from strata_local.grpclog import GRPC_LOGGER, EndedByClient
 
 
 class ExecuteBatchError(Exception):
