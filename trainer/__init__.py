@@ -10,14 +10,15 @@ MDIO), :mod:`trainer.synth` (synthetic volumes: writing them; what is asked in
 :mod:`trainer.location` (``--data`` paths and URLs, storage options), :mod:`trainer.volume`
 (inspection, trace mask), :mod:`trainer.stats` (normalisation), :mod:`trainer.plan`
 (seeds, sampler, epoch plan), :mod:`trainer.readorder` (chunk keys for hints),
-:mod:`trainer.dataset` (the patch dataset), :mod:`trainer.dataloader` (the DataLoader
-``fit`` and ``load`` share), :mod:`trainer.loadonly` (the loader-only mode; its counted and
-in-memory patch sources in :mod:`trainer.loadsources`),
+:mod:`trainer.dataset` (the patch dataset), :mod:`trainer.dataloader` (the dataset,
+plan and DataLoader ``fit`` and ``load`` share), :mod:`trainer.loadonly` (the loader-only
+mode; its counted and in-memory patch sources in :mod:`trainer.loadsources`),
 :mod:`trainer.model` (MAE),
 :mod:`trainer.train` (the :class:`~trainer.train.Trainer` and its loop),
 :mod:`trainer.options` (what a run is asked), :mod:`trainer.schedule` (AdamW, warm-up +
 cosine), :mod:`trainer.checkpoint` (save, load, RNG state, resumability),
-:mod:`trainer.distributed` (ranks, devices, collectives), :mod:`trainer.report`
+:mod:`trainer.distributed` (ranks, devices, threads,
+autocast, collectives), :mod:`trainer.report`
 (metrics, summary),
 :mod:`trainer.evaluate` (PSNR and section plots; the model run on masked patches in
 :mod:`trainer.reconstruct`, the plot in :mod:`trainer.section`), :mod:`trainer.cli`

@@ -286,8 +286,9 @@ def fit(
     Under torchrun (e.g. ``torchrun --nproc-per-node 2 -m trainer fit ...``) each
     rank reads its own shard of every epoch and gradients are averaged with DDP.
     """
-    from trainer.train import DataError, FitError, FitOptions
+    from trainer.options import FitError, FitOptions
     from trainer.train import fit as run_fit
+    from trainer.volume import DataError
 
     options = FitOptions(
         data=data_path(data),

@@ -5,7 +5,8 @@ Batches of ``batch_size`` corners from the :class:`~trainer.plan.EpochSampler`
 ``spawn`` or ``forkserver`` (:func:`trainer.dataset.worker_init` gives each one
 thread and its seed), collated by PyTorch's default collation. ``fit``
 (:class:`trainer.train.Trainer`) trains on what it yields; the loader-only mode
-(:mod:`trainer.loadonly`) only times it, so both measure the same loader.
+(:mod:`trainer.loadonly`) only times it, so both measure the same loader. What both
+read is built here too (:func:`build_dataset`: the volume, its statistics, the plan).
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainer.dataset import worker_init
-from trainer.plan import EpochSampler
+from trainer.dataset import PatchDataset, worker_init
+from trainer.options import FitError, FitOptions
+from trainer.plan import EpochPlan, EpochSampler, build_plan
+from trainer.presets import MAEConfig
+from trainer.stats import volume_stats
+from trainer.volume import VolumeInfo, check_fits, inspect_volume
+
+STREAM_LOADER = 5
+"""Seed-stream tag of the DataLoader's generator (see :func:`trainer.plan.derive_seed`)."""
 
 
 def make_loader(
@@ -54,3 +62,40 @@ def make_loader(
         pin_memory=pin_memory,
         generator=generator,
     )
+
+
+def build_dataset(
+    opts: FitOptions, config: MAEConfig, batch_size: int, world_size: int = 1
+) -> tuple[VolumeInfo, PatchDataset, EpochPlan]:
+    """Inspect the store, take its statistics and build the run's epoch plan.
+
+    Args:
+        opts: Run options (data path, seed, epoch size, sampling options).
+        config: Model preset (patch shape).
+        batch_size: Patches per step and rank.
+        world_size: Number of ranks.
+
+    Returns:
+        The volume description, the dataset and the plan.
+
+    Raises:
+        DataError: If the store cannot be used (see :mod:`trainer.volume`).
+        FitError: If an epoch is smaller than one batch on every rank.
+    """
+    info = inspect_volume(opts.data, opts.storage_options)
+    check_fits(info, config.input_size)
+    stats = volume_stats(info, config.input_size, opts.seed, opts.clip, opts.scale)
+    try:
+        plan = build_plan(
+            info,
+            config.input_size,
+            epoch_size=opts.epoch_size,
+            batch_size=batch_size,
+            seed=opts.seed,
+            world_size=world_size,
+            min_live_fraction=opts.min_live_fraction,
+            chunk_aligned=opts.chunk_aligned,
+        )
+    except ValueError as exc:
+        raise FitError(f"--epoch-size: {exc}") from None
+    return info, PatchDataset(info, config.input_size, stats), plan

@@ -41,7 +41,7 @@ import zarr
 
 from trainer.checkpoint import load_checkpoint
 from trainer.dataset import PatchDataset
-from trainer.distributed import select_device
+from trainer.distributed import default_threads, select_device
 from trainer.location import StorageOptions
 from trainer.model import MaskedAutoencoder3D
 from trainer.options import FitError, check_out_dir
@@ -50,7 +50,6 @@ from trainer.presets import MAEConfig, Shape3
 from trainer.reconstruct import Reconstructor
 from trainer.section import render_section
 from trainer.stats import volume_stats
-from trainer.train import default_threads
 from trainer.volume import (
     BoolArray,
     DataError,

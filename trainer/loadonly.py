@@ -2,7 +2,7 @@
 
 It builds what ``fit`` builds — the same volume inspection, statistics, epoch plan,
 :class:`~trainer.plan.EpochSampler`, patch dataset, DataLoader workers and collation
-(:func:`trainer.train.build_dataset`, :func:`trainer.dataloader.make_loader`) — and
+(:func:`trainer.dataloader.build_dataset`, :func:`trainer.dataloader.make_loader`) — and
 drains the loader for whole epochs, optionally sleeping a fixed emulated compute time
 per batch (an emulated accelerator, as MLPerf Storage's DLIO does), so the load on the
 file system is what a GPU job's loader would put on it rather than what two CPU cores
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from trainer.dataloader import make_loader
+from trainer.dataloader import STREAM_LOADER, build_dataset, make_loader
 from trainer.dataset import PatchDataset
 from trainer.loadsources import CountedPatchDataset, MemoryPatchDataset
 from trainer.location import StorageOptions
@@ -52,7 +52,6 @@ from trainer.objstore import CLIENTS
 from trainer.options import FitError, FitOptions
 from trainer.plan import EpochSampler, derive_seed
 from trainer.presets import get_preset
-from trainer.train import STREAM_LOADER, build_dataset
 
 SOURCES = ("store", "memory")
 """Where the loader's workers read patches from (see the module docstring)."""

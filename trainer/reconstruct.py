@@ -10,10 +10,10 @@ import numpy as np
 import torch
 
 from trainer.dataset import PatchDataset
+from trainer.distributed import autocast
 from trainer.model import MaskedAutoencoder3D, patchify, unpatchify
 from trainer.plan import STREAM_EVAL, derive_seed
 from trainer.presets import MAEConfig
-from trainer.train import autocast
 from trainer.volume import BoolArray, IntArray
 
 

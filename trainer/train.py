@@ -48,10 +48,8 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -71,107 +69,28 @@ from trainer.checkpoint import (
     rng_state,
     set_rng_state,
 )
-from trainer.dataloader import make_loader
-from trainer.dataset import PatchDataset
-from trainer.distributed import DistContext, dist_context_from_env, select_device
+from trainer.dataloader import STREAM_LOADER, build_dataset, make_loader
+from trainer.distributed import (
+    DistContext,
+    autocast,
+    available_cpus,
+    default_threads,
+    dist_context_from_env,
+    select_device,
+)
 from trainer.hints import HintPoster, default_stream, split_head
 from trainer.model import MaskedAutoencoder3D
-from trainer.options import DEFAULT_OUT, FitError, FitOptions, check_out_dir, validate
-from trainer.plan import STREAM_MASK, EpochPlan, EpochSampler, build_plan, derive_seed
-from trainer.presets import MAEConfig, get_preset
+from trainer.options import FitError, FitOptions, check_out_dir, validate
+from trainer.plan import STREAM_MASK, EpochSampler, derive_seed
+from trainer.presets import get_preset
 from trainer.readorder import epoch_read_order
 from trainer.report import Measurements, MetricsLog, summary_lines, write_json
-from trainer.schedule import LR_FLOOR, WarmupCosine, lr_at, make_optimizer, param_groups
-from trainer.stats import VolumeStats, volume_stats
-from trainer.volume import DataError, VolumeInfo, check_fits, inspect_volume
-
-STREAM_LOADER = 5
-"""Seed-stream tag of the DataLoader's generator (see :func:`trainer.plan.derive_seed`)."""
+from trainer.schedule import LR_FLOOR, make_optimizer
+from trainer.stats import VolumeStats
 
 HINT_HEAD_STEPS = 8
 """Steps whose keys a hinted run posts on their own before the rest of its plan (the
 first batches and the DataLoader's prefetch of the next ones)."""
-
-
-def available_cpus() -> int:
-    """Number of CPU cores this process may run on (affinity-aware).
-
-    Returns:
-        At least 1.
-    """
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def default_threads(workers: int, cpus: int | None = None) -> int:
-    """Torch intra-op threads for the training process.
-
-    DataLoader workers read and decode chunks on cores of their own, so the
-    training step gets the rest, but never less than half of the cores:
-    ``max(1, cpus - workers, cpus // 2)``. On 2 cores with 2 workers that is 1,
-    which measured as fast as 2 and avoids OpenMP oversubscription stalls.
-
-    Args:
-        workers: DataLoader worker processes.
-        cpus: Cores available; ``None`` for :func:`available_cpus`.
-
-    Returns:
-        At least 1.
-    """
-    n = available_cpus() if cpus is None else cpus
-    return max(1, n - workers, n // 2)
-
-
-def autocast(device: torch.device, enabled: bool) -> AbstractContextManager[Any]:
-    """bf16 autocast on ``device`` when ``enabled`` (a no-op context otherwise).
-
-    Args:
-        device: The training device.
-        enabled: Whether to autocast.
-
-    Returns:
-        A ``torch.autocast`` context.
-    """
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
-
-
-def build_dataset(
-    opts: FitOptions, config: MAEConfig, batch_size: int, world_size: int = 1
-) -> tuple[VolumeInfo, PatchDataset, EpochPlan]:
-    """Inspect the store, take its statistics and build the run's epoch plan.
-
-    Args:
-        opts: Run options (data path, seed, epoch size, sampling options).
-        config: Model preset (patch shape).
-        batch_size: Patches per step and rank.
-        world_size: Number of ranks.
-
-    Returns:
-        The volume description, the dataset and the plan.
-
-    Raises:
-        DataError: If the store cannot be used (see :mod:`trainer.volume`).
-        FitError: If an epoch is smaller than one batch on every rank.
-    """
-    info = inspect_volume(opts.data, opts.storage_options)
-    check_fits(info, config.input_size)
-    stats = volume_stats(info, config.input_size, opts.seed, opts.clip, opts.scale)
-    try:
-        plan = build_plan(
-            info,
-            config.input_size,
-            epoch_size=opts.epoch_size,
-            batch_size=batch_size,
-            seed=opts.seed,
-            world_size=world_size,
-            min_live_fraction=opts.min_live_fraction,
-            chunk_aligned=opts.chunk_aligned,
-        )
-    except ValueError as exc:
-        raise FitError(f"--epoch-size: {exc}") from None
-    return info, PatchDataset(info, config.input_size, stats), plan
 
 
 class Trainer:
@@ -523,27 +442,3 @@ def fit(opts: FitOptions, echo: Callable[[str], None] = print) -> dict[str, Any]
     trainer = Trainer(opts, ctx, echo)
     with distributed.process_group(ctx, trainer.device):
         return trainer.run()
-
-
-__all__ = [
-    "CHECKPOINT_NAME",
-    "DEFAULT_OUT",
-    "DataError",
-    "DistContext",
-    "FitError",
-    "FitOptions",
-    "Trainer",
-    "WarmupCosine",
-    "autocast",
-    "available_cpus",
-    "build_dataset",
-    "check_out_dir",
-    "default_threads",
-    "dist_context_from_env",
-    "fit",
-    "load_checkpoint",
-    "lr_at",
-    "param_groups",
-    "params_digest",
-    "select_device",
-]

@@ -22,10 +22,13 @@ import torch
 import zarr
 from typer.testing import CliRunner
 
+from trainer.checkpoint import load_checkpoint
 from trainer.cli import app
 from trainer.evaluate import EvalError, EvalOptions, evaluate
+from trainer.options import FitError, FitOptions
 from trainer.prepare import prepare, segy_spec
-from trainer.train import DataError, FitError, FitOptions, fit, load_checkpoint
+from trainer.train import fit
+from trainer.volume import DataError
 
 SUMMARY_KEYS = {
     "steps",

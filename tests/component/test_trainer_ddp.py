@@ -19,13 +19,13 @@ import pytest
 import torch
 
 from tests.component.test_trainer_hints import _Recorder
+from trainer.checkpoint import load_checkpoint, params_digest
 from trainer.model import MaskedAutoencoder3D
 from trainer.plan import build_plan, positions_digest
 from trainer.presets import MAEConfig
 from trainer.readorder import epoch_read_order
 from trainer.synth import synth
 from trainer.synthspec import SynthSpec
-from trainer.train import load_checkpoint, params_digest
 from trainer.volume import inspect_volume
 
 STEPS, BATCH, EPOCH = 6, 4, 32  # 4 steps per epoch: the run crosses into epoch 1

@@ -15,13 +15,15 @@ import pytest
 
 from tests.component.test_trainer_cli import f3_mdio  # noqa: F401  (fixture)
 from trainer import train
+from trainer.dataloader import build_dataset
 from trainer.dataset import PatchDataset
 from trainer.hints import HintTarget, default_stream
+from trainer.options import FitOptions
 from trainer.presets import get_preset
 from trainer.readorder import epoch_read_order
 from trainer.synth import synth
 from trainer.synthspec import SynthSpec
-from trainer.train import FitOptions, build_dataset, fit
+from trainer.train import fit
 
 
 class _Recorder(BaseHTTPRequestHandler):

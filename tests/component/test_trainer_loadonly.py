@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainer.cli import app
+from trainer.dataloader import build_dataset
 from trainer.loadonly import LoadOptions, run_load
 from trainer.options import FitError, FitOptions
 from trainer.plan import positions_digest
@@ -25,7 +26,6 @@ from trainer.presets import get_preset
 from trainer.readorder import planned_chunk_keys
 from trainer.synth import synth
 from trainer.synthspec import SynthSpec
-from trainer.train import build_dataset
 
 
 def load_options(volume: Path, **changes: object) -> LoadOptions:

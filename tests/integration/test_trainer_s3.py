@@ -26,9 +26,10 @@ from tests.integration.seaweedfs import seaweedfs_fixture  # noqa: F401  (seawee
 from trainer.cli import app
 from trainer.evaluate import EvalOptions, evaluate
 from trainer.loadonly import LoadOptions, run_load
+from trainer.options import FitOptions
 from trainer.synth import synth
 from trainer.synthspec import SynthSpec
-from trainer.train import FitOptions, fit
+from trainer.train import fit
 
 _buckets = itertools.count()
 

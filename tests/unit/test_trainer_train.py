@@ -8,21 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.model import MaskedAutoencoder3D
-from trainer.presets import PRESETS
-from trainer.train import (
+from trainer.checkpoint import params_digest
+from trainer.distributed import (
     DistContext,
-    FitError,
-    WarmupCosine,
     autocast,
-    check_out_dir,
     default_threads,
     dist_context_from_env,
-    lr_at,
-    param_groups,
-    params_digest,
     select_device,
 )
+from trainer.model import MaskedAutoencoder3D
+from trainer.options import FitError, check_out_dir
+from trainer.presets import PRESETS
+from trainer.schedule import WarmupCosine, lr_at, param_groups
 
 
 def test_lr_schedule_warms_up_then_decays() -> None:
