@@ -2,8 +2,10 @@
 
 The mount reports every block read, as a hit (``RecordAccess``, batched) or a miss
 (``EnsureBlocks``). :meth:`AccessLog.record` counts it and hands it, in order, to every
-subscriber: the eviction policy (hits; a miss is admitted later), the hint streams'
-cursors, the prefetch ledger, cross-file readahead and background fill. Local RPCs call
+subscriber (``spoke.run.daemon`` subscribes them): the eviction policy (hits; a miss is
+admitted later), the hint streams' cursors, the prefetch ledger, the tenants' read counts
+(with ``--tenants``), background fill, the steady-state detector and the retention clock.
+Cross-file readahead is the mount's own (``fusemount.crossfile``). Local RPCs call
 :meth:`AccessLog.record` once instead of fanning out by hand. Prewarm and fill fetches are
 not reads and never come here, so they are neither hits nor misses.
 """
