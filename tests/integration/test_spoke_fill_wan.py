@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.wan import LinkSpec, WanLink, parse_hostport
+from bench.wan import LinkSpec, parse_hostport
+from bench.wanlink import WanLink
 from deploy.local import LocalStack
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.lru import LRUPolicy
