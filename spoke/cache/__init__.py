@@ -6,7 +6,8 @@ the eviction policies (:mod:`~spoke.cache.policy` and its subclasses in
 :mod:`~spoke.cache.lru`, :mod:`~spoke.cache.arc`, :mod:`~spoke.cache.sieve`,
 :mod:`~spoke.cache.s3fifo`, named for ``--policy`` in :mod:`~spoke.cache.registry`), and
 the hinted policy that follows the readers' planned reads (:mod:`~spoke.cache.hinted`,
-over :mod:`~spoke.cache.hintstream` and :mod:`~spoke.cache.hintplan`), the batched
+following the streams in :mod:`~spoke.cache.hintfollow`, over
+:mod:`~spoke.cache.hintstream` and :mod:`~spoke.cache.hintplan`), the batched
 block writes (:mod:`~spoke.cache.writer`), and blocks staged by fetch threads before
 admission (:mod:`~spoke.cache.staging`). It knows nothing of where blocks come from; it
 imports only :mod:`spoke.disk` and the top-level leaves.

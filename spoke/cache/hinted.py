@@ -36,16 +36,8 @@ two jobs, one hinted, through a real mount, against SIEVE's 0.467.) The shadow i
 from the wrapped policy's resident keys when the first stream is installed, and dropped
 with the last.
 
-Streams share one clock, counted in reads (every read that counts for some stream ticks
-it). Streams are assumed to read at the same speed, as the ranks of one DDP job do (they
-meet at every optimizer step): with ``n`` streams each is predicted to advance one
-position every ``n`` ticks, and a block's next use is the earliest prediction over the
-streams that read it. When a stream runs ahead of or behind its prediction by more than
-``2 x tolerance`` positions, every stream is predicted afresh from where it is and the
-next uses recomputed (at most once per ``max(tolerance, resident blocks / 16)`` reads, so
-the cost stays a few next-use lookups per read). Measuring each stream's speed instead was
-tried and lost: hit reports arrive in batches, so speeds measured over short windows are
-noise.
+Following the streams — installing them, matching reads, the clock that predicts each
+block's next use, the blocks readers hold — is :mod:`spoke.cache.hintfollow`'s.
 """
 
 from __future__ import annotations
@@ -53,9 +45,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from spoke.cache.hintfollow import HintFollower
 from spoke.cache.hintplan import HintPlan
 from spoke.cache.hintstream import DEFAULT_TOLERANCE, NEVER, HintStream
 from spoke.cache.policy import EvictionPolicy, Keep, skip_set
@@ -66,7 +59,6 @@ BEING_READ = -(1 << 62)  # "next use" of a block a reader is reading right now
 # (far below any clock time: an overdue planned read — a reader skipped it — is predicted
 # at a time before now, which may be negative; -1 once collided with such a prediction and
 # made an overdue block unevictable)
-DEFAULT_STREAM = "default"
 
 
 @dataclass(frozen=True)
@@ -78,7 +70,7 @@ class Victim:
     next_use: float
 
 
-class HintedPolicy(EvictionPolicy):
+class HintedPolicy(HintFollower, EvictionPolicy):
     """Belady's farthest-next-use eviction over read-order hints; ``inner`` otherwise.
 
     Residency and byte accounting stay in ``inner`` (:attr:`used_bytes` and
@@ -86,11 +78,12 @@ class HintedPolicy(EvictionPolicy):
     wrapped policy keeps learning and takes over unchanged when the last stream goes.
     Only :meth:`pop_victim` differs while a stream is installed.
 
-    About thirty methods, for one concern: half are the :class:`EvictionPolicy` interface,
-    mostly a line or two that forward to ``inner`` and keep the next-use heap in step; the other
-    half install and follow the streams and answer from that heap. The heap's entries
-    change on every forwarded call, so the two halves cannot be split without one reading
-    the other's state; the per-stream bookkeeping is already :class:`HintStream`'s.
+    Two halves of one object: here the :class:`EvictionPolicy` interface (mostly a line or
+    two that forward to ``inner`` and keep the next-use heap in step) and the placement of
+    resident blocks; in its base :class:`~spoke.cache.hintfollow.HintFollower`, installing
+    and following the streams. They share their state (every read the streams follow
+    moves entries of this heap, every forwarded call reads the streams' predictions), so
+    they are one object in two files; the per-stream bookkeeping is :class:`HintStream`'s.
 
     Args:
         inner: the fallback policy (the daemon's ``--policy``).
@@ -124,144 +117,6 @@ class HintedPolicy(EvictionPolicy):
         self.clock = 0  # reads counted for some stream
         self._synced_at = 0  # clock of the last speed measurement
 
-    # -- streams ---------------------------------------------------------------------------
-
-    @property
-    def active(self) -> bool:
-        """True while some stream is installed."""
-        return bool(self.streams)
-
-    def stream(self, name: str = DEFAULT_STREAM) -> HintStream | None:
-        """The installed stream ``name``, if any."""
-        return self.streams.get(name)
-
-    def set_hint(
-        self,
-        digests: Sequence[str] | HintPlan,
-        append: bool = False,
-        stream: str = DEFAULT_STREAM,
-    ) -> HintStream | None:
-        """Install ``digests`` (or a prepared :class:`HintPlan`, :mod:`spoke.cache.hintplan`)
-        as stream ``stream``'s planned read order.
-
-        Replacing (or creating) starts the stream's cursor at its first position, expected
-        now; ``append`` extends the stream instead. An empty replacement removes the
-        stream. Every stream is predicted afresh from where it is.
-
-        Returns:
-            The stream, or None when it was removed.
-        """
-        current = self.streams.get(stream)
-        if append and current is not None:
-            current.extend(digests)
-        elif not digests:
-            self.streams.pop(stream, None)
-            current = None
-        else:
-            self.streams.pop(stream, None)
-            current = HintStream(stream, self.tolerance)
-            current.extend(digests)
-            self.streams[stream] = current
-        self._follow_streams()
-        self._resync()
-        return current
-
-    def clear_hint(self, stream: str | None = None) -> bool:
-        """Remove one stream (None: all); returns whether anything was removed. With no
-        stream left, eviction is the wrapped policy's again."""
-        if stream is None:
-            removed = bool(self.streams)
-            self.streams.clear()
-        else:
-            removed = self.streams.pop(stream, None) is not None
-        if removed:
-            self._recent.clear()
-            self._follow_streams()
-            self._recompute_all()
-        return removed
-
-    def mentioned(self, digest: str) -> bool:
-        """True when a kept plan of some stream reads ``digest`` (read or not yet)."""
-        return any(s.mentions(digest) for s in self.streams.values())
-
-    def next_use(self, digest: str) -> float:
-        """Clock time of ``digest``'s next planned read over every stream, or :data:`NEVER`."""
-        best: float = NEVER
-        for s in self.streams.values():
-            pos = s.next_use(digest)
-            if pos != NEVER:
-                best = min(best, s.when(pos))
-        return best
-
-    def upcoming(self, count: int) -> list[tuple[float, str]]:
-        """Up to ``count`` unread planned reads per stream as ``(clock time, digest)``,
-        soonest first, each digest once."""
-        return [(when, digest) for when, digest, _ in self.upcoming_blocks(count)]
-
-    def upcoming_blocks(self, count: int) -> list[tuple[float, str, int]]:
-        """As :meth:`upcoming`, with each block's planned size (bytes; 0: not given)."""
-        merged = sorted(
-            (s.when(pos), digest, size)
-            for s in self.streams.values()
-            for pos, digest, size in s.upcoming_blocks(count)
-        )
-        seen: set[str] = set()
-        out: list[tuple[float, str, int]] = []
-        for when, digest, size in merged:
-            if digest not in seen:
-                seen.add(digest)
-                out.append((when, digest, size))
-        return out
-
-    def observe(self, digest: str) -> HintStream | None:
-        """A reader read ``digest`` (hit or miss): move the cursor of the stream whose plan
-        it matches best (the one that expects it soonest).
-
-        Returns:
-            The stream the read counted for, or None when it matched no stream's plan.
-        """
-        best: HintStream | None = None
-        best_distance = 0
-        for s in self.streams.values():
-            distance = s.distance(digest)
-            if distance is not None and (best is None or distance < best_distance):
-                best, best_distance = s, distance
-        if best is None:
-            return None
-        changed = best.observe(digest) or []
-        self.clock += 1
-        if self.in_use:
-            self._recent[digest] = None
-            self._recent.move_to_end(digest)
-            while len(self._recent) > self.in_use * len(self.streams):
-                old, _ = self._recent.popitem(last=False)
-                changed.append(old)
-        drift = abs(best.head - best.predicted_head(self.clock))
-        if drift > 2 * self.tolerance and self.clock - self._synced_at >= max(
-            self.tolerance, len(self.inner) // 16
-        ):
-            self._resync()  # recomputes every next use
-        else:
-            for key in changed:
-                self._refresh(key)
-        return best
-
-    def hold(self, digests: Iterable[str]) -> None:
-        """Readers wait for these blocks: never evict them until :meth:`release`."""
-        for digest in digests:
-            self._held[digest] = self._held.get(digest, 0) + 1
-            self._refresh(digest)
-
-    def release(self, digests: Iterable[str]) -> None:
-        """Undo one :meth:`hold` of each digest."""
-        for digest in digests:
-            left = self._held.get(digest, 0) - 1
-            if left > 0:
-                self._held[digest] = left
-            else:
-                self._held.pop(digest, None)
-            self._refresh(digest)
-
     def victims(self, want_bytes: int) -> list[Victim]:
         """The blocks :meth:`pop_victim` would evict next, in order, until their sizes add
         up to ``want_bytes`` (or none is left); nothing is evicted. Only meaningful while
@@ -290,16 +145,6 @@ class HintedPolicy(EvictionPolicy):
             for entry in popped:
                 heapq.heappush(self._heap, entry)
         return out
-
-    def _resync(self) -> None:
-        """Predict every stream from where it is now, at a fair share of the reads each,
-        and recompute every resident block's next use."""
-        now = self.clock
-        fair = 1.0 / max(1, len(self.streams))
-        for s in self.streams.values():
-            s.t0, s.p0, s.rate = now, s.head, fair
-        self._synced_at = now
-        self._recompute_all()
 
     # -- next-use bookkeeping ---------------------------------------------------------------
 
