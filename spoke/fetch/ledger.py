@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from spoke import metrics
-from spoke.fetch.life import Event, Life
+from spoke.fetch.lifestate import Event, Life
 from spoke.fetch.priority import Source
 
 GHOSTS = 4096

@@ -17,7 +17,8 @@ import asyncio
 from collections.abc import Callable
 
 from spoke.cache.tenants import TenantShares
-from spoke.fetch.life import BlockLives, Event, Life
+from spoke.fetch.life import BlockLives
+from spoke.fetch.lifestate import Event, Life
 from spoke.fetch.priority import Priority
 
 DEMAND_RECENT_S = 1.0

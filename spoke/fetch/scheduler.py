@@ -51,7 +51,8 @@ from spoke.cache.blockcache import BlockCache
 from spoke.cache.tenants import TenantShares
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.ledger import PrefetchLedger
-from spoke.fetch.life import BlockLives, Event, Life
+from spoke.fetch.life import BlockLives
+from spoke.fetch.lifestate import Event, Life
 from spoke.fetch.linkshare import LinkShares
 from spoke.fetch.pacer import Pacer, Stream
 from spoke.fetch.priority import SPECULATIVE, Priority, Source

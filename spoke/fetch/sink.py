@@ -23,7 +23,8 @@ from spoke.cache.blockcache import BlockCache
 from spoke.cache.staging import Staged
 from spoke.cache.store import Received
 from spoke.errors import HubUnavailable
-from spoke.fetch.life import BlockLives, Life
+from spoke.fetch.life import BlockLives
+from spoke.fetch.lifestate import Life
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ import pytest
 from spoke.cache.admission import Placement
 from spoke.errors import HubUnavailable
 from spoke.fetch.ledger import PrefetchLedger
-from spoke.fetch.life import NEXT, BlockLives, Event, InvalidTransition, Life, State
+from spoke.fetch.life import BlockLives
+from spoke.fetch.lifestate import NEXT, Event, InvalidTransition, Life, State
 from spoke.fetch.priority import Priority, Source
 
 SIZE = 4096
