@@ -8,7 +8,8 @@ one batch against a source, owning every deadline (:mod:`~spoke.fetch.fetcher`,
 :mod:`~spoke.fetch.deadlines`), and writes through a sink into the cache
 (:mod:`~spoke.fetch.sink`), the scheduler that every fetch goes through
 (:mod:`~spoke.fetch.scheduler`) with the pacer (:mod:`~spoke.fetch.pacer`, with the link
-window, :mod:`~spoke.fetch.window`), and the prefetch ledger (:mod:`~spoke.fetch.ledger`, a
+window, :mod:`~spoke.fetch.window`, and demand misses gathering onto one stream,
+:mod:`~spoke.fetch.gather`), and the prefetch ledger (:mod:`~spoke.fetch.ledger`, a
 subscriber of the lives). It knows no hub (the hub is one source, in
 :mod:`spoke.hublink`); it imports :mod:`spoke.cache`, :mod:`spoke.disk` and the top-level
 leaves.

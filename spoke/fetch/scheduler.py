@@ -21,7 +21,8 @@ The scheduler puts together parts that each own one concern:
   their own; other classes leave, most urgent first, only while the link window has room,
   split over several streams. Concurrent demand misses gather: while a demand stream
   waits for its first block, new misses wait (at most ``demand_gather_s``) and leave
-  together on one stream, so many readers' small misses make few streams.
+  together on one stream, so many readers' small misses make few streams
+  (:mod:`spoke.fetch.gather`).
 * **Deadlines** are the fetcher's (:mod:`spoke.fetch.deadlines`): a reader's wait is one
   it asks the fetcher for, the scheduler never reads the fetcher's state.
 * **Ledger and feedback** (:mod:`spoke.fetch.ledger`). A fetch asked for ahead of any
@@ -50,6 +51,7 @@ from spoke import metrics
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.tenants import TenantShares
 from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.gather import DEMAND_GATHER_S, DemandGather
 from spoke.fetch.ledger import PrefetchLedger
 from spoke.fetch.life import BlockLives
 from spoke.fetch.lifestate import Event, Life
@@ -62,10 +64,6 @@ from spoke.fetch.window import LinkWindow
 log = logging.getLogger(__name__)
 
 __all__ = ["SOURCES", "SPECULATIVE", "FetchScheduler", "Priority"]
-
-DEMAND_GATHER_S = 0.002
-"""Longest a demand miss waits to share a stream with others while a demand stream waits
-for its first block (:attr:`spoke.fetch.pacer.Pacer.gathering`); a lone miss leaves at once."""
 
 SOURCES = {Priority.HINT: Source.HINT, Priority.READAHEAD: Source.READAHEAD}
 """The source of a :meth:`FetchScheduler.prefetch` that names none, by class."""
@@ -122,12 +120,10 @@ class FetchScheduler:
             # a hint's far part fills free room in plan order, as fill does (hints.py)
             | {Source.HINT: max(prefetch_budget, cache.capacity_bytes)}
         )
-        self.demand_gather_s = demand_gather_s
         self.links: LinkShares | None = None  # tenants' link shares (share_link)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._gather: asyncio.TimerHandle | None = None  # ends the gathering of demand
-        self._gathered = False  # the gather time ran out: queued demand leaves now
+        self.gather = DemandGather(self.pacer, demand_gather_s, self._pump_open)
         for subscriber in (self._hear, self.ledger.hear, self._policy_hears, _count_bytes):
             self.lives.subscribe(subscriber)
         cache.on_evict.append(self.lives.evicted)
@@ -331,7 +327,7 @@ class FetchScheduler:
     async def close(self) -> None:
         """Cancel fetches in flight; waiters get :class:`asyncio.CancelledError`."""
         self._closed = True
-        self._end_gathering()
+        self.gather.end()
         if self.links is not None:
             self.links.close()
         for task in list(self._tasks):
@@ -359,7 +355,7 @@ class FetchScheduler:
             if self.lives.head(priority) is None:
                 continue
             demand = priority == Priority.DEMAND
-            if demand and self._gathering():
+            if demand and self.gather.holding():
                 return False  # nothing less urgent overtakes the gathering misses
             room = self.pacer.room(priority, self.lives.wire_bytes, self.lives.admitting_bytes)
             if room is None:
@@ -370,7 +366,7 @@ class FetchScheduler:
                 continue
             stream = self.pacer.open(len(batch), demand=demand)
             if demand:
-                self._end_gathering()
+                self.gather.end()
             for life in batch:
                 life.stream = stream
             task = asyncio.create_task(self._run(batch, priority, stream))
@@ -394,29 +390,6 @@ class FetchScheduler:
     def _pump_open(self) -> None:
         if not self._closed:
             self._pump()
-
-    def _gathering(self) -> bool:
-        """True while queued demand waits to share a stream: a demand stream waits for its
-        first block and the gather time has not run out (its timer is set here)."""
-        if self._gathered or self.demand_gather_s <= 0 or not self.pacer.gathering:
-            return False
-        if self._gather is None:
-            loop = asyncio.get_running_loop()
-            self._gather = loop.call_later(self.demand_gather_s, self._gather_ran_out)
-        return True
-
-    def _gather_ran_out(self) -> None:
-        self._gather = None
-        self._gathered = True
-        if not self._closed:
-            self._pump()
-
-    def _end_gathering(self) -> None:
-        """A demand batch left: the next misses gather afresh."""
-        if self._gather is not None:
-            self._gather.cancel()
-            self._gather = None
-        self._gathered = False
 
     async def _run(self, batch: list[Life], priority: Priority, stream: Stream) -> None:
         try:

@@ -16,7 +16,8 @@ from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher
-from spoke.fetch.scheduler import DEMAND_GATHER_S, FetchScheduler, Priority
+from spoke.fetch.gather import DEMAND_GATHER_S
+from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.fetch.window import LinkWindow
 from tests.support import eventually_async
 
