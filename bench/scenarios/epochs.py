@@ -86,14 +86,18 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     direct = [n for n in by if n.startswith("direct")]
     best = min(direct, key=lambda n: sum(r["wall_s"] for r in by[n]), default=None)
     strata, local, d = by.get("strata", []), by.get("local", []), by.get(best or "", [])
-    per_epoch = [
-        {
-            "epoch": here["epoch"],
-            "vs_direct": here["wall_s"] / b["wall_s"] if b else None,
-            "vs_local_samples": here["samples_per_s"] / base["samples_per_s"],
-        }
-        for here, base, b in zip(strata, local, d or [None] * len(strata), strict=True)
-    ]
+    per_epoch = (
+        [
+            {
+                "epoch": here["epoch"],
+                "vs_direct": here["wall_s"] / b["wall_s"] if b else None,
+                "vs_local_samples": here["samples_per_s"] / base["samples_per_s"],
+            }
+            for here, base, b in zip(strata, local, d or [None] * len(strata), strict=True)
+        ]
+        if strata and len(strata) == len(local)
+        else []
+    )
     warm = per_epoch[1:]
     out: dict[str, Any] = {"best_direct": best, "per_epoch": per_epoch}
     out["cold_vs_direct"] = per_epoch[0]["vs_direct"] if per_epoch else None

@@ -59,3 +59,36 @@ def test_quick_run_reads_the_same_bytes_direct_as_local(tmp_path: Path) -> None:
         total = report["link"]["down_bytes"]["strata"]
         cold, warm = link["strata"]
         assert total >= cold > 0 and warm < total / 10
+
+
+def test_epoch_targets_compare_the_same_epoch_of_two_rows_and_pick_the_faster_direct() -> None:
+    from bench.scenarios.epochs import markdown_table, targets
+
+    def rows(name: str, walls: list[float], rates: list[float]) -> list[dict[str, object]]:
+        return [
+            {"row": name, "epoch": e, "wall_s": w, "samples_per_s": r, "link_bytes": None,
+             "wall_vs_local": 1.0}
+            for e, (w, r) in enumerate(zip(walls, rates, strict=True))
+        ]  # fmt: skip
+
+    report = {
+        "rows": rows("local", [9.0, 3.0, 3.0], [340, 350, 330])
+        + rows("direct s3fs", [68.0, 43.0, 46.0], [18, 24, 22])
+        + rows("direct obstore", [52.0, 44.0, 40.0], [25, 23, 25])
+        + rows("strata", [9.6, 3.2, 3.0], [238, 318, 343]),
+        "cpu_s_per_gib": {"local": 3.2, "strata": 3.7},
+    }
+    got = {t["name"]: (t["measured"], t["met"]) for t in targets(report)}
+    assert got == {
+        "loader-only epoch 0 wall, Strata cold vs direct obstore": ("0.18×", True),
+        "loader-only epochs 1+ wall, Strata vs direct obstore": (
+            "0.07× (epoch 1 0.07×, epoch 2 0.07×)",
+            True,
+        ),
+        "loader-only epochs 1+ samples/s, Strata vs local": (
+            "0.91× (epoch 1 0.91×, epoch 2 1.04×)",
+            False,
+        ),
+    }
+    assert all(t["met"] is None for t in targets({"rows": rows("local", [1.0], [1.0])}))
+    assert "| strata | 0 | 9.60 | 1.00 | 238 | 0.70 | – | 3.7 |" in markdown_table(report)
