@@ -6,7 +6,7 @@ Publishes ``--files`` random files to a local hub, starts a spoke and mount, rea
 file once through the mount (so every block is cached), then times sequential reads of the
 same bytes from the local source files and through the mount, alternating, each after
 dropping the kernel page cache (root only; otherwise the figures are page-cache reads and
-say so). Prints MB/s and the ratio mount / local (target ≥ 0.75, DESIGN.md).
+say so). Prints MB/s and the ratio mount / local (target ≥ 0.75, docs/design.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 Benchmarks mount it over the same files as Strata and run the same jobs, so the distance
 between the warm Strata mount and what any Python FUSE file system can reach on this
-machine is a number (DESIGN.md's target: every fio job ≥ 0.8× this floor). It is modelled on
+machine is a number (docs/design.md's target: every fio job ≥ 0.8× this floor). It is modelled on
 pyfuse3's ``examples/passthroughfs.py``, cut to the read-only handlers: inode numbers are
 the source's, every read is one ``os.pread`` on the event loop (no thread, no checks), and
 it is given what Strata gets from the kernel — the same mount options, ``keep_cache``, hour-long

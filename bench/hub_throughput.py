@@ -24,7 +24,7 @@ Two page-cache states, each side measured under the same one:
 
 Throughput is total bytes over the wall time from the moment all workers are released
 to the last one done. Prints MB/s and the ratio hub / disk per client count and cache
-state (target, DESIGN.md: ≥ 0.5 with 4 clients).
+state (target, docs/design.md: ≥ 0.5 with 4 clients).
 """
 
 from __future__ import annotations

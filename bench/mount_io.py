@@ -3,7 +3,7 @@
     python -m bench.mount_io [--quick] [--seq-mib 64] [--small-files 10000] [--json FILE]
 
 Jobs (each after ``sync`` and dropping the kernel page cache, so the mount's numbers are
-first reads from the spoke's disk, as DESIGN.md's targets say):
+first reads from the spoke's disk, as docs/design.md's targets say):
 
 * ``seq 1M``: sequential 1 MiB reads, 4 jobs, one file each;
 * ``rand 4k`` / ``rand 1M``: random reads over the same files, 4 jobs, one pass (each

@@ -106,7 +106,7 @@ def markdown_table(result: dict[str, Any]) -> str:
 
 
 def targets_table(result: dict[str, Any]) -> str:
-    """The DESIGN.md targets: goal, measured value, met or not."""
+    """The docs/design.md targets: goal, measured value, met or not."""
     lines = ["| target | goal | measured | met |", "|---|---|---|---|"]
     for t in result.get("targets", []):
         met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
@@ -144,7 +144,7 @@ def markdown_section(result: dict[str, Any], plots: list[str]) -> str:
         "",
         markdown_table(result),
         "",
-        "Targets (DESIGN.md):",
+        "Targets (docs/design.md):",
         "",
         targets_table(result),
         "",

@@ -1,4 +1,4 @@
-"""DESIGN.md's speed targets, each with what a run of :mod:`bench.run` measured.
+"""docs/design.md's speed targets, each with what a run of :mod:`bench.run` measured.
 
 Goals, not assertions: a target not met is reported (``met: false``), never raised; one
 that could not be measured has ``met: null``.
@@ -35,7 +35,7 @@ def targets(rows: dict[str, Row], link: LinkSpec) -> list[dict[str, Any]]:
         link: The emulated link (named in the link-use target).
 
     Returns:
-        One ``{"name", "goal", "measured", "met"}`` per target, in DESIGN.md's order.
+        One ``{"name", "goal", "measured", "met"}`` per target, in docs/design.md's order.
     """
     out: list[dict[str, Any]] = []
 
