@@ -44,13 +44,14 @@ def seismic() -> Path:
 
 
 LONGEST_FILES = (
+    "tests/e2e/test_demo_flow.py",
     "tests/e2e/test_bench_hints_smoke.py",
     "tests/e2e/test_bench_smoke.py",
+    "tests/bench/test_direct_stream.py",
     "tests/integration/test_spoke_mesh.py",
     "tests/integration/test_spoke_mesh_trust.py",
     "tests/fuse/test_cache_engine.py",
     "tests/integration/test_connection_floods.py",
-    "tests/bench/test_direct_stream.py",
     "tests/fuse/test_bulk_mount.py",
     "tests/component/test_trainer_cli.py",
     "tests/fuse/test_restarts.py",
@@ -63,9 +64,12 @@ LONGEST_FILES = (
     "tests/fuse/test_mount_workers.py",
     "tests/fuse/test_hub_failover.py",
     "tests/unit/test_spoke_policy.py",
-    "tests/e2e/test_demo_flow.py",
+    "tests/fuse/test_succession.py",
+    "tests/fuse/test_succession_pods.py",
+    "tests/integration/test_floods.py",
+    "tests/integration/test_hub_replicas.py",
 )
-"""The files that take longest (20 s to 1.5 min each on a 2-core CI machine), longest first.
+"""The files that take longest (20 s to over 2 min each on a 2-core machine), longest first.
 
 ``make pytest`` hands whole files to its workers in collection order
 (``--dist loadfile --no-loadscope-reorder``): these go first, and the many short files
