@@ -8,12 +8,17 @@ For every ``/v1/`` request, before any byte of the body is read:
 2. a declared ``Content-Length`` above :data:`MAX_BODY_BYTES` → 413 JSON at once; a body
    sent without a length is counted as it arrives and refused with 413 once it passes the
    cap, so no request ever makes the daemon hold more than the cap in memory;
-3. a request with a body takes its declared length (the cap without one) from the bodies
-   in flight, at most :data:`MAX_BODIES_BYTES` over every caller and half of that for one
-   → 503 JSON with ``Retry-After`` at once beyond: however many connections send bodies
-   slowly, the daemon holds at most that much of them (and parses at most a few at once).
-   Found by issue 39's re-probe: 250 connections of one scoped token each sending all but
-   the last byte of an 8 MiB hint took the daemon from 95 MiB to 2,131 MiB.
+3. body bytes are charged as they arrive, whatever the headers say (``Content-Length``,
+   ``Transfer-Encoding`` or both), and held until the request is answered: at most
+   :data:`MAX_BODIES_BYTES` over every caller, half of that for one token, and scoped
+   tokens together leave one body's worth (:data:`MAX_BODY_BYTES`) to the operator's →
+   503 JSON with ``Retry-After`` beyond: however many connections send bodies slowly, the
+   daemon holds at most that much of them (and parses at most a few at once), and
+   connections that send headers only hold nothing. Found by issue 39's re-probes: 250
+   connections of one scoped token each sending all but the last byte of an 8 MiB hint
+   took the daemon from 95 MiB to 2,131 MiB; charging the declared length instead was
+   bypassed by ``Content-Length: 0`` with chunked encoding, and let two tokens' headers
+   alone refuse everyone's bodies.
 
 A client that goes away in the middle of its body is one audit line, not a traceback.
 
@@ -47,8 +52,9 @@ MAX_BODY_BYTES = 8 << 20
 
 
 MAX_BODIES_BYTES = 64 << 20
-"""Most bytes of request bodies the admin API takes in at once, over every caller (eight
-bodies at the cap); one caller may hold half of it."""
+"""Most bytes of request bodies the admin API holds at once, over every caller (eight
+bodies at the cap); one token may hold half of it, scoped tokens together all but one
+body's worth."""
 
 AUDIT_HEAD_BYTES = 4096
 _AUDITED_FIELDS = ("dataset", "ref", "all", "pin", "stream", "append")
@@ -97,7 +103,8 @@ class AdminGuard:
         audit: where admin actions and refused tokens are recorded (None: nowhere).
         max_body: the body cap, bytes.
         max_bodies: the most bytes of bodies in flight over every caller
-            (:data:`MAX_BODIES_BYTES`); one caller may hold half.
+            (:data:`MAX_BODIES_BYTES`); one token may hold half, scoped tokens together
+            all but ``max_body``.
         scoped: tokens scoped to datasets (:mod:`spoke.serve.admintokens`); the routes
             decide what their holders may do from the :class:`Caller` left in the scope.
     """
@@ -117,8 +124,9 @@ class AdminGuard:
         self.max_body = max_body
         self.scoped = scoped
         self.max_bodies = max_bodies
-        self.bodies = 0  # bytes of bodies in flight (declared, or the cap), one event loop
-        self._bodies_of: dict[str, int] = {}
+        self.bodies = 0  # bytes of bodies received and not yet answered; one event loop
+        self._scoped_bodies = 0  # of them, scoped tokens'
+        self._bodies_of: dict[str, int] = {}  # by scoped token's name ("": the operator)
 
     def _caller(self, scope: Scope) -> Caller | None:
         """Who presented which token: the operator, a scoped token's holder, or None."""
@@ -157,25 +165,26 @@ class AdminGuard:
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
             await self._too_large(send, who, action)
             return
-        charge, holder = 0, caller.name or ""  # "": the operator's token
-        if method not in ("GET", "HEAD") and declared != b"0":
-            charge = int(declared) if declared is not None else self.max_body
-            mine = self._bodies_of.get(holder, 0)
-            if self.bodies + charge > self.max_bodies or mine + charge > self.max_bodies // 2:
-                await self._busy(send, who, action, mine)
-                return
-            self.bodies += charge
-            self._bodies_of[holder] = mine + charge
-        try:
-            await self._serve(scope, receive, send, caller, who, action, method)
-        finally:
-            if charge:
-                self.bodies -= charge
-                left = self._bodies_of[holder] - charge
-                if left:
-                    self._bodies_of[holder] = left
-                else:
-                    del self._bodies_of[holder]
+        await self._serve(scope, receive, send, caller, who, action, method)
+
+    def _room(self, holder: str, amount: int) -> bool:
+        """Whether ``amount`` more body bytes fit: in :attr:`max_bodies`, in half of it for
+        one token, and, for a scoped token, leaving one body's worth to the operator."""
+        if self.bodies + amount > self.max_bodies:
+            return False
+        if self._bodies_of.get(holder, 0) + amount > self.max_bodies // 2:
+            return False
+        return not holder or self._scoped_bodies + amount <= self.max_bodies - self.max_body
+
+    def _charge(self, holder: str, amount: int) -> None:
+        self.bodies += amount
+        if holder:
+            self._scoped_bodies += amount
+        left = self._bodies_of.get(holder, 0) + amount
+        if left:
+            self._bodies_of[holder] = left
+        else:
+            self._bodies_of.pop(holder, None)
 
     async def _serve(
         self,
@@ -188,23 +197,27 @@ class AdminGuard:
         method: str,
     ) -> None:
         received = 0
-        too_large = False
-        gone = False
+        too_large = busy = gone = False
+        holder = caller.name or ""  # "": the operator's token
         head = bytearray()  # the start of the body, for the audit record
 
         async def capped() -> Message:
-            nonlocal received, too_large, gone
-            if too_large:
+            nonlocal received, too_large, busy, gone
+            if too_large or busy:
                 return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.disconnect":
                 gone = True
             elif message["type"] == "http.request":
                 chunk = message.get("body", b"")
-                received += len(chunk)
-                if received > self.max_body:  # stop reading; the app sees a disconnect
+                if received + len(chunk) > self.max_body:  # stop reading: a disconnect
                     too_large = True
                     return {"type": "http.disconnect"}
+                if not self._room(holder, len(chunk)):  # the bodies in flight are full
+                    busy = True
+                    return {"type": "http.disconnect"}
+                received += len(chunk)
+                self._charge(holder, len(chunk))  # held until the request is answered
                 if len(head) < AUDIT_HEAD_BYTES:
                     head.extend(chunk[: AUDIT_HEAD_BYTES - len(head)])
             return message
@@ -212,8 +225,8 @@ class AdminGuard:
         status = [500]
 
         async def watch(message: Message) -> None:
-            if too_large:
-                return  # whatever the app makes of the disconnect, the answer is 413
+            if too_large or busy:
+                return  # whatever the app makes of the disconnect, the answer is 413/503
             if message["type"] == "http.response.start":
                 status[0] = int(message["status"])
             await send(message)
@@ -224,14 +237,19 @@ class AdminGuard:
         try:
             await self.app(scope, capped, watch)
         except Exception:
-            if gone and not too_large:  # the client left mid-body: nobody to answer
+            if gone and not (too_large or busy):  # the client left mid-body: nobody to answer
                 if self.audit is not None:
                     self.audit.refused(who=who, what=action, outcome="client went away")
                 return
-            if not too_large:
+            if not (too_large or busy):
                 raise
+        finally:
+            self._charge(holder, -received)
         if too_large:
             await self._too_large(send, who, action)
+            return
+        if busy:
+            await self._busy(send, who, action, self._bodies_of.get(holder, 0))
             return
         if self.audit is not None and method not in ("GET", "HEAD"):
             self.audit.record(

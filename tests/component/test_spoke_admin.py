@@ -162,14 +162,14 @@ def test_bodies_in_flight_are_capped_with_503_json(tmp_path: Path, hub_port: int
         go_on = asyncio.Event()
 
         async def slow() -> AsyncIterator[bytes]:
-            yield b" " * MiB
+            yield b" " * (MiB + MiB // 2)
             await go_on.wait()
             yield b" " * (MiB // 2)
 
         held = asyncio.ensure_future(
             client.post(
                 "/v1/hints",
-                headers={**AUTH, "Content-Length": str(MiB + MiB // 2)},
+                headers={**AUTH, "Content-Length": str(2 * MiB)},
                 content=slow(),
             )
         )
@@ -191,6 +191,61 @@ def test_bodies_in_flight_are_capped_with_503_json(tmp_path: Path, hub_port: int
         assert outcomes.count("refused: bodies in flight") == 1
 
     run(tmp_path, hub_port, scenario, max_bodies=4 * MiB)
+
+
+def test_body_bytes_are_charged_as_they_arrive_whatever_the_headers_say() -> None:
+    """``Content-Length: 0`` with chunked encoding (which h11 reads as chunked) once
+    slipped past a charge of the declared length; bytes are charged as they arrive, and
+    connections that send headers only hold nothing."""
+    MiB = 1 << 20
+    got: list[int] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RuntimeError("the client went away")  # what a framework raises
+            total += len(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        got.append(total)
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def main() -> list[Any]:
+        guard = AdminGuard(app, TOKEN, max_bodies=4 * MiB)  # half, 2 MiB, for one token
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        chunks = [{"type": "http.request", "body": b" " * MiB, "more_body": True}] * 3
+        chunks.append({"type": "http.request", "body": b"", "more_body": False})
+        feed = iter(chunks)
+
+        async def receive() -> dict[str, Any]:
+            return next(feed)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/hints",
+            "client": ("127.0.0.1", 4242),
+            "headers": [
+                (b"authorization", f"Bearer {TOKEN}".encode()),
+                (b"content-length", b"0"),
+                (b"transfer-encoding", b"chunked"),
+            ],
+        }
+        await guard(scope, receive, send)
+        assert guard.bodies == 0  # given back once answered
+        return sent
+
+    sent = asyncio.run(main())
+    assert got == []  # the app never had the body
+    assert sent[0]["status"] == 503
+    assert b"half for one token" in sent[1]["body"]
 
 
 def test_pin_and_job_caps(tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
