@@ -97,8 +97,16 @@ their 512 ``ReadBlocks`` streams each, header-only and re-opened as they time ou
 fill 2,048) cannot lock the other tokens out."""
 
 RESERVED_BELOW = 16
-"""A token holding fewer streams of a kind than this may take the reserved slots: a spoke
-opens at most 16 block streams (``spoke.fetch.scheduler``)."""
+"""A token holding fewer streams of a kind than this (and than a quarter of its own
+share, :func:`reserved_below`) may take the reserved slots: a spoke opens at most 16
+block streams (``spoke.fetch.scheduler``)."""
+
+
+def reserved_below(per_token: int) -> int:
+    """Below how many streams a token may take reserved slots: :data:`RESERVED_BELOW`, or a
+    quarter of ``per_token`` when that is fewer (a kind whose share is 16, ``ListDirectory``'s,
+    would otherwise let every token under its share into the reserve), at least 1."""
+    return max(1, min(RESERVED_BELOW, per_token // 4))
 
 
 def reserved_slots(total: int) -> int:
@@ -109,10 +117,10 @@ def reserved_slots(total: int) -> int:
 def slot_free(total: int, open_: int, mine: int, per_token: int) -> bool:
     """Whether a token holding ``mine`` of a kind's ``open_`` slots may take one more:
     under ``total`` and its ``per_token``, and, in the reserved last slots
-    (:func:`reserved_slots`), only while it holds fewer than :data:`RESERVED_BELOW`."""
+    (:func:`reserved_slots`), only while it holds fewer than :func:`reserved_below`."""
     if open_ >= total or mine >= per_token:
         return False
-    return open_ < total - reserved_slots(total) or mine < RESERVED_BELOW
+    return open_ < total - reserved_slots(total) or mine < reserved_below(per_token)
 
 
 STREAMS = 2048
@@ -262,7 +270,7 @@ class ReadBudget:
                 f"{self.streams} ReadBlocks streams are open ({share.streams} for token "
                 f"{name}); this hub allows {self.total_streams} (--max-block-streams), the "
                 f"last {reserved_slots(self.total_streams)} only to tokens holding fewer "
-                f"than {RESERVED_BELOW}; retry",
+                f"than {reserved_below(self.streams_per_token)}; retry",
             )
         share.streams += 1
         self.streams += 1

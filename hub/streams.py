@@ -24,7 +24,8 @@ their number (:class:`StreamSlots`):
   entries unread took the hub past 1 GiB).
 
 The last eighth of each kind's slots is kept for tokens holding fewer than 16 of that
-kind (:func:`hub.budget.slot_free`): eight tokens at their eighth each, re-opening calls
+kind, or a quarter of their share where that is fewer (4 ``ListDirectory`` calls,
+:func:`hub.budget.slot_free`): eight tokens at their eighth each, re-opening calls
 as they end, cannot lock the others out.
 
 Stalled clients of one token can hold an eighth of each kind, so about 170 MiB beside its
@@ -43,7 +44,7 @@ import collections
 import contextlib
 from collections.abc import AsyncIterator
 
-from hub.budget import RESERVED_BELOW, reserved_slots, slot_free
+from hub.budget import reserved_below, reserved_slots, slot_free
 from hub.errors import QuotaExceeded
 
 MANIFEST_STREAMS = 256
@@ -156,6 +157,7 @@ class StreamSlots:
             "streams",
             f"{self.open} {self.kind} streams are open ({mine} for token {name}); this hub "
             f"keeps at most {self.total} ({self.flag}), {self.per_token} per token, the last "
-            f"{reserved_slots(self.total)} for tokens holding fewer than {RESERVED_BELOW}: "
+            f"{reserved_slots(self.total)} for tokens holding fewer than "
+            f"{reserved_below(self.per_token)}: "
             "finish or cancel some, or retry",
         )

@@ -67,6 +67,27 @@ def test_tokens_at_their_share_leave_the_last_eighth_to_tokens_holding_few() -> 
     asyncio.run(go())
 
 
+def test_a_kind_whose_share_is_small_keeps_its_reserve_for_tokens_holding_few() -> None:
+    """ListDirectory's share is 16 of 128: with a reserve threshold of 16 every token
+    under its share could take the reserve, and eight tokens took all 128 (issue 39's
+    second re-probe); a token holding a quarter of its share (4) no longer may."""
+
+    async def go() -> None:
+        slots = StreamSlots("ListDirectory", "LISTING_CALLS", 128)
+        async with contextlib.AsyncExitStack() as stack:
+            for i in range(TOKEN_SHARE):
+                with contextlib.suppress(QuotaExceeded):
+                    while True:
+                        await stack.enter_async_context(slots.slot(f"t{i}"))
+            assert [slots.open_by(f"t{i}") for i in range(TOKEN_SHARE)] == [16] * 7 + [4]
+            for _ in range(4):
+                await stack.enter_async_context(slots.slot("newcomer"))
+            with pytest.raises(QuotaExceeded, match="for tokens holding fewer than 4"):
+                await stack.enter_async_context(slots.slot("newcomer"))
+
+    asyncio.run(go())
+
+
 def test_a_waiting_stream_gets_the_slot_freed_and_times_out_without_one() -> None:
     async def go() -> None:
         slots = StreamSlots("GetManifest", "--max-manifest-streams", TOKEN_SHARE, wait_s=5)
