@@ -43,9 +43,14 @@ never reads stalls on its first message and holds the budget about 2 s, not ``st
 A gRPC stream's last message stays in gRPC core until the
 client reads it, cancels or goes away (``grpc.aio`` cannot reset one stream of a
 connection), so that message (:func:`stalled_charge`) stays charged to the token's share,
-with its stream slot, out of the hub's total into a stalled pool of the same size
-(:attr:`ReadBudget.stalled`): what a token left stalled bounds its own later reads, not
-other tokens'. A bulk connection that stalls is closed, which frees everything.
+with its stream slot, out of the hub's total into a stalled pool of half its size
+(:attr:`ReadBudget.stalled`; beyond it, the hub's total takes it): what a token left
+stalled bounds its own later reads, not other tokens', and what every token left stalled
+is at most the pool and the total together. A token whose stalled streams hold a quarter
+of its share (:attr:`ReadBudget.stalled_per_token`, 48 MiB: 24 streams stalled on a chunk)
+is refused new streams at once (``limit="stall"``) until it reads or cancels them, so
+tokens that stall can neither grow the hub's memory nor take the budget from the others.
+A bulk connection that stalls is closed, which frees everything.
 
 Sizing, for the shipped Deployment (``memory: 1Gi``): a serving hub holds 92 to 143 MiB
 at its measured peak (``bench.rss``, local blobs and S3). Stalled streams hold at most
@@ -55,16 +60,24 @@ other token). A stream waiting for room holds its request and gRPC's call state:
 KiB for a spoke's 16-digest request, at most about 120 KiB (one 64 KiB stream window of
 request bytes, :data:`hub.wire.CORE_REQUEST_BYTES`, and gRPC's call state), so a token's
 :data:`STREAMS_PER_TOKEN` (512) streams hold at most about 60 MiB more.
-143 + 384 + 60 = 587 MiB, under 1 GiB with room for the allocator's slack; stalled
-gRPC messages waiting in core for clients that never read add at most the stalled pool, one
-message a stream (64 KiB for a client that never read; a chunk, 1 MiB, only for one that
-read the 960 KiB before it), so 384 MiB more at most, under 1 GiB still (971 MiB), and only
-once tokens that stall have filled it. Measured (``python -m bench.stall_flood --seconds
-120``: six tokens opening 40 unread streams every 3 s, a seventh reading a block a second;
-the commit before the ramp, then this, back to back on 2 loaded cores): the hub peaked at
-929 MiB before and 626 MiB now, and was back at 111 / 117 MiB 15 s after the flood closed;
-the seventh token had 8 of 16 reads refused before (median 9.1 s), 0 of 89 now (median
-0.02 s, slowest 5.6 s).
+143 + 384 + 60 = 587 MiB, under 1 GiB with room for the allocator's slack. Stalled
+messages (charged twice their size, :func:`stalled_charge`: 128 KiB for a client that never
+read, 2 MiB for one that read the 960 KiB before a chunk) add at most the stalled pool,
+192 MiB; beyond it they take the hub's total, which new blocks then wait for, so
+587 + 192 = 779 MiB, under 1 GiB, and only once tokens that stall have filled the pool.
+While a token holding less waits, a token over its fair share (the total over the tokens
+holding or waiting, :meth:`ReadBudget.outweighed`) gets 2 s, not its message's deadline,
+for each send: readers that read a stream's first messages and then stop no longer hold
+every other token's reads off for the 30 s of a chunk. Measured (``python -m
+bench.stall_flood --seconds 120``: six tokens opening 40 unread streams every 3 s, a
+seventh reading a block a second; the commit before the ramp, then the ramp, back to back
+on 2 loaded cores): the hub peaked at 929 MiB before and 626 MiB with the ramp, and was
+back at 111 / 117 MiB 15 s after the flood closed; the seventh token had 8 of 16 reads
+refused before (median 9.1 s), 0 of 89 with the ramp (median 0.02 s, slowest 5.6 s).
+Against four tokens reading each stream's first 960 KiB and then stopping (issue 39's
+second re-probe, ``rampstall.py --tokens 4``, 100 s): before the fair-share deadline and
+the per-token stalled cap, a fifth token had 7 of 11 reads refused and the hub grew past
+842 MiB; after, 97 of 97 served (slowest 1.1 s), peak 742 MiB, 92 MiB 15 s after.
 
 A spoke opens at most 16 block streams (``spoke.fetch.scheduler``: 8 for every class and 8 more
 for demand misses), so 512 streams is 32 spokes sharing one token at full concurrency; a
@@ -155,9 +168,11 @@ client) is not a stall."""
 
 
 def stalled_charge(message_bytes: int) -> int:
-    """What gRPC core keeps for a stream stalled on a message of ``message_bytes``: the
-    message itself, until the client reads it or the call ends."""
-    return message_bytes
+    """What a stream stalled on a message of ``message_bytes`` keeps until the client reads
+    it or the call ends: twice the message (measured: 1,235 streams stalled on 1 MiB
+    messages kept about 1.1 GiB beyond the blocks' charges; gRPC core's copy of the
+    message and the frame it is being written into)."""
+    return 2 * message_bytes
 
 
 def stall_error(what: str, seconds: float) -> QuotaExceeded:
@@ -181,6 +196,7 @@ def block_charge(size: int, chunk_bytes: int) -> int:
 class _Share:
     streams: int = 0
     held: int = 0
+    stalled: int = 0
 
 
 @dataclass
@@ -226,6 +242,8 @@ class ReadBudget:
         self.stall_s = stall_s
         self.held = 0
         self.stalled = 0
+        self.stalled_pool = total_bytes // 2
+        self.stalled_per_token = bytes_per_token // 4
         self.streams = 0
         self._shares: dict[str, _Share] = {}
         self._waiters: collections.deque[_Waiter] = collections.deque()
@@ -241,7 +259,11 @@ class ReadBudget:
         return share.streams if share is not None else 0
 
     def stream_room(self, name: str) -> bool:
-        """Whether principal ``name`` may open one more stream now (:func:`slot_free`)."""
+        """Whether principal ``name`` may open one more stream now (:func:`slot_free`, and
+        under its stalled bytes' cap, :attr:`stalled_per_token`)."""
+        share = self._shares.get(name)
+        if share is not None and share.stalled >= self.stalled_per_token:
+            return False
         return slot_free(
             self.total_streams, self.streams, self.streams_of(name), self.streams_per_token
         )
@@ -255,6 +277,14 @@ class ReadBudget:
                 every token together :attr:`total_streams`.
         """
         share = self._shares.setdefault(name, _Share())
+        if share.stalled >= self.stalled_per_token:
+            self._forget(name, share)
+            raise QuotaExceeded(
+                "stall",
+                f"token {name} has left {share.stalled} bytes in ReadBlocks streams it "
+                f"stopped reading, the most this hub allows one token "
+                f"({self.stalled_per_token}): read or cancel them first",
+            )
         if share.streams >= self.streams_per_token:
             self._forget(name, share)
             raise QuotaExceeded(
@@ -370,6 +400,25 @@ class ReadBudget:
         within seconds, not a whole stall timeout."""
         return max(min(self.stall_s, STALL_FLOOR_S), self.stall_s * message_bytes / MiB)
 
+    def outweighed(self, name: str) -> bool:
+        """Whether ``name`` holds more than its fair share of the budget while a token
+        holding less waits for room: then a send of ``name``'s that has not left within
+        :data:`STALL_FLOOR_S` is ended as stalled (:meth:`hub.service.HubService._send_blocks`)
+        rather than at its full deadline.
+
+        The fair share is :attr:`total_bytes` over the tokens holding or waiting. Found by
+        issue 39's second re-probe: clients that read a stream's first 960 KiB (the message
+        ramp) and then stop hold their blocks' charges for the 1 MiB message's 30 s, and
+        two tokens doing so refused every other token's reads for minutes."""
+        waiting = [w for w in self._waiters if not w.future.done()]
+        if not waiting:
+            return False
+        mine = self.held_by(name)
+        names = {w.name for w in waiting} | set(self._shares)
+        if mine <= self.total_bytes // max(1, len(names)):
+            return False
+        return any(self.held_by(w.name) < mine for w in waiting)
+
     def take_stalled(self, name: str, amount: int) -> bool:
         """Charges what gRPC core keeps for one of ``name``'s stalled streams
         (:func:`stalled_charge`) to ``name``'s share and, when it has room, to the stalled
@@ -378,8 +427,10 @@ class ReadBudget:
         Returns:
             Whether it went to the stalled pool (pass it to :meth:`release_stalled`).
         """
-        pooled = self.stalled + amount <= self.total_bytes
-        self._shares.setdefault(name, _Share()).held += amount
+        pooled = self.stalled + amount <= self.stalled_pool
+        share = self._shares.setdefault(name, _Share())
+        share.held += amount
+        share.stalled += amount
         if pooled:
             self.stalled += amount
         else:
@@ -392,6 +443,7 @@ class ReadBudget:
         if share is None:
             return
         share.held -= amount
+        share.stalled -= amount
         if pooled:
             self.stalled -= amount
         else:

@@ -36,7 +36,7 @@ from hub.audit import AuditLog
 from hub.auth import Principal
 from hub.blobstore import BlobStore
 from hub.blockstream import MAX_DIGESTS_PER_REQUEST, BlockStreamer, PackedDigests
-from hub.budget import ReadBudget, stall_error, stalled_charge
+from hub.budget import STALL_FLOOR_S, ReadBudget, stall_error, stalled_charge
 from hub.calls import _first_taken, _streaming, _unary, _writing
 from hub.catalog import Catalog, Snapshot, Tag
 from hub.errors import (
@@ -401,8 +401,9 @@ class HubService(hub_pb2_grpc.HubServicer):
         and the call has been ended.
 
         A message the client's flow-control window has not taken within its deadline
-        (:meth:`ReadBudget.send_deadline`: the stall timeout per MiB, at least 2 s; a
-        stream's first messages are small) ends the stream: ``messages`` is closed, which gives
+        (:meth:`_write_timed`: the stall timeout per MiB, at least 2 s, a stream's first
+        messages small; 2 s while ``who`` holds more than its fair share and a token
+        holding less waits) ends the stream: ``messages`` is closed, which gives
         back its charges, and the call is ended RESOURCE_EXHAUSTED (counted
         ``limit="stall"`` and audited). The message stays in gRPC core until the client
         reads it, cancels or goes away (``grpc.aio`` cannot reset one stream), and so does
@@ -417,16 +418,14 @@ class HubService(hub_pb2_grpc.HubServicer):
         async with contextlib.aclosing(messages):
             async for message in messages:
                 try:
-                    async with asyncio.timeout(self._budget.send_deadline(len(message))):
-                        await context.write(message)
-                except TimeoutError:
-                    stalled = stalled_charge(len(message))
-                    deadline_s = self._budget.send_deadline(len(message))
-                    break
+                    left = await self._write_timed(context, message, who)
                 except Exception:
                     # the call ended under the write (the client went away, the server
                     # stops): what grpc.aio does with a cancelled call, quietly
                     raise asyncio.CancelledError from None
+                if left is not None:
+                    stalled, deadline_s = stalled_charge(len(message)), left
+                    break
         if not stalled:
             return True
         pooled = self._budget.take_stalled(who, stalled)
@@ -440,6 +439,37 @@ class HubService(hub_pb2_grpc.HubServicer):
         finally:
             self._budget.release_stalled(who, stalled, pooled)
         return False
+
+    async def _write_timed(self, context: Any, message: bytes, who: str) -> float | None:
+        """Writes one message within its deadline (:meth:`ReadBudget.send_deadline`), or
+        within :data:`~hub.budget.STALL_FLOOR_S` while ``who`` holds more than its fair
+        share and a token holding less waits (:meth:`ReadBudget.outweighed`).
+
+        Returns:
+            None once it has left; the seconds it was given when it had not (the write is
+            cancelled).
+        """
+        budget = self._budget
+        deadline = budget.send_deadline(len(message))
+        write = asyncio.ensure_future(context.write(message))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            while True:
+                done, _ = await asyncio.wait((write,), timeout=min(deadline, STALL_FLOOR_S) / 4)
+                if done:
+                    write.result()
+                    return None
+                waited = loop.time() - started
+                if waited >= deadline or (waited >= STALL_FLOOR_S and budget.outweighed(who)):
+                    return round(waited, 1)
+        finally:
+            if not write.done():
+                write.cancel()
+                with contextlib.suppress(BaseException):
+                    await write
+            elif not write.cancelled():
+                write.exception()  # retrieved: a write the call's end failed is not news
 
     @_unary
     async def IssueGrant(

@@ -102,11 +102,11 @@ def test_what_a_stalled_stream_leaves_in_core_stays_on_its_token_not_the_hubs_to
         await asyncio.wait_for(waiter, 1)  # another token gets the room
         assert pooled and (budget.held, budget.stalled, budget.held_by("a")) == (6, 3, 3)
         assert not budget.try_take("a", 8)  # a's own share counts what it left stalled
-        # the stalled pool is as large as the total; beyond, the hub's total takes it
-        assert budget.take_stalled("c", 9) and not budget.take_stalled("c", 1)
-        assert (budget.held, budget.stalled) == (7, 12)
+        # the stalled pool is half the total; beyond, the hub's total takes it
+        assert budget.take_stalled("c", 3) and not budget.take_stalled("c", 1)
+        assert (budget.held, budget.stalled) == (7, 6)
         budget.release_stalled("c", 1, False)
-        budget.release_stalled("c", 9, True)
+        budget.release_stalled("c", 3, True)
         budget.release_stalled("a", 3, True)
         budget.release("b", 6)
         assert (budget.held, budget.stalled, budget.held_by("a"), budget.held_by("c")) == (
@@ -162,6 +162,38 @@ def test_the_last_eighth_of_the_streams_is_kept_for_tokens_holding_few() -> None
             held.enter_context(budget.stream("e"))
         assert not budget.stream_room("e") and budget.stream_room("f")
     assert budget.streams == 0
+
+
+def test_a_token_that_left_a_quarter_of_its_share_stalled_opens_no_more_streams() -> None:
+    budget = ReadBudget(bytes_per_token=40, total_bytes=100)
+    assert budget.stalled_per_token == 10
+    pooled = [budget.take_stalled("a", 5), budget.take_stalled("a", 5)]
+    assert not budget.stream_room("a") and budget.stream_room("b")
+    with pytest.raises(QuotaExceeded, match="stopped reading") as refused, budget.stream("a"):
+        pass
+    assert refused.value.limit == "stall"
+    budget.release_stalled("a", 5, pooled[0])  # it read (or cancelled) one of them
+    assert budget.stream_room("a")
+    budget.release_stalled("a", 5, pooled[1])
+    assert (budget.held, budget.stalled, budget.held_by("a")) == (0, 0, 0)
+
+
+def test_a_token_over_its_fair_share_is_outweighed_while_a_lighter_one_waits() -> None:
+    async def run() -> None:
+        budget = ReadBudget(bytes_per_token=60, total_bytes=100, wait_s=5)
+        await budget.take("a", 60)
+        await budget.take("b", 40)
+        assert not budget.outweighed("a")  # nobody waits
+        waiting = asyncio.ensure_future(budget.take("c", 10))
+        await asyncio.sleep(0)
+        # three tokens: a fair share is 33; a holds 60, b 40, and c (holding 0) waits
+        assert budget.outweighed("a") and budget.outweighed("b")
+        assert not budget.outweighed("c")
+        budget.release("a", 60)  # c is served
+        await asyncio.wait_for(waiting, 1)
+        assert not budget.outweighed("b")
+
+    asyncio.run(run())
 
 
 def test_a_request_charge_waits_ahead_of_the_block_charges_already_waiting() -> None:
