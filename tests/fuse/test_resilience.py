@@ -180,7 +180,7 @@ def test_a_second_spoke_on_the_same_cache_dir_is_refused(
     assert second.returncode == 1
     assert second.stderr.strip().splitlines() == [
         f"strata-spoke: error: cache dir {cache} is in use by another strata-spoke run "
-        f"(pid {stack.spoke.pid if stack.spoke else '?'})"
+        f"(pid {stack.spoke.pid if stack.spoke else '?'}) (--take-over succeeds it)"
     ]
     daemon = subprocess.run(
         [*base, "daemon", "--hub", hub, "--cache-dir", str(cache), "--cache-size", "64MiB",
