@@ -23,6 +23,12 @@ their number (:class:`StreamSlots`):
   most an eighth, refused at once beyond (a client that had 128 listings of 10,000
   entries unread took the hub past 1 GiB).
 
+A unary reply its client has not taken within :data:`REPLY_S` (a client that never opens
+its HTTP/2 window) stops counting in the hub's total and counts only in its token's share
+until the call ends (:meth:`StreamSlots.unhold`): twelve tokens pinning every
+``ListDirectory`` slot that way locked the others out for as long as they stayed; now for
+30 s (the second re-probe's ``listpin.py 12 60``: refused until 30 s, then 32 of 32 served).
+
 The last eighth of each kind's slots is kept for tokens holding fewer than 16 of that
 kind, or a quarter of their share where that is fewer (4 ``ListDirectory`` calls,
 :func:`hub.budget.slot_free`): eight tokens at their eighth each, re-opening calls
@@ -61,6 +67,11 @@ held with its protobuf objects until the client reads it, so about 330 MiB at wo
 UNARY_CALLS = 4096
 """Most other unary calls open at once (``ResolveRef``, ``ListVersions``,
 ``ListDatasets``, ``IssueGrant``, ``GrantKeys``): about 26 KiB each unread, 105 MiB."""
+
+REPLY_S = 30.0
+"""Longest a unary reply its client has not taken counts against the hub's total of its
+kind (:meth:`StreamSlots.unhold`); it counts against its token's own share until the call
+ends, so a token's unread replies stay bounded by its share."""
 
 TOKEN_SHARE = 8
 """One token may hold at most 1/``TOKEN_SHARE`` of a kind's slots."""
@@ -125,9 +136,20 @@ class StreamSlots:
         self.open += 1
         self._open[name] += 1
 
-    def release(self, name: str) -> None:
-        """Give back a slot :meth:`acquire` took for ``name``; wakes the waiting."""
+    def unhold(self, name: str) -> None:
+        """Stop counting one of ``name``'s slots in the hub's total while it stays counted
+        in ``name``'s own share: for a reply its client has not taken within
+        :data:`REPLY_S` (a client that never opens its window would otherwise hold a slot
+        of everyone's until it goes away). :meth:`release` with ``held=False`` ends it."""
         self.open -= 1
+        freed, self._freed = self._freed, asyncio.Event()
+        freed.set()
+
+    def release(self, name: str, held: bool = True) -> None:
+        """Give back a slot :meth:`acquire` took for ``name`` (``held``: still counted in
+        the hub's total, :meth:`unhold`); wakes the waiting."""
+        if held:
+            self.open -= 1
         self._open[name] -= 1
         if not self._open[name]:
             del self._open[name]

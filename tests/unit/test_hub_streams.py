@@ -88,6 +88,37 @@ def test_a_kind_whose_share_is_small_keeps_its_reserve_for_tokens_holding_few() 
     asyncio.run(go())
 
 
+def test_a_reply_left_unread_stops_holding_the_total_but_not_its_tokens_share() -> None:
+    """A client that never opens its window held a unary slot of everyone's until it went
+    away (issue 39's second re-probe); past hub.streams.REPLY_S it counts only against
+    its own token's share."""
+
+    async def go() -> None:
+        slots = StreamSlots("ListDirectory", "LISTING_CALLS", 128)
+        for i in range(TOKEN_SHARE + 4):  # seven tokens at their share, then the reserve
+            with contextlib.suppress(QuotaExceeded):
+                for _ in range(slots.per_token):
+                    await slots.acquire(f"t{i}")
+        assert slots.open == slots.total
+        pinned = [(f"t{i}", slots.open_by(f"t{i}")) for i in range(TOKEN_SHARE + 4)]
+        with pytest.raises(QuotaExceeded):
+            await slots.acquire("late")
+        for name, count in pinned:  # every reply waited REPLY_S
+            for _ in range(count):
+                slots.unhold(name)
+        assert slots.open == 0
+        await slots.acquire("late")  # another token gets in
+        with pytest.raises(QuotaExceeded):
+            await slots.acquire("t0")  # t0's unread replies still fill its own share
+        for name, count in pinned:  # the clients go away
+            for _ in range(count):
+                slots.release(name, held=False)
+        slots.release("late")
+        assert slots.open == 0 and slots.open_by("t0") == 0
+
+    asyncio.run(go())
+
+
 def test_a_waiting_stream_gets_the_slot_freed_and_times_out_without_one() -> None:
     async def go() -> None:
         slots = StreamSlots("GetManifest", "--max-manifest-streams", TOKEN_SHARE, wait_s=5)
