@@ -47,7 +47,7 @@ import grpc
 
 from hub.auth import ANONYMOUS, AUTHORIZATION, Principal, TokenFile, TokenTable
 from hub.blobstore import BlobStore, LocalBlobStore
-from hub.budget import ReadBudget, stall_error
+from hub.budget import STALL_FLOOR_S, ReadBudget, stall_error
 from hub.catalog import Catalog
 from hub.errors import (
     BlockNotFound,
@@ -331,7 +331,7 @@ class BulkServer:
             try:
                 writer.write(bulk.encode_block_head(digest, size))
                 if self._local is not None:
-                    await self._sendfile(writer, digest, size, digests[i + 1 : i + 2])
+                    await self._sendfile(writer, digest, size, digests[i + 1 : i + 2], who)
                 else:
                     data = await asyncio.to_thread(self._store.read, digest)
                     if len(data) != size:
@@ -339,7 +339,7 @@ class BulkServer:
                     view = memoryview(data)
                     for offset in range(0, size, STEP_BYTES):
                         writer.write(view[offset : offset + STEP_BYTES])
-                        await self._progress(writer.drain(), writer.transport)
+                        await self._progress(writer.drain(), writer.transport, who)
                     del view, data
             finally:
                 self._budget.release(who, size)
@@ -347,28 +347,45 @@ class BulkServer:
             self._metrics.blocks_served_bytes.inc(size)
             self._metrics.bulk_bytes.inc(size)
 
-    async def _progress(self, step: Awaitable[_T], transport: asyncio.WriteTransport) -> _T:
-        """``step`` (a send on ``transport``), given as long as the client takes bytes:
-        within every stall timeout the client must have taken some (:func:`_taken`), or
-        the step is given up. Progress, not the step's time, so a slow reader behind a deep
-        socket buffer is served; where the kernel does not count, the step itself must
-        complete within the stall timeout.
+    async def _progress(
+        self, step: Awaitable[_T], transport: asyncio.WriteTransport, who: str
+    ) -> _T:
+        """``step`` (a send on ``transport`` for token ``who``), given as long as the client
+        takes bytes: within every stall timeout the client must have taken some
+        (:func:`_taken`), or the step is given up. Progress, not the step's time, so a slow
+        reader behind a deep socket buffer is served; where the kernel does not count, the
+        step itself must complete within the stall timeout. But while ``who`` holds more
+        than its fair share of the read budget and a token holding less waits
+        (:meth:`ReadBudget.outweighed`), a step gets :data:`~hub.budget.STALL_FLOOR_S`:
+        issue 39's third probe held the whole budget with two tokens' 96 connections each
+        taking 64 KiB every 5 s, refusing every other token's reads.
 
         Raises:
-            _Stalled: the client took nothing within a stall timeout.
+            _Stalled: the client took nothing within a stall timeout, or too little while
+                a lighter token waited.
         """
-        stall_s = self._budget.stall_s
+        budget = self._budget
+        stall_s = budget.stall_s
+        floor = min(stall_s, STALL_FLOOR_S)
+        loop = asyncio.get_running_loop()
         sending = asyncio.ensure_future(step)
         try:
             taken = _taken(transport)
+            started = checked = loop.time()
             while True:
-                done, _ = await asyncio.wait((sending,), timeout=stall_s)
+                done, _ = await asyncio.wait((sending,), timeout=floor / 2)
                 if done:
                     return sending.result()
-                now = _taken(transport)
-                if now is None or now == taken:
-                    raise _Stalled(stall_error("a step of a block", stall_s))
-                taken = now
+                now = loop.time()
+                if now - started >= floor and budget.outweighed(who):
+                    raise _Stalled(
+                        stall_error("a step of a block while lighter tokens waited", floor)
+                    )
+                if now - checked >= stall_s:
+                    moved = _taken(transport)
+                    if moved is None or moved == taken:
+                        raise _Stalled(stall_error("a step of a block", stall_s))
+                    taken, checked = moved, now
         finally:
             if not sending.done():
                 sending.cancel()
@@ -388,7 +405,12 @@ class BulkServer:
         return sizes
 
     async def _sendfile(
-        self, writer: asyncio.StreamWriter, digest: str, size: int, following: Sequence[str]
+        self,
+        writer: asyncio.StreamWriter,
+        digest: str,
+        size: int,
+        following: Sequence[str],
+        who: str,
     ) -> None:
         """Sends a local blob file's bytes by ``sendfile(2)``: at once from here while
         the socket takes them (a small block: no future, no wake-up), the rest by the
@@ -426,7 +448,7 @@ class BulkServer:
                     while sent < size:  # a step at a time, each within the stall timeout
                         step = min(STEP_BYTES, size - sent)
                         moved = await self._progress(
-                            loop.sendfile(transport, file, sent, step), transport
+                            loop.sendfile(transport, file, sent, step), transport, who
                         )
                         if not moved:
                             break

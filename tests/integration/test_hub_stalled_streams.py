@@ -309,3 +309,49 @@ def test_clients_that_cancel_mid_stream_are_counted_cancelled_and_leave_nothing_
     }
     assert codes == {"CANCELLED": 20, "INTERNAL": 0, "OK": 0}
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_bulk_connections_of_a_token_over_its_fair_share_give_way_to_a_lighter_one(
+    data: Path, tmp_path: Path
+) -> None:
+    """Issue 39's third probe: two tokens' bulk connections that took a few bytes now and
+    then held the whole budget, refusing everyone else's reads; while a lighter token
+    waits, a heavier token's step gets 2 s, not the stall timeout."""
+    metrics = HubMetrics()
+    config = _config(
+        tmp_path,
+        stall_timeout_s=30.0,
+        bulk_port=0,
+        max_bytes_per_token=16 * MiB,  # four 4 MiB blocks
+        max_bytes_in_flight=16 * MiB,
+    )
+    with ServerThread(data, config=config, metrics=metrics) as server:
+        assert server.server.bulk is not None
+        port = server.server.bulk.port
+        digests = _blocks(server.port)
+
+        async def probe() -> tuple[int, float]:
+            held = []
+            for i in range(4):  # never read: each holds its block's 4 MiB
+                sock = _bulk_socket(port)
+                sock.sendall(bulk.encode_request(STALLERS[0], digests[i * 2 : i * 2 + 2]))
+                held.append(sock)
+            await _until(lambda: _sample(metrics, "strata_hub_read_bytes_held") >= 16 * MiB, 10)
+            reader = _bulk_socket(port)
+            reader.sendall(bulk.encode_request(READER, digests[-1:]))
+            started, got = time.monotonic(), 0
+            while got < bulk.BLOCK_HEAD.size + BLOCK:
+                part = await asyncio.to_thread(reader.recv, 1 << 20)
+                assert part, f"closed after {got} bytes"
+                got += len(part)
+            took = time.monotonic() - started
+            reader.close()
+            for sock in held:
+                sock.close()
+            return got, took
+
+        got, took = asyncio.run(probe())
+        print(f"\nbulk: a lighter token served after {took:.2f} s (stall timeout 30 s)")
+    assert got == bulk.BLOCK_HEAD.size + BLOCK
+    assert took < 10  # not --budget-wait's refusal, nor the 30 s stall timeout
+    assert _sample(metrics, "strata_hub_limit_refusals_total", limit="stall") >= 1
