@@ -55,6 +55,7 @@ from hub.names import validate_dataset, validate_digest
 from hub.streams import (
     LISTING_CALLS,
     MANIFEST_STREAMS,
+    REPLY_S,
     UNARY_CALLS,
     WATCH_STREAMS,
     StreamSlots,
@@ -272,10 +273,29 @@ class HubService(hub_pb2_grpc.HubServicer):
         self, request: hub_pb2.GetManifestRequest, principal: Principal
     ) -> AsyncIterator[bytes]:
         """Streams a snapshot's manifest in path order, one catalog page at a time, in one
-        of the hub's manifest stream slots (:mod:`hub.streams`)."""
-        async with self._manifest_slots.slot(principal.name):
+        of the hub's manifest stream slots (:mod:`hub.streams`); a message its client has
+        not taken within :data:`~hub.streams.REPLY_S` leaves the slot counted in the
+        token's share only (:meth:`~hub.streams.StreamSlots.unhold`)."""
+        slots, name = self._manifest_slots, principal.name
+        await slots.acquire(name)
+        held = True
+
+        def unhold() -> None:  # a message its client has not taken within REPLY_S
+            nonlocal held
+            if held:
+                held = False
+                slots.unhold(name)
+
+        loop = asyncio.get_running_loop()
+        try:
             async for message in self._manifest_messages(request, principal):
-                yield message
+                timer = loop.call_later(REPLY_S, unhold)
+                try:
+                    yield message  # returns once gRPC has taken it
+                finally:
+                    timer.cancel()
+        finally:
+            slots.release(name, held)
 
     async def _manifest_messages(
         self, request: hub_pb2.GetManifestRequest, principal: Principal

@@ -23,8 +23,9 @@ their number (:class:`StreamSlots`):
   most an eighth, refused at once beyond (a client that had 128 listings of 10,000
   entries unread took the hub past 1 GiB).
 
-A unary reply its client has not taken within :data:`REPLY_S` (a client that never opens
-its HTTP/2 window) stops counting in the hub's total and counts only in its token's share
+A unary reply (or a ``GetManifest`` message) its client has not taken within
+:data:`REPLY_S` (a client that never opens its HTTP/2 window) stops counting in the hub's
+total and counts only in its token's share
 until the call ends (:meth:`StreamSlots.unhold`): twelve tokens pinning every
 ``ListDirectory`` slot that way locked the others out for as long as they stayed; now for
 30 s (the second re-probe's ``listpin.py 12 60``: refused until 30 s, then 32 of 32 served).
