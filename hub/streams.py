@@ -74,6 +74,11 @@ REPLY_S = 30.0
 kind (:meth:`StreamSlots.unhold`); it counts against its token's own share until the call
 ends, so a token's unread replies stay bounded by its share."""
 
+PENALTY_S = 300.0
+"""For this long after one of its replies went unread for :data:`REPLY_S`, a token may hold
+only :func:`hub.budget.reserved_below` slots of that kind (issue 39's fourth probe: twelve
+tokens closed their pinned calls just after the 30 s and pinned every slot again)."""
+
 TOKEN_SHARE = 8
 """One token may hold at most 1/``TOKEN_SHARE`` of a kind's slots."""
 
@@ -103,13 +108,21 @@ class StreamSlots:
         self._open: collections.Counter[str] = collections.Counter()
         self._waiting: collections.Counter[str] = collections.Counter()
         self._freed = asyncio.Event()  # set (and replaced) whenever a slot is released
+        self._penalised: dict[str, float] = {}  # token -> loop time its penalty ends
 
     def open_by(self, name: str) -> int:
         """Streams principal ``name`` has open."""
         return self._open[name]
 
     def _free_for(self, name: str) -> bool:
-        return slot_free(self.total, self.open, self._open[name], self.per_token)
+        per_token = self.per_token
+        until = self._penalised.get(name)
+        if until is not None:
+            if asyncio.get_running_loop().time() < until:
+                per_token = reserved_below(self.per_token)
+            else:
+                del self._penalised[name]
+        return slot_free(self.total, self.open, self._open[name], per_token)
 
     @contextlib.asynccontextmanager
     async def slot(self, name: str) -> AsyncIterator[None]:
@@ -143,6 +156,7 @@ class StreamSlots:
         :data:`REPLY_S` (a client that never opens its window would otherwise hold a slot
         of everyone's until it goes away). :meth:`release` with ``held=False`` ends it."""
         self.open -= 1
+        self._penalised[name] = asyncio.get_running_loop().time() + PENALTY_S
         freed, self._freed = self._freed, asyncio.Event()
         freed.set()
 

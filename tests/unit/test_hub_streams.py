@@ -115,6 +115,14 @@ def test_a_reply_left_unread_stops_holding_the_total_but_not_its_tokens_share() 
                 slots.release(name, held=False)
         slots.release("late")
         assert slots.open == 0 and slots.open_by("t0") == 0
+        # and for PENALTY_S after, a token whose reply went unread holds few of that kind
+        # (issue 39's fourth probe re-pinned every slot right after the 30 s)
+        for _ in range(4):
+            await slots.acquire("t0")
+        with pytest.raises(QuotaExceeded):
+            await slots.acquire("t0")
+        for _ in range(16):
+            await slots.acquire("late")  # a token without that past holds its share
 
     asyncio.run(go())
 
