@@ -182,6 +182,9 @@ def test_a_new_spoke_takes_over_under_readers_without_an_error(
         # and the next one, which the second (--after-succession exit, both its mount
         # processes stopping) makes way for
         second_tree, before = _tree(layout, second.pid, mnt), readers.reads
+        # once it listens (a successor asking sooner is told to try again: make test
+        # under load saw it)
+        eventually(layout.succession_socket.exists, "the second spoke listening")
         stack.start_spoke(hub, cache, mnt, SIZE, extra=("--take-over",))
         new = stack.spoke
         assert new is not None and second.wait(30) == 0
