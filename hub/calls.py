@@ -19,7 +19,7 @@ import grpc
 from hub.auth import Principal
 from hub.errors import Unauthenticated
 from hub.metrics import HubMetrics
-from hub.streams import REPLY_S, StreamSlots
+from hub.streams import ReplyHold, StreamSlots
 from hub.wire import Oversize
 
 _Request = TypeVar("_Request")
@@ -45,34 +45,6 @@ _UNGATED = Unauthenticated("this hub serves without its authentication intercept
 """Raised when a call reaches a handler without a principal: fail closed."""
 
 
-class _ReplyHold:
-    """A unary call's slot, from the handler's start until gRPC reports the call done; once
-    the reply has waited :data:`hub.streams.REPLY_S` for its client, it stops counting in
-    the hub's total (:meth:`StreamSlots.unhold`) and counts in its token's share only."""
-
-    def __init__(self, slots: StreamSlots, name: str) -> None:
-        self._slots, self._name = slots, name
-        self._held, self._ended = True, False
-        self._timer: asyncio.TimerHandle | None = None
-
-    def start(self) -> None:
-        if not self._ended:
-            self._timer = asyncio.get_running_loop().call_later(REPLY_S, self._unhold)
-
-    def _unhold(self) -> None:
-        if self._held and not self._ended:
-            self._held = False
-            self._slots.unhold(self._name)
-
-    def done(self, _: object) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        if self._timer is not None:
-            self._timer.cancel()
-        self._slots.release(self._name, self._held)
-
-
 def _unary(
     method: Callable[[_S, _Request, Principal], Awaitable[_Response]],
 ) -> Callable[..., Awaitable[_Response]]:
@@ -92,10 +64,10 @@ def _unary(
             # stays at the hub after the handler returned), released when the call is done
             slots = self._unary_slots(name)
             await slots.acquire(principal.name)
-            hold = _ReplyHold(slots, principal.name)
+            hold = ReplyHold(slots, principal.name)
             context.add_done_callback(hold.done)
             response = await method(self, request, principal)
-            hold.start()  # the reply is the client's to take now
+            hold.arm()  # the reply is the client's to take now
         except asyncio.CancelledError:
             self.count(name, grpc.StatusCode.CANCELLED)
             raise

@@ -55,9 +55,9 @@ from hub.names import validate_dataset, validate_digest
 from hub.streams import (
     LISTING_CALLS,
     MANIFEST_STREAMS,
-    REPLY_S,
     UNARY_CALLS,
     WATCH_STREAMS,
+    ReplyHold,
     StreamSlots,
 )
 from hub.watch import CatalogWatcher
@@ -276,26 +276,17 @@ class HubService(hub_pb2_grpc.HubServicer):
         of the hub's manifest stream slots (:mod:`hub.streams`); a message its client has
         not taken within :data:`~hub.streams.REPLY_S` leaves the slot counted in the
         token's share only (:meth:`~hub.streams.StreamSlots.unhold`)."""
-        slots, name = self._manifest_slots, principal.name
-        await slots.acquire(name)
-        held = True
-
-        def unhold() -> None:  # a message its client has not taken within REPLY_S
-            nonlocal held
-            if held:
-                held = False
-                slots.unhold(name)
-
-        loop = asyncio.get_running_loop()
+        await self._manifest_slots.acquire(principal.name)
+        hold = ReplyHold(self._manifest_slots, principal.name)
         try:
             async for message in self._manifest_messages(request, principal):
-                timer = loop.call_later(REPLY_S, unhold)
+                hold.arm()
                 try:
                     yield message  # returns once gRPC has taken it
                 finally:
-                    timer.cancel()
+                    hold.disarm()
         finally:
-            slots.release(name, held)
+            hold.done()
 
     async def _manifest_messages(
         self, request: hub_pb2.GetManifestRequest, principal: Principal

@@ -198,3 +198,40 @@ class StreamSlots:
             f"{reserved_below(self.per_token)}: "
             "finish or cancel some, or retry",
         )
+
+
+class ReplyHold:
+    """One call's slot of ``slots`` for ``name``, from its start until gRPC reports it done
+    (:meth:`done`); while armed (a reply or message is the client's to take), once it has
+    waited :data:`REPLY_S` the slot stops counting in the hub's total
+    (:meth:`StreamSlots.unhold`) and counts in the token's share only. Event loop only."""
+
+    def __init__(self, slots: StreamSlots, name: str) -> None:
+        self._slots, self._name = slots, name
+        self._held, self._ended = True, False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        """A reply is waiting for the client from now on."""
+        self.disarm()
+        if not self._ended:
+            self._timer = asyncio.get_running_loop().call_later(REPLY_S, self._unhold)
+
+    def disarm(self) -> None:
+        """The client took it."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _unhold(self) -> None:
+        if self._held and not self._ended:
+            self._held = False
+            self._slots.unhold(self._name)
+
+    def done(self, _: object = None) -> None:
+        """The call ended: its slot is given back (once)."""
+        if self._ended:
+            return
+        self._ended = True
+        self.disarm()
+        self._slots.release(self._name, self._held)
