@@ -27,8 +27,12 @@ READY    := $(VENV)/.strata-passthrough
 # checkov, for the manifest checks, in its own venv (see its rule below)
 CHECKOV_VENV  := .checkov-venv
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+# MLPerf Storage's DLIO, for python -m bench.dlio, in its own venv (see dlio-deps below)
+DLIO_VENV  := .dlio-venv
+DLIO_STAMP := $(DLIO_VENV)/.installed
+DLIO_LOCK  := requirements-dlio.lock
 
-.PHONY: checkov-lock demo test check pytest system-deps deploy-deps native-deps passthrough bench bench-deps \
+.PHONY: checkov-lock dlio-lock dlio-deps dlio-system-deps demo test check pytest system-deps deploy-deps native-deps passthrough bench bench-deps \
 	setup gen lock clean
 
 demo: $(READY)
@@ -67,6 +71,37 @@ checkov-lock:
 	.lock-venv/bin/uv pip compile .lock-venv/checkov.in --generate-hashes --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --custom-compile-command "make checkov-lock" \
 	  -o requirements-checkov.lock
+	rm -rf .lock-venv
+
+# MLPerf Storage's DLIO (python -m bench.dlio; BENCHMARKS.md) in a venv of its own, from its
+# own hashed lock, for the bench by hand only (not make test, not make bench: it is about
+# 2.5 GB). dlio-benchmark is locked without its declared dependencies (NVIDIA DALI, full
+# TensorFlow, torchvision, torchaudio); the lock holds instead what its PyTorch path imports,
+# tensorflow-cpu (its profiler factory imports TensorFlow whatever the framework) and torch's
+# CPU build as requirements-torch.lock pins it (from TORCH_WHEELS). mpirun and the MPI that
+# mpi4py loads come from Debian (regenerate the lock: make dlio-lock)
+dlio-deps: $(DLIO_STAMP)
+$(DLIO_STAMP): $(DLIO_LOCK) $(TORCH_LOCK) | dlio-system-deps
+	$(PYTHON) -m venv $(DLIO_VENV)
+	$(DLIO_VENV)/bin/pip install -q --require-hashes --no-deps --find-links $(TORCH_WHEELS) \
+	  -r $(DLIO_LOCK)
+	$(DLIO_VENV)/bin/dlio_benchmark --help >/dev/null
+	touch $@
+dlio-system-deps:
+	$(call apt-missing,mpirun:openmpi-bin mpicc:libopenmpi-dev)
+DLIO_NEEDS := mpi4py hydra-core omegaconf h5py pandas psutil PyYAML Pillow pydftracer==1.0.2 \
+	tensorflow-cpu==2.21.0
+DLIO_COMPILE = --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	--custom-compile-command "make dlio-lock"
+dlio-lock:
+	$(PYTHON) -m venv .lock-venv && .lock-venv/bin/pip install -q uv
+	printf '%s\n' $(DLIO_NEEDS) "$$(sed -n 's/^\(torch==[^ ]*\).*/\1/p' $(TORCH_LOCK))" \
+	  > .lock-venv/dlio.in
+	echo "dlio-benchmark==2.0.0" > .lock-venv/dlio-nodeps.in
+	.lock-venv/bin/uv pip compile .lock-venv/dlio.in $(DLIO_COMPILE) --find-links $(TORCH_WHEELS) \
+	  -o $(DLIO_LOCK)
+	.lock-venv/bin/uv pip compile .lock-venv/dlio-nodeps.in $(DLIO_COMPILE) --no-deps \
+	  --no-header --no-annotate >> $(DLIO_LOCK)
 	rm -rf .lock-venv
 
 setup: $(READY)
