@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     from hub.catalog import Catalog
-    from hub.publish import publish
+    from hub.publish.tree import publish
 
     root = Path(tempfile.mkdtemp(prefix="strata-hub-ha-"))
     postgres = PostgresServer(Path(tempfile.mkdtemp(prefix="strata-pg-")))

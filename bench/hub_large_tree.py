@@ -36,7 +36,7 @@ import grpc
 
 import hub.catalog.txn as catalog_module
 from hub.catalog import Catalog
-from hub.serverthread import ServerThread
+from hub.serve.serverthread import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 
 SAMPLE_ENTRIES = 10_000
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             make_tree(src, args.files, args.dirs, args.file_bytes)
         tree_s = time.perf_counter() - started
         python = [sys.executable, "-m"]
-        _, floor_rss = run_child([sys.executable, "-c", "import hub.cli, hub.publish"])
+        _, floor_rss = run_child([sys.executable, "-c", "import hub.cli.main, hub.publish.tree"])
         shutil.rmtree(data, ignore_errors=True)
         peaks: dict[str, int] = {}
         publish_s, publish_rss = run_child(

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         states = ["warm"]
 
     from hub.catalog import Catalog
-    from hub.publish import publish
+    from hub.publish.tree import publish
 
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
         src, data = Path(tmp) / "src", Path(tmp) / "data"

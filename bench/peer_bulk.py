@@ -29,8 +29,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from deploy.local import free_port
 from deploy.pki import LocalCa
-from hub.auth import Principal
-from hub.grants import GrantIssuer
+from hub.auth.grants import GrantIssuer
+from hub.auth.tokens import Principal
 from protocol.hub.v1 import hub_pb2
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.lru import LRUPolicy

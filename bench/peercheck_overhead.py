@@ -20,8 +20,8 @@ from pathlib import Path
 
 import grpc
 
-from hub.publish import publish
-from hub.serverthread import ServerThread
+from hub.publish.tree import publish
+from hub.serve.serverthread import ServerThread
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import spoke_pb2, spoke_pb2_grpc
 

@@ -14,7 +14,7 @@ Prints the hub's resident memory (``/proc/PID/status`` ``VmRSS``) at rest, its p
 the flood, 5 s and 15 s after the connections closed (past the hub's heap trims), the
 well-behaved token's reads (served, refused, slowest) and the refusals the hub counted by
 limit. The number to hold against is the hub Deployment's memory limit (1 GiB,
-deploy/k8s/base/hub/statefulset.yaml); ``hub/budget.py`` gives the sizing it promises.
+deploy/k8s/base/hub/statefulset.yaml); ``hub/limits/budget.py`` gives the sizing it promises.
 """
 
 from __future__ import annotations

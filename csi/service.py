@@ -51,7 +51,7 @@ DRIVER_NAME = "csi.strata.io"
 """The plugin's name: the CSIDriver object's, and a pod's ``csi.driver``."""
 
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-"""Dataset, version and tag names (hub/names.py): path-safe, never ``.`` or ``..``."""
+"""Dataset, version and tag names (hub/snapshot/names.py): path-safe, never ``.`` or ``..``."""
 
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 ATTRIBUTES = ("dataset", "ref")

@@ -15,7 +15,7 @@ mount, nor lose an unmount or a directory. So a target is
 - then reached by directory descriptors (``O_PATH | O_NOFOLLOW | O_DIRECTORY``, each opened
   relative to the one before, from the pods directory opened once), so a symlink at any
   component below the pods directory fails the walk (``ELOOP`` / ``ENOTDIR``) and is
-  refused, as ``strata-hub publish`` walks its sources (``hub/walk.py``);
+  refused, as ``strata-hub publish`` walks its sources (``hub/publish/walk.py``);
 - and mounted on, or unmounted, through ``/proc/self/fd/N`` of the descriptor the walk
   ended with, so a component swapped after the walk changes nothing the call does.
 

@@ -1,7 +1,7 @@
 """The panels of the Grafana dashboard (deploy/dashboard.py lays them out): one row per
 question an operator asks, and the cache events drawn on every graph.
 
-Expressions use the metric names of spoke/metrics.py and hub/metrics.py, the recording
+Expressions use the metric names of spoke/metrics.py and hub/serve/metrics.py, the recording
 rules of deploy/prometheus/rules.yml, kube-state-metrics' and the kubelet's cAdvisor
 series (the resource row), node_exporter's (the cache disk), and the variables
 ``$datasource`` and ``$node``: a regex over the spokes' ``node`` label, their node's name

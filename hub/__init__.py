@@ -1,19 +1,21 @@
 """The Strata hub: versioned, immutable dataset snapshots served over gRPC.
 
-One module per responsibility: ``names`` (naming rules), ``errors`` (domain errors),
-``blocks`` (splitting files into content-addressed blocks), ``manifest`` (entries and
-snapshot ids), ``blobstore`` (block bytes: local directory, or S3-compatible in
-``s3blobs``),
-``catalog`` (datasets, versions, tags, manifests, block references and events in LMDB),
-``events`` (the catalog's change log), ``datadir`` (on-disk layout), ``publish`` (tree
--> new version), ``gc`` (garbage collection), ``verify`` (immutability proofs), ``auth``
-(bearer tokens), ``watch`` (noticing catalog changes), ``service`` (the gRPC servicer,
-its handlers wrapped by ``calls``),
-``gate`` (authentication before a request is read), ``inbound`` (receiving requests:
-deadline and budget charge), ``budget`` and ``streams`` (what a token may make the hub
-hold), ``bulk`` (the bulk block channel beside gRPC: block bytes by sendfile, the same
-checks), ``server`` (running it: TLS, health, reflection, graceful stop),
-``serverthread`` (the same on a thread, for synchronous callers), ``metrics``, ``address``
-and ``cli`` (``strata-hub``). ``DESIGN.md`` beside this file states the invariants. The
-hub never imports ``spoke``, ``fusemount`` or ``trainer``.
+Rooms, top floor first; a room imports only the rooms below it (the ``layers`` contract
+in ``pyproject.toml``), and each room's ``__init__`` says what it owns:
+
+- :mod:`hub.cli` — ``strata-hub``;
+- :mod:`hub.serve` (the gRPC server, its door, the bulk channel, metrics) beside
+  :mod:`hub.publish` (a directory tree -> a new version); neither imports the other;
+- :mod:`hub.store` — blob stores, the data directory, gc, verify, migrate;
+- :mod:`hub.catalog` — datasets, versions, tags, manifests, block references and the
+  change log's events, in LMDB or PostgreSQL;
+- :mod:`hub.auth` (tokens, grants, signatures) beside :mod:`hub.limits` (what a caller
+  may make the hub hold);
+- :mod:`hub.snapshot` — names, blocks, manifests;
+- the ground leaves, which import nothing of the hub: :mod:`hub.errors` (domain errors),
+  :mod:`hub.modes` (private file modes), :mod:`hub.atomic` (write-then-rename) and
+  :mod:`hub.audit` (the audit trail).
+
+``DESIGN.md`` beside this file states the invariants. The hub never imports ``spoke``,
+``fusemount`` or ``trainer``.
 """

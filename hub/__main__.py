@@ -2,6 +2,6 @@
 
 import sys
 
-from hub.cli import main
+from hub.cli.main import main
 
 sys.exit(main())

@@ -3,8 +3,8 @@
 Every error the hub raises on purpose derives from :class:`HubError`. Its message is
 written for the person at the other end (an operator at the command line, a spoke
 reading a gRPC status) and names the offending value. The two outer layers translate
-them in exactly one place each: :mod:`hub.wire` maps the class to a gRPC status code
-(:func:`hub.wire.status_code`), :mod:`hub.cli` prints the message and exits 2
+them in exactly one place each: :mod:`hub.serve.wire` maps the class to a gRPC status code
+(:func:`hub.serve.wire.status_code`), :mod:`hub.cli.main` prints the message and exits 2
 (1 for :class:`StorageError`, a failing system rather than bad input).
 """
 
@@ -32,15 +32,15 @@ class LimitExceeded(HubError):
 
 
 class QuotaExceeded(LimitExceeded):
-    """A caller over its share of what the hub holds for it (:mod:`hub.budget`) or of the
-    grants it may be issued (:class:`hub.grants.GrantLimiter`): counted by ``limit`` in
+    """A caller over its share of what the hub holds for it (:mod:`hub.limits.budget`) or of the
+    grants it may be issued (:class:`hub.auth.grants.GrantLimiter`): counted by ``limit`` in
     ``strata_hub_limit_refusals_total`` and audited.
 
     Attributes:
         limit: Which limit: ``streams``, ``bytes``, ``grants``, ``request`` (a request
-            message not received within its deadline, :mod:`hub.inbound`) or ``stall`` (a
+            message not received within its deadline, :mod:`hub.serve.inbound`) or ``stall`` (a
             block's bytes not taken by the client within the stall timeout,
-            :mod:`hub.budget`).
+            :mod:`hub.limits.budget`).
     """
 
     def __init__(self, limit: str, message: str) -> None:

@@ -1,7 +1,8 @@
 """Owner-only modes for what the hub writes: 0700 directories, 0600 files.
 
-The hub's files are private to its user (:mod:`hub.datadir` says why); new ones are made
-with these modes explicitly, and :func:`hub.datadir.secure` (over :mod:`strata_local.ownership`)
+The hub's files are private to its user (:mod:`hub.store.datadir` says why); new ones are made
+with these modes explicitly, and :func:`hub.store.datadir.secure` (over
+:mod:`strata_local.ownership`)
 refuses a directory another user could change and narrows what exists.
 """
 

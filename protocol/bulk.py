@@ -73,7 +73,7 @@ MAX_TOKEN_BYTES = 4096
 """Longest token a request may carry, bytes."""
 
 MAX_DIGESTS = 512
-"""Most digests one request may name (as ``hub.blockstream.MAX_DIGESTS_PER_REQUEST``)."""
+"""Most digests one request may name (as ``hub.serve.blockstream.MAX_DIGESTS_PER_REQUEST``)."""
 
 MAX_BLOCK_BYTES = 1 << 30
 """Largest block size a reply frame may announce, bytes (blocks are at most 64 MiB; a

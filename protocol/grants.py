@@ -87,5 +87,5 @@ def key_id(public_key: bytes) -> str:
 
 def covers(scopes: Iterable[str], dataset: str) -> bool:
     """Whether dataset globs ``scopes`` cover ``dataset`` (``fnmatchcase``, exactly as the
-    hub matches a token's scopes, ``hub.auth.Principal.may_read``)."""
+    hub matches a token's scopes, ``hub.auth.tokens.Principal.may_read``)."""
     return any(fnmatch.fnmatchcase(dataset, scope) for scope in scopes)

@@ -1,7 +1,7 @@
 """Directories only this user controls: a private directory no other user can swap, fill
 or point elsewhere.
 
-The one implementation behind :mod:`hub.datadir` (the hub's data directory and blob store)
+The one implementation behind :mod:`hub.store.datadir` (the hub's data directory and blob store)
 and :mod:`spoke.disk.hardening` (the spoke's cache directory): hub and spoke never import each
 other, so what both need lives here; it imports nothing of Strata.
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from hub.catalog import Catalog
-from hub.datadir import DataDir
-from hub.publish import PublishResult, publish
+from hub.publish.tree import PublishResult, publish
+from hub.store.datadir import DataDir
 from tests.pgserver import PostgresServer
 
 
@@ -48,7 +48,7 @@ class CatalogAt:
     def publish(
         self, data: Path | str | os.PathLike[str], *args: Any, **kwargs: Any
     ) -> PublishResult:
-        """:func:`hub.publish.publish` into this catalog (a shared one's first publish names
+        """:func:`hub.publish.tree.publish` into this catalog (a shared one's first publish names
         ``DATA/blobs`` as its blob store, as an operator must)."""
         if self.url is not None:
             kwargs.setdefault("blobs", str(Path(data) / "blobs"))

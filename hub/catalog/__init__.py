@@ -14,14 +14,14 @@ tags        dataset NUL tag                             version u32
 snapshots   snapshot_id                                 block_size u32 | file_count u64
                                                         | total_bytes u64 | entry_count u64
                                                         | manifest u64 | live_versions u32
-manifests   manifest u64 | index u64                    canonical entry (hub.manifest)
+manifests   manifest u64 | index u64                    canonical entry (hub.snapshot.manifest)
 dirs        manifest u64 | xxh3-128(parent) | name      index u64
 blocks      digest                                      live references u64 | size u32
 block_refs  digest | dataset                            live references u64
 pending     digest | publish u64                        (empty)
 publishes   publish u64                                 started_ns i64 | pid u32 | host
-events      sequence u64                                event record (hub.events)
-signatures  dataset NUL version u32                     Ed25519 signature (hub.signing)
+events      sequence u64                                event record (hub.catalog.events)
+signatures  dataset NUL version u32                     Ed25519 signature (hub.auth.signing)
 ==========  ==========================================  =====================================
 
 **Immutability.** A version record is written once (``put(overwrite=False)``) and never
@@ -50,7 +50,7 @@ from ``blocks`` and from ``pending`` is garbage. ``block_refs`` answers "may a c
 reads these datasets read this block?" with one range lookup.
 
 **Events** are appended in the same transaction as the change they report, under
-``last_sequence + 1`` (:mod:`hub.events`).
+``last_sequence + 1`` (:mod:`hub.catalog.events`).
 
 **Concurrency.** All writes happen in LMDB write transactions (one writer at a time,
 across processes); every read opens a fresh read transaction and so sees the latest
@@ -63,7 +63,7 @@ in a process, so :class:`Catalog` objects on one directory share an environment
 :mod:`~hub.catalog.records` (what the catalog returns), :mod:`~hub.catalog.txn` (one
 transaction and the record operations inside it), :mod:`~hub.catalog.base` (opening
 transactions), :mod:`~hub.catalog.manifests`, :mod:`~hub.catalog.refs`,
-:mod:`~hub.catalog.events` (the methods of each concern), :mod:`~hub.catalog.publish`
+:mod:`~hub.catalog.eventlog` (the methods of each concern), :mod:`~hub.catalog.publish`
 (:class:`PublishSession`) and :mod:`~hub.catalog.catalog` (:class:`Catalog`: datasets,
 versions, tags, revocation).
 """

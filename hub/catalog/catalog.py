@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 
 from hub.catalog.base import CatalogBase
-from hub.catalog.events import EventsMixin
+from hub.catalog.eventlog import EventsMixin
+from hub.catalog.events import EventKind
 from hub.catalog.manifests import ManifestsMixin
 from hub.catalog.publish import PublishesMixin
 from hub.catalog.records import CatalogStats, Dataset, Revocation, Snapshot, Tag
@@ -26,8 +27,7 @@ from hub.catalog.schema import (
     version_key,
 )
 from hub.errors import Conflict, CorruptCatalog, RefNotFound, VersionRevoked
-from hub.events import EventKind
-from hub.names import (
+from hub.snapshot.names import (
     validate_dataset,
     validate_ref,
     validate_tag,
@@ -42,7 +42,7 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, PublishesMixin, CatalogBas
     Safe to use from several threads; every method runs its own transaction. Use as a
     context manager or call :meth:`close`. The methods are grouped by module: manifests
     (:mod:`hub.catalog.manifests`), block references (:mod:`hub.catalog.refs`), events
-    (:mod:`hub.catalog.events`), staged publishes (:mod:`hub.catalog.publish`) and, here,
+    (:mod:`hub.catalog.eventlog`), staged publishes (:mod:`hub.catalog.publish`) and, here,
     datasets, versions, tags and revocation.
 
     Args:
@@ -173,7 +173,7 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, PublishesMixin, CatalogBas
 
     def mark_migrated(self, location: str) -> None:
         """Records that this catalog was moved to ``location`` (a redacted URL); see
-        :meth:`hub.datadir.DataDir.open_catalog`."""
+        :meth:`hub.store.datadir.DataDir.open_catalog`."""
         with self.write() as txn:
             txn.put(META_MIGRATED, location.encode("utf-8"), db=self._db[b"meta"])
 
@@ -208,7 +208,7 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, PublishesMixin, CatalogBas
         """Records where the blocks live, once; later calls must name the same place.
 
         Args:
-            location: The blob store's URL or path, as :func:`hub.blobstore.open_blob_store`
+            location: The blob store's URL or path, as :func:`hub.store.blobstore.open_blob_store`
                 takes it.
 
         Raises:
@@ -320,7 +320,7 @@ class Catalog(ManifestsMixin, RefsMixin, EventsMixin, PublishesMixin, CatalogBas
 
         In one write transaction: marks the version revoked, removes the tags pointing at
         it, drops its block references (blocks no live version shares become garbage for
-        :mod:`hub.gc`) and, when no live version shares the snapshot, its manifest.
+        :mod:`hub.store.gc`) and, when no live version shares the snapshot, its manifest.
 
         Args:
             dataset: The dataset's name.

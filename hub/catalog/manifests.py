@@ -15,8 +15,14 @@ from hub.catalog.schema import (
     split_path,
 )
 from hub.errors import CorruptCatalog, NotADirectory, PathNotFound, SnapshotNotFound
-from hub.manifest import EntryType, ManifestEntry, ManifestHasher, decode_entry, validate_path
-from hub.names import validate_digest
+from hub.snapshot.manifest import (
+    EntryType,
+    ManifestEntry,
+    ManifestHasher,
+    decode_entry,
+    validate_path,
+)
+from hub.snapshot.names import validate_digest
 
 
 class ManifestsMixin(CatalogBase):
@@ -132,7 +138,8 @@ class ManifestsMixin(CatalogBase):
     def manifest_digest(self, snapshot_id: str) -> str:
         """Recomputes a snapshot id from the stored manifest (proof of immutability).
 
-        Hashes the stored canonical entries exactly as :class:`~hub.manifest.ManifestHasher`
+        Hashes the stored canonical entries exactly as
+        :class:`~hub.snapshot.manifest.ManifestHasher`
         did at publish time and decodes each one, so any change of a stored byte gives a
         different digest or a :class:`CorruptCatalog` error.
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from hub.catalog.base import CatalogBase
+from hub.catalog.events import EventKind
 from hub.catalog.records import PublishRecord, Snapshot
 from hub.catalog.refs import count_blocks
 from hub.catalog.schema import (
@@ -31,18 +32,17 @@ from hub.catalog.schema import (
     version_key,
 )
 from hub.errors import CatalogError, CorruptCatalog, InvalidArgument, VersionExists
-from hub.events import EventKind
-from hub.manifest import (
+from hub.snapshot.manifest import (
     MAX_PATH_BYTES,
     EntryType,
     ManifestEntry,
     ManifestHasher,
     decode_entry,
 )
-from hub.names import validate_dataset, validate_tag, version_name, version_number
+from hub.snapshot.names import validate_dataset, validate_tag, version_name, version_number
 
 if TYPE_CHECKING:
-    from hub.signing import Signer
+    from hub.auth.signing import Signer
 
 logger = logging.getLogger("hub.catalog")
 
@@ -193,7 +193,7 @@ class PublishSession:
             created_ns: Publish time, nanoseconds since the Unix epoch; default now.
             version: Publish as exactly this version (must be the next one); default the
                 next one.
-            signer: Signs the new version (:mod:`hub.signing`); its signature is stored
+            signer: Signs the new version (:mod:`hub.auth.signing`); its signature is stored
                 with the version and served in every ``Snapshot``. None: unsigned.
 
         Returns:

@@ -35,7 +35,7 @@ class Snapshot:
         entry_count: Number of manifest entries (files, directories and symlinks).
         revoked_ns: When the version was revoked, nanoseconds since the Unix epoch; 0
             while it is live.
-        signature: The publisher's Ed25519 signature (:mod:`hub.signing`); empty when
+        signature: The publisher's Ed25519 signature (:mod:`hub.auth.signing`); empty when
             published unsigned.
     """
 

@@ -15,8 +15,8 @@ from hub.catalog.base import CatalogBase
 from hub.catalog.schema import BLOCK, META_BLOCK_BYTES, U64, add_count, iter_prefix
 from hub.catalog.txn import CatalogTxn
 from hub.errors import CorruptCatalog
-from hub.manifest import decode_block_refs
-from hub.names import validate_digest
+from hub.snapshot.manifest import decode_block_refs
+from hub.snapshot.names import validate_digest
 
 
 def count_blocks(

@@ -13,6 +13,7 @@ import struct
 
 import lmdb
 
+from hub.catalog.events import Event, EventKind, encode_event
 from hub.catalog.records import Dataset, Snapshot
 from hub.catalog.schema import (
     I64,
@@ -27,9 +28,8 @@ from hub.catalog.schema import (
     version_key,
 )
 from hub.errors import CorruptCatalog, DatasetNotFound, RefNotFound, SnapshotNotFound
-from hub.events import Event, EventKind, encode_event
-from hub.manifest import ManifestEntry, decode_entry
-from hub.names import is_version, validate_digest, version_name, version_number
+from hub.snapshot.manifest import ManifestEntry, decode_entry
+from hub.snapshot.names import is_version, validate_digest, version_name, version_number
 
 
 class CatalogTxn:

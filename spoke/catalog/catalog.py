@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 
 VERSION = re.compile(r"v[1-9][0-9]*")
-"""A version name (``hub.names``): a ref that matches names a version, any other a tag."""
+"""A version name (``hub.snapshot.names``): a ref that matches names a version, any other a tag."""
 
 
 class SnapshotCatalog(StoredCatalog):

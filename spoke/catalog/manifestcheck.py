@@ -1,7 +1,7 @@
 """Recompute a snapshot id from the manifest entries the hub streamed.
 
 The snapshot id is the xxh3-128 digest of the snapshot's *canonical manifest* (format 1;
-the hub's ``hub/manifest.py`` is the reference, restated here because the spoke never
+the hub's ``hub/snapshot/manifest.py`` is the reference, restated here because the spoke never
 imports the hub). All integers are big-endian:
 
 - the header ``b"strata-manifest\\0" | format u16 (=1) | block_size u32``;
@@ -81,7 +81,8 @@ def snapshot_id(block_size: int, entries: Iterable[hub_pb2.ManifestEntry]) -> st
 
 
 MAX_PATH_BYTES = 4095
-"""Longest manifest path, UTF-8 bytes (Linux ``PATH_MAX`` less the NUL; ``hub.manifest``)."""
+"""Longest manifest path, UTF-8 bytes (Linux ``PATH_MAX`` less the NUL;
+``hub.snapshot.manifest``)."""
 
 MAX_NAME_BYTES = 255
 """Longest path component, UTF-8 bytes (Linux ``NAME_MAX``)."""
@@ -93,7 +94,7 @@ def check_tree(entries: Sequence[hub_pb2.ManifestEntry]) -> None:
     """Refuse a manifest that is no tree the mount can show, whatever its snapshot id.
 
     A hub not trusted for content (no ``--publisher-key``; a proxy that recomputes the id)
-    could otherwise send paths the hub never publishes (``hub.manifest.validate_path``):
+    could otherwise send paths the hub never publishes (``hub.snapshot.manifest.validate_path``):
     each entry's path must be relative, its components neither empty, ``.`` nor ``..``,
     without NUL, at most :data:`MAX_NAME_BYTES` each and :data:`MAX_PATH_BYTES` in all;
     paths strictly in path order (so no name twice); a known type; a symlink's target

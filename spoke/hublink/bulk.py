@@ -50,7 +50,7 @@ CONNECT_TIMEOUT_S = 10.0
 
 KEEP_S = 30.0
 """A connection idle this long is not re-used (the hub closes one idle for 60 s,
-``hub.limits.IDLE_S``: a call must not find it closed under it and pay a retry)."""
+``hub.limits.sizes.IDLE_S``: a call must not find it closed under it and pay a retry)."""
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 

@@ -37,7 +37,7 @@ OLD_CHANNEL_GRACE = 120.0
 
 DIGESTS_PER_REQUEST = 512
 """Most digests sent in one ``ReadBlocksRequest`` (the hub's
-``hub.blockstream.MAX_DIGESTS_PER_REQUEST``; the spoke cannot import the hub): a longer
+``hub.serve.blockstream.MAX_DIGESTS_PER_REQUEST``; the spoke cannot import the hub): a longer
 list goes as several requests on one stream."""
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from hub.publish import publish
-from hub.serverthread import ServerThread
+from hub.publish.tree import publish
+from hub.serve.serverthread import ServerThread
 from spoke.audit import AuditLog
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.hinted import HintedPolicy

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hub.publish import publish
-from hub.serverthread import ServerThread
+from hub.publish.tree import publish
+from hub.serve.serverthread import ServerThread
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.hinted import HintedPolicy
 from spoke.cache.registry import make_policy

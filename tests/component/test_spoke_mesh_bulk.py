@@ -25,7 +25,7 @@ import pytest
 
 from deploy.local import free_port
 from deploy.pki import LocalCa
-from hub.auth import Principal
+from hub.auth.tokens import Principal
 from protocol import bulk
 from spoke.cache.staging import Staged
 from spoke.cache.store import Received

@@ -2,7 +2,7 @@
 asker, but only blocks of its own live snapshots that the asker's grant covers; a token
 is required (and rotates with a grace); dead, stalled and busy peers fall back to the hub.
 
-The hub's part is real where it matters (:class:`hub.grants.GrantIssuer` signs the grants
+The hub's part is real where it matters (:class:`hub.auth.grants.GrantIssuer` signs the grants
 every peer checks); the hub's blocks come from a dict.
 """
 
@@ -22,8 +22,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 
 from deploy.local import free_port
 from deploy.pki import LocalCa
-from hub.auth import Principal
-from hub.grants import GrantIssuer
+from hub.auth.grants import GrantIssuer
+from hub.auth.tokens import Principal
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
 from spoke import metrics as spoke_metrics

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hub.publish import publish
-from hub.serverthread import ServerThread
+from hub.publish.tree import publish
+from hub.serve.serverthread import ServerThread
 from spoke.audit import AuditLog
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.registry import make_policy

@@ -295,7 +295,7 @@ def test_a_stream_frees_its_slot_when_its_blocks_arrive_and_disk_writes_are_boun
         # A fifth stream would open when a slot frees (a stream's blocks arriving), and the
         # fake hub records a call as it opens; with four blocks held at the disk nothing
         # frees one. 0.2 s is ten times the hub's 20 ms answer: any stream the scheduler
-        # was going to send is in hub.calls by then.
+        # was going to send is in hub.serve.calls by then.
         await asyncio.sleep(0.2)
         # two slots, yet four streams went out: each freed its slot on arrival; the
         # fifth waits, as four blocks wait for the disk (2 × a 2-block window)

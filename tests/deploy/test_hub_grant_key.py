@@ -1,6 +1,6 @@
 """The hub's grant key in Kubernetes: the file ``--grant-key`` names is one the hub accepts.
 
-The hub refuses a grant key that group or others may read (``hub/grants.py``), and a
+The hub refuses a grant key that group or others may read (``hub/auth/grants.py``), and a
 Secret volume in a pod with ``fsGroup`` holds ``root:FSGROUP`` files with the group's read
 bit set, so the shipped StatefulSet, which pointed ``--grant-key`` at the Secret, made
 replicas that never started. An initContainer now copies the key, as the hub's uid, into
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from hub.auth.grants import load_grant_key
 from hub.errors import ConfigError
-from hub.grants import load_grant_key
 from tests.conftest import REPO_ROOT
 from tests.deploy.k8s_support import Obj, by_key, copy_tree, rendered
 
@@ -175,7 +175,7 @@ def test_the_copy_passes_the_hubs_own_key_check(
     st = copy.stat()
     assert (st.st_uid, st.st_mode & 0o777) == (uid, 0o600)
     check = (
-        "import sys; from pathlib import Path; from hub.grants import load_grant_key; "
+        "import sys; from pathlib import Path; from hub.auth.grants import load_grant_key; "
         "from cryptography.hazmat.primitives import serialization as s; "
         "key = load_grant_key(Path(sys.argv[1])); "
         "print(key.public_key().public_bytes(s.Encoding.Raw, s.PublicFormat.Raw).hex())"

@@ -20,7 +20,7 @@ from deploy.kustomize import KustomizeError, render
 from deploy.prometheusrule import OUTPUT as PROMETHEUS_RULE_FILE
 from deploy.prometheusrule import RELEASE, RULES
 from deploy.prometheusrule import render as render_prometheus_rule
-from hub.auth import MANAGED_VERSION
+from hub.auth.tokens import MANAGED_VERSION
 from tests.deploy.k8s_support import (
     OVERLAYS,
     Obj,

@@ -23,9 +23,9 @@ import pytest
 import requests
 
 from deploy.local import free_port
-from hub.blocks import block_digest
 from hub.errors import StorageError
-from hub.s3blobs import S3BlobStore
+from hub.snapshot.blocks import block_digest
+from hub.store.s3blobs import S3BlobStore
 from tests.conftest import REPO_ROOT
 from tests.support import eventually
 

@@ -28,13 +28,13 @@ import pytest
 
 from deploy.local import free_port
 from deploy.pki import LocalCa
+from hub.auth.grants import GrantIssuer
 from hub.catalog.postgres import TABLE
 from hub.catalog.schema import META_GRANT_KEY
-from hub.grants import GrantIssuer
 from tests.conftest import REPO_ROOT
 from tests.deploy.systemd_support import Service, prepare
 
-UNIT = REPO_ROOT / "deploy" / "systemd" / "strata-hub.service"
+UNIT = REPO_ROOT / "deploy" / "systemd" / "strata-hub.serve.service"
 PASSWORD = "catalog-password-of-strata-serve"
 S3_KEY = "AKIASTRATAFROMAFILE"
 BINDIR = Path(sys.executable).parent

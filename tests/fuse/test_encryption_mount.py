@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from deploy.local import LocalStack
-from hub.publish import publish
+from hub.publish.tree import publish
 from spoke.disk.encryption import OVERHEAD, TAG_BYTES, BlockCipher, write_key
 from spoke.disk.layout import CacheLayout, block_digest
 from tests.integration.hub_support import write_tree

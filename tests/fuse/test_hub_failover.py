@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from deploy.local import LocalStack, free_port
-from hub.publish import publish
+from hub.publish.tree import publish
 from tests.integration.mesh_support import metric
 from tests.support import eventually, requires_fuse, sha256
 

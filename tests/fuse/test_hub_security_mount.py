@@ -17,11 +17,11 @@ import httpx
 import pytest
 
 from deploy.local import LocalStack
-from hub.metrics import HubMetrics
-from hub.publish import publish
-from hub.server import ServerConfig
-from hub.serverthread import ServerThread
-from hub.tokenstore import create, revoke
+from hub.auth.tokenstore import create, revoke
+from hub.publish.tree import publish
+from hub.serve.metrics import HubMetrics
+from hub.serve.server import ServerConfig
+from hub.serve.serverthread import ServerThread
 from tests.integration.hub_support import (
     Pki,
     pki_fixture,  # noqa: F401  (the pki fixture)
@@ -122,7 +122,12 @@ def test_mtls_token_mount_and_rotation_while_reading(
     args = spoke_args(pki, tmp_path / "creds", token)
     with LocalStack() as stack:
         admin = stack.start_spoke(
-            hub.address, tmp_path / "cache", tmp_path / "mnt", "64MiB", extra=args, admin_token=True
+            hub.address,
+            tmp_path / "cache",
+            tmp_path / "mnt",
+            "64MiB",
+            extra=args,
+            admin_token=True,
         )
         root = tmp_path / "mnt" / "alpha" / "v1"
         assert sorted(os.listdir(tmp_path / "mnt")) == ["alpha"], "the token's scope only"
@@ -188,7 +193,12 @@ def test_mtls_token_mount_and_rotation_while_reading(
 def _refused(tmp_path: Path, hub: SecureHub, args: tuple[str, ...]) -> tuple[str, LocalStack]:
     stack = LocalStack()
     admin = stack.start_spoke(
-        hub.address, tmp_path / "cache", tmp_path / "mnt", "64MiB", extra=args, admin_token=True
+        hub.address,
+        tmp_path / "cache",
+        tmp_path / "mnt",
+        "64MiB",
+        extra=args,
+        admin_token=True,
     )
     return admin, stack
 

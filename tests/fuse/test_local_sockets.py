@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from deploy.local import LocalStack
-from hub.publish import publish
+from hub.publish.tree import publish
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import spoke_pb2_grpc
 from spoke.disk.layout import CacheLayout

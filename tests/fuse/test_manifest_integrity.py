@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from deploy.local import LocalStack
-from hub.publish import publish
-from hub.serverthread import ServerThread
+from hub.publish.tree import publish
+from hub.serve.serverthread import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from spoke.catalog.manifestcheck import snapshot_id
 from tests.integration.hub_support import write_tree

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from deploy.local import LocalStack
-from hub.publish import publish
-from hub.signing import keygen
+from hub.auth.signing import keygen
+from hub.publish.tree import publish
 from tests.integration.hub_support import write_tree
 from tests.support import requires_fuse
 

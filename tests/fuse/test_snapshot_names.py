@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from deploy.local import LocalStack, admin_headers
-from hub.publish import publish
-from hub.signing import keygen
+from hub.auth.signing import keygen
+from hub.publish.tree import publish
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import write_tree
 from tests.support import requires_fuse

@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from hub.blocks import block_digest
-from hub.metrics import HubMetrics
+from hub.serve.metrics import HubMetrics
+from hub.snapshot.blocks import block_digest
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 
 RPC_TIMEOUT = 10.0

@@ -1,4 +1,4 @@
-"""The bulk block channel (hub/bulk.py, spoke/hublink/bulk.py) on 127.0.0.1: the bytes of
+"""The bulk block channel (hub/serve/bulk.py, spoke/hublink/bulk.py) on 127.0.0.1: the bytes of
 gRPC's ReadBlocks without gRPC, and every refusal gRPC makes, with the same status and
 audit line."""
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hub.metrics import HubMetrics
-from hub.publish import publish
-from hub.server import ServerConfig
-from hub.serverthread import ServerThread
+from hub.publish.tree import publish
+from hub.serve.metrics import HubMetrics
+from hub.serve.server import ServerConfig
+from hub.serve.serverthread import ServerThread
 from protocol import bulk
 from protocol.hub.v1 import hub_pb2_grpc
 from spoke.errors import CorruptBlock, HubUnavailable, NotFound

@@ -18,8 +18,8 @@ from cryptography.x509.oid import NameOID
 
 from csi.hubscope import HubRefused, HubScope
 from csi.hubtls import HubTls, HubTlsError, refusal
-from hub.server import ServerConfig
-from hub.serverthread import ServerThread
+from hub.serve.server import ServerConfig
+from hub.serve.serverthread import ServerThread
 from tests.integration.hub_support import (
     Pki,
     pki_fixture,  # noqa: F401  (the pki fixture)

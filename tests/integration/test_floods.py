@@ -26,8 +26,8 @@ import grpc
 import httpx
 import pytest
 
-from hub.blocks import block_digest
-from hub.blockstream import MAX_DIGESTS_PER_REQUEST
+from hub.serve.blockstream import MAX_DIGESTS_PER_REQUEST
+from hub.snapshot.blocks import block_digest
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import HubProcess, bearer, hub_process, write_tree
 

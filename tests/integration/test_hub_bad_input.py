@@ -10,12 +10,12 @@ from typing import Any
 import grpc
 import pytest
 
-from hub.blocks import MiB, block_digest
-from hub.metrics import HubMetrics
-from hub.publish import publish
-from hub.serverthread import ServerThread
-from hub.service import MAX_DIGESTS_PER_REQUEST
-from hub.wire import CORE_REQUEST_BYTES, MAX_REQUEST_BYTES
+from hub.publish.tree import publish
+from hub.serve.metrics import HubMetrics
+from hub.serve.serverthread import ServerThread
+from hub.serve.service import MAX_DIGESTS_PER_REQUEST
+from hub.serve.wire import CORE_REQUEST_BYTES, MAX_REQUEST_BYTES
+from hub.snapshot.blocks import MiB, block_digest
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import RPC_TIMEOUT, read_all, sample, serves, write_tree
 
@@ -150,7 +150,7 @@ def test_requests_over_the_core_limit_are_refused_before_they_are_received(
     stub: hub_pb2_grpc.HubStub, call: Callable[[hub_pb2_grpc.HubStub], Any]
 ) -> None:
     """gRPC core refuses a message declaring more than its 64 KiB limit as its length
-    arrives (hub.wire.CORE_REQUEST_BYTES), so none of it is buffered; its message says so."""
+    arrives (hub.serve.wire.CORE_REQUEST_BYTES), so none of it is buffered; its message says so."""
     with pytest.raises(grpc.RpcError) as caught:
         call(stub)
     assert caught.value.code() == EXHAUSTED
@@ -170,7 +170,7 @@ def test_a_bad_request_in_a_stream_ends_only_that_stream(stub: hub_pb2_grpc.HubS
 
 
 def test_message_size_limit_is_configurable(tmp_path: Path) -> None:
-    from hub.server import ServerConfig
+    from hub.serve.server import ServerConfig
 
     data = tmp_path / "data"
     publish(data, "f3", write_tree(tmp_path / "src", {"big": bytes(3 * MiB)}), block_size=4 * MiB)

@@ -21,14 +21,14 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deploy.local import LocalStack, free_port
-from hub import gate, inbound
-from hub.budget import BYTES_PER_TOKEN, block_charge
-from hub.metrics import HubMetrics
-from hub.publish import publish
-from hub.server import ServerConfig
-from hub.serverthread import ServerThread
-from hub.streams import LISTING_CALLS, TOKEN_SHARE, UNARY_CALLS
-from hub.wire import CHUNK_BYTES
+from hub.limits.budget import BYTES_PER_TOKEN, block_charge
+from hub.limits.streams import LISTING_CALLS, TOKEN_SHARE, UNARY_CALLS
+from hub.publish.tree import publish
+from hub.serve import gate, inbound
+from hub.serve.metrics import HubMetrics
+from hub.serve.server import ServerConfig
+from hub.serve.serverthread import ServerThread
+from hub.serve.wire import CHUNK_BYTES
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import RPC_TIMEOUT, bearer, write_tree
 
@@ -42,7 +42,7 @@ MiB = 1 << 20
 # the hub at rest (~75 MiB) + the token's share (192 MiB) + streams' state and the
 # allocator's slack; without the budget these streams took it past 1,400 MiB
 RSS_BOUND_MIB = 75 + BYTES_PER_TOKEN // MiB + 150
-# a stream holding a 4 MiB block is charged 6 MiB (hub.budget.block_charge)
+# a stream holding a 4 MiB block is charged 6 MiB (hub.limits.budget.block_charge)
 HELD = BYTES_PER_TOKEN // block_charge(BLOCK, CHUNK_BYTES)
 
 
@@ -156,7 +156,7 @@ def test_stalled_streams_of_one_token_hold_its_share_and_another_token_reads_on(
                 got = await _read_whole(hub_pb2_grpc.HubStub(other), blocks_b[0][0], TOKEN_B)
                 took = time.monotonic() - started
             # the streams holding a charge stall on their first message and are ended
-            # (hub.budget.ReadBudget.send_deadline; their status waits in gRPC core
+            # (hub.limits.budget.ReadBudget.send_deadline; their status waits in gRPC core
             # behind that message until the client reads), the waiters take their room
             # in turn, and past --budget-wait the streams still waiting give up
             deadline = time.monotonic() + 30
@@ -353,7 +353,7 @@ def test_manifest_and_watch_streams_are_bounded_per_token(tmp_path: Path) -> Non
 def test_unary_slots_are_given_back_when_each_call_is_done(tmp_path: Path) -> None:
     """A unary call holds a slot until gRPC reports it done (its reply may wait unread at
     the hub): more calls in turn than a token's share are all served, so each gave its slot
-    back; what an unread reply holds is bounded by the slots (hub/streams.py)."""
+    back; what an unread reply holds is bounded by the slots (hub/limits/streams.py)."""
     data, config = _stream_config(tmp_path)
     with (
         ServerThread(data, config=config) as server,
@@ -381,7 +381,8 @@ def test_calls_that_never_finish_their_request_hold_a_bounded_share(
 ) -> None:
     """The fourth probe's case: a token's clients start calls and never finish sending the
     request. Each holds one of its token's call slots from its headers on (a token an
-    eighth of hub.gate.CALLS); beyond, refused; each ends after inbound.REQUEST_WAIT_S; another
+    eighth of hub.serve.gate.CALLS); beyond, refused; each ends after inbound.REQUEST_WAIT_S;
+    another
     token is served meanwhile."""
     monkeypatch.setattr(inbound, "REQUEST_WAIT_S", 2.0)
     data, config = _stream_config(tmp_path)
@@ -390,7 +391,7 @@ def test_calls_that_never_finish_their_request_hold_a_bounded_share(
         address = f"127.0.0.1:{server.port}"
 
         async def calls() -> tuple[list[str], list[str], str]:
-            # 3 connections: a connection carries at most 256 calls (hub.limits)
+            # 3 connections: a connection carries at most 256 calls (hub.limits.sizes)
             channels = [grpc.aio.insecure_channel(address, options=OWN) for _ in range(3)]
 
             async def never() -> AsyncIterator[hub_pb2.ResolveRefRequest]:

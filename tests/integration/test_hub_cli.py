@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hub.serverthread import ServerThread
+from hub.serve.serverthread import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import (
     Pki,

@@ -18,12 +18,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from deploy.pki import LocalCa
+from hub.auth.grants import KEY_FILE
+from hub.auth.signing import keygen
 from hub.errors import ConfigError
-from hub.grants import KEY_FILE
-from hub.publish import publish
-from hub.server import ServerConfig
-from hub.serverthread import ServerThread
-from hub.signing import keygen
+from hub.publish.tree import publish
+from hub.serve.server import ServerConfig
+from hub.serve.serverthread import ServerThread
 from protocol.grants import grant_message, key_id
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import RPC_TIMEOUT, bearer, write_tree

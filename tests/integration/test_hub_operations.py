@@ -13,13 +13,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from hub.blobstore import LocalBlobStore
-from hub.blocks import MiB
 from hub.catalog import Catalog
-from hub.gc import collect
-from hub.metrics import HubMetrics
-from hub.publish import publish
-from hub.serverthread import ServerThread
+from hub.publish.tree import publish
+from hub.serve.metrics import HubMetrics
+from hub.serve.serverthread import ServerThread
+from hub.snapshot.blocks import MiB
+from hub.store.blobstore import LocalBlobStore
+from hub.store.gc import collect
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import RPC_TIMEOUT, manifest, read_all, write_tree
 

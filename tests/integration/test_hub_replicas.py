@@ -28,14 +28,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 
 from deploy.local import LocalStack, free_port
+from hub.auth.grants import ensure_grant_key
 from hub.catalog import Catalog
-from hub.datadir import DataDir
+from hub.catalog.events import EventKind
 from hub.errors import VersionExists
-from hub.events import EventKind
-from hub.grants import ensure_grant_key
-from hub.publish import publish
-from hub.server import ServerConfig
-from hub.serverthread import ServerThread
+from hub.publish.tree import publish
+from hub.serve.server import ServerConfig
+from hub.serve.serverthread import ServerThread
+from hub.store.datadir import DataDir
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from spoke.hublink.client import HubClient
 from spoke.hublink.credentials import HubCredentials

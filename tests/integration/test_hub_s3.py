@@ -16,17 +16,17 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hub.blobstore import BlobStore, LocalBlobStore, open_blob_store
-from hub.blocks import block_digest
 from hub.catalog import Catalog
-from hub.cli import main
+from hub.cli.main import main
 from hub.errors import BlockNotFound, ConfigError, CorruptBlob, InvalidDigest, StorageError
-from hub.gc import collect
-from hub.publish import publish
-from hub.s3blobs import S3BlobStore
-from hub.server import ServerConfig
-from hub.serverthread import ServerThread
-from hub.verify import verify
+from hub.publish.tree import publish
+from hub.serve.server import ServerConfig
+from hub.serve.serverthread import ServerThread
+from hub.snapshot.blocks import block_digest
+from hub.store.blobstore import BlobStore, LocalBlobStore, open_blob_store
+from hub.store.gc import collect
+from hub.store.s3blobs import S3BlobStore
+from hub.store.verify import verify
 from protocol.hub.v1 import hub_pb2_grpc
 from tests.integration.hub_support import (
     S3_ENV,

@@ -9,10 +9,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hub.metrics import HubMetrics
-from hub.publish import publish
-from hub.server import ServerConfig
-from hub.serverthread import ServerThread
+from hub.publish.tree import publish
+from hub.serve.metrics import HubMetrics
+from hub.serve.server import ServerConfig
+from hub.serve.serverthread import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import (
     RPC_TIMEOUT,

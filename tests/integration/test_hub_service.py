@@ -12,11 +12,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hub.blocks import MiB, block_digest
-from hub.metrics import HubMetrics
-from hub.publish import publish
-from hub.server import MAX_MESSAGE_BYTES
-from hub.serverthread import ServerThread
+from hub.publish.tree import publish
+from hub.serve.metrics import HubMetrics
+from hub.serve.server import MAX_MESSAGE_BYTES
+from hub.serve.serverthread import ServerThread
+from hub.snapshot.blocks import MiB, block_digest
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -212,7 +212,7 @@ def test_big_blocks_come_in_chunks_of_at_most_1_mib_growing_from_64_kib(hub: Hub
     (entry,) = list(hub.stub.GetManifest(request, timeout=RPC_TIMEOUT))
     first = entry.blocks[0]
     chunks = hub.read_blocks([first.digest])
-    # a stream's first message is 64 KiB, each next twice the last (hub.blockstream's
+    # a stream's first message is 64 KiB, each next twice the last (hub.serve.blockstream's
     # MessageRamp: a client that never reads stalls on 64 KiB), up to 1 MiB
     KiB = 1024
     assert [(c.offset, len(c.data), c.last) for c in chunks] == [

@@ -1,4 +1,4 @@
-"""Block replies that make no progress end (hub/budget.py, ``--stall-timeout``), on
+"""Block replies that make no progress end (hub/limits/budget.py, ``--stall-timeout``), on
 127.0.0.1 through real gRPC and the bulk channel: ReadBlocks streams of several tokens that
 ask and never read hold the read budget only until the stall deadline, after which another
 token is served and ``strata_hub_read_bytes_held`` returns to 0; a stalled stream is
@@ -20,13 +20,13 @@ import grpc
 import grpc.aio
 import pytest
 
-from hub.blockstream import FIRST_MESSAGE_BYTES
-from hub.budget import stalled_charge
-from hub.metrics import HubMetrics
-from hub.publish import publish
-from hub.server import ServerConfig
-from hub.serverthread import ServerThread
-from hub.wire import CHUNK_BYTES
+from hub.limits.budget import stalled_charge
+from hub.publish.tree import publish
+from hub.serve.blockstream import FIRST_MESSAGE_BYTES
+from hub.serve.metrics import HubMetrics
+from hub.serve.server import ServerConfig
+from hub.serve.serverthread import ServerThread
+from hub.serve.wire import CHUNK_BYTES
 from protocol import bulk
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import bearer, manifest, write_tree
@@ -165,7 +165,7 @@ def test_stalled_streams_of_several_tokens_hold_the_budget_only_until_the_stall_
     assert seen["served_s"] < STALL_S + 3  # room at the first deadline, not --budget-wait
     assert seen["codes"] == ["RESOURCE_EXHAUSTED"] * len(STALLERS) * STREAMS_EACH
     assert all("--stall-timeout" in detail for detail in seen["details"])  # type: ignore[attr-defined]
-    # the message in core: a stream's first, small (hub.blockstream.MessageRamp), so
+    # the message in core: a stream's first, small (hub.serve.blockstream.MessageRamp), so
     # never reading pins 64 KiB of gRPC core, not a chunk
     assert seen["first"] == [FIRST_MESSAGE_BYTES] * len(STALLERS) * STREAMS_EACH
     # what core keeps for each stalled stream, out of the hub's total: one message each

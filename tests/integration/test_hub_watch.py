@@ -14,9 +14,9 @@ import grpc
 import pytest
 
 from hub.catalog import Catalog
-from hub.metrics import HubMetrics
-from hub.publish import publish
-from hub.serverthread import ServerThread
+from hub.publish.tree import publish
+from hub.serve.metrics import HubMetrics
+from hub.serve.serverthread import ServerThread
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import RPC_TIMEOUT, write_tree
 

@@ -5,7 +5,7 @@ The probe of issue 39: 64 ReadBlocks streams declaring a 60 MiB request and send
 but its last byte took a hub from 94 to 3,296 MiB and kept it. Now a declaration over gRPC
 core's 64 KiB limit is refused as it arrives; one within it holds one stream window, is
 charged to the token's read budget while it arrives, and is refused after
-hub.inbound.REQUEST_WAIT_S; another token reads meanwhile, and the memory is given back.
+hub.serve.inbound.REQUEST_WAIT_S; another token reads meanwhile, and the memory is given back.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hub.blocks import block_digest
-from hub.inbound import REQUEST_WAIT_S
-from hub.wire import CORE_REQUEST_BYTES
+from hub.serve.inbound import REQUEST_WAIT_S
+from hub.serve.wire import CORE_REQUEST_BYTES
+from hub.snapshot.blocks import block_digest
 from protocol.hub.v1 import hub_pb2_grpc
 from tests.integration.hub_support import (
     HubProcess,
@@ -159,7 +159,7 @@ def test_one_tokens_unfinished_requests_hold_little_end_by_their_deadline_and_ar
     assert refused == 2 * STREAMS
     assert hub.metric("strata_hub_read_bytes_held") == 0
     assert peak_mib < RSS_GROWTH_MIB
-    # what the flood took is given back (hub.server trims the heap every few seconds)
+    # what the flood took is given back (hub.serve.server trims the heap every few seconds)
     deadline = time.monotonic() + 20
     while (hub.status_kib("VmRSS") - rest_kib) / 1024 > RETURNED_MIB:
         assert time.monotonic() < deadline, f"{hub.status_kib('VmRSS') >> 10} MiB kept"

@@ -7,9 +7,9 @@ import asyncio
 import os
 from pathlib import Path
 
-from hub.blocks import MiB, block_digest
-from hub.publish import publish
-from hub.serverthread import ServerThread
+from hub.publish.tree import publish
+from hub.serve.serverthread import ServerThread
+from hub.snapshot.blocks import MiB, block_digest
 from protocol.hub.v1 import hub_pb2
 from spoke.hublink.client import PAGE_ENTRIES, HubClient
 

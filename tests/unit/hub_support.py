@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from hub.catalog import Catalog, Snapshot
-from hub.manifest import ManifestEntry
-from hub.names import validate_dataset, validate_tag
+from hub.snapshot.manifest import ManifestEntry
+from hub.snapshot.names import validate_dataset, validate_tag
 
 
 def add_version(
@@ -23,7 +23,7 @@ def add_version(
 
     The blocks must already be stored. A convenience over
     :class:`hub.catalog.PublishSession` for tests (publishing itself streams the tree:
-    :mod:`hub.publish`).
+    :mod:`hub.publish.tree`).
 
     Args:
         catalog: The catalog to publish into.

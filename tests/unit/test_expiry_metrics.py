@@ -10,8 +10,8 @@ from cryptography import x509
 from prometheus_client import CollectorRegistry
 
 from deploy.pki import LocalCa
-from hub import tokenstore
-from hub.metrics import HubMetrics
+from hub.auth import tokenstore
+from hub.serve.metrics import HubMetrics
 from spoke.metrics import CertificateExpiry
 from strata_local.expiry import certificate_not_after
 

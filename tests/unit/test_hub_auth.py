@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hub.auth import ANONYMOUS, TokenTable
+from hub.auth.tokens import ANONYMOUS, TokenTable
 from hub.errors import ConfigError, PermissionDenied, Unauthenticated
 
 A = "alpha-token-0123456789"

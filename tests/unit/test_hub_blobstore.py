@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hub.blobstore import TEMP_PREFIX, BlobStore, LocalBlobStore
-from hub.blocks import block_digest
 from hub.errors import BlockNotFound, CorruptBlob, InvalidDigest
+from hub.snapshot.blocks import block_digest
+from hub.store.blobstore import TEMP_PREFIX, BlobStore, LocalBlobStore
 
 
 def test_put_get_exists(tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ def test_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     def failing_fsync(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("hub.blobstore.os.fsync", failing_fsync)
+    monkeypatch.setattr("hub.store.blobstore.os.fsync", failing_fsync)
     with pytest.raises(OSError, match="No space"):
         store.put(digest, data)
     assert not store.exists(digest)

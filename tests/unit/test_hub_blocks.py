@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from hub.blocks import (
+from hub.errors import InvalidArgument
+from hub.snapshot.blocks import (
     DEFAULT_BLOCK_SIZE,
     MAX_BLOCK_SIZE,
     BlockRef,
@@ -18,7 +19,6 @@ from hub.blocks import (
     read_blocks,
     validate_block_size,
 )
-from hub.errors import InvalidArgument
 
 BLOCK = 16
 

@@ -8,9 +8,9 @@ import contextlib
 
 import pytest
 
-from hub.budget import RESERVED_BELOW, ReadBudget, block_charge, reserved_slots
+from hub.auth.grants import ISSUES_PER_HOLDER, GrantLimiter
 from hub.errors import QuotaExceeded
-from hub.grants import ISSUES_PER_HOLDER, GrantLimiter
+from hub.limits.budget import RESERVED_BELOW, ReadBudget, block_charge, reserved_slots
 
 
 def test_a_block_is_charged_with_its_two_chunk_copies() -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from hub.blocks import BlockRef, block_digest
 from hub.catalog import Catalog, CatalogTxn, Dataset, Tag
 from hub.errors import (
     CatalogError,
@@ -18,7 +17,8 @@ from hub.errors import (
     RefNotFound,
     SnapshotNotFound,
 )
-from hub.manifest import EntryType, ManifestEntry, snapshot_id
+from hub.snapshot.blocks import BlockRef, block_digest
+from hub.snapshot.manifest import EntryType, ManifestEntry, snapshot_id
 from tests.catalogs import CatalogAt
 from tests.unit.hub_support import add_version
 

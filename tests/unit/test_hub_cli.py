@@ -1,4 +1,4 @@
-"""``strata-hub`` commands run in-process through ``hub.cli.main``: output and exit codes."""
+"""``strata-hub`` commands run in-process through ``hub.cli.main.main``: output and exit codes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hub.cli import main
+from hub.cli.main import main
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hub.catalog import Catalog
-from hub.cli import app, main
+from hub.cli.main import app, main
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ def test_ls_lists_a_directory_through_the_index(
         ["directory", "-", "shard"],
         ["file", "5", "top.txt"],
     ]
-    monkeypatch.setattr("hub.catalogcli.LS_PAGE", 2)  # several pages, nothing lost or repeated
+    monkeypatch.setattr("hub.cli.catalog.LS_PAGE", 2)  # several pages, nothing lost or repeated
     code, out, _ = run(capsys, "ls", "--data-dir", d, "f3", "v1", "shard")
     names = [line.split()[-1] for line in out.splitlines()[1:]]
     assert code == 0 and names == ["deep", "s0.npy", "s1.npy", "s2.npy", "s3.npy", "s4.npy"]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from hub.blocks import block_digest
+from hub.catalog.events import Event, EventKind, decode_event, encode_event
 from hub.errors import CorruptCatalog, InvalidArgument
-from hub.events import Event, EventKind, decode_event, encode_event
-from hub.manifest import EntryType, ManifestEntry
+from hub.snapshot.blocks import block_digest
+from hub.snapshot.manifest import EntryType, ManifestEntry
 from tests.catalogs import CatalogAt
 from tests.unit.hub_support import add_version
 
@@ -25,7 +25,7 @@ def test_events_round_trip() -> None:
 
 
 def entry(path: str, content: bytes) -> ManifestEntry:
-    from hub.blocks import BlockRef
+    from hub.snapshot.blocks import BlockRef
 
     ref = BlockRef(block_digest(content), len(content))
     return ManifestEntry(path, EntryType.FILE, 0o644, len(content), 0, blocks=(ref,))

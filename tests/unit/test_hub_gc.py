@@ -9,13 +9,13 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from hub import datadir
-from hub.blobstore import LocalBlobStore
-from hub.blocks import block_digest
 from hub.catalog import Catalog, PublishSession
 from hub.errors import Conflict, RefNotFound, StorageError, VersionExists, VersionRevoked
-from hub.gc import CANDIDATES, collect, load_candidates
-from hub.verify import verify
+from hub.snapshot.blocks import block_digest
+from hub.store import datadir
+from hub.store.blobstore import LocalBlobStore
+from hub.store.gc import CANDIDATES, collect, load_candidates
+from hub.store.verify import verify
 from tests.catalogs import CatalogAt
 
 BLOCK = 64

@@ -1,4 +1,4 @@
-"""Receiving request messages (hub.inbound): charged while they arrive, within a deadline;
+"""Receiving request messages (hub.serve.inbound): charged while they arrive, within a deadline;
 a stream's later message is never held up for room."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hub.budget import ReadBudget
 from hub.errors import QuotaExceeded
-from hub.inbound import receive
-from hub.wire import CORE_REQUEST_BYTES
+from hub.limits.budget import ReadBudget
+from hub.serve.inbound import receive
+from hub.serve.wire import CORE_REQUEST_BYTES
 
 
 async def _slow(message: str, delay: float) -> AsyncIterator[str]:

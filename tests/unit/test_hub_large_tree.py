@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from hub.catalog import Catalog
-from hub.manifest import EntryType
-from hub.publish import PublishResult, walk
+from hub.publish.tree import PublishResult, walk
+from hub.snapshot.manifest import EntryType
 
 DIRS = 20
 FILES_PER_DIR = 1000
@@ -55,7 +55,7 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> Published:
     script = (
         "import json, sys, tracemalloc\n"
         "from dataclasses import asdict\n"
-        "from hub.publish import publish\n"
+        "from hub.publish.tree import publish\n"
         "tracemalloc.start()\n"
         f"result = publish({str(base / 'data')!r}, 'big', {str(root)!r}, block_size={BLOCK_SIZE})\n"
         "peak = tracemalloc.get_traced_memory()[1]\n"

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from hub.blocks import BlockRef, block_digest
 from hub.errors import CorruptCatalog, InvalidDigest, InvalidName
-from hub.manifest import (
+from hub.snapshot.blocks import BlockRef, block_digest
+from hub.snapshot.manifest import (
     EntryType,
     ManifestEntry,
     decode_entry,

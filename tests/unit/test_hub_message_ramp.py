@@ -1,14 +1,14 @@
-"""The sizes of a ReadBlocks stream's messages (hub.blockstream.MessageRamp): 64 KiB
+"""The sizes of a ReadBlocks stream's messages (hub.serve.blockstream.MessageRamp): 64 KiB
 first, each next twice the one before, up to the chunk size, so that a client that never
 reads stalls on a small message; and the stall deadline that goes with a message's size
-(hub.budget.ReadBudget.send_deadline)."""
+(hub.limits.budget.ReadBudget.send_deadline)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hub.blockstream import FIRST_MESSAGE_BYTES, MessageRamp
-from hub.budget import STALL_FLOOR_S, ReadBudget
+from hub.limits.budget import STALL_FLOOR_S, ReadBudget
+from hub.serve.blockstream import FIRST_MESSAGE_BYTES, MessageRamp
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hub.errors import InvalidDigest, InvalidName
-from hub.names import (
+from hub.snapshot.names import (
     is_version,
     validate_dataset,
     validate_digest,

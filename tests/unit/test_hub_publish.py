@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hub.blobstore import LocalBlobStore
-from hub.blocks import block_digest
 from hub.catalog import PublishSession, Tag
 from hub.errors import DataDirNotFound, InvalidArgument, InvalidName, SourceError
-from hub.manifest import EntryType, ManifestEntry
+from hub.snapshot.blocks import block_digest
+from hub.snapshot.manifest import EntryType, ManifestEntry
+from hub.store.blobstore import LocalBlobStore
 from tests.catalogs import CatalogAt
 
 BLOCK = 64
@@ -236,7 +236,7 @@ def test_unreadable_file_is_refused(
             raise PermissionError(13, "Permission denied")
         return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("hub.publish.os.open", denying_open)
+    monkeypatch.setattr("hub.publish.tree.os.open", denying_open)
     with pytest.raises(SourceError, match=r"cannot read 'a\.txt': Permission denied"):
         engine.publish(tmp_path / "data", "f3", src)
     assert_no_version(engine, tmp_path / "data")

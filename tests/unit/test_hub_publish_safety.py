@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from hub.blobstore import LocalBlobStore
-from hub.blocks import block_digest
 from hub.catalog import Catalog
-from hub.cli import main
+from hub.cli.main import main
 from hub.errors import SourceError
-from hub.manifest import EntryType
-from hub.publish import publish
-from hub.walk import leaves_tree, open_file, walk
+from hub.publish.tree import publish
+from hub.publish.walk import leaves_tree, open_file, walk
+from hub.snapshot.blocks import block_digest
+from hub.snapshot.manifest import EntryType
+from hub.store.blobstore import LocalBlobStore
 
 SECRET = b"the outside file: never in the blob store " * 8
 DECOY = b"the file that belongs to the tree " * 8

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from hub.auth.signing import SigningKeyError, keygen, load_signer
 from hub.catalog import Catalog
-from hub.cli import main as hub_main
-from hub.datadir import DataDir
-from hub.publish import publish
-from hub.signing import SigningKeyError, keygen, load_signer
-from hub.wire import snapshot_message
+from hub.cli.main import main as hub_main
+from hub.publish.tree import publish
+from hub.serve.wire import snapshot_message
+from hub.store.datadir import DataDir
 from spoke.catalog.signature import PublisherKey, PublisherKeyError
 
 

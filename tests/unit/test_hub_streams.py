@@ -1,4 +1,4 @@
-"""hub.streams.StreamSlots: per-token and total caps, waiting in order, bounded waiters."""
+"""hub.limits.streams.StreamSlots: per-token and total caps, waiting in order, bounded waiters."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import contextlib
 
 import pytest
 
-from hub.budget import RESERVED_BELOW
 from hub.errors import QuotaExceeded
-from hub.streams import TOKEN_SHARE, WAITING_PER_SLOT, StreamSlots
+from hub.limits.budget import RESERVED_BELOW
+from hub.limits.streams import TOKEN_SHARE, WAITING_PER_SLOT, StreamSlots
 
 
 def test_a_token_holds_at_most_its_share_and_is_refused_at_once_without_a_wait() -> None:
@@ -90,7 +90,7 @@ def test_a_kind_whose_share_is_small_keeps_its_reserve_for_tokens_holding_few() 
 
 def test_a_reply_left_unread_stops_holding_the_total_but_not_its_tokens_share() -> None:
     """A client that never opens its window held a unary slot of everyone's until it went
-    away (issue 39's second re-probe); past hub.streams.REPLY_S it counts only against
+    away (issue 39's second re-probe); past hub.limits.streams.REPLY_S it counts only against
     its own token's share."""
 
     async def go() -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from hub.catalog import Catalog
-from hub.cli import main
+from hub.cli.main import main
 from hub.errors import SourceError
-from hub.manifest import EntryType
-from hub.publish import publish
-from hub.symlinks import MAX_LINKS, escape
+from hub.publish.symlinks import MAX_LINKS, escape
+from hub.publish.tree import publish
+from hub.snapshot.manifest import EntryType
 
 CHAIN = "q/q/q/q/q/q/q/q/q/q/../../../../../../../../../../etc/shadow"
 """The probe's target: each ``q`` (``q -> .``) resolves to the root, so each ``..`` after

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from hub.auth import TokenFile, TokenTable
-from hub.cli import main
+from hub.auth.tokens import TokenFile, TokenTable
+from hub.auth.tokenstore import create, entries, migrate, parse_duration, revoke
+from hub.cli.main import main
 from hub.errors import ConfigError, NotFound, Unauthenticated
-from hub.tokenstore import create, entries, migrate, parse_duration, revoke
 
 PLAIN = "plain-token-0123456789abcdef"
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hub.blocks import block_digest
 from hub.errors import InvalidArgument
-from hub.wire import decode_page_token, encode_block_chunk, encode_page_token, pack_repeated
+from hub.serve.wire import decode_page_token, encode_block_chunk, encode_page_token, pack_repeated
+from hub.snapshot.blocks import block_digest
 from protocol.hub.v1 import hub_pb2
 
 

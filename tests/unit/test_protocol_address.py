@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hub.address import Address
 from hub.errors import InvalidArgument
+from hub.serve.address import Address
 from protocol.address import grpc_target, parse_hostport, parse_option_hostport, split_hostport
 from spoke.serve.adminserver import bind
 

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from hub.auth import Principal
+from hub.auth.grants import GrantIssuer
+from hub.auth.tokens import Principal
 from hub.errors import ConfigError, InvalidArgument
-from hub.grants import GrantIssuer
 from protocol.grants import GRANT_METADATA, PROOF_METADATA, covers, proof_message
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2

@@ -1,0 +1,6 @@
+"""What a caller may make the hub hold: connections, handshakes and idle streams before it
+has proven anything (:mod:`~hub.limits.sizes`, as gRPC core channel arguments), each
+token's share of the bytes its block streams hold (:mod:`~hub.limits.budget`) and of the
+``GetManifest``, ``Watch`` and unary slots (:mod:`~hub.limits.streams`). Pure accounting:
+it imports :mod:`hub.snapshot` and the ground leaves, never gRPC's server or the catalog.
+"""

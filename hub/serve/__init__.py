@@ -1,0 +1,12 @@
+"""Serving snapshots: the gRPC server and its lifecycle (:mod:`~hub.serve.server`, on a
+thread in :mod:`~hub.serve.serverthread`), the door that authenticates a call before any
+request byte is read (:mod:`~hub.serve.gate`), receiving requests within deadlines
+(:mod:`~hub.serve.inbound`), the handler wrappers (:mod:`~hub.serve.calls`) and the
+servicer (:mod:`~hub.serve.service`), a ``ReadBlocks`` stream's blocks
+(:mod:`~hub.serve.blockstream`), the bulk channel beside gRPC (:mod:`~hub.serve.bulk`),
+what crosses the wire (:mod:`~hub.serve.wire`), noticing catalog changes
+(:mod:`~hub.serve.watch`), metrics (:mod:`~hub.serve.metrics`) and listen addresses
+(:mod:`~hub.serve.address`). It imports every room below it (:mod:`hub.limits`,
+:mod:`hub.auth`, :mod:`hub.store`, :mod:`hub.catalog`, :mod:`hub.snapshot`), never
+:mod:`hub.publish` or :mod:`hub.cli`.
+"""

@@ -1,0 +1,409 @@
+"""The hub's Prometheus metrics and their HTTP endpoint.
+
+Names follow Prometheus conventions (``strata_hub_`` prefix, base units, ``_total`` for
+counters; https://prometheus.io/docs/practices/naming/).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import Collector
+
+from hub.auth import tokenstore
+from hub.catalog import Catalog
+from hub.catalog.events import Event, EventKind
+from hub.errors import HubError, ListenError
+from hub.serve.address import Address
+from strata_local.expiry import certificate_not_after
+
+logger = logging.getLogger(__name__)
+
+METRICS_MAX_CONNECTIONS = 32
+"""Most connections open to the metrics endpoint at once (one thread each); more are
+closed as they arrive. Prometheus holds one per scrape."""
+
+METRICS_TIMEOUT_S = 10.0
+"""A metrics connection that sends nothing for this long is closed, seconds (Prometheus'
+default scrape timeout)."""
+
+PUBLISH_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, float("inf"))
+"""Histogram buckets of publish durations, seconds (from a tiny tree to a large one)."""
+
+
+class HubMetrics:
+    """The hub's counters, in their own registry.
+
+    Attributes:
+        registry: The registry holding the counters (what ``/metrics`` exposes).
+        requests: ``strata_hub_requests_total{method,code}``: gRPC calls finished, by
+            method name and gRPC status code name (``OK``, ``NOT_FOUND``, …).
+        blocks_served: ``strata_hub_blocks_served_total``: blocks sent by ReadBlocks.
+        bulk_bytes: ``strata_hub_bulk_bytes_total``: block bytes sent on the bulk channel.
+        bulk_connections: ``strata_hub_bulk_connections``: bulk connections open.
+        blocks_served_bytes: ``strata_hub_blocks_served_bytes_total``: block bytes sent
+            by ReadBlocks.
+        active_streams: ``strata_hub_active_streams{method}``: streaming calls in flight.
+        publish_duration: ``strata_hub_publish_duration_seconds``: how long publishes took,
+            from their start to their commit, as seen in the catalog's events (publishes
+            by any process, committed while this server runs).
+        limit_refusals: ``strata_hub_limit_refusals_total{limit}``: calls refused for a
+            token's share (:mod:`hub.limits.budget`, :class:`hub.auth.grants.GrantLimiter`):
+            ``streams`` (ReadBlocks streams per token), ``bytes`` (no room in the read
+            budget within the wait), ``grants`` (IssueGrant beyond the token's grants),
+            ``request`` (a request message not received within its deadline).
+        read_bytes_held: ``strata_hub_read_bytes_held``: block bytes charged to ReadBlocks
+            streams now (:class:`hub.limits.budget.ReadBudget`; read at scrape time).
+        read_bytes_stalled: ``strata_hub_read_bytes_stalled``: bytes of messages that
+            stalled ReadBlocks streams left in gRPC core, charged to their tokens out of the
+            hub's total (:meth:`hub.limits.budget.ReadBudget.take_stalled`).
+        events: ``strata_hub_catalog_events_total{kind}``: catalog events seen.
+        catalog_up: ``strata_hub_catalog_up``: 1 while the catalog answers the watcher's
+            polls (:class:`hub.serve.watch.CatalogWatcher`), 0 while its engine is unreachable;
+            ``/readyz`` on the metrics port answers 503 while it is 0.
+        metrics_connections_closed: ``strata_hub_metrics_connections_closed_total{reason}``:
+            connections to the metrics endpoint closed unserved (``limit``: with
+            :data:`METRICS_MAX_CONNECTIONS` open; ``timeout``: silent for
+            :data:`METRICS_TIMEOUT_S`).
+
+    Catalog sizes (``strata_hub_catalog_*``) are read at scrape time once
+    :meth:`watch_catalog` names the catalog.
+
+    Args:
+        registry: Where to register the counters; a new registry by default.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.requests = Counter(
+            "strata_hub_requests",
+            "gRPC calls finished, by method and status code.",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.blocks_served = Counter(
+            "strata_hub_blocks_served",
+            "Blocks sent by ReadBlocks.",
+            registry=self.registry,
+        )
+        self.blocks_served_bytes = Counter(
+            "strata_hub_blocks_served_bytes",
+            "Block bytes sent by ReadBlocks.",
+            registry=self.registry,
+        )
+        self.bulk_bytes = Counter(
+            "strata_hub_bulk_bytes",
+            "Block bytes sent on the bulk channel (hub/serve/bulk.py; also in "
+            "blocks_served_bytes).",
+            registry=self.registry,
+        )
+        self.bulk_connections = Gauge(
+            "strata_hub_bulk_connections",
+            "Bulk channel connections open.",
+            registry=self.registry,
+        )
+        self.active_streams = Gauge(
+            "strata_hub_active_streams",
+            "Streaming gRPC calls in flight, by method.",
+            ["method"],
+            registry=self.registry,
+        )
+        self.limit_refusals = Counter(
+            "strata_hub_limit_refusals",
+            "Calls refused for a token's share, by limit (streams, bytes, grants, request).",
+            ["limit"],
+            registry=self.registry,
+        )
+        self.read_bytes_held = Gauge(
+            "strata_hub_read_bytes_held",
+            "Block bytes held for ReadBlocks streams (charged to the read budget).",
+            registry=self.registry,
+        )
+        self.read_bytes_stalled = Gauge(
+            "strata_hub_read_bytes_stalled",
+            "Bytes of messages stalled ReadBlocks streams left in gRPC core until their "
+            "clients read, cancel or go away (--stall-timeout).",
+            registry=self.registry,
+        )
+        self.publish_duration = Histogram(
+            "strata_hub_publish_duration_seconds",
+            "Publish duration from start to commit, seconds.",
+            buckets=PUBLISH_BUCKETS,
+            registry=self.registry,
+        )
+        self.events = Counter(
+            "strata_hub_catalog_events",
+            "Catalog events seen by this server, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.catalog_up = Gauge(
+            "strata_hub_catalog_up",
+            "1 while the catalog answered this server's last poll, 0 while it does not.",
+            registry=self.registry,
+        )
+        self.catalog_up.set(1)
+        self.catalog_reachable = True
+        self.metrics_connections_closed = Counter(
+            "strata_hub_metrics_connections_closed",
+            "Connections to the metrics endpoint closed unserved, by reason (limit, timeout).",
+            ["reason"],
+            registry=self.registry,
+        )
+
+    def set_catalog_up(self, up: bool) -> None:
+        """Records whether the catalog answers (``strata_hub_catalog_up``, ``/readyz``)."""
+        self.catalog_reachable = up
+        self.catalog_up.set(1 if up else 0)
+
+    def observe_events(self, events: Iterable[Event]) -> None:
+        """Counts catalog events and records the duration of each publish among them."""
+        for event in events:
+            self.events.labels(kind=event.kind.name.lower()).inc()
+            if event.kind == EventKind.VERSION_PUBLISHED:
+                self.publish_duration.observe(event.duration_ns / 1e9)
+
+    def watch_catalog(self, catalog: Catalog) -> Callable[[], None]:
+        """Exposes ``catalog``'s sizes as ``strata_hub_catalog_*`` gauges, read per scrape.
+
+        Returns:
+            A function that stops exposing them (call it before closing the catalog).
+        """
+        collector = _CatalogCollector(catalog)
+        self.registry.register(collector)
+        return lambda: self.registry.unregister(collector)
+
+    def watch_expiry(self, tokens: Path | None, certificate: Path | None) -> Callable[[], None]:
+        """Exposes when the tokens and the serving certificate expire
+        (:class:`ExpiryCollector`), read per scrape.
+
+        Returns:
+            A function that stops exposing them.
+        """
+        collector = ExpiryCollector(tokens, certificate)
+        self.registry.register(collector)
+        return lambda: self.registry.unregister(collector)
+
+
+class ExpiryCollector(Collector):
+    """``strata_hub_token_expiry_timestamp_seconds{token}`` (each managed token with an
+    expiry, :func:`hub.auth.tokenstore.entries`) and
+    ``strata_hub_certificate_expiry_timestamp_seconds`` (the serving certificate), read from
+    the files at each scrape.
+
+    Args:
+        tokens: the token file (None: no tokens).
+        certificate: the serving certificate (None: no TLS).
+    """
+
+    def __init__(self, tokens: Path | None, certificate: Path | None) -> None:
+        self.tokens = tokens
+        self.certificate = certificate
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The two gauges (a family without samples when there is nothing to say)."""
+        tokens = GaugeMetricFamily(
+            "strata_hub_token_expiry_timestamp_seconds",
+            "When each managed token expires, seconds since the epoch (tokens without an "
+            "expiry are left out)",
+            labels=["token"],
+        )
+        if self.tokens is not None:
+            try:
+                entries = tokenstore.entries(self.tokens)
+            except (HubError, OSError, ValueError):  # unreadable now: serve keeps the last
+                entries = []
+            for entry in entries:
+                if entry.expires is not None:
+                    tokens.add_metric([entry.id], entry.expires.timestamp())
+        yield tokens
+        cert = GaugeMetricFamily(
+            "strata_hub_certificate_expiry_timestamp_seconds",
+            "When the hub's serving certificate expires, seconds since the epoch",
+        )
+        if self.certificate is not None:
+            not_after = certificate_not_after(self.certificate)
+            if not_after is not None:
+                cert.add_metric([], not_after)
+        yield cert
+
+
+class _CatalogCollector(Collector):
+    """Catalog sizes as gauges, read at scrape time (LMDB: its statistics, cheap; PostgreSQL:
+    a count per database)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            stats = self._catalog.stats()
+        except HubError:  # closed during shutdown
+            return
+        gauges = (
+            ("datasets", "Datasets in the catalog.", stats.datasets),
+            ("tags", "Tags in the catalog.", stats.tags),
+            ("snapshots", "Distinct snapshots with a live version.", stats.snapshots),
+            ("blocks", "Distinct blocks referenced by live versions.", stats.blocks),
+            ("block_bytes", "Bytes of the blocks live versions reference.", stats.block_bytes),
+            (
+                "publishes_in_progress",
+                "Publishes staged and not committed (or abandoned by a crash).",
+                stats.publishes_in_progress,
+            ),
+            ("last_sequence", "Sequence number of the newest event.", stats.last_sequence),
+            (
+                "map_used_bytes",
+                "Bytes the catalog takes (LMDB map in use, or its PostgreSQL table).",
+                stats.map_used_bytes,
+            ),
+        )
+        for name, documentation, value in gauges:
+            yield GaugeMetricFamily(f"strata_hub_catalog_{name}", documentation, value=value)
+        versions = GaugeMetricFamily(
+            "strata_hub_catalog_versions", "Versions by state.", labels=["state"]
+        )
+        versions.add_metric(["live"], stats.versions - stats.revoked_versions)
+        versions.add_metric(["revoked"], stats.revoked_versions)
+        yield versions
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """One request per connection, logged nowhere; a silent client is dropped after
+    :data:`METRICS_TIMEOUT_S` (the socket timeout ``StreamRequestHandler`` sets)."""
+
+    timeout = METRICS_TIMEOUT_S
+
+    def handle(self) -> None:
+        """Serve the request, or drop a connection that timed out or went away."""
+        try:
+            super().handle()
+        except TimeoutError:
+            server = self.server
+            if isinstance(server, _BoundedServer):
+                server.closed.labels("timeout").inc()
+        except ConnectionError:
+            pass
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing (one line per scrape, or per flooding client, is noise)."""
+
+
+class _BoundedServer(ThreadingWSGIServer):
+    """prometheus_client's thread-per-request server, with at most
+    :data:`METRICS_MAX_CONNECTIONS` connections (threads) at once."""
+
+    closed: Counter
+    # the listen backlog: socketserver's 5 leaves a flood's connects in SYN retries
+    request_queue_size = 64
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(METRICS_MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Hand the connection to a thread, or close it at once when all slots are taken."""
+        if not self._slots.acquire(blocking=False):
+            self.closed.labels("limit").inc()
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Serve one connection in its thread, then free its slot."""
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One debug line instead of a traceback on stderr per failed connection."""
+        logger.debug("metrics request from %s failed", client_address, exc_info=True)
+
+
+def _with_readyz(app: Any, metrics: HubMetrics) -> Any:
+    """``app`` with ``/readyz``: 200 while the catalog answers, else 503 (readiness probes:
+    a replica that lost its catalog stops getting new connections)."""
+
+    def dispatch(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") != "/readyz":
+            return app(environ, start_response)
+        up = metrics.catalog_reachable
+        body = b"ok\n" if up else b"catalog unreachable\n"
+        status = "200 OK" if up else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return dispatch
+
+
+class MetricsEndpoint:
+    """An HTTP server exposing a registry in the Prometheus text format, on its own thread.
+
+    Use :meth:`start`; stop with :meth:`close`.
+    """
+
+    def __init__(self, server: _BoundedServer, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+        self.address = Address(str(server.server_address[0]), int(server.server_port))
+
+    @classmethod
+    def start(cls, listen: str, metrics: HubMetrics) -> MetricsEndpoint:
+        """Starts serving ``metrics`` on ``listen``: at most :data:`METRICS_MAX_CONNECTIONS`
+        connections at once, each dropped after :data:`METRICS_TIMEOUT_S` of silence.
+
+        Args:
+            listen: ``HOST:PORT``; port 0 picks a free port.
+            metrics: The metrics to expose (and count the connections closed in).
+
+        Returns:
+            The running endpoint; ``address`` holds the bound port.
+
+        Raises:
+            InvalidArgument: ``listen`` is malformed.
+            ListenError: The address cannot be bound (in use, not local).
+        """
+        address = Address.parse(listen)
+
+        class Server(_BoundedServer):
+            closed = metrics.metrics_connections_closed
+
+        try:
+            infos = socket.getaddrinfo(
+                address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+            Server.address_family = infos[0][0]
+            server = make_server(
+                str(infos[0][4][0]),
+                address.port,
+                _with_readyz(make_wsgi_app(metrics.registry), metrics),
+                server_class=Server,
+                handler_class=_QuietHandler,
+            )
+        except OSError as exc:
+            raise ListenError(f"cannot serve metrics on {listen}: {exc.strerror or exc}") from exc
+        assert isinstance(server, _BoundedServer)
+        thread = threading.Thread(target=server.serve_forever, name="strata-hub-metrics")
+        thread.daemon = True
+        thread.start()
+        return cls(server, thread)
+
+    def close(self) -> None:
+        """Stops the server and waits for its thread."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
