@@ -9,7 +9,10 @@ and freed pages given back, :mod:`strata_local.mountinfo`, the mount table read 
 (the spoke, the drain and the CSI plugin), and :mod:`strata_local.reloading`, a YAML
 settings file re-read when it changes (the CSI plugin's tenancy, the spoke's scoped admin
 tokens), and :mod:`strata_local.grpclog`, gRPC's report of a reply to a stream its client
-cancelled made one line instead of a traceback (the hub, the spoke's peer port).
+cancelled made one line instead of a traceback (the hub, the spoke's peer port), and
+:mod:`strata_local.options`, a command's options declared once as a settings model's fields
+and offered as typer flags, variables and a TOML file (``strata-spoke run``, ``strata-hub
+serve``).
 This package imports nothing of Strata (an import-linter contract keeps it so), and its
 modules do not import each other.
 """

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
-import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
-from pydantic import ByteSize, ValidationError
+from pydantic import ValidationError
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -26,9 +23,17 @@ from rich.progress import (
 )
 
 from spoke.mesh.settings import MeshSettings
-from spoke.run.settings import CONFIG_ENV, Option, SpokeSettings, options, read_settings
+from spoke.run.settings import CONFIG_ENV, SpokeSettings, options, read_settings
 from spoke.run.startup import StartupError
 from spoke.run.supervisor import Supervisor
+from strata_local.options import (
+    ConfigFileError,
+    config_parameter,
+    load,
+    parameter,
+    problem,
+    with_options,
+)
 
 app = typer.Typer(
     name="strata-spoke",
@@ -38,10 +43,6 @@ app = typer.Typer(
     add_completion=False,
 )
 
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", help=f"TOML file of settings (or ${CONFIG_ENV}); flags win"),
-]
 SettingsFileOpt = Annotated[
     Path | None,
     typer.Option(
@@ -59,15 +60,7 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 def _invalid(err: ValidationError) -> NoReturn:
     """Exit with the first problem of ``err`` as one line naming its flag."""
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]).replace("_", "-")
-    message = str(first["msg"]).removeprefix("Value error, ")
-    if first["type"] == "missing":
-        env = "STRATA_SPOKE_" + where.replace("-", "_").upper()
-        _fail(f"--{where} is required (the flag, ${env} or the config file)")
-    if not where:
-        _fail(message)
-    _fail(message if message.startswith("--") else f"--{where}: {message}")
+    _fail(problem(err, OPTIONS, "STRATA_SPOKE_"))
 
 
 OPTIONS = options()
@@ -96,17 +89,13 @@ def _with_mesh(given: dict[str, Any]) -> dict[str, Any]:
 
 def _settings(config: Path | None, given: dict[str, Any]) -> SpokeSettings:
     """Settings from the flags given (None: not given), the environment and the config file."""
-    if config is not None:
-        if not config.is_file():
-            _fail(f"--config {config}: no such file")
-        os.environ[CONFIG_ENV] = str(config)
     values = _with_mesh(given)
     try:
-        return SpokeSettings(**values)
+        return load(SpokeSettings, values, config, CONFIG_ENV)
     except ValidationError as err:
         _invalid(err)
-    except (OSError, ValueError) as err:  # an unreadable or malformed config file
-        _fail(f"config file {os.environ.get(CONFIG_ENV)}: {err}")
+    except ConfigFileError as err:
+        _fail(str(err))
 
 
 def _from_file(path: Path, given: dict[str, Any]) -> SpokeSettings:
@@ -128,59 +117,8 @@ def _logging(level: str, who: str) -> None:
     )
 
 
-def _help(option: Option) -> str:
-    """An option's help: its description, default and variable, from the schema."""
-    notes = []
-    if option.default not in (None, False, ()):
-        shown = option.default
-        if isinstance(shown, ByteSize):
-            shown = shown.human_readable(decimal=False).replace(".0", "")
-        notes.append(f"default {shown}")
-    if option.env is not None:
-        notes.append(f"${option.env}")
-    return f"{option.help} ({'; '.join(notes)})" if notes else option.help
-
-
-def _parameter(name: str, annotation: object) -> inspect.Parameter:
-    return inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
-    )
-
-
-def _parameters(command: str) -> list[inspect.Parameter]:
-    """The typer parameters of ``command``'s settings options, each defaulting to None so
-    that an option not given is left to SpokeSettings (its default, STRATA_SPOKE_*
-    variables, the config file)."""
-    return [
-        _parameter(
-            option.name,
-            Annotated[
-                option.kind | None,  # type: ignore[operator]
-                typer.Option(option.flag, help=_help(option), show_default=False),
-            ],
-        )
-        for option in OPTIONS
-        if command in option.commands
-    ]
-
-
-_Command = TypeVar("_Command", bound=Callable[..., None])
-
-
-def _with_options(command_name: str, *own: inspect.Parameter) -> Callable[[_Command], _Command]:
-    """Give a command taking ``**options`` the parameters ``own`` and those of the settings
-    it takes (typer reads a function's ``__signature__``), so no option is declared here."""
-
-    def wrap(command: _Command) -> _Command:
-        signature = inspect.Signature([*own, *_parameters(command_name)])
-        setattr(command, "__signature__", signature)  # noqa: B010
-        return command
-
-    return wrap
-
-
 @app.command()
-@_with_options("run", _parameter("config", ConfigOpt))
+@with_options(OPTIONS, config_parameter(CONFIG_ENV), command="run")
 def run(**options: Any) -> None:
     """Start the spoke daemon and its mount; stop both on SIGINT/SIGTERM.
 
@@ -197,7 +135,12 @@ def run(**options: Any) -> None:
 
 
 @app.command(hidden=True)
-@_with_options("daemon", _parameter("config", ConfigOpt), _parameter("settings", SettingsFileOpt))
+@with_options(
+    OPTIONS,
+    config_parameter(CONFIG_ENV),
+    parameter("settings", SettingsFileOpt),
+    command="daemon",
+)
 def daemon(**options: Any) -> None:
     """Run only the daemon (``run`` starts it for you, with ``--settings``)."""
     config, path = options.pop("config"), options.pop("settings")

@@ -3,8 +3,9 @@
 Every option is declared once, as a pydantic field: its name is the TOML key, ``--NAME``
 (or the field's ``json_schema_extra["flag"]``) its flag, ``STRATA_SPOKE_NAME`` its variable,
 and the field's default and description its default and help. :func:`declared` reads those
-declarations for the command lines that offer them (``strata-spoke``'s typer options,
-``strata-mount``'s argparse flags), so no command line declares an option itself.
+declarations (with :mod:`strata_local.options`, which the hub's ``serve`` shares) for the
+command lines that offer them (``strata-spoke``'s typer options, ``strata-mount``'s
+argparse flags), so no command line declares an option itself.
 
 A supervisor hands a child process its validated settings as a file, never as flags:
 :func:`write_settings` writes them owner-only into the cache's private directory under a
@@ -20,12 +21,24 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from types import UnionType
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spoke.disk.encryption import BlockCipher, EncryptionError, load_key
+from strata_local import options
+
+__all__ = [
+    "DAEMON",
+    "RUN",
+    "MountSettings",
+    "Option",
+    "declared",
+    "read_settings",
+    "resolved",
+    "settings_file",
+    "write_settings",
+]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -134,66 +147,13 @@ class MountSettings(BaseModel):
 
 
 @dataclass(frozen=True)
-class Option:
-    """One option of the schema, as a command line offers it (:func:`options`)."""
+class Option(options.Option):
+    """One option of the spoke's schema (:class:`strata_local.options.Option`)."""
 
-    name: str
-    """The keyword a command receives it as (``peer_listen``)."""
-    field: str
-    """Its field in its model (``listen`` of :class:`MeshSettings`)."""
-    flag: str
-    """``--peer-listen``."""
-    help: str
-    kind: type
-    """What a command line parses it to: ``str`` (sizes, lists and choices too), ``Path``,
-    ``bool`` (a switch), ``int`` or ``float``; the model validates it."""
-    choices: tuple[str, ...]
-    default: Any
-    env: str | None
-    """Its ``STRATA_SPOKE_*`` variable (None: set it in the TOML file's ``[mesh]`` table)."""
-    commands: tuple[str, ...]
-    """``run``, ``daemon``: the ``strata-spoke`` commands that take it."""
-    mesh: bool
-    """A field of :class:`MeshSettings` rather than of the settings themselves."""
-
-
-def _without_none(annotation: Any) -> Any:
-    if get_origin(annotation) in (Union, UnionType):
-        (inner,) = (a for a in get_args(annotation) if a is not type(None))
-        return inner
-    return annotation
-
-
-def _kind(annotation: Any) -> tuple[type, tuple[str, ...]]:
-    inner = _without_none(annotation)
-    if get_origin(inner) is Literal:
-        return str, tuple(str(c) for c in get_args(inner))
-    if inner is ByteSize or get_origin(inner) is tuple:  # 10GiB; a:1,b:2
-        return str, ()
-    if inner in (bool, int, float, str, Path):
-        return inner, ()
-    raise TypeError(f"no command-line form for {annotation!r}")
-
-
-def _option(model: type[BaseModel], name: str, env_prefix: str | None, mesh: bool) -> Option:
-    info = model.model_fields[name]
-    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    flag = str(extra.get("flag", "--" + name.replace("_", "-")))
-    kind, choices = _kind(info.annotation)
-    commands = extra.get("commands", [RUN, DAEMON])
-    assert isinstance(commands, list)
-    return Option(
-        name=flag.removeprefix("--").replace("-", "_"),
-        field=name,
-        flag=flag,
-        help=info.description or "",
-        kind=kind,
-        choices=choices,
-        default=None if info.is_required() else info.default,
-        env=env_prefix + name.upper() if env_prefix is not None else None,
-        commands=tuple(str(c) for c in commands),
-        mesh=mesh,
-    )
+    @property
+    def mesh(self) -> bool:
+        """A field of :class:`~spoke.mesh.settings.MeshSettings` (``--peer-*``)."""
+        return self.section == "mesh"
 
 
 def declared(
@@ -204,10 +164,12 @@ def declared(
     mesh: bool = False,
 ) -> tuple[Option, ...]:
     """The options ``model`` declares (those of ``names``; all by default), in declaration
-    order: a field's flag is ``--NAME`` unless its ``json_schema_extra`` gives ``flag``;
-    the commands that take it are ``run`` and ``daemon`` unless it gives ``commands``."""
-    chosen = list(model.model_fields) if names is None else names
-    return tuple(_option(model, name, env_prefix, mesh) for name in chosen)
+    order (:func:`strata_local.options.declared`): the commands that take one are ``run``
+    and ``daemon`` unless its ``json_schema_extra`` gives ``commands``; ``mesh``: they are
+    the ``[mesh]`` table's."""
+    section = "mesh" if mesh else None
+    found = options.declared(model, names, env_prefix, section=section, commands=(RUN, DAEMON))
+    return tuple(Option(**vars(option)) for option in found)
 
 
 Model = TypeVar("Model", bound=BaseModel)

@@ -29,12 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import ByteSize, Field, field_validator, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from protocol.address import grpc_target, parse_option_hostport
 from spoke.audit import DEFAULT_BACKUPS as DEFAULT_AUDIT_BACKUPS
@@ -53,6 +48,7 @@ from spoke.run.schema import (
     settings_file,
     write_settings,
 )
+from strata_local.options import config_sources
 
 __all__ = [
     "CONFIG_ENV",
@@ -242,12 +238,9 @@ class SpokeSettings(BaseSettings, MountSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Flags, then ``STRATA_SPOKE_*`` variables, then the TOML file of ``CONFIG_ENV``."""
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config = os.environ.get(CONFIG_ENV)
-        if config:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config)))
-        return tuple(sources)
+        """Flags, then ``STRATA_SPOKE_*`` variables, then the TOML file of ``--config`` or
+        ``CONFIG_ENV``."""
+        return config_sources(settings_cls, init_settings, env_settings, CONFIG_ENV)
 
     def hub_credentials(self) -> HubCredentials:
         """The credentials for the hub, loaded now.
