@@ -42,6 +42,7 @@ from csi.mounttable import (
     unmount,
 )
 from csi.targets import TargetRefused, Targets, fd_path
+from strata_local.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +130,7 @@ class StateDir:
     def put(self, publication: Publication) -> None:
         """Record ``publication`` (replacing any record of its target)."""
         path = self._path(publication.target)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(asdict(publication), f)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(asdict(publication)).encode())
 
     def drop(self, target: str) -> None:
         """Forget ``target`` (nothing happens when it has no record)."""

@@ -13,8 +13,9 @@ in ``pyproject.toml``), and each room's ``__init__`` says what it owns:
   may make the hub hold);
 - :mod:`hub.snapshot` — names, blocks, manifests;
 - the ground leaves, which import nothing of the hub: :mod:`hub.errors` (domain errors),
-  :mod:`hub.modes` (private file modes), :mod:`hub.atomic` (write-then-rename) and
-  :mod:`hub.audit` (the audit trail).
+  :mod:`hub.modes` (private file modes) and :mod:`hub.audit` (the audit trail); what the
+  hub shares with the spoke on its machine is in :mod:`strata_local` (write-then-rename,
+  private directories, malloc arenas).
 
 ``DESIGN.md`` beside this file states the invariants. The hub never imports ``spoke``,
 ``fusemount`` or ``trainer``.

@@ -21,7 +21,6 @@ import datetime
 import logging
 import os
 import secrets
-import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from hub.auth.keys import load_private_key
 from hub.auth.tokens import Principal
 from hub.errors import ConfigError, InvalidArgument, QuotaExceeded
 from protocol.grants import PUBLIC_KEY_BYTES, grant_message, key_id
@@ -79,23 +79,7 @@ def load_grant_key(path: Path) -> Ed25519PrivateKey:
     Raises:
         ConfigError: missing, unreadable, readable by group or others, or not Ed25519.
     """
-    what = f"grant key {path}"
-    try:
-        mode = path.stat().st_mode
-        raw = path.read_bytes()
-    except OSError as err:
-        raise ConfigError(f"{what}: {err.strerror or err}") from None
-    if mode & 0o077:
-        raise ConfigError(
-            f"{what}: readable by group or others (mode {stat.S_IMODE(mode):04o}); chmod 600 it"
-        )
-    try:
-        key = serialization.load_pem_private_key(raw, password=None)
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"{what}: not an unencrypted PEM private key ({err})") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise ConfigError(f"{what}: not an Ed25519 key (strata-hub keygen makes one)")
-    return key
+    return load_private_key(path, f"grant key {path}", ConfigError)
 
 
 def ensure_grant_key(data_dir: Path) -> Path:

@@ -10,13 +10,13 @@ signature beside the version and every ``Snapshot`` the hub serves carries it.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from hub.auth.keys import load_private_key
 from hub.errors import HubError
 from protocol.signing import signed_message
 
@@ -60,22 +60,7 @@ def load_signer(path: Path) -> Signer:
         SigningKeyError: missing, unreadable, readable by group or others, or not an
             Ed25519 private key.
     """
-    what = f"--signing-key {path}"
-    try:
-        mode = path.stat().st_mode
-        raw = path.read_bytes()
-    except OSError as err:
-        raise SigningKeyError(f"{what}: {err.strerror or err}") from None
-    if mode & 0o077:
-        raise SigningKeyError(
-            f"{what}: readable by group or others (mode {stat.S_IMODE(mode):04o}); chmod 600 it"
-        )
-    try:
-        key = serialization.load_pem_private_key(raw, password=None)
-    except (ValueError, TypeError) as err:
-        raise SigningKeyError(f"{what}: not an unencrypted PEM private key ({err})") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise SigningKeyError(f"{what}: not an Ed25519 key (strata-hub keygen makes one)")
+    key = load_private_key(path, f"--signing-key {path}", SigningKeyError)
 
     def sign(dataset: str, version: str, snapshot_id: str) -> bytes:
         return key.sign(signed_message(dataset, version, snapshot_id))

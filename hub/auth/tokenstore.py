@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from hub.atomic import write_atomic
+from strata_local.atomic import write_atomic
 from hub.auth.tokens import MANAGED_VERSION, TokenTable, _scopes, hash_token, parse_timestamp
 from hub.errors import ConfigError, NotFound
 

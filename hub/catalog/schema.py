@@ -105,7 +105,7 @@ def iter_prefix(cursor: lmdb.Cursor[bytes], prefix: bytes) -> Iterator[tuple[byt
 
 def delete_prefix(cursor: lmdb.Cursor[bytes], prefix: bytes) -> int:
     """Deletes every key that starts with ``prefix``; returns how many (in one statement
-    on a cursor that can, :meth:`hub.catalog.postgres.PgCursor.delete_prefix`)."""
+    on a cursor that can, :meth:`hub.catalog.pgtxn.PgCursor.delete_prefix`)."""
     bulk = getattr(cursor, "delete_prefix", None)
     if bulk is not None:
         return int(bulk(prefix))

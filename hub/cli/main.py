@@ -50,7 +50,6 @@ from typing import Annotated
 
 import typer
 
-from hub.atomic import write_atomic
 from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog, operator
 from hub.auth.grants import DEFAULT_LIFETIME_S, HOLDERS_PER_TOKEN
 from hub.auth.signing import keygen as keygen_pair
@@ -86,10 +85,12 @@ from hub.limits.streams import MANIFEST_STREAMS, WATCH_STREAMS
 from hub.modes import PRIVATE_UMASK
 from hub.publish.tree import publish as publish_tree
 from hub.serve.bulk import MAX_CONNECTIONS as BULK_CONNECTIONS
+from hub.serve.config import MAX_MESSAGE_BYTES, ServerConfig
 from hub.serve.metrics import HubMetrics, MetricsEndpoint
-from hub.serve.server import GRACE_SECONDS, MAX_MESSAGE_BYTES, HubServer, ServerConfig
+from hub.serve.server import GRACE_SECONDS, HubServer
 from hub.snapshot.blocks import DEFAULT_BLOCK_SIZE
 from hub.store.datadir import secure
+from strata_local.atomic import write_atomic
 from strata_local.memory import limit_malloc_arenas
 
 EXIT_USAGE = 2

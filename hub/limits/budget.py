@@ -14,7 +14,8 @@ Limits, per principal (the token's id; ``anonymous`` without tokens):
 
 - at most ``streams_per_token`` ``ReadBlocks`` streams at once (:data:`STREAMS_PER_TOKEN`),
   and at most ``total_streams`` over every principal (:data:`STREAMS`), the last eighth
-  of them only for tokens holding fewer than :data:`RESERVED_BELOW` (:func:`slot_free`):
+  of them only for tokens holding fewer than
+  :data:`~hub.limits.slots.RESERVED_BELOW` (:func:`~hub.limits.slots.slot_free`):
   one more is refused at once, ``RESOURCE_EXHAUSTED``.
 - at most ``bytes_per_token`` charged at once (:data:`BYTES_PER_TOKEN`), and at most
   ``total_bytes`` over every principal (:data:`TOTAL_BYTES`). A stream with no room
@@ -68,16 +69,8 @@ read, 2 MiB for one that read the 960 KiB before a chunk) add at most the stalle
 While a token holding less waits, a token over its fair share (the total over the tokens
 holding or waiting, :meth:`ReadBudget.outweighed`) gets 2 s, not its message's deadline,
 for each send: readers that read a stream's first messages and then stop no longer hold
-every other token's reads off for the 30 s of a chunk. Measured (``python -m
-bench.stall_flood --seconds 120``: six tokens opening 40 unread streams every 3 s, a
-seventh reading a block a second; the commit before the ramp, then the ramp, back to back
-on 2 loaded cores): the hub peaked at 929 MiB before and 626 MiB with the ramp, and was
-back at 111 / 117 MiB 15 s after the flood closed; the seventh token had 8 of 16 reads
-refused before (median 9.1 s), 0 of 89 with the ramp (median 0.02 s, slowest 5.6 s).
-Against four tokens reading each stream's first 960 KiB and then stopping (issue 39's
-second re-probe, ``rampstall.py --tokens 4``, 100 s): before the fair-share deadline and
-the per-token stalled cap, a fifth token had 7 of 11 reads refused and the hub grew past
-842 MiB; after, 97 of 97 served (slowest 1.1 s), peak 742 MiB, 92 MiB 15 s after.
+every other token's reads off for the 30 s of a chunk. Measured: hub/DESIGN.md (Serving)
+and BENCHMARKS.md (``bench.stall_flood``).
 
 A spoke opens at most 16 block streams (``spoke.fetch.scheduler``: 8 for every class and 8 more
 for demand misses), so 512 streams is 32 spokes sharing one token at full concurrency; a
@@ -97,44 +90,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hub.errors import QuotaExceeded
+from hub.limits.slots import reserved_below, reserved_slots, slot_free
 from hub.snapshot.blocks import MiB
 
 STREAMS_PER_TOKEN = 512
 """Default most ``ReadBlocks`` streams one token may have open (``--max-streams-per-token``)."""
-
-RESERVED_SHARE = 8
-"""The last 1/``RESERVED_SHARE`` of the hub's stream slots (of each kind: ``ReadBlocks``
-here, the others in :mod:`hub.limits.streams`) go only to tokens holding fewer than
-:data:`RESERVED_BELOW` streams of that kind: tokens that fill the rest (four tokens at
-their 512 ``ReadBlocks`` streams each, header-only and re-opened as they time out, would
-fill 2,048) cannot lock the other tokens out."""
-
-RESERVED_BELOW = 16
-"""A token holding fewer streams of a kind than this (and than a quarter of its own
-share, :func:`reserved_below`) may take the reserved slots: a spoke opens at most 16
-block streams (``spoke.fetch.scheduler``)."""
-
-
-def reserved_below(per_token: int) -> int:
-    """Below how many streams a token may take reserved slots: :data:`RESERVED_BELOW`, or a
-    quarter of ``per_token`` when that is fewer (a kind whose share is 16, ``ListDirectory``'s,
-    would otherwise let every token under its share into the reserve), at least 1."""
-    return max(1, min(RESERVED_BELOW, per_token // 4))
-
-
-def reserved_slots(total: int) -> int:
-    """How many of ``total`` slots are kept for tokens holding few (:data:`RESERVED_SHARE`)."""
-    return total // RESERVED_SHARE
-
-
-def slot_free(total: int, open_: int, mine: int, per_token: int) -> bool:
-    """Whether a token holding ``mine`` of a kind's ``open_`` slots may take one more:
-    under ``total`` and its ``per_token``, and, in the reserved last slots
-    (:func:`reserved_slots`), only while it holds fewer than :func:`reserved_below`."""
-    if open_ >= total or mine >= per_token:
-        return False
-    return open_ < total - reserved_slots(total) or mine < reserved_below(per_token)
-
 
 STREAMS = 2048
 """Default most ``ReadBlocks`` streams open at once over every token (``--max-block-streams``):
@@ -404,7 +364,7 @@ class ReadBudget:
         """Whether ``name`` holds more than its fair share of the budget while a token
         holding less waits for room: then a send of ``name``'s that has not left within
         :data:`STALL_FLOOR_S` is ended as stalled
-        (:meth:`hub.serve.service.HubService._send_blocks`)
+        (:func:`hub.serve.sending.send_blocks`)
         rather than at its full deadline.
 
         The fair share is :attr:`total_bytes` over the tokens holding or waiting. Found by

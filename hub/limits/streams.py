@@ -32,7 +32,7 @@ until the call ends (:meth:`StreamSlots.unhold`): twelve tokens pinning every
 
 The last eighth of each kind's slots is kept for tokens holding fewer than 16 of that
 kind, or a quarter of their share where that is fewer (4 ``ListDirectory`` calls,
-:func:`hub.limits.budget.slot_free`): eight tokens at their eighth each, re-opening calls
+:func:`hub.limits.slots.slot_free`): eight tokens at their eighth each, re-opening calls
 as they end, cannot lock the others out.
 
 Stalled clients of one token can hold an eighth of each kind, so about 170 MiB beside its
@@ -52,7 +52,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from hub.errors import QuotaExceeded
-from hub.limits.budget import reserved_below, reserved_slots, slot_free
+from hub.limits.slots import reserved_below, reserved_slots, slot_free
 
 MANIFEST_STREAMS = 256
 """Default most ``GetManifest`` streams open at once (``--max-manifest-streams``)."""
@@ -76,7 +76,7 @@ ends, so a token's unread replies stay bounded by its share."""
 
 PENALTY_S = 300.0
 """For this long after one of its replies went unread for :data:`REPLY_S`, a token may hold
-only :func:`hub.limits.budget.reserved_below` slots of that kind (issue 39's fourth probe: twelve
+only :func:`hub.limits.slots.reserved_below` slots of that kind (issue 39's fourth probe: twelve
 tokens closed their pinned calls just after the 30 s and pinned every slot again)."""
 
 TOKEN_SHARE = 8

@@ -36,11 +36,8 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import ssl
-import struct
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -49,7 +46,6 @@ from hub.auth.tokens import ANONYMOUS, AUTHORIZATION, Principal, TokenFile, Toke
 from hub.catalog import Catalog
 from hub.errors import (
     BlockNotFound,
-    ConfigError,
     CorruptBlob,
     HubError,
     InvalidArgument,
@@ -58,6 +54,7 @@ from hub.errors import (
 )
 from hub.limits.budget import STALL_FLOOR_S, ReadBudget, stall_error
 from hub.limits.sizes import IDLE_S
+from hub.serve.bulksocket import acked_bytes, peer_name, will_need
 from hub.serve.inbound import REQUEST_WAIT_S
 from hub.serve.metrics import HubMetrics
 from hub.serve.wire import CHUNK_BYTES
@@ -97,40 +94,6 @@ class _Stalled(Exception):
 
 Failed = Callable[[str, str, Exception], tuple[grpc.StatusCode, str]]
 """Turns an error into ``(status, message)``, counted and audited: ``(method, peer, error)``."""
-
-
-def peer_name(address: Any) -> str:
-    """gRPC's form of a peer address (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``), so an
-    audit line reads the same whichever channel the call came on."""
-    if isinstance(address, tuple) and len(address) >= 2:
-        host, port = address[0], address[1]
-        return f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
-    return f"unknown:{address}"
-
-
-def tls_context(
-    cert: Path | None, key: Path | None, client_ca: Path | None
-) -> ssl.SSLContext | None:
-    """The bulk port's TLS context from the gRPC port's files: its certificate and key,
-    TLS 1.2 or later, client certificates required when ``client_ca`` is set (mutual
-    TLS), ALPN :data:`protocol.bulk.ALPN`; None without a certificate (plaintext).
-
-    Raises:
-        ConfigError: a file is unreadable or not a matching certificate and key.
-    """
-    if cert is None or key is None:
-        return None
-    try:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(str(cert), str(key))
-        if client_ca is not None:
-            context.load_verify_locations(str(client_ca))
-            context.verify_mode = ssl.CERT_REQUIRED
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"unusable TLS certificate or key for --bulk-port: {exc}") from exc
-    context.set_alpn_protocols([bulk.ALPN])
-    return context
 
 
 CLOSE_WAIT_S = 1.0
@@ -350,19 +313,19 @@ class BulkServer:
     async def _progress(
         self, step: Awaitable[_T], transport: asyncio.WriteTransport, who: str
     ) -> _T:
-        """``step`` (a send on ``transport`` for token ``who``), given as long as the client
-        takes bytes: within every stall timeout the client must have taken some
-        (:func:`_taken`), or the step is given up. Progress, not the step's time, so a slow
-        reader behind a deep socket buffer is served; where the kernel does not count, the
-        step itself must complete within the stall timeout. But while ``who`` holds more
-        than its fair share of the read budget and a token holding less waits
-        (:meth:`ReadBudget.outweighed`), a step gets :data:`~hub.limits.budget.STALL_FLOOR_S`:
-        issue 39's third probe held the whole budget with two tokens' 96 connections each
-        taking 64 KiB every 5 s, refusing every other token's reads.
+        """``step`` (a send on ``transport`` for token ``who``), given as long as the client takes
+        bytes: within every stall timeout the client must have taken some
+        (:func:`~hub.serve.bulksocket.acked_bytes`), or the step is given up. Progress, not the
+        step's time, so a slow reader behind a deep socket buffer is served; where the kernel does
+        not count, the step itself must complete within the stall timeout. But while ``who`` holds
+        more than its fair share of the read budget and a token holding less waits
+        (:meth:`ReadBudget.outweighed`), a step gets :data:`~hub.limits.budget.STALL_FLOOR_S`: issue
+        39's third probe held the whole budget with two tokens' 96 connections each taking 64 KiB
+        every 5 s, refusing every other token's reads.
 
         Raises:
-            _Stalled: the client took nothing within a stall timeout, or too little while
-                a lighter token waited.
+            _Stalled: the client took nothing within a stall timeout, or too little while a
+                lighter token waited.
         """
         budget = self._budget
         stall_s = budget.stall_s
@@ -370,7 +333,7 @@ class BulkServer:
         loop = asyncio.get_running_loop()
         sending = asyncio.ensure_future(step)
         try:
-            taken = _taken(transport)
+            taken = acked_bytes(transport)
             started = checked = loop.time()
             while True:
                 done, _ = await asyncio.wait((sending,), timeout=floor / 2)
@@ -382,7 +345,7 @@ class BulkServer:
                         stall_error("a step of a block while lighter tokens waited", floor)
                     )
                 if now - checked >= stall_s:
-                    moved = _taken(transport)
+                    moved = acked_bytes(transport)
                     if moved is None or moved == taken:
                         raise _Stalled(stall_error("a step of a block", stall_s))
                     taken, checked = moved, now
@@ -431,7 +394,7 @@ class BulkServer:
                 raise CorruptBlob(f"block {digest}'s blob file is not {size} bytes")
             if size >= READAHEAD_BYTES:
                 for name in following:  # the kernel reads it while this one is sent
-                    _will_need(self._local.path(name))
+                    will_need(self._local.path(name))
             transport = writer.transport
             sent = 0
             if transport.get_write_buffer_size() == 0:  # the head left: bytes go in order
@@ -455,37 +418,5 @@ class BulkServer:
                         sent += moved
             if sent != size:
                 raise ConnectionResetError(f"sent {sent} of block {digest}'s {size} bytes")
-        finally:
-            os.close(fd)
-
-
-_TCP_INFO = struct.Struct("120xQ")
-"""``struct tcp_info`` up to ``tcpi_bytes_acked`` (Linux 4.1, ``linux/tcp.h``): the bytes
-of the connection the peer's kernel has acknowledged."""
-
-
-def _taken(transport: asyncio.WriteTransport) -> int | None:
-    """Bytes of the connection the client has taken so far (``tcpi_bytes_acked``, tcp(7)
-    ``TCP_INFO``): its kernel acknowledges them only while its receive buffer has room,
-    that is while the client reads. None where the kernel does not say."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return None
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
-    except (OSError, AttributeError):
-        return None
-    if len(info) < _TCP_INFO.size:
-        return None
-    acked: int = _TCP_INFO.unpack(info)[0]
-    return acked
-
-
-def _will_need(path: os.PathLike[str]) -> None:
-    """Asks the kernel to read a blob file ahead (``POSIX_FADV_WILLNEED``); errors ignored."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
         finally:
             os.close(fd)

@@ -118,7 +118,7 @@ def _writing(
     method: Callable[[_S, _Request, Any, Principal], Awaitable[None]],
 ) -> Callable[..., Awaitable[None]]:
     """Wraps a response-streaming handler that writes its own messages (each send timed,
-    :meth:`hub.serve.service.HubService._send_blocks`): the gate's principal, limits, status,
+    :func:`hub.serve.sending.send_blocks`): the gate's principal, limits, status,
     counting. A
     call whose status was sent already (a stalled stream, counted when it was ended) is
     not counted again."""

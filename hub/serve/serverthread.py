@@ -9,8 +9,9 @@ import threading
 from types import TracebackType
 
 from hub.serve.address import Address
+from hub.serve.config import ServerConfig
 from hub.serve.metrics import HubMetrics
-from hub.serve.server import HubServer, ServerConfig
+from hub.serve.server import HubServer
 
 
 class ServerThread:

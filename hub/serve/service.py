@@ -25,10 +25,9 @@ same message, so guessing digests reveals nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, NoReturn, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
 
 import grpc
 
@@ -41,10 +40,9 @@ from hub.errors import (
     HubError,
     LimitExceeded,
     QuotaExceeded,
-    SequenceOutOfRange,
     VersionRevoked,
 )
-from hub.limits.budget import STALL_FLOOR_S, ReadBudget, stall_error, stalled_charge
+from hub.limits.budget import ReadBudget
 from hub.limits.streams import (
     LISTING_CALLS,
     MANIFEST_STREAMS,
@@ -57,14 +55,14 @@ from hub.serve.blockstream import MAX_DIGESTS_PER_REQUEST, BlockStreamer, Packed
 from hub.serve.calls import _first_taken, _streaming, _unary, _writing
 from hub.serve.inbound import receive
 from hub.serve.metrics import HubMetrics
-from hub.serve.watch import CatalogWatcher
+from hub.serve.sending import send_blocks
+from hub.serve.watch import CatalogWatcher, catalog_events
 from hub.serve.wire import (
     CHUNK_BYTES,
     Oversize,
     decode_page_token,
     encode_page_token,
     entry_message,
-    event_message,
     pack_repeated,
     snapshot_message,
     status_code,
@@ -88,16 +86,6 @@ DEFAULT_PAGE_SIZE = 1000
 
 MAX_PAGE_SIZE = 2_000
 """Largest ``ListDirectory`` page; larger requests are served this many (AIP-158)."""
-
-
-WATCH_BATCH = 1000
-"""Events read per catalog transaction while streaming ``Watch``."""
-
-
-_Request = TypeVar("_Request")
-
-
-_Response = TypeVar("_Response")
 
 
 _AUDITED_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
@@ -371,7 +359,8 @@ class HubService(hub_pb2_grpc.HubServicer):
         request is read, receives each request within its deadline with its bytes charged
         meanwhile (:mod:`hub.serve.inbound`), and charges each block to the caller's share of the
         read budget before reading it (:mod:`hub.limits.budget`): over any, RESOURCE_EXHAUSTED.
-        Each message must leave within the stall timeout (:meth:`_send_blocks`).
+        Each message must leave within the stall timeout
+        (:func:`hub.serve.sending.send_blocks`).
         """
         readable = None if principal.scopes == ("*",) else principal.may_read
         requests = request_iterator
@@ -402,85 +391,10 @@ class HubService(hub_pb2_grpc.HubServicer):
                 pack_bytes = min(request.pack_bytes, self._chunk_bytes)
                 request = None  # type: ignore[assignment]  # not kept while the stream waits
                 messages = self._blocks.messages(digests, readable, pack_bytes, principal.name)
-                if not await self._send_blocks(context, messages, principal.name):
+                if not await send_blocks(
+                    context, messages, self._budget, principal.name, self._abort
+                ):
                     return  # stalled: ended with its status
-
-    async def _send_blocks(
-        self, context: Any, messages: AsyncGenerator[bytes, None], who: str
-    ) -> bool:
-        """Writes ``messages``, each within its stall deadline; False when one was not,
-        and the call has been ended.
-
-        A message the client's flow-control window has not taken within its deadline
-        (:meth:`_write_timed`: the stall timeout per MiB, at least 2 s, a stream's first
-        messages small; 2 s while ``who`` holds more than its fair share and a token
-        holding less waits) ends the stream: ``messages`` is closed, which gives
-        back its charges, and the call is ended RESOURCE_EXHAUSTED (counted
-        ``limit="stall"`` and audited). The message stays in gRPC core until the client
-        reads it, cancels or goes away (``grpc.aio`` cannot reset one stream), and so does
-        its status, queued behind it: until then it stays charged to ``who`` (in the
-        budget's stalled pool, :meth:`ReadBudget.take_stalled`) and the stream keeps its
-        slot, so what stalled streams leave in core stays bounded.
-
-        Raises:
-            asyncio.CancelledError: the call ended under a write (the client went away).
-        """
-        stalled, deadline_s = 0, 0.0
-        async with contextlib.aclosing(messages):
-            async for message in messages:
-                try:
-                    left = await self._write_timed(context, message, who)
-                except Exception:
-                    # the call ended under the write (the client went away, the server
-                    # stops): what grpc.aio does with a cancelled call, quietly
-                    raise asyncio.CancelledError from None
-                if left is not None:
-                    stalled, deadline_s = stalled_charge(len(message)), left
-                    break
-        if not stalled:
-            return True
-        pooled = self._budget.take_stalled(who, stalled)
-        try:
-            error = stall_error(f"a block's message of {stalled} bytes", deadline_s)
-            await self._abort("ReadBlocks", context, error)
-        except grpc.aio.AbortError:
-            raise
-        except Exception:  # the call ended (the client went away) before its status left
-            pass
-        finally:
-            self._budget.release_stalled(who, stalled, pooled)
-        return False
-
-    async def _write_timed(self, context: Any, message: bytes, who: str) -> float | None:
-        """Writes one message within its deadline (:meth:`ReadBudget.send_deadline`), or
-        within :data:`~hub.limits.budget.STALL_FLOOR_S` while ``who`` holds more than its fair
-        share and a token holding less waits (:meth:`ReadBudget.outweighed`).
-
-        Returns:
-            None once it has left; the seconds it was given when it had not (the write is
-            cancelled).
-        """
-        budget = self._budget
-        deadline = budget.send_deadline(len(message))
-        write = asyncio.ensure_future(context.write(message))
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        try:
-            while True:
-                done, _ = await asyncio.wait((write,), timeout=min(deadline, STALL_FLOOR_S) / 4)
-                if done:
-                    write.result()
-                    return None
-                waited = loop.time() - started
-                if waited >= deadline or (waited >= STALL_FLOOR_S and budget.outweighed(who)):
-                    return round(waited, 1)
-        finally:
-            if not write.done():
-                write.cancel()
-                with contextlib.suppress(BaseException):
-                    await write
-            elif not write.cancelled():
-                write.exception()  # retrieved: a write the call's end failed is not news
 
     @_unary
     async def IssueGrant(
@@ -516,42 +430,5 @@ class HubService(hub_pb2_grpc.HubServicer):
         """Streams catalog events after ``after_sequence``, then live ones, until shutdown,
         in one of the hub's watch stream slots (:mod:`hub.limits.streams`)."""
         async with self._watch_slots.slot(principal.name):
-            async for event in self._events(request, principal):
+            async for event in catalog_events(self._catalog, self._watcher, request, principal):
                 yield event
-
-    async def _events(
-        self, request: hub_pb2.WatchRequest, principal: Principal
-    ) -> AsyncIterator[hub_pb2.CatalogEvent]:
-        """Catalog events after ``after_sequence``, then live ones, until shutdown."""
-        wanted = set(request.datasets)
-        for dataset in wanted:
-            validate_dataset(dataset)
-            principal.require(dataset)
-        after = request.after_sequence
-        first = await asyncio.to_thread(self._catalog.first_sequence)
-        last = await asyncio.to_thread(self._catalog.last_sequence)
-        if after > last:
-            raise SequenceOutOfRange(
-                f"sequence {after} is ahead of the catalog, whose newest event is {last}"
-            )
-        if after < last and after + 1 < first:
-            raise SequenceOutOfRange(
-                f"events after {after} were pruned (the oldest kept is {first});"
-                " list again and watch from the listing's sequence"
-            )
-        while True:
-            events = await asyncio.to_thread(self._catalog.events_after, after, WATCH_BATCH)
-            if events and events[0].sequence != after + 1:
-                raise SequenceOutOfRange(
-                    f"events after {after} were pruned (the oldest kept is {events[0].sequence});"
-                    " list again and watch from the listing's sequence"
-                )
-            for event in events:
-                after = event.sequence
-                if (not wanted or event.dataset in wanted) and principal.may_read(event.dataset):
-                    yield event_message(event)
-            if events:
-                continue
-            if self._watcher is None or self._watcher.closed:
-                return
-            await self._watcher.wait_beyond(after)

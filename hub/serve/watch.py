@@ -7,6 +7,8 @@ publish`` next to a running ``serve``), so the serving process cannot be told; i
 new read transaction sees every commit, LMDB's MVCC) and, when it grew, wakes every
 stream waiting for news. A change therefore reaches watchers within ``poll_s`` plus the
 time to read and send it — well under the promised 2 s with the default 250 ms.
+:func:`catalog_events` is what one ``Watch`` call streams: the stored events after its
+sequence number, then live ones.
 """
 
 from __future__ import annotations
@@ -15,10 +17,15 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+from hub.auth.tokens import Principal
 from hub.catalog import Catalog
 from hub.catalog.events import Event
+from hub.errors import SequenceOutOfRange
+from hub.serve.wire import event_message
+from hub.snapshot.names import validate_dataset
+from protocol.hub.v1 import hub_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -135,3 +142,57 @@ class CatalogWatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+
+WATCH_BATCH = 1000
+"""Events read per catalog transaction while streaming ``Watch``."""
+
+
+async def catalog_events(
+    catalog: Catalog,
+    watcher: CatalogWatcher | None,
+    request: hub_pb2.WatchRequest,
+    principal: Principal,
+) -> AsyncIterator[hub_pb2.CatalogEvent]:
+    """A ``Watch`` call's events: those after ``request.after_sequence`` of the datasets it
+    names (all it may read when none), then live ones as ``watcher`` sees them, until it
+    closes (None: the events there are now, then the end).
+
+    Raises:
+        InvalidArgument: a dataset name is invalid.
+        PermissionDenied: ``principal`` may not read a named dataset.
+        SequenceOutOfRange: ``after_sequence`` is ahead of the catalog, or the events after
+            it were pruned (the caller lists again and watches from the listing's sequence).
+    """
+    wanted = set(request.datasets)
+    for dataset in wanted:
+        validate_dataset(dataset)
+        principal.require(dataset)
+    after = request.after_sequence
+    first = await asyncio.to_thread(catalog.first_sequence)
+    last = await asyncio.to_thread(catalog.last_sequence)
+    if after > last:
+        raise SequenceOutOfRange(
+            f"sequence {after} is ahead of the catalog, whose newest event is {last}"
+        )
+    if after < last and after + 1 < first:
+        raise SequenceOutOfRange(
+            f"events after {after} were pruned (the oldest kept is {first});"
+            " list again and watch from the listing's sequence"
+        )
+    while True:
+        events = await asyncio.to_thread(catalog.events_after, after, WATCH_BATCH)
+        if events and events[0].sequence != after + 1:
+            raise SequenceOutOfRange(
+                f"events after {after} were pruned (the oldest kept is {events[0].sequence});"
+                " list again and watch from the listing's sequence"
+            )
+        for event in events:
+            after = event.sequence
+            if (not wanted or event.dataset in wanted) and principal.may_read(event.dataset):
+                yield event_message(event)
+        if events:
+            continue
+        if watcher is None or watcher.closed:
+            return
+        await watcher.wait_beyond(after)

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from hub.atomic import write_atomic
+from strata_local.atomic import write_atomic
 from hub.errors import BlockNotFound, ConfigError, CorruptBlob, StorageError, UnsafeDirectory
 from hub.modes import DIR_MODE
 from hub.snapshot.blocks import block_digest

@@ -41,6 +41,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from spoke.disk.layout import CacheLayout
+from strata_local.atomic import write_atomic
 
 KEY_BYTES = 32
 """AES-256."""
@@ -309,12 +310,8 @@ def check_cache_key(
         raise EncryptionError(f"cache dir {layout.root}: unreadable {path.name}: {err}") from None
     if recorded is None:
         if cipher is not None and record:
-            tmp = path.with_name(path.name + ".tmp")
             body = {"cipher": CIPHER_NAME, "key_check": cipher.check_value}
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(json.dumps(body) + "\n")
-            tmp.replace(path)
+            write_atomic(path, (json.dumps(body) + "\n").encode())
         return
     if cipher is None:
         raise EncryptionError(

@@ -35,6 +35,7 @@ import stat
 from pathlib import Path
 
 from spoke.disk.layout import CacheLayout
+from strata_local.atomic import write_atomic
 from strata_local.ownership import UnsafePath, check_members, make_private, open_private_dir
 
 PRIVATE_UMASK = 0o077
@@ -139,9 +140,5 @@ def ensure_admin_token(layout: CacheLayout) -> str:
         if token:
             return token  # checked and narrowed by secure_cache_dir
     token = secrets.token_urlsafe(32)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
-    with os.fdopen(fd, "w") as out:
-        out.write(token + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, (token + "\n").encode())  # FILE_MODE
     return token

@@ -66,6 +66,7 @@ from spoke.serve.local import SpokeLocalService
 from spoke.upkeep.invalidation import Invalidator
 from spoke.upkeep.pins import PinRegistry
 from spoke.upkeep.retention import ReadClock, Retention
+from strata_local.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -297,9 +298,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
             stack.push_async_callback(stop_metrics)
         host, port = admin_sock.getsockname()[:2]
         url = f"http://{host}:{port}"
-        tmp = layout.admin_url_file.with_suffix(".tmp")
-        tmp.write_text(url + "\n")
-        tmp.replace(layout.admin_url_file)
+        write_atomic(layout.admin_url_file, (url + "\n").encode())
         stack.callback(layout.admin_url_file.unlink, missing_ok=True)
 
         try:

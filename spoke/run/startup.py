@@ -15,6 +15,7 @@ from pathlib import Path
 from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import is_mounted, lazy_unmount
 from spoke.run.processes import cmdline, read_pid
+from strata_local.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,4 @@ def count_mount_restart(layout: CacheLayout, counter: Path | None = None) -> Non
     """Count one remount, or one hand-over with ``layout.mount_handovers_file``
     (atomically: temp file + rename)."""
     path = counter or layout.mount_restarts_file
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(f"{(read_pid(path) or 0) + 1}\n")
-    tmp.replace(path)
+    write_atomic(path, f"{(read_pid(path) or 0) + 1}\n".encode())

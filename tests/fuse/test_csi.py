@@ -553,7 +553,7 @@ def test_a_volumes_own_token_is_checked_against_the_hubs_scope(plugin: Plugin) -
     """A volume whose secret carries a hub token is published when the hub lets that token
     read the dataset, whatever the namespace's policy, and refused when it does not (a
     token of another dataset, an unknown one); without --hub a token cannot be checked."""
-    from hub.serve.server import ServerConfig
+    from hub.serve.config import ServerConfig
     from hub.serve.serverthread import ServerThread
 
     tmp = plugin.pods.parent
@@ -608,7 +608,7 @@ def test_a_volumes_own_token_against_a_hub_that_requires_client_certificates(
     refuses one whose token does not (PERMISSION_DENIED); without a client certificate, or
     with a foreign one, the publish fails FAILED_PRECONDITION with one line that names
     the flags to fix, and the plugin said so in its log at start."""
-    from hub.serve.server import ServerConfig
+    from hub.serve.config import ServerConfig
     from hub.serve.serverthread import ServerThread
 
     tmp = plugin.pods.parent

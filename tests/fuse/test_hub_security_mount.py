@@ -19,8 +19,8 @@ import pytest
 from deploy.local import LocalStack
 from hub.auth.tokenstore import create, revoke
 from hub.publish.tree import publish
+from hub.serve.config import ServerConfig
 from hub.serve.metrics import HubMetrics
-from hub.serve.server import ServerConfig
 from hub.serve.serverthread import ServerThread
 from tests.integration.hub_support import (
     Pki,

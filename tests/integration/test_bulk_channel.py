@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from hub.publish.tree import publish
+from hub.serve.config import ServerConfig
 from hub.serve.metrics import HubMetrics
-from hub.serve.server import ServerConfig
 from hub.serve.serverthread import ServerThread
 from protocol import bulk
 from protocol.hub.v1 import hub_pb2_grpc

@@ -18,7 +18,7 @@ from cryptography.x509.oid import NameOID
 
 from csi.hubscope import HubRefused, HubScope
 from csi.hubtls import HubTls, HubTlsError, refusal
-from hub.serve.server import ServerConfig
+from hub.serve.config import ServerConfig
 from hub.serve.serverthread import ServerThread
 from tests.integration.hub_support import (
     Pki,

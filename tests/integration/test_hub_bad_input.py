@@ -170,7 +170,7 @@ def test_a_bad_request_in_a_stream_ends_only_that_stream(stub: hub_pb2_grpc.HubS
 
 
 def test_message_size_limit_is_configurable(tmp_path: Path) -> None:
-    from hub.serve.server import ServerConfig
+    from hub.serve.config import ServerConfig
 
     data = tmp_path / "data"
     publish(data, "f3", write_tree(tmp_path / "src", {"big": bytes(3 * MiB)}), block_size=4 * MiB)

@@ -25,8 +25,8 @@ from hub.limits.budget import BYTES_PER_TOKEN, block_charge
 from hub.limits.streams import LISTING_CALLS, TOKEN_SHARE, UNARY_CALLS
 from hub.publish.tree import publish
 from hub.serve import gate, inbound
+from hub.serve.config import ServerConfig
 from hub.serve.metrics import HubMetrics
-from hub.serve.server import ServerConfig
 from hub.serve.serverthread import ServerThread
 from hub.serve.wire import CHUNK_BYTES
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc

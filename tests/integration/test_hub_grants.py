@@ -22,7 +22,7 @@ from hub.auth.grants import KEY_FILE
 from hub.auth.signing import keygen
 from hub.errors import ConfigError
 from hub.publish.tree import publish
-from hub.serve.server import ServerConfig
+from hub.serve.config import ServerConfig
 from hub.serve.serverthread import ServerThread
 from protocol.grants import grant_message, key_id
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc

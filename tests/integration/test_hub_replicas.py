@@ -33,7 +33,7 @@ from hub.catalog import Catalog
 from hub.catalog.events import EventKind
 from hub.errors import VersionExists
 from hub.publish.tree import publish
-from hub.serve.server import ServerConfig
+from hub.serve.config import ServerConfig
 from hub.serve.serverthread import ServerThread
 from hub.store.datadir import DataDir
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc

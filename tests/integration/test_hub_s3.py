@@ -20,7 +20,7 @@ from hub.catalog import Catalog
 from hub.cli.main import main
 from hub.errors import BlockNotFound, ConfigError, CorruptBlob, InvalidDigest, StorageError
 from hub.publish.tree import publish
-from hub.serve.server import ServerConfig
+from hub.serve.config import ServerConfig
 from hub.serve.serverthread import ServerThread
 from hub.snapshot.blocks import block_digest
 from hub.store.blobstore import BlobStore, LocalBlobStore, open_blob_store

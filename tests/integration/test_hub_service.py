@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from hub.publish.tree import publish
+from hub.serve.config import MAX_MESSAGE_BYTES
 from hub.serve.metrics import HubMetrics
-from hub.serve.server import MAX_MESSAGE_BYTES
 from hub.serve.serverthread import ServerThread
 from hub.snapshot.blocks import MiB, block_digest
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc

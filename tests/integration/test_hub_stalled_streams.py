@@ -23,8 +23,8 @@ import pytest
 from hub.limits.budget import stalled_charge
 from hub.publish.tree import publish
 from hub.serve.blockstream import FIRST_MESSAGE_BYTES
+from hub.serve.config import ServerConfig
 from hub.serve.metrics import HubMetrics
-from hub.serve.server import ServerConfig
 from hub.serve.serverthread import ServerThread
 from hub.serve.wire import CHUNK_BYTES
 from protocol import bulk

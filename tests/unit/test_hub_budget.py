@@ -10,7 +10,8 @@ import pytest
 
 from hub.auth.grants import ISSUES_PER_HOLDER, GrantLimiter
 from hub.errors import QuotaExceeded
-from hub.limits.budget import RESERVED_BELOW, ReadBudget, block_charge, reserved_slots
+from hub.limits.budget import ReadBudget, block_charge
+from hub.limits.slots import RESERVED_BELOW, reserved_slots
 
 
 def test_a_block_is_charged_with_its_two_chunk_copies() -> None:

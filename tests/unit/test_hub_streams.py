@@ -8,7 +8,7 @@ import contextlib
 import pytest
 
 from hub.errors import QuotaExceeded
-from hub.limits.budget import RESERVED_BELOW
+from hub.limits.slots import RESERVED_BELOW
 from hub.limits.streams import TOKEN_SHARE, WAITING_PER_SLOT, StreamSlots
 
 

@@ -1,10 +1,10 @@
 """Files that appear whole or not at all: a temporary file beside the target, fsynced, renamed.
 
-Used for blocks (:mod:`hub.store.blobstore`), managed token files (:mod:`hub.auth.tokenstore`) and
-``serve --port-file`` (:mod:`hub.cli.main`). A reader sees the old file or the new one, never a
-part; a writer that fails or is interrupted removes its temporary file. The rename is not
-durable until the directory is fsynced too, which callers that need it do themselves
-(:meth:`hub.store.blobstore.LocalBlobStore.sync` batches that for many blocks).
+Used by the hub for blocks, managed token files and ``serve --port-file``, by the spoke for its
+generated admin token and by the CSI plugin for its publication records. A reader sees the old
+file or the new one, never a part; a writer that fails or is interrupted removes its temporary
+file. The rename is not durable until the directory is fsynced too, which callers that need it
+do themselves (the hub's local blob store batches that for many blocks).
 """
 
 from __future__ import annotations
