@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from strata_local.atomic import write_atomic
 from hub.auth.tokens import MANAGED_VERSION, TokenTable, _scopes, hash_token, parse_timestamp
 from hub.errors import ConfigError, NotFound
+from strata_local.atomic import write_atomic
 
 SECRET_PREFIX = "strata_"
 """Every generated secret starts with this (easy to spot in a leaked file or a paste)."""

@@ -26,12 +26,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from strata_local.atomic import write_atomic
 from hub.errors import BlockNotFound, ConfigError, CorruptBlob, StorageError, UnsafeDirectory
 from hub.modes import DIR_MODE
 from hub.snapshot.blocks import block_digest
 from hub.snapshot.names import DIGEST_PATTERN, note_name, validate_digest
 from hub.store.s3blobs import S3_SCHEME, S3BlobStore  # s3fs itself only when one is opened
+from strata_local.atomic import write_atomic
 from strata_local.ownership import UnsafePath, private_dir
 
 TEMP_PREFIX = ".tmp-"
