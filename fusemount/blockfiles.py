@@ -71,6 +71,10 @@ def _identity(fd: int) -> Identity:
 class BlockFiles:
     """Read byte ranges of cached blocks, verifying each block file once per identity.
 
+    Sixteen methods over one table of open, verified block files: the plain and the sealed
+    (encrypted) read paths, their verification and the table's upkeep, which share the
+    same entries and limits.
+
     Args:
         layout: the spoke's cache directory.
         max_open: most block files kept open.

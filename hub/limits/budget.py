@@ -170,6 +170,10 @@ class _Waiter:
 class ReadBudget:
     """Streams and bytes in flight, per principal and in total (see the module docstring).
 
+    Seventeen methods over one ledger: every one reads or changes the same shares and
+    totals under one rule (no charge passes a limit; waiters are served lightest first), so
+    they stay together rather than split across objects that would share the ledger.
+
     One instance per server, used from its event loop only.
 
     Args:

@@ -94,6 +94,11 @@ _AUDITED_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DE
 class HubService(hub_pb2_grpc.HubServicer):
     """Implements ``protocol.hub.v1.Hub`` over a catalog and a blob store.
 
+    Eighteen methods because the service has nine RPCs, each a method grpc.aio calls by
+    name; the rest are what every handler shares (refusals, status mapping, slots) and the
+    two streams' message makers. ReadBlocks' sends are in :mod:`hub.serve.sending`, Watch's
+    events in :mod:`hub.serve.watch`.
+
     Serve it behind the :class:`hub.serve.gate.HubGate` interceptor, which authenticates and
     passes each handler its caller (a call without one is refused), and the
     :class:`HubWire` interceptor: ReadBlocks and GetManifest yield pre-serialized

@@ -73,6 +73,11 @@ class Victim:
 class HintedPolicy(HintFollower, EvictionPolicy):
     """Belady's farthest-next-use eviction over read-order hints; ``inner`` otherwise.
 
+    Twenty-three methods because it is a cache policy (the dozen of
+    :class:`~spoke.cache.policy.ByteWeightedPolicy`'s interface it must offer, forwarded to
+    ``inner``) plus the hint bookkeeping that decides victims; the hint streams themselves
+    are :class:`~spoke.cache.hintstream.HintStream`.
+
     Residency and byte accounting stay in ``inner`` (:attr:`used_bytes` and
     :meth:`size_of` read it, no copy is kept here): every call is forwarded there, so the
     wrapped policy keeps learning and takes over unchanged when the last stream goes.

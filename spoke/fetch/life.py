@@ -79,7 +79,13 @@ Subscriber = Callable[[Event, Life], None]
 
 class BlockLives:
     """Every block's life from wanted to out: in flight by digest, the queues by class, and
-    the resident prefetches not read yet."""
+    the resident prefetches not read yet.
+
+    Twenty-five methods because each event of a block's life (:mod:`spoke.fetch.lifestate`:
+    wanted, read, taken, arrived, admitted, streamed, failed, evicted, left) is one, and
+    they all move the same state machine and byte counts; the states and transitions are
+    in ``lifestate``, not here.
+    """
 
     def __init__(self, tenant_of: Callable[[str], str | None] | None = None) -> None:
         self.tenant_of = tenant_of

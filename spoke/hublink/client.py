@@ -81,6 +81,9 @@ _SERVICE_CONFIG = json.dumps(
 class HubClient:
     """A connection to one hub.
 
+    Sixteen methods: one per hub RPC the spoke calls (eight) and the channel's life and the
+    one call wrapper they share (retries, status mapping, reconnection).
+
     A connection that stops answering (a blackholed link) is found dead by keepalive
     pings (HTTP/2 PING every ``keepalive`` seconds, even on idle streams, dead after
     ``keepalive_timeout`` without an answer) and replaced, so calls in flight fail with

@@ -40,6 +40,10 @@ HANDOVER_TIMEOUT = 10.0  # seconds for a mount to hand its connection over or re
 class Children:
     """The daemon and mount processes of one spoke, and the FUSE connection held for them.
 
+    Nineteen methods for two processes (command line, start, adopt, restart each) and the
+    FUSE connection they share (take, hand over, resume, release), which must change
+    together: a mount restarted without its connection's hand-over would be a new mount.
+
     Args:
         settings: validated spoke settings (``mount`` must be set); the children get them
             as files (:func:`spoke.run.settings.write_settings`), never as flags.

@@ -71,6 +71,10 @@ FUSE_ENV = "STRATA_SPOKE_FUSE"  # across the re-exec: "FD INIT-HEX" of the held 
 class Supervisor(Children):
     """Runs and watches the daemon and mount processes of one spoke.
 
+    Twenty-four methods: half are the successor's and predecessor's side of succession
+    (:mod:`spoke.run.succession` calls them through its protocol), the rest the life
+    cycle; the processes themselves are :class:`~spoke.run.children.Children`.
+
     The life cycle around :class:`Children`' state, start-up and adoption: watch and
     restart the children with backoff, re-exec on SIGHUP, stop or leave both, and
     succession — the predecessor's and the successor's side of
