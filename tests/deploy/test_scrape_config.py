@@ -36,7 +36,7 @@ def _example_targets() -> dict[str, list[str]]:
 
 
 def test_targets_are_the_units_metrics_ports() -> None:
-    hub, spoke = _environment("strata-hub.serve.service"), _environment("strata-spoke.service")
+    hub, spoke = _environment("strata-hub.service"), _environment("strata-spoke.service")
     metrics_port = {
         "hub": hub["STRATA_HUB_METRICS"].rpartition(":")[2],
         "spokes": spoke["STRATA_METRICS"].rpartition(":")[2],
@@ -45,7 +45,7 @@ def test_targets_are_the_units_metrics_ports() -> None:
     assert admin.startswith("127.0.0.1:"), "the admin API is the node's own"
     assert not spoke["STRATA_METRICS"].startswith("127."), "Prometheus scrapes another host"
     # and each unit serves its metrics on that variable (the spoke's admin on its own)
-    (hub_start,) = directives(UNITS / "strata-hub.serve.service")["ExecStart"]
+    (hub_start,) = directives(UNITS / "strata-hub.service")["ExecStart"]
     (spoke_start,) = directives(UNITS / "strata-spoke.service")["ExecStart"]
     assert "--metrics=${STRATA_HUB_METRICS}" in hub_start
     assert "--metrics=${STRATA_METRICS}" in spoke_start

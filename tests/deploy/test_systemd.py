@@ -16,7 +16,7 @@ from tests.conftest import REPO_ROOT
 from tests.deploy.systemd_support import directives, unit_files
 
 UNITS = REPO_ROOT / "deploy" / "systemd"
-EXPOSURE = {"strata-hub.serve.service": 2.0, "strata-spoke.service": 5.0}
+EXPOSURE = {"strata-hub.service": 2.0, "strata-spoke.service": 5.0}
 """Highest exposure level each unit may have, on systemd's 0 (safe) to 10 scale."""
 MOUNT_NAMESPACE = (
     "ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "PrivateMounts",
@@ -60,8 +60,8 @@ def test_units_verify_cleanly(units: Path) -> None:
 
 def test_verify_reports_what_it_only_warns_about(units: Path, tmp_path: Path) -> None:
     """The check above can fail: a misspelt key and a bad value reach stderr (exit 0)."""
-    text = (units / "strata-hub.serve.service").read_text()
-    bad = tmp_path / "strata-hub.serve.service"
+    text = (units / "strata-hub.service").read_text()
+    bad = tmp_path / "strata-hub.service"
     bad.write_text(
         text.replace("NoNewPrivileges=yes", "NoNewPrivilege=yes").replace(
             "ProtectSystem=strict", "ProtectSystem=strickt"
@@ -75,9 +75,9 @@ def test_verify_reports_what_it_only_warns_about(units: Path, tmp_path: Path) ->
 def test_verify_reads_the_drop_ins(units: Path, tmp_path: Path) -> None:
     """The hub's drop-ins are verified with it: a misspelt key in one reaches stderr."""
     shutil.copytree(units, tmp_path, dirs_exist_ok=True)
-    conf = tmp_path / "strata-hub.serve.service.d" / "catalog.conf"
+    conf = tmp_path / "strata-hub.service.d" / "catalog.conf"
     conf.write_text(conf.read_text().replace("LoadCredential=", "LoadCredentials=", 1))
-    result = _analyze("verify", "--man=no", str(tmp_path / "strata-hub.serve.service"))
+    result = _analyze("verify", "--man=no", str(tmp_path / "strata-hub.service"))
     assert "catalog.conf" in result.stderr and "LoadCredentials" in result.stderr
 
 
@@ -98,7 +98,7 @@ def test_spoke_mount_reaches_the_host() -> None:
     (stop,) = spoke["ExecStop"]
     assert "--mount=${STRATA_MOUNT}" in start and "--mount=${STRATA_MOUNT}" in stop
     assert "deploy.drain" in stop, "stopping waits for open files first"
-    hub = directives(UNITS / "strata-hub.serve.service")
+    hub = directives(UNITS / "strata-hub.service")
     assert hub["DynamicUser"] == ["yes"] and hub["ProtectSystem"] == ["strict"]
     assert "--data-dir=${STATE_DIRECTORY}" in hub["ExecStart"][0]
 
@@ -175,7 +175,7 @@ def test_hub_runs_as_a_replica_with_secrets_as_credentials() -> None:
     refuses to start), its catalog password where its dynamic user can read it, and its
     bucket key in a file: all three from the credentials directory, none in the
     environment (test_systemd_replica.py runs it)."""
-    hub = directives(UNITS / "strata-hub.serve.service")
+    hub = directives(UNITS / "strata-hub.service")
     (start,) = hub["ExecStart"]
     assert "--grant-key=${CREDENTIALS_DIRECTORY}/grant.key" in start
     assert hub["DynamicUser"] == ["yes"]

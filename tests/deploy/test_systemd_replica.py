@@ -34,7 +34,7 @@ from hub.catalog.schema import META_GRANT_KEY
 from tests.conftest import REPO_ROOT
 from tests.deploy.systemd_support import Service, prepare
 
-UNIT = REPO_ROOT / "deploy" / "systemd" / "strata-hub.serve.service"
+UNIT = REPO_ROOT / "deploy" / "systemd" / "strata-hub.service"
 PASSWORD = "catalog-password-of-strata-serve"
 S3_KEY = "AKIASTRATAFROMAFILE"
 BINDIR = Path(sys.executable).parent
