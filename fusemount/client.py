@@ -7,7 +7,7 @@ of failing, up to their deadline; hit reports and prefetches never wait.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -63,14 +63,16 @@ class DaemonClient:
         )
         return reply
 
-    def manifest(self, dataset: str, version: str) -> list[hub_pb2.ManifestEntry]:
-        """A snapshot's manifest entries in path order. Raises grpc.RpcError."""
+    def manifest(self, dataset: str, version: str) -> Iterator[hub_pb2.ManifestEntry]:
+        """A snapshot's manifest entries in path order, read a page at a time as they are
+        iterated (in the caller's thread). Raises grpc.RpcError."""
         stream = self._stub.GetManifest(
             hub_pb2.GetManifestRequest(dataset=dataset, ref=version),
             timeout=self.catalog_timeout * 6,
             wait_for_ready=True,
         )
-        return [entry for page in stream for entry in page.entries]
+        for page in stream:
+            yield from page.entries
 
     def ensure_blocks(
         self, blocks: Sequence[tuple[str, int]], suspect: Sequence[str], timeout: float

@@ -87,7 +87,7 @@ class CrossFileReadahead:
         prefetch now (often none), at most ``room`` bytes of them (what the daemon
         takes now): files past it stay ahead, for the next window."""
         pos = node.position
-        if pos < 0 or pos >= len(files) or files[pos] is not node:
+        if pos < 0 or pos >= len(files) or files[pos].inode != node.inode:
             return []  # not a file of a loaded snapshot's order
         run = self._runs.get(reader)
         if run is None or run.snapshot != node.snapshot_id:

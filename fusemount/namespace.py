@@ -18,13 +18,15 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pyfuse3
 import trio
 
 from fusemount.client import DaemonClient
+from fusemount.entries import SnapshotEntries
 from fusemount.tree import DIR_MODE, LINK_MODE, ROOT_INODE, InodeTable, Node, Role
+from strata_local.memory import trim_malloc
 
 LISTING_TTL = 1.0  # seconds between background refreshes of root and dataset listings
 
@@ -57,7 +59,7 @@ class Namespace:
         """True when ``node`` belongs to a revoked snapshot."""
         return bool(node.snapshot_id) and node.snapshot_id in self.revoked
 
-    async def children(self, node: Node) -> dict[bytes, int]:
+    async def children(self, node: Node) -> Mapping[bytes, int]:
         """The node's listing: stored, or loaded now if it never was.
 
         Raises:
@@ -135,10 +137,17 @@ class Namespace:
         async with lock:
             if root.children is not None:
                 return
-            entries = await trio.to_thread.run_sync(
-                self.client.manifest, root.dataset, root.version, abandon_on_cancel=True
-            )
-            self.inodes.load_snapshot(root, root.snapshot_id, entries)
+            # the manifest's pages are read and laid out in columns in a worker thread, a
+            # page at a time (a million entries would hold the loop for seconds)
+            entries = await trio.to_thread.run_sync(self._build, root, abandon_on_cancel=True)
+            self.inodes.attach(root, root.snapshot_id, entries)
+
+    def _build(self, root: Node) -> SnapshotEntries:
+        """A snapshot's columns from the daemon's manifest pages (in a worker thread); the
+        pages' freed memory is given back to the kernel after (malloc_trim)."""
+        entries = SnapshotEntries.build(self.client.manifest(root.dataset, root.version))
+        trim_malloc()
+        return entries
 
     async def refresh_forever(self, interval: float = LISTING_TTL) -> None:
         """Refresh loaded listings every ``interval`` seconds, so new datasets and versions,
@@ -192,11 +201,13 @@ class Namespace:
     async def _drop_cached_pages(self, snapshot_id: str) -> None:
         """Make the kernel forget the pages of a revoked snapshot's files, so reads on files
         opened before the revocation reach the mount (and get EIO) instead of its page cache."""
+        inodes = self.inodes
         known = [
             n.inode
-            for n in self.inodes.nodes()
-            if n.snapshot_id == snapshot_id and self.inodes.referenced(n.inode)
+            for n in inodes.nodes()
+            if n.snapshot_id == snapshot_id and inodes.referenced(n.inode)
         ]
+        known += [i for i in inodes.entry_inodes(snapshot_id) if inodes.referenced(i)]
 
         def invalidate() -> None:
             for inode in known:

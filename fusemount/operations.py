@@ -28,6 +28,7 @@ import trio
 
 from fusemount.boundary import UNEXPECTED_ERRORS, boundary
 from fusemount.client import DaemonClient
+from fusemount.entries import Listing
 from fusemount.namespace import Namespace
 from fusemount.passthrough import Passthrough
 from fusemount.readahead import Readahead
@@ -213,8 +214,10 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         await self.namespace.children(node)
         names = node.child_names
         children = node.children or {}
+        listing = children if isinstance(children, Listing) else None
         for i in range(start_id, len(names)):
-            child = self.inodes[children[names[i]]]
+            inode = listing.inode_at(i) if listing is not None else children[names[i]]
+            child = self.inodes[inode]
             if not pyfuse3.readdir_reply(token, names[i], self._attr(child), i + 1):
                 break
             # readdirplus: each entry returned counts as a lookup

@@ -12,6 +12,7 @@ the daemon has evicted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import trio
 
@@ -115,7 +116,7 @@ class BlockReader:
                 break
         return b"".join(parts)
 
-    def opened(self, node: Node, reader: int, files: list[Node]) -> None:
+    def opened(self, node: Node, reader: int, files: Sequence[Node]) -> None:
         """``reader`` (the pid the kernel gave) opened ``node``, a file of ``files`` (its
         snapshot's, in manifest order): cross-file readahead, queued like any window.
         Off while a read-order hint is installed (the daemon's answers say ``prompt``):

@@ -7,21 +7,31 @@ once, when its tree is first entered; it never changes afterwards (snapshots are
 immutable), and its entries get one contiguous range of numbers in the order the manifest
 lists them, so a process that resumes the connection numbers them the same way from the
 range alone (:mod:`fusemount.journal`).
+
+The root, datasets, versions and tags are :class:`Node` objects kept here. A snapshot's
+entries are not: they are columns (:class:`~fusemount.entries.SnapshotEntries`, about 90
+bytes a file), and :meth:`InodeTable.get` makes a ``Node`` for an entry each time one is
+asked for; nothing keeps it but its caller.
 """
 
 from __future__ import annotations
 
 import bisect
 import stat
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Final
+from typing import Any, Final, overload
 
+from fusemount.entries import SnapshotEntries
 from fusemount.journal import InodeJournal
 from protocol.hub.v1 import hub_pb2
 
 ROOT_INODE: Final = 1
+MADE_NODES: Final = 4096
+"""Entry nodes kept once made (the oldest dropped first): a lookup, ``getattr`` and
+``open`` of one file make it once; 4,096 cost about 2 MiB whatever the snapshots' size."""
 INODE_BITS: Final = 48
 """Inode numbers stay below 2**48, so a file handle can carry its inode
 (:mod:`fusemount.operations`): 2.8e14 numbers, never reused within a connection."""
@@ -39,8 +49,9 @@ class Role(Enum):
 
 @dataclass(slots=True)
 class Node:
-    """One inode (``slots``: no per-node ``__dict__``; a loaded snapshot holds one per
-    file, so each byte here is a byte per file of every mounted snapshot).
+    """One inode (``slots``: no per-node ``__dict__``). The table keeps those of the root,
+    datasets, versions and tags; a snapshot entry's is made when asked for
+    (:meth:`InodeTable.get`) from its snapshot's columns.
 
     Attributes:
         inode: the inode number.
@@ -57,7 +68,9 @@ class Node:
         blocks: a file's ``(digest, size)`` blocks in file order.
         position: a file with data: its index among its snapshot's files with data, in
             manifest order (:meth:`InodeTable.files`); -1 for anything else.
-        children: name → inode, in listing order; None until loaded.
+        children: name → inode (a dict, or a snapshot directory's
+            :class:`~fusemount.entries.Listing`); None until loaded, and for non-directories.
+        child_names: the children's names, sorted (readdir's offsets).
     """
 
     inode: int
@@ -72,8 +85,8 @@ class Node:
     target: bytes = b""
     blocks: tuple[tuple[str, int], ...] = ()
     position: int = -1
-    children: dict[bytes, int] | None = None
-    child_names: Sequence[bytes] = ()  # a directory's sorted names, once loaded
+    children: Mapping[bytes, int] | None = None
+    child_names: Sequence[bytes] = ()
 
     @property
     def is_dir(self) -> bool:
@@ -94,18 +107,13 @@ class Node:
 DIR_MODE: Final = stat.S_IFDIR | 0o555
 LINK_MODE: Final = stat.S_IFLNK | 0o777
 
-_TYPE_BITS: Final = {
-    hub_pb2.ENTRY_TYPE_FILE: stat.S_IFREG,
-    hub_pb2.ENTRY_TYPE_DIRECTORY: stat.S_IFDIR,
-    hub_pb2.ENTRY_TYPE_SYMLINK: stat.S_IFLNK,
-}
-
 
 class InodeTable:
     """All nodes of the mount, by inode and by identity key, and the kernel's lookup counts.
 
     The kernel holds a reference per successful lookup (and per readdirplus entry) and
-    gives them back in ``forget``; the counts say which inodes it still knows.
+    gives them back in ``forget``; the counts say which inodes it still knows (a loaded
+    snapshot's entries' counts in an array beside its columns, 8 bytes an entry).
     """
 
     def __init__(self, journal: InodeJournal | None = None) -> None:
@@ -113,7 +121,9 @@ class InodeTable:
         self._by_key: dict[tuple[str, ...], int] = {}
         self._next = ROOT_INODE + 1
         self._lookups: dict[int, int] = {}  # inode -> the kernel's lookup count
-        self._files: dict[str, list[Node]] = {}  # snapshot id -> files with data, in order
+        self._loaded: dict[str, LoadedSnapshot] = {}  # snapshot id -> its entries
+        self._entry_refs = 0  # loaded entries the kernel holds a reference to
+        self._made: dict[int, Node] = {}  # entry nodes made last, oldest first
         self._ranges: dict[str, tuple[int, int]] = {}  # snapshot id -> (first inode, count)
         self._starts: list[tuple[int, int, str, int]] = []  # (first, count, id, root) sorted
         self.journal = journal
@@ -177,10 +187,25 @@ class InodeTable:
 
     def remember(self, inode: int) -> None:
         """The kernel took one more reference to ``inode`` (a lookup reply)."""
-        self._lookups[inode] = self._lookups.get(inode, 0) + 1
+        found = self._locate(inode)
+        if found is None:
+            self._lookups[inode] = self._lookups.get(inode, 0) + 1
+            return
+        loaded, i = found
+        if not loaded.refs[i]:
+            self._entry_refs += 1
+        loaded.refs[i] += 1
 
     def forget(self, inode: int, nlookup: int) -> None:
         """The kernel gave back ``nlookup`` references to ``inode``."""
+        found = self._locate(inode)
+        if found is not None:
+            loaded, i = found
+            held = loaded.refs[i]
+            loaded.refs[i] = max(0, held - nlookup)
+            if held and not loaded.refs[i]:
+                self._entry_refs -= 1
+            return
         left = self._lookups.get(inode, 0) - nlookup
         if left > 0:
             self._lookups[inode] = left
@@ -190,51 +215,53 @@ class InodeTable:
     def referenced(self, inode: int) -> bool:
         """True while the kernel holds a reference to ``inode`` (always, after a hand-over:
         the references taken before it are not known)."""
-        return self.resumed or inode in self._lookups
+        if self.resumed or inode in self._lookups:
+            return True
+        found = self._locate(inode)
+        return found is not None and found[0].refs[found[1]] > 0
 
     @property
     def kernel_refs(self) -> int:
         """Inodes the kernel currently holds a lookup reference to."""
-        return len(self._lookups)
+        return len(self._lookups) + self._entry_refs
 
     def __getitem__(self, inode: int) -> Node:
-        return self._nodes[inode]
+        node = self.get(inode)
+        if node is None:
+            raise KeyError(inode)
+        return node
 
     def nodes(self) -> list[Node]:
-        """Every node (a snapshot of the table)."""
+        """The root, datasets, versions and tags (a snapshot of the table); snapshot
+        entries are not in it (:meth:`entry_inodes`)."""
         return list(self._nodes.values())
 
     def get(self, inode: int) -> Node | None:
-        """The node, or None for an unknown inode."""
-        return self._nodes.get(inode)
+        """The node, or None for an unknown inode (a snapshot entry's is made now)."""
+        node = self._nodes.get(inode) or self._made.get(inode)
+        if node is not None:
+            return node
+        found = self._locate(inode)
+        return None if found is None else self._entry_node(*found)
 
     def __len__(self) -> int:
-        return len(self._nodes)
+        return len(self._nodes) + sum(loaded.count for loaded in self._loaded.values())
 
-    def files(self, snapshot_id: str) -> list[Node]:
+    def files(self, snapshot_id: str) -> Sequence[Node]:
         """A loaded snapshot's regular files with data, in manifest (path) order: the
-        order a reader walking its directories reads them in (empty if not loaded)."""
-        return self._files.get(snapshot_id, [])
+        order a reader walking its directories reads them in (empty if not loaded); each
+        node is made when indexed."""
+        loaded = self._loaded.get(snapshot_id)
+        return () if loaded is None else _Files(self, loaded)
 
-    def intern(self, key: tuple[str, ...], make: Node, inode: int = 0) -> Node:
+    def intern(self, key: tuple[str, ...], make: Node) -> Node:
         """The node for ``key``: the existing one (refreshed from ``make``'s fields for
         mutable nodes such as tags) or ``make`` itself with a fresh inode (the next one,
-        journaled). A snapshot entry is given its ``inode`` (its number in its snapshot's
-        range, which the manifest's order fixes): that number is its key, the node there
-        if there is one, else ``make``.
+        journaled). Snapshot entries are not interned (:meth:`attach`).
 
         Raises:
             OverflowError: the connection used up its 2**48 inode numbers.
         """
-        if inode:  # a snapshot entry: its number is its key (the range is the snapshot's)
-            entry = self._nodes.get(inode)
-            if entry is not None:
-                return entry
-            if inode >= 1 << INODE_BITS:
-                raise OverflowError("inode numbers of this FUSE connection are used up")
-            make.inode = inode
-            self._nodes[inode] = make  # not in _by_key: a key per file cost ~250 B each
-            return make
         known = self._by_key.get(key)
         if known is not None:
             node = self._nodes[known]
@@ -289,82 +316,128 @@ class InodeTable:
         return first, count
 
     def load_snapshot(
-        self, root: Node, snapshot_id: str, entries: list[hub_pb2.ManifestEntry]
+        self, root: Node, snapshot_id: str, entries: Iterable[hub_pb2.ManifestEntry]
     ) -> None:
-        """Build the nodes of one snapshot under ``root`` (a VERSION node) from its manifest.
+        """Build the entries of one snapshot under ``root`` (a VERSION node) from its
+        manifest (:meth:`SnapshotEntries.build`) and :meth:`attach` them."""
+        self.attach(root, snapshot_id, SnapshotEntries.build(entries))
 
-        Entries arrive in path order; a parent directory missing from the manifest is made
-        implicitly. The entries are numbered from the snapshot's range (the one it was
-        given before, in this process or a predecessor, or a new one at the end, journaled)
-        in the order they are made here, which depends on the manifest alone.
+    def attach(self, root: Node, snapshot_id: str, entries: SnapshotEntries) -> None:
+        """Give a built snapshot its inode range and list it under ``root`` (a VERSION
+        node). The range is the one it was given before (in this process, by a predecessor
+        or by another worker), else a new one at the end, journaled; its entries are
+        numbered in :meth:`SnapshotEntries.build`'s order, which depends on the manifest
+        alone. A snapshot loaded before (the same content under another version or tag)
+        keeps its first entries, as the same inodes.
+
+        Raises:
+            ValueError: the snapshot's known range has another size than ``entries``.
         """
-        dirs: dict[str, Node] = {"": root}
-        pending: dict[int, dict[bytes, int]] = {root.inode: {}}
-        files: list[Node] = []
-        known = self._reserve(snapshot_id, _count_nodes(entries), root.inode)
-        first = known[0]
-        cursor = [first]
-
-        def parent_of(path: str) -> Node:
-            head, _, _ = path.rpartition("/")
-            if head not in dirs:
-                implicit = hub_pb2.ManifestEntry(
-                    path=head, type=hub_pb2.ENTRY_TYPE_DIRECTORY, mode=0o555
+        loaded = self._loaded.get(snapshot_id)
+        if loaded is None:
+            first, count = self._reserve(snapshot_id, entries.count, root.inode)
+            if first + count > 1 << INODE_BITS:
+                raise OverflowError("inode numbers of this FUSE connection are used up")
+            if count != entries.count:
+                raise ValueError(
+                    f"snapshot {snapshot_id} numbered {entries.count} entries, not {count}"
                 )
-                add(implicit)
-            return dirs[head]
+            refs = array("Q", bytes(8 * (count + 1)))
+            loaded = LoadedSnapshot(snapshot_id, first, entries, root.dataset, root.version, refs)
+            self._loaded[snapshot_id] = loaded
+        listing = loaded.entries.listing(0, loaded.first)
+        root.children, root.child_names = listing, listing.names
 
-        def add(entry: hub_pb2.ManifestEntry) -> None:
-            parent = parent_of(entry.path)
-            mode = _TYPE_BITS.get(entry.type, stat.S_IFREG) | (entry.mode & 0o7777)
-            number = cursor[0]
-            cursor[0] += 1
-            node = self.intern(
-                (),  # numbered from the snapshot's range: no key
-                Node(
-                    0,
-                    Role.ENTRY,
-                    mode,
-                    size=entry.size,
-                    mtime_ns=entry.mtime_ns,
-                    dataset=root.dataset,
-                    version=root.version,
-                    snapshot_id=snapshot_id,
-                    target=entry.symlink_target.encode(),
-                    blocks=tuple((b.digest, b.size) for b in entry.blocks),
-                ),
-                inode=number,
-            )
-            pending[parent.inode][entry.path.rpartition("/")[2].encode()] = node.inode
-            if stat.S_ISREG(node.mode) and node.blocks and node.position < 0:
-                node.position = len(files)
-                files.append(node)
-            if node.is_dir:
-                dirs[entry.path] = node
-                pending.setdefault(node.inode, {})
+    def entry_inodes(self, snapshot_id: str) -> range:
+        """The inodes of a loaded snapshot's entries (empty if not loaded)."""
+        loaded = self._loaded.get(snapshot_id)
+        return range(0) if loaded is None else range(loaded.first, loaded.first + loaded.count)
 
-        for entry in entries:
-            if entry.path not in dirs:
-                add(entry)
-        count = cursor[0] - first
-        if count != known[1]:
-            raise ValueError(f"snapshot {snapshot_id} numbered {count} entries, not {known[1]}")
-        self._files.setdefault(snapshot_id, files)
-        for inode, children in pending.items():
-            node = self._nodes[inode]
-            node.set_children(children)
-            if node.role is Role.ENTRY:
-                node.nlink = 2 + sum(self._nodes[c].is_dir for c in children.values())
+    def _locate(self, inode: int) -> tuple[LoadedSnapshot, int] | None:
+        """The loaded snapshot holding entry ``inode`` and its index there, or None."""
+        i = bisect.bisect_right(self._starts, (inode, 1 << 62)) - 1
+        if i < 0:
+            return None
+        first, count, snapshot_id, _ = self._starts[i]
+        if inode >= first + count:
+            return None
+        loaded = self._loaded.get(snapshot_id)
+        return None if loaded is None else (loaded, inode - first + 1)
+
+    def _entry_node(self, loaded: LoadedSnapshot, i: int) -> Node:
+        """The :class:`Node` of entry ``i`` of ``loaded``: one of the :data:`MADE_NODES`
+        made last, else a new one (kept among them)."""
+        inode = loaded.first + i - 1
+        made = self._made
+        node = made.get(inode)
+        if node is not None:
+            return node
+        e = loaded.entries
+        mode = e.modes[i]
+        listing = e.listing(i, loaded.first) if stat.S_ISDIR(mode) else None
+        node = Node(
+            inode,
+            Role.ENTRY,
+            mode,
+            e.sizes[i],
+            e.mtimes[i],
+            loaded.dataset,
+            loaded.version,
+            loaded.snapshot_id,
+            e.nlinks[i],
+            e.target(i),
+            e.blocks(i),
+            e.positions[i],
+            listing,
+            () if listing is None else listing.names,
+        )  # fmt: skip (Node's fields in order)
+        if len(made) >= MADE_NODES:
+            del made[next(iter(made))]  # the oldest made
+        made[inode] = node
+        return node
 
 
-def _count_nodes(entries: list[hub_pb2.ManifestEntry]) -> int:
-    """How many nodes :meth:`InodeTable.load_snapshot` makes of ``entries``: one per path,
-    listed or an implicit parent directory (the root excluded), so that a range can be
-    reserved before the nodes are made."""
-    paths: set[str] = set()
-    for entry in entries:
-        path = entry.path
-        while path and path not in paths:
-            paths.add(path)
-            path = path.rpartition("/")[0]
-    return len(paths)
+@dataclass(slots=True, eq=False)
+class LoadedSnapshot:
+    """A snapshot whose entries the table holds.
+
+    Attributes:
+        snapshot_id: its content digest.
+        first: the inode of entry 1 (its range is ``first .. first + count - 1``).
+        entries: its columns (:class:`~fusemount.entries.SnapshotEntries`).
+        dataset, version: the version it was first loaded as (its nodes show these).
+        refs: the kernel's lookup count of each entry, by index (u64; index 0 unused).
+    """
+
+    snapshot_id: str
+    first: int
+    entries: SnapshotEntries
+    dataset: str
+    version: str
+    refs: array[int]
+
+    @property
+    def count(self) -> int:
+        """Entries in the snapshot."""
+        return self.entries.count
+
+
+class _Files(Sequence[Node]):
+    """A loaded snapshot's files with data in manifest order, as nodes made on demand."""
+
+    __slots__ = ("_loaded", "_table")
+
+    def __init__(self, table: InodeTable, loaded: LoadedSnapshot) -> None:
+        self._table, self._loaded = table, loaded
+
+    @overload
+    def __getitem__(self, k: int) -> Node: ...
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[Node]: ...
+    def __getitem__(self, k: int | slice) -> Node | Sequence[Node]:
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        return self._table._entry_node(self._loaded, self._loaded.entries.files[k])
+
+    def __len__(self) -> int:
+        return len(self._loaded.entries.files)

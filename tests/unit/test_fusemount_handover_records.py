@@ -30,6 +30,14 @@ def _entries(count: int) -> list[hub_pb2.ManifestEntry]:
     return out
 
 
+def _all_nodes(table: InodeTable, *snapshots: str) -> dict[int, Node]:
+    """Every node of ``table``: its own and the entries of ``snapshots``, made now."""
+    out = {n.inode: n for n in table.nodes()}
+    for sid in snapshots:
+        out.update((i, table[i]) for i in table.entry_inodes(sid))
+    return out
+
+
 def _fill(table: InodeTable) -> None:
     for ds in ("a", "b"):
         table.intern(("dataset", ds), Node(0, Role.DATASET, DIR_MODE, dataset=ds))
@@ -53,7 +61,7 @@ def test_a_successor_numbers_every_node_as_its_predecessor_did(tmp_path: Path) -
     journal = tmp_path / "fuse-inodes.jsonl"
     first = InodeTable(InodeJournal(journal, fresh=True))
     _fill(first)
-    nodes = {n.inode: n for n in first.nodes()}
+    nodes = _all_nodes(first, "s1", "s2")
     records = read_journal(journal)
     assert len(records) == 7  # 2 datasets, 2 versions, 1 tag, 2 snapshots: one line each
     second = InodeTable(InodeJournal(journal, fresh=False))
@@ -205,13 +213,14 @@ def test_two_journals_give_out_numbers_without_collisions(tmp_path: Path) -> Non
         Node(0, Role.VERSION, DIR_MODE, dataset="y", version="v1", snapshot_id="s2"),
     )
     b.load_snapshot(vb, "s2", _entries(10))  # its range after a's, which it reads first
-    first_a = min(n.inode for n in a.nodes() if n.snapshot_id == "s1" and n.role is Role.ENTRY)
+    first_a = min(a.entry_inodes("s1"))
     b.sync()
     root = b.pending_root(first_a)
     assert root is not None and root.inode == va.inode  # b finds a's node by its number
     b.load_snapshot(root, "s1", _entries(30))
     assert b.get(first_a) is not None and b.get(first_a).blocks == a.get(first_a).blocks
-    numbers = [n.inode for n in b.nodes()]
+    numbers = list(_all_nodes(b, "s1", "s2"))
+    assert len(numbers) == len(b)
     assert len(numbers) == len(set(numbers))
     with open(journal, "ab") as f:  # a killed writer's torn line: the next line still counts
         f.write(b'{"key": ["dataset", "z"], "ino')
