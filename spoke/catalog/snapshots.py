@@ -8,10 +8,11 @@ loads (``GetManifest``), kept here in a small LRU.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from protocol.hub.v1 import hub_pb2
+from spoke.catalog.digests import DigestSizes
 
 MAX_SNAPSHOTS = 8
 """Snapshots indexed at once (the least recently loaded one is dropped)."""
@@ -23,17 +24,18 @@ class IndexedSnapshot:
 
     Attributes:
         key: ``dataset@version`` as loaded.
-        sizes: digest → size of every distinct block of its regular files, in manifest
-            (path) order of first use.
+        sizes: digest → size (bytes) of every distinct block of its regular files, in
+            manifest (path) order of first use (:class:`~spoke.catalog.digests.DigestSizes`:
+            about 30 bytes a block).
     """
 
     key: str
-    sizes: dict[str, int] = field(default_factory=dict)
+    sizes: DigestSizes = field(default_factory=DigestSizes)
 
     @property
     def total_bytes(self) -> int:
         """Bytes of the snapshot's distinct blocks."""
-        return sum(self.sizes.values())
+        return self.sizes.total()
 
 
 class SnapshotIndex:
@@ -43,17 +45,18 @@ class SnapshotIndex:
         self.max_snapshots = max_snapshots
         self._snapshots: OrderedDict[str, IndexedSnapshot] = OrderedDict()
 
-    def learn(self, key: str, entries: Sequence[hub_pb2.ManifestEntry]) -> IndexedSnapshot:
+    def learn(self, key: str, entries: Iterable[hub_pb2.ManifestEntry]) -> IndexedSnapshot:
         """Index a manifest under ``key`` (``dataset@version``; again: refreshed as recent)."""
         known = self._snapshots.get(key)
         if known is not None:
             self._snapshots.move_to_end(key)
             return known
         snap = IndexedSnapshot(key)
+        add = snap.sizes.add
         for entry in entries:
             if entry.type == hub_pb2.ENTRY_TYPE_FILE:
                 for b in entry.blocks:
-                    snap.sizes.setdefault(b.digest, b.size)
+                    add(b.digest, b.size)
         self._snapshots[key] = snap
         while len(self._snapshots) > self.max_snapshots:
             self._snapshots.popitem(last=False)

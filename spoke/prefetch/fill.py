@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -195,7 +195,7 @@ class BackgroundFill:
                 self.fills[snapshot.key] = fill
                 self._wake.set()
 
-    def _resident(self, sizes: dict[str, int]) -> int:
+    def _resident(self, sizes: Mapping[str, int]) -> int:
         return sum(s for d, s in sizes.items() if self.cache.contains(d))
 
     # -- the fill loop ---------------------------------------------------------------------
