@@ -5,7 +5,7 @@ SnapshotCatalog`, the one writer of the index; ``DESIGN.md`` "One writer"):
 
 - **blocks** (LMDB database ``blockscope``, sorted duplicates): block digest (16 raw
   bytes) → one value per stored manifest holding it, ``snapshot id (16 raw bytes) | size
-  (u32)``. Written in the transaction that stores the manifest (or, for a manifest stored
+  (u32)``. Written in the transactions that store the manifest (or, for a manifest stored
   before this index existed, when the catalog next loads it), never rewritten: manifests
   are immutable and stay stored. The index is on disk (memory-mapped), so a dataset of
   millions of blocks costs no resident memory here; writing it adds about 30 ms to storing
@@ -72,15 +72,22 @@ class BlockScope:
     # -- writes (the daemon's loop only) ---------------------------------------------------
 
     def index(
-        self, txn: lmdb.Transaction, snapshot_id: str, entries: Iterable[hub_pb2.ManifestEntry]
+        self,
+        txn: lmdb.Transaction,
+        snapshot_id: str,
+        entries: Iterable[hub_pb2.ManifestEntry],
+        complete: bool = True,
     ) -> None:
-        """Record every block of a manifest being stored, inside its write transaction."""
+        """Record every block of ``entries``, a manifest being stored (or, with
+        ``complete`` False, a part of it: the last part marks it indexed), inside its
+        write transaction."""
         sid = bytes.fromhex(snapshot_id)
         for entry in entries:
             for block in entry.blocks:
                 value = _VALUE.pack(sid, block.size)
                 txn.put(bytes.fromhex(block.digest), value, db=self._db, dupdata=True)
-        txn.put(_INDEXED + snapshot_id.encode(), b"", db=self._catalog)
+        if complete:
+            txn.put(_INDEXED + snapshot_id.encode(), b"", db=self._catalog)
 
     def is_indexed(self, snapshot_id: str) -> bool:
         """Whether the blocks of a stored manifest are in the index."""

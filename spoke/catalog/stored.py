@@ -20,6 +20,12 @@ from spoke.catalog.blockscope import BlockScope
 
 M = TypeVar("M", bound=Message)
 
+STORE_CHUNK = 8192
+"""Manifest entries written per LMDB write transaction. LMDB keeps the pages a write
+transaction dirtied for later ones and never frees them: one transaction of 100,000
+entries left the daemon 200 bytes an entry larger for good (20 MiB; 200 MiB at a
+million), a chunk of 8,192 about 2 MiB once."""
+
 
 class StoredCatalog:
     """The catalog as stored in the index.
@@ -119,16 +125,22 @@ class StoredCatalog:
     def _store_manifest(
         self, dataset: str, snapshot: hub_pb2.Snapshot, entries: list[hub_pb2.ManifestEntry]
     ) -> None:
-        """Keep a checked manifest of ``dataset``'s ``snapshot`` (and index its blocks)."""
+        """Keep a checked manifest of ``dataset``'s ``snapshot`` (and index its blocks),
+        :data:`STORE_CHUNK` entries a transaction; the last one marks it complete. A
+        manifest cut short (the daemon killed) is not complete: it is fetched and written
+        again (the same keys and values) when next asked for."""
         sid = snapshot.snapshot_id.encode()
+        for start in range(0, len(entries), STORE_CHUNK):
+            chunk = entries[start : start + STORE_CHUNK]
+            with self._env.begin(write=True) as txn:
+                for entry in chunk:
+                    key = sid + b"\0" + entry.path.encode()
+                    txn.put(key, entry.SerializeToString(), db=self._manifests)
+                self.scope.index(txn, snapshot.snapshot_id, chunk, complete=False)
         with self._env.begin(write=True) as txn:
-            for entry in entries:
-                txn.put(
-                    sid + b"\0" + entry.path.encode(), entry.SerializeToString(), db=self._manifests
-                )
             txn.put(b"manifest-complete/" + sid, str(len(entries)).encode(), db=self._catalog)
             txn.put(b"manifest-dataset/" + sid, dataset.encode(), db=self._catalog)
-            self.scope.index(txn, snapshot.snapshot_id, entries)
+            self.scope.index(txn, snapshot.snapshot_id, (), complete=True)
         self.scope.add_name(snapshot.snapshot_id, dataset, snapshot.version)
 
     def _load_manifest(self, sid: bytes) -> list[hub_pb2.ManifestEntry] | None:

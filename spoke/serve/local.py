@@ -9,6 +9,7 @@ the prefetch ledger) as readahead.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import logging
@@ -39,6 +40,7 @@ from spoke.fetch.priority import Source
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.prefetch.hints import HintService
 from spoke.serve.access import AccessLog
+from strata_local.memory import trim_malloc
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,10 @@ class SpokeLocalService(spoke_pb2_grpc.SpokeLocalServicer):  # type: ignore[misc
                 page, size = [], 0
         if page:
             yield spoke_pb2.ManifestPage(entries=page)
+        # the manifest's messages were freed between pages still in use: give the pages
+        # back (without this, a 100,000-file snapshot left the daemon ~250 B a file larger)
+        del entries, page
+        await asyncio.to_thread(trim_malloc)
 
     @_unary
     async def EnsureBlocks(
