@@ -159,10 +159,11 @@ def test_bodies_in_flight_are_capped_with_503_json(tmp_path: Path, hub_port: int
     MiB = 1 << 20
 
     async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
-        go_on = asyncio.Event()
+        go_on, taken = asyncio.Event(), asyncio.Event()
 
         async def slow() -> AsyncIterator[bytes]:
             yield b" " * (MiB + MiB // 2)
+            taken.set()  # the daemon took the first part in and asks for more
             await go_on.wait()
             yield b" " * (MiB // 2)
 
@@ -173,7 +174,7 @@ def test_bodies_in_flight_are_capped_with_503_json(tmp_path: Path, hub_port: int
                 content=slow(),
             )
         )
-        await asyncio.sleep(0.2)  # the first body is being received
+        await asyncio.wait_for(taken.wait(), 30)  # the first body is being received
         busy = await client.post(
             "/v1/hints", headers={**AUTH, "Content-Length": str(MiB)}, content=b" " * MiB
         )

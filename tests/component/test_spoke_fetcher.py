@@ -257,6 +257,8 @@ def test_a_reader_gives_up_at_its_own_deadline_and_its_retry_is_a_probe(
     async def go() -> None:
         scheduler = _scheduler(hub, cache, miss_deadline=2.0)
         assert scheduler.prefetch(refs[:1]) == 1  # readahead: its fetch starts now
+        # product interval: the readahead's fetch has run 1.2 s of its own 2 s deadline
+        # when the reader joins it; the claim is that the reader still waits its own 2 s
         await asyncio.sleep(1.2)
         start = time.monotonic()
         with pytest.raises(MissDeadline):

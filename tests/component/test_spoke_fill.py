@@ -49,6 +49,21 @@ class Hub:
             yield d, self.blocks[d]
 
 
+class Wake(asyncio.Event):
+    """The fill loop's wake-up event, telling whether the loop is waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = 0
+
+    async def wait(self) -> bool:  # type: ignore[override]
+        self.waiting += 1
+        try:
+            return await super().wait()
+        finally:
+            self.waiting -= 1
+
+
 class Setup:
     def __init__(
         self,
@@ -83,6 +98,7 @@ class Setup:
         self.fill = BackgroundFill(
             index, self.scheduler, self.cache, mode=mode, paused=paused, recheck_s=0.05
         )
+        self.wake = self.fill._wake = Wake()
 
     def state(self) -> str:
         return str(self.fill.fills["ds@v1"].state)
@@ -93,6 +109,15 @@ class Setup:
             f"fill state {state!r}",
             timeout,
         )
+
+    async def parked(self) -> None:
+        """Until the fill loop has looked at what it was told and waits for a wake-up
+        with none pending, and nothing is queued or on the wire: had it started a fetch,
+        the scheduler would hold it now."""
+        await eventually_async(
+            lambda: self.wake.waiting and not self.wake.is_set(), "the fill loop waiting"
+        )
+        assert self.scheduler.inflight == 0
 
     async def looked_again(self) -> None:
         """Until a pass of the fill that began after this call has ended (the one running
@@ -175,11 +200,7 @@ def test_a_snapshot_larger_than_the_share_is_not_filled(tmp_path: Path) -> None:
     async def go() -> None:
         runner = asyncio.create_task(s.fill.run())
         s.fill.observe([s.refs[0][0]], hit=False)
-        # Nothing to await: a "too large" fill never gets a pass, so no event says the
-        # loop has looked. observe() wakes run() through an Event (no recheck_s wait), so
-        # it looks within a few loop turns; 0.1 s is also 50 times the fake hub's 2 ms
-        # answer, long enough for a wrongly started fetch to have reached it.
-        await asyncio.sleep(0.1)
+        await s.parked()  # a "too large" fill gets no pass: the loop looked, and waits
         runner.cancel()
         await s.scheduler.close()
 
@@ -228,10 +249,7 @@ def test_fill_off_fills_nothing(tmp_path: Path, mode: FillMode) -> None:
     async def go() -> None:
         runner = asyncio.create_task(s.fill.run())
         s.fill.observe([s.refs[0][0]], hit=False)
-        # Nothing to await: with fill off no Fill exists to count passes. A read that did
-        # start one would wake run() at once (an Event, not recheck_s), and 0.1 s is 50
-        # times the fake hub's 2 ms answer: a fetch would have reached it by now.
-        await asyncio.sleep(0.1)
+        await s.parked()  # with fill off no Fill exists to count passes: the loop waits
         runner.cancel()
         await s.scheduler.close()
 

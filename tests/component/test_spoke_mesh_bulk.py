@@ -52,6 +52,7 @@ from tests.component.test_spoke_mesh_source import (
     _keys,
     _live,
 )
+from tests.support import eventually_async
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -487,7 +488,7 @@ def test_what_a_caller_holds_before_it_proves_anything_is_bounded(
         capped = PeerBulkServer(owner_.service.gate, owner_.service.blocks, None, 1)
         capped_port = await capped.start("127.0.0.1", 0)
         held = socket.create_connection(("127.0.0.1", capped_port))
-        await asyncio.sleep(0.1)  # the first connection is open there
+        await eventually_async(lambda: len(capped._open) == 1, "the first connection open there")
         answers = [
             await asyncio.to_thread(answer, capped_port, b""),
             await asyncio.to_thread(answer, owner_.port, bulk.PEER_HEAD.pack(bulk.PEER_MAGIC, 10)),

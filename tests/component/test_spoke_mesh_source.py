@@ -386,7 +386,7 @@ class Stall(peer_pb2_grpc.SpokePeerServicer):
     async def ReadBlocks(
         self, request_iterator: object, context: object
     ) -> AsyncIterator[hub_pb2.BlockChunk]:
-        await asyncio.sleep(3600)
+        await asyncio.sleep(3600)  # product interval: the stall itself (never sends)
         yield hub_pb2.BlockChunk()
 
 

@@ -293,10 +293,13 @@ def test_a_stream_frees_its_slot_when_its_blocks_arrive_and_disk_writes_are_boun
             lambda: scheduler.admitting_bytes >= 4 * BLOCK, "four blocks waiting for the disk"
         )
         # A fifth stream would open when a slot frees (a stream's blocks arriving), and the
-        # fake hub records a call as it opens; with four blocks held at the disk nothing
-        # frees one. 0.2 s is ten times the hub's 20 ms answer: any stream the scheduler
-        # was going to send is in hub.serve.calls by then.
-        await asyncio.sleep(0.2)
+        # fake hub records a call as it opens: once every stream that went out has had its
+        # block arrive (no slot held) and the other six blocks still wait to leave, nothing
+        # is left that could open one until the disk takes a block.
+        await eventually_async(
+            lambda: scheduler.pacer.busy == 0 and scheduler.queued(Priority.PREWARM)[0] == 6,
+            "every stream's block arrived, the rest queued",
+        )
         # two slots, yet four streams went out: each freed its slot on arrival; the
         # fifth waits, as four blocks wait for the disk (2 × a 2-block window)
         assert len(hub.calls) == 4
