@@ -6,7 +6,6 @@ import contextlib
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,22 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.local import free_port
 from tests.conftest import REPO_ROOT
+from tests.support import eventually
 
 PROMETHEUS_DIR = REPO_ROOT / "deploy" / "prometheus"
+
+
+def ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
+    """Whether ``url`` (a ``/-/ready`` endpoint) answers 200 now.
+
+    Raises:
+        AssertionError: ``proc``, the server, has exited (the message: its log's tail).
+    """
+    assert proc.poll() is None, log.read_text()[-2000:]
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(url, timeout=2).status_code == 200
+    return False
+
 
 PENDING: dict[str, str] = {}
 """Metrics the rules and the dashboard use that other work adds (names agreed in the
@@ -103,14 +116,9 @@ class Prometheus:
         with open(self._log, "wb") as log:
             proc = subprocess.Popen(self._args, stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                assert proc.poll() is None, self._log.read_text()[-2000:]
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
-                        break
-                assert time.monotonic() < deadline, "prometheus not ready"
-                time.sleep(0.1)
+            eventually(
+                lambda: ready(f"{self.url}/-/ready", proc, self._log), "prometheus ready", timeout
+            )
             yield self
         finally:
             proc.terminate()

@@ -9,7 +9,6 @@ import contextlib
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ import yaml
 
 from deploy.local import free_port
 from tests.conftest import REPO_ROOT
-from tests.deploy.prom_support import rules
+from tests.deploy.prom_support import ready, rules
+from tests.support import eventually
 
 CONFIG = REPO_ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 AMTOOL = shutil.which("amtool")
@@ -89,14 +89,10 @@ def _alertmanager(tmp_path: Path) -> Iterator[str]:
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, (tmp_path / "alertmanager.log").read_text()[-2000:]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "alertmanager not ready"
-            time.sleep(0.1)
+        eventually(
+            lambda: ready(f"{url}/-/ready", proc, tmp_path / "alertmanager.log"),
+            "alertmanager ready",
+        )
         yield url
     finally:
         proc.terminate()
@@ -157,11 +153,11 @@ def test_a_real_alertmanager_inhibits(tmp_path: Path) -> None:
         alert["labels"]["test"] = name
     with _alertmanager(tmp_path) as url:
         httpx.post(f"{url}/api/v2/alerts", json=list(alerts.values()), timeout=10)
-        deadline = time.monotonic() + 20
-        while True:
+        seen: list[dict[str, bool]] = []
+
+        def inhibited() -> bool:
             got = httpx.get(f"{url}/api/v2/alerts", timeout=10).json()
-            state = {a["labels"]["test"]: bool(a["status"]["inhibitedBy"]) for a in got}
-            if state == expected or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-    assert state == expected
+            seen.append({a["labels"]["test"]: bool(a["status"]["inhibitedBy"]) for a in got})
+            return seen[-1] == expected
+
+        eventually(inhibited, lambda: f"inhibited {seen[-1]}, not {expected}", 20)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import yaml
 from deploy.local import drop_page_cache
 from tests.deploy.conftest import Live
 from tests.deploy.prom_support import PROMETHEUS_DIR, Prometheus, rules
+from tests.support import eventually
 
 pytestmark = pytest.mark.skipif(
     shutil.which("promtool") is None or shutil.which("prometheus") is None,
@@ -100,13 +99,6 @@ def _sample(text: str, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
-def _until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"never true: {what}"
-        time.sleep(0.2)
-
-
 @pytest.mark.fuse
 def test_prometheus_scrapes_hub_and_spoke(live: Live, tmp_path: Path) -> None:
     # the spoke's metrics port, as deploy/prometheus/prometheus.yml scrapes it (never
@@ -117,7 +109,7 @@ def test_prometheus_scrapes_hub_and_spoke(live: Live, tmp_path: Path) -> None:
     prometheus = Prometheus(tmp_path, hub=[live.hub_metrics], spokes=[spoke_address])
     with prometheus.running():
         # read after a first scrape, so that the rate rules see the counters move
-        _until(lambda: bool(prometheus.query('up{job="strata-spoke"} == 1')), "a first scrape")
+        eventually(lambda: bool(prometheus.query('up{job="strata-spoke"} == 1')), "a first scrape")
         root = live.mount / "demo" / "v1"
         for name, data in live.files.items():  # cold: misses (and prefetch)
             assert (root / name).read_bytes() == data
@@ -125,7 +117,7 @@ def test_prometheus_scrapes_hub_and_spoke(live: Live, tmp_path: Path) -> None:
             pytest.skip("cannot drop the page cache (not root): the second read would not hit")
         for name, data in live.files.items():  # warm: hits from the spoke's disk
             assert (root / name).read_bytes() == data
-        _until(
+        eventually(
             lambda: _sample(_metrics(spoke_metrics), "strata_spoke_cache_hits_total") > 0, "hits"
         )
 
@@ -142,13 +134,13 @@ def test_prometheus_scrapes_hub_and_spoke(live: Live, tmp_path: Path) -> None:
                 and float(ratio[0]["value"][1]) == used / capacity
             )
 
-        _until(caught_up, "Prometheus has the spoke's hits and the cache-use recording rule")
+        eventually(caught_up, "Prometheus has the spoke's hits and the cache-use recording rule")
         (hits,) = prometheus.query('strata_spoke_cache_hits_total{job="strata-spoke"}')
         assert hits["metric"]["instance"] == spoke_address
         assert hits["metric"]["node"] == "127.0.0.1"  # the relabelling in prometheus.yml
         served = _sample(_metrics(hub_metrics), "strata_hub_blocks_served_bytes_total")
         assert served >= sum(len(d) for d in live.files.values())
-        _until(
+        eventually(
             lambda: [float(s["value"][1]) for s in prometheus.query(
                 'strata_hub_blocks_served_bytes_total{job="strata-hub"}')] == [served],
             "the hub's served bytes",
@@ -161,7 +153,7 @@ def test_prometheus_scrapes_hub_and_spoke(live: Live, tmp_path: Path) -> None:
 
         # the rule is evaluated on its own clock: a first value may predate the scrape that
         # saw the hits (0 then, the misses having moved); it must come to (0, 1]
-        _until(lambda: len(ratios := hit_ratio()) == 1 and ratios[0] > 0, "a hit ratio above 0")
+        eventually(lambda: len(ratios := hit_ratio()) == 1 and ratios[0] > 0, "a hit ratio above 0")
         assert 0 < hit_ratio()[0] <= 1
         alerts = httpx.get(f"{prometheus.url}/api/v1/rules", timeout=10).json()
         loaded = {r["name"] for g in alerts["data"]["groups"] for r in g["rules"]}

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from hub.catalog.postgres import TABLE
 from hub.catalog.schema import META_GRANT_KEY
 from tests.conftest import REPO_ROOT
 from tests.deploy.systemd_support import Service, prepare
+from tests.support import eventually
 
 UNIT = REPO_ROOT / "deploy" / "systemd" / "strata-hub.service"
 PASSWORD = "catalog-password-of-strata-serve"
@@ -165,20 +165,18 @@ def test_the_units_user_reads_its_catalog_password_and_bucket_key(
 
 
 def _ready(metrics: str, process: subprocess.Popen[str], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    def answers() -> bool:
         try:
             with urllib.request.urlopen(f"http://{metrics}/readyz", timeout=2) as reply:
-                if reply.status == 200:
-                    return
+                return bool(reply.status == 200)
         except (urllib.error.URLError, OSError):
             pass
         if process.poll() is not None:
             _, err = process.communicate()
             pytest.fail(f"the unit's hub exited {process.returncode}: {err[-3000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"the unit's hub was not ready on {metrics} in {timeout:.0f} s")
-        time.sleep(0.2)
+        return False
+
+    eventually(answers, f"the unit's hub ready on {metrics}", timeout)
 
 
 def _start(service: Service) -> subprocess.Popen[str]:

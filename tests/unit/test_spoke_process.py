@@ -8,7 +8,10 @@ import time
 from pathlib import Path
 
 from spoke.run.process import stop_process
+from tests.support import eventually
 
+# product interval: the children's time.sleep(60) below is the child process stop_process
+# ends (it must outlive the test's stop, never run out by itself); nothing waits on it
 IGNORES_TERM = (
     "import signal, sys, time\n"
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
@@ -61,11 +64,7 @@ def test_group_kill_also_stops_the_childs_children() -> None:
     grandchild = int(proc.stdout.readline())
     stop_process(proc, 0.3)
     assert proc.returncode == -9
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not _dead(grandchild):
-        time.sleep(0.05)
-    if not _dead(grandchild):
-        raise AssertionError("the grandchild survived its group's SIGKILL")
+    eventually(lambda: _dead(grandchild), "the grandchild gone after its group's SIGKILL", 10)
 
 
 def test_stopping_an_exited_child_does_nothing() -> None:
