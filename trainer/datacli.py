@@ -6,12 +6,13 @@ plain functions that :mod:`trainer.cli` registers on its app.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from trainer.cliopts import DATA_HELP, StorageOptionFlag, fail, storage_options
+from trainer.cliopts import fail, settings, storage_options, with_settings
 from trainer.location import data_path
+from trainer.settings import PlanSettings
 
 
 def prepare(
@@ -123,44 +124,29 @@ def synth(
     )
 
 
-def plan(
-    data: Annotated[str, typer.Option("--data", help=DATA_HELP)],
-    epoch: Annotated[int, typer.Option("--epoch", help="Epoch (0-based).")] = 0,
-    rank: Annotated[int, typer.Option("--rank", help="Rank whose shard to list.")] = 0,
-    world_size: Annotated[int, typer.Option("--world-size", help="Number of ranks.")] = 1,
-    preset: Annotated[str, typer.Option("--preset", help="Model preset.")] = "tiny",
-    batch_size: Annotated[
-        int | None, typer.Option("--batch-size", help="Patches per step and rank.")
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
-    epoch_size: Annotated[int, typer.Option("--epoch-size", help="Positions per epoch.")] = 1024,
-    chunk_aligned: Annotated[bool, typer.Option("--chunk-aligned")] = False,
-    min_live: Annotated[float, typer.Option("--min-live")] = 0.5,
-    all_reads: Annotated[
-        bool, typer.Option("--all-reads", help="One line per chunk read, repeats included.")
-    ] = False,
-    storage_option: StorageOptionFlag = None,
-) -> None:
+@with_settings(PlanSettings)
+def plan(**given: Any) -> None:
     """Print the store keys a fit run reads in one epoch, in order (prefetch hints)."""
+    s = settings(PlanSettings, given)
     from trainer.plan import build_plan
     from trainer.presets import get_preset
     from trainer.readorder import epoch_read_order
     from trainer.volume import DataError, inspect_volume
 
     try:
-        config = get_preset(preset)
-        info = inspect_volume(data_path(data), storage_options(storage_option))
+        config = get_preset(s.preset)
+        info = inspect_volume(data_path(s.data), storage_options(s.storage_option))
         the_plan = build_plan(
             info,
             config.input_size,
-            epoch_size=epoch_size,
-            batch_size=config.batch_size if batch_size is None else batch_size,
-            seed=seed,
-            world_size=world_size,
-            min_live_fraction=min_live,
-            chunk_aligned=chunk_aligned,
+            epoch_size=s.epoch_size,
+            batch_size=config.batch_size if s.batch_size is None else s.batch_size,
+            seed=s.seed,
+            world_size=s.world_size,
+            min_live_fraction=s.min_live,
+            chunk_aligned=s.chunk_aligned,
         )
-        keys = epoch_read_order(the_plan, info, epoch, rank, unique=not all_reads)
+        keys = epoch_read_order(the_plan, info, s.epoch, s.rank, unique=not s.all_reads)
     except (DataError, ValueError) as exc:
         fail(str(exc))
     typer.echo("\n".join(keys))
