@@ -22,7 +22,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,15 +29,15 @@ import grpc
 import grpc.aio
 import httpx
 
+from bench.liars import Liar
 from deploy.local import LocalStack, admin_headers, free_port, publish, stop_process
 from deploy.pki import region_flags
 from protocol.hub.v1 import hub_pb2
-from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc, spoke_pb2, spoke_pb2_grpc
+from protocol.spoke.v1 import peer_pb2_grpc, spoke_pb2, spoke_pb2_grpc
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.mesh.rendezvous import owner
 
 MiB = 1 << 20
-CHUNK = 4 * MiB
 
 
 @dataclass
@@ -54,29 +53,6 @@ class Result:
     read_s: float
 
 
-class Flood(peer_pb2_grpc.SpokePeerServicer):
-    """Answers probes as ``node``; every block with endless 4 MiB chunks, never last."""
-
-    def __init__(self, node: str) -> None:
-        self.node = node
-        self.sent = 0
-
-    async def Probe(self, request: object, context: object) -> peer_pb2.ProbeResponse:
-        return peer_pb2.ProbeResponse(node=self.node)
-
-    async def ReadBlocks(
-        self, request_iterator: AsyncIterator[peer_pb2.PeerReadRequest], context: object
-    ) -> AsyncIterator[hub_pb2.BlockChunk]:
-        async for request in request_iterator:
-            block, offset, data = request.blocks[0], 0, bytes(CHUNK)
-            while True:
-                self.sent += len(data)
-                yield hub_pb2.BlockChunk(
-                    digest=block.digest, offset=offset, data=data, block_size=block.size
-                )
-                offset += len(data)
-
-
 def _memory(pid: int) -> tuple[int, int]:
     """``VmRSS`` and ``VmHWM`` of ``pid``, bytes."""
     fields = {}
@@ -87,7 +63,7 @@ def _memory(pid: int) -> tuple[int, int]:
     return fields["VmRSS"], fields["VmHWM"]
 
 
-def _serve(liar: Flood, node: str, flags: dict[str, str], stop: asyncio.Event) -> threading.Event:
+def _serve(liar: Liar, node: str, flags: dict[str, str], stop: asyncio.Event) -> threading.Event:
     started = threading.Event()
     credentials = grpc.ssl_server_credentials(
         [(Path(flags["--peer-key"]).read_bytes(), Path(flags["--peer-cert"]).read_bytes())],
@@ -126,7 +102,7 @@ def run(work: Path, size: int, seconds: float) -> Result:
     publish(work / "hub", "bench", src, "--block-size", str(max(size, 64 * 1024)))
     secured = region_flags(work / "region")
     flags = dict(zip(secured[::2], secured[1::2], strict=True))
-    liar, stop = Flood(liar_node), asyncio.Event()
+    liar, stop = Liar(liar_node, "flood"), asyncio.Event()
     if not _serve(liar, liar_node, flags, stop).wait(10):
         raise RuntimeError("the fake peer did not start")
     cache = work / "cache"

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench.liars import Liar
 from deploy.local import free_port
-from protocol.hub.v1 import hub_pb2
-from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
-from spoke.hublink.client import HubClient
 from tests.integration.mesh_support import BLOCK, Region, manifest_blocks, read_all
 from tests.support import publish
 
@@ -136,38 +134,10 @@ def test_a_peer_killed_mid_read_and_restarted(region: Region) -> None:
     assert region.hub_metric("strata_hub_blocks_served_total") <= 2 * len(blocks)
 
 
-class LyingPeer(peer_pb2_grpc.SpokePeerServicer):
-    """A peer that answers probes correctly and serves every block with one byte flipped."""
-
-    def __init__(self, node: str, hub: str) -> None:
-        self.node = node
-        self.hub = hub
-        self.sent = 0
-
-    async def Probe(self, request: object, context: object) -> peer_pb2.ProbeResponse:
-        return peer_pb2.ProbeResponse(node=self.node)
-
-    async def ReadBlocks(
-        self, request_iterator: AsyncIterator[peer_pb2.PeerReadRequest], context: object
-    ) -> AsyncIterator[hub_pb2.BlockChunk]:
-        hub = HubClient(self.hub)
-        try:
-            async for request in request_iterator:
-                digests = [b.digest for b in request.blocks]
-                async for digest, data in hub.read_blocks(digests, 30):
-                    bad = bytes([data[0] ^ 0xFF]) + data[1:]
-                    self.sent += 1
-                    yield hub_pb2.BlockChunk(
-                        digest=digest, offset=0, data=bad, block_size=len(bad), last=True
-                    )
-        finally:
-            await hub.close()
-
-
 def test_a_lying_peer_never_delivers_a_wrong_byte(region: Region) -> None:
     fake = region.add("liar")  # never started: the double below answers on its port
     a = region.add("a")
-    liar = LyingPeer(fake.node, region.wan.address)
+    liar = Liar(fake.node, "flipped", region.wan.address)
     with region.fake_peer(liar, fake.node):
         region.start(a, peers=[a, fake])
         region.wait_live([a], 2)
@@ -177,7 +147,7 @@ def test_a_lying_peer_never_delivers_a_wrong_byte(region: Region) -> None:
         corrupt = a.metric("strata_spoke_peer_corrupt_blocks_total")
         # every block read from the liar is counted; one bad block ends its stream, so
         # blocks it had sent behind that one are dropped unread
-        assert 1 <= corrupt <= liar.sent
+        assert 1 <= corrupt <= liar.blocks
         assert a.metric("strata_spoke_peer_errors_total", kind="corrupt") == corrupt
         assert a.stats()["mesh"]["peers"][fake.node]["live"] is False  # quarantined
         assert a.metric("strata_spoke_source_bytes_total", source="hub") == dataset

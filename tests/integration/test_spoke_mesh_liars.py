@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from bench.liars import Liar
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
 from spoke.disk.layout import block_digest
@@ -26,49 +27,10 @@ from tests.support import publish
 pytestmark = pytest.mark.timeout(240)
 
 SIZE = 300_000
-FLOOD_CHUNK = 4 << 20
 RSS_BOUND = 512 << 20
 MISS_DEADLINE_S = 60.0  # the region's spokes' --miss-deadline
 STEP_S = 2.0  # the victim's --peer-timeout
 TRICKLE_S = 1.5  # between two one-byte chunks: within STEP_S, far below the pace
-
-
-class Liar(peer_pb2_grpc.SpokePeerServicer):
-    """Answers probes as ``node`` and every block request in the way named ``how``."""
-
-    def __init__(self, node: str, how: str) -> None:
-        self.node = node
-        self.how = how
-        self.sent = 0  # bytes yielded
-
-    async def Probe(self, request: object, context: object) -> peer_pb2.ProbeResponse:
-        return peer_pb2.ProbeResponse(node=self.node)
-
-    async def ReadBlocks(
-        self, request_iterator: AsyncIterator[peer_pb2.PeerReadRequest], context: object
-    ) -> AsyncIterator[hub_pb2.BlockChunk]:
-        async for request in request_iterator:
-            block = request.blocks[0]
-            for offset, data, last, size in self._chunks(block.size):
-                self.sent += len(data)
-                yield hub_pb2.BlockChunk(
-                    digest=block.digest, offset=offset, data=data, block_size=size, last=last
-                )
-
-    def _chunks(self, size: int) -> Iterator[tuple[int, bytes, bool, int]]:
-        if self.how == "flood":  # endless, never last
-            offset = 0
-            chunk = bytes(FLOOD_CHUNK)
-            while True:
-                yield offset, chunk, False, size
-                offset += FLOOD_CHUNK
-        elif self.how == "longer":  # the right size announced, more bytes sent
-            yield 0, bytes(200_000), False, size
-            yield 200_000, bytes(200_000), True, size
-        elif self.how == "shorter":
-            yield 0, bytes(100_000), True, size
-        elif self.how == "other size":
-            yield 0, bytes(size + 1), True, size + 1
 
 
 def _rss(pid: int) -> tuple[int, int]:
