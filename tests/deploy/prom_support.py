@@ -14,7 +14,7 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.local import free_port
+from deploy.local import free_port, stop_process
 from tests.conftest import REPO_ROOT
 from tests.support import eventually
 
@@ -121,12 +121,7 @@ class Prometheus:
             )
             yield self
         finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            stop_process(proc, group=False)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query; returns the result vector."""

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from deploy.local import free_port
+from deploy.local import free_port, stop_process
 from tests.conftest import REPO_ROOT
 from tests.deploy.prom_support import ready, rules
 from tests.support import eventually
@@ -95,12 +95,7 @@ def _alertmanager(tmp_path: Path) -> Iterator[str]:
         )
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc, group=False)
         log.close()
 
 
