@@ -12,6 +12,7 @@ strata-hub serve   --data-dir DIR --listen HOST:PORT [--metrics HOST:PORT] [--po
                    [--grace SECONDS] [--blobs DIR|s3://B/P]
                    [--grant-key PEM] [--grant-lifetime SECONDS] [--rotate-grant-key]
                    [--audit-log FILE] [--audit-max-bytes N] [--audit-backups N]
+                   [--config FILE]     (every option also STRATA_HUB_NAME or NAME in FILE)
 strata-hub publish --data-dir DIR DATASET SRC_DIR [--tag latest] [--block-size BYTES]
                    [--version vN] [--blobs DIR|s3://B/P] [--signing-key PEM]
                    [--allow-external-symlinks]
@@ -46,12 +47,11 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from hub.audit import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, AuditLog, operator
-from hub.auth.grants import DEFAULT_LIFETIME_S, HOLDERS_PER_TOKEN
+from hub.audit import AuditLog, operator
 from hub.auth.signing import keygen as keygen_pair
 from hub.catalog.locations import redact
 from hub.cli.catalog import register as register_catalog_commands
@@ -63,35 +63,24 @@ from hub.cli.options import (
     S3EndpointOption,
     say,
 )
+from hub.cli.settings import CONFIG_ENV, SERVE_OPTIONS, HubServeSettings, serve_settings
 from hub.cli.tokens import token_app
 from hub.errors import (
     CatalogUnavailable,
-    ConfigError,
     CorruptBlob,
     CorruptCatalog,
     HubError,
     StorageError,
 )
-from hub.limits.budget import (
-    BYTES_PER_TOKEN,
-    STALL_S,
-    STREAMS,
-    STREAMS_PER_TOKEN,
-    TOTAL_BYTES,
-    WAIT_S,
-)
-from hub.limits.sizes import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS
-from hub.limits.streams import MANIFEST_STREAMS, WATCH_STREAMS
 from hub.modes import PRIVATE_UMASK
 from hub.publish.tree import publish as publish_tree
-from hub.serve.bulk import MAX_CONNECTIONS as BULK_CONNECTIONS
-from hub.serve.config import MAX_MESSAGE_BYTES, ServerConfig
 from hub.serve.metrics import HubMetrics, MetricsEndpoint
-from hub.serve.server import GRACE_SECONDS, HubServer
+from hub.serve.server import HubServer
 from hub.snapshot.blocks import DEFAULT_BLOCK_SIZE
 from hub.store.datadir import secure
 from strata_local.atomic import write_atomic
 from strata_local.memory import limit_malloc_arenas
+from strata_local.options import config_parameter, with_options
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -110,38 +99,35 @@ def _write_port_file(path: Path, port: int) -> None:
     write_atomic(path, f"{port}\n".encode())
 
 
-async def _serve(
-    data_dir: Path,
-    listen: str,
-    metrics_listen: str | None,
-    port_files: tuple[Path | None, Path | None],
-    config: ServerConfig,
-    grace: float,
-) -> None:
+async def _serve(settings: HubServeSettings) -> None:
     """Runs the server until SIGINT or SIGTERM; start-up and shutdown in reverse order."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    config = settings.server_config()
     async with contextlib.AsyncExitStack() as stack:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
             stack.callback(loop.remove_signal_handler, signum)
         metrics = HubMetrics()
-        if metrics_listen is not None:
-            endpoint = MetricsEndpoint.start(metrics_listen, metrics)
+        if settings.metrics is not None:
+            endpoint = MetricsEndpoint.start(settings.metrics, metrics)
             stack.callback(endpoint.close)
-        server = await HubServer.start(data_dir, listen, metrics=metrics, config=config)
-        stack.push_async_callback(server.stop, grace)
+        server = await HubServer.start(
+            settings.data_dir, settings.listen, metrics=metrics, config=config
+        )
+        stack.push_async_callback(server.stop, settings.grace)
         bulk_port = server.bulk.port if server.bulk is not None else None
+        port_files = (settings.port_file, settings.bulk_port_file)
         for port_file, port in zip(port_files, (server.port, bulk_port), strict=True):
             if port_file is not None and port is not None:
                 try:
                     _write_port_file(port_file, port)
                 except OSError as exc:
                     raise HubError(f"cannot write port file {port_file}: {exc.strerror}") from exc
-        print(f"{PROG}: serving {data_dir} on {server.address}", flush=True)
+        print(f"{PROG}: serving {settings.data_dir} on {server.address}", flush=True)
         if bulk_port is not None:
             say(f"bulk block channel on port {bulk_port}")
-        if metrics_listen is not None:
+        if settings.metrics is not None:
             say(f"metrics on http://{endpoint.address}/metrics")
         if config.catalog is not None:
             say(f"shared catalog {redact(config.catalog)}")
@@ -149,252 +135,18 @@ async def _serve(
 
 
 @app.command()
-def serve(
-    data_dir: DataDirOption,
-    listen: Annotated[
-        str, typer.Option("--listen", help="gRPC address HOST:PORT; port 0 picks a free port.")
-    ],
-    metrics: Annotated[
-        str | None,
-        typer.Option("--metrics", help="Serve Prometheus metrics on HOST:PORT."),
-    ] = None,
-    port_file: Annotated[
-        Path | None,
-        typer.Option("--port-file", help="Write the bound gRPC port to this file."),
-    ] = None,
-    tls_cert: Annotated[
-        Path | None,
-        typer.Option("--tls-cert", help="Serve TLS with this PEM certificate chain."),
-    ] = None,
-    tls_key: Annotated[
-        Path | None, typer.Option("--tls-key", help="PEM private key of --tls-cert.")
-    ] = None,
-    client_ca: Annotated[
-        Path | None,
-        typer.Option(
-            "--client-ca", help="Require client certificates signed by this PEM CA (mTLS)."
-        ),
-    ] = None,
-    tokens: Annotated[
-        Path | None,
-        typer.Option(
-            "--tokens",
-            help="Require bearer tokens: a YAML/TOML/JSON file mapping token -> dataset "
-            'globs (or "*").',
-        ),
-    ] = None,
-    insecure: Annotated[
-        bool,
-        typer.Option(
-            "--insecure",
-            help="Allow --tokens and read grants without TLS (they travel in cleartext).",
-        ),
-    ] = False,
-    max_message_bytes: Annotated[
-        int,
-        typer.Option(
-            "--max-message-bytes",
-            help="Largest gRPC message sent (requests have their own limit, 32 KiB).",
-        ),
-    ] = MAX_MESSAGE_BYTES,
-    max_connections: Annotated[
-        int,
-        typer.Option(
-            "--max-connections",
-            help="Most client connections open at once; more are closed as they arrive "
-            "(about 45 KiB each while a TLS handshake is pending).",
-        ),
-    ] = MAX_CONNECTIONS,
-    handshake_timeout: Annotated[
-        float,
-        typer.Option(
-            "--handshake-timeout",
-            help="Seconds a connection may take to finish its TLS handshake and send its "
-            "HTTP/2 settings before it is closed.",
-        ),
-    ] = HANDSHAKE_TIMEOUT_S,
-    max_streams_per_token: Annotated[
-        int,
-        typer.Option(
-            "--max-streams-per-token",
-            help="Most ReadBlocks streams one token may have open; more are refused "
-            "(RESOURCE_EXHAUSTED). A spoke opens up to 16.",
-        ),
-    ] = STREAMS_PER_TOKEN,
-    max_block_streams: Annotated[
-        int,
-        typer.Option(
-            "--max-block-streams",
-            help="Most ReadBlocks streams open at once over every token; more are refused "
-            "(RESOURCE_EXHAUSTED).",
-        ),
-    ] = STREAMS,
-    max_bytes_per_token: Annotated[
-        int,
-        typer.Option(
-            "--max-bytes-per-token",
-            help="Most bytes the hub holds for one token's ReadBlocks streams (blocks "
-            "unread by the client) and requests still arriving; a stream waits for room, "
-            "up to --budget-wait.",
-        ),
-    ] = BYTES_PER_TOKEN,
-    max_bytes_in_flight: Annotated[
-        int,
-        typer.Option(
-            "--max-bytes-in-flight",
-            help="Most bytes the hub holds for every token's streams and requests together.",
-        ),
-    ] = TOTAL_BYTES,
-    budget_wait: Annotated[
-        float,
-        typer.Option(
-            "--budget-wait",
-            help="Seconds a ReadBlocks stream waits for room in the byte budget before it "
-            "is refused (RESOURCE_EXHAUSTED).",
-        ),
-    ] = WAIT_S,
-    stall_timeout: Annotated[
-        float,
-        typer.Option(
-            "--stall-timeout",
-            help="Seconds one MiB of a block's bytes (a ReadBlocks message, a bulk "
-            "channel step) may take to leave; a smaller message gets its share, at least "
-            "2 s (a stream's first messages are 64 KiB). Then the stream is ended "
-            "(RESOURCE_EXHAUSTED; a bulk connection is closed) and its share of the byte "
-            "budget given back. A slow reader that keeps reading is not cut.",
-        ),
-    ] = STALL_S,
-    max_manifest_streams: Annotated[
-        int,
-        typer.Option(
-            "--max-manifest-streams",
-            help="Most GetManifest streams open at once, one token at most an eighth; a "
-            "stream waits for a slot up to --budget-wait, then is refused.",
-        ),
-    ] = MANIFEST_STREAMS,
-    max_watch_streams: Annotated[
-        int,
-        typer.Option(
-            "--max-watch-streams",
-            help="Most Watch streams open at once (a spoke holds one), one token at most "
-            "an eighth; more are refused (RESOURCE_EXHAUSTED).",
-        ),
-    ] = WATCH_STREAMS,
-    grant_holders_per_token: Annotated[
-        int,
-        typer.Option(
-            "--grant-holders-per-token",
-            help="Most holder keys (spokes) one token may hold live read grants for; a "
-            "region whose nodes share one token needs about twice its node count.",
-        ),
-    ] = HOLDERS_PER_TOKEN,
-    grace: Annotated[
-        float,
-        typer.Option("--grace", help="Seconds calls in flight get to finish on shutdown."),
-    ] = GRACE_SECONDS,
-    blobs: BlobsOption = None,
-    s3_endpoint: S3EndpointOption = None,
-    grant_key: Annotated[
-        Path | None,
-        typer.Option(
-            "--grant-key",
-            help="Ed25519 key (PEM, strata-hub keygen) that signs the spokes' read grants "
-            "for the regional mesh (default: DATA_DIR/grant.key, made at first start).",
-        ),
-    ] = None,
-    grant_lifetime: Annotated[
-        float,
-        typer.Option(
-            "--grant-lifetime",
-            help="Seconds a read grant is valid (1 to 300): how long a narrowed or revoked "
-            "token may still be used at the spokes' peers.",
-        ),
-    ] = DEFAULT_LIFETIME_S,
-    rotate_grant_key: Annotated[
-        bool,
-        typer.Option(
-            "--rotate-grant-key",
-            help="With --catalog: make this replica's --grant-key the one every replica "
-            "signs with (replicas refuse to start with another key than the recorded one).",
-        ),
-    ] = False,
-    audit_log: Annotated[
-        Path | None,
-        typer.Option(
-            "--audit-log",
-            help="JSON-lines audit file (default DATA_DIR/audit.jsonl, or "
-            "$STRATA_HUB_AUDIT_LOG); rotated files FILE.1 ... go beside it.",
-        ),
-    ] = None,
-    audit_max_bytes: Annotated[
-        int,
-        typer.Option("--audit-max-bytes", help="Rotate the audit file before it passes this."),
-    ] = DEFAULT_MAX_BYTES,
-    audit_backups: Annotated[
-        int, typer.Option("--audit-backups", help="Rotated audit files kept.")
-    ] = DEFAULT_BACKUPS,
-    catalog: CatalogOption = None,
-    bulk_port: Annotated[
-        int | None,
-        typer.Option(
-            "--bulk-port",
-            help="Also serve block bytes on this port of --listen's host, beside gRPC "
-            "(the bulk channel: sendfile, same tokens, TLS and limits); 0 picks a free port.",
-        ),
-    ] = None,
-    bulk_port_file: Annotated[
-        Path | None,
-        typer.Option("--bulk-port-file", help="Write the bound bulk port to this file."),
-    ] = None,
-    bulk_max_connections: Annotated[
-        int,
-        typer.Option(
-            "--bulk-max-connections",
-            help="Most bulk connections open at once (a spoke holds one per fetch worker).",
-        ),
-    ] = BULK_CONNECTIONS,
-) -> None:
+@with_options(SERVE_OPTIONS, config_parameter(CONFIG_ENV))
+def serve(**received: Any) -> None:
     """Serve the data directory's datasets over gRPC until SIGINT or SIGTERM.
 
     Also serves gRPC health checking and server reflection. Catalog changes made by
-    other processes (publish, tag, revoke) reach Watch streams within a second.
+    other processes (publish, tag, revoke) reach Watch streams within a second. Every
+    option may also be set by its STRATA_HUB_* variable or in the TOML file of --config
+    (flags win, then variables).
     """
-    if bulk_port is None and (
-        bulk_port_file is not None or bulk_max_connections != BULK_CONNECTIONS
-    ):
-        raise ConfigError("--bulk-port-file and --bulk-max-connections need --bulk-port")
-    config = ServerConfig(
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        client_ca=client_ca,
-        tokens=tokens,
-        insecure=insecure,
-        max_message_bytes=max_message_bytes,
-        blobs=blobs,
-        s3_endpoint=s3_endpoint,
-        catalog=catalog,
-        grant_key=grant_key,
-        grant_lifetime_s=grant_lifetime,
-        rotate_grant_key=rotate_grant_key,
-        audit_log=audit_log,
-        audit_max_bytes=audit_max_bytes,
-        audit_backups=audit_backups,
-        max_connections=max_connections,
-        handshake_timeout_s=handshake_timeout,
-        max_streams_per_token=max_streams_per_token,
-        max_block_streams=max_block_streams,
-        max_bytes_per_token=max_bytes_per_token,
-        max_bytes_in_flight=max_bytes_in_flight,
-        budget_wait_s=budget_wait,
-        stall_timeout_s=stall_timeout,
-        grant_holders_per_token=grant_holders_per_token,
-        max_manifest_streams=max_manifest_streams,
-        max_watch_streams=max_watch_streams,
-        bulk_port=bulk_port,
-        bulk_max_connections=bulk_max_connections,
-    )
+    settings = serve_settings(received)
     limit_malloc_arenas()  # before gRPC starts its threads (strata_local/memory.py)
-    asyncio.run(_serve(data_dir, listen, metrics, (port_file, bulk_port_file), config, grace))
+    asyncio.run(_serve(settings))
 
 
 @app.command()

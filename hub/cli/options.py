@@ -21,47 +21,38 @@ def say(message: str) -> None:
     print(f"{PROG}: {redact(message)}", file=sys.stderr, flush=True)
 
 
+DATA_DIR_HELP = "Hub data directory (catalog/ and blobs/)."
+CATALOG_HELP = (
+    "A shared catalog, postgresql://USER@HOST:PORT/DB (libpq's URI; the password best in "
+    "$PGPASSFILE), that several hub replicas serve (default: DATA_DIR/catalog, this "
+    "machine's own). The first command on a new one must name --blobs."
+)
+BLOBS_HELP = (
+    "Blob store: a directory or s3://BUCKET/PREFIX (default: the one the catalog records, "
+    "else DATA_DIR/blobs)."
+)
+S3_ENDPOINT_HELP = "S3 endpoint URL for s3:// blob stores (default: AWS, or $AWS_ENDPOINT_URL)."
+"""The help of the options ``serve`` shares with the other commands: its own are declared
+in :mod:`hub.cli.settings`, these beside them."""
+
 DataDirOption = Annotated[
     Path,
     typer.Option(
-        "--data-dir",
-        envvar="STRATA_HUB_DATA_DIR",
-        help="Hub data directory (catalog/ and blobs/).",
-        show_default=False,
+        "--data-dir", envvar="STRATA_HUB_DATA_DIR", help=DATA_DIR_HELP, show_default=False
     ),
 ]
-
-
 CatalogOption = Annotated[
     str | None,
-    typer.Option(
-        "--catalog",
-        envvar="STRATA_HUB_CATALOG",
-        help="A shared catalog, postgresql://USER@HOST:PORT/DB (libpq's URI; the password "
-        "best in $PGPASSFILE), that several hub replicas serve (default: DATA_DIR/catalog, "
-        "this machine's own). The first command on a new one must name --blobs.",
-        show_default=False,
-    ),
+    typer.Option("--catalog", envvar="STRATA_HUB_CATALOG", help=CATALOG_HELP, show_default=False),
 ]
-
 BlobsOption = Annotated[
     str | None,
-    typer.Option(
-        "--blobs",
-        envvar="STRATA_HUB_BLOBS",
-        help="Blob store: a directory or s3://BUCKET/PREFIX (default: the one the catalog "
-        "records, else DATA_DIR/blobs).",
-        show_default=False,
-    ),
+    typer.Option("--blobs", envvar="STRATA_HUB_BLOBS", help=BLOBS_HELP, show_default=False),
 ]
-
 S3EndpointOption = Annotated[
     str | None,
     typer.Option(
-        "--s3-endpoint",
-        envvar="STRATA_HUB_S3_ENDPOINT",
-        help="S3 endpoint URL for s3:// blob stores (default: AWS, or $AWS_ENDPOINT_URL).",
-        show_default=False,
+        "--s3-endpoint", envvar="STRATA_HUB_S3_ENDPOINT", help=S3_ENDPOINT_HELP, show_default=False
     ),
 ]
 
