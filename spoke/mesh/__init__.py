@@ -7,6 +7,9 @@ from its cache or fetches it from the hub once for the whole region
 (:mod:`spoke.mesh.peerservice` over gRPC; with ``--peer-bulk-port`` the bytes take the bulk
 channel, :mod:`spoke.mesh.peerbulk` and :mod:`spoke.mesh.bulkclient`, admitted by the same
 code, :mod:`spoke.mesh.peercall`). Membership and health probes: :mod:`spoke.mesh.membership`.
+A block the whole region wants at once (a job's first batch) leaves its owner at most about
+sixteen times: the owner sends the rest of its askers to their relays, a tree of fan-out
+8 over the spokes in rendezvous order (:mod:`spoke.mesh.relay`).
 
 Trust: a spoke proves its dataset scope with a hub-signed read grant and a proof of
 possession (:mod:`spoke.mesh.grants`, checked by :mod:`spoke.mesh.grantcheck`); an owner

@@ -120,12 +120,14 @@ LOG_EVERY_S = 10.0
 @dataclass
 class Decision:
     """What may be served of one request: ``allowed`` ``(digest, size)`` in request order,
-    and the digests declined because no live snapshot stored here holds them
-    (``unknown``) or none the grant covers does (``outside``)."""
+    the digests declined because no live snapshot stored here holds them (``unknown``) or
+    none the grant covers does (``outside``), and those the caller may have but is sent
+    to its relay for (``relayed``: hot, :mod:`spoke.mesh.relay`)."""
 
     allowed: list[tuple[str, int]] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
     outside: list[str] = field(default_factory=list)
+    relayed: list[str] = field(default_factory=list)
 
     @property
     def declined(self) -> list[str]:

@@ -20,7 +20,8 @@ SOURCE_SECONDS = Histogram(
 )
 ROUTED_BLOCKS = Counter(
     "strata_spoke_mesh_routed_blocks",
-    "Fetched blocks by owner: self (fetched from the hub), peer (asked of their owner)",
+    "Fetched blocks by owner: self (fetched from the hub), peer (asked of their owner), "
+    "relay (asked of this spoke's relay for them: a peer asked this spoke as its relay)",
     ["owner"],
 )
 PEER_ERRORS = Counter(
@@ -88,4 +89,23 @@ GRANT_REFRESHES = Counter(
 GRANT_EXPIRY = Gauge(
     "strata_spoke_grant_expiry_timestamp_seconds",
     "When this spoke's read grant expires (Unix time, hub clock)",
+)
+RELAY_REDIRECTED_BLOCKS = Counter(
+    "strata_spoke_mesh_relay_redirected_blocks",
+    "Hot blocks this spoke, as their owner, did not send a caller but sent it to its relay "
+    "for (asked for by 8 other spokes lately; spoke/mesh/relay.py)",
+)
+RELAY_HINTED_BLOCKS = Counter(
+    "strata_spoke_mesh_relay_hinted_blocks",
+    "Blocks an owner sent this spoke to its relay for (then asked of the relay)",
+)
+RELAY_RECEIVED_BLOCKS = Counter(
+    "strata_spoke_mesh_relay_received_blocks",
+    "Verified blocks this spoke received from its relay (the rest came from the hub)",
+)
+RELAY_SERVED_BLOCKS = Counter(
+    "strata_spoke_mesh_relay_served_blocks",
+    "Blocks this spoke served as a relay (a relay request), by how it had them (cache, "
+    "fetched: from its own relay or the owner)",
+    ["how"],
 )

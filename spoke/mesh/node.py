@@ -235,7 +235,16 @@ def traffic() -> dict[str, Any]:
         "sources": sources,
         "routed_blocks": {
             owner: int(_sample("strata_spoke_mesh_routed_blocks_total", owner=owner))
-            for owner in ("self", "peer")
+            for owner in ("self", "peer", "relay")
+        },
+        "relay_blocks": {
+            "redirected": int(_sample("strata_spoke_mesh_relay_redirected_blocks_total")),
+            "hinted": int(_sample("strata_spoke_mesh_relay_hinted_blocks_total")),
+            "received": int(_sample("strata_spoke_mesh_relay_received_blocks_total")),
+            "served": int(
+                _sample("strata_spoke_mesh_relay_served_blocks_total", how="cache")
+                + _sample("strata_spoke_mesh_relay_served_blocks_total", how="fetched")
+            ),
         },
         "peer_errors": {k: v for k, v in errors.items() if v},
         "peer_corrupt_blocks": int(_sample("strata_spoke_peer_corrupt_blocks_total")),

@@ -37,6 +37,7 @@ from spoke.mesh import metrics
 from spoke.mesh.admission import CallerLimits, Decision, MemoryBudget, Refusals, ScopeCheck
 from spoke.mesh.blockfile import BlockFile
 from spoke.mesh.grantcheck import GrantRefused, GrantVerifier, caller_of
+from spoke.mesh.relay import HotBlocks
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import PeerToken
 
@@ -105,13 +106,15 @@ class Caller:
     """Who an admitted call is from: ``who`` its transport address (gRPC's form),
     ``name`` the grant's subject, ``caller`` the key of its allowances
     (:func:`~spoke.mesh.grantcheck.caller_of`), ``subject`` as audited, ``scopes`` the
-    grant's datasets."""
+    grant's datasets, ``node`` the mesh node name in its grant (who asked, for the relay
+    hints: :class:`~spoke.mesh.relay.HotBlocks`)."""
 
     who: str
     name: str
     caller: str
     subject: str
     scopes: tuple[str, ...]
+    node: str = ""
 
 
 class PeerGate:
@@ -137,6 +140,7 @@ class PeerGate:
     ) -> None:
         self.verifier, self.scope, self.token = verifier, scope, token
         self.limits, self.refusals, self.memory = limits, refusals, memory
+        self.hot = HotBlocks()
 
     def refuse(
         self,
@@ -183,7 +187,9 @@ class PeerGate:
                 code = grpc.StatusCode.RESOURCE_EXHAUSTED
             self.refuse(code, err.reason, str(err), who)
         subject = f"{claims.subject} at {claims.node}"
-        return Caller(who, claims.subject, caller_of(claims), subject, tuple(claims.scopes))
+        return Caller(
+            who, claims.subject, caller_of(claims), subject, tuple(claims.scopes), claims.node
+        )
 
     @contextlib.contextmanager
     def pending(self, call: Caller) -> Iterator[None]:
@@ -224,6 +230,22 @@ class PeerGate:
         scopes = list(call.scopes)
         await self.scope.load(snapshots, scopes, call.caller)
         return self.scope.decide(digests, scopes), max(Priority.PEER, asked or Priority.DEMAND)
+
+    def hint(self, call: Caller, decision: Decision, request: peer_pb2.PeerReadRequest) -> None:
+        """Move the allowed blocks that are hot (:class:`~spoke.mesh.relay.HotBlocks`) to
+        ``decision.relayed``, when the caller follows relay hints and this is not a relay
+        request; a call's blocks the caller may not have are declined first, as ever."""
+        if not request.follows_relays or request.relay or not call.node:
+            return
+        kept: list[tuple[str, int]] = []
+        for digest, size in decision.allowed:
+            if self.hot.asked(digest, call.node):
+                decision.relayed.append(digest)
+            else:
+                kept.append((digest, size))
+        if decision.relayed:
+            decision.allowed = kept
+            metrics.RELAY_REDIRECTED_BLOCKS.inc(len(decision.relayed))
 
     @contextlib.contextmanager
     def carry(self, call: Caller, decision: Decision) -> Iterator[None]:
@@ -318,10 +340,12 @@ class PeerBlocks:
         self.cache, self.scheduler, self.source = cache, scheduler, source
 
     async def serve(
-        self, blocks: list[tuple[str, int]], priority: Priority
+        self, blocks: list[tuple[str, int]], priority: Priority, relay: bool = False
     ) -> AsyncIterator[tuple[str, BlockFile | bytes]]:
         """Each of ``blocks`` (``(digest, size)``) in order, with its open, checked file
-        (the caller closes it) or its bytes; every miss is queued at once.
+        (the caller closes it) or its bytes; every miss is queued at once, fetched from
+        the hub (this spoke is their owner) or, for a relay request (``relay``), from this
+        spoke's own relay for them (:meth:`~spoke.mesh.source.MeshSource.relaying`).
 
         Raises:
             PeerRefused: NOT_FOUND, INVALID_ARGUMENT or UNAVAILABLE: the fetch failed
@@ -329,11 +353,11 @@ class PeerBlocks:
         """
         if not blocks:
             return
-        with self.source.serving([d for d, _ in blocks]):
+        with self.source.serving([d for d, _ in blocks], relay):
             self.scheduler.prefetch(blocks, priority)
             for digest, size in blocks:
                 try:
-                    block = await self._block(digest, size, priority)
+                    block = await self._block(digest, size, priority, relay)
                 except NotFound as err:
                     raise PeerRefused(grpc.StatusCode.NOT_FOUND, str(err)) from err
                 except InvalidRequest as err:
@@ -351,7 +375,9 @@ class PeerBlocks:
             f"block {block.digest} failed here after it was checked: {err}",
         )
 
-    async def _block(self, digest: str, size: int, priority: Priority) -> BlockFile | bytes:
+    async def _block(
+        self, digest: str, size: int, priority: Priority, relay: bool = False
+    ) -> BlockFile | bytes:
         """One block, checked, fetched into the cache first if need be: its open file, or
         its bytes when the cache could not take it.
 
@@ -362,6 +388,8 @@ class PeerBlocks:
             was_cached, uncached = await self.scheduler.ensure([(digest, size)], priority)
             if digest in uncached:  # the cache could not take it: sent from memory
                 metrics.PEER_SERVED_BYTES.labels("fetched").inc(len(uncached[digest]))
+                if relay:
+                    metrics.RELAY_SERVED_BLOCKS.labels("fetched").inc()
                 return uncached[digest]
             # checked (and decrypted, with encryption at rest) a chunk at a time
             block = await asyncio.to_thread(
@@ -373,6 +401,8 @@ class PeerBlocks:
             self.cache.record_access([digest])
             how = "cache" if was_cached[0] else "fetched"
             metrics.PEER_SERVED_BYTES.labels(how).inc(size)
+            if relay:
+                metrics.RELAY_SERVED_BLOCKS.labels(how).inc()
             return block
         raise HubUnavailable(f"block {digest} could not be kept long enough to serve it")
 

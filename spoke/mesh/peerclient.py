@@ -30,6 +30,7 @@ from protocol.grants import DECLINED_METADATA
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
 from spoke.mesh.grants import GrantKeeper
+from spoke.mesh.relay import RELAY_METADATA
 from spoke.mesh.transport import PeerTls, PeerToken
 
 MAX_MESSAGE_BYTES = 8 << 20
@@ -89,11 +90,14 @@ def kind_of(code: grpc.StatusCode) -> str:
     return str(code.name).lower()
 
 
-def declined_digests(metadata: Sequence[tuple[str, str | bytes]] | None) -> list[str]:
-    """The digests a peer's initial metadata says it will not serve."""
+def declined_digests(
+    metadata: Sequence[tuple[str, str | bytes]] | None, key: str = DECLINED_METADATA
+) -> list[str]:
+    """The digests a peer's initial metadata says it will not serve (``key``: or sends
+    to their relay, :data:`~spoke.mesh.relay.RELAY_METADATA`)."""
     out: list[str] = []
-    for key, value in metadata or ():
-        if key == DECLINED_METADATA and isinstance(value, bytes):
+    for name, value in metadata or ():
+        if name == key and isinstance(value, bytes):
             out += [value[i : i + 16].hex() for i in range(0, len(value) - 15, 16)]
     return out
 
@@ -242,6 +246,8 @@ class PeerClient:
         snapshots: Sequence[tuple[str, str, str]] = (),
         on_declined: Callable[[list[str]], None] = lambda digests: None,
         min_rate: float = MIN_RATE_BPS,
+        on_relay: Callable[[list[str]], None] | None = None,
+        relay: bool = False,
     ) -> AsyncIterator[tuple[str, bytes]]:
         """Stream whole blocks, ``(digest, bytes)`` in request order, not yet verified.
 
@@ -256,6 +262,10 @@ class PeerClient:
             on_declined: called once, before any block, with the digests the peer will
                 not serve (they are not yielded).
             min_rate: the slowest pace the peer may keep, bytes per second (:class:`Pace`).
+            on_relay: given, the call follows relay hints (:mod:`spoke.mesh.relay`): it is
+                called once, before any block, with the digests the owner sends to their
+                relay (they are not yielded).
+            relay: the call is a relay request (the owner sent this spoke here).
 
         Raises:
             PeerError: the call failed, the peer sent nothing for ``step_timeout``
@@ -269,6 +279,8 @@ class PeerClient:
             snapshots=[
                 peer_pb2.SnapshotRef(dataset=d, version=v, snapshot_id=i) for d, v, i in snapshots
             ],
+            follows_relays=on_relay is not None,
+            relay=relay,
         )
         _, metadata = self._call("ReadBlocks")
         pace = Pace(self.node, step_timeout, min_rate, time.monotonic() + timeout)
@@ -276,26 +288,41 @@ class PeerClient:
         sizes = dict(blocks)
         try:
             initial = await pace.wait(call.initial_metadata(), "its answer")
-            declined = [d for d in declined_digests(initial) if d in sizes]
-            if declined:
-                on_declined(declined)
-            skip = set(declined)
+            skip = self._skipped(initial, sizes, on_declined, on_relay)
             expected = iter([d for d, _ in blocks if d not in skip])
             served = False
             async for digest, data in self._blocks(call, expected, sizes, pace):
                 served = True
                 yield digest, data
-            if not declined and not served:
+            if not skip and not served:
                 # a call that declines everything ends at once, and its initial metadata
                 # can reach a unary-stream caller empty; the peer repeats it in its trailers
                 trailing = await pace.wait(call.trailing_metadata(), "its status")
-                late = [d for d in declined_digests(trailing) if d in sizes]
-                if late:
-                    on_declined(late)
+                self._skipped(trailing, sizes, on_declined, on_relay)
         except grpc.aio.AioRpcError as err:
             raise PeerError(_kind(err), f"peer {self.node}: {err.details()}") from err
         finally:
             call.cancel()
+
+    @staticmethod
+    def _skipped(
+        metadata: Sequence[tuple[str, str | bytes]] | None,
+        sizes: dict[str, int],
+        on_declined: Callable[[list[str]], None],
+        on_relay: Callable[[list[str]], None] | None,
+    ) -> set[str]:
+        """The digests ``metadata`` says the peer will not send, handed to ``on_declined``
+        and (relay hints, when the call follows them) ``on_relay``."""
+        declined = [d for d in declined_digests(metadata) if d in sizes]
+        if declined:
+            on_declined(declined)
+        hinted: list[str] = []
+        if on_relay is not None:
+            hinted = [d for d in declined_digests(metadata, RELAY_METADATA) if d in sizes]
+            hinted = [d for d in hinted if d not in set(declined)]
+            if hinted:
+                on_relay(hinted)
+        return set(declined) | set(hinted)
 
     async def _blocks(
         self,

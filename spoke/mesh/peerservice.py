@@ -43,7 +43,7 @@ from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
 from spoke.cache.blockcache import BlockCache
 from spoke.fetch.scheduler import FetchScheduler
-from spoke.mesh.admission import CallerLimits, MemoryBudget, Refusals, ScopeCheck
+from spoke.mesh.admission import CallerLimits, Decision, MemoryBudget, Refusals, ScopeCheck
 from spoke.mesh.blockfile import BlockFile
 from spoke.mesh.grantcheck import GrantVerifier
 from spoke.mesh.peercall import (
@@ -58,6 +58,7 @@ from spoke.mesh.peercall import (
     PeerRefused,
 )
 from spoke.mesh.peerclient import MAX_MESSAGE_BYTES
+from spoke.mesh.relay import RELAY_METADATA
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import MAX_CONNECTIONS, PeerTls, PeerToken, server_options
 from strata_local import grpclog
@@ -193,14 +194,17 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                 decision, priority = await gate.decide(
                     call, digests, request.request_class, request.snapshots
                 )
+                gate.hint(call, decision, request)
                 with gate.carry(call, decision):
-                    raw = b"".join(bytes.fromhex(d) for d in decision.declined)
-                    await context.send_initial_metadata(((DECLINED_METADATA, raw),) if raw else ())
-                    if raw and not decision.allowed:
+                    said = _said(decision)
+                    await context.send_initial_metadata(said)
+                    if said and not decision.allowed:
                         # the call ends at once, and a unary-stream caller can then read
                         # empty initial metadata: the trailers say it again
-                        context.set_trailing_metadata(((DECLINED_METADATA, raw),))
-                    async for digest, block in self.blocks.serve(decision.allowed, priority):
+                        context.set_trailing_metadata(said)
+                    async for digest, block in self.blocks.serve(
+                        decision.allowed, priority, request.relay
+                    ):
                         if isinstance(block, bytes):
                             chunks = self._from_memory(block, digest, call)
                         else:
@@ -259,6 +263,18 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                     block_size=len(data),
                     last=end >= len(data),
                 )
+
+
+def _said(decision: Decision) -> tuple[tuple[str, bytes], ...]:
+    """The initial metadata of an answer: the declined digests and the relay hint's."""
+    said = []
+    for key, digests in (
+        (DECLINED_METADATA, decision.declined),
+        (RELAY_METADATA, decision.relayed),
+    ):
+        if digests:
+            said.append((key, b"".join(bytes.fromhex(d) for d in digests)))
+    return tuple(said)
 
 
 def _chunk(block: BlockFile, offset: int, data: bytes) -> hub_pb2.BlockChunk:

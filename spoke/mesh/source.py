@@ -23,9 +23,18 @@ With ``--peer-bulk-port`` (:attr:`MeshSource.bulk`) the peers are read over thei
 peer ports (:mod:`spoke.mesh.bulkclient`): the same request, pace and fallback, each block
 verified and staged by a receive thread (a bad one ends the stream as ``corrupt``).
 
-Blocks a peer asked this spoke for (:meth:`MeshSource.serving`) always go to the hub: a
-request is forwarded at most once, so views of the membership that disagree for a moment
-cannot make a loop.
+Blocks a peer asked this spoke for as their owner (:meth:`MeshSource.serving`) always go to
+the hub: such a request is forwarded at most once.
+
+Relays (:mod:`spoke.mesh.relay`): over the gRPC peer port a spoke follows relay hints. A
+block the owner says is hot (asked for by :data:`~spoke.mesh.relay.RELAY_FANOUT` other
+spokes lately) is asked of this spoke's relay for it, a relay request; blocks a peer asked
+this spoke for in a relay request (:meth:`MeshSource.relaying`) go to this spoke's own
+relay for them, or to the hub when this spoke is their owner in its view. A relay always
+has a higher rendezvous score for the block than its asker, so views of the membership
+that disagree for a moment cannot make a loop. What a relay does not deliver goes to the
+hub, as from an owner. With ``--peer-bulk-port`` (whose requests carry no relay flags)
+hints are not asked for, and relay requests this spoke gets go to the owner.
 """
 
 from __future__ import annotations
@@ -48,10 +57,14 @@ from spoke.mesh.bulkclient import PeerBulkClient
 from spoke.mesh.grants import GrantKeeper
 from spoke.mesh.membership import Membership
 from spoke.mesh.peerclient import MIN_RATE_BPS, PeerError
+from spoke.mesh.relay import relay_of
 
 log = logging.getLogger(__name__)
 
 _Item = tuple[str, Received] | BaseException
+
+Route = tuple[str | None, bool]
+"""Where a block is asked for: the peer (None: the hub) and whether as a relay request."""
 
 STAY_LIVE = frozenset(
     {"not_found", "invalid_argument", "permission_denied", "resource_exhausted", "deadline"}
@@ -101,6 +114,7 @@ class MeshSource:
         self.grants = grants
         self.scope = scope
         self._serving: Counter[str] = Counter()
+        self._relaying: Counter[str] = Counter()
 
     @property
     def name(self) -> str:
@@ -108,29 +122,47 @@ class MeshSource:
         return self.hub.name
 
     @contextlib.contextmanager
-    def serving(self, digests: Sequence[str]) -> Iterator[None]:
-        """While inside, fetches of ``digests`` go to the hub only (a peer asked for them)."""
-        self._serving.update(digests)
+    def serving(self, digests: Sequence[str], relay: bool = False) -> Iterator[None]:
+        """While inside, fetches of ``digests`` go to the hub only (a peer asked this spoke
+        for them as their owner), or with ``relay`` to this spoke's relay for them (a peer
+        asked this spoke as its relay)."""
+        held = self._relaying if relay else self._serving
+        held.update(digests)
         try:
             yield
         finally:
-            self._serving.subtract(digests)
+            held.subtract(digests)
             for digest in digests:
-                if self._serving[digest] <= 0:
-                    del self._serving[digest]
+                if held[digest] <= 0:
+                    del held[digest]
 
-    def route(self, digests: Sequence[str]) -> dict[str | None, list[str]]:
-        """Digests by the peer to ask (``None``: the hub), in request order."""
-        routes: dict[str | None, list[str]] = {}
+    def relaying(self, digests: Sequence[str]) -> contextlib.AbstractContextManager[None]:
+        """While inside, fetches of ``digests`` go to this spoke's relay for them (the hub
+        when it owns them): a peer asked this spoke for them as its relay."""
+        return self.serving(digests, relay=True)
+
+    def relay_for(self, digest: str) -> str | None:
+        """This spoke's relay for ``digest`` among the live spokes (None: it owns it)."""
+        return relay_of(digest, self.membership.nodes, self.membership.me)
+
+    def route(self, digests: Sequence[str]) -> dict[Route, list[str]]:
+        """Digests by where to ask (``(None, False)``: the hub), in request order."""
+        routes: dict[Route, list[str]] = {}
         me = self.membership.me
         granted = self.grants is not None and self.grants.valid
         for digest in digests:
             node: str | None = None
+            relay = False
             if granted and digest not in self._serving:
-                owner = self.membership.owner(digest)
-                node = None if owner == me else owner
-            metrics.ROUTED_BLOCKS.labels("self" if node is None else "peer").inc()
-            routes.setdefault(node, []).append(digest)
+                if digest in self._relaying and self.bulk is None:
+                    node = self.relay_for(digest)
+                    relay = node is not None
+                else:
+                    owner = self.membership.owner(digest)
+                    node = None if owner == me else owner
+            label = "self" if node is None else "relay" if relay else "peer"
+            metrics.ROUTED_BLOCKS.labels(label).inc()
+            routes.setdefault((node, relay), []).append(digest)
         return routes
 
     async def read_blocks(
@@ -144,10 +176,10 @@ class MeshSource:
         """
         sizes = dict(blocks)
         routes = {
-            node: [(d, sizes[d]) for d in digests]
-            for node, digests in self.route(list(sizes)).items()
+            where: [(d, sizes[d]) for d in digests]
+            for where, digests in self.route(list(sizes)).items()
         }
-        hub_only = routes.pop(None, [])
+        hub_only = routes.pop((None, False), [])
         if not routes:
             async for item in self._from_hub(hub_only, timeout, priority):
                 yield item
@@ -155,8 +187,8 @@ class MeshSource:
         deadline = time.monotonic() + timeout
         out: asyncio.Queue[_Item] = asyncio.Queue()
         tasks = [
-            asyncio.create_task(self._peer_then_hub(node, wanted, priority, deadline, out))
-            for node, wanted in routes.items()
+            asyncio.create_task(self._peer_then_hub(node, wanted, priority, deadline, out, relay))
+            for (node, relay), wanted in routes.items()
             if node is not None
         ]
         if hub_only:
@@ -207,10 +239,12 @@ class MeshSource:
         priority: Priority,
         deadline: float,
         out: asyncio.Queue[_Item],
+        relay: bool = False,
     ) -> None:
-        """Ask ``node`` for ``blocks`` (``(digest, size)``, of class ``priority``); what it
-        does not deliver, verified, ask the hub (what it declines at once, the rest when
-        its stream ends), all by ``deadline`` (monotonic seconds)."""
+        """Ask ``node`` for ``blocks`` (``(digest, size)``, of class ``priority``; as their
+        relay with ``relay``); what it does not deliver, verified, ask the hub (what it
+        declines at once, the rest when its stream ends), all by ``deadline`` (monotonic
+        seconds). What it sends to their relay (a relay hint) ask that relay."""
         sizes = dict(blocks)
         left = dict.fromkeys(sizes)
         snapshots = self.scope.snapshots_of(list(sizes)) if self.scope is not None else []
@@ -226,6 +260,19 @@ class MeshSource:
             metrics.PEER_DECLINED_BLOCKS.inc(len(some))
             to_hub(some)
 
+        def on_relay(some: list[str]) -> None:
+            metrics.RELAY_HINTED_BLOCKS.inc(len(some))
+            by_relay: dict[str | None, list[tuple[str, int]]] = {}
+            for digest in some:
+                left.pop(digest, None)
+                by_relay.setdefault(self.relay_for(digest), []).append((digest, sizes[digest]))
+            for parent, wanted in by_relay.items():
+                if parent is None:  # this spoke owns it now (the owner left its view)
+                    to_hub([d for d, _ in wanted])
+                    continue
+                ask = self._peer_then_hub(parent, wanted, priority, deadline, out, relay=True)
+                declined.append(asyncio.create_task(ask))
+
         started = time.monotonic()
         try:
             client = self.membership.client(node)
@@ -234,7 +281,14 @@ class MeshSource:
             stream: AsyncIterator[tuple[str, Received]] = (
                 self.bulk.read_blocks(node, *args, snapshots, on_declined, self.min_rate)
                 if self.bulk is not None
-                else client.read_blocks(*args, snapshots, on_declined, self.min_rate)
+                else client.read_blocks(
+                    *args,
+                    snapshots,
+                    on_declined,
+                    self.min_rate,
+                    on_relay=None if relay else on_relay,
+                    relay=relay,
+                )
             )
             async for digest, data in stream:
                 if digest not in left:
@@ -250,6 +304,8 @@ class MeshSource:
                     corrupt = True
                     break
                 del left[digest]
+                if relay:
+                    metrics.RELAY_RECEIVED_BLOCKS.inc()
                 metrics.SOURCE_BYTES.labels("peer").inc(len(data))
                 metrics.SOURCE_BLOCKS.labels("peer").inc()
                 out.put_nowait((digest, data))

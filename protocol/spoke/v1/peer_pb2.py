@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protocol.hub.v1 import hub_pb2 as protocol_dot_hub_dot_v1_dot_hub__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotocol/spoke/v1/peer.proto\x12\x11protocol.spoke.v1\x1a\x19protocol/hub/v1/hub.proto\"\x86\x01\n\x0fPeerReadRequest\x12)\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x19.protocol.hub.v1.BlockRef\x12\x15\n\rrequest_class\x18\x02 \x01(\t\x12\x31\n\tsnapshots\x18\x03 \x03(\x0b\x32\x1e.protocol.spoke.v1.SnapshotRef\"D\n\x0bSnapshotRef\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x03 \x01(\t\"N\n\tPeerProof\x12\x0f\n\x07time_ns\x18\x01 \x01(\x03\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\x12\x0e\n\x06target\x18\x04 \x01(\t\"\x0e\n\x0cProbeRequest\"4\n\rProbeResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x15\n\rcached_blocks\x18\x02 \x01(\x04\x32\xaa\x01\n\tSpokePeer\x12Q\n\nReadBlocks\x12\".protocol.spoke.v1.PeerReadRequest\x1a\x1b.protocol.hub.v1.BlockChunk(\x01\x30\x01\x12J\n\x05Probe\x12\x1f.protocol.spoke.v1.ProbeRequest\x1a .protocol.spoke.v1.ProbeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotocol/spoke/v1/peer.proto\x12\x11protocol.spoke.v1\x1a\x19protocol/hub/v1/hub.proto\"\xad\x01\n\x0fPeerReadRequest\x12)\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x19.protocol.hub.v1.BlockRef\x12\x15\n\rrequest_class\x18\x02 \x01(\t\x12\x31\n\tsnapshots\x18\x03 \x03(\x0b\x32\x1e.protocol.spoke.v1.SnapshotRef\x12\x16\n\x0e\x66ollows_relays\x18\x04 \x01(\x08\x12\r\n\x05relay\x18\x05 \x01(\x08\"D\n\x0bSnapshotRef\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x03 \x01(\t\"N\n\tPeerProof\x12\x0f\n\x07time_ns\x18\x01 \x01(\x03\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\x12\x0e\n\x06target\x18\x04 \x01(\t\"\x0e\n\x0cProbeRequest\"4\n\rProbeResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x15\n\rcached_blocks\x18\x02 \x01(\x04\x32\xaa\x01\n\tSpokePeer\x12Q\n\nReadBlocks\x12\".protocol.spoke.v1.PeerReadRequest\x1a\x1b.protocol.hub.v1.BlockChunk(\x01\x30\x01\x12J\n\x05Probe\x12\x1f.protocol.spoke.v1.ProbeRequest\x1a .protocol.spoke.v1.ProbeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,15 +33,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protocol.spoke.v1.peer_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PEERREADREQUEST']._serialized_start=79
-  _globals['_PEERREADREQUEST']._serialized_end=213
-  _globals['_SNAPSHOTREF']._serialized_start=215
-  _globals['_SNAPSHOTREF']._serialized_end=283
-  _globals['_PEERPROOF']._serialized_start=285
-  _globals['_PEERPROOF']._serialized_end=363
-  _globals['_PROBEREQUEST']._serialized_start=365
-  _globals['_PROBEREQUEST']._serialized_end=379
-  _globals['_PROBERESPONSE']._serialized_start=381
-  _globals['_PROBERESPONSE']._serialized_end=433
-  _globals['_SPOKEPEER']._serialized_start=436
-  _globals['_SPOKEPEER']._serialized_end=606
+  _globals['_PEERREADREQUEST']._serialized_end=252
+  _globals['_SNAPSHOTREF']._serialized_start=254
+  _globals['_SNAPSHOTREF']._serialized_end=322
+  _globals['_PEERPROOF']._serialized_start=324
+  _globals['_PEERPROOF']._serialized_end=402
+  _globals['_PROBEREQUEST']._serialized_start=404
+  _globals['_PROBEREQUEST']._serialized_end=418
+  _globals['_PROBERESPONSE']._serialized_start=420
+  _globals['_PROBERESPONSE']._serialized_end=472
+  _globals['_SPOKEPEER']._serialized_start=475
+  _globals['_SPOKEPEER']._serialized_end=645
 # @@protoc_insertion_point(module_scope)

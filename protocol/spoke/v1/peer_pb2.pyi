@@ -40,11 +40,24 @@ class PeerReadRequest(_message.Message):
     BLOCKS_FIELD_NUMBER: _builtins.int
     REQUEST_CLASS_FIELD_NUMBER: _builtins.int
     SNAPSHOTS_FIELD_NUMBER: _builtins.int
+    FOLLOWS_RELAYS_FIELD_NUMBER: _builtins.int
+    RELAY_FIELD_NUMBER: _builtins.int
     request_class: _builtins.str
     """The asker's request class ("demand", "hint", "readahead", "prewarm", "fill"). The
     owner fetches misses from the hub in its "peer" class (after its own demand misses,
     before its prefetch), or in the asker's class when that is less urgent. Empty means
     demand.
+    """
+    follows_relays: _builtins.bool
+    """The caller understands the relay hint ("strata-relay-bin"): the owner may send it to
+    its relay for a hot block instead of sending the block. Older spokes leave it unset
+    and are served as before.
+    """
+    relay: _builtins.bool
+    """This is a relay request: the blocks' owner sent the caller here. The spoke called
+    serves them from its cache or gets them from its own relay or the owner (never the
+    hub unless it is the owner in its view), and never answers with the relay hint. The
+    admission (token, grant, proof, scope, limits) is the owner's, unchanged.
     """
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[_hub_pb2.BlockRef]:
@@ -66,10 +79,12 @@ class PeerReadRequest(_message.Message):
         blocks: _abc.Iterable[_hub_pb2.BlockRef] | None = ...,
         request_class: _builtins.str = ...,
         snapshots: _abc.Iterable[Global___SnapshotRef] | None = ...,
+        follows_relays: _builtins.bool = ...,
+        relay: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "request_class", b"request_class", "snapshots", b"snapshots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "follows_relays", b"follows_relays", "relay", b"relay", "request_class", b"request_class", "snapshots", b"snapshots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

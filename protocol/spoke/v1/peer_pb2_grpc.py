@@ -60,6 +60,13 @@ class SpokePeerServicer:
         for a malformed digest or more than one request per call, UNAUTHENTICATED for a
         missing or wrong token, grant or proof, RESOURCE_EXHAUSTED when the caller has too
         many calls or bytes in flight at this owner.
+
+        Relays (spoke/mesh/relay.py): to a caller that sets follows_relays, an owner that has
+        been asked for a block by 8 other spokes lately answers with the block's digest in the
+        initial metadata "strata-relay-bin" (16 raw bytes per digest; repeated in the
+        trailers when no block is sent) instead of the block; the caller then asks its relay
+        (its parent in a tree of fan-out 8 over the spokes ordered by rendezvous score) with
+        relay set. A caller that does not set follows_relays never gets the hint.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -56,6 +56,13 @@ class SpokePeerStub:
     for a malformed digest or more than one request per call, UNAUTHENTICATED for a
     missing or wrong token, grant or proof, RESOURCE_EXHAUSTED when the caller has too
     many calls or bytes in flight at this owner.
+
+    Relays (spoke/mesh/relay.py): to a caller that sets follows_relays, an owner that has
+    been asked for a block by 8 other spokes lately answers with the block's digest in the
+    initial metadata "strata-relay-bin" (16 raw bytes per digest; repeated in the
+    trailers when no block is sent) instead of the block; the caller then asks its relay
+    (its parent in a tree of fan-out 8 over the spokes ordered by rendezvous score) with
+    relay set. A caller that does not set follows_relays never gets the hint.
     """
     Probe: _grpc.UnaryUnaryMultiCallable[_peer_pb2.ProbeRequest, _peer_pb2.ProbeResponse]
     """A health probe: who answers and how much it holds."""
@@ -73,6 +80,13 @@ class SpokePeerAsyncStub(SpokePeerStub):
     for a malformed digest or more than one request per call, UNAUTHENTICATED for a
     missing or wrong token, grant or proof, RESOURCE_EXHAUSTED when the caller has too
     many calls or bytes in flight at this owner.
+
+    Relays (spoke/mesh/relay.py): to a caller that sets follows_relays, an owner that has
+    been asked for a block by 8 other spokes lately answers with the block's digest in the
+    initial metadata "strata-relay-bin" (16 raw bytes per digest; repeated in the
+    trailers when no block is sent) instead of the block; the caller then asks its relay
+    (its parent in a tree of fan-out 8 over the spokes ordered by rendezvous score) with
+    relay set. A caller that does not set follows_relays never gets the hint.
     """
     Probe: _aio.UnaryUnaryMultiCallable[_peer_pb2.ProbeRequest, _peer_pb2.ProbeResponse]  # type: ignore[assignment]
     """A health probe: who answers and how much it holds."""
@@ -93,6 +107,13 @@ class SpokePeerServicer(metaclass=_abc_1.ABCMeta):
         for a malformed digest or more than one request per call, UNAUTHENTICATED for a
         missing or wrong token, grant or proof, RESOURCE_EXHAUSTED when the caller has too
         many calls or bytes in flight at this owner.
+
+        Relays (spoke/mesh/relay.py): to a caller that sets follows_relays, an owner that has
+        been asked for a block by 8 other spokes lately answers with the block's digest in the
+        initial metadata "strata-relay-bin" (16 raw bytes per digest; repeated in the
+        trailers when no block is sent) instead of the block; the caller then asks its relay
+        (its parent in a tree of fan-out 8 over the spokes ordered by rendezvous score) with
+        relay set. A caller that does not set follows_relays never gets the hint.
         """
 
     @_abc_1.abstractmethod
