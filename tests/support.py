@@ -31,6 +31,7 @@ __all__ = [
     "all_hits_reported",
     "eventually",
     "eventually_async",
+    "eventually_ok",
     "file_states",
     "fuse_available",
     "make_tree",
@@ -215,6 +216,39 @@ def eventually(
         if time.monotonic() >= deadline:
             raise AssertionError(_late(what, timeout, value))
         time.sleep(interval)
+
+
+def _oserror(err: Exception) -> bool:
+    return isinstance(err, OSError)
+
+
+def eventually_ok(
+    op: Callable[[], T],
+    what: str,
+    timeout: float = 30.0,
+    retry: Callable[[Exception], bool] = _oserror,
+) -> T:
+    """Call ``op`` until it returns instead of raising, and return what it returned: a
+    reader that retries (a read through a mount being remounted, a hub coming back). An
+    error ``retry`` does not accept (by default: anything but an :class:`OSError`) is
+    raised at once.
+
+    Raises:
+        AssertionError: still failing after ``timeout`` seconds (the message names
+            ``what`` and the last error).
+    """
+    failed: list[Exception] = []
+
+    def attempt() -> tuple[T] | None:
+        try:
+            return (op(),)
+        except Exception as err:
+            if not retry(err):
+                raise
+            failed[:] = [err]
+            return None
+
+    return eventually(attempt, lambda: f"{what} (last error: {failed[-1]!r})", timeout)[0]
 
 
 def _late(what: str | Callable[[], str], timeout: float, value: object) -> str:

@@ -7,7 +7,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ import httpx
 import pytest
 
 from deploy.local import LocalStack, stop_process
-from tests.support import publish, requires_fuse
+from tests.support import eventually, publish, requires_fuse
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
 
@@ -78,11 +77,13 @@ def _spoke(tmp_path: Path) -> Iterator[Spoke]:
 
 
 def _wait(client: httpx.Client, job: dict[str, Any]) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    while job["state"] == "running" and time.monotonic() < deadline:
-        time.sleep(0.1)
-        job = client.get(f"/v1/jobs/{job['id']}").json()
-    return job
+    if job["state"] != "running":
+        return job
+    return eventually(
+        lambda: (now := client.get(f"/v1/jobs/{job['id']}").json())["state"] != "running" and now,
+        f"job {job['id']} ended",
+        60,
+    )
 
 
 def test_prewarm_job_runs_to_done_and_counts_bytes(spoke: Spoke) -> None:

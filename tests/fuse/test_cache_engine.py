@@ -20,11 +20,24 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.local import LocalStack, admin_headers, drop_page_cache, free_port, stop_process
 from spoke.disk.layout import CacheLayout
-from tests.support import all_hits_reported, eventually, publish, requires_fuse, sha256
+from tests.support import (
+    all_hits_reported,
+    eventually,
+    eventually_ok,
+    new_pid,
+    publish,
+    requires_fuse,
+    sha256,
+)
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
 
 BLOCK = 65_536
+
+
+def _eio(err: Exception) -> bool:
+    """Whether ``err`` is the EIO of a miss that met the outage (a read to retry)."""
+    return isinstance(err, OSError) and err.errno == errno.EIO
 
 
 def _metric(url: str, name: str, **labels: str) -> float:
@@ -137,17 +150,12 @@ def test_cache_survives_kill_9_and_serves_with_the_hub_down(
 
     daemon_pid = int(CacheLayout(cache).daemon_pid_file.read_text())
     os.kill(daemon_pid, signal.SIGKILL)  # the supervisor restarts it; the mount stays up
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if int(CacheLayout(cache).daemon_pid_file.read_text()) != daemon_pid:
-                after = _stats(cache)
-                break
-        except (OSError, ValueError, httpx.HTTPError):
-            pass
-        time.sleep(0.2)
-    else:
-        pytest.fail("daemon was not restarted")
+    new_pid(CacheLayout(cache).daemon_pid_file, daemon_pid, "the daemon restarted")
+    after = eventually_ok(
+        lambda: _stats(cache),
+        "the restarted daemon's stats",
+        retry=lambda err: isinstance(err, (OSError, ValueError, httpx.HTTPError)),
+    )
     assert after["blocks"] == warm["blocks"] and after["hub_fetch_bytes"] == 0
     _drop_page_cache()
     for f in files:
@@ -191,14 +199,7 @@ def test_hub_outage_hits_served_misses_eio_then_resume(
     stack.start_hub(tmp_path / "hub", listen=listen)  # the hub comes back on its address
     # reads resume by themselves: nothing is restarted. A read that joins the outage's
     # last fetch, or meets gRPC's reconnect backoff (up to 2 s), may still fail once.
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            data = (d / "f1.bin").read_bytes()
-            break
-        except OSError as err:
-            assert err.errno == errno.EIO and time.monotonic() < deadline, err
-            time.sleep(0.5)
+    data = eventually_ok((d / "f1.bin").read_bytes, "a read after the hub is back", 20, _eio)
     assert data == (source / "d" / "f1.bin").read_bytes()
 
 
@@ -316,14 +317,15 @@ def test_shuffled_epochs_over_a_small_cache_fetch_nothing_ahead(
             assert data == files[name]
             reads += 1
     metrics = f"{_admin(cache)}/metrics"
-    deadline = time.monotonic() + 10  # hit reports are batched (0.1 s)
-    while (
-        _metric(metrics, "strata_spoke_cache_hits_total")
-        + _metric(metrics, "strata_spoke_cache_misses_total")
-        < reads
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.1)
+    eventually(  # hit reports are batched (0.1 s)
+        lambda: (
+            _metric(metrics, "strata_spoke_cache_hits_total")
+            + _metric(metrics, "strata_spoke_cache_misses_total")
+            >= reads
+        ),
+        f"the daemon hearing of all {reads} reads",
+        10,
+    )
     fetched = _metric(metrics, "strata_spoke_hub_fetch_blocks_total")
     misses = _metric(metrics, "strata_spoke_cache_misses_total")
     assert _metric(metrics, "strata_spoke_cache_hits_total") + misses == reads == 96
@@ -346,13 +348,12 @@ def test_background_fill_makes_a_snapshot_resident_while_the_reader_idles(
     with open(mounted / "f0.bin", "rb") as f:  # one small read, then nothing
         assert f.read(100) == (source / "d" / "f0.bin").read_bytes()[:100]
     total = sum(p.stat().st_size for p in (source / "d").iterdir())
-    deadline = time.monotonic() + 30
-    fill: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        fill = _stats(cache)["fill"]
-        if fill["snapshots"] and fill["snapshots"][0]["state"] == "done":
-            break
-        time.sleep(0.2)
+    fill: dict[str, Any] = eventually(
+        lambda: (
+            (f := _stats(cache)["fill"])["snapshots"] and f["snapshots"][0]["state"] == "done" and f
+        ),
+        lambda: f"the fill done: {_stats(cache)['fill']}",
+    )
     assert fill["mode"] == "auto"
     [snap] = fill["snapshots"]
     assert snap["snapshot"] == "ds@v1" and snap["state"] == "done", snap

@@ -18,7 +18,7 @@ from bench.wan import CutMode, LinkSpec, WanProxy
 from deploy.local import LocalStack, admin_headers
 from fusemount.blockfiles import RECHECK_AFTER
 from spoke.disk.layout import CacheLayout
-from tests.support import publish, requires_fuse
+from tests.support import eventually, publish, requires_fuse
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
 
@@ -64,11 +64,16 @@ def _prewarm(admin: str, body: dict[str, object], cache: Path) -> dict[str, obje
         reply = client.post("/v1/prewarm", json=body)
         assert reply.status_code == 202, reply.text
         job: dict[str, object] = reply.json()
-        deadline = time.monotonic() + 60
-        while job["state"] == "running" and time.monotonic() < deadline:
-            time.sleep(0.1)
-            job = client.get(f"/v1/jobs/{job['id']}").json()
-        return job
+        if job["state"] != "running":
+            return job
+        ended: dict[str, object] = eventually(
+            lambda: (
+                (now := client.get(f"/v1/jobs/{job['id']}").json())["state"] != "running" and now
+            ),
+            f"job {job['id']} ended",
+            60,
+        )
+        return ended
 
 
 def test_a_cache_full_of_pins_streams_unpinned_files_through(
@@ -178,6 +183,7 @@ def test_a_cut_hub_never_stalls_lookups_of_cached_files(
                 _timed(lambda p=path: _read_direct(p)),  # type: ignore[misc]
             )
             i += 1
+            # product interval: probes spread over several 1 s listing lifetimes
             time.sleep(0.2)
         assert slowest < 4.0, f"a lookup of a cached file waited {slowest:.1f} s on the hub"
         wan.restore()
@@ -252,7 +258,7 @@ def test_a_read_stalled_on_a_silent_hub_holds_up_no_other_request(
     host, port = hub.rsplit(":", 1)
     with WanProxy((host, int(port)), LinkSpec(rtt_s=0.0, rate_bps=math.inf)) as wan:
         mnt = tmp_path / "mnt"
-        stack.start_spoke(
+        admin = stack.start_spoke(
             wan.address,
             tmp_path / "cache",
             mnt,
@@ -265,6 +271,7 @@ def test_a_read_stalled_on_a_silent_hub_holds_up_no_other_request(
             assert (v1 / f"c{i}.bin").read_bytes() == data
         os.stat(v1 / "unseen.bin")
         wan.cut("blackhole")
+        misses = _metric(admin, "strata_spoke_cache_misses_total")
         stalled: list[int] = []
 
         def stall() -> None:
@@ -275,7 +282,10 @@ def test_a_read_stalled_on_a_silent_hub_holds_up_no_other_request(
 
         reader = threading.Thread(target=stall)
         reader.start()
-        time.sleep(0.5)  # the read is in the mount now, waiting on the hub
+        eventually(  # the read is in the mount now, its miss waiting on the hub
+            lambda: _metric(admin, "strata_spoke_cache_misses_total") > misses,
+            "the stalled read's miss at the daemon",
+        )
         served = 0
         for n in range(400):
             i = n % 8

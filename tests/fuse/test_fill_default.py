@@ -105,7 +105,9 @@ def test_the_fill_stays_off_when_the_snapshot_exceeds_the_share(
     assert fill["state"] == "too large" and fill["bytes_total"] == FILES * BLOCK, fill
     assert "33,554,432 bytes" in fill["reason"]
     url = (cache / "admin.url").read_text().strip()
-    time.sleep(1.0)  # the fill would have fetched blocks by now (loopback hub)
+    # no condition to wait on: a "too large" fill makes no pass that could be counted; a
+    # wrongly started one would have fetched blocks over the loopback hub within 1 s
+    time.sleep(1.0)
     metrics = httpx.get(f"{url}/metrics", timeout=5).text
     assert "\nstrata_spoke_fill_bytes_total 0.0\n" in metrics
     after = _snapshot(_fill(cache))

@@ -14,7 +14,7 @@ import pytest
 
 from bench.wan import CutMode, LinkSpec, WanProxy
 from deploy.local import LocalStack
-from tests.support import publish, requires_fuse
+from tests.support import eventually_ok, publish, requires_fuse
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
 
@@ -82,14 +82,11 @@ def test_a_whole_file_read_the_hub_cannot_serve_fails_after_one_miss_deadline(
         wan.restore()
         # nothing is poisoned: the read succeeds again once the link is back (a read at
         # once may still meet the outage's last fetch or gRPC's reconnect backoff)
-        give_up = time.monotonic() + 30
-        while True:
-            try:
-                data = _read_whole(v1 / "whole.bin")
-                break
-            except OSError as err:
-                assert err.errno == errno.EIO and time.monotonic() < give_up, err
-                time.sleep(0.2)
+        data = eventually_ok(
+            lambda: _read_whole(v1 / "whole.bin"),
+            "the read once the link is back",
+            retry=lambda err: isinstance(err, OSError) and err.errno == errno.EIO,
+        )
         assert data == (src / "whole.bin").read_bytes()
         stack.stop_spoke()
     assert "never retrieved" not in capfd.readouterr().err

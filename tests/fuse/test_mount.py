@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from deploy.local import LocalStack, admin_headers, drop_page_cache
 from tests.support import (
     all_hits_reported,
+    eventually,
     make_tree,
     publish,
     requires_fuse,
@@ -146,11 +146,15 @@ def test_second_read_is_a_hit_and_fetches_nothing(mounted: Mounted) -> None:
     if not drop_page_cache():  # so the read reaches the mount
         pytest.skip("cannot drop the kernel page cache (not root)")
     assert path.read_bytes() == (mounted.src_v2 / "nested" / "deeper" / "b.bin").read_bytes()
-    deadline = time.monotonic() + 5
-    after = before
-    while after["hits"] <= before["hits"] and time.monotonic() < deadline:
-        time.sleep(0.2)
-        after = httpx.get(f"{mounted.admin}/v1/cache", headers=mounted.auth).json()
+    after = eventually(
+        lambda: (
+            (now := httpx.get(f"{mounted.admin}/v1/cache", headers=mounted.auth).json())["hits"]
+            > before["hits"]
+            and now
+        ),
+        "the second read's hit reported",
+        5,
+    )
     assert after["hits"] > before["hits"]
     assert after["hub_fetch_bytes"] == before["hub_fetch_bytes"]
     assert after["misses"] == before["misses"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -111,5 +110,4 @@ def _serve_kill_and_upgrade(stack: LocalStack, tmp_path: Path, src: Path) -> Non
         assert (root / name).read_bytes() == (src / name).read_bytes()
     stack.stop_spoke()
     assert not is_mounted(mnt.resolve())
-    time.sleep(0.2)
-    assert _workers(mnt) == []  # none left behind
+    eventually(lambda: _workers(mnt) == [], lambda: f"workers left behind: {_workers(mnt)}", 10)

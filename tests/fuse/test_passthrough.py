@@ -22,7 +22,7 @@ import pytest
 from deploy.local import LocalStack
 from fusemount.passthroughcheck import has_cap_sys_admin, library_supports
 from spoke.disk.layout import CacheLayout
-from tests.support import publish, requires_fuse
+from tests.support import eventually_ok, publish, requires_fuse
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
 
@@ -261,15 +261,9 @@ def test_kill_9_of_mount_or_daemon_with_passthrough_files_open(
         _within(30, lambda: _pid(layout.mount_pid_file) not in (None, mount))
     finally:
         os.close(fd)
-    deadline = time.monotonic() + 30
-    while True:  # a reader that retries succeeds once the supervisor has remounted
-        try:
-            assert (v1 / "sub" / "chunk.bin").read_bytes() == want
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    # a reader that retries succeeds once the supervisor has remounted
+    got = eventually_ok((v1 / "sub" / "chunk.bin").read_bytes, "a read after the remount")
+    assert got == want
     assert int(_xattr(mnt, "passthrough_opens")) >= 1  # the new mount passes through again
 
 

@@ -18,7 +18,14 @@ from deploy.local import LocalStack
 from fusemount.boundary import FAULT_FILE_ENV
 from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import is_mounted
-from tests.support import make_tree, publish, requires_fuse, tree_digests
+from tests.support import (
+    eventually_ok,
+    make_tree,
+    new_pid,
+    publish,
+    requires_fuse,
+    tree_digests,
+)
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
 
@@ -36,19 +43,6 @@ def src(tmp_path: Path) -> Path:
 def stack() -> Iterator[LocalStack]:
     with LocalStack() as s:
         yield s
-
-
-def _wait_pid_change(pid_file: Path, old: int, timeout: float = 30) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            pid = int(pid_file.read_text())
-            if pid != old:
-                return pid
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{pid_file.name} did not change")
 
 
 def test_every_handler_fault_becomes_eio_and_the_mount_keeps_serving(
@@ -79,7 +73,9 @@ def test_every_handler_fault_becomes_eio_and_the_mount_keeps_serving(
     for i, (handler, probe) in enumerate(probes.items()):
         faults.write_text(handler)
         if handler in ("getattr", "readlink"):
-            time.sleep(1.1)  # let short attribute/entry timeouts lapse so the kernel asks
+            # product interval: the mount's 1 s attribute/entry timeouts lapse, so the
+            # kernel asks the mount again instead of answering from its cache
+            time.sleep(1.1)
         with pytest.raises(OSError) as info:
             probe(i)
         assert info.value.errno == errno.EIO, handler
@@ -102,19 +98,22 @@ def test_killed_mount_process_is_remounted(tmp_path: Path, src: Path, stack: Loc
     pid_file = CacheLayout(cache).mount_pid_file
     old = int(pid_file.read_text())
     os.kill(old, signal.SIGKILL)
-    _wait_pid_change(pid_file, old)
-    deadline = time.monotonic() + 30
-    while True:  # a reader that retries succeeds once the supervisor has remounted
-        try:
-            assert tree_digests(v1) == tree_digests(src)
-            break
-        # OSError: the killed mount's dead connection; AssertionError: the bare, empty
-        # mountpoint between the supervisor's lazy unmount and the new mount (whose pid
-        # file is written before it mounts)
-        except (OSError, AssertionError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    new_pid(pid_file, old, "the mount restarted")
+    want = tree_digests(src)
+
+    def same() -> None:
+        got = tree_digests(v1)
+        assert got == want, got
+
+    # a reader that retries succeeds once the supervisor has remounted. OSError: the
+    # killed mount's dead connection; AssertionError: the bare, empty mountpoint between
+    # the supervisor's lazy unmount and the new mount (whose pid file is written before it
+    # mounts)
+    eventually_ok(
+        same,
+        "the remounted tree whole",
+        retry=lambda err: isinstance(err, (OSError, AssertionError)),
+    )
     assert is_mounted(mnt.resolve())
 
 
@@ -133,7 +132,7 @@ def test_daemon_killed_while_streaming(tmp_path: Path, src: Path, stack: LocalSt
         assert os.pread(fd, 65536, 0) == first == expected[:65536]  # hits go on meanwhile
         rest = os.pread(fd, len(expected), 65536)  # misses wait for the restarted daemon
         assert first + rest == expected
-        assert _wait_pid_change(pid_file, old) != old
+        assert new_pid(pid_file, old, "the mount restarted") != old
     finally:
         os.close(fd)
 
