@@ -58,6 +58,7 @@ from spoke.mesh.peercall import (
     PeerRefused,
 )
 from spoke.mesh.peerclient import MAX_MESSAGE_BYTES
+from spoke.mesh.probedoor import ProbeDoor
 from spoke.mesh.relay import RELAY_METADATA
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import MAX_CONNECTIONS, PeerTls, PeerToken, server_options
@@ -147,13 +148,14 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
     def _authorization(self, context: grpc.aio.ServicerContext[Any, Any]) -> list[str | bytes]:
         return [v for k, v in context.invocation_metadata() or () if k == "authorization"]
 
-    async def Probe(
-        self,
-        request: peer_pb2.ProbeRequest,
-        context: grpc.aio.ServicerContext[peer_pb2.ProbeRequest, peer_pb2.ProbeResponse],
-    ) -> peer_pb2.ProbeResponse:
-        """Who this is and how many blocks it holds; at most :data:`PROBE_CALLS` at once
-        (a call counts until gRPC reports it done: its reply may wait unread)."""
+    async def admit_probe(
+        self, context: grpc.aio.ServicerContext[peer_pb2.ProbeRequest, peer_pb2.ProbeResponse]
+    ) -> None:
+        """Admits a ``Probe`` call from its headers, before its request is read
+        (:class:`~spoke.mesh.probedoor.ProbeDoor` calls it): the region's token, and at most
+        :data:`PROBE_CALLS` calls at once, each counted from here until gRPC reports it done
+        (its request may be arriving, its reply may wait unread). A refused call is counted
+        and audited by the gate and ended at once; gRPC core drops what arrives for it."""
         try:
             self.gate.authorize(self._authorization(context), context.peer(), "peer Probe")
             if self.probing >= PROBE_CALLS:
@@ -168,6 +170,14 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
             await self._abort(context, refused)
         self.probing += 1
         context.add_done_callback(self._probe_done)
+
+    async def Probe(
+        self,
+        request: peer_pb2.ProbeRequest,
+        context: grpc.aio.ServicerContext[peer_pb2.ProbeRequest, peer_pb2.ProbeResponse],
+    ) -> peer_pb2.ProbeResponse:
+        """Who this is and how many blocks it holds (admitted by :meth:`admit_probe` before
+        its request was read)."""
         return peer_pb2.ProbeResponse(node=self.node, cached_blocks=len(self.cache))
 
     def _probe_done(self, _: object) -> None:
@@ -304,13 +314,15 @@ async def start_peer_server(
     """
     grpclog.install()  # a stream its peer cancelled: one line, not a traceback
     server = grpc.aio.server(
+        # Probe, the one unary call, is admitted before its request is read (probedoor)
+        interceptors=[ProbeDoor(service.admit_probe)],
         options=[
             # requests are small: a request still arriving holds one window (REQUEST_BYTES)
             ("grpc.max_receive_message_length", REQUEST_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
             *server_options(max_connections),
-        ]
+        ],
     )
     peer_pb2_grpc.add_SpokePeerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     if tls is None:
