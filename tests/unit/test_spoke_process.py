@@ -10,7 +10,7 @@ from pathlib import Path
 from spoke.run.process import stop_process
 from tests.support import eventually
 
-# product interval: the children's time.sleep(60) below is the child process stop_process
+# product interval: each child below sleeps 60 s, the life of the process stop_process
 # ends (it must outlive the test's stop, never run out by itself); nothing waits on it
 IGNORES_TERM = (
     "import signal, sys, time\n"
