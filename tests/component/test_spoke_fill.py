@@ -6,7 +6,7 @@ told."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,35 +18,14 @@ from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.snapshots import SnapshotIndex
 from spoke.disk.layout import CacheLayout, block_digest
-from spoke.errors import HubUnavailable
 from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler, Priority
 from spoke.prefetch.fill import BackgroundFill, FillMode
+from tests.component.block_source import DictSource
 from tests.support import eventually_async
 
 BLOCK = 4096
 FILES = 24
-
-
-class Hub:
-    name = "hub:0"
-
-    def __init__(self, blocks: dict[str, bytes]) -> None:
-        self.blocks = blocks
-        self.fetched: list[str] = []
-        self.down = 0  # streams that fail before this one works
-
-    async def read_blocks(
-        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
-    ) -> AsyncIterator[tuple[str, bytes]]:
-        digests = [d for d, _ in blocks]
-        await asyncio.sleep(0.002)
-        if self.down:
-            self.down -= 1
-            raise HubUnavailable("hub:0 unavailable: link cut")
-        for d in digests:
-            self.fetched.append(d)
-            yield d, self.blocks[d]
 
 
 class Wake(asyncio.Event):
@@ -88,7 +67,9 @@ class Setup:
         self.cache = BlockCache(
             BlockStore(layout, open_index(layout)), LRUPolicy(capacity), capacity
         )
-        self.hub = Hub({d: b for (d, _), b in zip(self.refs, data, strict=True)})
+        self.hub = DictSource(
+            {d: b for (d, _), b in zip(self.refs, data, strict=True)}, delay=0.002
+        )
         self.scheduler = FetchScheduler(
             Fetcher(self.hub, miss_deadline=miss_deadline),  # type: ignore[arg-type]
             self.cache,

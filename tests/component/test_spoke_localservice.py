@@ -5,7 +5,6 @@ indexed for cross-file readahead, bad digests are INVALID_ARGUMENT."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,29 +21,13 @@ from spoke.catalog.catalog import SnapshotCatalog
 from spoke.catalog.snapshots import SnapshotIndex
 from spoke.disk.layout import CacheLayout, block_digest
 from spoke.fetch.fetcher import Fetcher
-from spoke.fetch.priority import Priority, Source
+from spoke.fetch.priority import Source
 from spoke.fetch.scheduler import FetchScheduler
 from spoke.serve.access import AccessLog, SteadyState
 from spoke.serve.local import SpokeLocalService
+from tests.component.block_source import DictSource
 
 FILES = 40
-
-
-class Hub:
-    name = "hub:0"
-
-    def __init__(self, blocks: dict[str, bytes]) -> None:
-        self.blocks = blocks
-        self.fetched: list[str] = []
-
-    async def read_blocks(
-        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
-    ) -> AsyncIterator[tuple[str, bytes]]:
-        digests = [d for d, _ in blocks]
-        await asyncio.sleep(0.005)
-        for d in digests:
-            self.fetched.append(d)
-            yield d, self.blocks[d]
 
 
 class Catalog:
@@ -84,7 +67,9 @@ class Service:
         ]
         layout = CacheLayout(root)
         self.cache = BlockCache(BlockStore(layout, open_index(layout)), LRUPolicy(1 << 30), 1 << 30)
-        self.hub = Hub({d: b for (d, _), b in zip(self.refs, self.data, strict=True)})
+        self.hub = DictSource(
+            {d: b for (d, _), b in zip(self.refs, self.data, strict=True)}, delay=0.005
+        )
         self.scheduler = FetchScheduler(Fetcher(self.hub), self.cache)
         self.access = AccessLog()
         self.heard: list[tuple[list[str], bool]] = []

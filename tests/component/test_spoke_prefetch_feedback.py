@@ -16,27 +16,9 @@ from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.ledger import PrefetchLedger
 from spoke.fetch.priority import Source
 from spoke.fetch.scheduler import FetchScheduler, Priority
+from tests.component.block_source import DictSource
 
 BLOCK = 4096
-
-
-class Hub:
-    """Serves blocks from a dict and records every block asked for."""
-
-    name = "hub:0"
-
-    def __init__(self, blocks: dict[str, bytes]) -> None:
-        self.blocks = blocks
-        self.fetched: list[str] = []
-
-    async def read_blocks(
-        self, blocks: Sequence[tuple[str, int]], timeout: float, priority: Priority
-    ) -> AsyncIterator[tuple[str, bytes]]:
-        digests = [d for d, _ in blocks]
-        for d in digests:
-            self.fetched.append(d)
-            await asyncio.sleep(0)
-            yield d, self.blocks[d]
 
 
 def _setup(
@@ -45,9 +27,9 @@ def _setup(
     cache_blocks: int,
     window_blocks: int = 16,
     watermarks: tuple[float, float] = (0.5, 0.5),
-) -> tuple[Hub, BlockCache, FetchScheduler, list[tuple[str, int]]]:
+) -> tuple[DictSource, BlockCache, FetchScheduler, list[tuple[str, int]]]:
     data = [i.to_bytes(4, "big") * (BLOCK // 4) for i in range(n)]
-    hub = Hub({block_digest(b): b for b in data})
+    hub = DictSource({block_digest(b): b for b in data})
     layout = CacheLayout(tmp_path)
     capacity = cache_blocks * BLOCK
     cache = BlockCache(
