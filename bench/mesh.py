@@ -1,7 +1,7 @@
 """The regional mesh over an emulated WAN: N spokes read the whole data set cold.
 
     python -m bench.mesh [--size 256MiB] [--spokes 1,2,4] [--rtt-ms 50] [--rate 1Gbit]
-                         [--block-size 4MiB] [--file-size 8MiB] [--json FILE]
+                         [--block-size 4MiB] [--file-size 8MiB] [--mesh-only] [--json FILE]
 
 One hub behind :mod:`bench.wan` (default 50 ms RTT, 1 Gbit/s each way); for each N, two
 runs: N spokes in one mesh (``--peer-listen``/``--peers``, mTLS with a region token and
@@ -10,7 +10,10 @@ spoke has its own cache directory and kernel mount, and every spoke reads every 
 through its mount at once, cold. Reported: bytes that crossed the WAN over the data set
 (the issue's target: ≤ 1.05× with the mesh, N× without), each spoke's cold-pass time
 (slowest and mean, and the slowest over one spoke alone: target ≤ 1.2× with the mesh),
-and link use (WAN bytes over what the link carries in the slowest pass).
+and link use (WAN bytes over what the link carries in the slowest pass), and with the
+mesh what went through relays (blocks owners sent to a relay instead, blocks relays
+served: with 10 spokes or more every block of the data set is hot, spoke/mesh/relay.py)
+and the peer calls refused. ``--mesh-only``: one spoke alone, then the meshes only.
 
 All traffic stays on 127.0.0.1. Needs /dev/fuse.
 """
@@ -53,6 +56,9 @@ class Result:
     pass_s: list[float]
     link_use: float
     peer_bytes: int
+    relay_redirected_blocks: int = 0
+    relay_served_blocks: int = 0
+    peer_refusals: int = 0
 
     @property
     def wan_ratio(self) -> float:
@@ -83,13 +89,14 @@ def _wait_live(admin: str, cache: Path, count: int, timeout: float = 60.0) -> No
         time.sleep(0.1)
 
 
-def _metric(admin: str, name: str, source: str) -> float:
+def _metric(admin: str, name: str, source: str | None = None) -> float:
+    """A spoke's samples of ``name`` (of ``source``; None: every label), summed."""
     text = httpx.get(f"{admin}/metrics", timeout=10).text
     return sum(
         s.value
         for fam in text_string_to_metric_families(text)
         for s in fam.samples
-        if s.name == name and s.labels.get("source") == source
+        if s.name == name and (source is None or s.labels.get("source") == source)
     )
 
 
@@ -148,10 +155,27 @@ def run_once(work: Path, hub_dir: Path, n: int, mesh: bool, size: int, link: Lin
                 t.join()
             down = wan.stats().down_bytes - before
             peer = sum(int(_metric(a, "strata_spoke_source_bytes_total", "peer")) for a in admins)
+            relay = {
+                name: sum(int(_metric(a, f"strata_spoke_{name}_total")) for a in admins)
+                for name in (
+                    "mesh_relay_redirected_blocks",
+                    "mesh_relay_served_blocks",
+                    "peer_refusals",
+                )
+            }
     if any(s != size for s in sizes):
         raise RuntimeError(f"readers read {sizes} bytes, the data set has {size}")
     return Result(
-        n, mesh, size, down, times, link_utilisation(down, max(times), link.rate_bps), peer
+        n,
+        mesh,
+        size,
+        down,
+        times,
+        link_utilisation(down, max(times), link.rate_bps),
+        peer,
+        relay["mesh_relay_redirected_blocks"],
+        relay["mesh_relay_served_blocks"],
+        relay["peer_refusals"],
     )
 
 
@@ -164,8 +188,9 @@ def markdown(results: list[Result], link: LinkSpec) -> str:
         f"{PASS_TARGET}× one spoke alone)",
         "",
         "| spokes | mode | WAN bytes / data set | slowest pass s | mean pass s | "
-        "slowest / one alone | link use | peer MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "slowest / one alone | link use | peer MiB | sent to relays / served by relays "
+        "(blocks) | refused calls |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         slow = max(r.pass_s)
@@ -173,7 +198,8 @@ def markdown(results: list[Result], link: LinkSpec) -> str:
         lines.append(
             f"| {r.spokes} | {'mesh' if r.mesh else 'independent'} | {r.wan_ratio:.2f}× | "
             f"{slow:.1f} | {sum(r.pass_s) / len(r.pass_s):.1f} | {ratio} | {r.link_use:.0%} | "
-            f"{r.peer_bytes / MiB:,.0f} |"
+            f"{r.peer_bytes / MiB:,.0f} | {r.relay_redirected_blocks:,} / "
+            f"{r.relay_served_blocks:,} | {r.peer_refusals:,} |"
         )
     return "\n".join(lines)
 
@@ -193,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file-size", default="8MiB")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--work", type=Path, default=None, help="scratch dir (default: temp)")
+    parser.add_argument(
+        "--mesh-only", action="store_true", help="no independent spokes beyond one alone"
+    )
     ns = parser.parse_args(argv)
     try:
         size, block, file_bytes = (
@@ -204,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         counts = [int(x) for x in ns.spokes.split(",") if x.strip()]
     except ValueError as err:
         parser.error(str(err))
-    if not counts or any(c < 1 or c > 8 for c in counts):
-        parser.error("--spokes: N values between 1 and 8, e.g. 1,2,4")
+    if not counts or any(c < 1 or c > 16 for c in counts):
+        parser.error("--spokes: N values between 1 and 16, e.g. 1,2,4")
     if size < file_bytes or file_bytes <= 0 or block <= 0:
         parser.error("--size must hold at least one --file-size file; sizes must be positive")
     if ns.work is not None and not ns.work.is_dir():
@@ -222,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         publish(base / "hub", "bench", src, "--block-size", str(block))
         shutil.rmtree(src)
         runs = [(1, False)] + [
-            (n, m) for n in counts for m in (True, False) if (n, m) != (1, False)
+            (n, m)
+            for n in counts
+            for m in (True, False)
+            if (n, m) != (1, False) and (m or not ns.mesh_only)
         ]
         for n, mesh in runs:
             print(f"{n} spokes, {'mesh' if mesh else 'independent'}: {size / MiB:,.0f} MiB …")
