@@ -22,7 +22,7 @@ autocast, collectives), :mod:`trainer.report`
 (metrics, summary),
 :mod:`trainer.evaluate` (PSNR and section plots; the model run on masked patches in
 :mod:`trainer.reconstruct`, the plot in :mod:`trainer.section`), :mod:`trainer.cli`
-(``strata-train``; its data commands in :mod:`trainer.datacli`, the shared options in
-:mod:`trainer.cliopts`), :mod:`trainer.command` (its ``fit`` command line, for programs that
-run the trainer).
+(``strata-train``; its data commands in :mod:`trainer.datacli`, its options declared once
+in :mod:`trainer.settings` and made typer options by :mod:`trainer.cliopts`),
+:mod:`trainer.command` (its ``fit`` command line, for programs that run the trainer).
 """
