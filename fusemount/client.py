@@ -15,6 +15,12 @@ import grpc
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import spoke_pb2, spoke_pb2_grpc
 
+MANIFEST_TIMEOUT = 600.0
+"""Longest wait for a whole manifest, seconds. The daemon bounds its own call to the hub;
+what it does after the first fetch of a million-entry manifest (check, store, page out)
+took it over a minute on a loaded 2-core VM, and the 60 s this was failed the first
+listing of a 1,000,000-file snapshot with EIO (``bench.small_files --scale``)."""
+
 
 class DaemonClient:
     """The mount's connection to its daemon.
@@ -68,7 +74,7 @@ class DaemonClient:
         iterated (in the caller's thread). Raises grpc.RpcError."""
         stream = self._stub.GetManifest(
             hub_pb2.GetManifestRequest(dataset=dataset, ref=version),
-            timeout=self.catalog_timeout * 6,
+            timeout=max(self.catalog_timeout * 6, MANIFEST_TIMEOUT),
             wait_for_ready=True,
         )
         for page in stream:

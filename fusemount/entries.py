@@ -3,8 +3,8 @@
 A snapshot of a million files kept one :class:`~fusemount.tree.Node` per file (with its
 blocks tuple, hex digests, name keys and listing dicts): about 1 KiB of the mount's memory
 per file. :class:`SnapshotEntries` keeps the same facts in a few flat arrays (about 90
-bytes per one-block file; see ``DESIGN.md``, "Loaded snapshots") and makes a ``Node`` only
-when a request names an entry (:meth:`SnapshotEntries.node`); nothing holds it after.
+bytes per one-block file; see ``DESIGN.md``, "Loaded snapshots"); the inode table makes a
+``Node`` of an entry only when a request names it (:meth:`fusemount.tree.InodeTable.get`).
 
 Entries are numbered in the order :meth:`SnapshotEntries.build` makes them (manifest order,
 an implicit parent directory just before its first child), from 1; index 0 is the

@@ -10,8 +10,8 @@ range alone (:mod:`fusemount.journal`).
 
 The root, datasets, versions and tags are :class:`Node` objects kept here. A snapshot's
 entries are not: they are columns (:class:`~fusemount.entries.SnapshotEntries`, about 90
-bytes a file), and :meth:`InodeTable.get` makes a ``Node`` for an entry each time one is
-asked for; nothing keeps it but its caller.
+bytes a file), and :meth:`InodeTable.get` makes a ``Node`` for an entry when one is asked
+for, keeping only the :data:`MADE_NODES` made last.
 """
 
 from __future__ import annotations
