@@ -18,6 +18,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+ONE_DAY = datetime.timedelta(days=1)
+"""How long the CA and (by default) its leaves are valid."""
+
 
 @dataclass(frozen=True)
 class Leaf:
@@ -25,6 +28,16 @@ class Leaf:
 
     cert: Path
     key: Path
+
+    @property
+    def cert_bytes(self) -> bytes:
+        """The certificate's PEM (what gRPC's credentials take)."""
+        return self.cert.read_bytes()
+
+    @property
+    def key_bytes(self) -> bytes:
+        """The key's PEM."""
+        return self.key.read_bytes()
 
 
 def _name(common_name: str) -> x509.Name:
@@ -66,7 +79,7 @@ class LocalCa:
             .public_key(self._key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_after(now + ONE_DAY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .sign(self._key, hashes.SHA256())
         )
@@ -82,10 +95,14 @@ class LocalCa:
         stem: str,
         dns: tuple[str, ...] = ("localhost",),
         ips: tuple[str, ...] = ("127.0.0.1",),
+        *,
+        expires_in: datetime.timedelta = ONE_DAY,
     ) -> Leaf:
-        """A leaf for server and client use, naming ``dns`` and ``ips``."""
+        """A leaf for server and client use, naming ``dns`` and ``ips``, valid until
+        ``expires_in`` from now (negative: one that has expired, for tests of expiry)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
+        end = now + expires_in
         names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
         names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
         cert = (
@@ -94,8 +111,8 @@ class LocalCa:
             .issuer_name(self._cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_before(min(now - datetime.timedelta(minutes=5), end - ONE_DAY))
+            .not_valid_after(end)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
                 x509.ExtendedKeyUsage(

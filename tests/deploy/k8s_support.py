@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from deploy.kustomize import render
 from deploy.pki import LocalCa
 from tests.conftest import REPO_ROOT
-from tests.integration.hub_support import CertificateAuthority
 
 K8S = REPO_ROOT / "deploy" / "k8s"
 OVERLAYS = ("hub-region", "hub-publish", "gpu-region", "train", "train-hostpath")
@@ -47,8 +47,8 @@ def make_secrets(root: Path) -> None:
     for publish, the catalog's CA, and the spokes' egress to the hub (hub-egress.yaml)."""
     pki = root / "pki"
     pki.mkdir()
-    ca = CertificateAuthority(pki, "strata-ca")
-    hub, spoke = ca.issue("hub", server=True), ca.issue("spoke", server=False)
+    ca = LocalCa(pki, "strata-ca")
+    hub, spoke = ca.issue("hub"), ca.issue("spoke")
     token = create_hub_token(pki / "tokens.yaml")
     admin = "fedcba9876543210fedcba9876543210"
     secrets = root / "overlays" / "hub-region" / "secrets"
@@ -66,7 +66,7 @@ def make_secrets(root: Path) -> None:
             f"catalog.region-a.example.internal:5432:strata:strata_{role}:not-a-password\n"
         )
     (secrets / "s3-config").write_text("[default]\nregion = a\n")
-    catalog_ca = CertificateAuthority(pki, "catalog-ca")
+    catalog_ca = LocalCa(pki, "catalog-ca")
     shutil.copy(catalog_ca.pem.cert, secrets / "catalog-ca.crt")
     keygen = [sys.executable, "-m", "hub", "keygen", str(secrets / "grant.key")]
     subprocess.run([*keygen, str(secrets / "grant.pub")], check=True, capture_output=True)
@@ -127,3 +127,62 @@ def by_key(objects: list[Obj]) -> dict[tuple[str, str, str], Obj]:
 def rendered(root: Path, overlay: str) -> list[Obj]:
     """The overlay's objects: the Python renderer's (the same as kubectl's, tested)."""
     return render(root / "overlays" / overlay)
+
+
+# -- mount propagation, played with Linux mount namespaces ------------------------------
+
+PROPAGATION = {
+    "Bidirectional": "--make-rshared",
+    "HostToContainer": "--make-rslave",
+    None: "--make-rprivate",
+}
+"""What the container runtime does to a hostPath's bind for each mountPropagation."""
+
+POD_FUNCTIONS = r"""
+pids=""
+trap 'for p in $pids; do kill $p 2>/dev/null || true; done' EXIT
+pod() {  # a pod's mount namespace: a process holding it; prints its pid
+    unshare -m --propagation unchanged sleep 600 >/dev/null 2>&1 &
+    echo $!
+}
+in_pod() { p=$1; shift; nsenter -t "$p" -m -- sh -c "$*"; }
+wait_ns() {  # until the pod's process has its own namespace
+    for _ in $(seq 50); do
+        [ "$(readlink /proc/$1/ns/mnt)" != "$(readlink /proc/self/ns/mnt)" ] && return
+        sleep 0.1
+    done
+    exit 9
+}
+check() { [ "$1" = "$2" ] || { echo "FAIL: $3: got '$1', wanted '$2'"; exit 1; }; }
+"""
+"""Shell functions for a play of pods on one node (``sh`` with ``set -eu``): ``pod``
+starts a pod's namespace (killed on exit), ``in_pod PID CMD`` runs in it, ``wait_ns PID``
+waits for it, ``check GOT WANTED WHAT`` ends the play with ``FAIL: WHAT`` unless equal."""
+
+
+def play_pods(tmp_path: Path, script: str, *args: str) -> str:
+    """Run ``script`` (``sh``, given ``tmp_path/node`` as ``$1`` and ``args`` after it)
+    in a private mount namespace of its own, so nothing reaches this machine's mounts;
+    returns what it printed. Skips where mount namespaces cannot be made."""
+    node = tmp_path / "node"
+    node.mkdir()
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "play", str(node),
+         *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if "Operation not permitted" in done.stderr or "unshare failed" in done.stderr:
+        pytest.skip(f"no mount namespaces here: {done.stderr.strip()[-200:]}")
+    return done.stdout + done.stderr
+
+
+def host_path_propagation(pod: Obj, container: Obj, host_path: str) -> str | None:
+    """The mountPropagation ``container`` of ``pod`` (a pod spec) mounts ``host_path`` with."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = [
+        m
+        for m in container["volumeMounts"]
+        if volumes[m["name"]].get("hostPath", {}).get("path") == host_path
+    ]
+    value: str | None = mount.get("mountPropagation")
+    return value

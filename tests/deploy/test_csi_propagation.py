@@ -13,49 +13,39 @@ running. With the plugin's mode taken as ``None`` instead, the check fails."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.deploy.k8s_support import Obj, by_key, copy_tree, rendered
+from tests.deploy.k8s_support import (
+    POD_FUNCTIONS,
+    PROPAGATION,
+    Obj,
+    by_key,
+    copy_tree,
+    host_path_propagation,
+    play_pods,
+    rendered,
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("unshare") is None or shutil.which("nsenter") is None,
     reason="needs unshare and nsenter (util-linux)",
 )
 
-MAKE = {
-    "Bidirectional": "--make-rshared",
-    "HostToContainer": "--make-rslave",
-    None: "--make-rprivate",
-}
-"""What the container runtime does to a hostPath's bind for each mountPropagation."""
-
 # $1 the node's directory; $2 the spoke's mode for the mount root; $3 and $4 the plugin's
 # for the mount root and the pods directory. Runs in a private mount namespace of its own.
-SCRIPT = r"""
+SCRIPT = (
+    r"""
 set -eu
 N=$1; SPOKE_ROOT=$2; CSI_ROOT=$3; CSI_PODS=$4
-pids=""
-trap 'for p in $pids; do kill $p 2>/dev/null || true; done' EXIT
+"""
+    + POD_FUNCTIONS
+    + r"""
 mount -t tmpfs node "$N"
 mkdir -p "$N/mnt-strata/data" "$N/pods/uid/volumes/v"
 # the node's own directories are shared, as on a systemd host
 for d in mnt-strata pods; do mount --bind "$N/$d" "$N/$d"; mount --make-shared "$N/$d"; done
-pod() {  # a pod's mount namespace: a process holding it; prints its pid
-    unshare -m --propagation unchanged sleep 600 >/dev/null 2>&1 &
-    echo $!
-}
-in_pod() { p=$1; shift; nsenter -t "$p" -m -- sh -c "$*"; }
-wait_ns() {  # until the pod's process has its own namespace
-    for _ in $(seq 50); do
-        [ "$(readlink /proc/$1/ns/mnt)" != "$(readlink /proc/self/ns/mnt)" ] && return
-        sleep 0.1
-    done
-    exit 9
-}
-check() { [ "$1" = "$2" ] || { echo "FAIL: $3: got '$1', wanted '$2'"; exit 1; }; }
 
 # strata-spoke-csi's pod starts first (a new node: both start at once)
 csi=$(pod); pids="$pids $csi"; wait_ns "$csi"
@@ -89,6 +79,7 @@ check "$(in_pod "$csi" "cat '$N/mnt-strata/data/v2/f'" 2>&1)" two \
     "the plugin sees a new spoke's mount"
 echo OK
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -98,15 +89,8 @@ def modes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
 
     def mode(daemonset: str, container: str, host_path: str) -> str | None:
         pod: Obj = objects[("DaemonSet", "strata", daemonset)]["spec"]["template"]["spec"]
-        volumes = {v["name"]: v for v in pod["volumes"]}
         (one,) = [c for c in pod["containers"] if c["name"] == container]
-        (mount,) = [
-            m
-            for m in one["volumeMounts"]
-            if volumes[m["name"]].get("hostPath", {}).get("path") == host_path
-        ]
-        value: str | None = mount.get("mountPropagation")
-        return value
+        return host_path_propagation(pod, one, host_path)
 
     return {
         "spoke_root": mode("strata-spoke", "spoke", "/mnt/strata"),
@@ -118,21 +102,8 @@ def modes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
 def _play(
     tmp_path: Path, spoke_root: str | None, csi_root: str | None, csi_pods: str | None
 ) -> str:
-    node = tmp_path / "node"
-    node.mkdir()
-    done = subprocess.run(
-        [
-            *("unshare", "-m", "--propagation", "private", "sh", "-c", SCRIPT, "play"),
-            *(str(node), MAKE[spoke_root], MAKE[csi_root], MAKE[csi_pods]),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if "Operation not permitted" in done.stderr or "unshare failed" in done.stderr:
-        pytest.skip(f"no mount namespaces here: {done.stderr.strip()[-200:]}")
-    return done.stdout + done.stderr
+    modes = (PROPAGATION[spoke_root], PROPAGATION[csi_root], PROPAGATION[csi_pods])
+    return play_pods(tmp_path, SCRIPT, *modes)
 
 
 def test_the_manifests_modes_keep_mounts_and_binds(

@@ -26,8 +26,8 @@ import pytest
 
 from csi.mounttable import mounted_at, mounts, unmount
 from deploy.local import LocalStack
+from deploy.pki import Leaf, LocalCa
 from protocol.csi.v1 import csi_pb2, csi_pb2_grpc
-from tests.integration.hub_support import CertificateAuthority, Pem
 from tests.support import eventually, make_tree, publish, requires_fuse, tree_digests
 
 pytestmark = [
@@ -586,22 +586,22 @@ def test_a_volumes_own_token_is_checked_against_the_hubs_scope(plugin: Plugin) -
 
 
 @pytest.fixture(scope="module")
-def pki(plugin: Plugin) -> dict[str, Pem]:
+def pki(plugin: Plugin) -> dict[str, Leaf]:
     """The hub's CA, its server certificate, a client certificate of that CA (the spoke's,
     which the DaemonSet gives the plugin too) and one of a foreign CA."""
     directory = plugin.pods.parent / "pki"
     directory.mkdir()
-    ca, foreign = CertificateAuthority(directory, "hub-ca"), CertificateAuthority(directory, "x")
+    ca, foreign = LocalCa(directory, "hub-ca"), LocalCa(directory, "x")
     return {
         "ca": ca.pem,
-        "server": ca.issue("hub-server", server=True),
-        "client": ca.issue("spoke-client", server=False),
-        "foreign": foreign.issue("intruder", server=False),
+        "server": ca.issue("hub-server"),
+        "client": ca.issue("spoke-client"),
+        "foreign": foreign.issue("intruder"),
     }
 
 
 def test_a_volumes_own_token_against_a_hub_that_requires_client_certificates(
-    plugin: Plugin, pki: dict[str, Pem]
+    plugin: Plugin, pki: dict[str, Leaf]
 ) -> None:
     """Against the hub as shipped (TLS, client certificates from its CA, tokens), a plugin
     with the spoke's certificate publishes a volume whose token covers the dataset and

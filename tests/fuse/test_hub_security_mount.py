@@ -162,9 +162,10 @@ def test_mtls_token_mount_and_rotation_while_reading(
         )
         revoke(hub.tokens, first_id)
         # renew the client certificate (a new key too), key and certificate replaced apart
-        renewed = pki.ca.issue("spoke-client-renewed", server=False)
+        renewed = pki.ca.issue("spoke-client-renewed")
         copy_pem(renewed.key, tmp_path / "creds" / "spoke.key")
-        time.sleep(0.2)  # the workload: a window in which key and certificate do not match
+        # product interval: a window in which key and certificate do not match
+        time.sleep(0.2)
         copy_pem(renewed.cert, tmp_path / "creds" / "spoke.crt")
         thread.join(120)
         assert not errors, errors

@@ -15,45 +15,38 @@ With the spoke's mode taken as ``None`` instead, the new pod never sees the moun
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.deploy.k8s_support import Obj, by_key, copy_tree, rendered
+from tests.deploy.k8s_support import (
+    POD_FUNCTIONS,
+    PROPAGATION,
+    Obj,
+    by_key,
+    copy_tree,
+    host_path_propagation,
+    play_pods,
+    rendered,
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("unshare") is None or shutil.which("nsenter") is None,
     reason="needs unshare and nsenter (util-linux)",
 )
 
-MAKE = {
-    "Bidirectional": "--make-rshared",
-    "HostToContainer": "--make-rslave",
-    None: "--make-rprivate",
-}
-"""What the container runtime does to a hostPath's bind for each mountPropagation."""
-
 # $1 the node's directory; $2 the spoke's mode for /mnt/strata; $3 the plugin's; $4 the
 # new spoke pod's init container command, as rendered, with /mnt/strata as $N/mnt-strata
-SCRIPT = r"""
+SCRIPT = (
+    r"""
 set -eu
 N=$1; SPOKE_ROOT=$2; CSI_ROOT=$3; INIT=$4
-pids=""
-trap 'for p in $pids; do kill $p 2>/dev/null || true; done' EXIT
+"""
+    + POD_FUNCTIONS
+    + r"""
 mount -t tmpfs node "$N"
 mkdir -p "$N/mnt-strata/data"
 mount --bind "$N/mnt-strata" "$N/mnt-strata"; mount --make-shared "$N/mnt-strata"
-pod() { unshare -m --propagation unchanged sleep 600 >/dev/null 2>&1 & echo $!; }
-in_pod() { p=$1; shift; nsenter -t "$p" -m -- sh -c "$*"; }
-wait_ns() {
-    for _ in $(seq 50); do
-        [ "$(readlink /proc/$1/ns/mnt)" != "$(readlink /proc/self/ns/mnt)" ] && return
-        sleep 0.1
-    done
-    exit 9
-}
-check() { [ "$1" = "$2" ] || { echo "FAIL: $3: got '$1', wanted '$2'"; exit 1; }; }
 
 csi=$(pod); pids="$pids $csi"; wait_ns "$csi"
 in_pod "$csi" "mount $CSI_ROOT '$N/mnt-strata'"
@@ -73,6 +66,7 @@ check "$(in_pod "$new" "cat '$N/mnt-strata/data/f'" 2>&1)" one "the new pod keep
 check "$(in_pod "$csi" "cat '$N/mnt-strata/data/f'" 2>&1)" one "the plugin keeps the mount"
 echo OK
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +80,7 @@ def pods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
         return pod
 
     def mode(pod: Obj, container: Obj) -> str | None:
-        volumes = {v["name"]: v for v in pod["volumes"]}
-        (mount,) = [
-            m
-            for m in container["volumeMounts"]
-            if volumes[m["name"]].get("hostPath", {}).get("path") == "/mnt/strata"
-        ]
-        value: str | None = mount.get("mountPropagation")
-        return value
+        return host_path_propagation(pod, container, "/mnt/strata")
 
     spoke, csi = spec("strata-spoke"), spec("strata-spoke-csi")
     (init,) = spoke["initContainers"]
@@ -106,17 +93,8 @@ def pods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
 
 
 def _play(tmp_path: Path, spoke: str | None, csi: str | None, init: str) -> str:
-    node = tmp_path / "node"
-    node.mkdir()
-    init = init.replace("/mnt/strata", f"{node}/mnt-strata")
-    done = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", SCRIPT, "play", str(node),
-         MAKE[spoke], MAKE[csi], init],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    if "Operation not permitted" in done.stderr or "unshare failed" in done.stderr:
-        pytest.skip(f"no mount namespaces here: {done.stderr.strip()[-200:]}")
-    return done.stdout + done.stderr
+    init = init.replace("/mnt/strata", f"{tmp_path / 'node'}/mnt-strata")
+    return play_pods(tmp_path, SCRIPT, PROPAGATION[spoke], PROPAGATION[csi], init)
 
 
 def test_the_old_pods_mount_outlives_it_for_the_new_pod(

@@ -6,8 +6,6 @@ Everything listens on 127.0.0.1 with port 0; certificates are made fresh per ses
 from __future__ import annotations
 
 import contextlib
-import datetime
-import ipaddress
 import os
 import re
 import subprocess
@@ -19,11 +17,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from deploy.pki import Leaf, LocalCa
 from hub.serve.metrics import HubMetrics
 from hub.snapshot.blocks import block_digest
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
@@ -32,128 +27,22 @@ RPC_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
-class Pem:
-    """A certificate and its key, as PEM files."""
-
-    cert: Path
-    key: Path
-
-    @property
-    def cert_bytes(self) -> bytes:
-        return self.cert.read_bytes()
-
-    @property
-    def key_bytes(self) -> bytes:
-        return self.key.read_bytes()
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _write(
-    directory: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey
-) -> Pem:
-    cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return Pem(cert_path, key_path)
-
-
-class CertificateAuthority:
-    """A throwaway CA that issues server and client certificates (ECDSA P-256)."""
-
-    def __init__(self, directory: Path, name: str) -> None:
-        self.directory = directory
-        self.name = name
-        self._key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        self._cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(name))
-            .issuer_name(_name(name))
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(self._key, hashes.SHA256())
-        )
-        self.pem = _write(directory, name, self._cert, self._key)
-
-    def issue(self, stem: str, *, server: bool) -> Pem:
-        """A leaf certificate: for 127.0.0.1/localhost (server) or a client identity."""
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(stem))
-            .issuer_name(self._cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
-        )
-        if server:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-                ),
-                critical=False,
-            )
-        cert = builder.sign(self._key, hashes.SHA256())
-        return _write(self.directory, stem, cert, key)
-
-
-@dataclass(frozen=True)
 class Pki:
     """The hub's CA with a server and a client certificate, and a foreign CA's client."""
 
-    ca: CertificateAuthority
-    server: Pem
-    client: Pem
-    foreign_client: Pem
+    ca: LocalCa
+    server: Leaf
+    client: Leaf
+    foreign_client: Leaf
 
 
 @pytest.fixture(scope="session", name="pki")
 def pki_fixture(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """A fresh PKI for the session (import ``pki_fixture`` to use the ``pki`` fixture)."""
     directory = tmp_path_factory.mktemp("pki")
-    ca = CertificateAuthority(directory, "strata-test-ca")
-    foreign = CertificateAuthority(directory, "foreign-ca")
-    return Pki(
-        ca,
-        ca.issue("hub-server", server=True),
-        ca.issue("spoke-client", server=False),
-        foreign.issue("intruder", server=False),
-    )
+    ca = LocalCa(directory, "strata-test-ca")
+    foreign = LocalCa(directory, "foreign-ca")
+    return Pki(ca, ca.issue("hub-server"), ca.issue("spoke-client"), foreign.issue("intruder"))
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from csi.hubscope import HubRefused, HubScope
 from csi.hubtls import HubTls, HubTlsError, refusal
+from deploy.pki import LocalCa
 from hub.serve.config import ServerConfig
 from hub.serve.serverthread import ServerThread
 from tests.integration.hub_support import (
@@ -104,29 +101,9 @@ def test_files_are_checked_before_any_call(pki: Pki, tmp_path: Path) -> None:
         HubTls(pki.client.key).credentials()
     with pytest.raises(HubTlsError, match=r"--hub-ca .*nope"):
         HubTls(tmp_path / "nope").credentials()
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old")])
-    past = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=10)
-    old = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(past)
-        .not_valid_after(past + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    (tmp_path / "old.crt").write_bytes(old.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "old.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    old = LocalCa(tmp_path, "old-ca").issue("old", expires_in=-datetime.timedelta(days=9))
     with pytest.raises(HubTlsError, match=r"--hub-cert .* expired on"):
-        HubTls(pki.ca.pem.cert, tmp_path / "old.crt", tmp_path / "old.key").credentials()
+        HubTls(pki.ca.pem.cert, old.cert, old.key).credentials()
 
 
 @pytest.mark.parametrize(

@@ -7,12 +7,9 @@ import datetime
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from typer.testing import CliRunner
 
+from deploy.pki import LocalCa
 from spoke.hublink.credentials import HubCredentials
 from spoke.run.cli import app
 from spoke.run.settings import (
@@ -22,33 +19,6 @@ from spoke.run.settings import (
     resolved,
     write_settings,
 )
-from tests.integration.hub_support import CertificateAuthority
-
-
-def expired_cert(directory: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now - datetime.timedelta(days=10))
-        .not_valid_after(now - datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "old.crt", directory / "old.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -60,10 +30,11 @@ BASE = ("--hub", "127.0.0.1:1", "--cache-size", "1MiB")
 
 
 def test_unusable_credentials_are_one_line_errors(tmp_path: Path) -> None:
-    ca = CertificateAuthority(tmp_path, "ca")
-    other = ca.issue("other", server=False)
-    mine = ca.issue("mine", server=False)
-    cert, key = expired_cert(tmp_path)
+    ca = LocalCa(tmp_path, "ca")
+    other = ca.issue("other")
+    mine = ca.issue("mine")
+    expired = LocalCa(tmp_path, "old-ca").issue("old", expires_in=-datetime.timedelta(days=1))
+    cert, key = expired.cert, expired.key
     token = tmp_path / "token"
     token.write_text("a-token-0123456789\n")
     common = (*BASE, "--cache-dir", str(tmp_path / "c"), "--mount", str(tmp_path))
@@ -88,7 +59,7 @@ def test_unusable_credentials_are_one_line_errors(tmp_path: Path) -> None:
 
 
 def test_config_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ca = CertificateAuthority(tmp_path, "ca")
+    ca = LocalCa(tmp_path, "ca")
     token = tmp_path / "token"
     token.write_text("first-token-0123456789\n")
     config = tmp_path / "spoke.toml"
@@ -113,8 +84,8 @@ def test_config_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_renewed_certificate_is_picked_up_once_consistent(tmp_path: Path) -> None:
-    ca = CertificateAuthority(tmp_path, "ca")
-    first, second = ca.issue("one", server=False), ca.issue("two", server=False)
+    ca = LocalCa(tmp_path, "ca")
+    first, second = ca.issue("one"), ca.issue("two")
     cert, key = tmp_path / "c.crt", tmp_path / "c.key"
     cert.write_bytes(first.cert_bytes)
     key.write_bytes(first.key_bytes)
