@@ -17,13 +17,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.integration.hub_support import S3_ENV, S3Server
+from tests.support import eventually
 
 START_TIMEOUT = 90.0
 GRACE_SECONDS = 1.0
@@ -98,13 +98,13 @@ def seaweedfs_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Se
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not _ready(endpoint):
+
+        def ready() -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"weed exited {proc.returncode}: {log.read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"SeaweedFS not ready after {START_TIMEOUT:.0f} s")
-            time.sleep(0.25)
+            return _ready(endpoint)
+
+        eventually(ready, "SeaweedFS ready", START_TIMEOUT, interval=0.25)
         yield S3Server(endpoint)
     finally:
         proc.send_signal(signal.SIGTERM)

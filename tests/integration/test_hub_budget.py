@@ -31,6 +31,7 @@ from hub.serve.serverthread import ServerThread
 from hub.serve.wire import CHUNK_BYTES
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 from tests.integration.hub_support import RPC_TIMEOUT, bearer, write_tree
+from tests.support import eventually_async
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -147,7 +148,16 @@ def test_stalled_streams_of_one_token_hold_its_share_and_another_token_reads_on(
                     calls.append(
                         stub.ReadBlocks(iter([request]), metadata=bearer(TOKEN_A), timeout=60)
                     )
-            await asyncio.sleep(1.5)  # every stream has asked; none reads
+            charged = HELD * block_charge(BLOCK, CHUNK_BYTES)
+
+            def asked() -> bool:  # every stream is at the hub, the token's share held
+                streams = _metric(metrics_port, 'strata_hub_active_streams{method="ReadBlocks"}')
+                held = _metric(metrics_port, "strata_hub_read_bytes_held")
+                return streams >= STALLED and held >= charged
+
+            await eventually_async(
+                lambda: asyncio.to_thread(asked), "every stream has asked; none reads"
+            )
             held = _metric(metrics_port, "strata_hub_read_bytes_held")
             peak = _rss_mib(pid)
             # another tenant, on its own connection, meanwhile
@@ -155,17 +165,18 @@ def test_stalled_streams_of_one_token_hold_its_share_and_another_token_reads_on(
                 started = time.monotonic()
                 got = await _read_whole(hub_pb2_grpc.HubStub(other), blocks_b[0][0], TOKEN_B)
                 took = time.monotonic() - started
+
             # the streams holding a charge stall on their first message and are ended
             # (hub.limits.budget.ReadBudget.send_deadline; their status waits in gRPC core
             # behind that message until the client reads), the waiters take their room
             # in turn, and past --budget-wait the streams still waiting give up
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                stalled = _metric(metrics_port, 'strata_hub_limit_refusals_total{limit="stall"}')
-                if sum(call.done() for call in calls) + stalled >= len(calls):
-                    break
-                await asyncio.sleep(0.2)
+            def ended() -> tuple[float] | None:  # every call ended or stalled
+                nonlocal peak
                 peak = max(peak, _rss_mib(pid))
+                stalled = _metric(metrics_port, 'strata_hub_limit_refusals_total{limit="stall"}')
+                return (stalled,) if sum(c.done() for c in calls) + stalled >= len(calls) else None
+
+            (stalled,) = await eventually_async(ended, "every call ended or stalled", interval=0.2)
             codes: dict[str, int] = {}
             details = []
             for call in calls:

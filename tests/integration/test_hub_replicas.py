@@ -195,7 +195,9 @@ def test_a_publisher_killed_mid_publish_leaves_nothing_visible_and_gc_is_safe(
     )  # fmt: skip
     with Catalog(pg_url) as catalog:
         eventually(lambda: catalog.list_publishes() != [], "a publish staged", 60)
-        time.sleep(0.5)  # well inside the walk: staged entries and stored blocks
+        eventually(  # well inside the walk (7,500 blocks): staged entries and stored blocks
+            lambda: sum(1 for p in blobs.rglob("*") if p.is_file()) >= 500, "blocks stored", 60
+        )
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
         assert [s.version for s in catalog.list_versions("f3")] == ["v1"], "nothing visible"

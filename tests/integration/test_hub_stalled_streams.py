@@ -203,7 +203,8 @@ def test_a_slow_reader_that_keeps_reading_gets_every_byte(data: Path, tmp_path: 
                 started, got = time.monotonic(), 0
                 async for chunk in call:
                     got += len(chunk.data)
-                    await asyncio.sleep(0.4)  # 2.5 MiB/s, a message every 0.4 s
+                    # product interval: a slow reader, 2.5 MiB/s, a message every 0.4 s
+                    await asyncio.sleep(0.4)
                 return got, time.monotonic() - started
 
         got, took = asyncio.run(slowly())
@@ -256,7 +257,7 @@ def test_a_bulk_connection_that_stalls_is_closed_and_a_slow_one_is_served(
                 part = await asyncio.to_thread(slow.recv, 256 * 1024)
                 assert part, f"closed after {got} bytes"
                 got += len(part)
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # product interval: the slow reader's pace
             slow.close()
             return closed_s, refusals, taken, got, time.monotonic() - started
 
@@ -298,7 +299,16 @@ def test_clients_that_cancel_mid_stream_are_counted_cancelled_and_leave_nothing_
                 call.cancel()
                 if i % 2:
                     await channel.close()
-            await asyncio.sleep(0.5)
+            await _until(  # the hub has ended every call and given back what it held
+                lambda: (
+                    _sample(
+                        metrics, "strata_hub_requests_total", method="ReadBlocks", code="CANCELLED"
+                    )
+                    >= 20
+                    and _sample(metrics, "strata_hub_read_bytes_held") == 0
+                ),
+                10,
+            )
 
         asyncio.run(cancelling())
         held = _sample(metrics, "strata_hub_read_bytes_held")

@@ -75,7 +75,7 @@ async def _fill_over_the_link(hub: str, cache_dir: Path, cut: str) -> dict[str, 
             waited = time.monotonic() - started
             left_then = state.bytes_total - state.bytes_resident
             link.cut(cut)
-            await asyncio.sleep(1.0)  # the workload: the link stays cut for a second
+            await asyncio.sleep(1.0)  # product interval: the link stays cut for a second
             link.restore()
             await eventually_async(
                 lambda: state.state == "done", lambda: str(state.public()), 60, 0.05

@@ -234,11 +234,12 @@ def test_grants_minted_by_one_tenant_share_its_allowance_and_memory_stays_bounde
             assert mesh.refusals("limit") - limits0 == grants * per_grant - stalled
             held = y.metric("strata_spoke_peer_held_bytes")
             assert held == stalled * CALL_HOLD_BYTES
-            # Nothing says when gRPC has copied each stalled call's first chunk (the
-            # held-bytes count is charged at admission, before it): each admitted call reads
-            # one SERVE_CHUNK_BYTES chunk in a thread and hands it to gRPC at once, which
-            # takes milliseconds; 2 s leaves a loaded machine a wide margin for the RSS to
-            # show it before the bound is checked.
+            # No condition to wait on: nothing says when gRPC has copied each stalled
+            # call's first chunk (the held-bytes count is charged at admission, before it):
+            # each admitted call reads one SERVE_CHUNK_BYTES chunk in a thread and hands it
+            # to gRPC at once, which takes milliseconds; 2 s leaves a loaded machine a wide
+            # margin for the RSS to show it before the bound is checked (a longer wait only
+            # makes the bound stricter).
             await asyncio.sleep(2)
             rss = _rss(y.proc.pid)  # type: ignore[union-attr]
             assert rss - rss0 < stalled * CALL_HOLD_BYTES + SLACK, (rss0, rss)
@@ -285,7 +286,8 @@ def test_many_tenants_stalling_fill_at_most_the_memory_budget(mesh: Mesh) -> Non
             held = y.metric("strata_spoke_peer_held_bytes")
             assert held == stalled * CALL_HOLD_BYTES <= MEMORY_BUDGET
             assert stalled * CALL_HOLD_BYTES > MEMORY_BUDGET * 3 // 4  # the budget bounded it
-            await asyncio.sleep(2)  # as above: for what the stalled calls hold to show in RSS
+            # no condition to wait on, as above: for what the stalled calls hold to show in RSS
+            await asyncio.sleep(2)
             rss = _rss(y.proc.pid)  # type: ignore[union-attr]
             assert rss - rss0 < MEMORY_BUDGET, (rss0, rss)
             assert rss < RSS_BOUND, (rss0, rss)

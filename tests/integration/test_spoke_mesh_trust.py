@@ -42,7 +42,7 @@ from tests.integration.mesh_support import (
     wait_until,
 )
 from tests.integration.partial_bodies import PartialRequests
-from tests.support import publish
+from tests.support import eventually_async, publish
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -258,10 +258,11 @@ def _rss_kib(pid: int) -> int:
 
 def test_a_refused_call_reads_none_of_its_request(region: Region) -> None:
     """Calls without the region's token, or with it and no grant, are refused before any
-    request byte is asked for: gRPC core holds at most each stream's first window for
-    them, and drops it as the call ends. A request declared over the port's 64 KiB limit
-    is refused as its length arrives. (The probe: a region certificate without a token
-    had 5.1 GiB accepted in 20 s and took the daemon from 95 to 731 MiB.)"""
+    request byte is asked for, the unary Probe as ReadBlocks: gRPC core holds at most each
+    stream's first window for them, and drops it as the call ends. A request declared over
+    the port's 64 KiB limit is refused as its length arrives. (The probe: a region
+    certificate without a token had 5.1 GiB accepted in 20 s and took the daemon from 95
+    to 731 MiB.)"""
     y = region.add("y")
     region.start(y)
     region.wait_live([y], 1)
@@ -284,6 +285,11 @@ def test_a_refused_call_reads_none_of_its_request(region: Region) -> None:
                 caller = PartialRequests(host, int(port), tls)
                 caller.open(path, declared, metadata, count=100)
                 callers.append(caller)
+        # Probe, the unary call, without a token: admitted by its headers too (probedoor;
+        # the fifth probe held 64 KiB on each of 256 x 128 such streams: 68 -> 2,816 MiB)
+        caller = PartialRequests(host, int(port), tls)
+        caller.open("/protocol.spoke.v1.SpokePeer/Probe", 60 << 10, (), count=100)
+        callers.append(caller)
         started = time.monotonic()
         while any(c.open_streams() for c in callers):
             assert time.monotonic() - started < 10, "refused calls left open"
@@ -296,9 +302,11 @@ def test_a_refused_call_reads_none_of_its_request(region: Region) -> None:
     streams = [s for c in callers for s in c.streams.values()]
     assert {s.status for s in streams} == {str(grpc.StatusCode.UNAUTHENTICATED.value[0])}
     assert max(s.sent for s in streams) <= 65_535  # one window: never more was taken
-    assert sum(s.sent for s in streams) < 400 * 65_535
+    assert sum(s.sent for s in streams) < 500 * 65_535
+    refused = {"token": 300, "no_grant": 200}  # Probe asks for no grant
     for reason in before:
-        assert y.metric("strata_spoke_peer_refusals_total", reason=reason) - before[reason] == 200
+        got = y.metric("strata_spoke_peer_refusals_total", reason=reason) - before[reason]
+        assert got == refused[reason], (reason, got)
     taken = sum(s.sent for s in streams)
     print(f"peer port: {len(streams)} refused calls took {taken >> 10} KiB of requests; daemon")
     print(f"  {rest_kib >> 10} -> {peak_kib >> 10} MiB at the peak")
@@ -432,18 +440,20 @@ def test_a_narrowed_token_loses_its_datasets_on_peers_within_a_grant_lifetime(
         keeper.grant = hub_pb2.ReadGrant.FromString(dict(stale)["strata-grant-bin"])
         assert keeper.grant.claims == old
         keeper._usable_until = float("inf")  # (as a dishonest holder would)
-        refused_after = None
-        for _ in range(200):
+
+        async def refused() -> float | None:  # seconds since the narrowing, once y refuses
             try:
                 await peer.read([(mine[2], sizes[mine[2]])])
             except grpc.aio.AioRpcError as err:
                 assert err.code() == grpc.StatusCode.UNAUTHENTICATED
                 assert "expired" in (err.details() or "")
-                refused_after = time.monotonic() - narrowed
-                break
-            await asyncio.sleep(0.1)
+                return time.monotonic() - narrowed
+            return None
+
+        refused_after = await eventually_async(
+            refused, "y refusing the old grant", 20, interval=0.05
+        )
         await peer.close()
-        assert refused_after is not None
         return refused_after
 
     refused_after = asyncio.run(narrow())
