@@ -35,11 +35,14 @@ kind, or a quarter of their share where that is fewer (4 ``ListDirectory`` calls
 :func:`hub.limits.slots.slot_free`): eight tokens at their eighth each, re-opening calls
 as they end, cannot lock the others out.
 
-Stalled clients of one token can hold an eighth of each kind, so about 170 MiB beside its
+Stalled clients of one token can hold an eighth of each kind, so about 60 MiB beside its
 192 MiB of the read budget; of every token together, the read budget's 384 MiB, 55 MiB of
-manifests, 210 MiB of watches and up to 330 + 105 MiB of unary replies, over a serving
-hub's 143 MiB, which leaves the whole only at the 1 GiB limit when every kind is full at
-once from many tokens. Refusals are
+manifests (a page ends past :data:`hub.serve.service.MANIFEST_MESSAGE_BYTES`), 210 MiB of
+watches and up to 100 + 105 MiB of unary replies — twice that for the kinds whose unread
+replies may leave the total, which at most as many as the kind's slots may do at once —
+over a serving hub's 143 MiB: the whole passes the 1 GiB limit only when every kind is full
+at once from many colluding tokens (issue 39's fifth probe, 24 tokens pinning listings of
+4 KB paths in waves: 316 MiB). Refusals are
 :class:`~hub.errors.QuotaExceeded` (``RESOURCE_EXHAUSTED``, ``limit="streams"``), counted
 and audited like the budget's.
 """
@@ -61,9 +64,10 @@ WATCH_STREAMS = 8192
 """Default most ``Watch`` streams open at once (``--max-watch-streams``): a spoke holds one."""
 
 LISTING_CALLS = 128
-"""Most ``ListDirectory`` calls open at once, their replies sent or not: a reply of
-:data:`hub.serve.service.MAX_PAGE_SIZE` (2,000) entries with 250-byte paths is about 2.6 MiB
-held with its protobuf objects until the client reads it, so about 330 MiB at worst."""
+"""Most ``ListDirectory`` calls open at once, their replies sent or not: a page ends past
+:data:`hub.serve.service.LISTING_REPLY_BYTES` (256 KiB) whatever its entries, about 0.8 MiB
+held with gRPC's copies until the client reads it (measured: 12.3 MiB for an uncut 4.1 MB
+reply), so about 100 MiB, and as much again out of the total (:meth:`StreamSlots.unhold`)."""
 
 UNARY_CALLS = 4096
 """Most other unary calls open at once (``ResolveRef``, ``ListVersions``,
@@ -107,6 +111,7 @@ class StreamSlots:
         self.open = 0
         self._open: collections.Counter[str] = collections.Counter()
         self._waiting: collections.Counter[str] = collections.Counter()
+        self.unheld = 0  # slots counted in their tokens' shares only (unhold)
         self._freed = asyncio.Event()  # set (and replaced) whenever a slot is released
         self._penalised: dict[str, float] = {}  # token -> loop time its penalty ends
 
@@ -150,21 +155,37 @@ class StreamSlots:
         self.open += 1
         self._open[name] += 1
 
-    def unhold(self, name: str) -> None:
+    def unhold(self, name: str) -> bool:
         """Stop counting one of ``name``'s slots in the hub's total while it stays counted
         in ``name``'s own share: for a reply its client has not taken within
         :data:`REPLY_S` (a client that never opens its window would otherwise hold a slot
-        of everyone's until it goes away). :meth:`release` with ``held=False`` ends it."""
-        self.open -= 1
+        of everyone's until it goes away). :meth:`release` with ``held=False`` ends it.
+
+        At most :attr:`total` slots are out of the total at once (a second, equal pool): so
+        what unread replies hold stays bounded over every token, however many collude
+        (issue 39's fifth probe: 24 tokens in waves of 8 took the hub to 3.7 GiB when
+        every slot that left the total made room for another). Beyond it the slot stays
+        in the total (its token is penalised all the same).
+
+        Returns:
+            Whether the slot left the total.
+        """
         self._penalised[name] = asyncio.get_running_loop().time() + PENALTY_S
+        if self.unheld >= self.total:
+            return False
+        self.open -= 1
+        self.unheld += 1
         freed, self._freed = self._freed, asyncio.Event()
         freed.set()
+        return True
 
     def release(self, name: str, held: bool = True) -> None:
         """Give back a slot :meth:`acquire` took for ``name`` (``held``: still counted in
         the hub's total, :meth:`unhold`); wakes the waiting."""
         if held:
             self.open -= 1
+        else:
+            self.unheld -= 1
         self._open[name] -= 1
         if not self._open[name]:
             del self._open[name]
@@ -225,8 +246,7 @@ class ReplyHold:
 
     def _unhold(self) -> None:
         if self._held and not self._ended:
-            self._held = False
-            self._slots.unhold(self._name)
+            self._held = not self._slots.unhold(self._name)
 
     def done(self, _: object = None) -> None:
         """The call ended: its slot is given back (once)."""

@@ -45,6 +45,7 @@ def hub_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     base = tmp_path_factory.mktemp("adminhub")
     files = {f"f{i}.bin": bytes([i]) * 1000 for i in range(5)}
     publish(base / "data", "ds", write_tree(base / "src", files))
+    publish(base / "data", "other", write_tree(base / "other", files))
     with ServerThread(base / "data") as hub:
         yield hub.port
 
@@ -382,6 +383,57 @@ def test_a_scoped_admin_token_acts_only_on_its_datasets(tmp_path: Path, hub_port
         records = audit_lines(audit)
         assert any(r["who"].endswith("(team-b)") and r["outcome"] == "403" for r in records)
         assert TEAM_A not in audit.read_text() and TEAM_B not in audit.read_text()
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
+
+
+def test_a_scoped_token_holds_its_share_of_pins_and_the_operator_keeps_a_reserve(
+    tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One team's token cannot use up the spoke's pins (issue 39's fifth probe: team-a's
+    999 pins refused every pin and pinned prewarm of team-b): a scoped token holds at most
+    a quarter on its datasets, and the last eighth is the node-wide token's."""
+    monkeypatch.setattr(admin_module, "MAX_PINS", 4)  # a scoped share of 1, a reserve of 1
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        b = {"Authorization": f"Bearer {TEAM_B}"}
+        for headers, dataset in ((a, "ds"), (b, "other")):
+            pin = await client.post("/v1/pins", json={"dataset": dataset}, headers=headers)
+            assert pin.status_code == 201, pin.text
+        for headers, dataset, who in ((a, "ds", "team-a"), (b, "other", "team-b")):
+            for path, body in (
+                ("/v1/pins", {"dataset": dataset}),
+                ("/v1/prewarm", {"dataset": dataset, "pin": True}),
+            ):
+                refused = await client.post(path, json=body, headers=headers)
+                assert refused.status_code == 429, refused.text
+                assert f"admin token '{who}' holds 1 pins" in refused.json()["detail"]
+        for _ in range(2):  # the operator takes the rest, the reserve included
+            pin = await client.post("/v1/pins", json={"dataset": "ds"}, headers=AUTH)
+            assert pin.status_code == 201, pin.text
+        full = await client.post("/v1/pins", json={"dataset": "ds"}, headers=AUTH)
+        assert full.status_code == 429
+        assert full.json()["detail"] == "4 pins exist; remove some (DELETE /v1/pins/ID)"
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
+
+
+def test_the_operators_reserve_is_kept_from_scoped_tokens(
+    tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admin_module, "MAX_PINS", 2)  # a share of 1 each, a reserve of 1
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        b = {"Authorization": f"Bearer {TEAM_B}"}
+        pin = await client.post("/v1/pins", json={"dataset": "ds"}, headers=a)
+        assert pin.status_code == 201, pin.text
+        refused = await client.post("/v1/pins", json={"dataset": "other"}, headers=b)
+        assert refused.status_code == 429
+        assert "the last 1 of 2 are kept for the node's admin token" in refused.json()["detail"]
+        pin = await client.post("/v1/pins", json={"dataset": "other"}, headers=AUTH)
+        assert pin.status_code == 201, pin.text
 
     run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
 

@@ -16,6 +16,7 @@ from hub.publish.tree import publish
 from hub.serve.config import MAX_MESSAGE_BYTES
 from hub.serve.metrics import HubMetrics
 from hub.serve.serverthread import ServerThread
+from hub.serve.service import LISTING_REPLY_BYTES, MANIFEST_MESSAGE_BYTES
 from hub.snapshot.blocks import MiB, block_digest
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 
@@ -24,6 +25,8 @@ BLOCK = 1000
 BIG_BLOCK = 3 * MiB
 RPC_TIMEOUT = 10.0
 MANY_FILES = 700  # several GetManifest pages
+DEEP_FILES = 600
+DEEP_DIR = "/".join(c * 240 for c in "abcd")  # entries of ~1 KB paths
 
 
 def make_tree(root: Path) -> dict[str, bytes]:
@@ -91,6 +94,11 @@ def hub(tmp_path_factory: pytest.TempPathFactory, metrics: HubMetrics) -> Iterat
     for i in range(MANY_FILES):
         (many / f"f{i:04d}").write_bytes(str(i).encode())
     publish(data, "many", many)
+    deep = base / "deep" / DEEP_DIR
+    deep.mkdir(parents=True)
+    for i in range(DEEP_FILES):
+        (deep / f"f{i:04d}").write_bytes(str(i).encode())
+    publish(data, "deep", base / "deep")
     with ServerThread(data, "127.0.0.1:0", metrics=metrics) as server:
         client = Hub(data, src, files, server.port)
         yield client
@@ -284,6 +292,37 @@ def test_manifest_comes_in_pages_when_asked(hub: Hub) -> None:
     assert all(not e.more for m in messages for e in m.more)
     plain = hub_pb2.GetManifestRequest(dataset="many", ref="v1")
     assert len(list(hub.stub.GetManifest(plain, timeout=RPC_TIMEOUT))) == MANY_FILES
+
+
+def test_pages_of_long_entries_end_by_their_bytes_and_lose_none(hub: Hub) -> None:
+    """A ListDirectory page ends past LISTING_REPLY_BYTES and a GetManifest page past
+    MANIFEST_MESSAGE_BYTES whatever ``page_size`` asks (entries of 1 KB paths here): what a
+    reply its client does not read holds stays bounded (issue 39's fifth probe: a 4.1 MB
+    listing held 12 MiB), and the pages still give every entry once, in order."""
+    names = [f"f{i:04d}" for i in range(DEEP_FILES)]
+    listed: list[str] = []
+    pages, token = 0, ""
+    while True:
+        page = hub.stub.ListDirectory(
+            hub_pb2.ListDirectoryRequest(
+                dataset="deep", ref="v1", path=DEEP_DIR, page_size=2000, page_token=token
+            ),
+            timeout=RPC_TIMEOUT,
+        )
+        pages += 1
+        assert page.ByteSize() < LISTING_REPLY_BYTES + 4096  # the cut, plus one entry
+        listed += [e.path.rpartition("/")[2] for e in page.entries]
+        token = page.next_page_token
+        if not token:
+            break
+    assert listed == names and pages >= 3  # 600 entries of ~1 KB: three pages or more
+    request = hub_pb2.GetManifestRequest(dataset="deep", ref="v1")
+    paths = [e.path for e in hub.stub.GetManifest(request, timeout=RPC_TIMEOUT)]
+    assert paths[-DEEP_FILES:] == [f"{DEEP_DIR}/{n}" for n in names]
+    packed = hub_pb2.GetManifestRequest(dataset="deep", ref="v1", page_entries=512)
+    messages = list(hub.stub.GetManifest(packed, timeout=RPC_TIMEOUT))
+    assert [e.path for m in messages for e in (m, *m.more)] == paths
+    assert max(m.ByteSize() for m in messages) < MANIFEST_MESSAGE_BYTES + 4096
 
 
 def test_concurrent_streams(hub: Hub) -> None:

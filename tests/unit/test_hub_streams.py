@@ -127,6 +127,35 @@ def test_a_reply_left_unread_stops_holding_the_total_but_not_its_tokens_share() 
     asyncio.run(go())
 
 
+def test_slots_out_of_the_total_are_a_pool_of_the_total_at_most() -> None:
+    """Unread replies leave the hub's total at most ``total`` at a time: colluding tokens
+    in waves (issue 39's fifth probe: 24 tokens, 3.7 GiB) cannot grow what unread replies
+    hold past twice the kind's slots; beyond the pool a slot stays in the total."""
+
+    async def go() -> None:
+        slots = StreamSlots("ListDirectory", "LISTING_CALLS", 16)
+        waves = [[f"w{w}t{t}" for t in range(16)] for w in range(2)]  # a slot each
+        for name in waves[0]:
+            await slots.acquire(name)
+        assert slots.open == slots.total
+        assert all([slots.unhold(name) for name in waves[0]]) and slots.open == 0
+        assert slots.unheld == slots.total
+        third = waves[1][0]
+        await slots.acquire(third)
+        assert slots.unhold(third) is False  # the pool is full: it stays in the total
+        assert slots.open == 1 and slots.unheld == slots.total
+        slots.release(waves[0][0], held=False)  # one unread reply's client goes away
+        assert slots.unheld == slots.total - 1
+        fourth = waves[1][1]
+        await slots.acquire(fourth)
+        assert slots.unhold(fourth) is True  # room in the pool again
+        slots.release(third)
+        slots.release(fourth, held=False)
+        assert slots.open == 0 and slots.unheld == slots.total - 1
+
+    asyncio.run(go())
+
+
 def test_a_waiting_stream_gets_the_slot_freed_and_times_out_without_one() -> None:
     async def go() -> None:
         slots = StreamSlots("GetManifest", "--max-manifest-streams", TOKEN_SHARE, wait_s=5)

@@ -158,11 +158,63 @@ def sample(name: str) -> float:
     return 0.0 if value is None else value
 
 
-def pin_room(context: AdminContext) -> None:
-    """Refuse a new pin when :attr:`AdminContext.max_pins` exist.
+SCOPED_SHARE = 4
+"""A scoped admin token may hold at most 1/``SCOPED_SHARE`` of the spoke's pins and running
+prewarm jobs on its datasets (issue 39's fifth probe: one team's token made 999 pins and
+every other team's pin and pinned prewarm was refused 429)."""
+
+OPERATOR_RESERVE = 8
+"""The last 1/``OPERATOR_RESERVE`` of the pins and running jobs (at least one) are kept for
+the node-wide token: scoped tokens together cannot lock the operator out."""
+
+
+def _tenant_room(caller: Caller, total: int, mine: int, limit: int, what: str, full: str) -> None:
+    """Refuse ``caller`` one more of ``what`` when ``total`` exist of at most ``limit``
+    (``full`` says so), or, for a scoped token, when it holds its share (``mine`` on its
+    datasets) or the rest is the operator's reserve."""
+    if total >= limit:
+        raise LimitReached(full)
+    if caller.operator:
+        return
+    share, reserve = max(1, limit // SCOPED_SHARE), max(1, limit // OPERATOR_RESERVE)
+    if mine >= share:
+        raise LimitReached(
+            f"admin token {caller.name!r} holds {mine} {what} on its datasets, the most a "
+            f"scoped token may ({share} of {limit}); remove some"
+        )
+    if total >= limit - reserve:
+        raise LimitReached(
+            f"{total} {what} exist here; the last {reserve} of {limit} are kept for the "
+            "node's admin token"
+        )
+
+
+def pin_room(context: AdminContext, caller: Caller = OPERATOR) -> None:
+    """Refuse a new pin when :attr:`AdminContext.max_pins` exist, or, for a scoped token,
+    when it holds its share (:data:`SCOPED_SHARE`) or only the operator's reserve is left
+    (:data:`OPERATOR_RESERVE`).
 
     Raises:
-        LimitReached: the limit is reached.
+        LimitReached: a limit is reached.
     """
-    if len(context.pins.all()) >= context.max_pins:
-        raise LimitReached(f"{context.max_pins} pins exist; remove some (DELETE /v1/pins/ID)")
+    pins = context.pins.all()
+    mine = sum(1 for pin in pins if caller.may(pin.dataset))
+    full = f"{len(pins)} pins exist; remove some (DELETE /v1/pins/ID)"
+    _tenant_room(caller, len(pins), mine, context.max_pins, "pins", full)
+
+
+def job_room(context: AdminContext, caller: Caller = OPERATOR) -> None:
+    """Refuse a new prewarm job when :attr:`AdminContext.max_running_jobs` run, or, for a
+    scoped token, when its datasets' jobs are its share or only the reserve is left.
+
+    Raises:
+        LimitReached: a limit is reached.
+    """
+    running = [job for job in context.jobs.all() if job.state == "running"]
+    mine = sum(1 for job in running if caller.may(job.dataset))
+    limit = context.max_running_jobs
+    full = (
+        f"{len(running)} prewarm jobs are running (at most {limit}); "
+        "wait for one or cancel it (DELETE /v1/jobs/ID)"
+    )
+    _tenant_room(caller, len(running), mine, limit, "running prewarm jobs", full)

@@ -11,7 +11,7 @@ from spoke.serve.routes.context import (
     CallerOf,
     Context,
     Globs,
-    LimitReached,
+    job_room,
     pin_room,
     require,
     v1_router,
@@ -35,16 +35,10 @@ class PrewarmRequest(BaseModel):
 async def prewarm(body: PrewarmRequest, context: Context, caller: CallerOf) -> dict[str, object]:
     """Start fetching a snapshot's files into the cache; returns the job."""
     require(caller, body.dataset)
-    jobs = context.jobs
-    running = sum(1 for j in jobs.all() if j.state == "running")
-    if running >= context.max_running_jobs:
-        raise LimitReached(
-            f"{running} prewarm jobs are running (at most {context.max_running_jobs}); "
-            "wait for one or cancel it (DELETE /v1/jobs/ID)"
-        )
+    job_room(context, caller)
     if body.pin:
-        pin_room(context)
-    job = await jobs.start(body.dataset, body.ref, body.paths, body.pin)
+        pin_room(context, caller)
+    job = await context.jobs.start(body.dataset, body.ref, body.paths, body.pin)
     return job.public()
 
 

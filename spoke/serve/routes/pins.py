@@ -33,7 +33,7 @@ class PinRequest(BaseModel):
 async def add_pin(body: PinRequest, context: Context, caller: CallerOf) -> dict[str, object]:
     """Pin files of a snapshot (their blocks stay cached once fetched)."""
     require(caller, body.dataset)
-    pin_room(context)
+    pin_room(context, caller)
     jobs = context.jobs
     snapshot, globs, _, blocks = await jobs.resolve(body.dataset, body.ref, body.paths)
     jobs.check_pin_room(f"{body.dataset}@{body.ref}", blocks, body.dataset)
