@@ -10,12 +10,14 @@ every block request in one way named by ``how``:
 - ``flipped``: every block asked for, read from the hub, its first byte flipped (the
   right length, the wrong bytes: a digest check is all that catches it).
 
-Tests import it from here (tests may import bench; bench never imports tests).
+:func:`memory` reads what the victim daemon holds meanwhile. Tests import it from here
+(tests may import bench; bench never imports tests).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Literal
 
 from protocol.hub.v1 import hub_pb2
@@ -96,3 +98,13 @@ class Liar(peer_pb2_grpc.SpokePeerServicer):
                     )
         finally:
             await hub.close()
+
+
+def memory(pid: int) -> tuple[int, int]:
+    """Resident and peak resident memory of ``pid`` (``VmRSS``, ``VmHWM``), bytes."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            fields[name] = int(value.split()[0]) * 1024
+    return fields["VmRSS"], fields["VmHWM"]

@@ -29,7 +29,7 @@ import grpc
 import grpc.aio
 import httpx
 
-from bench.liars import Liar
+from bench.liars import Liar, memory
 from deploy.local import LocalStack, admin_headers, free_port, publish, stop_process
 from deploy.pki import region_flags
 from protocol.hub.v1 import hub_pb2
@@ -51,16 +51,6 @@ class Result:
     liar_sent_bytes: int
     outcome: str
     read_s: float
-
-
-def _memory(pid: int) -> tuple[int, int]:
-    """``VmRSS`` and ``VmHWM`` of ``pid``, bytes."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            fields[name] = int(value.split()[0]) * 1024
-    return fields["VmRSS"], fields["VmHWM"]
 
 
 def _serve(liar: Liar, node: str, flags: dict[str, str], stop: asyncio.Event) -> threading.Event:
@@ -127,7 +117,7 @@ def run(work: Path, size: int, seconds: float) -> Result:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the mesh did not form")
                 time.sleep(0.05)
-            before, _ = _memory(proc.pid)
+            before, _ = memory(proc.pid)
             socket = f"unix:{CacheLayout(cache).socket_path}"
             options = [("grpc.max_receive_message_length", 256 * MiB)]
             ref = hub_pb2.BlockRef(digest=block_digest(data), size=size)
@@ -141,7 +131,7 @@ def run(work: Path, size: int, seconds: float) -> Result:
                 except grpc.RpcError as err:
                     outcome = err.code().name
             read_s = time.monotonic() - started
-            after, peak = _memory(proc.pid)
+            after, peak = memory(proc.pid)
         finally:
             stop_process(proc)
     return Result(size, before, after, peak, liar.sent, outcome, read_s)

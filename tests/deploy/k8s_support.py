@@ -131,6 +131,12 @@ def rendered(root: Path, overlay: str) -> list[Obj]:
 
 # -- mount propagation, played with Linux mount namespaces ------------------------------
 
+needs_namespaces = pytest.mark.skipif(
+    shutil.which("unshare") is None or shutil.which("nsenter") is None,
+    reason="needs unshare and nsenter (util-linux)",
+)
+"""For modules whose tests play pods with :func:`play_pods`."""
+
 PROPAGATION = {
     "Bidirectional": "--make-rshared",
     "HostToContainer": "--make-rslave",

@@ -12,7 +12,6 @@ running. With the plugin's mode taken as ``None`` instead, the check fails."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,12 @@ from tests.deploy.k8s_support import (
     by_key,
     copy_tree,
     host_path_propagation,
+    needs_namespaces,
     play_pods,
     rendered,
 )
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("unshare") is None or shutil.which("nsenter") is None,
-    reason="needs unshare and nsenter (util-linux)",
-)
+pytestmark = needs_namespaces
 
 # $1 the node's directory; $2 the spoke's mode for the mount root; $3 and $4 the plugin's
 # for the mount root and the pods directory. Runs in a private mount namespace of its own.

@@ -14,7 +14,6 @@ With the spoke's mode taken as ``None`` instead, the new pod never sees the moun
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -26,14 +25,12 @@ from tests.deploy.k8s_support import (
     by_key,
     copy_tree,
     host_path_propagation,
+    needs_namespaces,
     play_pods,
     rendered,
 )
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("unshare") is None or shutil.which("nsenter") is None,
-    reason="needs unshare and nsenter (util-linux)",
-)
+pytestmark = needs_namespaces
 
 # $1 the node's directory; $2 the spoke's mode for /mnt/strata; $3 the plugin's; $4 the
 # new spoke pod's init container command, as rendered, with /mnt/strata as $N/mnt-strata

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.liars import Liar
+from bench.liars import Liar, memory
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
 from spoke.disk.layout import block_digest
@@ -31,16 +31,6 @@ RSS_BOUND = 512 << 20
 MISS_DEADLINE_S = 60.0  # the region's spokes' --miss-deadline
 STEP_S = 2.0  # the victim's --peer-timeout
 TRICKLE_S = 1.5  # between two one-byte chunks: within STEP_S, far below the pace
-
-
-def _rss(pid: int) -> tuple[int, int]:
-    """Resident and peak resident memory of ``pid``, bytes (/proc/PID/status)."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            fields[name] = int(value.split()[0]) * 1024
-    return fields["VmRSS"], fields["VmHWM"]
 
 
 @pytest.mark.parametrize("how", ["flood", "longer", "shorter", "other size"])
@@ -66,7 +56,7 @@ def test_a_peer_lying_about_a_blocks_length_is_cut_off(tmp_path: Path, how: str)
             blocks = manifest_blocks(victim)
             assert blocks == [(block_digest(data), SIZE)]
             assert read_all(victim, blocks) == SIZE  # the right bytes, from the hub
-            rss, peak = _rss(victim.proc.pid)
+            rss, peak = memory(victim.proc.pid)
             assert liar.sent > 0  # it was asked, and answered
             assert victim.metric("strata_spoke_peer_errors_total", kind="lying") == 1
             assert victim.stats()["mesh"]["peers"][fake.node]["live"] is False  # quarantined
