@@ -166,6 +166,17 @@ starts a pod's namespace (killed on exit), ``in_pod PID CMD`` runs in it, ``wait
 waits for it, ``check GOT WANTED WHAT`` ends the play with ``FAIL: WHAT`` unless equal."""
 
 
+def pod_play(arguments: str, body: str) -> str:
+    """A play's script: ``set -eu``, ``arguments`` (the line naming ``$1`` as ``N``, the
+    node's directory, and the rest), :data:`POD_FUNCTIONS`, a tmpfs on ``$N``, ``body``."""
+    return f'set -eu\n{arguments}\n{POD_FUNCTIONS}mount -t tmpfs node "$N"\n{body}'
+
+
+def gpu_region(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], Obj]:
+    """The gpu-region overlay as rendered, by (kind, namespace, name)."""
+    return by_key(rendered(copy_tree(tmp_path_factory.mktemp("deploy")), "gpu-region"))
+
+
 def play_pods(tmp_path: Path, script: str, *args: str) -> str:
     """Run ``script`` (``sh``, given ``tmp_path/node`` as ``$1`` and ``args`` after it)
     in a private mount namespace of its own, so nothing reaches this machine's mounts;

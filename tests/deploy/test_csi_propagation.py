@@ -16,31 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.k8s_support import (
-    POD_FUNCTIONS,
-    PROPAGATION,
-    Obj,
-    by_key,
-    copy_tree,
-    host_path_propagation,
-    needs_namespaces,
-    play_pods,
-    rendered,
-)
+from tests.deploy import k8s_support as k8s
 
-pytestmark = needs_namespaces
+pytestmark = k8s.needs_namespaces
 
 # $1 the node's directory; $2 the spoke's mode for the mount root; $3 and $4 the plugin's
 # for the mount root and the pods directory. Runs in a private mount namespace of its own.
-SCRIPT = (
-    r"""
-set -eu
-N=$1; SPOKE_ROOT=$2; CSI_ROOT=$3; CSI_PODS=$4
-"""
-    + POD_FUNCTIONS
-    + r"""
-mount -t tmpfs node "$N"
-mkdir -p "$N/mnt-strata/data" "$N/pods/uid/volumes/v"
+SCRIPT = k8s.pod_play(
+    "N=$1; SPOKE_ROOT=$2; CSI_ROOT=$3; CSI_PODS=$4",
+    r"""mkdir -p "$N/mnt-strata/data" "$N/pods/uid/volumes/v"
 # the node's own directories are shared, as on a systemd host
 for d in mnt-strata pods; do mount --bind "$N/$d" "$N/$d"; mount --make-shared "$N/$d"; done
 
@@ -75,19 +59,19 @@ in_pod "$spoke" "mount $SPOKE_ROOT '$N/mnt-strata' && mount -t tmpfs spoke-2 '$N
 check "$(in_pod "$csi" "cat '$N/mnt-strata/data/v2/f'" 2>&1)" two \
     "the plugin sees a new spoke's mount"
 echo OK
-"""
+""",
 )
 
 
 @pytest.fixture(scope="module")
 def modes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
     """The mountPropagation of the node directories each pod shares, as rendered."""
-    objects = by_key(rendered(copy_tree(tmp_path_factory.mktemp("deploy")), "gpu-region"))
+    objects = k8s.gpu_region(tmp_path_factory)
 
     def mode(daemonset: str, container: str, host_path: str) -> str | None:
-        pod: Obj = objects[("DaemonSet", "strata", daemonset)]["spec"]["template"]["spec"]
+        pod: k8s.Obj = objects[("DaemonSet", "strata", daemonset)]["spec"]["template"]["spec"]
         (one,) = [c for c in pod["containers"] if c["name"] == container]
-        return host_path_propagation(pod, one, host_path)
+        return k8s.host_path_propagation(pod, one, host_path)
 
     return {
         "spoke_root": mode("strata-spoke", "spoke", "/mnt/strata"),
@@ -99,8 +83,8 @@ def modes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
 def _play(
     tmp_path: Path, spoke_root: str | None, csi_root: str | None, csi_pods: str | None
 ) -> str:
-    modes = (PROPAGATION[spoke_root], PROPAGATION[csi_root], PROPAGATION[csi_pods])
-    return play_pods(tmp_path, SCRIPT, *modes)
+    modes = (k8s.PROPAGATION[spoke_root], k8s.PROPAGATION[csi_root], k8s.PROPAGATION[csi_pods])
+    return k8s.play_pods(tmp_path, SCRIPT, *modes)
 
 
 def test_the_manifests_modes_keep_mounts_and_binds(

@@ -18,31 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.k8s_support import (
-    POD_FUNCTIONS,
-    PROPAGATION,
-    Obj,
-    by_key,
-    copy_tree,
-    host_path_propagation,
-    needs_namespaces,
-    play_pods,
-    rendered,
-)
+from tests.deploy import k8s_support as k8s
 
-pytestmark = needs_namespaces
+pytestmark = k8s.needs_namespaces
 
 # $1 the node's directory; $2 the spoke's mode for /mnt/strata; $3 the plugin's; $4 the
 # new spoke pod's init container command, as rendered, with /mnt/strata as $N/mnt-strata
-SCRIPT = (
-    r"""
-set -eu
-N=$1; SPOKE_ROOT=$2; CSI_ROOT=$3; INIT=$4
-"""
-    + POD_FUNCTIONS
-    + r"""
-mount -t tmpfs node "$N"
-mkdir -p "$N/mnt-strata/data"
+SCRIPT = k8s.pod_play(
+    "N=$1; SPOKE_ROOT=$2; CSI_ROOT=$3; INIT=$4",
+    r"""mkdir -p "$N/mnt-strata/data"
 mount --bind "$N/mnt-strata" "$N/mnt-strata"; mount --make-shared "$N/mnt-strata"
 
 csi=$(pod); pids="$pids $csi"; wait_ns "$csi"
@@ -62,7 +46,7 @@ check "$(cat "$N/mnt-strata/data/f" 2>&1)" one "the node keeps the mount"
 check "$(in_pod "$new" "cat '$N/mnt-strata/data/f'" 2>&1)" one "the new pod keeps the mount"
 check "$(in_pod "$csi" "cat '$N/mnt-strata/data/f'" 2>&1)" one "the plugin keeps the mount"
 echo OK
-"""
+""",
 )
 
 
@@ -70,14 +54,14 @@ echo OK
 def pods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
     """The spoke's and the plugin's propagation of /mnt/strata, and the spoke's init
     container's command, as rendered."""
-    objects = by_key(rendered(copy_tree(tmp_path_factory.mktemp("deploy")), "gpu-region"))
+    objects = k8s.gpu_region(tmp_path_factory)
 
-    def spec(daemonset: str) -> Obj:
-        pod: Obj = objects[("DaemonSet", "strata", daemonset)]["spec"]["template"]["spec"]
+    def spec(daemonset: str) -> k8s.Obj:
+        pod: k8s.Obj = objects[("DaemonSet", "strata", daemonset)]["spec"]["template"]["spec"]
         return pod
 
-    def mode(pod: Obj, container: Obj) -> str | None:
-        return host_path_propagation(pod, container, "/mnt/strata")
+    def mode(pod: k8s.Obj, container: k8s.Obj) -> str | None:
+        return k8s.host_path_propagation(pod, container, "/mnt/strata")
 
     spoke, csi = spec("strata-spoke"), spec("strata-spoke-csi")
     (init,) = spoke["initContainers"]
@@ -91,7 +75,7 @@ def pods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
 
 def _play(tmp_path: Path, spoke: str | None, csi: str | None, init: str) -> str:
     init = init.replace("/mnt/strata", f"{tmp_path / 'node'}/mnt-strata")
-    return play_pods(tmp_path, SCRIPT, PROPAGATION[spoke], PROPAGATION[csi], init)
+    return k8s.play_pods(tmp_path, SCRIPT, k8s.PROPAGATION[spoke], k8s.PROPAGATION[csi], init)
 
 
 def test_the_old_pods_mount_outlives_it_for_the_new_pod(
