@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import grpc.aio
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -26,6 +27,7 @@ from deploy.local import free_port
 from hub.auth.grants import GrantIssuer
 from hub.auth.tokens import Principal
 from protocol.hub.v1 import hub_pb2
+from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
@@ -210,5 +212,60 @@ def test_a_region_reading_the_same_blocks_at_once_is_served_through_relays(
         finally:
             for spoke in spokes:
                 await spoke.stop()
+
+    asyncio.run(go())
+
+
+class Stall(peer_pb2_grpc.SpokePeerServicer):
+    """A relay that answers probes and never sends a block."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+
+    async def Probe(self, request: object, context: object) -> peer_pb2.ProbeResponse:
+        return peer_pb2.ProbeResponse(node=self.node)
+
+    async def ReadBlocks(
+        self, request_iterator: object, context: object
+    ) -> AsyncIterator[hub_pb2.BlockChunk]:
+        await asyncio.sleep(3600)  # product interval: the stall itself (never sends)
+        yield hub_pb2.BlockChunk()
+
+
+def test_what_a_stalled_relay_does_not_send_comes_from_the_owner_not_the_hub(
+    tmp_path: Path,
+) -> None:
+    blocks = _blocks(6)
+
+    async def go() -> None:
+        owner_node, asker_node, stall_node = (f"127.0.0.1:{free_port()}" for _ in range(3))
+        stall = grpc.aio.server()
+        peer_pb2_grpc.add_SpokePeerServicer_to_server(Stall(stall_node), stall)  # type: ignore[no-untyped-call]
+        stall.add_insecure_port(stall_node)
+        await stall.start()
+        owner_hub, asker_hub = Hub(blocks, 0.0), Hub(blocks, 0.0)
+        owner_ = Spoke(tmp_path / "owner", owner_node, owner_hub)
+        asker = Spoke(tmp_path / "asker", asker_node, asker_hub)
+        await owner_.start([owner_node, asker_node])
+        await asker.start([owner_node, asker_node, stall_node])
+        try:
+            await asker.membership.refresh()
+            assert len(asker.membership.nodes) == 3
+            asker.source.step_timeout = 0.5
+            asker.source.relay_for = lambda digest: stall_node  # type: ignore[method-assign]
+            mine = [
+                (d, len(b)) for d, b in blocks.items() if asker.membership.owner(d) == owner_node
+            ]
+            assert mine
+            with asker.source.relaying([d for d, _ in mine]):  # as a relay asked for them
+                got = {d: b async for d, b in asker.source.read_blocks(mine, 30, Priority.DEMAND)}
+            assert got == {d: blocks[d] for d, _ in mine}
+            assert not asker_hub.sent  # the stalled relay's blocks came from the owner
+            assert dict(owner_hub.sent) == dict.fromkeys(got, 1)
+            assert stall_node not in asker.membership.nodes  # quarantined, as a silent peer
+        finally:
+            await asker.stop()
+            await owner_.stop()
+            await stall.stop(0)
 
     asyncio.run(go())
