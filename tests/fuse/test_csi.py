@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -409,6 +410,59 @@ def test_a_restarted_plugin_keeps_what_it_published(plugin: Plugin) -> None:
         node.NodeUnpublishVolume(
             csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-restart", target_path=str(target))
         )
+    assert not target.exists()
+
+
+def test_a_plugin_rolled_under_eight_readers_fails_none_of_their_reads(plugin: Plugin) -> None:
+    """A CSI plugin rollout under readers (issue 44's target: 0 failed reads): eight
+    threads hold files of a published volume open and read them round and round while the
+    plugin that published it stops and a new one starts on the same socket and state; the
+    bind is the kernel's, so no read waits on the plugin. The new plugin publishes the same
+    volume again (idempotent) and unpublishes it after the readers stop."""
+    tmp = plugin.pods.parent
+    target = target_of(plugin, "pod-roll")
+    with plugin_process(tmp, plugin.mount, name="roll") as (_, node, _state):
+        node.NodePublishVolume(request("vol-roll", target, dataset="demo", ref="v2"))
+    files = sorted(p for p in plugin.src["v2"].rglob("*") if p.is_file() and not p.is_symlink())
+    want = {p.relative_to(plugin.src["v2"]): p.read_bytes() for p in files}
+    stop, errors, reads = threading.Event(), [], [0] * 8
+
+    def read(i: int) -> None:
+        names = list(want)
+        handles = {
+            n: (target / n).open("rb") for n in names[i % len(names) :] + names[: i % len(names)]
+        }
+        try:
+            while not stop.is_set():
+                for name, handle in handles.items():
+                    handle.seek(0)
+                    if handle.read() != want[name]:
+                        errors.append(f"reader {i}: wrong bytes in {name}")
+                    reads[i] += 1
+        except OSError as err:
+            errors.append(f"reader {i}: {err}")
+        finally:
+            for handle in handles.values():
+                handle.close()
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(8)]
+    for thread in readers:
+        thread.start()
+    try:
+        eventually(lambda: min(reads) > 0, "every reader reading")
+        before = sum(reads)
+        with plugin_process(tmp, plugin.mount, name="roll") as (_, node, _state):
+            eventually(lambda: sum(reads) > before + 8 * len(want), "reads through the roll")
+            node.NodePublishVolume(request("vol-roll", target, dataset="demo", ref="v2"))
+            stop.set()
+            for thread in readers:
+                thread.join(timeout=30)
+            node.NodeUnpublishVolume(
+                csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-roll", target_path=str(target))
+            )
+    finally:
+        stop.set()
+    assert errors == [] and min(reads) > 0, errors[:5]
     assert not target.exists()
 
 
