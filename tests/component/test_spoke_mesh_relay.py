@@ -74,8 +74,12 @@ class Hub:
 
 
 class GrantingHub:
+    def __init__(self, principal: Principal = EVERYTHING) -> None:
+        self.principal = principal
+
     async def issue_grant(self, holder_key: bytes, node: str) -> hub_pb2.ReadGrant:
-        return ISSUER.issue(EVERYTHING, hub_pb2.IssueGrantRequest(holder_key=holder_key, node=node))
+        request = hub_pb2.IssueGrantRequest(holder_key=holder_key, node=node)
+        return ISSUER.issue(self.principal, request)
 
 
 def _blocks(n: int) -> dict[str, bytes]:
@@ -267,5 +271,41 @@ def test_what_a_stalled_relay_does_not_send_comes_from_the_owner_not_the_hub(
             await asker.stop()
             await owner_.stop()
             await stall.stop(0)
+
+    asyncio.run(go())
+
+
+def test_a_relay_serves_only_what_the_callers_grant_covers(tmp_path: Path) -> None:
+    blocks = _blocks(3)
+    sized = [(d, len(b)) for d, b in blocks.items()]
+
+    async def go() -> None:
+        relay_node, asker_node = (f"127.0.0.1:{free_port()}" for _ in range(2))
+        relay_hub = Hub(blocks, 0.0)
+        relay = Spoke(tmp_path / "relay", relay_node, relay_hub)
+        await relay.start([relay_node])  # holds the snapshot, of "ds"
+        try:
+            for principal, served in (
+                (Principal("tok-other", ("other*",)), False),
+                (EVERYTHING, True),
+            ):
+                keeper = GrantKeeper(GrantingHub(principal), asker_node)  # type: ignore[arg-type]
+                await keeper.fetch()
+                client = PeerClient(relay_node, grants=keeper)
+                declined: list[str] = []
+                got = [
+                    b
+                    async for b in client.read_blocks(
+                        sized, "demand", 10, 5, on_declined=declined.extend, relay=True
+                    )
+                ]
+                await client.close()
+                if served:
+                    assert dict(got) == blocks and not declined
+                else:  # outside the grant: declined, and nothing fetched for it
+                    assert got == [] and sorted(declined) == sorted(blocks)
+                    assert not relay_hub.sent
+        finally:
+            await relay.stop()
 
     asyncio.run(go())
