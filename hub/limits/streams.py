@@ -37,7 +37,7 @@ as they end, cannot lock the others out.
 
 Stalled clients of one token can hold an eighth of each kind, so about 60 MiB beside its
 192 MiB of the read budget; of every token together, the read budget's 384 MiB, 55 MiB of
-manifests (a page ends past :data:`hub.serve.service.MANIFEST_MESSAGE_BYTES`), 210 MiB of
+manifests (a page ends past :data:`hub.serve.wire.MANIFEST_MESSAGE_BYTES`), 210 MiB of
 watches and up to 100 + 105 MiB of unary replies — twice that for the kinds whose unread
 replies may leave the total, which at most as many as the kind's slots may do at once —
 over a serving hub's 143 MiB: the whole passes the 1 GiB limit only when every kind is full

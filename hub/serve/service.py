@@ -63,7 +63,7 @@ from hub.serve.wire import (
     decode_page_token,
     encode_page_token,
     entry_message,
-    pack_repeated,
+    manifest_messages,
     snapshot_message,
     status_code,
     tag_message,
@@ -74,10 +74,6 @@ from hub.store.blobstore import BlobStore
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 
 logger = logging.getLogger(__name__)
-
-
-MANIFEST_PAGE_ENTRIES = 256
-"""Manifest entries read per worker-thread call while streaming GetManifest."""
 
 
 DEFAULT_PAGE_SIZE = 1000
@@ -94,12 +90,6 @@ then hold fewer than ``page_size``, as AIP-158 allows; the page token goes on fr
 there): what an unread reply holds does not grow with its entries' paths and block lists
 (issue 39's fifth probe: 1,120 entries of 3.6 KB paths made a 4.1 MB reply, 12 MiB held
 unread)."""
-
-
-MANIFEST_MESSAGE_BYTES = 96 * 1024
-"""A ``GetManifest`` catalog page is cut once its entries pass this many serialized bytes,
-so a stream holds at most about two such pages (the one being sent and the one read
-ahead), whatever its entries' paths and block lists."""
 
 
 _AUDITED_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
@@ -286,7 +276,9 @@ class HubService(hub_pb2_grpc.HubServicer):
         await self._manifest_slots.acquire(principal.name)
         hold = ReplyHold(self._manifest_slots, principal.name)
         try:
-            async for message in self._manifest_messages(request, principal):
+            snapshot = await self._resolve(principal, request.dataset, request.ref)
+            messages = manifest_messages(self._catalog, snapshot.snapshot_id, request.page_entries)
+            async for message in messages:
                 hold.arm()
                 try:
                     yield message  # returns once gRPC has taken it
@@ -294,53 +286,6 @@ class HubService(hub_pb2_grpc.HubServicer):
                     hold.disarm()
         finally:
             hold.done()
-
-    async def _manifest_messages(
-        self, request: hub_pb2.GetManifestRequest, principal: Principal
-    ) -> AsyncIterator[bytes]:
-        """A snapshot's manifest in path order, one catalog page at a time.
-
-        Each page (at most :data:`MANIFEST_PAGE_ENTRIES` entries, cut past
-        :data:`MANIFEST_MESSAGE_BYTES`) is read, converted and serialized in a worker thread
-        (the event loop only sends), while the next page is read ahead. With
-        ``page_entries`` the page goes as messages of that many entries
-        (:func:`pack_repeated`, at most 1 MiB each).
-        """
-        snapshot = await self._resolve(principal, request.dataset, request.ref)
-
-        packed = request.page_entries > 0
-
-        def page_at(start: int) -> tuple[int, list[bytes], bool]:
-            entries = self._catalog.manifest_page(
-                snapshot.snapshot_id, start, MANIFEST_PAGE_ENTRIES
-            )
-            messages, size = [], 0
-            for entry in entries:  # at least one; the page ends past MANIFEST_MESSAGE_BYTES
-                if size >= MANIFEST_MESSAGE_BYTES:
-                    break
-                messages.append(entry_message(entry).SerializeToString())
-                size += len(messages[-1])
-            more = len(messages) < len(entries) or len(entries) == MANIFEST_PAGE_ENTRIES
-            if packed:
-                field = hub_pb2.ManifestEntry.MORE_FIELD_NUMBER
-                return len(messages), pack_repeated(messages, field, request.page_entries), more
-            return len(messages), messages, more
-
-        start = 0
-        pending = asyncio.ensure_future(asyncio.to_thread(page_at, start))
-        try:
-            while True:
-                count, page, more = await pending
-                start += count
-                if more:
-                    pending = asyncio.ensure_future(asyncio.to_thread(page_at, start))
-                for message in page:
-                    yield message
-                if not more:
-                    return
-        finally:
-            if not pending.done():
-                pending.cancel()
 
     @_unary
     async def ListDirectory(

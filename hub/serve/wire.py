@@ -10,15 +10,16 @@ message and are counted. :mod:`hub.serve.service` uses all of them.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import struct
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
 
-from hub.catalog import Snapshot, Tag
+from hub.catalog import Catalog, Snapshot, Tag
 from hub.catalog.events import Event, EventKind
 from hub.errors import (
     AlreadyExists,
@@ -355,3 +356,59 @@ def decode_page_token(token: str) -> tuple[int, str]:
     if version == 0 or not name or "/" in name:
         raise InvalidArgument("malformed page token")
     return version, name
+
+
+MANIFEST_PAGE_ENTRIES = 256
+"""Manifest entries read per worker-thread call while streaming ``GetManifest``."""
+
+MANIFEST_MESSAGE_BYTES = 96 * 1024
+"""A ``GetManifest`` catalog page is cut once its entries pass this many serialized bytes,
+so a stream holds at most about two such pages (the one being sent and the one read
+ahead), whatever its entries' paths and block lists (issue 39's fifth probe)."""
+
+
+async def manifest_messages(
+    catalog: Catalog, snapshot_id: str, page_entries: int = 0
+) -> AsyncIterator[bytes]:
+    """A snapshot's manifest in path order as serialized ``ManifestEntry`` messages, one
+    catalog page at a time.
+
+    Each page (at most :data:`MANIFEST_PAGE_ENTRIES` entries, cut past
+    :data:`MANIFEST_MESSAGE_BYTES`) is read, converted and serialized in a worker thread
+    (the event loop only sends), while the next page is read ahead. With ``page_entries``
+    the page goes as messages of that many entries (:func:`pack_repeated`, at most 1 MiB
+    each).
+
+    Raises:
+        SnapshotNotFound: no live manifest is stored under ``snapshot_id``.
+    """
+
+    def page_at(start: int) -> tuple[int, list[bytes], bool]:
+        entries = catalog.manifest_page(snapshot_id, start, MANIFEST_PAGE_ENTRIES)
+        messages, size = [], 0
+        for entry in entries:  # at least one; the page ends past MANIFEST_MESSAGE_BYTES
+            if size >= MANIFEST_MESSAGE_BYTES:
+                break
+            messages.append(entry_message(entry).SerializeToString())
+            size += len(messages[-1])
+        more = len(messages) < len(entries) or len(entries) == MANIFEST_PAGE_ENTRIES
+        if page_entries > 0:
+            field = hub_pb2.ManifestEntry.MORE_FIELD_NUMBER
+            return len(messages), pack_repeated(messages, field, page_entries), more
+        return len(messages), messages, more
+
+    start = 0
+    pending = asyncio.ensure_future(asyncio.to_thread(page_at, start))
+    try:
+        while True:
+            count, page, more = await pending
+            start += count
+            if more:
+                pending = asyncio.ensure_future(asyncio.to_thread(page_at, start))
+            for message in page:
+                yield message
+            if not more:
+                return
+    finally:
+        if not pending.done():
+            pending.cancel()

@@ -16,7 +16,8 @@ from hub.publish.tree import publish
 from hub.serve.config import MAX_MESSAGE_BYTES
 from hub.serve.metrics import HubMetrics
 from hub.serve.serverthread import ServerThread
-from hub.serve.service import LISTING_REPLY_BYTES, MANIFEST_MESSAGE_BYTES
+from hub.serve.service import LISTING_REPLY_BYTES
+from hub.serve.wire import MANIFEST_MESSAGE_BYTES
 from hub.snapshot.blocks import MiB, block_digest
 from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
 
