@@ -12,33 +12,39 @@ sets it). Needs root, podman, runc, mmdebstrap and /dev/fuse.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import time
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from bench.handover import READERS, Readers
+from deploy.containers import (
+    container,
+    hub_serving,
+    podman,
+    running,
+    shared_mount,
+    spoke_args,
+    spoke_command,
+    wait_until,
+)
 from deploy.image import BASE, base_digest, build, ulimit_args
 from deploy.imagerun import REPO
 from deploy.local import free_port
 from deploy.wheels import LOCKS, PROJECT, normalize, read_locks
 from spoke.disk.layout import CacheLayout
-from spoke.disk.mountinfo import is_mounted, lazy_unmount
+from spoke.disk.mountinfo import is_mounted
 from spoke.run.processes import read_pid
 from spoke.run.supervisor import mount_processes
 from tests.support import eventually, make_tree, requires_fuse, spoke_metric, tree_digests
 
-HUB_UID = 10001
 BLOCK = 65_536
 pytestmark = [
     pytest.mark.slow,
@@ -51,12 +57,6 @@ pytestmark = [
     ),
     requires_fuse,
 ]
-
-
-def _podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["podman", *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_image_installs_exactly_the_lock_and_says_what_it_is(image: str) -> None
     """Every package requirements.lock pins is in the image at the lock's version, and
     nothing else is (issue 27: the image held an fsspec/s3fs newer than the lock); the
     OCI labels name the version, the commit, the build time, the source and the base."""
-    listed = _podman(
+    listed = podman(
         "run", "--rm", "--network=none", *ulimit_args(), image,
         "python3", "-m", "pip", "list", "--format=json",
     )  # fmt: skip
@@ -84,7 +84,7 @@ def test_image_installs_exactly_the_lock_and_says_what_it_is(image: str) -> None
     }
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert installed[PROJECT] == project["version"]
-    inspected = _podman("image", "inspect", "--format", "{{json .Labels}}", image)
+    inspected = podman("image", "inspect", "--format", "{{json .Labels}}", image)
     labels = json.loads(inspected.stdout)
     oci = "org.opencontainers.image."
     assert labels[oci + "version"] == project["version"]
@@ -98,95 +98,6 @@ def test_image_installs_exactly_the_lock_and_says_what_it_is(image: str) -> None
     assert labels[oci + "base.digest"] == base_digest(BASE)
 
 
-@contextlib.contextmanager
-def container(name: str, image: str, *args: str, command: list[str]) -> Iterator[str]:
-    """``podman run -d`` on the host network; stopped (SIGTERM, 20 s) and removed after."""
-    _podman("rm", "-f", name)
-    started = _podman(
-        "run", "-d", "--name", name, "--network=host", *ulimit_args(), *args, image, *command
-    )
-    assert started.returncode == 0, started.stderr
-    try:
-        yield name
-    finally:
-        _podman("stop", "-t", "20", name, timeout=60)
-        logs = _podman("logs", name).stderr
-        _podman("rm", "-f", name)
-        print(f"--- {name} ---\n{logs[-3000:]}")
-
-
-def _running(name: str) -> bool:
-    state = _podman("inspect", "--format", "{{.State.Running}}", name)
-    return state.stdout.strip() == "true"
-
-
-def _wait(cond: object, name: str, what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert _running(name), f"container {name} exited before {what}"
-        assert time.monotonic() < deadline, f"{what}: not after {timeout:.0f} s"
-        time.sleep(0.25)
-
-
-@contextlib.contextmanager
-def shared_mount(path: Path) -> Iterator[Path]:
-    """``path`` bind-mounted on itself and made shared, as a node's /mnt/strata is: the
-    spoke's rshared volume needs a shared mount on the host side."""
-    path.mkdir(parents=True)
-    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
-    try:
-        subprocess.run(["mount", "--make-shared", str(path)], check=True)
-        yield path
-    finally:
-        if is_mounted(path / "data"):  # a spoke that did not stop cleanly
-            lazy_unmount(path / "data")
-        subprocess.run(["umount", "--lazy", str(path)], check=True)
-
-
-@contextlib.contextmanager
-def hub_serving(image: str, tmp_path: Path, src: Path, name: str) -> Iterator[int]:
-    """``src`` published as ``demo`` v1 (64 KiB blocks) by a hub container, then served by
-    one on 127.0.0.1 (host network); yields its port."""
-    hub_dir = tmp_path / "hub"
-    hub_dir.mkdir()
-    os.chown(hub_dir, HUB_UID, HUB_UID)  # the image's user, as fsGroup does in Kubernetes
-    hub_volume = f"{hub_dir}:/var/lib/strata/hub"
-    published = _podman(
-        "run", "--rm", "--network=host", *ulimit_args(), "-v", hub_volume,
-        "-v", f"{src}:/src:ro", image,
-        "strata-hub", "publish", "--data-dir=/var/lib/strata/hub", f"--block-size={BLOCK}",
-        "demo", "/src",
-    )  # fmt: skip
-    assert published.returncode == 0 and published.stdout.strip() == "v1", published.stderr
-    hub_port = free_port()
-    hub_command = [
-        "strata-hub", "serve", "--data-dir=/var/lib/strata/hub",
-        f"--listen=127.0.0.1:{hub_port}", "--port-file=/var/lib/strata/hub/port",
-    ]  # fmt: skip
-    with container(f"{name}-hub", image, "-v", hub_volume, command=hub_command) as hub:
-        _wait(lambda: (hub_dir / "port").exists(), hub, "the hub listens")
-        yield hub_port
-
-
-def spoke_args(cache: Path, root: Path) -> tuple[str, ...]:
-    """How the DaemonSet runs the spoke: privileged, root, /dev/fuse, ``root`` (a shared
-    mount) as /mnt/strata with rshared propagation, and --pid=host (the DaemonSet's
-    hostPID, which the preStop drain needs; here also: the pid files name host pids)."""
-    return (
-        "--privileged", "--user=0", "--device=/dev/fuse", "--pid=host",
-        "-v", f"{cache}:/var/lib/strata/cache", "-v", f"{root}:/mnt/strata:rshared",
-    )  # fmt: skip
-
-
-def spoke_command(hub_port: int, admin_port: int, *extra: str) -> list[str]:
-    return [
-        "strata-spoke", "run", f"--hub=127.0.0.1:{hub_port}",
-        "--cache-dir=/var/lib/strata/cache", "--cache-size=64MiB",
-        "--mount=/mnt/strata/data", f"--admin=127.0.0.1:{admin_port}", "--allow-other",
-        *extra,
-    ]  # fmt: skip
-
-
 @pytest.mark.timeout(1800)
 def test_hub_and_spoke_containers_serve_files(image: str, tmp_path: Path) -> None:
     src, cache = tmp_path / "src", tmp_path / "cache"
@@ -194,7 +105,7 @@ def test_hub_and_spoke_containers_serve_files(image: str, tmp_path: Path) -> Non
     make_tree(src)
     name = f"strata-test-{os.getpid()}"
     with (
-        hub_serving(image, tmp_path, src, name) as hub_port,
+        hub_serving(image, tmp_path, src, name, block_size=BLOCK) as hub_port,
         shared_mount(tmp_path / "root") as root,
     ):
         (root / "data").mkdir()
@@ -203,7 +114,7 @@ def test_hub_and_spoke_containers_serve_files(image: str, tmp_path: Path) -> Non
         command = spoke_command(hub_port, admin_port)
         args = spoke_args(cache, root)
         with container(f"{name}-spoke", image, *args, command=command) as spoke:
-            _wait(lambda: is_mounted(root / "data"), spoke, "the mount reaches the host")
+            wait_until(lambda: is_mounted(root / "data"), spoke, "the mount reaches the host")
             assert tree_digests(root / "data" / "demo" / "v1") == tree_digests(src)
             assert (root / "data" / "demo" / "latest").resolve().name == "v1"
             ready = httpx.get(f"http://127.0.0.1:{admin_port}/readyz", timeout=10)
@@ -212,9 +123,9 @@ def test_hub_and_spoke_containers_serve_files(image: str, tmp_path: Path) -> Non
             drain = ["exec", spoke, "python3", "-m", "deploy.drain", "--mount=/mnt/strata/data"]
             with open(root / "data" / "demo" / "v1" / "big.bin", "rb") as held:
                 held.read(10)
-                busy = _podman(*drain, "--timeout=0.5", "--interval=0.1")
+                busy = podman(*drain, "--timeout=0.5", "--interval=0.1")
             assert busy.returncode == 1 and f"pid {os.getpid()} " in busy.stderr, busy.stderr
-            idle = _podman(*drain, "--timeout=0")
+            idle = podman(*drain, "--timeout=0")
             assert idle.returncode == 0 and "is idle" in idle.stderr, idle.stderr
         assert not is_mounted(root / "data"), "a stopped spoke container unmounts"
 
@@ -234,21 +145,21 @@ def test_the_image_carries_libfuse_3_17_and_the_patched_pyfuse3_and_no_compiler(
     linked to libfuse >= 3.17 (not Debian 12's 3.14), the sources' hashes beside it, and
     nothing of the build (compiler, meson, headers) left in the runtime."""
     run = ("run", "--rm", "--network=none", *ulimit_args(), image)
-    checked = _podman(*run, "python3", "-c", NATIVE_CHECK)
+    checked = podman(*run, "python3", "-c", NATIVE_CHECK)
     assert checked.returncode == 0, checked.stderr
     module = checked.stdout.strip()
-    linked = _podman(*run, "ldd", module)
+    linked = podman(*run, "ldd", module)
     assert linked.returncode == 0, linked.stderr
     lib = re.search(r"libfuse3\.so\.\S+ => (\S+)", linked.stdout)
     assert lib is not None and lib.group(1).startswith("/opt/strata-native/"), linked.stdout
-    real = _podman(*run, "readlink", "-f", lib.group(1)).stdout.strip()
+    real = podman(*run, "readlink", "-f", lib.group(1)).stdout.strip()
     version = re.fullmatch(r".*/libfuse3\.so\.(\d+)\.(\d+)\.\d+", real)
     assert version is not None and (int(version[1]), int(version[2])) >= (3, 17), real
-    sources = _podman(*run, "cat", "/opt/strata-native/SOURCES").stdout
+    sources = podman(*run, "cat", "/opt/strata-native/SOURCES").stdout
     assert re.search(r"^[0-9a-f]{64}  fuse3_3\.\d+\S*\.dsc$", sources, re.M), sources
     assert re.search(r"^[0-9a-f]{64}  pyfuse3-\S+\.tar\.gz$", sources, re.M), sources
     tools = "cc gcc c++ meson ninja pkg-config dpkg-source cython"
-    found = _podman(*run, "sh", "-c", f"for t in {tools}; do command -v $t; done; ls /usr/include")
+    found = podman(*run, "sh", "-c", f"for t in {tools}; do command -v $t; done; ls /usr/include")
     assert found.stdout.strip() == "", found.stdout
 
 
@@ -281,7 +192,7 @@ def test_a_spoke_container_reads_by_passthrough_and_hands_its_mount_over(
     _readers_tree(src)
     name = f"strata-test-pt-{os.getpid()}"
     with (
-        hub_serving(image, tmp_path, src, name) as hub_port,
+        hub_serving(image, tmp_path, src, name, block_size=BLOCK) as hub_port,
         shared_mount(tmp_path / "root") as root,
     ):
         (root / "data").mkdir()
@@ -290,13 +201,13 @@ def test_a_spoke_container_reads_by_passthrough_and_hands_its_mount_over(
         # one mount process first: the counters the passthrough check reads are its own
         command = spoke_command(hub_port, free_port(), "--mount-workers=1")
         with container(f"{name}-spoke", image, *args, command=command) as spoke:
-            _wait(lambda: is_mounted(mnt), spoke, "the mount reaches the host")
+            wait_until(lambda: is_mounted(mnt), spoke, "the mount reaches the host")
             unchecked = _passthrough_reads(mnt, src)
         assert not is_mounted(mnt), "a stopped spoke container unmounts"
         # then a spoke on the same (warm) cache with WORKERS mount processes
         command = spoke_command(hub_port, free_port(), f"--mount-workers={WORKERS}")
         with container(f"{name}-spoke", image, *args, command=command) as spoke:
-            _wait(lambda: is_mounted(mnt), spoke, "the mount reaches the host")
+            wait_until(lambda: is_mounted(mnt), spoke, "the mount reaches the host")
             assert unchecked or _xattr(mnt, "passthrough") == "on"
             _hand_over_under_readers(mnt, src, cache, spoke)
         assert not is_mounted(mnt), "a stopped spoke container unmounts"
@@ -375,6 +286,6 @@ def _hand_over_under_readers(mnt: Path, src: Path, cache: Path, spoke: str) -> N
     print(f"hand-over in the container: {readers.reads} reads, longest {readers.longest:.3f} s")
     assert readers.longest < 10  # the 2 s target is measured by bench.handover, not here
     assert spoke_metric(cache, "strata_spoke_mount_restarts_total") == 0  # never remounted
-    assert _running(spoke)
+    assert running(spoke)
     v1 = mnt / "demo" / "v1"
     assert (v1 / "big0.bin").read_bytes() == (src / "big0.bin").read_bytes()  # a new open
