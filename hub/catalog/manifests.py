@@ -24,20 +24,38 @@ from hub.snapshot.manifest import (
 )
 from hub.snapshot.names import validate_digest
 
+BLOCK_WIRE_BYTES = 42
+"""About what one block costs in a ``ManifestEntry`` message: a ``BlockRef`` of a
+32-character hex digest and a size, framed."""
+
+
+def entry_wire_bytes(entry: ManifestEntry) -> int:
+    """About how many bytes ``entry`` takes as a ``ManifestEntry`` message, without encoding
+    it: its path and symlink target, its blocks (:data:`BLOCK_WIRE_BYTES` each) and 32 for
+    the rest (the hub's replies are cut by this, ``hub/serve``)."""
+    text = len(entry.path.encode()) + len(entry.symlink_target.encode())
+    return 32 + text + BLOCK_WIRE_BYTES * len(entry.blocks)
+
 
 class ManifestsMixin(CatalogBase):
     """The manifest-reading methods of :class:`~hub.catalog.Catalog`."""
 
-    def manifest_page(self, snapshot_id: str, start: int, limit: int) -> list[ManifestEntry]:
+    def manifest_page(
+        self, snapshot_id: str, start: int, limit: int, max_bytes: int | None = None
+    ) -> list[ManifestEntry]:
         """Reads a run of manifest entries in path order, in one read transaction.
 
         Args:
             snapshot_id: The snapshot's id.
             start: Index (in path order) of the first entry to return.
             limit: Maximum number of entries to return.
+            max_bytes: Stop once the entries read reach this many bytes as messages
+                (:func:`entry_wire_bytes`; at least one entry is read): a caller that cuts
+                its pages by bytes decodes each entry once, not once per page it skips.
 
         Returns:
-            Up to ``limit`` entries; fewer (possibly none) at the manifest's end.
+            Up to ``limit`` entries; fewer (possibly none) at the manifest's end or past
+            ``max_bytes``.
 
         Raises:
             InvalidDigest: ``snapshot_id`` is malformed.
@@ -53,10 +71,14 @@ class ManifestsMixin(CatalogBase):
             cursor = txn.cursor(db=self._db[b"manifests"])
             if not cursor.set_range(prefix + U64.pack(start)):
                 return entries
+            size = 0
             for key, value in cursor:
                 if not key.startswith(prefix) or len(entries) >= limit:
                     break
+                if max_bytes is not None and size >= max_bytes:
+                    break
                 entries.append(decode_entry(value))
+                size += entry_wire_bytes(entries[-1])
             return entries
 
     def iter_manifest(
@@ -81,7 +103,12 @@ class ManifestsMixin(CatalogBase):
             start += len(page)
 
     def list_directory(
-        self, snapshot_id: str, path: str, after: str = "", limit: int = 1000
+        self,
+        snapshot_id: str,
+        path: str,
+        after: str = "",
+        limit: int = 1000,
+        max_bytes: int | None = None,
     ) -> tuple[list[ManifestEntry], bool]:
         """Lists one directory of a snapshot through the ``dirs`` index, in name order.
 
@@ -93,6 +120,8 @@ class ManifestsMixin(CatalogBase):
             path: The directory, relative to the snapshot root; ``""`` is the root.
             after: Return only children whose name sorts after this one (paging).
             limit: Maximum number of children to return, at least 1.
+            max_bytes: Stop once the children read reach this many bytes as messages
+                (:func:`entry_wire_bytes`; at least one is read), more following.
 
         Returns:
             The children (full manifest entries) and whether more follow.
@@ -120,6 +149,7 @@ class ManifestsMixin(CatalogBase):
             cursor = txn.cursor(db=dirs)
             start = prefix + after.encode("utf-8")
             children: list[ManifestEntry] = []
+            size = 0
             if not cursor.set_range(start):
                 return children, False
             for key, value in cursor:
@@ -127,12 +157,13 @@ class ManifestsMixin(CatalogBase):
                     return children, False
                 if after and key == start:
                     continue
-                if len(children) == limit:
+                if len(children) == limit or (max_bytes is not None and size >= max_bytes):
                     return children, True
                 entry = txn.entry(manifest, value)
                 if split_path(entry.path)[0] != path:
                     raise CorruptCatalog(f"directory index of {snapshot_id} is inconsistent")
                 children.append(entry)
+                size += entry_wire_bytes(entry)
             return children, False
 
     def manifest_digest(self, snapshot_id: str) -> str:

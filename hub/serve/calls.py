@@ -18,6 +18,7 @@ import grpc
 
 from hub.auth.tokens import Principal
 from hub.errors import Unauthenticated
+from hub.limits.replies import ReplyBytes
 from hub.limits.streams import ReplyHold, StreamSlots
 from hub.serve.metrics import HubMetrics
 from hub.serve.wire import Oversize
@@ -30,6 +31,8 @@ class _Service(Protocol):
     """What the wrappers use of the servicer."""
 
     _metrics: HubMetrics
+
+    _reply_bytes: ReplyBytes
 
     def _unary_slots(self, method: str) -> StreamSlots: ...
 
@@ -67,6 +70,10 @@ def _unary(
             hold = ReplyHold(slots, principal.name)
             context.add_done_callback(hold.done)
             response = await method(self, request, principal)
+            # its bytes are charged until the call is done (limits.replies)
+            replies, who = self._reply_bytes, principal.name
+            charge = replies.take(who, response.ByteSize())  # type: ignore[attr-defined]
+            context.add_done_callback(lambda _: replies.release(who, charge))
             hold.arm()  # the reply is the client's to take now
         except asyncio.CancelledError:
             self.count(name, grpc.StatusCode.CANCELLED)

@@ -43,6 +43,7 @@ from hub.errors import (
     VersionRevoked,
 )
 from hub.limits.budget import ReadBudget
+from hub.limits.replies import ReplyBytes
 from hub.limits.streams import (
     LISTING_CALLS,
     MANIFEST_STREAMS,
@@ -156,6 +157,7 @@ class HubService(hub_pb2_grpc.HubServicer):
             "GetManifest", "--max-manifest-streams", manifest_streams, wait_s
         )
         self._watch_slots = StreamSlots("Watch", "--max-watch-streams", watch_streams)
+        self._reply_bytes = ReplyBytes()
         self._listing_slots = StreamSlots(
             "ListDirectory", "hub.limits.streams.LISTING_CALLS", LISTING_CALLS
         )
@@ -280,9 +282,11 @@ class HubService(hub_pb2_grpc.HubServicer):
             messages = manifest_messages(self._catalog, snapshot.snapshot_id, request.page_entries)
             async for message in messages:
                 hold.arm()
+                charge = self._reply_bytes.take(principal.name, len(message))
                 try:
                     yield message  # returns once gRPC has taken it
                 finally:
+                    self._reply_bytes.release(principal.name, charge)
                     hold.disarm()
         finally:
             hold.done()
@@ -307,15 +311,14 @@ class HubService(hub_pb2_grpc.HubServicer):
         else:
             snapshot = await self._resolve(principal, request.dataset, request.ref)
         entries, more = await asyncio.to_thread(
-            self._catalog.list_directory, snapshot.snapshot_id, request.path, after, limit
+            self._catalog.list_directory,
+            snapshot.snapshot_id,
+            request.path,
+            after,
+            limit,
+            LISTING_REPLY_BYTES,  # at least one entry; each decoded once
         )
-        messages, size = [], 0
-        for entry in entries:  # at least one; the page ends past LISTING_REPLY_BYTES
-            if size >= LISTING_REPLY_BYTES:
-                more = True
-                break
-            messages.append(entry_message(entry))
-            size += messages[-1].ByteSize()
+        messages = [entry_message(entry) for entry in entries]
         token = ""
         if more:
             number = int(snapshot.version[1:])

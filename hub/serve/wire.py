@@ -384,14 +384,11 @@ async def manifest_messages(
     """
 
     def page_at(start: int) -> tuple[int, list[bytes], bool]:
-        entries = catalog.manifest_page(snapshot_id, start, MANIFEST_PAGE_ENTRIES)
-        messages, size = [], 0
-        for entry in entries:  # at least one; the page ends past MANIFEST_MESSAGE_BYTES
-            if size >= MANIFEST_MESSAGE_BYTES:
-                break
-            messages.append(entry_message(entry).SerializeToString())
-            size += len(messages[-1])
-        more = len(messages) < len(entries) or len(entries) == MANIFEST_PAGE_ENTRIES
+        entries = catalog.manifest_page(
+            snapshot_id, start, MANIFEST_PAGE_ENTRIES, MANIFEST_MESSAGE_BYTES
+        )  # at least one; each entry decoded once (the probe's paging by bytes was quadratic)
+        messages = [entry_message(entry).SerializeToString() for entry in entries]
+        more = bool(entries)  # a page cut by bytes may end anywhere: the end is an empty page
         if page_entries > 0:
             field = hub_pb2.ManifestEntry.MORE_FIELD_NUMBER
             return len(messages), pack_repeated(messages, field, page_entries), more
