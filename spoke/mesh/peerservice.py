@@ -32,6 +32,7 @@ memory, charged its size while it is.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
@@ -68,6 +69,7 @@ __all__ = [
     "CALL_HOLD_BYTES",
     "PENDING_HOLD_BYTES",
     "PROBE_CALLS",
+    "PROBE_CALLS_PER_HOST",
     "REQUEST_WAIT_S",
     "SERVE_CHUNK_BYTES",
     "PeerService",
@@ -86,7 +88,18 @@ of 8 snapshots) is about 12 KB, and gRPC core opens a stream's window to the len
 message declares only within this limit (beyond it the call is refused as the length
 arrives), so a request still arriving holds at most the one window every stream has."""
 
+PROBE_CALLS_PER_HOST = PROBE_CALLS // 8
+"""Most ``Probe`` calls open at once from one host (issue 39's sixth probe: one region-token
+holder's window-0 calls held all :data:`PROBE_CALLS`, every honest probe was refused and
+the region's spokes dropped this one from the mesh). A spoke probes each peer every few
+seconds, one call at a time."""
+
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _host_of(peer: str) -> str:
+    """The host of a gRPC peer string (``ipv4:10.0.0.7:5000`` -> ``ipv4:10.0.0.7``)."""
+    return peer.rpartition(":")[0] or peer
 
 
 class PeerService(peer_pb2_grpc.SpokePeerServicer):
@@ -132,6 +145,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         self.gate = PeerGate(verifier, scope, token, self.limits, self.refusals, self.memory)
         self.blocks = PeerBlocks(cache, scheduler, source)
         self.probing = 0  # Probe calls not done yet (their replies may wait unread)
+        self._probing_by: collections.Counter[str] = collections.Counter()  # by host
 
     async def _abort(
         self, context: grpc.aio.ServicerContext[Any, Any], refused: PeerRefused
@@ -156,20 +170,24 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         :data:`PROBE_CALLS` calls at once, each counted from here until gRPC reports it done
         (its request may be arriving, its reply may wait unread). A refused call is counted
         and audited by the gate and ended at once; gRPC core drops what arrives for it."""
+        host = _host_of(context.peer())
         try:
             self.gate.authorize(self._authorization(context), context.peer(), "peer Probe")
-            if self.probing >= PROBE_CALLS:
+            mine = self._probing_by[host]
+            if self.probing >= PROBE_CALLS or mine >= PROBE_CALLS_PER_HOST:
                 self.gate.refuse(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     "limit",
-                    f"{self.probing} Probe calls are open here, the most this peer port takes",
+                    f"{self.probing} Probe calls are open here ({mine} from {host}), the "
+                    f"most this peer port takes ({PROBE_CALLS}, {PROBE_CALLS_PER_HOST} a host)",
                     context.peer(),
                     "peer Probe",
                 )
         except PeerRefused as refused:
             await self._abort(context, refused)
         self.probing += 1
-        context.add_done_callback(self._probe_done)
+        self._probing_by[host] += 1
+        context.add_done_callback(lambda _: self._probe_done(host))
 
     async def Probe(
         self,
@@ -180,8 +198,11 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         its request was read)."""
         return peer_pb2.ProbeResponse(node=self.node, cached_blocks=len(self.cache))
 
-    def _probe_done(self, _: object) -> None:
+    def _probe_done(self, host: str) -> None:
         self.probing -= 1
+        self._probing_by[host] -= 1
+        if self._probing_by[host] <= 0:
+            del self._probing_by[host]
 
     async def ReadBlocks(
         self,

@@ -42,7 +42,12 @@ from spoke.mesh.grantcheck import GrantVerifier
 from spoke.mesh.grants import GrantKeeper, HubGrantKeys
 from spoke.mesh.membership import Membership
 from spoke.mesh.peerclient import PeerClient
-from spoke.mesh.peerservice import PROBE_CALLS, PeerService, start_peer_server
+from spoke.mesh.peerservice import (
+    PROBE_CALLS,
+    PROBE_CALLS_PER_HOST,
+    PeerService,
+    start_peer_server,
+)
 from spoke.mesh.rendezvous import owner
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import PeerTls, PeerToken
@@ -466,7 +471,7 @@ def test_probe_calls_are_counted_until_done_and_capped(tmp_path: Path) -> None:
     done); with the count at the cap, the next is refused RESOURCE_EXHAUSTED."""
     blocks = _blocks(2)
 
-    async def go() -> grpc.StatusCode:
+    async def go() -> tuple[grpc.StatusCode, grpc.StatusCode, grpc.StatusCode]:
         owner_ = Owner(tmp_path / "owner", FakeHub(blocks), blocks)
         await owner_.start()
         try:
@@ -481,8 +486,20 @@ def test_probe_calls_are_counted_until_done_and_capped(tmp_path: Path) -> None:
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await stub.Probe(peer_pb2.ProbeRequest(), timeout=10)
                 service.probing = 0
-                return refused.value.code()
+                # one host's share (the sixth probe: one host's unread calls held them all)
+                service._probing_by["ipv4:127.0.0.1"] = PROBE_CALLS_PER_HOST
+                with pytest.raises(grpc.aio.AioRpcError) as one_host:
+                    await stub.Probe(peer_pb2.ProbeRequest(), timeout=10)
+                service._probing_by["ipv4:127.0.0.1"] = PROBE_CALLS_PER_HOST - 1
+                await stub.Probe(peer_pb2.ProbeRequest(), timeout=10)  # under it: answered
+                await eventually_async(
+                    lambda: service._probing_by["ipv4:127.0.0.1"] == PROBE_CALLS_PER_HOST - 1,
+                    "the answered Probe given back",
+                )
+                del service._probing_by["ipv4:127.0.0.1"]
+                return refused.value.code(), one_host.value.code(), grpc.StatusCode.OK
         finally:
             await owner_.stop()
 
-    assert asyncio.run(go()) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    total, host, under = asyncio.run(go())
+    assert total == host == grpc.StatusCode.RESOURCE_EXHAUSTED and under == grpc.StatusCode.OK
