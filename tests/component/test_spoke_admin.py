@@ -33,6 +33,7 @@ from spoke.serve import admin as admin_module
 from spoke.serve.admin import create_app
 from spoke.serve.adminguard import MAX_BODIES_BYTES, MAX_BODY_BYTES, AdminGuard
 from spoke.serve.admintokens import ScopedTokens
+from spoke.serve.routes import hints as hint_routes
 from spoke.upkeep.pins import PinRegistry
 from tests.integration.hub_support import write_tree
 
@@ -436,6 +437,34 @@ def test_the_operators_reserve_is_kept_from_scoped_tokens(
         assert pin.status_code == 201, pin.text
 
     run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
+
+
+def test_a_scoped_token_holds_its_share_of_hint_streams(
+    tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One team's token cannot install every hint stream (the sixth probe: team-a's 64
+    streams refused team-b's with 400): a scoped token holds a quarter on its datasets."""
+    monkeypatch.setattr(hint_routes, "MAX_STREAMS", 8)  # a share of 2, a reserve of 1
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        b = {"Authorization": f"Bearer {TEAM_B}"}
+
+        def hint(dataset: str, stream: str) -> dict[str, object]:
+            return {"dataset": dataset, "stream": stream, "paths": ["f0.bin"]}
+
+        for stream in ("a0", "a1"):
+            posted = await client.post("/v1/hints", json=hint("ds", stream), headers=a)
+            assert posted.status_code == 202, posted.text
+        refused = await client.post("/v1/hints", json=hint("ds", "a2"), headers=a)
+        assert refused.status_code == 429, refused.text
+        assert "'team-a' holds 2 hint streams" in refused.json()["detail"]
+        again = await client.post("/v1/hints", json=hint("ds", "a1"), headers=a)
+        assert again.status_code == 202, again.text  # its own stream, posted again
+        posted = await client.post("/v1/hints", json=hint("other", "b0"), headers=b)
+        assert posted.status_code == 202, posted.text
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path), hinted=True)
 
 
 def test_a_scoped_token_cannot_take_over_another_teams_hint_stream(

@@ -168,10 +168,15 @@ OPERATOR_RESERVE = 8
 the node-wide token: scoped tokens together cannot lock the operator out."""
 
 
-def _tenant_room(caller: Caller, total: int, mine: int, limit: int, what: str, full: str) -> None:
+def tenant_room(caller: Caller, total: int, mine: int, limit: int, what: str, full: str) -> None:
     """Refuse ``caller`` one more of ``what`` when ``total`` exist of at most ``limit``
     (``full`` says so), or, for a scoped token, when it holds its share (``mine`` on its
-    datasets) or the rest is the operator's reserve."""
+    datasets) or the rest is the operator's reserve: pins, running prewarm jobs and hint
+    streams alike.
+
+    Raises:
+        LimitReached: a limit is reached.
+    """
     if total >= limit:
         raise LimitReached(full)
     if caller.operator:
@@ -200,7 +205,7 @@ def pin_room(context: AdminContext, caller: Caller = OPERATOR) -> None:
     pins = context.pins.all()
     mine = sum(1 for pin in pins if caller.may(pin.dataset))
     full = f"{len(pins)} pins exist; remove some (DELETE /v1/pins/ID)"
-    _tenant_room(caller, len(pins), mine, context.max_pins, "pins", full)
+    tenant_room(caller, len(pins), mine, context.max_pins, "pins", full)
 
 
 def job_room(context: AdminContext, caller: Caller = OPERATOR) -> None:
@@ -217,4 +222,4 @@ def job_room(context: AdminContext, caller: Caller = OPERATOR) -> None:
         f"{len(running)} prewarm jobs are running (at most {limit}); "
         "wait for one or cancel it (DELETE /v1/jobs/ID)"
     )
-    _tenant_room(caller, len(running), mine, limit, "running prewarm jobs", full)
+    tenant_room(caller, len(running), mine, limit, "running prewarm jobs", full)

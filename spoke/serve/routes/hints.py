@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, ValidationError
 from spoke.cache.hintplan import HintPlan, PlanBuilder
 from spoke.catalog.selection import MAX_GLOB_CHARS, hint_plan
 from spoke.errors import InvalidRequest, NotFound
+from spoke.prefetch.hints import MAX_STREAMS
 from spoke.serve.admintokens import Caller
 from spoke.serve.routes.context import (
     NAME,
@@ -20,6 +21,7 @@ from spoke.serve.routes.context import (
     Context,
     NotYours,
     require,
+    tenant_room,
     v1_router,
 )
 
@@ -81,12 +83,17 @@ async def post_hints(request: Request, context: Context, caller: CallerOf) -> di
     hints = context.hints
     if hints is None:
         raise InvalidRequest("this spoke was started without hint support")
-    for installed in hints.status():  # a stream another team's datasets read is theirs
+    streams = hints.status()
+    for installed in streams:  # a stream another team's datasets read is theirs
         if installed.stream == body.stream and not _may_see(caller, installed.source):
             raise NotYours(
                 f"hint stream {body.stream!r} reads datasets admin token {caller.name!r} "
                 "may not act on: name a stream of your own"
             )
+    if all(installed.stream != body.stream for installed in streams):  # a new stream
+        mine = sum(1 for installed in streams if _may_see(caller, installed.source))
+        full = f"{len(streams)} hint streams are installed already"
+        tenant_room(caller, len(streams), mine, MAX_STREAMS, "hint streams", full)
     catalog = context.catalog
     snapshot = await catalog.resolve_ref(body.dataset, body.ref)
     manifest = await catalog.manifest(body.dataset, snapshot.version)
