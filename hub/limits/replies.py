@@ -48,6 +48,23 @@ class ReplyBytes:
         """Charged bytes of ``name``'s waiting replies."""
         return self._held[name]
 
+    def check(self, name: str) -> None:
+        """Refuse a call of ``name``'s before its reply is built when its share or the
+        hub's total is spent already (building a reply of a large entry costs as much as
+        holding it).
+
+        Raises:
+            QuotaExceeded: ``name`` holds its share, or every token together the total.
+        """
+        mine = self._held[name]
+        if mine >= self.per_token or self.held >= self.total:
+            raise QuotaExceeded(
+                "replies",
+                f"replies waiting for their clients hold {self.held} bytes at this hub "
+                f"({mine} for token {name}), at most {self.per_token} a token and "
+                f"{self.total} in all: read the replies already sent, or retry",
+            )
+
     def take(self, name: str, size: int) -> int:
         """Charge a reply of ``size`` serialized bytes to ``name``; returns the charge, for
         :meth:`release`.

@@ -278,6 +278,7 @@ class HubService(hub_pb2_grpc.HubServicer):
         await self._manifest_slots.acquire(principal.name)
         hold = ReplyHold(self._manifest_slots, principal.name)
         try:
+            self._reply_bytes.check(principal.name)
             snapshot = await self._resolve(principal, request.dataset, request.ref)
             messages = manifest_messages(self._catalog, snapshot.snapshot_id, request.page_entries)
             async for message in messages:

@@ -15,10 +15,15 @@ def test_a_token_holds_its_share_and_one_large_reply_passes_alone() -> None:
     assert big == COPIES * 40 and replies.held_by("a") == 120
     with pytest.raises(QuotaExceeded, match="beyond 30 a token"):
         replies.take("a", 1)  # a's share is spent
+    with pytest.raises(QuotaExceeded, match="at most 30 a token"):
+        replies.check("a")  # refused before its next reply is built
+    with pytest.raises(QuotaExceeded, match="128|in all"):
+        replies.check("b")  # the hub's total is spent by a's large reply
     with pytest.raises(QuotaExceeded):
         replies.take("b", 1)  # the hub's total too, while a's large reply waits
     replies.release("a", big)
     assert replies.held == 0 and replies.held_by("a") == 0
+    replies.check("a")
     small = [replies.take(name, 5) for name in "abcdef"]  # 15 each: 90 of 100
     with pytest.raises(QuotaExceeded, match="in all"):
         replies.take("g", 5)
