@@ -17,7 +17,7 @@ def test_a_token_holds_its_share_and_one_large_reply_passes_alone() -> None:
         replies.take("a", 1)  # a's share is spent
     with pytest.raises(QuotaExceeded, match="at most 30 a token"):
         replies.check("a")  # refused before its next reply is built
-    with pytest.raises(QuotaExceeded, match="128|in all"):
+    with pytest.raises(QuotaExceeded, match="in all"):
         replies.check("b")  # the hub's total is spent by a's large reply
     with pytest.raises(QuotaExceeded):
         replies.take("b", 1)  # the hub's total too, while a's large reply waits
