@@ -73,6 +73,10 @@ def readable(mode: int) -> int:
 class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
     """The read-only filesystem ``MOUNT/<dataset>/<version>/…``.
 
+    Twenty-six methods because pyfuse3 calls one per FUSE request it implements (lookup,
+    getattr, readdir, open, read, release, xattrs, statfs …); each is a thin handler over
+    the tree (:mod:`fusemount.tree`) and the read flow (:mod:`fusemount.source`).
+
     Args:
         client: the daemon connection (catalog and misses).
         reader: serves file bytes.

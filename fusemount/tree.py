@@ -111,6 +111,11 @@ LINK_MODE: Final = stat.S_IFLNK | 0o777
 class InodeTable:
     """All nodes of the mount, by inode and by identity key, and the kernel's lookup counts.
 
+    Twenty-three methods over one table whose three indexes (inode, key, a snapshot's
+    entries) and lookup counts must change together under the kernel's protocol
+    (lookup, forget, hand-over journal); a snapshot's entries are columns in
+    :mod:`fusemount.entries`.
+
     The kernel holds a reference per successful lookup (and per readdirplus entry) and
     gives them back in ``forget``; the counts say which inodes it still knows (a loaded
     snapshot's entries' counts in an array beside its columns, 8 bytes an entry).

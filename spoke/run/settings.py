@@ -104,6 +104,10 @@ class SpokeSettings(BaseSettings, MountSettings):
     and help; :func:`options`). The mesh's options are :class:`MeshSettings`'s, as ``--peer-*``.
 
     Sizes accept units (``10GiB``, ``512MB``); times are seconds.
+
+    Seventeen methods because each is a field's validator or a derived value (credentials,
+    retention, the publisher key) that belongs beside the field it checks; the options
+    themselves are fields, not methods.
     """
 
     model_config = SettingsConfigDict(env_prefix="STRATA_SPOKE_", extra="forbid")
