@@ -88,6 +88,16 @@ def _serve_kill_and_upgrade(stack: LocalStack, tmp_path: Path, src: Path) -> Non
                 f"the {what} replaced",
             )
             eventually(lambda: readers.reads > before + 300, f"reads after the {what}")  # noqa: B023
+        # the supervisor itself has taken the first worker's place (its pid file names the
+        # successor) before the upgrade: a SIGHUP while it is still recovering is another
+        # case (the spoke's re-executed supervisor then found the mount busy, under load)
+        eventually(
+            lambda: (
+                read_pid(layout.mount_pid_file) not in (None, first)
+                and read_pid(layout.mount_pid_file) in _workers(mnt)
+            ),
+            "the supervisor's new first worker",
+        )
         old = set(_workers(mnt))
         before = readers.reads
         os.kill(stack.spoke.pid, signal.SIGHUP)  # every worker upgraded in turn
