@@ -254,7 +254,10 @@ class Supervisor(Children):
             if self.mount is not None and self.mount.poll() is not None:
                 status = self.mount.poll()
                 self.mount = None
-                if self._fuse is not None and not self._stop:
+                # also when a SIGHUP came with the death: the re-executed supervisor must
+                # find a first worker to adopt (without one it took the surviving workers'
+                # mount for another's and exited: test_mount_workers under load)
+                if self._fuse is not None and (not self._stop or self._reload):
                     log.error("mount exited with status %s; resuming its connection", status)
                     if self._resume_mount():
                         continue
