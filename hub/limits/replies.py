@@ -30,6 +30,11 @@ PER_TOKEN = 16 * MiB
 TOTAL = 128 * MiB
 """Most reply bytes (charged) every token's unread replies may hold together."""
 
+SMALL = 64 * 1024
+"""Replies smaller than this are not charged: their number is bounded by the call slots
+(:mod:`hub.limits.streams`), and a full reply budget must not refuse every token's
+``ResolveRef`` or grant renewal."""
+
 
 class ReplyBytes:
     """Charges for replies waiting for their clients; used from one event loop.
@@ -49,15 +54,16 @@ class ReplyBytes:
         return self._held[name]
 
     def check(self, name: str) -> None:
-        """Refuse a call of ``name``'s before its reply is built when its share or the
-        hub's total is spent already (building a reply of a large entry costs as much as
-        holding it).
+        """Refuse a call of ``name``'s before its reply is built when its own share is
+        spent already (building a reply of a large entry costs as much as holding it); the
+        hub's total is left to :meth:`take`, so a full total refuses large replies, never a
+        token's small calls before they are built.
 
         Raises:
-            QuotaExceeded: ``name`` holds its share, or every token together the total.
+            QuotaExceeded: ``name`` holds its share.
         """
         mine = self._held[name]
-        if mine >= self.per_token or self.held >= self.total:
+        if mine >= self.per_token:
             raise QuotaExceeded(
                 "replies",
                 f"replies waiting for their clients hold {self.held} bytes at this hub "
@@ -67,12 +73,14 @@ class ReplyBytes:
 
     def take(self, name: str, size: int) -> int:
         """Charge a reply of ``size`` serialized bytes to ``name``; returns the charge, for
-        :meth:`release`.
+        :meth:`release` (0 for a reply under :data:`SMALL`).
 
         Raises:
             QuotaExceeded: ``name``'s share or the hub's total would be passed (a reply
                 passes alone when its token, or every token, holds nothing).
         """
+        if size < SMALL:
+            return 0
         charge = COPIES * size
         mine = self._held[name]
         if (mine and mine + charge > self.per_token) or (
@@ -91,6 +99,8 @@ class ReplyBytes:
 
     def release(self, name: str, charge: int) -> None:
         """Give back a charge :meth:`take` made for ``name``."""
+        if not charge:
+            return
         self.held -= charge
         self._held[name] -= charge
         if self._held[name] <= 0:

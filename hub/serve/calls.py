@@ -69,7 +69,6 @@ def _unary(
             await slots.acquire(principal.name)
             hold = ReplyHold(slots, principal.name)
             context.add_done_callback(hold.done)
-            self._reply_bytes.check(principal.name)
             response = await method(self, request, principal)
             # its bytes are charged until the call is done (limits.replies)
             replies, who = self._reply_bytes, principal.name
