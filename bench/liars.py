@@ -16,6 +16,7 @@ every block request in one way named by ``how``:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Literal
@@ -98,6 +99,22 @@ class Liar(peer_pb2_grpc.SpokePeerServicer):
                     )
         finally:
             await hub.close()
+
+
+class Stall(peer_pb2_grpc.SpokePeerServicer):
+    """A peer that answers probes and never sends a block (a stalled owner or relay)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+
+    async def Probe(self, request: object, context: object) -> peer_pb2.ProbeResponse:
+        return peer_pb2.ProbeResponse(node=self.node)
+
+    async def ReadBlocks(
+        self, request_iterator: object, context: object
+    ) -> AsyncIterator[hub_pb2.BlockChunk]:
+        await asyncio.sleep(3600)  # the stall itself: never sends
+        yield hub_pb2.BlockChunk()
 
 
 def memory(pid: int) -> tuple[int, int]:

@@ -23,11 +23,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from prometheus_client import REGISTRY
 
+from bench.liars import Stall
 from deploy.local import free_port
 from hub.auth.grants import GrantIssuer
 from hub.auth.tokens import Principal
 from protocol.hub.v1 import hub_pb2
-from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
+from protocol.spoke.v1 import peer_pb2_grpc
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.lru import LRUPolicy
 from spoke.cache.store import BlockStore, open_index
@@ -218,22 +219,6 @@ def test_a_region_reading_the_same_blocks_at_once_is_served_through_relays(
                 await spoke.stop()
 
     asyncio.run(go())
-
-
-class Stall(peer_pb2_grpc.SpokePeerServicer):
-    """A relay that answers probes and never sends a block."""
-
-    def __init__(self, node: str) -> None:
-        self.node = node
-
-    async def Probe(self, request: object, context: object) -> peer_pb2.ProbeResponse:
-        return peer_pb2.ProbeResponse(node=self.node)
-
-    async def ReadBlocks(
-        self, request_iterator: object, context: object
-    ) -> AsyncIterator[hub_pb2.BlockChunk]:
-        await asyncio.sleep(3600)  # product interval: the stall itself (never sends)
-        yield hub_pb2.BlockChunk()
 
 
 def test_what_a_stalled_relay_does_not_send_comes_from_the_owner_not_the_hub(

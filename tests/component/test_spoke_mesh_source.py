@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from bench.liars import Stall
 from deploy.local import free_port
 from deploy.pki import LocalCa
 from hub.auth.grants import GrantIssuer
@@ -377,22 +378,6 @@ def test_a_caller_over_its_limits_is_sent_to_the_hub_and_the_peer_stays(tmp_path
     assert got == blocks and sorted(hub.sent) == sorted(blocks) and owner_sent == []
     assert len(live) == 1  # still in the mesh
     assert _sample(metrics.PEER_ERRORS, "resource_exhausted") - before == 1
-
-
-class Stall(peer_pb2_grpc.SpokePeerServicer):
-    """Answers probes, then never sends a block."""
-
-    def __init__(self, node: str) -> None:
-        self.node = node
-
-    async def Probe(self, request: object, context: object) -> peer_pb2.ProbeResponse:
-        return peer_pb2.ProbeResponse(node=self.node)
-
-    async def ReadBlocks(
-        self, request_iterator: object, context: object
-    ) -> AsyncIterator[hub_pb2.BlockChunk]:
-        await asyncio.sleep(3600)  # product interval: the stall itself (never sends)
-        yield hub_pb2.BlockChunk()
 
 
 def test_dead_and_stalled_peers_fall_back_to_the_hub_and_leave_the_mesh() -> None:
