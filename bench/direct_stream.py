@@ -37,10 +37,10 @@ Strata row's link to its hub; per row, the CPU seconds per GiB of stored chunks 
 cache is dropped before each row where this process may (root). Every row must read the
 local row's patches, and each direct row exactly the local read's stored bytes, epoch by
 epoch: the run fails otherwise.
-``--plot`` draws every row on one time axis: each epoch a segment at its samples/s from
-its start to its end, so Strata's cold epoch at the link's pace and its later epochs at
-local disk's sit beside the direct path's flat, long line. ``--quick`` is a smoke run: a
-tiny volume, two epochs of a few batches, one worker.
+``--plot`` draws every row on one time axis (:mod:`bench.direct_stream_plot`): each epoch
+a segment at its samples/s from its start to its end, so Strata's cold epoch at the link's
+pace and its later epochs at local disk's sit beside the direct path's flat, long line.
+``--quick`` is a smoke run: a tiny volume, two epochs of a few batches, one worker.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.direct_stream_plot import plot
 from bench.measure import LinkSampler, tree_cpu_seconds
 from bench.seaweed import KEY, SECRET, SeaweedError, seaweedfs
 from bench.wan import LinkSpec, WanProxy, format_rate, parse_hostport, parse_rate
@@ -335,45 +336,6 @@ def fuse_missing() -> str | None:
     if shutil.which("fusermount3") is None:
         return "fusermount3 is not installed (Debian package fuse3)"
     return None
-
-
-def plot(report: dict[str, Any], path: Path) -> None:
-    """Samples/s of every row's epochs on one time axis (seconds since the row's first
-    epoch started; epoch 0 starts with the workers), written as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 4), constrained_layout=True)
-    for i, (name, summary) in enumerate(report["summaries"].items()):
-        epochs = summary["epochs"]
-        copy_s = summary.get("copy_s", 0.0)  # copy-first: the copy comes first, 0 samples
-        t0 = epochs[0]["started_at"] - copy_s
-        color = f"C{i}"
-        if copy_s:
-            ax.hlines(1.0, 0, copy_s, color=color, linewidth=2.5, linestyle="--")
-            ax.annotate("copying (0 samples/s)", (copy_s / 2, 1.0), ha="center", va="bottom",
-                        fontsize=7, color=color)  # fmt: skip
-        for ep in epochs:
-            start, end = ep["started_at"] - t0, ep["ended_at"] - t0
-            ax.hlines(ep["samples_per_s"], start, end, color=color, linewidth=2.5)
-            ax.axvline(end, color=color, linewidth=0.5, linestyle=":")
-        ax.plot([], [], color=color, linewidth=2.5, label=name)
-    link = report["link"]
-    ax.set_yscale("log")
-    ax.set_xlabel(
-        "seconds since the row's first epoch (copy-first: its copy) started; dotted: an epoch ends"
-    )
-    ax.set_ylabel("samples/s in each epoch")
-    ax.set_title(
-        f"{len(report['rows']) // max(1, len(report['summaries']))} epochs of the loader-only "
-        f"load, {report['loader']['preset']} patches; link {link['rtt_ms']:g} ms RTT, "
-        f"{format_rate(link['rate_bps'])}"
-    )
-    ax.legend(loc="best", fontsize=8)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _rows_arg(text: str) -> list[str]:

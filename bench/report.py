@@ -316,7 +316,7 @@ def plot(result: dict[str, Any], out_prefix: Path) -> list[Path]:
     extra = [timeline] if timeline else []
     report = _epochs(result)
     if report is not None:
-        from bench.direct_stream import plot as epochs_plot
+        from bench.direct_stream_plot import plot as epochs_plot
 
         extra.append(out_prefix.with_name(out_prefix.name + "-epochs.png"))
         epochs_plot(report, extra[-1])
