@@ -64,7 +64,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.hints_report import markdown, verdicts
-from bench.policy_sim import HINTED, ONLINE, belady, rank_plans, simulate, zipf
+from bench.policy_sim import HINTED, ONLINE, belady, simulate
+from bench.traces import rank_plans, zipf
 from deploy.local import LocalStack, admin_headers, publish
 from spoke.cache.registry import DEFAULT_POLICY
 

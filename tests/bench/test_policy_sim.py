@@ -13,14 +13,10 @@ from bench.policy_sim import (
     main,
     mixed,
     mixed_gap,
-    scan_polluted,
-    shuffled_epochs,
     simulate,
-    traces,
-    two_jobs,
     unhinted_ratio,
-    zipf,
 )
+from bench.traces import scan_polluted, shuffled_epochs, traces, two_jobs, zipf
 
 
 def test_belady_hand_checked() -> None:

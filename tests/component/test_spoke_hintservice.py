@@ -12,7 +12,8 @@ from typing import cast
 
 import pytest
 
-from bench.policy_sim import belady, shuffled_epochs
+from bench.policy_sim import belady
+from bench.traces import shuffled_epochs
 from spoke.cache.arc import ARCPolicy
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.hinted import HintedPolicy

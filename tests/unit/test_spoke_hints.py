@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.policy_sim import belady, lockstep_ranks
+from bench.policy_sim import belady
+from bench.traces import lockstep_ranks
 from spoke.cache.arc import ARCPolicy
 from spoke.cache.hinted import NEVER, HintedPolicy, Victim
 from spoke.cache.lru import LRUPolicy

@@ -28,7 +28,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from bench.policy_sim import simulate, traces
+from bench.policy_sim import simulate
+from bench.traces import traces
 
 
 class ReferenceS3FIFO:
