@@ -7,8 +7,8 @@
 Every trace is read through a real hub, spoke and kernel mount, once per policy, each on a
 fresh cache: ``--policy`` ``lru``, ``arc``, ``sieve`` and ``s3fifo``, and ``hinted`` (the
 default policy plus ``POST /v1/hints``, one stream per hinted reader, as each rank of a
-training job posts its own planned order). The traces, all of them what training jobs do
-to a spoke:
+training job posts its own planned order). The traces (:mod:`bench.hints_workload`), all of
+them what training jobs do to a spoke:
 
 * shuffled epochs of ``--files`` one-block files (by default 1.5x the cache) with each
   count of ``--readers``: each reader reads its own shard of every epoch (as
@@ -50,7 +50,6 @@ import argparse
 import hashlib
 import json
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -64,50 +63,13 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.hints_report import markdown, verdicts
+from bench.hints_workload import MIN_CACHE_BLOCKS, MIXES, Scenario, make_files, path_of, scenarios
 from bench.policy_sim import HINTED, ONLINE, belady, simulate
-from bench.traces import rank_plans, zipf
 from deploy.local import LocalStack, admin_headers, publish
 from spoke.cache.registry import DEFAULT_POLICY
 
-MIN_CACHE_BLOCKS = 8
-"""Smaller caches are all watermark rounding (a 2-block cache holds 1 between evictions)."""
-
-DATASET = "hints"  # the training job's dataset
-OTHER = "other"  # the second job's dataset in the mixes
 MODES = (*ONLINE, HINTED)
 """Every policy a trace is read with: the unhinted ones, then ``hinted``."""
-MIXES = ("2-jobs", "scan")
-
-
-@dataclass(frozen=True)
-class Reader:
-    """One reading thread: a dataset, the files it reads in order, whether it posts them
-    as a hint stream in the hinted run."""
-
-    dataset: str
-    order: list[int]
-    hinted: bool = True
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """One trace: datasets (name -> one-block files), the cache, the readers, and how
-    often the readers meet (0: never; DDP ranks meet at every step)."""
-
-    name: str
-    files: dict[str, int]
-    cache_blocks: int
-    readers: list[Reader]
-    step: int = 0
-
-    def key(self, dataset: str, i: int) -> int:
-        """A file's key in traces over every dataset (datasets numbered one after another)."""
-        offset = 0
-        for name, count in self.files.items():
-            if name == dataset:
-                return offset + i
-            offset += count
-        raise KeyError(dataset)
 
 
 @dataclass
@@ -127,84 +89,6 @@ class Run:
     prefetch_wasted_bytes: int
     trace: list[int] = field(repr=False)
     who: list[int] = field(repr=False)
-
-
-def scenarios(
-    files: int,
-    cache_blocks: int,
-    epochs: int,
-    reader_counts: list[int],
-    step: int,
-    seed: int,
-    mixes: list[str],
-) -> list[Scenario]:
-    """The traces :func:`main` runs: shuffled epochs per reader count, then ``mixes``.
-
-    Raises:
-        ValueError: an unknown mix name.
-    """
-    out = [
-        Scenario(
-            f"shuffled x{epochs}, {n} reader{'s' if n > 1 else ''}",
-            {DATASET: files},
-            cache_blocks,
-            [Reader(DATASET, o) for o in epoch_orders(files, epochs, n, seed)],
-            step if n > 1 else 0,
-        )
-        for n in reader_counts
-    ]
-    rng = random.Random(seed + 1)
-    for mix in mixes:
-        if mix == "2-jobs":
-            train = epoch_orders(files, epochs, 1, seed)[0]
-            hot = zipf(max(1, files // 2), len(train), 1.0, rng)
-            out.append(
-                Scenario(
-                    f"2 jobs: shuffled x{epochs} + zipf hot set",
-                    {DATASET: files, OTHER: max(1, files // 2)},
-                    max(MIN_CACHE_BLOCKS, (files + files // 2) // 2),
-                    [Reader(DATASET, train), Reader(OTHER, hot, hinted=False)],
-                    step,
-                )
-            )
-        elif mix == "scan":
-            small = max(1, cache_blocks // 2)
-            train = epoch_orders(small, epochs, 1, seed)[0]
-            out.append(
-                Scenario(
-                    f"scan-polluted: shuffled x{epochs} + a one-time scan",
-                    {DATASET: small, OTHER: len(train)},
-                    cache_blocks,
-                    [Reader(DATASET, train), Reader(OTHER, list(range(len(train))), False)],
-                    step,
-                )
-            )
-        else:
-            raise ValueError(f"unknown mix {mix!r} (choose: {', '.join(MIXES)})")
-    return out
-
-
-def make_files(src: Path, files: int, block: int, seed: int) -> dict[int, str]:
-    """``files`` random one-block files under ``src/train``; returns index -> sha256."""
-    rng = random.Random(seed)
-    (src / "train").mkdir(parents=True)
-    digests = {}
-    for i in range(files):
-        data = rng.randbytes(block)
-        (src / "train" / f"f{i:05d}.bin").write_bytes(data)
-        digests[i] = hashlib.sha256(data).hexdigest()
-    return digests
-
-
-def epoch_orders(files: int, epochs: int, readers: int, seed: int) -> list[list[int]]:
-    """Per reader, its reads over ``epochs`` shuffled epochs (reader r takes every r-th
-    file of each epoch's order, as DistributedSampler does)."""
-    return rank_plans(files, epochs, readers, random.Random(seed))
-
-
-def path_of(i: int) -> str:
-    """A file's path in the snapshot."""
-    return f"train/f{i:05d}.bin"
 
 
 def _metrics(admin: str) -> dict[str, float]:

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.hints_mount import epoch_orders, make_files, path_of, read_all
+from bench.hints_mount import read_all
+from bench.hints_workload import epoch_orders, make_files, path_of
 from bench.policy_sim import belady
 from deploy.local import LocalStack
 from tests.support import publish, requires_fuse
