@@ -1,4 +1,6 @@
-"""Render deploy/k8s overlays for tests: secrets made fresh, kubectl where present."""
+"""Render deploy/k8s overlays for tests: secrets made fresh, kubectl where present; the
+rendered overlays as module fixtures (import ``k8s_fixture`` and ``objects_fixture``) and
+the readers of a workload that ``test_k8s*.py`` share; pods played in mount namespaces."""
 
 from __future__ import annotations
 
@@ -127,6 +129,48 @@ def by_key(objects: list[Obj]) -> dict[tuple[str, str, str], Obj]:
 def rendered(root: Path, overlay: str) -> list[Obj]:
     """The overlay's objects: the Python renderer's (the same as kubectl's, tested)."""
     return render(root / "overlays" / overlay)
+
+
+# -- the rendered overlays, and what the test_k8s*.py files read of them ----------------
+
+
+@pytest.fixture(scope="module", name="k8s")
+def k8s_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """deploy/k8s copied with fresh secrets, once per test module."""
+    return copy_tree(tmp_path_factory.mktemp("deploy"))
+
+
+@pytest.fixture(scope="module", name="objects")
+def objects_fixture(k8s: Path) -> dict[str, dict[tuple[str, str, str], Obj]]:
+    """Every overlay rendered from the ``k8s`` copy: overlay -> objects by key."""
+    return {overlay: by_key(rendered(k8s, overlay)) for overlay in OVERLAYS}
+
+
+def spoke_daemonset(objects: dict[str, dict[tuple[str, str, str], Obj]]) -> Obj:
+    """The gpu-region overlay's spoke DaemonSet."""
+    return objects["gpu-region"][("DaemonSet", "strata", "strata-spoke")]
+
+
+def flag_value(args: list[str], name: str) -> str:
+    """The value of ``--NAME=VALUE`` in ``args``; fails unless given exactly once."""
+    values = [a.partition("=")[2] for a in args if a.startswith(f"{name}=")]
+    assert len(values) == 1, f"{name} given {len(values)} times in {args}"
+    return values[0]
+
+
+def mount_for(container: Obj, pod: Obj, path: str) -> tuple[Obj, Obj]:
+    """The volumeMount holding ``path`` (the deepest) and its volume."""
+    mounts = [m for m in container["volumeMounts"] if (path + "/").startswith(m["mountPath"] + "/")]
+    assert mounts, f"{path} is on no volume: it would be in the container's overlay"
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    return mount, volume
+
+
+def pod_labels(obj: Obj) -> dict[str, str]:
+    """The labels of a workload's pod template."""
+    labels: dict[str, str] = obj["spec"]["template"]["metadata"]["labels"]
+    return labels
 
 
 # -- mount propagation, played with Linux mount namespaces ------------------------------
