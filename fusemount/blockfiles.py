@@ -52,6 +52,10 @@ class CorruptBlockError(OSError):
 
 Identity = tuple[int, int, int]  # st_ino, st_mtime_ns, st_size
 RECHECK_AFTER = 0.1  # seconds between identity checks of an open entry on the fast path
+MAX_VERIFIED = 131_072
+"""Most block identities remembered as verified (about 270 B each in CPython: ~35 MiB;
+128 GiB of cache at 1 MiB blocks). The least recently read identity is forgotten first;
+a forgotten block is verified again (one whole read and hash) the next time it is opened."""
 
 
 @dataclass
@@ -78,6 +82,7 @@ class BlockFiles:
     Args:
         layout: the spoke's cache directory.
         max_open: most block files kept open.
+        max_verified: most verified identities remembered (:data:`MAX_VERIFIED`).
         recheck_after: seconds between identity checks of an open file on the fast path.
         cipher: the spoke's key when block files are encrypted at rest (None: plain).
     """
@@ -88,12 +93,14 @@ class BlockFiles:
         max_open: int = 1024,
         recheck_after: float = RECHECK_AFTER,
         cipher: BlockCipher | None = None,
+        max_verified: int = MAX_VERIFIED,
     ) -> None:
         self.layout = layout
         self.max_open = max_open
         self.recheck_after = recheck_after
         self._open: OrderedDict[str, _OpenBlock] = OrderedDict()
-        self._verified: dict[str, Identity] = {}
+        self.max_verified = max_verified
+        self._verified: OrderedDict[str, Identity] = OrderedDict()  # least recent first
         self._lock = threading.Lock()
         self.verifications = 0
         self.nowait = hasattr(os, "RWF_NOWAIT")  # cleared if the cache disk refuses it
@@ -197,6 +204,8 @@ class BlockFiles:
             return self._keep_sealed(digest, file, identity, offset, size)
         with self._lock:
             known = self._verified.get(digest) == identity
+            if known:
+                self._verified.move_to_end(digest)
         if not known:
             data = file.readall()
             self.verifications += 1
@@ -205,6 +214,9 @@ class BlockFiles:
                 raise CorruptBlockError(digest)
         with self._lock:
             self._verified[digest] = identity
+            self._verified.move_to_end(digest)
+            while len(self._verified) > self.max_verified:
+                self._verified.popitem(last=False)
             self._open[digest] = _OpenBlock(file, file.fileno(), identity, time.monotonic())
             while len(self._open) > self.max_open:
                 self._open.popitem(last=False)

@@ -60,6 +60,23 @@ def test_open_files_are_bounded_and_reopened_without_reverifying(tmp_path: Path)
     assert files.verifications == 10
 
 
+def test_verified_identities_are_bounded_and_the_forgotten_is_verified_again(
+    tmp_path: Path,
+) -> None:
+    layout = CacheLayout(tmp_path)
+    blobs = [os.urandom(1000) for _ in range(8)]
+    digests = [_put(layout, b) for b in blobs]
+    files = BlockFiles(layout, max_open=1, max_verified=4)
+    for d, b in zip(digests, blobs, strict=True):
+        assert files.read(d, 0, 1000) == b
+    assert list(files._verified) == digests[4:]  # the four most recently read
+    assert files.read(digests[5], 0, 10) == blobs[5][:10]  # remembered: no new verification
+    assert files.verifications == 8
+    assert files.read(digests[0], 0, 10) == blobs[0][:10]  # forgotten: verified again
+    assert files.verifications == 9
+    assert len(files._verified) == 4 and digests[4] not in files._verified
+
+
 def test_an_evicted_block_is_a_miss_even_with_its_file_open(tmp_path: Path) -> None:
     layout = CacheLayout(tmp_path)
     data = os.urandom(4096)
