@@ -63,7 +63,7 @@ LONGEST_FILES = (
     "tests/integration/test_spoke_mesh_budget.py",
     "tests/fuse/test_mount_workers.py",
     "tests/fuse/test_hub_failover.py",
-    "tests/unit/test_spoke_policy.py",
+    "tests/unit/test_spoke_policy_invariants.py",
     "tests/fuse/test_succession.py",
     "tests/fuse/test_succession_pods.py",
     "tests/integration/test_floods.py",

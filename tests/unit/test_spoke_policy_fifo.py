@@ -1,8 +1,9 @@
 """SIEVE and S3-FIFO: their papers' behaviour step by step, and hypothesis state machines
 against naive reference models (plain lists, indices, sums recomputed).
 
-The contract suite every policy passes (byte-weighted admission, pins, resize, invariants
-through random operations) is in test_spoke_policy.py."""
+The contract suite every policy passes (byte-weighted admission, pins, resize) is in
+test_spoke_policy.py, the invariants through random operations in
+test_spoke_policy_invariants.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from spoke.cache.policy import EvictionPolicy
 from spoke.cache.s3fifo import S3FIFOPolicy
 from spoke.cache.sieve import SIEVEPolicy
-from tests.unit.test_spoke_policy import reference_machine
+from tests.unit.policy_support import reference_machine
 
 
 def _fill(policy: EvictionPolicy, keys: list[str], size: int = 10) -> None:
