@@ -117,8 +117,9 @@ async def _serve(settings: HubServeSettings) -> None:
         )
         stack.push_async_callback(server.stop, settings.grace)
         bulk_port = server.bulk.port if server.bulk is not None else None
-        port_files = (settings.port_file, settings.bulk_port_file)
-        for port_file, port in zip(port_files, (server.port, bulk_port), strict=True):
+        # the gRPC port file last: whoever waits for it finds the bulk port's written
+        port_files = (settings.bulk_port_file, settings.port_file)
+        for port_file, port in zip(port_files, (bulk_port, server.port), strict=True):
             if port_file is not None and port is not None:
                 try:
                     _write_port_file(port_file, port)

@@ -63,7 +63,9 @@ class HubServeSettings(BaseSettings):
     listen: str = Field(description="gRPC address HOST:PORT; port 0 picks a free port.")
     metrics: str | None = Field(default=None, description="Serve Prometheus metrics on HOST:PORT.")
     port_file: Path | None = Field(
-        default=None, description="Write the bound gRPC port to this file."
+        default=None,
+        description="Write the bound gRPC port to this file, last (once it exists, every "
+        "port serves and --bulk-port-file is written).",
     )
     tls_cert: Path | None = Field(
         default=None, description="Serve TLS with this PEM certificate chain."

@@ -367,7 +367,10 @@ def test_background_fill_makes_a_snapshot_resident_while_the_reader_idles(
     assert _metric(metrics, "strata_spoke_fetch_bytes_total") == total  # each block once
     assert _metric(metrics, "strata_spoke_fill_remaining_bytes") == 0
     misses = _metric(metrics, "strata_spoke_cache_misses_total")
-    assert misses <= 2  # the one read (fill is not a miss)
+    # the read and its readahead only (a block misses twice when the kernel's second
+    # request comes while its fetch is on the way: make test under load saw 3), never
+    # the fill's 20-odd blocks
+    assert misses <= 4
     for i in range(4):  # and now every byte is a hit
         assert sha256(mounted / f"f{i}.bin") == sha256(source / "d" / f"f{i}.bin")
     assert _metric(metrics, "strata_spoke_cache_misses_total") == misses
