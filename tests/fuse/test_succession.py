@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from bench.handover import READERS, Readers
-from deploy.local import LocalStack, free_port
+from deploy.local import LocalStack, StackError, free_port
 from spoke.disk.handover import RESUME_FORMAT
 from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import is_mounted
@@ -50,6 +50,12 @@ def src(tmp_path: Path) -> Path:
 def stack(tmp_path: Path) -> Iterator[LocalStack]:
     with supervised_stack(tmp_path) as s:
         yield s
+
+
+def _succession_trail(cache: Path) -> list[str]:
+    """The outcomes of the succession records in the spoke's audit log, oldest first."""
+    trail = [json.loads(line) for line in (cache / "audit.jsonl").read_text().splitlines()]
+    return [r["outcome"] for r in trail if r["what"] == "succession"]
 
 
 def _spoke_args(hub: str, tmp_path: Path, *extra: str) -> list[str]:
@@ -185,7 +191,10 @@ def test_a_new_spoke_takes_over_under_readers_without_an_error(
         # once it listens (a successor asking sooner is told to try again: make test
         # under load saw it)
         eventually(layout.succession_socket.exists, "the second spoke listening")
-        stack.start_spoke(hub, cache, mnt, SIZE, extra=("--take-over",))
+        try:
+            stack.start_spoke(hub, cache, mnt, SIZE, extra=("--take-over",))
+        except StackError as err:  # say why in the error line (CI cuts the captured stderr)
+            raise AssertionError(f"{err}; succession records: {_succession_trail(cache)}") from err
         new = stack.spoke
         assert new is not None and second.wait(30) == 0
         eventually(lambda: readers.reads > before + 400, "reads after the succession")
@@ -204,8 +213,7 @@ def test_a_new_spoke_takes_over_under_readers_without_an_error(
     assert is_mounted(mnt)
     assert spoke_metric(cache, "strata_spoke_successions_total") == 2
     assert spoke_metric(cache, "strata_spoke_mount_restarts_total") == 0  # never remounted
-    trail = [json.loads(line) for line in (cache / "audit.jsonl").read_text().splitlines()]
-    outcomes = [r["outcome"].split(":")[0] for r in trail if r["what"] == "succession"]
+    outcomes = [outcome.split(":")[0] for outcome in _succession_trail(cache)]
     assert outcomes.count("took over") == 2 and outcomes.count("handed over") == 2
     assert outcomes.count("refused") == 3 and outcomes.count("failed") == 1, outcomes
     for i in range(READERS):  # every byte, through the new spoke
