@@ -25,6 +25,8 @@ same message, so guessing digests reveals nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
@@ -52,6 +54,7 @@ from hub.limits.streams import (
     ReplyHold,
     StreamSlots,
 )
+from hub.limits.turns import FairTurns
 from hub.serve.blockstream import MAX_DIGESTS_PER_REQUEST, BlockStreamer, PackedDigests
 from hub.serve.calls import _first_taken, _streaming, _unary, _writing
 from hub.serve.inbound import receive
@@ -85,10 +88,13 @@ MAX_PAGE_SIZE = 2_000
 """Largest ``ListDirectory`` page; larger requests are served this many (AIP-158)."""
 
 
-LISTING_BUILDS = 4
-"""``ListDirectory`` pages built at once (the others wait for their turn, holding only
-their call): what building a page of large entries costs stays bounded however many calls
-arrive together."""
+PAGE_BUILDS = 4
+"""``ListDirectory`` and ``GetManifest`` pages built at once (the others wait for their
+turn, holding only their call, one token at a time: :class:`~hub.limits.turns.FairTurns`):
+what building pages of large entries costs stays bounded however many calls arrive
+together, the worker threads stay free for other calls, and a token's page waits behind
+one page of each other waiting token, not all of theirs (issue 39's seventh probe: a
+light tenant got 1 of 6 listings while colluding tokens kept large listings building)."""
 
 
 LISTING_REPLY_BYTES = 256 * 1024
@@ -166,7 +172,7 @@ class HubService(hub_pb2_grpc.HubServicer):
         self._reply_bytes = ReplyBytes()
         # listing pages built at once: an entry of 100,000 blocks is ~20 MiB of objects
         # while its page is built (the sixth probe's 128 listings at once: 1.4 GiB)
-        self._listing_builds = asyncio.Semaphore(LISTING_BUILDS)
+        self._page_builds = FairTurns(PAGE_BUILDS)
         self._listing_slots = StreamSlots(
             "ListDirectory", "hub.limits.streams.LISTING_CALLS", LISTING_CALLS
         )
@@ -289,15 +295,21 @@ class HubService(hub_pb2_grpc.HubServicer):
         try:
             self._reply_bytes.check(principal.name)
             snapshot = await self._resolve(principal, request.dataset, request.ref)
-            messages = manifest_messages(self._catalog, snapshot.snapshot_id, request.page_entries)
-            async for message in messages:
-                hold.arm()
-                charge = self._reply_bytes.take(principal.name, len(message))
-                try:
-                    yield message  # returns once gRPC has taken it
-                finally:
-                    self._reply_bytes.release(principal.name, charge)
-                    hold.disarm()
+            messages = manifest_messages(
+                self._catalog,
+                snapshot.snapshot_id,
+                request.page_entries,
+                charge=functools.partial(self._reply_bytes.take, principal.name),
+                release=functools.partial(self._reply_bytes.release, principal.name),
+                turn=functools.partial(self._page_builds.turn, principal.name),
+            )  # each page built in turn and charged as it is built, read-ahead included
+            async with contextlib.aclosing(messages):  # its pages' charges given back now
+                async for message in messages:
+                    hold.arm()
+                    try:
+                        yield message  # returns once gRPC has taken it
+                    finally:
+                        hold.disarm()
         finally:
             hold.done()
 
@@ -320,7 +332,8 @@ class HubService(hub_pb2_grpc.HubServicer):
                 raise VersionRevoked(f"{request.dataset} {snapshot.version} was revoked")
         else:
             snapshot = await self._resolve(principal, request.dataset, request.ref)
-        async with self._listing_builds:  # what a page's entries cost while it is built
+        # what a page's entries cost while it is built, in turn with other tokens' pages
+        async with self._page_builds.turn(principal.name):
             self._reply_bytes.check(principal.name)  # again: others' replies may wait now
             entries, more = await asyncio.to_thread(
                 self._catalog.list_directory,

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -368,8 +369,13 @@ ahead), whatever its entries' paths and block lists (issue 39's fifth probe)."""
 
 
 async def manifest_messages(
-    catalog: Catalog, snapshot_id: str, page_entries: int = 0
-) -> AsyncIterator[bytes]:
+    catalog: Catalog,
+    snapshot_id: str,
+    page_entries: int = 0,
+    charge: Callable[[int], int] = lambda size: 0,
+    release: Callable[[int], None] = lambda charged: None,
+    turn: Callable[[], contextlib.AbstractAsyncContextManager[None]] | None = None,
+) -> AsyncGenerator[bytes, None]:
     """A snapshot's manifest in path order as serialized ``ManifestEntry`` messages, one
     catalog page at a time.
 
@@ -379,8 +385,17 @@ async def manifest_messages(
     the page goes as messages of that many entries (:func:`pack_repeated`, at most 1 MiB
     each).
 
+    Each page is charged whole as soon as it is built, read-ahead included
+    (``charge(serialized bytes)``, which returns what it charged or raises to refuse
+    it), and given back (``release(charged)``) once its last message has left or the
+    stream ends: a client that never takes the first message holds both pages charged
+    (issue 39's seventh probe: a small first message, uncharged, kept 1.1 MB entries
+    and the read-ahead page behind it uncounted). With ``turn``, each page is built
+    holding one (the hub's :class:`~hub.limits.turns.FairTurns` of page builds).
+
     Raises:
         SnapshotNotFound: no live manifest is stored under ``snapshot_id``.
+        Exception: what ``charge`` raises (the pages built are given back first).
     """
 
     def page_at(start: int) -> tuple[int, list[bytes], bool]:
@@ -394,18 +409,28 @@ async def manifest_messages(
             return len(messages), pack_repeated(messages, field, page_entries), more
         return len(messages), messages, more
 
-    start = 0
-    pending = asyncio.ensure_future(asyncio.to_thread(page_at, start))
+    async def built(start: int) -> tuple[int, list[bytes], bool, int]:
+        async with turn() if turn is not None else contextlib.nullcontext():
+            count, page, more = await asyncio.to_thread(page_at, start)
+        return count, page, more, charge(sum(map(len, page)))  # on the loop, as it arrives
+
+    start, charged = 0, 0
+    pending: asyncio.Future[tuple[int, list[bytes], bool, int]] | None
+    pending = asyncio.ensure_future(built(start))
     try:
-        while True:
-            count, page, more = await pending
-            start += count
+        while pending is not None:
+            count, page, more, charged = await pending
+            start, pending = start + count, None
             if more:
-                pending = asyncio.ensure_future(asyncio.to_thread(page_at, start))
+                pending = asyncio.ensure_future(built(start))
             for message in page:
                 yield message
-            if not more:
-                return
+            del page
+            release(charged)
+            charged = 0
     finally:
-        if not pending.done():
+        release(charged)
+        if pending is not None and not pending.done():
             pending.cancel()
+        elif pending is not None and not pending.cancelled() and pending.exception() is None:
+            release(pending.result()[3])  # read ahead, charged, never sent
