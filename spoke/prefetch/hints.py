@@ -29,7 +29,10 @@ Memory is capped: at most :data:`MAX_STREAMS` streams, :data:`MAX_STREAM_POSITIO
 planned reads a stream, :data:`MAX_TOTAL_POSITIONS` over all streams and
 :data:`MAX_TOTAL_BLOCKS` distinct blocks (summed per stream), :data:`MAX_STREAM_PLANS`
 posts kept per stream; a post past one is refused with :class:`~spoke.errors.OverLimit`
-naming it (a 400 whose body says which limit and its value). Plans are compact
+naming it (a 400 whose body says which limit and its value). A post for a scoped admin token
+(:class:`HintShare`) also keeps to its share of the two totals, counted over the installed
+streams that read only its datasets (``tenant_positions``, ``tenant_blocks``), and leaves
+the operator's reserve of each (``reserve_positions``, ``reserve_blocks``). Plans are compact
 (:mod:`spoke.cache.hintplan`: 8 bytes a planned read, about 100 a distinct block), so the
 caps hold the hints to about 330 MiB at worst. :meth:`HintService.post` builds a plan in a
 worker thread (one post at a time), so the event loop only installs it.
@@ -83,6 +86,28 @@ to :data:`MAX_LOOKAHEAD` positions per stream, and this bounds that walk to twic
 second. Half a second of link is a small part of the far part, which only fills free
 room. (`bench.hint_start --rows hints,fill --repeat 2` showed no difference beyond its
 noise between 0.5 and 0: the hinted run's extra CPU is elsewhere, see BENCHMARKS.md.)"""
+
+
+@dataclass(frozen=True)
+class HintShare:
+    """Who posts, when it is a scoped admin token: the streams it ``owns`` may hold at most
+    1/``share`` of :data:`MAX_TOTAL_POSITIONS` and of :data:`MAX_TOTAL_BLOCKS` together, and
+    its post may not take the last 1/``reserve`` of either (kept for the node-wide token,
+    which posts with no share). What a stream holds is counted from the installed streams at
+    each post, so a stream that ends, expires, is replaced or deleted frees its share at once.
+
+    Attributes:
+        name: the token's name, for refusals.
+        owns: whether a stream whose plan reads ``source`` (``DATASET@VERSION, ...``, as
+            :attr:`HintStatus.source`) counts as this token's.
+        share: the token's share is 1/``share`` of each total.
+        reserve: the last 1/``reserve`` of each total is the node-wide token's.
+    """
+
+    name: str
+    owns: Callable[[str], bool]
+    share: int
+    reserve: int
 
 
 @dataclass(frozen=True)
@@ -150,9 +175,10 @@ class HintService:
 
     # -- streams ---------------------------------------------------------------------------
 
-    def room(self, stream: str, append: bool = False) -> _Builder:
+    def room(self, stream: str, append: bool = False, share: HintShare | None = None) -> _Builder:
         """A builder for stream ``stream``'s next post that stops at the first cap it
-        would pass (so a worker thread never builds what :meth:`install` refuses).
+        would pass (so a worker thread never builds what :meth:`install` refuses); with a
+        ``share``, at the token's share and the operator's reserve too.
 
         Raises:
             OverLimit: the post is refused whatever it holds (too many streams or posts).
@@ -175,18 +201,39 @@ class HintService:
                 MAX_STREAM_PLANS,
             )
         others = [s for name, s in self.policy.streams.items() if name != stream]
-        total_positions = sum(len(s) for s in others) + (len(kept) if kept else 0)
-        total_blocks = sum(s.distinct_blocks() for s in others)
-        total_blocks += kept.distinct_blocks() if kept else 0
-        stream_room = MAX_STREAM_POSITIONS - (kept.remaining if kept else 0)
-        total_room = MAX_TOTAL_POSITIONS - total_positions
-        if stream_room <= total_room:
-            positions = ("stream_positions", MAX_STREAM_POSITIONS, stream_room)
-        else:
-            positions = ("total_positions", MAX_TOTAL_POSITIONS, total_room)
+        kept_held = (len(kept), kept.distinct_blocks()) if kept else (0, 0)
+        total = _held(others, kept_held)
+        positions = [
+            _Cap(
+                "stream_positions",
+                MAX_STREAM_POSITIONS,
+                kept.remaining if kept else 0,
+                "the stream",
+            ),
+            _Cap("total_positions", MAX_TOTAL_POSITIONS, total[0], "the hint streams together"),
+        ]
+        blocks = [
+            _Cap("total_blocks", MAX_TOTAL_BLOCKS, total[1], "the hint streams together"),
+        ]
+        if share is not None:  # kept is the token's: the route refuses another's stream
+            mine = _held([s for s in others if share.owns(self.source(s.name))], kept_held)
+            positions += _shared(share, "positions", MAX_TOTAL_POSITIONS, mine[0], total[0])
+            blocks += _shared(share, "blocks", MAX_TOTAL_BLOCKS, mine[1], total[1])
         return _Builder(
-            positions, ("total_blocks", MAX_TOTAL_BLOCKS, MAX_TOTAL_BLOCKS - total_blocks)
+            min(positions, key=lambda cap: cap.room), min(blocks, key=lambda cap: cap.room)
         )
+
+    def held(self, owns: Callable[[str], bool] | None = None) -> tuple[int, int]:
+        """Planned reads and distinct blocks (summed per stream) the installed streams hold
+        (``owns``: only those whose source it accepts, as :attr:`HintShare.owns`), idle
+        ones dropped first."""
+        self.expire()
+        streams = self.policy.streams.values()
+        return _held([s for s in streams if owns is None or owns(self.source(s.name))])
+
+    def source(self, stream: str) -> str:
+        """What stream ``stream``'s plan reads: ``DATASET@VERSION, ...`` ('' if unknown)."""
+        return ", ".join(x for x in self._sources.get(stream, []) if x)
 
     def install(
         self,
@@ -194,20 +241,23 @@ class HintService:
         blocks: Sequence[tuple[str, int]] | HintPlan,
         append: bool = False,
         source: str = "",
+        share: HintShare | None = None,
     ) -> tuple[HintStatus, int]:
         """Make ``blocks`` (``(digest, size)`` in read order, or a plan built with
         :meth:`room`) stream ``stream``'s plan (``append``: extend it; a stream that does
         not exist yet is started) and start prefetching. ``source`` says what the blocks
-        are of (e.g. ``f3@v1``), for :meth:`status`.
+        are of (e.g. ``f3@v1``), for :meth:`status`; ``share``: a scoped token posts
+        (see :meth:`room`).
 
         Returns:
             The stream's status and how many prefetches started.
 
         Raises:
-            OverLimit: too many streams or posts, the stream would grow too long, or all
-                streams together would hold too many planned reads or blocks.
+            OverLimit: too many streams or posts, the stream would grow too long, all
+                streams together would hold too many planned reads or blocks, or a
+                scoped token's streams more than its share of them.
         """
-        builder = self.room(stream, append)
+        builder = self.room(stream, append, share)
         if not isinstance(blocks, HintPlan):
             blocks = HintPlan.of((d for d, _ in blocks), (size for _, size in blocks))
         plan = blocks
@@ -242,6 +292,7 @@ class HintService:
         build: Callable[[PlanBuilder], HintPlan],
         append: bool = False,
         source: str = "",
+        share: HintShare | None = None,
     ) -> tuple[HintStatus, int]:
         """:meth:`install` a plan that ``build`` makes in a worker thread (it gets the
         :meth:`room` builder; parsing and building never run on the event loop). One
@@ -252,12 +303,12 @@ class HintService:
             Exception: whatever ``build`` raises (e.g. InvalidRequest for a bad path).
         """
         async with self._posting:
-            builder = self.room(stream, append)
+            builder = self.room(stream, append, share)
             try:
                 plan = await asyncio.to_thread(build, builder)
             except PlanLimit as err:
                 raise OverLimit(str(err), err.limit, err.value) from None
-            return self.install(stream, plan, append=append, source=source)
+            return self.install(stream, plan, append=append, source=source, share=share)
 
     def remove(self, stream: str) -> bool:
         """Drop a stream; returns whether it was installed."""
@@ -284,8 +335,7 @@ class HintService:
 
     def _status(self, s: HintStream) -> HintStatus:
         idle = self._clock() - self._active.get(s.name, self._clock())
-        source = ", ".join(x for x in self._sources.get(s.name, []) if x)
-        return HintStatus(s.name, source, len(s), s.cursor, s.remaining, idle)
+        return HintStatus(s.name, self.source(s.name), len(s), s.cursor, s.remaining, idle)
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -396,11 +446,61 @@ class HintService:
         return started
 
 
+@dataclass(frozen=True)
+class _Cap:
+    """One cap a post must stay within: ``name`` and ``value`` as the 400 says them,
+    ``held`` what is counted against it already, ``whose`` what it counts (for the message)
+    and ``note`` what it is, if more than a cap."""
+
+    name: str
+    value: int
+    held: int
+    whose: str
+    note: str = ""
+
+    @property
+    def room(self) -> int:
+        """How much more fits (at least 0)."""
+        return max(0, self.value - self.held)
+
+
+def _held(streams: Iterable[HintStream], plus: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+    """Planned reads and distinct blocks (summed per stream) ``streams`` hold, plus ``plus``."""
+    positions, blocks = plus
+    for s in streams:
+        positions += len(s)
+        blocks += s.distinct_blocks()
+    return positions, blocks
+
+
+def _shared(share: HintShare, what: str, cap: int, mine: int, total: int) -> list[_Cap]:
+    """A scoped token's two caps on one total ``cap``: its share (``mine`` held on its
+    datasets) and the total less the operator's reserve (``total`` held by all)."""
+    part, reserve = max(1, cap // share.share), max(1, cap // share.reserve)
+    return [
+        _Cap(
+            f"tenant_{what}",
+            part,
+            mine,
+            f"the hint streams on the datasets of admin token {share.name!r} together",
+            f" for a scoped token (1/{share.share} of {cap:,})",
+        ),
+        _Cap(
+            f"reserve_{what}",
+            cap - reserve,
+            total,
+            "the hint streams together",
+            f" while a scoped token posts (the last {reserve:,} of {cap:,} are kept for "
+            "the node's admin token)",
+        ),
+    ]
+
+
 class _Builder(PlanBuilder):
     """A :class:`PlanBuilder` whose limits are the service's caps less what is held."""
 
-    def __init__(self, positions: tuple[str, int, int], blocks: tuple[str, int, int]) -> None:
-        super().__init__(max(0, positions[2]), max(0, blocks[2]), (positions[0], blocks[0]))
+    def __init__(self, positions: _Cap, blocks: _Cap) -> None:
+        super().__init__(positions.room, blocks.room, (positions.name, blocks.name))
         self._positions, self._blocks = positions, blocks
 
     def check(self, positions: int, blocks: int) -> None:
@@ -409,9 +509,9 @@ class _Builder(PlanBuilder):
         Raises:
             OverLimit: naming the cap and its value.
         """
-        if positions > self._positions[2]:
+        if positions > self._positions.room:
             self._too_many(positions)
-        if blocks > self._blocks[2]:
+        if blocks > self._blocks.room:
             self._too_many_blocks(blocks)
 
     def _too_many(self, positions: int) -> None:
@@ -421,12 +521,10 @@ class _Builder(PlanBuilder):
         self._refuse(self._blocks, blocks, "distinct blocks")
 
     @staticmethod
-    def _refuse(limit: tuple[str, int, int], wanted: int, what: str) -> None:
-        name, cap, room = limit
-        where = "stream" if name.startswith("stream") else "hint streams together"
+    def _refuse(cap: _Cap, wanted: int, what: str) -> None:
         raise OverLimit(
-            f"the {where} would hold {cap - room + wanted:,} {what} or more; "
-            f"at most {cap:,} are kept ({name})",
-            name,
-            cap,
+            f"{cap.whose} would hold {cap.held + wanted:,} {what} or more; "
+            f"at most {cap.value:,} are kept{cap.note} ({cap.name})",
+            cap.name,
+            cap.value,
         )

@@ -159,13 +159,16 @@ def sample(name: str) -> float:
 
 
 SCOPED_SHARE = 4
-"""A scoped admin token may hold at most 1/``SCOPED_SHARE`` of the spoke's pins and running
-prewarm jobs on its datasets (issue 39's fifth probe: one team's token made 999 pins and
-every other team's pin and pinned prewarm was refused 429)."""
+"""A scoped admin token may hold at most 1/``SCOPED_SHARE`` of the spoke's pins, running
+prewarm jobs, hint streams and the hint streams' planned reads and blocks on its datasets
+(issue 39's fifth probe: one team's token made 999 pins and every other team's pin and
+pinned prewarm was refused 429; the ninth: its 4 streams of 4 million planned reads filled
+the node's 16 million and every other team's hint was refused 400)."""
 
 OPERATOR_RESERVE = 8
-"""The last 1/``OPERATOR_RESERVE`` of the pins and running jobs (at least one) are kept for
-the node-wide token: scoped tokens together cannot lock the operator out."""
+"""The last 1/``OPERATOR_RESERVE`` of the pins, running jobs, hint streams and their planned
+reads and blocks (at least one) are kept for the node-wide token: scoped tokens together
+cannot lock the operator out."""
 
 
 def tenant_room(caller: Caller, total: int, mine: int, limit: int, what: str, full: str) -> None:

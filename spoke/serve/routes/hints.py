@@ -12,10 +12,12 @@ from pydantic import BaseModel, Field, ValidationError
 from spoke.cache.hintplan import HintPlan, PlanBuilder
 from spoke.catalog.selection import MAX_GLOB_CHARS, hint_plan
 from spoke.errors import InvalidRequest, NotFound
-from spoke.prefetch.hints import MAX_STREAMS
+from spoke.prefetch.hints import MAX_STREAMS, HintShare
 from spoke.serve.admintokens import Caller
 from spoke.serve.routes.context import (
     NAME,
+    OPERATOR_RESERVE,
+    SCOPED_SHARE,
     STRICT,
     CallerOf,
     Context,
@@ -76,7 +78,10 @@ async def post_hints(request: Request, context: Context, caller: CallerOf) -> di
 
     The body (up to 8 MiB, a million paths) is parsed and turned into a compact plan
     in a worker thread, so the daemon keeps serving meanwhile; a hint past a memory
-    cap is a 400 whose body names the cap (``limit``) and its value (``value``).
+    cap is a 400 whose body names the cap (``limit``) and its value (``value``). A
+    scoped token's streams hold at most a quarter of the node's planned reads and blocks
+    (``tenant_positions``, ``tenant_blocks``) and leave the operator's eighth
+    (``reserve_positions``, ``reserve_blocks``).
     """
     body = await asyncio.to_thread(_hint_request, await request.body())
     require(caller, body.dataset)
@@ -110,6 +115,7 @@ async def post_hints(request: Request, context: Context, caller: CallerOf) -> di
         build,
         append=body.append,
         source=f"{body.dataset}@{snapshot.version}",
+        share=_share(caller),
     )
     return {
         "dataset": body.dataset,
@@ -141,6 +147,16 @@ def delete_hint(stream: str, context: Context, caller: CallerOf) -> dict[str, ob
     if hints is None or not mine or not hints.remove(stream):
         raise NotFound(f"no hint stream {stream!r}")
     return {"stream": stream, "removed": True}
+
+
+def _share(caller: Caller) -> HintShare | None:
+    """What a scoped ``caller``'s streams may hold of the node's hint totals (the operator:
+    no share, every total is its)."""
+    if caller.name is None:
+        return None
+    return HintShare(
+        caller.name, lambda source: _may_see(caller, source), SCOPED_SHARE, OPERATOR_RESERVE
+    )
 
 
 def _may_see(caller: Caller, source: str) -> bool:
