@@ -88,7 +88,7 @@ MAX_PAGE_SIZE = 2_000
 """Largest ``ListDirectory`` page; larger requests are served this many (AIP-158)."""
 
 
-PAGE_BUILDS = 4
+PAGE_BUILDS = 2
 """``ListDirectory`` and ``GetManifest`` pages built at once (the others wait for their
 turn, holding only their call, one token at a time: :class:`~hub.limits.turns.FairTurns`):
 what building pages of large entries costs stays bounded however many calls arrive
@@ -332,11 +332,9 @@ class HubService(hub_pb2_grpc.HubServicer):
                 raise VersionRevoked(f"{request.dataset} {snapshot.version} was revoked")
         else:
             snapshot = await self._resolve(principal, request.dataset, request.ref)
-        # what a page's entries cost while it is built, in turn with other tokens' pages
-        async with self._page_builds.turn(principal.name):
-            self._reply_bytes.check(principal.name)  # again: others' replies may wait now
-            entries, more = await asyncio.to_thread(
-                self._catalog.list_directory,
+
+        def page() -> hub_pb2.ListDirectoryResponse:  # in a worker thread: the loop serves on
+            entries, more = self._catalog.list_directory(
                 snapshot.snapshot_id,
                 request.path,
                 after,
@@ -345,13 +343,18 @@ class HubService(hub_pb2_grpc.HubServicer):
             )
             messages = [entry_message(entry) for entry in entries]
             del entries
-        token = ""
-        if more:
-            number = int(snapshot.version[1:])
-            token = encode_page_token(number, messages[-1].path.rpartition("/")[2])
-        return hub_pb2.ListDirectoryResponse(
-            entries=messages, next_page_token=token, snapshot=snapshot_message(snapshot)
-        )
+            token = ""
+            if more:
+                number = int(snapshot.version[1:])
+                token = encode_page_token(number, messages[-1].path.rpartition("/")[2])
+            return hub_pb2.ListDirectoryResponse(
+                entries=messages, next_page_token=token, snapshot=snapshot_message(snapshot)
+            )
+
+        # what a page's entries cost while it is built, in turn with other tokens' pages
+        async with self._page_builds.turn(principal.name):
+            self._reply_bytes.check(principal.name)  # again: others' replies may wait now
+            return await asyncio.to_thread(page)
 
     @_writing
     async def ReadBlocks(  # type: ignore[override]  # writes its messages, each timed

@@ -1,5 +1,6 @@
-"""hub.limits.turns: listing builds shared in turn between tokens, never more at once than
-the slots, and a cancelled wait neither keeps nor loses a slot."""
+"""hub.limits.turns: page builds shared between tokens by the time each held the slots
+lately (least first), never more at once than the slots, and a cancelled wait neither
+keeps nor loses a slot."""
 
 from __future__ import annotations
 
@@ -7,7 +8,18 @@ import asyncio
 
 import pytest
 
-from hub.limits.turns import FairTurns
+from hub.limits import turns as turns_module
+from hub.limits.turns import HALF_LIFE_S, FairTurns
+
+
+class Clock:
+    """Seconds that pass only when a call says it worked."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 async def _run(turns: FairTurns, token: str, order: list[str], go: asyncio.Event) -> None:
@@ -16,34 +28,46 @@ async def _run(turns: FairTurns, token: str, order: list[str], go: asyncio.Event
         await go.wait()
 
 
-def test_a_token_with_one_call_waits_one_turn_behind_a_token_with_many() -> None:
+def test_a_token_with_one_call_goes_before_a_token_that_keeps_building() -> None:
+    clock = Clock()
+
     async def main() -> list[str]:
-        turns, order, go = FairTurns(2), [], asyncio.Event()
-        flood = [asyncio.create_task(_run(turns, "a", order, go)) for _ in range(10)]
+        turns, order, go = FairTurns(2, clock), [], asyncio.Event()
+
+        async def build(token: str, seconds: float) -> None:
+            async with turns.turn(token):
+                order.append(token)
+                await go.wait()
+                clock.now += seconds
+
+        flood = [asyncio.create_task(build("a", 1.0)) for _ in range(10)]
         await asyncio.sleep(0)  # two of a's hold the slots, eight wait
-        light = asyncio.create_task(_run(turns, "b", order, go))
+        light = asyncio.create_task(build("b", 0.1))
         await asyncio.sleep(0)
         assert turns.held == 2 and turns.waiting == 9
-        go.set()  # each call finishes as soon as it holds a slot
+        go.set()
         await asyncio.gather(*flood, light)
         assert turns.held == 0 and turns.waiting == 0
         return order
 
     order = asyncio.run(main())
-    # after the two holders, a's next and then b: b waits behind one call of a, not eight
-    assert order.index("b") <= 3 and order.count("a") == 10
+    assert order.index("b") == 2 and order.count("a") == 10  # the first slot freed is b's
 
 
-def test_tokens_take_turns_and_never_more_than_the_slots_hold_at_once() -> None:
+def test_tokens_share_the_slot_by_the_time_they_held_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(turns_module, "HALF_LIFE_S", 1e9)  # no decay: exact sums
+    clock = Clock()
+
     async def main() -> tuple[list[str], int]:
-        turns, order, most = FairTurns(1), [], 0
+        turns, order, most = FairTurns(1, clock), [], 0
 
-        async def call(token: str) -> None:
+        async def build(token: str, seconds: float) -> None:
             nonlocal most
             async with turns.turn(token):
                 most = max(most, turns.held)
                 order.append(token)
                 await asyncio.sleep(0)
+                clock.now += seconds
 
         blocker = asyncio.Event()
 
@@ -53,14 +77,32 @@ def test_tokens_take_turns_and_never_more_than_the_slots_hold_at_once() -> None:
 
         held = asyncio.create_task(first())
         await asyncio.sleep(0)
-        tasks = [asyncio.create_task(call(t)) for t in "aaabbbc"]
+        costs = {"a": 3.0, "b": 1.0, "c": 1.0}
+        tasks = [asyncio.create_task(build(t, costs[t])) for t in "aaabbbc"]
         await asyncio.sleep(0)
         blocker.set()
         await asyncio.gather(held, *tasks)
         return order, most
 
     order, most = asyncio.run(main())
-    assert order == ["a", "b", "c", "a", "b", "a", "b"] and most == 1
+    # a (3 s), then b and c (0 s each so far), then b twice (1, 2 s < a's 3), then a's
+    # (equal at 3 s: a queued first), never two at once
+    assert order == ["a", "b", "c", "b", "b", "a", "a"] and most == 1
+
+
+def test_past_use_counts_half_after_each_half_life() -> None:
+    clock = Clock()
+
+    async def main() -> FairTurns:
+        turns = FairTurns(1, clock)
+        async with turns.turn("a"):
+            clock.now += 8.0
+        return turns
+
+    turns = asyncio.run(main())
+    assert turns.used("a") == pytest.approx(8.0) and turns.used("b") == 0.0
+    clock.now += HALF_LIFE_S
+    assert turns.used("a") == pytest.approx(4.0)
 
 
 def test_a_cancelled_wait_gives_up_its_place_and_a_cancelled_grant_passes_the_slot_on() -> None:
