@@ -226,8 +226,12 @@ class Children:
             time.sleep(0.05)
 
     def admin_url(self) -> str:
-        """The admin API's base URL (as written by the daemon)."""
-        return self.layout.admin_url_file.read_text().strip()
+        """The admin API's base URL (as written by the daemon), or ``"unknown"`` when the
+        file is gone (a message must not stop a spoke that serves)."""
+        try:
+            return self.layout.admin_url_file.read_text().strip()
+        except OSError:
+            return "unknown"
 
     def _adopt(self) -> str:
         """Take over a live daemon and mount of this cache directory (their supervisor was

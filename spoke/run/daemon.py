@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -299,7 +300,7 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         host, port = admin_sock.getsockname()[:2]
         url = f"http://{host}:{port}"
         write_atomic(layout.admin_url_file, (url + "\n").encode())
-        stack.callback(layout.admin_url_file.unlink, missing_ok=True)
+        stack.callback(_unlink_if_ours, layout.admin_url_file, url)
 
         try:
             found = await catalog.list_datasets()
@@ -311,3 +312,13 @@ async def run_daemon(settings: SpokeSettings, stop: asyncio.Event | None = None)
         log.info("daemon ready: socket %s, admin %s", layout.socket_path, url)
         await stop.wait()
         log.info("daemon stopping")
+
+
+def _unlink_if_ours(path: Path, url: str) -> None:
+    """Remove ``admin.url`` at exit only while it still names this daemon's ``url``: after
+    a succession the successor's daemon may have written its own there already, and a
+    predecessor stopping late must not take it away (make test saw a successor's
+    supervisor find no ``admin.url``)."""
+    with contextlib.suppress(OSError):
+        if path.read_text().strip() == url:
+            path.unlink()
