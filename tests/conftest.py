@@ -53,7 +53,7 @@ LONGEST_FILES = (
     "tests/fuse/test_cache_engine.py",
     "tests/integration/test_connection_floods.py",
     "tests/fuse/test_bulk_mount.py",
-    "tests/component/test_trainer_cli.py",
+    "tests/component/test_trainer_fit.py",
     "tests/fuse/test_restarts.py",
     "tests/fuse/test_hub_security_mount.py",
     "tests/fuse/test_faults.py",

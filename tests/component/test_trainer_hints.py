@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.component.test_trainer_cli import f3_mdio  # noqa: F401  (fixture)
+from tests.component.trainer_support import f3_mdio_fixture  # noqa: F401  (the f3_mdio fixture)
 from trainer import train
 from trainer.dataloader import build_dataset
 from trainer.dataset import PatchDataset
@@ -181,7 +181,7 @@ def test_the_first_read_happens_before_the_plan_is_fully_posted(
     assert _Recorder.deletes == [f"/v1/hints/{stream}"]
 
 
-def test_unreachable_hint_service_does_not_stop_training(f3_mdio: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_unreachable_hint_service_does_not_stop_training(f3_mdio: Path, tmp_path: Path) -> None:
     lines: list[str] = []
     target = HintTarget("http://127.0.0.1:9", "f3", "v1", "f3.mdio")  # discard port: refused
     summary = fit(

@@ -6,7 +6,7 @@ SeaweedFS (tests/integration/seaweedfs.py). ``fit`` runs as users run it, in a s
 whose DataLoader workers open the URL themselves, with the endpoint and credentials in
 the usual environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``...); ``plan`` takes
 them as ``--storage-option`` flags instead. The local runs train in-process with one
-thread, as tests/component/test_trainer_cli.py does.
+thread, as tests/component/test_trainer_fit.py does.
 """
 
 from __future__ import annotations
