@@ -1,24 +1,20 @@
 """The admin API in-process (httpx.ASGITransport over the guarded app): token checked before
-any body is read, bodies capped (413 JSON), caps on pins and running jobs (429), /docs with
-no CDN, and an audit record for each action and refused token."""
+any body is read, bodies capped (413 JSON) and bodies in flight (503 JSON), caps on pins
+and running jobs (429), /docs with no CDN, pins going with a revoked version, and an audit
+record for each action and refused token. What a scoped admin token may do is in
+``test_spoke_admin_scoped.py``."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from hub.publish.tree import publish
-from hub.serve.serverthread import ServerThread
-from spoke.audit import AuditLog
 from spoke.cache.blockcache import BlockCache
-from spoke.cache.hinted import HintedPolicy
 from spoke.cache.registry import make_policy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.catalog import SnapshotCatalog
@@ -27,79 +23,17 @@ from spoke.fetch.fetcher import Fetcher
 from spoke.fetch.scheduler import FetchScheduler
 from spoke.hublink.client import HubClient
 from spoke.hublink.source import HubSource
-from spoke.prefetch.hints import HintService
 from spoke.prefetch.prewarm import PrewarmJobs
 from spoke.serve import admin as admin_module
-from spoke.serve.admin import create_app
-from spoke.serve.adminguard import MAX_BODIES_BYTES, MAX_BODY_BYTES, AdminGuard
-from spoke.serve.admintokens import ScopedTokens
-from spoke.serve.routes import hints as hint_routes
+from spoke.serve.adminguard import MAX_BODY_BYTES, AdminGuard
 from spoke.upkeep.pins import PinRegistry
-from tests.integration.hub_support import write_tree
-
-TOKEN = "admin-secret-0123456789"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-@pytest.fixture(scope="module")
-def hub_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    base = tmp_path_factory.mktemp("adminhub")
-    files = {f"f{i}.bin": bytes([i]) * 1000 for i in range(5)}
-    publish(base / "data", "ds", write_tree(base / "src", files))
-    publish(base / "data", "other", write_tree(base / "other", files))
-    with ServerThread(base / "data") as hub:
-        yield hub.port
-
-
-Scenario = Callable[[httpx.AsyncClient, Path], Awaitable[None]]
-
-
-def run(
-    tmp_path: Path,
-    port: int,
-    scenario: Scenario,
-    scoped: ScopedTokens | None = None,
-    hinted: bool = False,
-    max_bodies: int = MAX_BODIES_BYTES,
-) -> None:
-    async def main() -> None:
-        layout = CacheLayout(tmp_path / "cache")
-        layout.root.mkdir()
-        env = open_index(layout)
-        hub = HubClient(f"127.0.0.1:{port}")
-        policy = make_policy("lru", 1 << 24)
-        if hinted:
-            policy = HintedPolicy(policy)
-        cache = BlockCache(BlockStore(layout, env), policy, 1 << 24)
-        catalog = SnapshotCatalog(hub, env)
-        scheduler = FetchScheduler(Fetcher(HubSource(hub), miss_deadline=5), cache)
-        pins = PinRegistry(env, cache)
-        jobs = PrewarmJobs(catalog, cache, scheduler, pins)
-        audit = AuditLog(tmp_path / "audit.jsonl")
-        hints = HintService(cache, scheduler) if hinted else None
-        app = AdminGuard(
-            create_app(cache, scheduler, catalog, jobs, pins, hints=hints),
-            TOKEN,
-            audit,
-            scoped=scoped,
-            max_bodies=max_bodies,
-        )
-        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 4242))  # type: ignore[arg-type]
-        try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://spoke") as client:
-                await scenario(client, tmp_path / "audit.jsonl")
-        finally:
-            await jobs.close()
-            await scheduler.close()
-            await hub.close()
-            audit.close()
-            env.close()
-
-    asyncio.run(main())
-
-
-def audit_lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+from tests.component.spoke_admin_support import (
+    AUTH,
+    TOKEN,
+    audit_lines,
+    hub_port_fixture,  # noqa: F401  (the hub_port fixture)
+    run,
+)
 
 
 def test_token_is_checked_before_the_body_is_read(tmp_path: Path, hub_port: int) -> None:
@@ -328,164 +262,3 @@ def test_pins_of_a_revoked_version_go_with_it(tmp_path: Path, hub_port: int) -> 
             env.close()
 
     asyncio.run(main())
-
-
-TEAM_A = "team-a-admin-token-5f2c"
-TEAM_B = "team-b-admin-token-9e41"
-
-
-def _scoped(tmp_path: Path) -> ScopedTokens:
-    path = tmp_path / "scoped.yaml"
-    path.write_text(
-        f"team-a:\n  sha256: {hashlib.sha256(TEAM_A.encode()).hexdigest()}\n"
-        "  datasets: [ds]\n"
-        f"team-b:\n  sha256: {hashlib.sha256(TEAM_B.encode()).hexdigest()}\n"
-        "  datasets: [other, 'other-*']\n"
-    )
-    return ScopedTokens(path)
-
-
-def test_a_scoped_admin_token_acts_only_on_its_datasets(tmp_path: Path, hub_port: int) -> None:
-    """team-a's token prewarms and pins ds and sees its jobs and pins; team-b's gets 403 on
-    ds, sees none of team-a's jobs or pins (404 by id), and neither may read the node's
-    cache status or evict; the node-wide token still may."""
-
-    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
-        a = {"Authorization": f"Bearer {TEAM_A}"}
-        b = {"Authorization": f"Bearer {TEAM_B}"}
-        job = await client.post("/v1/prewarm", json={"dataset": "ds"}, headers=a)
-        assert job.status_code == 202, job.text
-        pin = await client.post("/v1/pins", json={"dataset": "ds"}, headers=a)
-        assert pin.status_code == 201, pin.text
-        for method, path, body in (
-            ("POST", "/v1/prewarm", {"dataset": "ds"}),
-            ("POST", "/v1/pins", {"dataset": "ds"}),
-            ("POST", "/v1/hints", {"dataset": "ds", "stream": "s", "paths": ["f0.bin"]}),
-        ):
-            refused = await client.request(method, path, json=body, headers=b)
-            assert refused.status_code == 403, (path, refused.text)
-            assert "'team-b' may not act on dataset 'ds'" in refused.json()["detail"]
-        job_id, pin_id = job.json()["id"], pin.json()["id"]
-        assert [j["id"] for j in (await client.get("/v1/jobs", headers=a)).json()] == [job_id]
-        assert (await client.get("/v1/jobs", headers=b)).json() == []
-        assert (await client.get("/v1/pins", headers=b)).json() == []
-        assert (await client.get(f"/v1/jobs/{job_id}", headers=b)).status_code == 404
-        assert (await client.delete(f"/v1/jobs/{job_id}", headers=b)).status_code == 404
-        assert (await client.delete(f"/v1/pins/{pin_id}", headers=b)).status_code == 404
-        for token in (a, b):
-            assert (await client.get("/v1/cache", headers=token)).status_code == 403
-            evicted = await client.post("/v1/evict", json={"all": True}, headers=token)
-            assert evicted.status_code == 403
-        assert (await client.get("/v1/cache", headers=AUTH)).status_code == 200
-        assert (await client.delete(f"/v1/pins/{pin_id}", headers=a)).status_code == 200
-        assert (
-            await client.get("/v1/cache", headers={"Authorization": "Bearer x"})
-        ).status_code == 401
-        records = audit_lines(audit)
-        assert any(r["who"].endswith("(team-b)") and r["outcome"] == "403" for r in records)
-        assert TEAM_A not in audit.read_text() and TEAM_B not in audit.read_text()
-
-    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
-
-
-def test_a_scoped_token_holds_its_share_of_pins_and_the_operator_keeps_a_reserve(
-    tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One team's token cannot use up the spoke's pins (issue 39's fifth probe: team-a's
-    999 pins refused every pin and pinned prewarm of team-b): a scoped token holds at most
-    a quarter on its datasets, and the last eighth is the node-wide token's."""
-    monkeypatch.setattr(admin_module, "MAX_PINS", 4)  # a scoped share of 1, a reserve of 1
-
-    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
-        a = {"Authorization": f"Bearer {TEAM_A}"}
-        b = {"Authorization": f"Bearer {TEAM_B}"}
-        for headers, dataset in ((a, "ds"), (b, "other")):
-            pin = await client.post("/v1/pins", json={"dataset": dataset}, headers=headers)
-            assert pin.status_code == 201, pin.text
-        for headers, dataset, who in ((a, "ds", "team-a"), (b, "other", "team-b")):
-            for path, body in (
-                ("/v1/pins", {"dataset": dataset}),
-                ("/v1/prewarm", {"dataset": dataset, "pin": True}),
-            ):
-                refused = await client.post(path, json=body, headers=headers)
-                assert refused.status_code == 429, refused.text
-                assert f"admin token '{who}' holds 1 pins" in refused.json()["detail"]
-        for _ in range(2):  # the operator takes the rest, the reserve included
-            pin = await client.post("/v1/pins", json={"dataset": "ds"}, headers=AUTH)
-            assert pin.status_code == 201, pin.text
-        full = await client.post("/v1/pins", json={"dataset": "ds"}, headers=AUTH)
-        assert full.status_code == 429
-        assert full.json()["detail"] == "4 pins exist; remove some (DELETE /v1/pins/ID)"
-
-    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
-
-
-def test_the_operators_reserve_is_kept_from_scoped_tokens(
-    tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(admin_module, "MAX_PINS", 2)  # a share of 1 each, a reserve of 1
-
-    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
-        a = {"Authorization": f"Bearer {TEAM_A}"}
-        b = {"Authorization": f"Bearer {TEAM_B}"}
-        pin = await client.post("/v1/pins", json={"dataset": "ds"}, headers=a)
-        assert pin.status_code == 201, pin.text
-        refused = await client.post("/v1/pins", json={"dataset": "other"}, headers=b)
-        assert refused.status_code == 429
-        assert "the last 1 of 2 are kept for the node's admin token" in refused.json()["detail"]
-        pin = await client.post("/v1/pins", json={"dataset": "other"}, headers=AUTH)
-        assert pin.status_code == 201, pin.text
-
-    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
-
-
-def test_a_scoped_token_holds_its_share_of_hint_streams(
-    tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One team's token cannot install every hint stream (the sixth probe: team-a's 64
-    streams refused team-b's with 400): a scoped token holds a quarter on its datasets."""
-    monkeypatch.setattr(hint_routes, "MAX_STREAMS", 8)  # a share of 2, a reserve of 1
-
-    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
-        a = {"Authorization": f"Bearer {TEAM_A}"}
-        b = {"Authorization": f"Bearer {TEAM_B}"}
-
-        def hint(dataset: str, stream: str) -> dict[str, object]:
-            return {"dataset": dataset, "stream": stream, "paths": ["f0.bin"]}
-
-        for stream in ("a0", "a1"):
-            posted = await client.post("/v1/hints", json=hint("ds", stream), headers=a)
-            assert posted.status_code == 202, posted.text
-        refused = await client.post("/v1/hints", json=hint("ds", "a2"), headers=a)
-        assert refused.status_code == 429, refused.text
-        assert "'team-a' holds 2 hint streams" in refused.json()["detail"]
-        again = await client.post("/v1/hints", json=hint("ds", "a1"), headers=a)
-        assert again.status_code == 202, again.text  # its own stream, posted again
-        posted = await client.post("/v1/hints", json=hint("other", "b0"), headers=b)
-        assert posted.status_code == 202, posted.text
-
-    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path), hinted=True)
-
-
-def test_a_scoped_token_cannot_take_over_another_teams_hint_stream(
-    tmp_path: Path, hub_port: int
-) -> None:
-    """Stream names are shared on a node: team-b's token may not replace or extend the
-    stream "rank0" that reads team-a's dataset (403, the stream unchanged); team-a may."""
-
-    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
-        a = {"Authorization": f"Bearer {TEAM_A}"}
-        b = {"Authorization": f"Bearer {TEAM_B}"}
-        body = {"dataset": "ds", "stream": "rank0", "paths": ["f0.bin", "f1.bin"]}
-        assert (await client.post("/v1/hints", json=body, headers=a)).status_code == 202
-        for append in (False, True):
-            theirs = {"dataset": "other", "stream": "rank0", "paths": ["x"], "append": append}
-            refused = await client.post("/v1/hints", json=theirs, headers=b)
-            assert refused.status_code == 403, refused.text
-            assert "hint stream 'rank0'" in refused.json()["detail"]
-        (stream,) = (await client.get("/v1/hints", headers=a)).json()
-        assert stream["stream"] == "rank0" and stream["source"] == "ds@v1"
-        again = {**body, "paths": ["f2.bin"], "append": True}
-        assert (await client.post("/v1/hints", json=again, headers=a)).status_code == 202
-
-    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path), hinted=True)

@@ -1,0 +1,182 @@
+"""Scoped admin tokens in-process (httpx.ASGITransport over the guarded app): a team's token
+acts only on its datasets and sees only its own jobs and pins, holds at most its share of
+pins and hint streams while the node-wide token keeps a reserve, and cannot take over
+another team's hint stream; tokens never reach the audit log."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import httpx
+import pytest
+
+from spoke.serve import admin as admin_module
+from spoke.serve.admintokens import ScopedTokens
+from spoke.serve.routes import hints as hint_routes
+from tests.component.spoke_admin_support import (
+    AUTH,
+    audit_lines,
+    hub_port_fixture,  # noqa: F401  (the hub_port fixture)
+    run,
+)
+
+TEAM_A = "team-a-admin-token-5f2c"
+TEAM_B = "team-b-admin-token-9e41"
+
+
+def _scoped(tmp_path: Path) -> ScopedTokens:
+    path = tmp_path / "scoped.yaml"
+    path.write_text(
+        f"team-a:\n  sha256: {hashlib.sha256(TEAM_A.encode()).hexdigest()}\n"
+        "  datasets: [ds]\n"
+        f"team-b:\n  sha256: {hashlib.sha256(TEAM_B.encode()).hexdigest()}\n"
+        "  datasets: [other, 'other-*']\n"
+    )
+    return ScopedTokens(path)
+
+
+def test_a_scoped_admin_token_acts_only_on_its_datasets(tmp_path: Path, hub_port: int) -> None:
+    """team-a's token prewarms and pins ds and sees its jobs and pins; team-b's gets 403 on
+    ds, sees none of team-a's jobs or pins (404 by id), and neither may read the node's
+    cache status or evict; the node-wide token still may."""
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        b = {"Authorization": f"Bearer {TEAM_B}"}
+        job = await client.post("/v1/prewarm", json={"dataset": "ds"}, headers=a)
+        assert job.status_code == 202, job.text
+        pin = await client.post("/v1/pins", json={"dataset": "ds"}, headers=a)
+        assert pin.status_code == 201, pin.text
+        for method, path, body in (
+            ("POST", "/v1/prewarm", {"dataset": "ds"}),
+            ("POST", "/v1/pins", {"dataset": "ds"}),
+            ("POST", "/v1/hints", {"dataset": "ds", "stream": "s", "paths": ["f0.bin"]}),
+        ):
+            refused = await client.request(method, path, json=body, headers=b)
+            assert refused.status_code == 403, (path, refused.text)
+            assert "'team-b' may not act on dataset 'ds'" in refused.json()["detail"]
+        job_id, pin_id = job.json()["id"], pin.json()["id"]
+        assert [j["id"] for j in (await client.get("/v1/jobs", headers=a)).json()] == [job_id]
+        assert (await client.get("/v1/jobs", headers=b)).json() == []
+        assert (await client.get("/v1/pins", headers=b)).json() == []
+        assert (await client.get(f"/v1/jobs/{job_id}", headers=b)).status_code == 404
+        assert (await client.delete(f"/v1/jobs/{job_id}", headers=b)).status_code == 404
+        assert (await client.delete(f"/v1/pins/{pin_id}", headers=b)).status_code == 404
+        for token in (a, b):
+            assert (await client.get("/v1/cache", headers=token)).status_code == 403
+            evicted = await client.post("/v1/evict", json={"all": True}, headers=token)
+            assert evicted.status_code == 403
+        assert (await client.get("/v1/cache", headers=AUTH)).status_code == 200
+        assert (await client.delete(f"/v1/pins/{pin_id}", headers=a)).status_code == 200
+        assert (
+            await client.get("/v1/cache", headers={"Authorization": "Bearer x"})
+        ).status_code == 401
+        records = audit_lines(audit)
+        assert any(r["who"].endswith("(team-b)") and r["outcome"] == "403" for r in records)
+        assert TEAM_A not in audit.read_text() and TEAM_B not in audit.read_text()
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
+
+
+def test_a_scoped_token_holds_its_share_of_pins_and_the_operator_keeps_a_reserve(
+    tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One team's token cannot use up the spoke's pins (issue 39's fifth probe: team-a's
+    999 pins refused every pin and pinned prewarm of team-b): a scoped token holds at most
+    a quarter on its datasets, and the last eighth is the node-wide token's."""
+    monkeypatch.setattr(admin_module, "MAX_PINS", 4)  # a scoped share of 1, a reserve of 1
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        b = {"Authorization": f"Bearer {TEAM_B}"}
+        for headers, dataset in ((a, "ds"), (b, "other")):
+            pin = await client.post("/v1/pins", json={"dataset": dataset}, headers=headers)
+            assert pin.status_code == 201, pin.text
+        for headers, dataset, who in ((a, "ds", "team-a"), (b, "other", "team-b")):
+            for path, body in (
+                ("/v1/pins", {"dataset": dataset}),
+                ("/v1/prewarm", {"dataset": dataset, "pin": True}),
+            ):
+                refused = await client.post(path, json=body, headers=headers)
+                assert refused.status_code == 429, refused.text
+                assert f"admin token '{who}' holds 1 pins" in refused.json()["detail"]
+        for _ in range(2):  # the operator takes the rest, the reserve included
+            pin = await client.post("/v1/pins", json={"dataset": "ds"}, headers=AUTH)
+            assert pin.status_code == 201, pin.text
+        full = await client.post("/v1/pins", json={"dataset": "ds"}, headers=AUTH)
+        assert full.status_code == 429
+        assert full.json()["detail"] == "4 pins exist; remove some (DELETE /v1/pins/ID)"
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
+
+
+def test_the_operators_reserve_is_kept_from_scoped_tokens(
+    tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admin_module, "MAX_PINS", 2)  # a share of 1 each, a reserve of 1
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        b = {"Authorization": f"Bearer {TEAM_B}"}
+        pin = await client.post("/v1/pins", json={"dataset": "ds"}, headers=a)
+        assert pin.status_code == 201, pin.text
+        refused = await client.post("/v1/pins", json={"dataset": "other"}, headers=b)
+        assert refused.status_code == 429
+        assert "the last 1 of 2 are kept for the node's admin token" in refused.json()["detail"]
+        pin = await client.post("/v1/pins", json={"dataset": "other"}, headers=AUTH)
+        assert pin.status_code == 201, pin.text
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
+
+
+def test_a_scoped_token_holds_its_share_of_hint_streams(
+    tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One team's token cannot install every hint stream (the sixth probe: team-a's 64
+    streams refused team-b's with 400): a scoped token holds a quarter on its datasets."""
+    monkeypatch.setattr(hint_routes, "MAX_STREAMS", 8)  # a share of 2, a reserve of 1
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        b = {"Authorization": f"Bearer {TEAM_B}"}
+
+        def hint(dataset: str, stream: str) -> dict[str, object]:
+            return {"dataset": dataset, "stream": stream, "paths": ["f0.bin"]}
+
+        for stream in ("a0", "a1"):
+            posted = await client.post("/v1/hints", json=hint("ds", stream), headers=a)
+            assert posted.status_code == 202, posted.text
+        refused = await client.post("/v1/hints", json=hint("ds", "a2"), headers=a)
+        assert refused.status_code == 429, refused.text
+        assert "'team-a' holds 2 hint streams" in refused.json()["detail"]
+        again = await client.post("/v1/hints", json=hint("ds", "a1"), headers=a)
+        assert again.status_code == 202, again.text  # its own stream, posted again
+        posted = await client.post("/v1/hints", json=hint("other", "b0"), headers=b)
+        assert posted.status_code == 202, posted.text
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path), hinted=True)
+
+
+def test_a_scoped_token_cannot_take_over_another_teams_hint_stream(
+    tmp_path: Path, hub_port: int
+) -> None:
+    """Stream names are shared on a node: team-b's token may not replace or extend the
+    stream "rank0" that reads team-a's dataset (403, the stream unchanged); team-a may."""
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        b = {"Authorization": f"Bearer {TEAM_B}"}
+        body = {"dataset": "ds", "stream": "rank0", "paths": ["f0.bin", "f1.bin"]}
+        assert (await client.post("/v1/hints", json=body, headers=a)).status_code == 202
+        for append in (False, True):
+            theirs = {"dataset": "other", "stream": "rank0", "paths": ["x"], "append": append}
+            refused = await client.post("/v1/hints", json=theirs, headers=b)
+            assert refused.status_code == 403, refused.text
+            assert "hint stream 'rank0'" in refused.json()["detail"]
+        (stream,) = (await client.get("/v1/hints", headers=a)).json()
+        assert stream["stream"] == "rank0" and stream["source"] == "ds@v1"
+        again = {**body, "paths": ["f2.bin"], "append": True}
+        assert (await client.post("/v1/hints", json=again, headers=a)).status_code == 202
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path), hinted=True)
