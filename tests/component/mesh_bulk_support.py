@@ -19,25 +19,21 @@ from hub.auth.tokens import Principal
 from spoke.cache.staging import Staged
 from spoke.cache.store import Received
 from spoke.disk.layout import block_digest
-from spoke.fetch.fetcher import Fetcher
-from spoke.fetch.scheduler import FetchScheduler, Priority
-from spoke.mesh.admission import CallerLimits, Refusals, ScopeCheck
+from spoke.fetch.scheduler import Priority
+from spoke.mesh.admission import CallerLimits, Refusals
 from spoke.mesh.bulkclient import PeerBulkClient
-from spoke.mesh.grantcheck import GrantVerifier
 from spoke.mesh.grants import GrantKeeper
 from spoke.mesh.membership import Membership
 from spoke.mesh.peerbulk import PeerBulkServer
 from spoke.mesh.peerclient import PeerClient
-from spoke.mesh.peerservice import PeerService, start_peer_server
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import PeerTls, PeerToken
-from tests.component.test_spoke_mesh_source import (
+from tests.component import mesh_source_support
+from tests.component.mesh_source_support import (
     EVERYTHING,
     FakeHub,
     _cache,
-    _hold,
     _keeper,
-    _keys,
     _live,
 )
 
@@ -62,14 +58,14 @@ class Audit:
         self.records.append(fields)
 
 
-class Owner:
+class Owner(mesh_source_support.Owner):
     """A spoke's gRPC and bulk peer ports over a fake hub, holding ``blocks`` as a snapshot
-    of ``ds``; one admission (:class:`~spoke.mesh.peercall.PeerGate`) behind both."""
+    of ``ds``; one admission (:class:`~spoke.mesh.peercall.PeerGate`) behind both, its
+    refusals kept in :attr:`audit`."""
 
     def __init__(self, root: Path, hub: FakeHub, blocks: dict[str, bytes]) -> None:
-        self.root, self.hub, self.blocks = root, hub, blocks
-        self.node = f"127.0.0.1:{free_port()}"
         self.audit = Audit()
+        super().__init__(root, hub, blocks, Refusals(self.audit))  # type: ignore[arg-type]
 
     async def start(
         self,
@@ -77,30 +73,13 @@ class Owner:
         tls: PeerTls | None = None,
         limits: CallerLimits | None = None,
     ) -> None:
-        cache, catalog = _cache(self.root)
-        _hold(catalog, "ds", self.blocks)
-        source = MeshSource(self.hub, Membership(self.node))
-        self.scheduler = FetchScheduler(Fetcher(source), cache)
-        service = PeerService(
-            self.node,
-            cache,
-            self.scheduler,
-            source,
-            GrantVerifier(self.node, _keys()),
-            ScopeCheck(catalog),
-            token=token,
-            limits=limits,
-            refusals=Refusals(self.audit),  # type: ignore[arg-type]
-        )
-        self.service = service
-        self.server, _ = await start_peer_server(service, self.node, tls)
-        self.bulk = PeerBulkServer(service.gate, service.blocks, tls)
+        await super().start(token, tls, limits)
+        self.bulk = PeerBulkServer(self.service.gate, self.service.blocks, tls)
         self.port = await self.bulk.start("127.0.0.1", 0)
 
     async def stop(self) -> None:
         await self.bulk.close()
-        await self.server.stop(0)
-        await self.scheduler.close()
+        await super().stop()
 
 
 def _data(got: Received) -> bytes:

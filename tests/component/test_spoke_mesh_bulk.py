@@ -29,7 +29,7 @@ from tests.component.mesh_bulk_support import (
     read_all,
     region_tls_fixture,  # noqa: F401  (the region_tls fixture)
 )
-from tests.component.test_spoke_mesh_source import FakeHub
+from tests.component.mesh_source_support import FakeHub
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,7 +5,7 @@ does not follow relay hints (an older one) is still served by the owner.
 
 Each spoke is the daemon's mesh parts over its own cache: a scheduler fetching through its
 :class:`~spoke.mesh.source.MeshSource`, the peer port on 127.0.0.1, a read grant from the
-real issuer (as in ``test_spoke_mesh_source.py``); the hub is one dict for the region.
+real issuer (as in ``test_spoke_mesh_source*.py``); the hub is one dict for the region.
 """
 
 from __future__ import annotations
