@@ -51,6 +51,7 @@ from spoke.cache.hinted import HintedPolicy, HintPlan, HintStream
 from spoke.cache.hintplan import PlanBuilder, PlanLimit
 from spoke.errors import OverLimit
 from spoke.fetch.priority import Priority, Source
+from spoke.prefetch.hintcaps import Cap, CappedBuilder, HintShare, held, shared_caps
 
 if TYPE_CHECKING:
     from spoke.cache.blockcache import BlockCache
@@ -86,28 +87,6 @@ to :data:`MAX_LOOKAHEAD` positions per stream, and this bounds that walk to twic
 second. Half a second of link is a small part of the far part, which only fills free
 room. (`bench.hint_start --rows hints,fill --repeat 2` showed no difference beyond its
 noise between 0.5 and 0: the hinted run's extra CPU is elsewhere, see BENCHMARKS.md.)"""
-
-
-@dataclass(frozen=True)
-class HintShare:
-    """Who posts, when it is a scoped admin token: the streams it ``owns`` may hold at most
-    1/``share`` of :data:`MAX_TOTAL_POSITIONS` and of :data:`MAX_TOTAL_BLOCKS` together, and
-    its post may not take the last 1/``reserve`` of either (kept for the node-wide token,
-    which posts with no share). What a stream holds is counted from the installed streams at
-    each post, so a stream that ends, expires, is replaced or deleted frees its share at once.
-
-    Attributes:
-        name: the token's name, for refusals.
-        owns: whether a stream whose plan reads ``source`` (``DATASET@VERSION, ...``, as
-            :attr:`HintStatus.source`) counts as this token's.
-        share: the token's share is 1/``share`` of each total.
-        reserve: the last 1/``reserve`` of each total is the node-wide token's.
-    """
-
-    name: str
-    owns: Callable[[str], bool]
-    share: int
-    reserve: int
 
 
 @dataclass(frozen=True)
@@ -175,7 +154,9 @@ class HintService:
 
     # -- streams ---------------------------------------------------------------------------
 
-    def room(self, stream: str, append: bool = False, share: HintShare | None = None) -> _Builder:
+    def room(
+        self, stream: str, append: bool = False, share: HintShare | None = None
+    ) -> CappedBuilder:
         """A builder for stream ``stream``'s next post that stops at the first cap it
         would pass (so a worker thread never builds what :meth:`install` refuses); with a
         ``share``, at the token's share and the operator's reserve too.
@@ -202,24 +183,24 @@ class HintService:
             )
         others = [s for name, s in self.policy.streams.items() if name != stream]
         kept_held = (len(kept), kept.distinct_blocks()) if kept else (0, 0)
-        total = _held(others, kept_held)
+        total = held(others, kept_held)
         positions = [
-            _Cap(
+            Cap(
                 "stream_positions",
                 MAX_STREAM_POSITIONS,
                 kept.remaining if kept else 0,
                 "the stream",
             ),
-            _Cap("total_positions", MAX_TOTAL_POSITIONS, total[0], "the hint streams together"),
+            Cap("total_positions", MAX_TOTAL_POSITIONS, total[0], "the hint streams together"),
         ]
         blocks = [
-            _Cap("total_blocks", MAX_TOTAL_BLOCKS, total[1], "the hint streams together"),
+            Cap("total_blocks", MAX_TOTAL_BLOCKS, total[1], "the hint streams together"),
         ]
         if share is not None:  # kept is the token's: the route refuses another's stream
-            mine = _held([s for s in others if share.owns(self.source(s.name))], kept_held)
-            positions += _shared(share, "positions", MAX_TOTAL_POSITIONS, mine[0], total[0])
-            blocks += _shared(share, "blocks", MAX_TOTAL_BLOCKS, mine[1], total[1])
-        return _Builder(
+            mine = held([s for s in others if share.owns(self.source(s.name))], kept_held)
+            positions += shared_caps(share, "positions", MAX_TOTAL_POSITIONS, mine[0], total[0])
+            blocks += shared_caps(share, "blocks", MAX_TOTAL_BLOCKS, mine[1], total[1])
+        return CappedBuilder(
             min(positions, key=lambda cap: cap.room), min(blocks, key=lambda cap: cap.room)
         )
 
@@ -229,7 +210,7 @@ class HintService:
         ones dropped first."""
         self.expire()
         streams = self.policy.streams.values()
-        return _held([s for s in streams if owns is None or owns(self.source(s.name))])
+        return held([s for s in streams if owns is None or owns(self.source(s.name))])
 
     def source(self, stream: str) -> str:
         """What stream ``stream``'s plan reads: ``DATASET@VERSION, ...`` ('' if unknown)."""
@@ -444,87 +425,3 @@ class HintService:
         if far:
             started += self.scheduler.prefetch(far, Priority.FILL, Source.HINT)
         return started
-
-
-@dataclass(frozen=True)
-class _Cap:
-    """One cap a post must stay within: ``name`` and ``value`` as the 400 says them,
-    ``held`` what is counted against it already, ``whose`` what it counts (for the message)
-    and ``note`` what it is, if more than a cap."""
-
-    name: str
-    value: int
-    held: int
-    whose: str
-    note: str = ""
-
-    @property
-    def room(self) -> int:
-        """How much more fits (at least 0)."""
-        return max(0, self.value - self.held)
-
-
-def _held(streams: Iterable[HintStream], plus: tuple[int, int] = (0, 0)) -> tuple[int, int]:
-    """Planned reads and distinct blocks (summed per stream) ``streams`` hold, plus ``plus``."""
-    positions, blocks = plus
-    for s in streams:
-        positions += len(s)
-        blocks += s.distinct_blocks()
-    return positions, blocks
-
-
-def _shared(share: HintShare, what: str, cap: int, mine: int, total: int) -> list[_Cap]:
-    """A scoped token's two caps on one total ``cap``: its share (``mine`` held on its
-    datasets) and the total less the operator's reserve (``total`` held by all)."""
-    part, reserve = max(1, cap // share.share), max(1, cap // share.reserve)
-    return [
-        _Cap(
-            f"tenant_{what}",
-            part,
-            mine,
-            f"the hint streams on the datasets of admin token {share.name!r} together",
-            f" for a scoped token (1/{share.share} of {cap:,})",
-        ),
-        _Cap(
-            f"reserve_{what}",
-            cap - reserve,
-            total,
-            "the hint streams together",
-            f" while a scoped token posts (the last {reserve:,} of {cap:,} are kept for "
-            "the node's admin token)",
-        ),
-    ]
-
-
-class _Builder(PlanBuilder):
-    """A :class:`PlanBuilder` whose limits are the service's caps less what is held."""
-
-    def __init__(self, positions: _Cap, blocks: _Cap) -> None:
-        super().__init__(positions.room, blocks.room, (positions.name, blocks.name))
-        self._positions, self._blocks = positions, blocks
-
-    def check(self, positions: int, blocks: int) -> None:
-        """Refuses a built plan of this many positions and distinct blocks past a cap.
-
-        Raises:
-            OverLimit: naming the cap and its value.
-        """
-        if positions > self._positions.room:
-            self._too_many(positions)
-        if blocks > self._blocks.room:
-            self._too_many_blocks(blocks)
-
-    def _too_many(self, positions: int) -> None:
-        self._refuse(self._positions, positions, "planned reads")
-
-    def _too_many_blocks(self, blocks: int) -> None:
-        self._refuse(self._blocks, blocks, "distinct blocks")
-
-    @staticmethod
-    def _refuse(cap: _Cap, wanted: int, what: str) -> None:
-        raise OverLimit(
-            f"{cap.whose} would hold {cap.held + wanted:,} {what} or more; "
-            f"at most {cap.value:,} are kept{cap.note} ({cap.name})",
-            cap.name,
-            cap.value,
-        )

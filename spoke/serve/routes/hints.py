@@ -12,7 +12,8 @@ from pydantic import BaseModel, Field, ValidationError
 from spoke.cache.hintplan import HintPlan, PlanBuilder
 from spoke.catalog.selection import MAX_GLOB_CHARS, hint_plan
 from spoke.errors import InvalidRequest, NotFound
-from spoke.prefetch.hints import MAX_STREAMS, HintShare
+from spoke.prefetch.hintcaps import HintShare
+from spoke.prefetch.hints import MAX_STREAMS
 from spoke.serve.admintokens import Caller
 from spoke.serve.routes.context import (
     NAME,
