@@ -11,6 +11,7 @@ cache holds finishes and says how many of its bytes stayed cached.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import secrets
@@ -33,7 +34,12 @@ State = Literal["running", "done", "failed", "cancelled"]
 BATCH_BLOCKS = 16  # most blocks per fetch batch (one ReadBlocks stream)
 BATCH_BYTES = 32 << 20  # most bytes per fetch batch
 PARALLEL_BATCHES = 32  # batches waiting per job; the scheduler sends a window of them
-KEEP_FINISHED = 100  # finished jobs remembered
+KEEP_FINISHED = 100
+"""Finished jobs remembered per dataset (newest first), so one team's many jobs cannot push
+another team's out of the history (issue 39's seventh probe: 300 jobs of one scoped token
+left another's lookup 404)."""
+KEEP_FINISHED_TOTAL = 1000
+"""Finished jobs remembered in all (a finished job keeps its counts, not its block list)."""
 
 
 @dataclass
@@ -58,6 +64,10 @@ class Job:
     started: float = field(default_factory=time.time)
     finished: float | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    block_count: int = 0
+
+    def __post_init__(self) -> None:
+        self.block_count = len(self.blocks)
 
     def public(self) -> dict[str, object]:
         """State, progress (bytes), rate (bytes/s) and ETA (s) of the job."""
@@ -74,7 +84,7 @@ class Job:
             "pin_id": self.pin_id or None,
             "state": self.state,
             "files": self.files,
-            "blocks": len(self.blocks),
+            "blocks": self.block_count,
             "bytes_total": self.bytes_total,
             "bytes_done": self.bytes_done,
             "cached_bytes": self.cached_bytes,
@@ -271,6 +281,7 @@ class PrewarmJobs:
         finally:
             job.finished = time.time()
             job.cached_bytes = sum(s for d, s in job.blocks.items() if self._cache.contains(d))
+            job.blocks = {}  # a finished job is remembered by its counts
             if job.state == "done" and job.cached_bytes < job.bytes_total:
                 job.message = (
                     f"{job.cached_bytes:,} of {job.bytes_total:,} bytes stayed cached: the "
@@ -281,6 +292,9 @@ class PrewarmJobs:
             )
 
     def _forget_old(self) -> None:
-        finished = [j for j in self.all() if j.state != "running"]
-        for job in finished[KEEP_FINISHED:]:
-            self._jobs.pop(job.id, None)
+        kept: collections.Counter[str] = collections.Counter()
+        for job in [j for j in self.all() if j.state != "running"]:  # newest first
+            kept[job.dataset] += 1
+            if kept[job.dataset] > KEEP_FINISHED or kept.total() > KEEP_FINISHED_TOTAL:
+                self._jobs.pop(job.id, None)
+                kept[job.dataset] -= 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spoke.prefetch.prewarm import fetch_batches
+from spoke.prefetch.prewarm import KEEP_FINISHED, Job, PrewarmJobs, fetch_batches
 
 
 def test_batches_keep_order_and_respect_both_bounds() -> None:
@@ -19,3 +19,24 @@ def test_small_blocks_fill_batches_large_ones_go_alone() -> None:
     large = [(f"{i:032x}", 64 << 20) for i in range(3)]
     assert [len(b) for b in fetch_batches(large)] == [1, 1, 1]
     assert fetch_batches([]) == []
+
+
+def test_the_history_keeps_each_datasets_newest_finished_jobs() -> None:
+    jobs = PrewarmJobs(None, None, None, None)  # type: ignore[arg-type]  # only the history
+
+    def job(dataset: str, started: float, state: str = "done") -> Job:
+        j = Job(f"{dataset}-{started}", dataset, "v1", "v1", ["*"], False, 1, {"d": 1})
+        j.state, j.started = state, started  # type: ignore[assignment]
+        jobs._jobs[j.id] = j
+        return j
+
+    theirs = job("team-b", 0.0)  # one job of another team, then 300 of team-a's
+    mine = [job("team-a", 1.0 + i) for i in range(300)]
+    running = job("team-a", 0.5, "running")
+    jobs._forget_old()
+    kept = jobs.all()
+    assert theirs in kept and running in kept  # not pushed out; running jobs stay
+    assert [j for j in kept if j.dataset == "team-a" and j is not running] == mine[::-1][
+        :KEEP_FINISHED
+    ]
+    assert theirs.public()["blocks"] == 1
