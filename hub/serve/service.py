@@ -36,7 +36,7 @@ import grpc
 from hub.audit import AuditLog
 from hub.auth.grants import GrantIssuer, GrantLimiter
 from hub.auth.tokens import Principal
-from hub.catalog import Catalog, Snapshot, Tag
+from hub.catalog import Catalog, Snapshot
 from hub.errors import (
     Conflict,
     HubError,
@@ -256,24 +256,25 @@ class HubService(hub_pb2_grpc.HubServicer):
     async def ListVersions(
         self, request: hub_pb2.ListVersionsRequest, principal: Principal
     ) -> hub_pb2.ListVersionsResponse:
-        """Lists a dataset's live versions (oldest first) and tags."""
+        """Lists a dataset's live versions (oldest first) and tags, built whole in a worker
+        thread in one of the page-build turns (a dataset may carry tens of thousands of
+        tags: a reply of megabytes)."""
         validate_dataset(request.dataset)
         principal.require(request.dataset)
 
-        def read() -> tuple[int, list[Snapshot], list[Tag]]:
+        def reply() -> hub_pb2.ListVersionsResponse:  # in a worker thread: the loop serves on
             sequence = self._catalog.last_sequence()
-            return (
-                sequence,
-                self._catalog.list_versions(request.dataset),
-                self._catalog.list_tags(request.dataset),
+            versions = self._catalog.list_versions(request.dataset)
+            tags = self._catalog.list_tags(request.dataset)
+            return hub_pb2.ListVersionsResponse(
+                versions=[snapshot_message(snapshot) for snapshot in versions],
+                tags=[tag_message(tag) for tag in tags],
+                sequence=sequence,
             )
 
-        sequence, versions, tags = await asyncio.to_thread(read)
-        return hub_pb2.ListVersionsResponse(
-            versions=[snapshot_message(snapshot) for snapshot in versions],
-            tags=[tag_message(tag) for tag in tags],
-            sequence=sequence,
-        )
+        async with self._page_builds.turn(principal.name):
+            self._reply_bytes.check(principal.name)
+            return await asyncio.to_thread(reply)
 
     @_unary
     async def ResolveRef(
