@@ -46,10 +46,13 @@ class Caller:
     Attributes:
         name: The scoped token's name; None for the node-wide token (or no token at all).
         datasets: The dataset globs a scoped token may act on.
+        tenants: How many scoped tokens the table held when this one was looked up (their
+            shares are sized so that all of them together fit: ``routes.context``).
     """
 
     name: str | None = None
     datasets: tuple[str, ...] = ()
+    tenants: int = 1
 
     @property
     def operator(self) -> bool:
@@ -125,7 +128,8 @@ class ScopedTokens:
         """The caller a presented token names, or None when no entry has it."""
         digest = hashlib.sha256(presented.encode()).digest()
         found = None
-        for name, (expected, datasets) in self._file.current().items():
+        table = self._file.current()
+        for name, (expected, datasets) in table.items():
             if hmac.compare_digest(digest, expected):  # every entry compared: no early exit
-                found = Caller(name, datasets)
+                found = Caller(name, datasets, len(table))
         return found

@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 
 from spoke.serve.admintokens import OPERATOR, Caller
-from spoke.serve.routes.context import LimitReached, job_room, pin_room
+from spoke.serve.routes.context import LimitReached, job_room, pin_room, share_divisor
 
 A = Caller("team-a", ("a",))
 B = Caller("team-b", ("b",))
@@ -50,3 +50,25 @@ def test_finished_jobs_and_other_datasets_pins_do_not_count() -> None:
         pin_room(_context([], ["a", "a"]), A)
     with pytest.raises(LimitReached, match="8 pins exist"):
         pin_room(_context([], ["x"] * 8), OPERATOR)
+
+
+def test_with_five_scoped_tokens_four_colluding_leave_the_fifth_its_share() -> None:
+    """The eighth probe's case: four tokens at 1/4 each took 7/8 of 1,000 pins and a fifth
+    team was refused; with five tokens configured each holds 7/8 ÷ 5 at most."""
+    assert [share_divisor(k) for k in (1, 3, 4, 5, 8)] == [4, 4, 5, 6, 10]
+    colluders = [Caller(f"col-{i}", (f"c{i}",), tenants=5) for i in range(4)]
+    fifth = Caller("team-b", ("b",), tenants=5)
+    pinned: list[str] = []
+    for caller in colluders:  # each pins until refused
+        while True:
+            try:
+                pin_room(_context([], pinned, pins=1000), caller)
+            except LimitReached as err:
+                assert "the most a scoped token may (166 of 1000)" in str(err)
+                break
+            pinned.append(caller.datasets[0])
+    assert len(pinned) == 4 * 166
+    for _ in range(166):  # the fifth team still gets its whole share
+        pin_room(_context([], pinned, pins=1000), fifth)
+        pinned.append("b")
+    assert len(pinned) == 830 <= 1000 - 1000 // 8

@@ -162,13 +162,23 @@ SCOPED_SHARE = 4
 """A scoped admin token may hold at most 1/``SCOPED_SHARE`` of the spoke's pins, running
 prewarm jobs, hint streams and the hint streams' planned reads and blocks on its datasets
 (issue 39's fifth probe: one team's token made 999 pins and every other team's pin and
-pinned prewarm was refused 429; the ninth: its 4 streams of 4 million planned reads filled
-the node's 16 million and every other team's hint was refused 400)."""
+pinned prewarm was refused 429; the seventh: its 4 streams of 4 million planned reads filled
+the node's 16 million and every other team's hint was refused 400), and less when there are
+more than three scoped tokens (:func:`share_divisor`)."""
 
 OPERATOR_RESERVE = 8
 """The last 1/``OPERATOR_RESERVE`` of the pins, running jobs, hint streams and their planned
 reads and blocks (at least one) are kept for the node-wide token: scoped tokens together
 cannot lock the operator out."""
+
+
+def share_divisor(tenants: int) -> int:
+    """A scoped token's share is 1/``share_divisor(tenants)`` of each limit when ``tenants``
+    scoped tokens are configured: 1/:data:`SCOPED_SHARE` while all of them fit beside the
+    operator's reserve, else the scoped part (7/8) split evenly — so every token's share
+    fits beside all the others' (issue 39's eighth probe: four colluding tokens at 1/4 each
+    took 7/8 of the pins and hint plans, and a fifth team was refused every one)."""
+    return max(SCOPED_SHARE, -(-OPERATOR_RESERVE * max(1, tenants) // (OPERATOR_RESERVE - 1)))
 
 
 def tenant_room(caller: Caller, total: int, mine: int, limit: int, what: str, full: str) -> None:
@@ -184,7 +194,8 @@ def tenant_room(caller: Caller, total: int, mine: int, limit: int, what: str, fu
         raise LimitReached(full)
     if caller.operator:
         return
-    share, reserve = max(1, limit // SCOPED_SHARE), max(1, limit // OPERATOR_RESERVE)
+    share = max(1, limit // share_divisor(caller.tenants))
+    reserve = max(1, limit // OPERATOR_RESERVE)
     if mine >= share:
         raise LimitReached(
             f"admin token {caller.name!r} holds {mine} {what} on its datasets, the most a "
@@ -199,7 +210,7 @@ def tenant_room(caller: Caller, total: int, mine: int, limit: int, what: str, fu
 
 def pin_room(context: AdminContext, caller: Caller = OPERATOR) -> None:
     """Refuse a new pin when :attr:`AdminContext.max_pins` exist, or, for a scoped token,
-    when it holds its share (:data:`SCOPED_SHARE`) or only the operator's reserve is left
+    when it holds its share (:func:`share_divisor`) or only the operator's reserve is left
     (:data:`OPERATOR_RESERVE`).
 
     Raises:

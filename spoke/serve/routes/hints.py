@@ -18,12 +18,12 @@ from spoke.serve.admintokens import Caller
 from spoke.serve.routes.context import (
     NAME,
     OPERATOR_RESERVE,
-    SCOPED_SHARE,
     STRICT,
     CallerOf,
     Context,
     NotYours,
     require,
+    share_divisor,
     tenant_room,
     v1_router,
 )
@@ -156,7 +156,10 @@ def _share(caller: Caller) -> HintShare | None:
     if caller.name is None:
         return None
     return HintShare(
-        caller.name, lambda source: _may_see(caller, source), SCOPED_SHARE, OPERATOR_RESERVE
+        caller.name,
+        lambda source: _may_see(caller, source),
+        share_divisor(caller.tenants),
+        OPERATOR_RESERVE,
     )
 
 
