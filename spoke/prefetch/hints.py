@@ -274,16 +274,22 @@ class HintService:
         append: bool = False,
         source: str = "",
         share: HintShare | None = None,
+        admit: Callable[[], None] | None = None,
     ) -> tuple[HintStatus, int]:
         """:meth:`install` a plan that ``build`` makes in a worker thread (it gets the
         :meth:`room` builder; parsing and building never run on the event loop). One
-        post at a time, so the caps checked before the build still hold after it.
+        post at a time, so the caps checked before the build still hold after it; the
+        caller's own check ``admit`` (a tenant's stream count) runs first under the same
+        lock, so concurrent posts cannot all pass it at once.
 
         Raises:
             OverLimit: as :meth:`install`, or ``build`` passed a cap.
-            Exception: whatever ``build`` raises (e.g. InvalidRequest for a bad path).
+            Exception: whatever ``build`` or ``admit`` raises (e.g. InvalidRequest for a
+                bad path).
         """
         async with self._posting:
+            if admit is not None:
+                admit()
             builder = self.room(stream, append, share)
             try:
                 plan = await asyncio.to_thread(build, builder)

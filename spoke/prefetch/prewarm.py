@@ -16,6 +16,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -145,16 +146,28 @@ class PrewarmJobs:
         self._pins = pins
         self._jobs: dict[str, Job] = {}
 
-    async def start(self, dataset: str, ref: str, paths: list[str], pin: bool) -> Job:
-        """Validate, resolve and start a job.
+    async def start(
+        self,
+        dataset: str,
+        ref: str,
+        paths: list[str],
+        pin: bool,
+        admit: Callable[[], None] | None = None,
+    ) -> Job:
+        """Validate, resolve and start a job; ``admit`` (the caller's room check) runs again
+        after the resolve, with no await between it and the job's start, so concurrent
+        requests cannot all pass it while none is counted yet.
 
         Raises:
+            Exception: whatever ``admit`` raises (the admin API's LimitReached).
             InvalidRequest: bad globs, or globs that match no file.
             NotFound: unknown dataset or ref.
             HubUnavailable: the snapshot is not known here and the hub is unreachable.
             CapacityError: ``pin`` and the blocks cannot fit beside existing pins.
         """
         snapshot, globs, entries, blocks = await self.resolve(dataset, ref, paths)
+        if admit is not None:
+            admit()
         total = sum(blocks.values())
         if pin:
             self.check_pin_room(f"{dataset}@{ref}", blocks, dataset)

@@ -96,10 +96,15 @@ async def post_hints(request: Request, context: Context, caller: CallerOf) -> di
                 f"hint stream {body.stream!r} reads datasets admin token {caller.name!r} "
                 "may not act on: name a stream of your own"
             )
-    if all(installed.stream != body.stream for installed in streams):  # a new stream
-        mine = sum(1 for installed in streams if _may_see(caller, installed.source))
-        full = f"{len(streams)} hint streams are installed already"
-        tenant_room(caller, len(streams), mine, MAX_STREAMS, "hint streams", full)
+
+    def admit() -> None:  # here and again under the post lock: concurrent posts race
+        streams = hints.status()
+        if all(installed.stream != body.stream for installed in streams):  # a new stream
+            mine = sum(1 for installed in streams if _may_see(caller, installed.source))
+            full = f"{len(streams)} hint streams are installed already"
+            tenant_room(caller, len(streams), mine, MAX_STREAMS, "hint streams", full)
+
+    admit()
     catalog = context.catalog
     snapshot = await catalog.resolve_ref(body.dataset, body.ref)
     manifest = await catalog.manifest(body.dataset, snapshot.version)
@@ -117,6 +122,7 @@ async def post_hints(request: Request, context: Context, caller: CallerOf) -> di
         append=body.append,
         source=f"{body.dataset}@{snapshot.version}",
         share=_share(caller),
+        admit=admit,
     )
     return {
         "dataset": body.dataset,

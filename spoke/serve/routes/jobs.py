@@ -35,10 +35,14 @@ class PrewarmRequest(BaseModel):
 async def prewarm(body: PrewarmRequest, context: Context, caller: CallerOf) -> dict[str, object]:
     """Start fetching a snapshot's files into the cache; returns the job."""
     require(caller, body.dataset)
-    job_room(context, caller)
-    if body.pin:
-        pin_room(context, caller)
-    job = await context.jobs.start(body.dataset, body.ref, body.paths, body.pin)
+
+    def admit() -> None:  # here and again just before the job is added: concurrent posts race
+        job_room(context, caller)
+        if body.pin:
+            pin_room(context, caller)
+
+    admit()
+    job = await context.jobs.start(body.dataset, body.ref, body.paths, body.pin, admit)
     return job.public()
 
 

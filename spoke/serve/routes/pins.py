@@ -36,6 +36,7 @@ async def add_pin(body: PinRequest, context: Context, caller: CallerOf) -> dict[
     pin_room(context, caller)
     jobs = context.jobs
     snapshot, globs, _, blocks = await jobs.resolve(body.dataset, body.ref, body.paths)
+    pin_room(context, caller)  # again, with no await before the add: concurrent pins race
     jobs.check_pin_room(f"{body.dataset}@{body.ref}", blocks, body.dataset)
     return context.pins.add(body.dataset, body.ref, snapshot.version, globs, blocks).public()
 
