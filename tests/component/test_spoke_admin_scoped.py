@@ -5,6 +5,7 @@ another team's hint stream; tokens never reach the audit log."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from pathlib import Path
 
@@ -180,3 +181,23 @@ def test_a_scoped_token_cannot_take_over_another_teams_hint_stream(
         assert (await client.post("/v1/hints", json=again, headers=a)).status_code == 202
 
     run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path), hinted=True)
+
+
+def test_concurrent_requests_of_a_scoped_token_hold_no_more_than_its_share(
+    tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39's ninth probe: the room was checked before the snapshot was resolved (an
+    await) and the pin or job counted only after it, so 200 concurrent prewarms of one
+    token all passed (203 running against a share of 4); now checked again just before."""
+    monkeypatch.setattr(admin_module, "MAX_PINS", 16)  # a scoped share of 4
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        pins = await asyncio.gather(
+            *(client.post("/v1/pins", json={"dataset": "ds"}, headers=a) for _ in range(12))
+        )
+        assert sorted(p.status_code for p in pins) == [201] * 4 + [429] * 8
+        mine = await client.get("/v1/pins", headers=a)
+        assert len(mine.json()) == 4
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
