@@ -115,6 +115,11 @@ class HintStatus:
 class HintService:
     """Installs hint streams in the cache's :class:`HintedPolicy` and prefetches ahead.
 
+    Sixteen methods because the service is the one place where a stream's life (room,
+    install, post, remove, expire), the readers' progress (observe, hold, release) and the
+    plan ahead of them (plan, plan_parts, prefetch_ahead) all read and write the same
+    streams on the event loop; split, each half would need the other's state.
+
     Args:
         cache: its policy must be a :class:`HintedPolicy`.
         scheduler: prefetches through
