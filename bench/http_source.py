@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from protocol.address import parse_hostport
+from strata_local.atomic import write_atomic
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 
@@ -137,9 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     if ns.port_file is not None:
-        tmp = ns.port_file.with_suffix(".tmp")
-        tmp.write_text(f"{server.server_port}\n")
-        tmp.rename(ns.port_file)
+        write_atomic(ns.port_file, f"{server.server_port}\n".encode())
     stop.wait()
     server.shutdown()
     server.server_close()
