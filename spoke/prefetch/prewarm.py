@@ -23,7 +23,14 @@ from typing import Literal
 from protocol.hub.v1 import hub_pb2
 from spoke.cache.blockcache import BlockCache
 from spoke.catalog.catalog import SnapshotCatalog
-from spoke.catalog.selection import select, unique_blocks, validate_globs
+from spoke.catalog.selection import (
+    GlobMatcher,
+    describe,
+    preview,
+    select,
+    unique_blocks,
+    validate_globs,
+)
 from spoke.errors import InvalidRequest, SpokeError
 from spoke.fetch.priority import Priority
 from spoke.fetch.scheduler import FetchScheduler
@@ -41,6 +48,9 @@ another team's out of the history (issue 39's seventh probe: 300 jobs of one sco
 left another's lookup 404)."""
 KEEP_FINISHED_TOTAL = 1000
 """Finished jobs remembered in all (a finished job keeps its counts, not its block list)."""
+SELECTIONS = 2
+"""Selections (globs matched against a manifest) running at once, each in a worker thread,
+so the event loop keeps at least a third of the interpreter while they run."""
 
 
 @dataclass
@@ -66,9 +76,13 @@ class Job:
     finished: float | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     block_count: int = 0
+    paths_total: int = 0
 
     def __post_init__(self) -> None:
         self.block_count = len(self.blocks)
+        # the first globs only (1,000 remembered jobs of 64 KiB of globs held 64 MiB)
+        self.paths_total = len(self.paths)
+        self.paths = preview(self.paths)
 
     def public(self) -> dict[str, object]:
         """State, progress (bytes), rate (bytes/s) and ETA (s) of the job."""
@@ -81,6 +95,7 @@ class Job:
             "ref": self.ref,
             "version": self.version,
             "paths": self.paths,
+            "paths_total": self.paths_total,
             "pin": self.pin,
             "pin_id": self.pin_id or None,
             "state": self.state,
@@ -145,6 +160,7 @@ class PrewarmJobs:
         self._scheduler = scheduler
         self._pins = pins
         self._jobs: dict[str, Job] = {}
+        self._selecting = asyncio.Semaphore(SELECTIONS)
 
     async def start(
         self,
@@ -199,11 +215,15 @@ class PrewarmJobs:
             NotFound, HubUnavailable: as :meth:`SnapshotCatalog.resolve_ref`.
         """
         globs = validate_globs(paths)
+        matcher = GlobMatcher(globs)
         snapshot = await self._catalog.resolve_ref(dataset, ref)
-        entries = select(await self._catalog.manifest(dataset, snapshot.version), globs)
+        manifest = await self._catalog.manifest(dataset, snapshot.version)
+        matcher.check_work(len(manifest), f"{dataset}@{ref}")
+        async with self._selecting:  # matching is CPU: off the loop, a few at a time
+            entries, blocks = await asyncio.to_thread(_select_blocks, manifest, matcher)
         if not entries:
-            raise InvalidRequest(f"no file of {dataset}@{ref} matches {globs}")
-        return snapshot, globs, entries, unique_blocks(entries)
+            raise InvalidRequest(f"no file of {dataset}@{ref} matches {describe(globs)}")
+        return snapshot, globs, entries, blocks
 
     def check_pin_room(self, what: str, blocks: dict[str, int], dataset: str = "") -> None:
         """Refuse a pin that cannot fit beside the pins already held — and, with tenants'
@@ -311,3 +331,11 @@ class PrewarmJobs:
             if kept[job.dataset] > KEEP_FINISHED or kept.total() > KEEP_FINISHED_TOTAL:
                 self._jobs.pop(job.id, None)
                 kept[job.dataset] -= 1
+
+
+def _select_blocks(
+    manifest: list[hub_pb2.ManifestEntry], matcher: GlobMatcher
+) -> tuple[list[hub_pb2.ManifestEntry], dict[str, int]]:
+    """The files ``matcher`` selects and their distinct blocks (in a worker thread)."""
+    entries = select(manifest, matcher)
+    return entries, unique_blocks(entries)

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 import lmdb
 
 from spoke.cache.blockcache import BlockCache
+from spoke.catalog.selection import preview
 
 
 @dataclass
@@ -19,7 +20,8 @@ class Pin:
     Attributes:
         id: opaque identifier.
         dataset, ref, version: what was asked for and what it resolved to.
-        paths: the globs.
+        paths: the first globs asked for (at most about 1 KiB of them:
+            :func:`spoke.catalog.selection.preview`).
         bytes: distinct block bytes held, bytes.
         created: Unix time, seconds.
     """
@@ -32,6 +34,12 @@ class Pin:
     bytes: int
     created: float
     digests: list[str] = field(default_factory=list, repr=False)
+    paths_total: int = 0
+    """How many globs were asked for (a record of an older spoke: as many as it kept)."""
+
+    def __post_init__(self) -> None:
+        self.paths_total = self.paths_total or len(self.paths)
+        self.paths = preview(self.paths)
 
     def public(self) -> dict[str, object]:
         """The pin as the admin API shows it (without its block list)."""
@@ -73,6 +81,7 @@ class PinRegistry:
             sum(blocks.values()),
             time.time(),
             list(blocks),
+            len(paths),
         )
         with self._env.begin(write=True, db=self._db) as txn:
             txn.put(pin.id.encode(), json.dumps(asdict(pin)).encode())

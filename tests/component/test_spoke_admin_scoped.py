@@ -14,6 +14,7 @@ import pytest
 
 from spoke.serve import admin as admin_module
 from spoke.serve.admintokens import ScopedTokens
+from spoke.serve.routes import context as route_context
 from spoke.serve.routes import hints as hint_routes
 from tests.component.spoke_admin_support import (
     AUTH,
@@ -190,6 +191,7 @@ def test_concurrent_requests_of_a_scoped_token_hold_no_more_than_its_share(
     await) and the pin or job counted only after it, so 200 concurrent prewarms of one
     token all passed (203 running against a share of 4); now checked again just before."""
     monkeypatch.setattr(admin_module, "MAX_PINS", 16)  # a scoped share of 4
+    monkeypatch.setattr(route_context, "RESOLVING_PER_TOKEN", 100)  # all 12 resolve at once
 
     async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
         a = {"Authorization": f"Bearer {TEAM_A}"}
@@ -199,5 +201,45 @@ def test_concurrent_requests_of_a_scoped_token_hold_no_more_than_its_share(
         assert sorted(p.status_code for p in pins) == [201] * 4 + [429] * 8
         mine = await client.get("/v1/pins", headers=a)
         assert len(mine.json()) == 4
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
+
+
+def test_a_scoped_token_resolves_two_requests_at_once_and_another_team_is_not_queued(
+    tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tenth probe: a token's many concurrent pins and prewarms each matched globs
+    against the manifest (on the event loop); now a scoped token has at most
+    RESOLVING_PER_TOKEN of them resolving, the rest refused with 429 at once, and another
+    team's request is served meanwhile."""
+    monkeypatch.setattr(admin_module, "MAX_PINS", 1000)
+    gate = asyncio.Event()
+    real = admin_module.PrewarmJobs.resolve
+
+    async def slow_resolve(self: object, dataset: str, ref: str, paths: list[str]) -> object:
+        if dataset == "ds":  # team-a's requests wait here, resolving, until released
+            await gate.wait()
+        return await real(self, dataset, ref, paths)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(admin_module.PrewarmJobs, "resolve", slow_resolve)
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        b = {"Authorization": f"Bearer {TEAM_B}"}
+        posts = [
+            asyncio.create_task(client.post("/v1/pins", json={"dataset": "ds"}, headers=a))
+            for _ in range(8)
+        ]
+        async with asyncio.timeout(30):  # six are refused at once, two wait at the gate
+            while len([t for t in posts if t.done()]) < 6:
+                await asyncio.sleep(0.01)
+        refused = [t.result() for t in posts if t.done()]
+        assert [r.status_code for r in refused] == [429] * 6
+        assert "at most 2 at once" in refused[0].json()["detail"]
+        other = await client.post("/v1/pins", json={"dataset": "other"}, headers=b)
+        assert other.status_code == 201, other.text  # not behind team-a's
+        gate.set()
+        rest = await asyncio.gather(*(t for t in posts if not t.done()))
+        assert [r.status_code for r in rest] == [201, 201]
 
     run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))

@@ -1,8 +1,17 @@
-"""Prewarm batching: batches bounded by blocks and bytes, in order, nothing lost."""
+"""Prewarm batching (bounded by blocks and bytes, in order, nothing lost), the job history,
+and what a job or pin keeps of its request."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from spoke.cache.blockcache import BlockCache
+from spoke.cache.registry import make_policy
+from spoke.cache.store import BlockStore, open_index
+from spoke.catalog.selection import preview
+from spoke.disk.layout import CacheLayout
 from spoke.prefetch.prewarm import KEEP_FINISHED, Job, PrewarmJobs, fetch_batches
+from spoke.upkeep.pins import PinRegistry
 
 
 def test_batches_keep_order_and_respect_both_bounds() -> None:
@@ -40,3 +49,20 @@ def test_the_history_keeps_each_datasets_newest_finished_jobs() -> None:
         :KEEP_FINISHED
     ]
     assert theirs.public()["blocks"] == 1
+
+
+def test_a_job_and_a_pin_keep_a_preview_of_their_globs(tmp_path: Path) -> None:
+    """The tenth probe: 150 pins of 8 MB of globs each took the daemon to 1.3 GiB, and
+    ``GET /v1/pins`` built a 1.2 GB body; each keeps about 1 KiB of them now."""
+    globs = [f"train/shard-{i:05d}/part-*.tar" for i in range(2000)]
+    job = Job("j", "ds", "v1", "v1", globs, False, 1, {"d": 1})
+    assert job.paths == preview(globs) and job.public()["paths_total"] == 2000
+    assert len(job.public()["paths"]) < 2000  # type: ignore[arg-type]
+    layout = CacheLayout(tmp_path / "cache")
+    layout.root.mkdir()
+    env = open_index(layout)
+    cache = BlockCache(BlockStore(layout, env), make_policy("lru", 1 << 20), 1 << 20)
+    pin = PinRegistry(env, cache).add("ds", "v1", "v1", globs, {"d" * 32: 10})
+    assert pin.paths == preview(globs) and pin.public()["paths_total"] == 2000
+    [again] = PinRegistry(env, cache).all()  # as stored: the preview and the count
+    assert again.paths == pin.paths and again.paths_total == 2000

@@ -10,8 +10,9 @@ says which routes need ``Authorization: Bearer <token>``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -67,6 +68,42 @@ class AdminContext:
     mesh: Callable[[], dict[str, Any]] | None
     max_pins: int
     max_running_jobs: int
+    resolving: dict[str, int] = field(default_factory=dict)  # scoped token → requests
+
+
+RESOLVING_PER_TOKEN = 2
+"""Pin and prewarm requests one scoped token may have resolving at once (their globs are
+matched against a manifest in a worker thread, :data:`spoke.prefetch.prewarm.SELECTIONS` at
+a time for the whole spoke); more are refused with 429 at once, so one token's many
+concurrent requests cannot queue ahead of another team's (a probe's 200 concurrent posts)."""
+
+
+@contextlib.contextmanager
+def resolving(context: AdminContext, caller: Caller) -> Iterator[None]:
+    """Count one of ``caller``'s requests as resolving while the block runs; the node-wide
+    token's are not limited.
+
+    Raises:
+        LimitReached: a scoped token has :data:`RESOLVING_PER_TOKEN` requests resolving.
+    """
+    if caller.name is None:
+        yield
+        return
+    held = context.resolving.get(caller.name, 0)
+    if held >= RESOLVING_PER_TOKEN:
+        raise LimitReached(
+            f"admin token {caller.name!r} has {held} pin or prewarm requests being resolved "
+            f"(at most {RESOLVING_PER_TOKEN} at once); retry when one has answered"
+        )
+    context.resolving[caller.name] = held + 1
+    try:
+        yield
+    finally:
+        left = context.resolving[caller.name] - 1
+        if left:
+            context.resolving[caller.name] = left
+        else:
+            del context.resolving[caller.name]
 
 
 async def admin_context(request: Request) -> AdminContext:

@@ -14,6 +14,7 @@ from spoke.serve.routes.context import (
     job_room,
     pin_room,
     require,
+    resolving,
     v1_router,
 )
 
@@ -42,7 +43,8 @@ async def prewarm(body: PrewarmRequest, context: Context, caller: CallerOf) -> d
             pin_room(context, caller)
 
     admit()
-    job = await context.jobs.start(body.dataset, body.ref, body.paths, body.pin, admit)
+    with resolving(context, caller):
+        job = await context.jobs.start(body.dataset, body.ref, body.paths, body.pin, admit)
     return job.public()
 
 

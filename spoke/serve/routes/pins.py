@@ -13,6 +13,7 @@ from spoke.serve.routes.context import (
     Globs,
     pin_room,
     require,
+    resolving,
     v1_router,
 )
 
@@ -35,7 +36,8 @@ async def add_pin(body: PinRequest, context: Context, caller: CallerOf) -> dict[
     require(caller, body.dataset)
     pin_room(context, caller)
     jobs = context.jobs
-    snapshot, globs, _, blocks = await jobs.resolve(body.dataset, body.ref, body.paths)
+    with resolving(context, caller):
+        snapshot, globs, _, blocks = await jobs.resolve(body.dataset, body.ref, body.paths)
     pin_room(context, caller)  # again, with no await before the add: concurrent pins race
     jobs.check_pin_room(f"{body.dataset}@{body.ref}", blocks, body.dataset)
     return context.pins.add(body.dataset, body.ref, snapshot.version, globs, blocks).public()
