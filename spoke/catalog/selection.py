@@ -1,4 +1,4 @@
-"""Which files of a snapshot a request means: validated globs (prewarm, pin, evict) and
+"""Which files of a snapshot a request means: validated globs (prewarm, pin) and
 validated exact paths (hints).
 
 A glob is matched against manifest paths (``/``-separated, relative to the snapshot root)
@@ -34,7 +34,7 @@ MAX_GLOB_CHARS = 4096
 """Longest glob or path, characters (Linux's ``PATH_MAX``)."""
 
 MAX_GLOB_TOTAL_CHARS = 65_536
-"""Most characters of globs in one prewarm, pin or evict request (they are kept with the
+"""Most characters of globs in one prewarm or pin request (they are kept with the
 pin or job: 1,000 pins hold at most 64 MiB of them)."""
 
 MAX_WILDCARD_GLOBS = 64
