@@ -233,6 +233,8 @@ STEADY_STATE_SECONDS = Gauge(
 ADMIN_CONNECTIONS_CLOSED = Counter(
     "strata_spoke_admin_connections_closed",
     "Admin API connections the daemon closed unserved, by reason: limit (as they arrived, "
-    "with the most open), timeout (no whole request within the request timeout)",
+    "with the most open), displaced (stalled, for one arriving with the most open), timeout "
+    "(no whole request within the request timeout), stalled (a response left unread within "
+    "the write-stall timeout)",
     ["reason"],
 )

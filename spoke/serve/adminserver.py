@@ -1,20 +1,32 @@
 """The admin API's HTTP server: uvicorn on a socket the daemon bound, with bounds on what
-a client that sends nothing (or sends it slowly) may hold.
+a client that sends nothing (or sends it slowly), or reads nothing, may hold.
 
 uvicorn times out a connection only after a response (``timeout_keep_alive``); a
-connection that never completes a request is kept forever, and its
+connection that never completes a request is kept forever, and so is one whose client never
+reads its response (uvicorn waits for the transport to drain, with no timeout); its
 ``limit_concurrency`` answers requests with 503 but never refuses a connection. So the
 daemon serves with :class:`AdminProtocol`, uvicorn's own HTTP/1.1 protocol (h11) with:
 
 - a cap on open connections (:data:`spoke.serve.limits.ADMIN_MAX_CONNECTIONS`, fitted under the
-  daemon's open-file limit): one beyond it is closed as it arrives, nothing read;
+  daemon's open-file limit; 32 on the ``--metrics`` port). A connection arriving at the cap
+  displaces the open one that has made no progress the longest, if that is at least
+  :data:`DISPLACE_AFTER_S` (waiting for a request it has not finished sending, or leaving
+  its response unread); a connection being answered or read is never displaced. With no
+  such connection the newcomer is closed as it arrives, nothing read;
 - a request timeout, :data:`REQUEST_TIMEOUT_S`: a connection that has not sent a whole
   request (headers and body) that long after it opened, or after its last response, is
   closed (slowloris; Apache's ``mod_reqtimeout`` and nginx's ``client_header_timeout``
   do the same). uvicorn's keep-alive timeout (:data:`KEEP_ALIVE_S`) still closes an idle
-  keep-alive connection sooner.
+  keep-alive connection sooner;
+- a write-stall timeout, :data:`WRITE_STALL_S`: a connection whose client has taken (TCP
+  acknowledged) no byte of what waits for it that long is aborted, and what it held freed
+  at once (nginx's ``send_timeout``). What waits is the transport's buffer and the
+  kernel's send queue: the kernel takes megabytes of pipelined answers for a client that
+  reads none, before uvicorn's transport ever pauses writing. A watch looks every half
+  :data:`DISPLACE_AFTER_S` while anything waits; a client reading slowly but steadily is kept.
 
-Both are counted (``strata_spoke_admin_connections_closed_total{reason}``) and logged at
+All are counted (``strata_spoke_admin_connections_closed_total{reason}``: ``limit``,
+``displaced``, ``timeout``, ``stalled``) and logged at
 most once a minute. What could still flood the log is rate-limited:
 asyncio's "socket.accept() out of system resource" (CPython logs it once per pending
 connection, with a traceback, on every loop pass while descriptors run out:
@@ -27,8 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import socket
+import struct
+import termios
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -48,6 +63,21 @@ REQUEST_TIMEOUT_S = 10.0
 """Longest a client may take to send a whole request, seconds (the largest, an 8 MiB hint
 post, takes milliseconds from the node or its cluster)."""
 
+WRITE_STALL_S = 10.0
+"""Longest a client may leave what is sent to it waiting without taking a byte of it,
+seconds; then the connection is aborted and its unsent bytes freed (a 4 MB pin list unread
+held them for good, and the connection a slot under the cap)."""
+
+DISPLACE_AFTER_S = 1.0
+"""Least time a connection must have made no progress, seconds, before one arriving at the
+cap may displace it (an honest client sends its request and reads its answer in
+milliseconds)."""
+
+WRITE_CHECKS = 4
+"""How many times per :data:`WRITE_STALL_S` a connection with bytes waiting for its client is
+looked at for progress (at least twice per :data:`DISPLACE_AFTER_S`, so that a connection
+arriving at the cap finds how long each has been stalled to within half of it)."""
+
 KEEP_ALIVE_S = 5
 """uvicorn's keep-alive timeout: an idle connection after a response is closed, seconds."""
 
@@ -58,16 +88,22 @@ BACKLOG = 128
 """The listen backlog, and how many pending connections asyncio accepts per loop pass."""
 
 _ACCEPT_FAILED = "socket.accept() out of system resource"
+_TCP_INFO_SIZE = 128  # struct tcp_info up to tcpi_bytes_acked (a u64 at offset 120; Linux 4.1+)
 
 
 class AdminProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a cap on open connections and a request timeout.
+    """uvicorn's h11 protocol with a cap on open connections (displacing stalled ones), a
+    request timeout and a write-stall timeout.
 
-    uvicorn makes one per connection; :func:`admin_config` sets the class attributes.
+    uvicorn makes one per connection; :func:`admin_config` sets the class attributes. It
+    has more than 15 methods because it hooks four of uvicorn's callbacks and keeps two
+    timers (the request deadline, the write watch), each armed and disarmed by its own.
     """
 
     max_connections: ClassVar[int] = ADMIN_MAX_CONNECTIONS
     request_timeout_s: ClassVar[float] = REQUEST_TIMEOUT_S
+    write_stall_s: ClassVar[float] = WRITE_STALL_S
+    displace_after_s: ClassVar[float] = DISPLACE_AFTER_S
     _closed: ClassVar[dict[str, int]] = {}  # since the last log line, by reason
     _logged: ClassVar[float] = float("-inf")
 
@@ -75,10 +111,16 @@ class AdminProtocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._refused = False
         self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_since = time.monotonic()  # for a request, since opened or last answered
+        self._watch: asyncio.TimerHandle | None = None  # looks at the unread bytes' progress
+        self._unread_since: float | None = None  # monotonic: no byte of them taken since
+        self._unread = 0  # bytes waiting for the client, when last looked at
+        self._acked = 0  # bytes the client acknowledged, when last looked at
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        """Serve the connection, or close it at once when the cap is reached."""
-        if len(self.connections) >= self.max_connections:
+        """Serve the connection; at the cap, displace the longest-stalled connection for it,
+        or close it at once when none has been stalled :attr:`displace_after_s`."""
+        if len(self.connections) >= self.max_connections and not self._displace():
             self._refused = True
             transport.abort()
             self._count("limit")
@@ -91,15 +133,27 @@ class AdminProtocol(H11Protocol):
         if self._refused:
             return
         self._disarm()
+        self._unwatch()
         super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
-        """A response went out: the next request gets its own timeout."""
+        """A response went out: the next request gets its own timeout, and the write watch
+        looks after the response until the client has taken it."""
         super().on_response_complete()
         self._arm()
+        if self._watch is None:
+            self._unread_stalled_since()
+
+    def pause_writing(self) -> None:
+        """The transport holds more than its high-water mark unsent: watch it (resuming is
+        progress the watch sees: the client took bytes)."""
+        super().pause_writing()
+        if self._watch is None:
+            self._unread_stalled_since()
 
     def _arm(self) -> None:
         self._disarm()
+        self._waiting_since = time.monotonic()
         if not self.transport.is_closing():
             self._deadline = self.loop.call_later(self.request_timeout_s, self._expire)
 
@@ -110,10 +164,79 @@ class AdminProtocol(H11Protocol):
 
     def _expire(self) -> None:
         self._deadline = None
-        # IDLE: no whole header yet (h11 leaves IDLE only then); SEND_BODY: body unfinished
-        if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
-            self.transport.close()
+        if not self.transport.is_closing() and self._waiting_for_request():
+            self.transport.close()  # what is still unsent stays under the write watch
             self._count("timeout")
+
+    def _waiting_for_request(self) -> bool:
+        # IDLE: no whole header yet (h11 leaves IDLE only then); SEND_BODY: body unfinished
+        return self.conn.their_state in (h11.IDLE, h11.SEND_BODY)
+
+    def _unwatch(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    def _look(self) -> None:
+        """The write watch: abort a connection whose client took nothing of what waits for
+        it for :attr:`write_stall_s`; look again later while anything waits."""
+        self._watch = None
+        since = self._unread_stalled_since()
+        if since is not None and time.monotonic() - since >= self.write_stall_s:
+            self._drop("stalled")
+
+    def _unread_stalled_since(self) -> float | None:
+        """Since when (monotonic) the client has taken no byte of what waits for it (in the
+        transport's buffer or the kernel's: the kernel takes megabytes for a client that
+        reads nothing); None when nothing waits. Arms the write watch while anything does."""
+        unread, acked = _unread_and_acked(self.transport)
+        now = time.monotonic()
+        if not unread:
+            self._unread_since = None
+        elif self._unread_since is None or acked > self._acked or unread < self._unread:
+            self._unread_since = now  # waiting from now, or the client took some
+        self._unread, self._acked = unread, acked
+        if unread and self._watch is None and not self._refused:
+            every = min(self.write_stall_s / WRITE_CHECKS, self.displace_after_s / 2)
+            self._watch = self.loop.call_later(every, self._look)
+        return self._unread_since
+
+    def _stalled_since(self) -> float | None:
+        """Since when (monotonic) this connection has made no progress: waiting for a request
+        it has not finished sending, or leaving what is sent to it unread; None while it is
+        being answered or read."""
+        times = [self._waiting_since] if self._waiting_for_request() else []
+        unread = self._unread_stalled_since()
+        return min([*times, *([unread] if unread is not None else [])], default=None)
+
+    def _displace(self) -> bool:
+        """Abort the open connection stalled longest, at least :attr:`displace_after_s`;
+        whether there was one (a linear scan, only for a connection arriving at the cap)."""
+        oldest: AdminProtocol | None = None
+        latest = time.monotonic() - self.displace_after_s
+        for other in self.connections:
+            if isinstance(other, AdminProtocol) and other.transport is not None:
+                since = other._stalled_since()
+                if since is not None and since <= latest:
+                    oldest, latest = other, since
+        if oldest is None:
+            return False
+        oldest._drop("displaced")
+        return True
+
+    def _drop(self, reason: str) -> None:
+        """Abort the connection with a reset, its unsent bytes freed at once (a plain close
+        leaves the kernel's send queue to go out, for good to a client that reads nothing),
+        and count it; it leaves the connections counted against the cap now, not when
+        asyncio reports it lost."""
+        self._disarm()
+        self._unwatch()
+        self.connections.discard(self)
+        sock = self.transport.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
+        self._count(reason)
 
     @classmethod
     def _count(cls, reason: str) -> None:
@@ -124,27 +247,59 @@ class AdminProtocol(H11Protocol):
             counts = ", ".join(f"{n} {why}" for why, n in sorted(cls._closed.items()))
             log.warning(
                 "admin API: closed connections unserved (%s) since the last line; at most "
-                "%d open, %g s to send a request",
+                "%d open, %g s to send a request, %g s to take a byte of a response",
                 counts,
                 cls.max_connections,
                 cls.request_timeout_s,
+                cls.write_stall_s,
             )
             cls._closed = {}
             cls._logged = now
+
+
+def _unread_and_acked(transport: asyncio.BaseTransport) -> tuple[int, int]:
+    """Bytes sent to a connection's client and not yet acknowledged by it (the transport's
+    buffer and the kernel's send queue), and bytes it has acknowledged so far (Linux's
+    ``TCP_INFO``; 0 elsewhere, where only the transport's buffer is seen)."""
+    unread = (
+        transport.get_write_buffer_size() if isinstance(transport, asyncio.WriteTransport) else 0
+    )
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return unread, 0
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+        queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4))
+        return unread + struct.unpack("i", queued)[0], struct.unpack_from("Q", info, 120)[0]
+    except (OSError, AttributeError, ValueError, struct.error):  # closed, or not Linux
+        return unread, 0
 
 
 def admin_config(
     app: Any,
     max_connections: int = ADMIN_MAX_CONNECTIONS,
     request_timeout_s: float = REQUEST_TIMEOUT_S,
+    write_stall_s: float = WRITE_STALL_S,
+    displace_after_s: float = DISPLACE_AFTER_S,
 ) -> uvicorn.Config:
-    """The uvicorn configuration of the admin API (an ASGI ``app``) with these bounds."""
+    """The uvicorn configuration of the admin API (an ASGI ``app``) with these bounds.
+
+    Args:
+        app: The ASGI application.
+        max_connections: Most connections open at once.
+        request_timeout_s: Longest to send a whole request, seconds.
+        write_stall_s: Longest to take no byte of a response held back, seconds.
+        displace_after_s: Least time without progress, seconds, before a connection arriving
+            at the cap may displace one.
+    """
     protocol = type(
         "AdminProtocol",
         (AdminProtocol,),
         {
             "max_connections": max_connections,
             "request_timeout_s": request_timeout_s,
+            "write_stall_s": write_stall_s,
+            "displace_after_s": displace_after_s,
             "_closed": {},
             "__doc__": AdminProtocol.__doc__,
         },
