@@ -1,0 +1,233 @@
+"""Clients that never read their answers, against the admin API's server: a security probe
+held every connection of a spoke's admin port (and of its ``--metrics`` port, the kubelet's
+probes then all failing) with pipelined ``GET /healthz`` it never read, each connection with
+a 4 KiB receive buffer. Such a connection is aborted once it has taken nothing for the
+write-stall timeout, a connection arriving at the cap displaces one sooner, and a client
+reading slowly but steadily, or waiting on its answer, is kept."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from spoke.serve.adminserver import REQUEST_TIMEOUT_S, WRITE_STALL_S
+from tests.integration.admin_stall_support import (
+    BIG,
+    CLOSED,
+    RCVBUF,
+    Stalled,
+    closed,
+    get,
+    serving,
+)
+from tests.integration.mesh_support import Region, Spoke, wait_until
+from tests.support import publish
+
+pytestmark = pytest.mark.timeout(300)
+
+OK = b"HTTP/1.1 200 OK"
+REASONS = ("stalled", "displaced", "timeout", "limit")
+
+
+def _counts() -> dict[str, float]:
+    return {r: closed(r) for r in REASONS}
+
+
+def _delta(before: dict[str, float]) -> dict[str, float]:
+    return {r: closed(r) - before[r] for r in REASONS}
+
+
+def test_unread_pipelined_answers_are_aborted_after_the_write_stall() -> None:
+    before = _counts()
+    with serving(max_connections=64, write_stall_s=2.0) as (host, port):
+        stalled = Stalled(host, port, 8)
+        try:
+            stalled.pump()
+            wait_until(lambda: stalled.open() == 0, "stalled readers aborted", 2.0 + 20)
+            assert _delta(before) == {"stalled": 8, "displaced": 0, "timeout": 0, "limit": 0}
+            assert get(host, port, "/healthz").startswith(OK)
+        finally:
+            stalled.close()
+
+
+def test_an_unread_large_answer_is_aborted_and_freed() -> None:
+    """A 4 MiB answer unread: uvicorn wrote it whole and its keep-alive timeout closed the
+    connection, which then held it until the client read it; now it is aborted."""
+    before = _counts()
+    with serving(max_connections=64, write_stall_s=2.0) as (host, port):
+        stalled = Stalled(host, port, 3, path="/big", requests=1)
+        try:
+            stalled.pump(quiet_s=0.2)
+            wait_until(lambda: stalled.open() == 0, "unread answers aborted", 2.0 + 20)
+            assert _delta(before)["stalled"] == 3
+        finally:
+            stalled.close()
+
+
+def test_at_the_cap_a_newcomer_displaces_a_stalled_reader() -> None:
+    before = _counts()
+    cap = 16
+    with serving(max_connections=cap, write_stall_s=120.0, displace_after_s=0.5) as (h, p):
+        stalled = Stalled(h, p, cap)
+        try:
+            stalled.pump(quiet_s=2.0)  # the server took nothing for 2 s: every one is stalled
+            assert stalled.open() == cap
+            answers = [get(h, p, "/healthz") for _ in range(5)]
+            assert all(a.startswith(OK) for a in answers)
+            # the first displaced the longest-stalled one; the rest fit in its place
+            assert _delta(before) == {"stalled": 0, "displaced": 1, "timeout": 0, "limit": 0}
+            assert stalled.open() == cap - 1
+        finally:
+            stalled.close()
+
+
+def test_a_connection_being_answered_is_not_displaced() -> None:
+    before = _counts()
+    with serving(max_connections=2, displace_after_s=0.2) as (host, port):
+        waiting = []
+        for _ in range(2):
+            sock = socket.create_connection((host, port), timeout=10)
+            sock.sendall(f"GET /slow HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            waiting.append(sock)
+        try:
+            time.sleep(1.0)  # both waiting on the app, longer than displace_after_s
+            try:
+                answer = get(host, port, "/healthz")
+            except ConnectionResetError:
+                answer = b""
+            assert answer == b""  # refused at the cap
+            for sock in waiting:
+                assert sock.recv(65536).startswith(OK)
+            assert _delta(before) == {"stalled": 0, "displaced": 0, "timeout": 0, "limit": 1}
+        finally:
+            for sock in waiting:
+                sock.close()
+
+
+def test_a_slow_steady_reader_is_kept() -> None:
+    """4 MiB read 256 KiB every half second (8 s in all), with a write-stall timeout of
+    1.5 s: the client takes something often enough, so it gets every byte."""
+    before = _counts()
+    with serving(write_stall_s=1.5) as (host, port):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        sock.settimeout(10)
+        sock.connect((host, port))
+        try:
+            sock.sendall(f"GET /big HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            got = bytearray()
+            head = b""
+            while len(got) < BIG:
+                goal = len(got) + (256 << 10)
+                while len(got) < min(goal, BIG):
+                    part = sock.recv(65536)
+                    assert part, f"closed after {len(got)} bytes of the body"
+                    if not head:
+                        head, _, rest = part.partition(b"\r\n\r\n")
+                        part = rest
+                    got += part
+                time.sleep(0.5)
+            assert head.startswith(OK)
+            assert len(got) == BIG
+        finally:
+            sock.close()
+    assert _delta(before)["stalled"] == 0
+
+
+# a real daemon
+
+
+@pytest.fixture(scope="module")
+def spoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Spoke, str]]:
+    """A spoke daemon (its admin API capped at 256) with a ``--metrics`` port (capped at
+    32); yields it and the metrics port's URL."""
+    root = tmp_path_factory.mktemp("stalled")
+    src = root / "src"
+    src.mkdir()
+    (src / "f.bin").write_bytes(os.urandom(65_536))
+    assert publish(root / "hub", "ds", src) == "v1"
+    region = Region(root)
+    try:
+        region.start_hub()
+        metrics = f"127.0.0.1:{_free_port()}"
+        spoke = region.add("spoke", ("--metrics", metrics))
+        region.start(spoke, peers=[spoke])
+        yield spoke, f"http://{metrics}"
+    finally:
+        region.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _honest(url: str, calls: int, within: float) -> int:
+    """How many of ``calls`` ``GET /healthz`` (each retried until ``within`` seconds have
+    passed since the first) got 200."""
+    ok = 0
+    end = time.monotonic() + within
+    for _ in range(calls):
+        while time.monotonic() < end:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=3).status_code == 200:
+                    ok += 1
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+    return ok
+
+
+@pytest.mark.parametrize(("port", "cap"), [("admin", 256), ("metrics", 32)])
+def test_a_daemon_holds_no_slot_for_clients_that_never_read(
+    spoke: tuple[Spoke, str], port: str, cap: int
+) -> None:
+    """The probe's flood: ``cap`` connections pipelining ``GET /healthz``, never reading.
+    Honest probes get their answers within seconds, and every flooding connection is closed
+    within the write-stall timeout (or the request timeout, if its answers all fitted in
+    the buffers) and counted."""
+    daemon, metrics_url = spoke
+    assert daemon.proc is not None
+    url = daemon.admin if port == "admin" else metrics_url
+    host, _, p = url.removeprefix("http://").rpartition(":")
+
+    def counts() -> dict[str, float]:
+        return {r: daemon.metric(CLOSED, reason=r) for r in REASONS}
+
+    before = counts()
+    rss = [_rss_mib(daemon.proc.pid)]
+    stalled = Stalled(host, int(p), cap)
+    try:
+        stalled.pump()
+        rss.append(_rss_mib(daemon.proc.pid))
+        assert _honest(url, 15, 30.0) == 15
+        rss.append(_rss_mib(daemon.proc.pid))
+        wait_until(
+            lambda: stalled.open() == 0,
+            "every flooding connection closed",
+            max(WRITE_STALL_S, REQUEST_TIMEOUT_S) + 30,
+        )
+    finally:
+        stalled.close()
+    rss.append(_rss_mib(daemon.proc.pid))
+    after = counts()
+    got = {r: after[r] - before[r] for r in REASONS}
+    print(f"{port}: closed {got}; daemon RSS before/flooded/probed/after {rss} MiB")
+    assert got["stalled"] + got["displaced"] + got["timeout"] == cap
+    assert got["stalled"] + got["displaced"] > 0
+    assert max(rss) < 512
