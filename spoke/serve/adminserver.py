@@ -24,6 +24,8 @@ daemon serves with :class:`AdminProtocol`, uvicorn's own HTTP/1.1 protocol (h11)
   kernel's send queue: the kernel takes megabytes of pipelined answers for a client that
   reads none, before uvicorn's transport ever pauses writing. A watch looks every half
   :data:`DISPLACE_AFTER_S` while anything waits; a client reading slowly but steadily is kept.
+  A pipelined request is taken up only once at most :data:`PIPELINE_UNREAD` of answers
+  wait, so a client that reads nothing costs a few answers' work, not one per request.
 
 All are counted (``strata_spoke_admin_connections_closed_total{reason}``: ``limit``,
 ``displaced``, ``timeout``, ``stalled``) and logged at
@@ -78,6 +80,16 @@ WRITE_CHECKS = 4
 looked at for progress (at least twice per :data:`DISPLACE_AFTER_S`, so that a connection
 arriving at the cap finds how long each has been stalled to within half of it)."""
 
+PIPELINE_UNREAD = 4 << 10
+"""Most bytes of answers that may wait for a client (unacknowledged) when its next pipelined
+request is taken up; with more, that request waits until the client has taken them (the
+daemon answered pipelined requests into the kernel's send queue, megabytes, for clients
+that read none). Clients that do not pipeline never wait on it."""
+
+HOLD_CHECK_S = 0.05
+"""How often a connection whose pipelined request waits looks whether its client has taken
+its answers, seconds."""
+
 KEEP_ALIVE_S = 5
 """uvicorn's keep-alive timeout: an idle connection after a response is closed, seconds."""
 
@@ -97,7 +109,8 @@ class AdminProtocol(H11Protocol):
 
     uvicorn makes one per connection; :func:`admin_config` sets the class attributes. It
     has more than 15 methods because it hooks four of uvicorn's callbacks and keeps two
-    timers (the request deadline, the write watch), each armed and disarmed by its own.
+    timers (the request deadline; the write watch, which also lets a pipelined request held
+    back go on), each armed and disarmed by its own.
     """
 
     max_connections: ClassVar[int] = ADMIN_MAX_CONNECTIONS
@@ -116,6 +129,7 @@ class AdminProtocol(H11Protocol):
         self._unread_since: float | None = None  # monotonic: no byte of them taken since
         self._unread = 0  # bytes waiting for the client, when last looked at
         self._acked = 0  # bytes the client acknowledged, when last looked at
+        self._held = False  # a pipelined request waits for the client to take its answers
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Serve the connection; at the cap, displace the longest-stalled connection for it,
@@ -138,7 +152,10 @@ class AdminProtocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         """A response went out: the next request gets its own timeout, and the write watch
-        looks after the response until the client has taken it."""
+        looks after the response until the client has taken it. A pipelined request already
+        here waits while more than :data:`PIPELINE_UNREAD` of answers wait for the client."""
+        if self._hold_pipelined():
+            return  # the write watch calls this again once the client has taken enough
         super().on_response_complete()
         self._arm()
         if self._watch is None:
@@ -150,6 +167,18 @@ class AdminProtocol(H11Protocol):
         super().pause_writing()
         if self._watch is None:
             self._unread_stalled_since()
+
+    def _hold_pipelined(self) -> bool:
+        """Whether the next request, pipelined, must wait for the client to take its answers."""
+        self._held = False
+        if self.transport.is_closing() or not self.conn.trailing_data[0]:
+            return False
+        self._unread_stalled_since()
+        if self._unread > PIPELINE_UNREAD:
+            self._held = True
+            self._unwatch()  # look again soon (HOLD_CHECK_S), not in a watch period
+            self._unread_stalled_since()
+        return self._held
 
     def _arm(self) -> None:
         self._disarm()
@@ -184,6 +213,8 @@ class AdminProtocol(H11Protocol):
         since = self._unread_stalled_since()
         if since is not None and time.monotonic() - since >= self.write_stall_s:
             self._drop("stalled")
+        elif self._held and self._unread <= PIPELINE_UNREAD:
+            self.on_response_complete()  # the pipelined request held back goes on
 
     def _unread_stalled_since(self) -> float | None:
         """Since when (monotonic) the client has taken no byte of what waits for it (in the
@@ -198,6 +229,7 @@ class AdminProtocol(H11Protocol):
         self._unread, self._acked = unread, acked
         if unread and self._watch is None and not self._refused:
             every = min(self.write_stall_s / WRITE_CHECKS, self.displace_after_s / 2)
+            every = min(every, HOLD_CHECK_S) if self._held else every
             self._watch = self.loop.call_later(every, self._look)
         return self._unread_since
 
