@@ -5,6 +5,7 @@ counter."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import select
 import socket
@@ -28,11 +29,15 @@ def closed(reason: str) -> float:
     return REGISTRY.get_sample_value(CLOSED, {"reason": reason}) or 0.0
 
 
+ANSWERED: collections.Counter[str] = collections.Counter()  # requests :func:`app` took, by path
+
+
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """``/healthz`` (``ok``), ``/big`` (:data:`BIG` bytes, in one piece) and ``/slow`` (``ok``
-    after 3 s)."""
+    after 3 s); counts each in :data:`ANSWERED`."""
     if scope["type"] != "http":
         return
+    ANSWERED[scope["path"]] += 1
     if scope["path"] == "/slow":
         await asyncio.sleep(3)
     body = b"x" * BIG if scope["path"] == "/big" else b"ok"

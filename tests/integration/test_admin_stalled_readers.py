@@ -18,6 +18,7 @@ import pytest
 
 from spoke.serve.adminserver import REQUEST_TIMEOUT_S, WRITE_STALL_S
 from tests.integration.admin_stall_support import (
+    ANSWERED,
     BIG,
     CLOSED,
     RCVBUF,
@@ -76,8 +77,12 @@ def test_at_the_cap_a_newcomer_displaces_a_stalled_reader() -> None:
     with serving(max_connections=cap, write_stall_s=120.0, displace_after_s=0.5) as (h, p):
         stalled = Stalled(h, p, cap)
         try:
+            answered = ANSWERED["/healthz"]
             stalled.pump(quiet_s=2.0)  # the server took nothing for 2 s: every one is stalled
             assert stalled.open() == cap
+            # each was answered until its answers waited unread, then its pipelined requests
+            # waited too: a few dozen answers each (a 4 KiB window), not the 30,000 it sent
+            assert ANSWERED["/healthz"] - answered < cap * 1_000
             answers = [get(h, p, "/healthz") for _ in range(5)]
             assert all(a.startswith(OK) for a in answers)
             # the first displaced the longest-stalled one; the rest fit in its place
