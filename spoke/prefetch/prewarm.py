@@ -16,7 +16,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -24,6 +24,7 @@ from protocol.hub.v1 import hub_pb2
 from spoke.cache.blockcache import BlockCache
 from spoke.catalog.catalog import SnapshotCatalog
 from spoke.catalog.selection import (
+    MATCH_BUDGET_S,
     GlobMatcher,
     describe,
     preview,
@@ -49,8 +50,10 @@ left another's lookup 404)."""
 KEEP_FINISHED_TOTAL = 1000
 """Finished jobs remembered in all (a finished job keeps its counts, not its block list)."""
 SELECTIONS = 2
-"""Selections (globs matched against a manifest) running at once, each in a worker thread,
-so the event loop keeps at least a third of the interpreter while they run."""
+"""Selections (a manifest decoded, then globs matched against it) running at once, each in
+a worker thread and at most one per caller (:class:`SelectionSlots`), so the event loop
+keeps at least a third of the interpreter while they run and at most two decoded manifests
+are held for them."""
 
 
 @dataclass
@@ -160,7 +163,7 @@ class PrewarmJobs:
         self._scheduler = scheduler
         self._pins = pins
         self._jobs: dict[str, Job] = {}
-        self._selecting = asyncio.Semaphore(SELECTIONS)
+        self._selecting = SelectionSlots(SELECTIONS)
 
     async def start(
         self,
@@ -169,10 +172,12 @@ class PrewarmJobs:
         paths: list[str],
         pin: bool,
         admit: Callable[[], None] | None = None,
+        caller: str = "",
     ) -> Job:
         """Validate, resolve and start a job; ``admit`` (the caller's room check) runs again
         after the resolve, with no await between it and the job's start, so concurrent
-        requests cannot all pass it while none is counted yet.
+        requests cannot all pass it while none is counted yet. ``caller`` names who asks
+        (a scoped admin token; ``""`` the node-wide one), as in :meth:`resolve`.
 
         Raises:
             Exception: whatever ``admit`` raises (the admin API's LimitReached).
@@ -181,7 +186,7 @@ class PrewarmJobs:
             HubUnavailable: the snapshot is not known here and the hub is unreachable.
             CapacityError: ``pin`` and the blocks cannot fit beside existing pins.
         """
-        snapshot, globs, entries, blocks = await self.resolve(dataset, ref, paths)
+        snapshot, globs, entries, blocks = await self.resolve(dataset, ref, paths, caller)
         if admit is not None:
             admit()
         total = sum(blocks.values())
@@ -206,21 +211,26 @@ class PrewarmJobs:
         return job
 
     async def resolve(
-        self, dataset: str, ref: str, paths: list[str]
+        self, dataset: str, ref: str, paths: list[str], caller: str = ""
     ) -> tuple[hub_pb2.Snapshot, list[str], list[hub_pb2.ManifestEntry], dict[str, int]]:
-        """The snapshot, validated globs, selected files and their distinct blocks.
+        """The snapshot, validated globs, selected files and their distinct blocks. The
+        manifest is decoded and matched in a :class:`SelectionSlots` slot of ``caller``'s
+        (one at a time per caller, :data:`SELECTIONS` in all), in worker threads, within
+        :data:`~spoke.catalog.selection.MATCH_BUDGET_S`.
 
         Raises:
-            InvalidRequest: bad globs, or globs that match no file.
+            InvalidRequest: bad globs, globs that match no file, or too much matching.
             NotFound, HubUnavailable: as :meth:`SnapshotCatalog.resolve_ref`.
         """
         globs = validate_globs(paths)
         matcher = GlobMatcher(globs)
         snapshot = await self._catalog.resolve_ref(dataset, ref)
-        manifest = await self._catalog.manifest(dataset, snapshot.version)
-        matcher.check_work(len(manifest), f"{dataset}@{ref}")
-        async with self._selecting:  # matching is CPU: off the loop, a few at a time
-            entries, blocks = await asyncio.to_thread(_select_blocks, manifest, matcher)
+        what = f"{dataset}@{ref}"
+        async with self._selecting.slot(caller):  # CPU and memory: off the loop, few at once
+            manifest = await self._catalog.manifest(dataset, snapshot.version)
+            matcher.check_work(len(manifest), what)
+            entries, blocks = await asyncio.to_thread(_select_blocks, manifest, matcher, what)
+            del manifest
         if not entries:
             raise InvalidRequest(f"no file of {dataset}@{ref} matches {describe(globs)}")
         return snapshot, globs, entries, blocks
@@ -334,8 +344,42 @@ class PrewarmJobs:
 
 
 def _select_blocks(
-    manifest: list[hub_pb2.ManifestEntry], matcher: GlobMatcher
+    manifest: list[hub_pb2.ManifestEntry], matcher: GlobMatcher, what: str
 ) -> tuple[list[hub_pb2.ManifestEntry], dict[str, int]]:
-    """The files ``matcher`` selects and their distinct blocks (in a worker thread)."""
-    entries = select(manifest, matcher)
+    """The files ``matcher`` selects and their distinct blocks (in a worker thread).
+
+    Raises:
+        InvalidRequest: matching took more than :data:`MATCH_BUDGET_S`.
+    """
+    entries = select(manifest, matcher, MATCH_BUDGET_S, what)
     return entries, unique_blocks(entries)
+
+
+class SelectionSlots:
+    """At most ``slots`` selections at once and one per caller: a caller already holding a
+    slot waits until it is free, whoever else waits (the eleventh probe: one token's two
+    requests held both slots and another team's one-file prewarm waited 98 s).
+
+    Args:
+        slots: selections at once.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._slots = slots
+        self._holders: set[str] = set()
+        self._turn = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, caller: str) -> AsyncIterator[None]:
+        """Hold a slot of ``caller``'s while the block runs."""
+        async with self._turn:
+            await self._turn.wait_for(
+                lambda: len(self._holders) < self._slots and caller not in self._holders
+            )
+            self._holders.add(caller)
+        try:
+            yield
+        finally:
+            async with self._turn:
+                self._holders.discard(caller)
+                self._turn.notify_all()

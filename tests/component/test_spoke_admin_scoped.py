@@ -216,10 +216,12 @@ def test_a_scoped_token_resolves_two_requests_at_once_and_another_team_is_not_qu
     gate = asyncio.Event()
     real = admin_module.PrewarmJobs.resolve
 
-    async def slow_resolve(self: object, dataset: str, ref: str, paths: list[str]) -> object:
+    async def slow_resolve(
+        self: object, dataset: str, ref: str, paths: list[str], caller: str = ""
+    ) -> object:
         if dataset == "ds":  # team-a's requests wait here, resolving, until released
             await gate.wait()
-        return await real(self, dataset, ref, paths)  # type: ignore[arg-type]
+        return await real(self, dataset, ref, paths, caller)  # type: ignore[arg-type]
 
     monkeypatch.setattr(admin_module.PrewarmJobs, "resolve", slow_resolve)
 

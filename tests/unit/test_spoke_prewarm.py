@@ -3,6 +3,7 @@ and what a job or pin keeps of its request."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from spoke.cache.blockcache import BlockCache
@@ -10,7 +11,13 @@ from spoke.cache.registry import make_policy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.selection import preview
 from spoke.disk.layout import CacheLayout
-from spoke.prefetch.prewarm import KEEP_FINISHED, Job, PrewarmJobs, fetch_batches
+from spoke.prefetch.prewarm import (
+    KEEP_FINISHED,
+    Job,
+    PrewarmJobs,
+    SelectionSlots,
+    fetch_batches,
+)
 from spoke.upkeep.pins import PinRegistry
 
 
@@ -66,3 +73,34 @@ def test_a_job_and_a_pin_keep_a_preview_of_their_globs(tmp_path: Path) -> None:
     assert pin.paths == preview(globs) and pin.public()["paths_total"] == 2000
     [again] = PinRegistry(env, cache).all()  # as stored: the preview and the count
     assert again.paths == pin.paths and again.paths_total == 2000
+
+
+def test_selection_slots_hold_one_per_caller_and_serve_another_meanwhile() -> None:
+    """The eleventh probe: one token's two requests held both matching slots and another
+    team's one-file prewarm waited 98 s; a caller now holds one slot at a time."""
+
+    async def scenario() -> list[str]:
+        slots = SelectionSlots(2)
+        order: list[str] = []
+        release = asyncio.Event()
+
+        async def select(caller: str, name: str) -> None:
+            async with slots.slot(caller):
+                order.append(name)
+                await release.wait()
+
+        first = asyncio.create_task(select("team-a", "a1"))
+        second = asyncio.create_task(select("team-a", "a2"))  # waits: team-a holds one
+        await asyncio.sleep(0.05)
+        other = asyncio.create_task(select("team-b", "b1"))  # the second slot is free
+        await asyncio.sleep(0.05)
+        assert order == ["a1", "b1"]
+        third = asyncio.create_task(select("team-c", "c1"))  # both slots held: waits
+        await asyncio.sleep(0.05)
+        assert order == ["a1", "b1"]
+        release.set()
+        await asyncio.gather(first, second, other, third)
+        return order
+
+    order = asyncio.run(scenario())
+    assert order[:2] == ["a1", "b1"] and sorted(order[2:]) == ["a2", "c1"]

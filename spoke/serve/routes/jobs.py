@@ -44,7 +44,9 @@ async def prewarm(body: PrewarmRequest, context: Context, caller: CallerOf) -> d
 
     admit()
     with resolving(context, caller):
-        job = await context.jobs.start(body.dataset, body.ref, body.paths, body.pin, admit)
+        job = await context.jobs.start(
+            body.dataset, body.ref, body.paths, body.pin, admit, caller.name or ""
+        )
     return job.public()
 
 

@@ -37,7 +37,9 @@ async def add_pin(body: PinRequest, context: Context, caller: CallerOf) -> dict[
     pin_room(context, caller)
     jobs = context.jobs
     with resolving(context, caller):
-        snapshot, globs, _, blocks = await jobs.resolve(body.dataset, body.ref, body.paths)
+        snapshot, globs, _, blocks = await jobs.resolve(
+            body.dataset, body.ref, body.paths, caller.name or ""
+        )
     pin_room(context, caller)  # again, with no await before the add: concurrent pins race
     jobs.check_pin_room(f"{body.dataset}@{body.ref}", blocks, body.dataset)
     return context.pins.add(body.dataset, body.ref, snapshot.version, globs, blocks).public()
