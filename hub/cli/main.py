@@ -74,7 +74,8 @@ from hub.errors import (
 )
 from hub.modes import PRIVATE_UMASK
 from hub.publish.tree import publish as publish_tree
-from hub.serve.metrics import HubMetrics, MetricsEndpoint
+from hub.serve.metrics import HubMetrics
+from hub.serve.metricsendpoint import MetricsEndpoint
 from hub.serve.server import HubServer
 from hub.snapshot.blocks import DEFAULT_BLOCK_SIZE
 from hub.store.datadir import secure

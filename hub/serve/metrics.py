@@ -1,4 +1,4 @@
-"""The hub's Prometheus metrics and their HTTP endpoint.
+"""The hub's Prometheus metrics (served by :mod:`hub.serve.metricsendpoint`).
 
 Names follow Prometheus conventions (``strata_hub_`` prefix, base units, ``_total`` for
 counters; https://prometheus.io/docs/practices/naming/).
@@ -7,34 +7,20 @@ counters; https://prometheus.io/docs/practices/naming/).
 from __future__ import annotations
 
 import logging
-import socket
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from hub.auth import tokenstore
 from hub.catalog import Catalog
 from hub.catalog.events import Event, EventKind
-from hub.errors import HubError, ListenError
-from hub.serve.address import Address
+from hub.errors import HubError
 from strata_local.expiry import certificate_not_after
 
 logger = logging.getLogger(__name__)
-
-METRICS_MAX_CONNECTIONS = 32
-"""Most connections open to the metrics endpoint at once (one thread each); more are
-closed as they arrive. Prometheus holds one per scrape."""
-
-METRICS_TIMEOUT_S = 10.0
-"""A metrics connection that sends nothing for this long is closed, seconds (Prometheus'
-default scrape timeout)."""
 
 PUBLISH_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, float("inf"))
 """Histogram buckets of publish durations, seconds (from a tiny tree to a large one)."""
@@ -71,9 +57,11 @@ class HubMetrics:
             polls (:class:`hub.serve.watch.CatalogWatcher`), 0 while its engine is unreachable;
             ``/readyz`` on the metrics port answers 503 while it is 0.
         metrics_connections_closed: ``strata_hub_metrics_connections_closed_total{reason}``:
-            connections to the metrics endpoint closed unserved (``limit``: with
-            :data:`METRICS_MAX_CONNECTIONS` open; ``timeout``: silent for
-            :data:`METRICS_TIMEOUT_S`).
+            connections to the metrics endpoint (:mod:`hub.serve.metricsendpoint`) closed
+            unserved or cut off: ``limit`` (refused as it arrived, the cap reached with no
+            connection to displace), ``displaced`` (waiting for its request when one arrived
+            at the cap), ``timeout`` (request not sent within its deadline), ``stalled``
+            (answer not taken by the client within the send timeout).
 
     Catalog sizes (``strata_hub_catalog_*``) are read at scrape time once
     :meth:`watch_catalog` names the catalog.
@@ -155,7 +143,10 @@ class HubMetrics:
         self.catalog_reachable = True
         self.metrics_connections_closed = Counter(
             "strata_hub_metrics_connections_closed",
-            "Connections to the metrics endpoint closed unserved, by reason (limit, timeout).",
+            "Connections to the metrics endpoint closed unserved or cut off, by reason (limit: "
+            "refused at the cap; displaced: made room for a newcomer at the cap while waiting "
+            "for its request; timeout: request not sent within its deadline; stalled: answer "
+            "not taken within the send timeout).",
             ["reason"],
             registry=self.registry,
         )
@@ -275,135 +266,3 @@ class _CatalogCollector(Collector):
         versions.add_metric(["live"], stats.versions - stats.revoked_versions)
         versions.add_metric(["revoked"], stats.revoked_versions)
         yield versions
-
-
-class _QuietHandler(WSGIRequestHandler):
-    """One request per connection, logged nowhere; a silent client is dropped after
-    :data:`METRICS_TIMEOUT_S` (the socket timeout ``StreamRequestHandler`` sets)."""
-
-    timeout = METRICS_TIMEOUT_S
-
-    def handle(self) -> None:
-        """Serve the request, or drop a connection that timed out or went away."""
-        try:
-            super().handle()
-        except TimeoutError:
-            server = self.server
-            if isinstance(server, _BoundedServer):
-                server.closed.labels("timeout").inc()
-        except ConnectionError:
-            pass
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Log nothing (one line per scrape, or per flooding client, is noise)."""
-
-
-class _BoundedServer(ThreadingWSGIServer):
-    """prometheus_client's thread-per-request server, with at most
-    :data:`METRICS_MAX_CONNECTIONS` connections (threads) at once."""
-
-    closed: Counter
-    # the listen backlog: socketserver's 5 leaves a flood's connects in SYN retries
-    request_queue_size = 64
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._slots = threading.BoundedSemaphore(METRICS_MAX_CONNECTIONS)
-        super().__init__(*args, **kwargs)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """Hand the connection to a thread, or close it at once when all slots are taken."""
-        if not self._slots.acquire(blocking=False):
-            self.closed.labels("limit").inc()
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        """Serve one connection in its thread, then free its slot."""
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """One debug line instead of a traceback on stderr per failed connection."""
-        logger.debug("metrics request from %s failed", client_address, exc_info=True)
-
-
-def _with_readyz(app: Any, metrics: HubMetrics) -> Any:
-    """``app`` with ``/readyz``: 200 while the catalog answers, else 503 (readiness probes:
-    a replica that lost its catalog stops getting new connections)."""
-
-    def dispatch(environ: dict[str, Any], start_response: Any) -> Any:
-        if environ.get("PATH_INFO") != "/readyz":
-            return app(environ, start_response)
-        up = metrics.catalog_reachable
-        body = b"ok\n" if up else b"catalog unreachable\n"
-        status = "200 OK" if up else "503 Service Unavailable"
-        start_response(status, [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
-        return [body]
-
-    return dispatch
-
-
-class MetricsEndpoint:
-    """An HTTP server exposing a registry in the Prometheus text format, on its own thread.
-
-    Use :meth:`start`; stop with :meth:`close`.
-    """
-
-    def __init__(self, server: _BoundedServer, thread: threading.Thread) -> None:
-        self._server = server
-        self._thread = thread
-        self.address = Address(str(server.server_address[0]), int(server.server_port))
-
-    @classmethod
-    def start(cls, listen: str, metrics: HubMetrics) -> MetricsEndpoint:
-        """Starts serving ``metrics`` on ``listen``: at most :data:`METRICS_MAX_CONNECTIONS`
-        connections at once, each dropped after :data:`METRICS_TIMEOUT_S` of silence.
-
-        Args:
-            listen: ``HOST:PORT``; port 0 picks a free port.
-            metrics: The metrics to expose (and count the connections closed in).
-
-        Returns:
-            The running endpoint; ``address`` holds the bound port.
-
-        Raises:
-            InvalidArgument: ``listen`` is malformed.
-            ListenError: The address cannot be bound (in use, not local).
-        """
-        address = Address.parse(listen)
-
-        class Server(_BoundedServer):
-            closed = metrics.metrics_connections_closed
-
-        try:
-            infos = socket.getaddrinfo(
-                address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-            )
-            Server.address_family = infos[0][0]
-            server = make_server(
-                str(infos[0][4][0]),
-                address.port,
-                _with_readyz(make_wsgi_app(metrics.registry), metrics),
-                server_class=Server,
-                handler_class=_QuietHandler,
-            )
-        except OSError as exc:
-            raise ListenError(f"cannot serve metrics on {listen}: {exc.strerror or exc}") from exc
-        assert isinstance(server, _BoundedServer)
-        thread = threading.Thread(target=server.serve_forever, name="strata-hub-metrics")
-        thread.daemon = True
-        thread.start()
-        return cls(server, thread)
-
-    def close(self) -> None:
-        """Stops the server and waits for its thread."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
