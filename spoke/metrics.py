@@ -233,8 +233,9 @@ STEADY_STATE_SECONDS = Gauge(
 ADMIN_CONNECTIONS_CLOSED = Counter(
     "strata_spoke_admin_connections_closed",
     "Admin API connections the daemon closed unserved, by reason: limit (as they arrived, "
-    "with the most open), displaced (stalled, for one arriving with the most open), timeout "
-    "(no whole request within the request timeout), stalled (a response left unread within "
-    "the write-stall timeout)",
+    "with the most open), displaced (owing a request or answers longest, for one arriving "
+    "with the most open), timeout (no whole request within the request timeout), stalled (a "
+    "response left unread within the write-stall timeout), slow (answers owed longer than "
+    "the write-stall timeout and taken below the response rate floor)",
     ["reason"],
 )

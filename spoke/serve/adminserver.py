@@ -9,10 +9,14 @@ daemon serves with :class:`AdminProtocol`, uvicorn's own HTTP/1.1 protocol (h11)
 
 - a cap on open connections (:data:`spoke.serve.limits.ADMIN_MAX_CONNECTIONS`, fitted under the
   daemon's open-file limit; 32 on the ``--metrics`` port). A connection arriving at the cap
-  displaces the open one that has made no progress the longest, if that is at least
-  :data:`DISPLACE_AFTER_S` (waiting for a request it has not finished sending, or leaving
-  its response unread); a connection being answered or read is never displaced. With no
-  such connection the newcomer is closed as it arrives, nothing read;
+  displaces the open one that has owed something the longest, if that is at least
+  :data:`DISPLACE_AFTER_S`: owing is waiting for a request the client has not finished
+  sending, or answers sent to it and not yet taken, without a break; only catching up ends
+  it (all answers taken), not taking some (:class:`~spoke.serve.connprogress.Progress`).
+  An honest client owes for milliseconds; a slow reader of pipelined answers owes for good
+  and goes first, however often it takes a little. A connection whose request is being
+  handled, nothing unread, is never displaced. With none owing that long the newcomer is
+  closed as it arrives, nothing read;
 - a request timeout, :data:`REQUEST_TIMEOUT_S`: a connection that has not sent a whole
   request (headers and body) that long after it opened, or after its last response, is
   closed (slowloris; Apache's ``mod_reqtimeout`` and nginx's ``client_header_timeout``
@@ -24,11 +28,15 @@ daemon serves with :class:`AdminProtocol`, uvicorn's own HTTP/1.1 protocol (h11)
   kernel's send queue: the kernel takes megabytes of pipelined answers for a client that
   reads none, before uvicorn's transport ever pauses writing. A watch looks every half
   :data:`DISPLACE_AFTER_S` while anything waits; a client reading slowly but steadily is kept.
+  A client whose answers have waited without a break for more than :data:`WRITE_STALL_S`
+  and that took them at under :data:`MIN_RATE` on average is aborted too (a response rate
+  floor, like Apache's ``mod_reqtimeout`` ``MinRate`` for requests): taking a little now
+  and then does not hold a connection for good.
   A pipelined request is taken up only once at most :data:`PIPELINE_UNREAD` of answers
   wait, so a client that reads nothing costs a few answers' work, not one per request.
 
 All are counted (``strata_spoke_admin_connections_closed_total{reason}``: ``limit``,
-``displaced``, ``timeout``, ``stalled``) and logged at
+``displaced``, ``timeout``, ``stalled``, ``slow``) and logged at
 most once a minute. What could still flood the log is rate-limited:
 asyncio's "socket.accept() out of system resource" (CPython logs it once per pending
 connection, with a traceback, on every loop pass while descriptors run out:
@@ -41,11 +49,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import socket
 import struct
-import termios
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -56,6 +62,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from protocol.address import parse_hostport
 from spoke import metrics
+from spoke.serve.connprogress import Progress, unread_and_acked
 from spoke.serve.limits import ADMIN_MAX_CONNECTIONS
 from strata_local.audit import TokenBucket
 
@@ -70,15 +77,22 @@ WRITE_STALL_S = 10.0
 seconds; then the connection is aborted and its unsent bytes freed (a 4 MB pin list unread
 held them for good, and the connection a slot under the cap)."""
 
+MIN_RATE = 16 << 10
+"""Least average rate, bytes a second, at which a client must take answers that have waited
+for it without a break for more than :data:`WRITE_STALL_S`; slower, the connection is
+aborted (the probe's slow readers took 3.4 KB/s each; a 4 MB pin list at this rate takes
+4 minutes)."""
+
 DISPLACE_AFTER_S = 1.0
-"""Least time a connection must have made no progress, seconds, before one arriving at the
-cap may displace it (an honest client sends its request and reads its answer in
-milliseconds)."""
+"""Least time a connection must have owed something without a break (a request it has not
+finished sending, or answers it has not all taken), seconds, before one arriving at the cap
+may displace it (an honest client sends its request and takes its answer in milliseconds;
+taking part of its answers does not end owing, only taking all of them)."""
 
 WRITE_CHECKS = 4
 """How many times per :data:`WRITE_STALL_S` a connection with bytes waiting for its client is
 looked at for progress (at least twice per :data:`DISPLACE_AFTER_S`, so that a connection
-arriving at the cap finds how long each has been stalled to within half of it)."""
+arriving at the cap finds when each caught up to within half of it)."""
 
 PIPELINE_UNREAD = 4 << 10
 """Most bytes of answers that may wait for a client (unacknowledged) when its next pipelined
@@ -100,15 +114,14 @@ BACKLOG = 128
 """The listen backlog, and how many pending connections asyncio accepts per loop pass."""
 
 _ACCEPT_FAILED = "socket.accept() out of system resource"
-_TCP_INFO_SIZE = 128  # struct tcp_info up to tcpi_bytes_acked (a u64 at offset 120; Linux 4.1+)
 
 
 class AdminProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a cap on open connections (displacing stalled ones), a
-    request timeout and a write-stall timeout.
+    """uvicorn's h11 protocol with a cap on open connections (displacing the one owing
+    longest), a request timeout, and a write-stall timeout with a response rate floor.
 
     uvicorn makes one per connection; :func:`admin_config` sets the class attributes. It
-    has more than 15 methods because it hooks four of uvicorn's callbacks and keeps two
+    has more than 15 methods because it hooks five of uvicorn's callbacks and keeps two
     timers (the request deadline; the write watch, which also lets a pipelined request held
     back go on), each armed and disarmed by its own.
     """
@@ -117,6 +130,7 @@ class AdminProtocol(H11Protocol):
     request_timeout_s: ClassVar[float] = REQUEST_TIMEOUT_S
     write_stall_s: ClassVar[float] = WRITE_STALL_S
     displace_after_s: ClassVar[float] = DISPLACE_AFTER_S
+    min_rate: ClassVar[float] = MIN_RATE
     _closed: ClassVar[dict[str, int]] = {}  # since the last log line, by reason
     _logged: ClassVar[float] = float("-inf")
 
@@ -124,16 +138,13 @@ class AdminProtocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._refused = False
         self._deadline: asyncio.TimerHandle | None = None
-        self._waiting_since = time.monotonic()  # for a request, since opened or last answered
+        self._progress = Progress(time.monotonic())  # what the client owes, since when
         self._watch: asyncio.TimerHandle | None = None  # looks at the unread bytes' progress
-        self._unread_since: float | None = None  # monotonic: no byte of them taken since
-        self._unread = 0  # bytes waiting for the client, when last looked at
-        self._acked = 0  # bytes the client acknowledged, when last looked at
         self._held = False  # a pipelined request waits for the client to take its answers
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        """Serve the connection; at the cap, displace the longest-stalled connection for it,
-        or close it at once when none has been stalled :attr:`displace_after_s`."""
+        """Serve the connection; at the cap, displace the connection owing longest for it,
+        or close it at once when none has owed :attr:`displace_after_s`."""
         if len(self.connections) >= self.max_connections and not self._displace():
             self._refused = True
             transport.abort()
@@ -158,31 +169,33 @@ class AdminProtocol(H11Protocol):
             return  # the write watch calls this again once the client has taken enough
         super().on_response_complete()
         self._arm()
-        if self._watch is None:
-            self._unread_stalled_since()
+        self._observe()
+
+    def handle_events(self) -> None:
+        """Parse what the client sent; a request taken up with nothing unread ends owing."""
+        super().handle_events()
+        if not self._refused:
+            self._observe()
 
     def pause_writing(self) -> None:
         """The transport holds more than its high-water mark unsent: watch it (resuming is
         progress the watch sees: the client took bytes)."""
         super().pause_writing()
-        if self._watch is None:
-            self._unread_stalled_since()
+        self._observe()
 
     def _hold_pipelined(self) -> bool:
         """Whether the next request, pipelined, must wait for the client to take its answers."""
         self._held = False
         if self.transport.is_closing() or not self.conn.trailing_data[0]:
             return False
-        self._unread_stalled_since()
-        if self._unread > PIPELINE_UNREAD:
+        if self._observe().unread > PIPELINE_UNREAD:
             self._held = True
             self._unwatch()  # look again soon (HOLD_CHECK_S), not in a watch period
-            self._unread_stalled_since()
+            self._observe()
         return self._held
 
     def _arm(self) -> None:
         self._disarm()
-        self._waiting_since = time.monotonic()
         if not self.transport.is_closing():
             self._deadline = self.loop.call_later(self.request_timeout_s, self._expire)
 
@@ -208,47 +221,41 @@ class AdminProtocol(H11Protocol):
 
     def _look(self) -> None:
         """The write watch: abort a connection whose client took nothing of what waits for
-        it for :attr:`write_stall_s`; look again later while anything waits."""
+        it for :attr:`write_stall_s` (``stalled``), or whose answers waited longer than that
+        while it took them at under :attr:`min_rate` on average (``slow``; ``stalled`` if
+        it has taken nothing for half :attr:`write_stall_s`, as a client that reads nothing
+        has); look again later while anything waits."""
         self._watch = None
-        since = self._unread_stalled_since()
-        if since is not None and time.monotonic() - since >= self.write_stall_s:
+        progress, now = self._observe(), time.monotonic()
+        if progress.unread_since is not None and now - progress.unread_since >= self.write_stall_s:
             self._drop("stalled")
-        elif self._held and self._unread <= PIPELINE_UNREAD:
+        elif progress.too_slow(now, self.write_stall_s, self.min_rate):
+            idle = now - (progress.unread_since or now) >= self.write_stall_s / 2
+            self._drop("stalled" if idle else "slow")
+        elif self._held and progress.unread <= PIPELINE_UNREAD:
             self.on_response_complete()  # the pipelined request held back goes on
 
-    def _unread_stalled_since(self) -> float | None:
-        """Since when (monotonic) the client has taken no byte of what waits for it (in the
-        transport's buffer or the kernel's: the kernel takes megabytes for a client that
-        reads nothing); None when nothing waits. Arms the write watch while anything does."""
-        unread, acked = _unread_and_acked(self.transport)
-        now = time.monotonic()
-        if not unread:
-            self._unread_since = None
-        elif self._unread_since is None or acked > self._acked or unread < self._unread:
-            self._unread_since = now  # waiting from now, or the client took some
-        self._unread, self._acked = unread, acked
+    def _observe(self) -> Progress:
+        """What the client owes now (its answers in the transport's buffer or the kernel's:
+        the kernel takes megabytes for a client that reads nothing, and whether it owes a
+        request). Arms the write watch while any answers wait."""
+        unread, acked = unread_and_acked(self.transport)
+        waiting = not self.transport.is_closing() and self._waiting_for_request()
+        self._progress.look(time.monotonic(), unread, acked, waiting)
         if unread and self._watch is None and not self._refused:
             every = min(self.write_stall_s / WRITE_CHECKS, self.displace_after_s / 2)
             every = min(every, HOLD_CHECK_S) if self._held else every
             self._watch = self.loop.call_later(every, self._look)
-        return self._unread_since
-
-    def _stalled_since(self) -> float | None:
-        """Since when (monotonic) this connection has made no progress: waiting for a request
-        it has not finished sending, or leaving what is sent to it unread; None while it is
-        being answered or read."""
-        times = [self._waiting_since] if self._waiting_for_request() else []
-        unread = self._unread_stalled_since()
-        return min([*times, *([unread] if unread is not None else [])], default=None)
+        return self._progress
 
     def _displace(self) -> bool:
-        """Abort the open connection stalled longest, at least :attr:`displace_after_s`;
+        """Abort the open connection owing longest, at least :attr:`displace_after_s`;
         whether there was one (a linear scan, only for a connection arriving at the cap)."""
         oldest: AdminProtocol | None = None
         latest = time.monotonic() - self.displace_after_s
         for other in self.connections:
             if isinstance(other, AdminProtocol) and other.transport is not None:
-                since = other._stalled_since()
+                since = other._observe().owing_since
                 if since is not None and since <= latest:
                     oldest, latest = other, since
         if oldest is None:
@@ -279,32 +286,16 @@ class AdminProtocol(H11Protocol):
             counts = ", ".join(f"{n} {why}" for why, n in sorted(cls._closed.items()))
             log.warning(
                 "admin API: closed connections unserved (%s) since the last line; at most "
-                "%d open, %g s to send a request, %g s to take a byte of a response",
+                "%d open, %g s to send a request, %g s to take a byte of a response, "
+                "%d B/s to take them after that",
                 counts,
                 cls.max_connections,
                 cls.request_timeout_s,
                 cls.write_stall_s,
+                cls.min_rate,
             )
             cls._closed = {}
             cls._logged = now
-
-
-def _unread_and_acked(transport: asyncio.BaseTransport) -> tuple[int, int]:
-    """Bytes sent to a connection's client and not yet acknowledged by it (the transport's
-    buffer and the kernel's send queue), and bytes it has acknowledged so far (Linux's
-    ``TCP_INFO``; 0 elsewhere, where only the transport's buffer is seen)."""
-    unread = (
-        transport.get_write_buffer_size() if isinstance(transport, asyncio.WriteTransport) else 0
-    )
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return unread, 0
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-        queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4))
-        return unread + struct.unpack("i", queued)[0], struct.unpack_from("Q", info, 120)[0]
-    except (OSError, AttributeError, ValueError, struct.error):  # closed, or not Linux
-        return unread, 0
 
 
 def admin_config(
@@ -313,6 +304,7 @@ def admin_config(
     request_timeout_s: float = REQUEST_TIMEOUT_S,
     write_stall_s: float = WRITE_STALL_S,
     displace_after_s: float = DISPLACE_AFTER_S,
+    min_rate: float = MIN_RATE,
 ) -> uvicorn.Config:
     """The uvicorn configuration of the admin API (an ASGI ``app``) with these bounds.
 
@@ -321,8 +313,10 @@ def admin_config(
         max_connections: Most connections open at once.
         request_timeout_s: Longest to send a whole request, seconds.
         write_stall_s: Longest to take no byte of a response held back, seconds.
-        displace_after_s: Least time without progress, seconds, before a connection arriving
-            at the cap may displace one.
+        displace_after_s: Least time a connection must have owed something without a break,
+            seconds, before one arriving at the cap may displace it.
+        min_rate: Least average rate, bytes a second, of taking answers that have waited for
+            more than ``write_stall_s``.
     """
     protocol = type(
         "AdminProtocol",
@@ -332,6 +326,7 @@ def admin_config(
             "request_timeout_s": request_timeout_s,
             "write_stall_s": write_stall_s,
             "displace_after_s": displace_after_s,
+            "min_rate": min_rate,
             "_closed": {},
             "__doc__": AdminProtocol.__doc__,
         },
