@@ -3,7 +3,11 @@ held every connection of a spoke's admin port (and of its ``--metrics`` port, th
 probes then all failing) with pipelined ``GET /healthz`` it never read, each connection with
 a 4 KiB receive buffer. Such a connection is aborted once it has taken nothing for the
 write-stall timeout, a connection arriving at the cap displaces one sooner, and a client
-reading slowly but steadily, or waiting on its answer, is kept."""
+reading slowly but steadily, or waiting on its answer, is kept. A later probe held them all
+with slow readers, each taking 2 KiB every 0.6 s of pipelined answers: a connection arriving
+at the cap displaces the one that has owed the longest (taking a little does not end
+owing), and one taking its answers below the rate floor is aborted after the write-stall
+timeout."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from tests.integration.admin_stall_support import (
     BIG,
     CLOSED,
     RCVBUF,
+    SlowReaders,
     Stalled,
     closed,
     get,
@@ -33,7 +38,7 @@ from tests.support import publish
 pytestmark = pytest.mark.timeout(300)
 
 OK = b"HTTP/1.1 200 OK"
-REASONS = ("stalled", "displaced", "timeout", "limit")
+REASONS = ("stalled", "displaced", "timeout", "limit", "slow")
 
 
 def _counts() -> dict[str, float]:
@@ -51,7 +56,13 @@ def test_unread_pipelined_answers_are_aborted_after_the_write_stall() -> None:
         try:
             stalled.pump()
             wait_until(lambda: stalled.open() == 0, "stalled readers aborted", 2.0 + 20)
-            assert _delta(before) == {"stalled": 8, "displaced": 0, "timeout": 0, "limit": 0}
+            assert _delta(before) == {
+                "stalled": 8,
+                "displaced": 0,
+                "timeout": 0,
+                "limit": 0,
+                "slow": 0,
+            }
             assert get(host, port, "/healthz").startswith(OK)
         finally:
             stalled.close()
@@ -86,7 +97,13 @@ def test_at_the_cap_a_newcomer_displaces_a_stalled_reader() -> None:
             answers = [get(h, p, "/healthz") for _ in range(5)]
             assert all(a.startswith(OK) for a in answers)
             # the first displaced the longest-stalled one; the rest fit in its place
-            assert _delta(before) == {"stalled": 0, "displaced": 1, "timeout": 0, "limit": 0}
+            assert _delta(before) == {
+                "stalled": 0,
+                "displaced": 1,
+                "timeout": 0,
+                "limit": 0,
+                "slow": 0,
+            }
             assert stalled.open() == cap - 1
         finally:
             stalled.close()
@@ -109,7 +126,13 @@ def test_a_connection_being_answered_is_not_displaced() -> None:
             assert answer == b""  # refused at the cap
             for sock in waiting:
                 assert sock.recv(65536).startswith(OK)
-            assert _delta(before) == {"stalled": 0, "displaced": 0, "timeout": 0, "limit": 1}
+            assert _delta(before) == {
+                "stalled": 0,
+                "displaced": 0,
+                "timeout": 0,
+                "limit": 1,
+                "slow": 0,
+            }
         finally:
             for sock in waiting:
                 sock.close()
@@ -142,7 +165,56 @@ def test_a_slow_steady_reader_is_kept() -> None:
             assert len(got) == BIG
         finally:
             sock.close()
-    assert _delta(before)["stalled"] == 0
+    assert _delta(before)["stalled"] == _delta(before)["slow"] == 0
+
+
+def _healthz(host: str, port: int, within: float) -> bool:
+    """Whether a ``GET /healthz`` on a connection of its own, with a 1 s timeout like the
+    kubelet's and tried again until ``within`` seconds have passed, got 200."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            if get(host, port, "/healthz", timeout=1.0).startswith(OK):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def test_at_the_cap_a_newcomer_displaces_a_slow_reader() -> None:
+    """The probe's slow readers hold every slot, each acknowledging a little every 0.6 s:
+    honest probes still get in, by displacing the one owing longest, and only slow readers
+    are displaced (every displacement counted is one of theirs the server ended)."""
+    before = _counts()
+    cap = 8
+    with (
+        serving(max_connections=cap, write_stall_s=120.0) as (host, port),
+        SlowReaders(host, port, cap) as readers,
+    ):
+        wait_until(lambda: readers.accepted >= cap, "the slow readers hold every slot", 30)
+        time.sleep(2.0)  # each has owed its answers longer than displace_after_s
+        answered = [_healthz(host, port, within=10.0) for _ in range(5)]
+        readers.stop()
+        assert answered == [True] * 5
+        got = _delta(before)
+        assert got["displaced"] > 0
+        assert got["displaced"] == readers.ended  # none of the honest ones
+        assert got["stalled"] == got["slow"] == got["timeout"] == 0
+
+
+def test_a_reader_below_the_rate_floor_is_aborted() -> None:
+    """Taking 2 KiB every 0.3 s (under 7 KB/s) of pipelined answers, never stalling: the
+    answers have waited longer than the write-stall timeout at under the 16 KiB/s floor, so
+    the connection is aborted, counted ``slow``."""
+    before = _counts()
+    with (
+        serving(write_stall_s=1.0) as (host, port),
+        SlowReaders(host, port, 1, period=0.3) as readers,
+    ):
+        wait_until(lambda: readers.ended >= 1, "the slow reader aborted", 30)
+    got = _delta(before)
+    assert got["slow"] >= 1
+    assert got["stalled"] == got["displaced"] == got["limit"] == 0
 
 
 # a real daemon
@@ -233,6 +305,32 @@ def test_a_daemon_holds_no_slot_for_clients_that_never_read(
     after = counts()
     got = {r: after[r] - before[r] for r in REASONS}
     print(f"{port}: closed {got}; daemon RSS before/flooded/probed/after {rss} MiB")
-    assert got["stalled"] + got["displaced"] + got["timeout"] == cap
-    assert got["stalled"] + got["displaced"] > 0
+    assert got["stalled"] + got["displaced"] + got["timeout"] + got["slow"] == cap
+    assert got["stalled"] + got["displaced"] + got["slow"] > 0
     assert max(rss) < 512
+
+
+def test_the_kubelet_gets_through_slow_readers_on_the_metrics_port(
+    spoke: tuple[Spoke, str],
+) -> None:
+    """The probe's flood of the ``--metrics`` port: 32 slow readers of pipelined
+    ``GET /metrics`` hold every slot, each taking 2 KiB every 0.6 s (one opened again for
+    each the daemon ends). Of 8 kubelet-style ``GET /healthz``, one every 2 s with a 1 s
+    timeout, at least 6 get 200 and never 3 in a row fail (the kubelet restarts the pod
+    after 6 in a row; before the fix none got through)."""
+    _, metrics_url = spoke
+    host, _, p = metrics_url.removeprefix("http://").rpartition(":")
+    results: list[bool] = []
+    with SlowReaders(host, int(p), 32, path="/metrics") as readers:
+        wait_until(lambda: readers.accepted >= 32, "the slow readers hold every slot", 30)
+        time.sleep(3.0)  # the probe waited 5 s; each has owed its answers for seconds
+        for _ in range(8):
+            start = time.monotonic()
+            try:
+                results.append(httpx.get(f"{metrics_url}/healthz", timeout=1).status_code == 200)
+            except httpx.HTTPError:
+                results.append(False)
+            time.sleep(max(0.0, 2.0 - (time.monotonic() - start)))
+    print(f"kubelet probes {results}; slow readers accepted {readers.accepted}")
+    assert sum(results) >= 6
+    assert "FFF" not in "".join("T" if ok else "F" for ok in results)
