@@ -7,7 +7,8 @@ stream's blocks (:mod:`~hub.serve.blockstream`) and their timed sends
 (:mod:`~hub.serve.sending`), the bulk channel beside gRPC (:mod:`~hub.serve.bulk`, its
 sockets in :mod:`~hub.serve.bulksocket`), what crosses the wire (:mod:`~hub.serve.wire`),
 noticing catalog changes and a ``Watch`` call's events (:mod:`~hub.serve.watch`), metrics
-(:mod:`~hub.serve.metrics`, their HTTP endpoint :mod:`~hub.serve.metricsendpoint`) and listen addresses (:mod:`~hub.serve.address`). It imports
+(:mod:`~hub.serve.metrics`, their HTTP endpoint :mod:`~hub.serve.metricsendpoint`) and
+listen addresses (:mod:`~hub.serve.address`). It imports
 every room below it (:mod:`hub.limits`, :mod:`hub.auth`, :mod:`hub.store`,
 :mod:`hub.catalog`, :mod:`hub.snapshot`), never :mod:`hub.publish` or :mod:`hub.cli`.
 """
