@@ -25,6 +25,7 @@ from hub.serve.metricsendpoint import (
     METRICS_REQUEST_DEADLINE_S,
     MetricsEndpoint,
 )
+from tests.integration.connflood_support import ConnectionFlood, kubelet, longest_failing_run
 from tests.integration.mesh_support import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -225,3 +226,18 @@ def test_a_client_that_reads_no_answer_is_cut_off_and_never_displaced() -> None:
         finally:
             slow.close()
             reader.close()
+
+
+def test_a_connection_rate_flood_does_not_keep_the_probes_out() -> None:
+    """The twelfth probe: silent connections opened 100 a second and held 3 s each kept
+    all 32 slots younger than the second a connection had to wait before it could be
+    displaced, so every probe was refused (20 of 20). The one waiting longest goes at 50 ms
+    now; the kubelet fails a pod after 6 failures in a row."""
+    metrics = HubMetrics()
+    with endpoint(metrics) as (host, port):
+        with ConnectionFlood(host, port, rate=100, hold_s=3.0) as flood:
+            time.sleep(1.0)  # the flood fills the slots first
+            results = kubelet(f"http://{host}:{port}/metrics", probes=12, every_s=0.5)
+        assert flood.opened >= 100
+    assert sum(results) >= 10 and longest_failing_run(results) <= 2, results
+    assert _closed(metrics, "displaced") > 0
