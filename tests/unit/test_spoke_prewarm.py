@@ -104,3 +104,63 @@ def test_selection_slots_hold_one_per_caller_and_serve_another_meanwhile() -> No
 
     order = asyncio.run(scenario())
     assert order[:2] == ["a1", "b1"] and sorted(order[2:]) == ["a2", "c1"]
+
+
+def test_a_freed_selection_slot_goes_to_the_caller_served_least_lately() -> None:
+    """The twelfth probe: five colluding tokens each kept requests waiting, and another
+    team's one-file prewarm waited 20 s behind them in arrival order; a caller never
+    served goes first."""
+
+    async def scenario() -> list[str]:
+        slots = SelectionSlots(1)
+        order: list[str] = []
+        gates = {name: asyncio.Event() for name in ("a1", "b1", "c1", "a2", "light")}
+
+        async def select(caller: str, name: str) -> None:
+            async with slots.slot(caller):
+                order.append(name)
+                await gates[name].wait()
+
+        tasks = [asyncio.create_task(select("team-a", "a1"))]
+        await asyncio.sleep(0)
+        for caller, name in (("team-b", "b1"), ("team-c", "c1"), ("team-a", "a2")):
+            tasks.append(asyncio.create_task(select(caller, name)))
+            await asyncio.sleep(0)
+        for name in ("a1", "b1"):  # two heavy callers served in turn meanwhile
+            gates[name].set()
+            while name == order[-1]:
+                await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(select("light", "light")))  # arrives last
+        await asyncio.sleep(0)
+        for name in ("c1", "light", "a2"):
+            gates[name].set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        return order
+
+    order = asyncio.run(scenario())
+    # a1, then b1 and c1 (never served) before a2; the light caller, never served, goes
+    # before team-a's second request although it arrived after it
+    assert order == ["a1", "b1", "c1", "light", "a2"], order
+
+
+def test_a_caller_cancelled_while_waiting_leaves_no_slot_taken() -> None:
+    async def scenario() -> None:
+        slots = SelectionSlots(1)
+        release = asyncio.Event()
+
+        async def hold() -> None:
+            async with slots.slot("a"):
+                await release.wait()
+
+        first = asyncio.create_task(hold())
+        await asyncio.sleep(0)
+        waiting = asyncio.create_task(hold())  # same caller: waits
+        other = asyncio.create_task(hold())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, other), 5)
+        async with asyncio.timeout(5), slots.slot("b"):  # nothing left held
+            pass
+
+    asyncio.run(scenario())

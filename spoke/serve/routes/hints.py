@@ -23,6 +23,7 @@ from spoke.serve.routes.context import (
     Context,
     NotYours,
     require,
+    resolving,
     share_divisor,
     tenant_room,
     v1_router,
@@ -107,23 +108,28 @@ async def post_hints(request: Request, context: Context, caller: CallerOf) -> di
     admit()
     catalog = context.catalog
     snapshot = await catalog.resolve_ref(body.dataset, body.ref)
-    manifest = await catalog.manifest(body.dataset, snapshot.version)
     what = f"{body.dataset}@{body.ref}"
     built: list[int] = []
+    # a decoded manifest is tens of MiB a 100,000 files: decoded and planned in one of the
+    # spoke's selection slots, two requests resolving per scoped token (the twelfth probe:
+    # 48 concurrent posts held 48 manifests, 2.6 GiB)
+    with resolving(context, caller):
+        async with context.jobs.selection(caller.name or ""):
+            manifest = await catalog.manifest(body.dataset, snapshot.version)
 
-    def build(builder: PlanBuilder) -> HintPlan:
-        plan = hint_plan(manifest, body.paths, what, builder)
-        built.append(len(plan))
-        return plan
+            def build(builder: PlanBuilder) -> HintPlan:
+                plan = hint_plan(manifest, body.paths, what, builder)
+                built.append(len(plan))
+                return plan
 
-    status, prefetching = await hints.post(
-        body.stream,
-        build,
-        append=body.append,
-        source=f"{body.dataset}@{snapshot.version}",
-        share=_share(caller),
-        admit=admit,
-    )
+            status, prefetching = await hints.post(
+                body.stream,
+                build,
+                append=body.append,
+                source=f"{body.dataset}@{snapshot.version}",
+                share=_share(caller),
+                admit=admit,
+            )
     return {
         "dataset": body.dataset,
         "version": snapshot.version,
