@@ -144,6 +144,10 @@ def fetch_batches(
     return batches
 
 
+USE_HALF_LIFE_S = 10.0
+"""Half-life of the seconds a caller held selection slots, for :class:`SelectionSlots`."""
+
+
 class CapacityError(SpokeError):
     """A pinned prewarm cannot fit next to what is already pinned."""
 
@@ -362,11 +366,13 @@ def _select_blocks(
 
 class SelectionSlots:
     """At most ``slots`` selections at once and one per caller; a freed slot goes to the
-    waiting caller served least lately (one never served first), so a caller cannot
-    queue behind heavy ones (the eleventh probe: one token's two requests held both slots
-    and another team's one-file prewarm waited 98 s; the twelfth: five colluding tokens
-    made it wait 20 s in arrival order). The rule of the hub's page-build turns
-    (:mod:`hub.limits.turns`), without the decay.
+    waiting caller that has held slots least lately — seconds held, halved every
+    :data:`USE_HALF_LIFE_S` (the rule of the hub's page-build turns, :mod:`hub.limits.turns`,
+    after Linux CFS) — so a light caller's next request does not queue behind heavy ones
+    (the eleventh probe: one token's two requests held both slots and another team's
+    one-file prewarm waited 98 s; the twelfth: five colluding tokens made it wait 20 s in
+    arrival order, and 11.6 s with the least-lately-*served* rule, since the light team's
+    own last request counted as recent).
 
     Args:
         slots: selections at once.
@@ -374,9 +380,15 @@ class SelectionSlots:
 
     def __init__(self, slots: int) -> None:
         self._slots = slots
-        self._holders: set[str] = set()
+        self._holders: dict[str, float] = {}  # caller → monotonic time it took its slot
         self._waiting: list[tuple[str, asyncio.Future[None]]] = []
-        self._served: dict[str, float] = {}  # caller → monotonic time it last got a slot
+        self._used: dict[str, tuple[float, float]] = {}  # caller → (seconds held, as of)
+
+    def used(self, caller: str, now: float) -> float:
+        """Seconds of slots ``caller`` held, each halved every :data:`USE_HALF_LIFE_S`."""
+        held, since = self._used.get(caller, (0.0, now))
+        decay: float = 0.5 ** ((now - since) / USE_HALF_LIFE_S)
+        return held * decay
 
     @contextlib.asynccontextmanager
     async def slot(self, caller: str) -> AsyncIterator[None]:
@@ -398,14 +410,17 @@ class SelectionSlots:
             self._release(caller)
 
     def _release(self, caller: str) -> None:
-        self._holders.discard(caller)
+        now = time.monotonic()
+        took = self._holders.pop(caller, now)
+        self._used[caller] = (self.used(caller, now) + (now - took), now)
         self._hand_on()
 
     def _hand_on(self) -> None:
-        """Free slots to the waiting callers served least lately (not already holding)."""
+        """Free slots to the waiting callers that held slots least lately (not holding)."""
+        now = time.monotonic()
         while len(self._holders) < self._slots:
             eligible = [
-                (self._served.get(who, float("-inf")), n)
+                (self.used(who, now), n)
                 for n, (who, turn) in enumerate(self._waiting)
                 if who not in self._holders and not turn.done()
             ]
@@ -414,6 +429,5 @@ class SelectionSlots:
                 return
             _, n = min(eligible)
             who, turn = self._waiting.pop(n)
-            self._holders.add(who)
-            self._served[who] = time.monotonic()
+            self._holders[who] = now
             turn.set_result(None)

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from spoke.cache.blockcache import BlockCache
 from spoke.cache.registry import make_policy
 from spoke.cache.store import BlockStore, open_index
 from spoke.catalog.selection import preview
 from spoke.disk.layout import CacheLayout
+from spoke.prefetch import prewarm as prewarm_module
 from spoke.prefetch.prewarm import (
     KEEP_FINISHED,
     Job,
@@ -164,3 +167,38 @@ def test_a_caller_cancelled_while_waiting_leaves_no_slot_taken() -> None:
             pass
 
     asyncio.run(scenario())
+
+
+def test_a_light_caller_served_lately_still_goes_before_heavy_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The twelfth probe, after the least-lately-served rule: the light team posts one
+    request after another, so it was always the caller served last, and waited 11.6 s
+    behind five heavy ones. Seconds held decide: its milliseconds weigh less than their
+    seconds."""
+    clock = [1000.0]
+    monkeypatch.setattr(prewarm_module.time, "monotonic", lambda: clock[0])
+
+    async def scenario() -> list[str]:
+        slots = SelectionSlots(1)
+        order: list[str] = []
+        for caller, held in (("heavy-1", 2.5), ("heavy-2", 2.5), ("light", 0.01)):
+            async with slots.slot(caller):  # each held once, in turn: light served last
+                clock[0] += held
+        gate = asyncio.Event()
+
+        async def select(caller: str) -> None:
+            async with slots.slot(caller):
+                order.append(caller)
+                await gate.wait()
+
+        tasks = [asyncio.create_task(select("heavy-3"))]
+        await asyncio.sleep(0)
+        for caller in ("heavy-1", "heavy-2", "light"):  # light arrives last
+            tasks.append(asyncio.create_task(select(caller)))
+            await asyncio.sleep(0)
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        return order
+
+    assert asyncio.run(scenario()) == ["heavy-3", "light", "heavy-1", "heavy-2"]
