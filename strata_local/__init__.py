@@ -12,7 +12,9 @@ tokens), and :mod:`strata_local.grpclog`, gRPC's report of a reply to a stream i
 cancelled made one line instead of a traceback (the hub, the spoke's peer port), and
 :mod:`strata_local.options`, a command's options declared once as a settings model's fields
 and offered as typer flags, variables and a TOML file (``strata-spoke run``, ``strata-hub
-serve``).
+serve``), and :mod:`strata_local.slotshare`, which connection a newcomer displaces at a small
+HTTP server's connection cap (fair shares by client address: the spoke's admin and metrics
+ports, the hub's metrics port).
 This package imports nothing of Strata (an import-linter contract keeps it so), and its
 modules do not import each other.
 """

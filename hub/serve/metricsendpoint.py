@@ -6,7 +6,9 @@ that a client that sends its request slowly, or never reads its answer, cannot k
 Prometheus and the kubelet's probes out:
 
 - at most :data:`METRICS_MAX_CONNECTIONS` connections (threads) open at once. A connection
-  arriving at the cap displaces the open one that has waited longest for its request, if
+  arriving at the cap first displaces one of an address holding two more connections than
+  its own (fair shares by address, :mod:`strata_local.slotshare`: one address's flood never
+  keeps the kubelet out), else the open one that has waited longest for its request, if
   that is at least :data:`DISPLACE_AFTER_S`; a connection whose request has been read and
   is being answered is never displaced. With none such the newcomer is closed as it
   arrives, nothing read;
@@ -25,6 +27,7 @@ Each is counted in ``strata_hub_metrics_connections_closed_total{reason}``: ``li
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import logging
@@ -42,6 +45,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from hub.errors import ListenError
 from hub.serve.address import Address
 from hub.serve.metrics import HubMetrics
+from strata_local.slotshare import victim
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +69,10 @@ DISPLACE_AFTER_S = 0.05
 the cap may displace it (an honest client sends its request within milliseconds). Short,
 because the one waiting longest goes first: a client opening silent connections faster
 than the cap over this (640 a second) is needed to keep a scrape or probe out, where 1 s let
-100 a second fail every probe (the twelfth probe)."""
+100 a second fail every probe (the twelfth probe). That holds among addresses within one
+connection of each other; an address holding more gives up its connections at any age
+(:mod:`strata_local.slotshare`), so one address cannot keep another out at any rate (the
+thirteenth probe's 1,200 a second did)."""
 
 
 _LEAVE_WAIT_S = 1.0
@@ -88,12 +95,14 @@ class _Connection:
     Attributes:
         sock: The connection's socket.
         accepted: When it was accepted, ``time.monotonic()`` seconds.
+        client: The client's address (its host), for fair shares at the cap.
         answering: Its request has been read and is being answered (never displaced).
         dropped: It was displaced (its socket shut down by the accepting thread).
     """
 
     sock: socket.socket
     accepted: float
+    client: str = ""
     answering: bool = False
     dropped: bool = False
 
@@ -228,13 +237,14 @@ class _BoundedServer(ThreadingWSGIServer):
         now = time.monotonic()
         with self._lock:
             admitted = self._taken() < self.max_connections
-            if not admitted and (self._leaving or self._displace(now)):
+            client = str(client_address[0]) if isinstance(client_address, tuple) else ""
+            if not admitted and (self._leaving or self._displace(now, client)):
                 # a displaced connection's thread ends at once: wait for its slot
                 admitted = self._lock.wait_for(
                     lambda: self._taken() < self.max_connections, _LEAVE_WAIT_S
                 )
             if admitted:
-                self._open[request] = _Connection(request, now)
+                self._open[request] = _Connection(request, now, client)
         if not admitted:
             self.closed.labels("limit").inc()
             self.shutdown_request(request)
@@ -249,14 +259,15 @@ class _BoundedServer(ThreadingWSGIServer):
         """Slots taken: connections open and displaced ones whose threads have not ended."""
         return len(self._open) + len(self._leaving)
 
-    def _displace(self, now: float) -> bool:
-        """Shut down the connection waiting longest for its request, if at least
-        :attr:`displace_after_s` (under the lock); its thread then ends at once."""
-        waiting = [conn for conn in self._open.values() if not conn.answering]
-        if not waiting:
-            return False
-        oldest = min(waiting, key=lambda conn: conn.accepted)
-        if now - oldest.accepted < self.displace_after_s:
+    def _displace(self, now: float, client: str) -> bool:
+        """Shut down the connection that :func:`~strata_local.slotshare.victim` picks for a
+        newcomer from ``client`` (under the lock): one waiting for its request, of an address
+        holding two more connections than ``client``, or waiting longest and at least
+        :attr:`displace_after_s`; its thread then ends at once."""
+        held = collections.Counter(conn.client for conn in self._open.values())
+        waiting = [(c.client, c.accepted, c) for c in self._open.values() if not c.answering]
+        oldest = victim(client, waiting, held, now, self.displace_after_s)
+        if oldest is None:
             return False
         oldest.dropped = True
         del self._open[oldest.sock]

@@ -9,7 +9,9 @@ daemon serves with :class:`AdminProtocol`, uvicorn's own HTTP/1.1 protocol (h11)
 
 - a cap on open connections (:data:`spoke.serve.limits.ADMIN_MAX_CONNECTIONS`, fitted under the
   daemon's open-file limit; 32 on the ``--metrics`` port). A connection arriving at the cap
-  displaces the open one that has owed something the longest, if that is at least
+  first displaces one of an address holding two more connections than its own (fair shares
+  by address, :mod:`strata_local.slotshare`: one address's flood never keeps the kubelet
+  out), else the open one that has owed something the longest, if that is at least
   :data:`DISPLACE_AFTER_S`: owing is waiting for a request the client has not finished
   sending, or answers sent to it and not yet taken, without a break; only catching up ends
   it (all answers taken), not taking some (:class:`~spoke.serve.connprogress.Progress`).
@@ -53,6 +55,7 @@ import logging
 import socket
 import struct
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -65,6 +68,7 @@ from spoke import metrics
 from spoke.serve.connprogress import Progress, unread_and_acked
 from spoke.serve.limits import ADMIN_MAX_CONNECTIONS
 from strata_local.audit import TokenBucket
+from strata_local.slotshare import victim
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +95,9 @@ taking part of its answers does not end owing, only taking all of them). Short, 
 the oldest owing connection goes first: a client opening silent connections faster than
 the cap over this (640 a second on the 32 of ``--metrics``) is needed to keep a newcomer
 out, where 1 s let 50 a second keep the kubelet's probe out 9 times in a row (the twelfth
-probe)."""
+probe). That holds among addresses within one connection of each other; an address holding
+more gives up its connections at any age (:mod:`strata_local.slotshare`), so one address
+cannot keep another out at any rate (the thirteenth probe's 1,200 a second did)."""
 
 WRITE_CHECKS = 4
 """How many times per :data:`WRITE_STALL_S` a connection with bytes waiting for its client is
@@ -145,10 +151,14 @@ class AdminProtocol(H11Protocol):
         self._progress = Progress(time.monotonic())  # what the client owes, since when
         self._watch: asyncio.TimerHandle | None = None  # looks at the unread bytes' progress
         self._held = False  # a pipelined request waits for the client to take its answers
+        self._client = ""  # the client's address (its host), for fair shares at the cap
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        """Serve the connection; at the cap, displace the connection owing longest for it,
-        or close it at once when none has owed :attr:`displace_after_s`."""
+        """Serve the connection; at the cap, displace one for it (an address's over its fair
+        share, else the one owing longest: :func:`strata_local.slotshare.victim`), or close
+        it at once when there is none."""
+        peer = transport.get_extra_info("peername")
+        self._client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         if len(self.connections) >= self.max_connections and not self._displace():
             self._refused = True
             transport.abort()
@@ -253,18 +263,22 @@ class AdminProtocol(H11Protocol):
         return self._progress
 
     def _displace(self) -> bool:
-        """Abort the open connection owing longest, at least :attr:`displace_after_s`;
-        whether there was one (a linear scan, only for a connection arriving at the cap)."""
-        oldest: AdminProtocol | None = None
-        latest = time.monotonic() - self.displace_after_s
+        """Abort the connection that :func:`~strata_local.slotshare.victim` picks for this
+        newcomer: of an address holding two more connections than this one's, or owing
+        longest and at least :attr:`displace_after_s`; whether there was one (a linear scan,
+        only for a connection arriving at the cap)."""
+        held: Counter[str] = Counter()
+        owing: list[tuple[str, float, AdminProtocol]] = []
         for other in self.connections:
             if isinstance(other, AdminProtocol) and other.transport is not None:
+                held[other._client] += 1
                 since = other._observe().owing_since
-                if since is not None and since <= latest:
-                    oldest, latest = other, since
-        if oldest is None:
+                if since is not None:
+                    owing.append((other._client, since, other))
+        chosen = victim(self._client, owing, held, time.monotonic(), self.displace_after_s)
+        if chosen is None:
             return False
-        oldest._drop("displaced")
+        chosen._drop("displaced")
         return True
 
     def _drop(self, reason: str) -> None:
