@@ -51,7 +51,8 @@ class HintRequest(BaseModel):
         default="default",
         pattern=NAME,
         description="whose reads these are, e.g. one name per rank of a job; a post "
-        "replaces (or extends) only its own stream",
+        "replaces (or extends) only its own stream; a scoped token's names are its own "
+        "(installed as TOKEN:NAME)",
     )
 
 
@@ -90,17 +91,17 @@ async def post_hints(request: Request, context: Context, caller: CallerOf) -> di
     hints = context.hints
     if hints is None:
         raise InvalidRequest("this spoke was started without hint support")
-    streams = hints.status()
-    for installed in streams:  # a stream another team's datasets read is theirs
-        if installed.stream == body.stream and not _may_see(caller, installed.source):
-            raise NotYours(
-                f"hint stream {body.stream!r} reads datasets admin token {caller.name!r} "
-                "may not act on: name a stream of your own"
-            )
+    key = _key(caller, body.stream)
 
     def admit() -> None:  # here and again under the post lock: concurrent posts race
         streams = hints.status()
-        if all(installed.stream != body.stream for installed in streams):  # a new stream
+        for installed in streams:  # a stream another team's datasets read is theirs
+            if installed.stream == key and not _may_see(caller, installed.source):
+                raise NotYours(
+                    f"hint stream {body.stream!r} reads datasets admin token {caller.name!r} "
+                    "may not act on: name a stream of your own"
+                )
+        if all(installed.stream != key for installed in streams):  # a new stream
             mine = sum(1 for installed in streams if _may_see(caller, installed.source))
             full = f"{len(streams)} hint streams are installed already"
             tenant_room(caller, len(streams), mine, MAX_STREAMS, "hint streams", full)
@@ -123,7 +124,7 @@ async def post_hints(request: Request, context: Context, caller: CallerOf) -> di
                 return plan
 
             status, prefetching = await hints.post(
-                body.stream,
+                key,
                 build,
                 append=body.append,
                 source=f"{body.dataset}@{snapshot.version}",
@@ -135,7 +136,7 @@ async def post_hints(request: Request, context: Context, caller: CallerOf) -> di
         "version": snapshot.version,
         "paths": len(body.paths),
         "blocks": built[0],
-        **status.public(),
+        **_shown(caller, status.public()),
         "prefetching": prefetching,
     }
 
@@ -147,19 +148,38 @@ def list_hints(context: Context, caller: CallerOf) -> list[dict[str, object]]:
     hints = context.hints
     if hints is None:
         return []
-    return [s.public() for s in hints.status() if _may_see(caller, s.source)]
+    return [_shown(caller, s.public()) for s in hints.status() if _may_see(caller, s.source)]
 
 
 @router.delete("/v1/hints/{stream}")
 def delete_hint(stream: str, context: Context, caller: CallerOf) -> dict[str, object]:
     """Remove a hint stream (a job that ended); eviction forgets its plan."""
     hints = context.hints
+    key = _key(caller, stream)
     mine = hints is not None and any(
-        s.stream == stream and _may_see(caller, s.source) for s in hints.status()
+        s.stream == key and _may_see(caller, s.source) for s in hints.status()
     )
-    if hints is None or not mine or not hints.remove(stream):
+    if hints is None or not mine or not hints.remove(key):
         raise NotFound(f"no hint stream {stream!r}")
     return {"stream": stream, "removed": True}
+
+
+def _key(caller: Caller, stream: str) -> str:
+    """The name stream ``stream`` of ``caller`` is installed under: a scoped token's streams
+    are ``TOKEN:STREAM`` (``:`` is in no stream name a body may give), so two teams' streams
+    of one name never meet — the thirteenth probe's posts raced an ownership check into
+    another team's stream, and a name held by one team told another it existed; the
+    operator's are the bare name."""
+    return stream if caller.name is None else f"{caller.name}:{stream}"
+
+
+def _shown(caller: Caller, view: dict[str, object]) -> dict[str, object]:
+    """``view`` of a stream as ``caller`` names it (its own prefix left out)."""
+    prefix = f"{caller.name}:"
+    name = view.get("stream")
+    if caller.name is not None and isinstance(name, str) and name.startswith(prefix):
+        return {**view, "stream": name.removeprefix(prefix)}
+    return view
 
 
 def _share(caller: Caller) -> HintShare | None:
