@@ -29,6 +29,7 @@ from fusemount.backings import IDLE_BACKINGS
 from fusemount.client import DaemonClient
 from fusemount.journal import InodeJournal
 from fusemount.ledger import BackingLedger
+from fusemount.lockcheck import warn_unless_granted
 from fusemount.operations import StrataOperations
 from fusemount.passthrough import Passthrough
 from fusemount.passthroughcheck import unavailable_reason
@@ -253,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s strata-mount %(levelname)s %(name)s: %(message)s",
     )
     open_files = raise_open_file_limit()
+    warn_unless_granted()  # a pyfuse3 without the lock handlers: one reader can block others
     # resuming, the mount is served by no one until we do: never stat it (the supervisor
     # resolved it); mounting, resolve it first and never stat it afterwards
     resuming = handover.RESUME_ENV in os.environ
