@@ -175,12 +175,13 @@ class PrewarmJobs:
         ref: str,
         paths: list[str],
         pin: bool,
-        admit: Callable[[], None] | None = None,
+        admit: Callable[[int], None] | None = None,
         caller: str = "",
     ) -> Job:
         """Validate, resolve and start a job; ``admit`` (the caller's room check) runs again
-        after the resolve, with no await between it and the job's start, so concurrent
-        requests cannot all pass it while none is counted yet. ``caller`` names who asks
+        after the resolve, given the number of blocks the job pins (0 without ``pin``), with
+        no await between it and the job's start, so concurrent requests cannot all pass it
+        while none is counted yet. ``caller`` names who asks
         (a scoped admin token; ``""`` the node-wide one), as in :meth:`resolve`.
 
         Raises:
@@ -192,7 +193,7 @@ class PrewarmJobs:
         """
         snapshot, globs, entries, blocks = await self.resolve(dataset, ref, paths, caller)
         if admit is not None:
-            admit()
+            admit(len(blocks) if pin else 0)
         total = sum(blocks.values())
         if pin:
             self.check_pin_room(f"{dataset}@{ref}", blocks, dataset)

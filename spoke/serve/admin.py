@@ -46,6 +46,11 @@ from spoke.upkeep.pins import PinRegistry
 MAX_PINS = 1000
 """Most pins a spoke keeps (each is a row in the index and a set the cache checks)."""
 
+MAX_PIN_BLOCKS = 4_000_000
+"""Most block references all pins hold together (each pin keeps its block list in memory,
+about 90 bytes a block, and in the index: at most about 360 MiB and 140 MiB), counted per
+pin whether or not other pins hold the same blocks; a scoped token holds at most its share."""
+
 MAX_RUNNING_JOBS = 16
 """Most prewarm jobs running at once; more are refused with 429."""
 
@@ -105,6 +110,7 @@ def create_app(
         fill=fill,
         mesh=mesh,
         max_pins=MAX_PINS,
+        max_pin_blocks=MAX_PIN_BLOCKS,
         max_running_jobs=MAX_RUNNING_JOBS,
     )
     app.add_exception_handler(SpokeError, _spoke_error)

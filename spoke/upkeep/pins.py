@@ -41,11 +41,16 @@ class Pin:
         self.paths_total = self.paths_total or len(self.paths)
         self.paths = preview(self.paths)
 
+    @property
+    def blocks(self) -> int:
+        """How many blocks the pin holds (its block list's length)."""
+        return len(self.digests)
+
     def public(self) -> dict[str, object]:
         """The pin as the admin API shows it (without its block list)."""
         out = asdict(self)
         out.pop("digests")
-        out["blocks"] = len(self.digests)
+        out["blocks"] = self.blocks
         return out
 
 

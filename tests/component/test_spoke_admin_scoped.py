@@ -304,3 +304,49 @@ def test_a_scoped_tokens_hint_posts_resolve_two_at_once(
         assert [r.status_code for r in rest] == [202, 202]
 
     run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path), hinted=True)
+
+
+def test_a_scoped_token_holds_its_share_of_pinned_block_references(
+    tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same whole-dataset pin, again and again, adds no pinned bytes but a block list
+    each (the thirteenth probe: one token's 250 pins of 100,000 files took a spoke to
+    2.8 GiB, and again at restart): a token's pins hold at most its share of the node's
+    block references (a quarter of 40: 10, two pins of ds's 5 blocks), pinned prewarms
+    alike; the operator keeps the last eighth."""
+    monkeypatch.setattr(admin_module, "MAX_PIN_BLOCKS", 40)
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        a = {"Authorization": f"Bearer {TEAM_A}"}
+        for _ in range(2):
+            pin = await client.post("/v1/pins", json={"dataset": "ds"}, headers=a)
+            assert pin.status_code == 201, pin.text
+            assert pin.json()["blocks"] == 5
+        for path, body in (
+            ("/v1/pins", {"dataset": "ds"}),
+            ("/v1/prewarm", {"dataset": "ds", "pin": True}),
+        ):
+            refused = await client.post(path, json=body, headers=a)
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["detail"] == (
+                "admin token 'team-a' holds 10 pinned block references on its datasets and "
+                "may hold at most 10 (5 more asked); remove some pins"
+            )
+        one = await client.post("/v1/pins", json={"dataset": "ds", "paths": ["f0.bin"]}, headers=a)
+        assert one.status_code == 429  # one block more is past the share too
+        for _ in range(6):  # the operator: 10 + 30 = 40, the reserve included
+            pin = await client.post("/v1/pins", json={"dataset": "ds"}, headers=AUTH)
+            assert pin.status_code == 201, pin.text
+        full = await client.post("/v1/pins", json={"dataset": "ds"}, headers=AUTH)
+        assert full.status_code == 429
+        assert "would hold 45 pinned block references, of at most 40" in full.json()["detail"]
+        pins = (await client.get("/v1/pins", headers=AUTH)).json()
+        assert sum(p["blocks"] for p in pins) == 40
+        for pin in pins[2:]:  # the operator's pins on ds count against team-a's share too
+            assert (await client.delete(f"/v1/pins/{pin['id']}", headers=AUTH)).status_code == 200
+        assert (await client.post("/v1/pins", json={"dataset": "ds"}, headers=a)).status_code == 429
+        assert (await client.delete(f"/v1/pins/{pins[0]['id']}", headers=a)).status_code == 200
+        again = await client.post("/v1/pins", json={"dataset": "ds"}, headers=a)
+        assert again.status_code == 201, again.text
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))

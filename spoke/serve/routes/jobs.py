@@ -37,10 +37,10 @@ async def prewarm(body: PrewarmRequest, context: Context, caller: CallerOf) -> d
     """Start fetching a snapshot's files into the cache; returns the job."""
     require(caller, body.dataset)
 
-    def admit() -> None:  # here and again just before the job is added: concurrent posts race
-        job_room(context, caller)
+    def admit(blocks: int = 0) -> None:  # here, and with the blocks just before the job is
+        job_room(context, caller)  # added: concurrent posts race
         if body.pin:
-            pin_room(context, caller)
+            pin_room(context, caller, blocks)
 
     admit()
     with resolving(context, caller):

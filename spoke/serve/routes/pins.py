@@ -40,7 +40,8 @@ async def add_pin(body: PinRequest, context: Context, caller: CallerOf) -> dict[
         snapshot, globs, _, blocks = await jobs.resolve(
             body.dataset, body.ref, body.paths, caller.name or ""
         )
-    pin_room(context, caller)  # again, with no await before the add: concurrent pins race
+    # again, with the blocks, and no await before the add: concurrent pins race
+    pin_room(context, caller, len(blocks))
     jobs.check_pin_room(f"{body.dataset}@{body.ref}", blocks, body.dataset)
     return context.pins.add(body.dataset, body.ref, snapshot.version, globs, blocks).public()
 
