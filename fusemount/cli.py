@@ -36,6 +36,7 @@ from fusemount.passthroughcheck import unavailable_reason
 from fusemount.reader import BlockReader
 from fusemount.tree import InodeTable
 from spoke.disk import handover
+from spoke.disk.datasetgroups import DatasetGroups
 from spoke.disk.encryption import EncryptionError, check_cache_key
 from spoke.disk.hardening import UnsafeDirectory, secure_cache_dir
 from spoke.disk.layout import CacheLayout
@@ -201,7 +202,7 @@ def _parser() -> argparse.ArgumentParser:
         "--socket", type=Path, default=None, help="daemon socket (default CACHE_DIR/daemon.sock)"
     )
     for option in declared(MountSettings):
-        shown = f" (default {option.default})" if option.default not in (None, False) else ""
+        shown = f" (default {option.default})" if option.default not in (None, False, ()) else ""
         if option.kind is bool:
             parser.add_argument(
                 option.flag, dest=option.field, action="store_true", default=None,
@@ -307,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         readable_by_all=settings.readable_by_all,
         uid=settings.mount_uid,
         gid=settings.mount_gid,
+        dataset_groups=DatasetGroups(settings.dataset_groups),
     )
     # written first: whoever sees the mount appear (libfuse 3.17 makes it visible before
     # init returns) finds the pid of the process serving it; the first worker's only

@@ -35,6 +35,7 @@ from fusemount.readahead import Readahead
 from fusemount.reader import BlockReader
 from fusemount.source import BlockUnavailableError
 from fusemount.tree import INODE_BITS, InodeTable, Node, Role
+from spoke.disk.datasetgroups import DATASET_DIR_MODE, DatasetGroups
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         readable_by_all: show snapshot files readable (| 0o444, and | 0o111 where anyone
             may run it) and directories searchable (| 0o555) by any uid.
         uid, gid: the owner every node shows (default: this process's).
+        dataset_groups: with rules, every dataset directory shows owner root, the group
+            of its dataset and mode 0550 (``--dataset-groups``); nothing below it changes.
     """
 
     enable_writeback_cache = False
@@ -99,6 +102,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         readable_by_all: bool = False,
         uid: int | None = None,
         gid: int | None = None,
+        dataset_groups: DatasetGroups | None = None,
     ) -> None:
         super().__init__()
         self.client = client
@@ -113,6 +117,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         self._uid = os.getuid() if uid is None else uid
         self._gid = os.getgid() if gid is None else gid
         self._readable_by_all = readable_by_all
+        self._dataset_groups = dataset_groups or None
 
     # -- attributes ---------------------------------------------------------------
 
@@ -127,6 +132,10 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         attr.st_blksize = BLKSIZE
         attr.st_blocks = (node.size + 511) // 512
         attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = node.mtime_ns
+        if node.role is Role.DATASET and self._dataset_groups is not None:
+            # the gate of MOUNT/<dataset> (the kernel checks it: default_permissions)
+            attr.st_mode, attr.st_uid = DATASET_DIR_MODE, 0
+            attr.st_gid = self._dataset_groups.gid(node.dataset)
         timeout = SNAPSHOT_TIMEOUT if node.role in (Role.ENTRY, Role.VERSION) else MUTABLE_TIMEOUT
         attr.entry_timeout = timeout
         attr.attr_timeout = timeout

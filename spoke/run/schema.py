@@ -21,10 +21,12 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import NoDecode
 
+from spoke.disk import datasetgroups
 from spoke.disk.encryption import BlockCipher, EncryptionError, load_key
 from strata_local import options
 
@@ -111,6 +113,14 @@ class MountSettings(BaseModel):
         "mount process's)",
         json_schema_extra={"commands": [RUN]},
     )
+    dataset_groups: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="per-dataset UNIX groups, GLOB=GROUP,GLOB=GROUP,… (dataset-name globs, "
+        "first match wins; GROUP a name or gid): every dataset directory shows owner root, "
+        "mode 0550 and the first matching group (root where none matches), so with "
+        "--allow-other only root and that group's members enter it; none: as published",
+        json_schema_extra={"commands": [RUN]},
+    )
     encryption_key_file: Path | None = Field(
         default=None,
         description="encrypt block files at rest with this AES-256-GCM key (0600; "
@@ -137,6 +147,17 @@ class MountSettings(BaseModel):
             except EncryptionError as err:
                 raise ValueError(str(err)) from None
         return v
+
+    @field_validator("dataset_groups", mode="before")
+    @classmethod
+    def _dataset_group_list(cls, v: object) -> object:
+        """``--dataset-groups a*=g,b=h`` (or a variable's string) as the tuple it stands for."""
+        return datasetgroups.split(v) if isinstance(v, str) else v
+
+    @field_validator("dataset_groups")
+    @classmethod
+    def _dataset_groups(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return datasetgroups.resolve(v)  # GLOB=GID: the mount never looks a name up
 
     @field_validator("log_level")
     @classmethod

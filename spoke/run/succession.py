@@ -12,10 +12,12 @@ over the running one's UNIX socket ``CACHE_DIR/.grpc/heir`` (0600 in a 0700 dire
 
 1. The successor says who it is: the protocol it speaks (:data:`PROTOCOL`), the format
    of the inode journal and backing ledger its mount reads
-   (:data:`spoke.disk.handover.RESUME_FORMAT`), its mountpoint and ``--allow-other`` (a
-   mount option, fixed for the connection's life). The predecessor refuses what cannot
-   agree, and refuses while it does not hold its connection or a child is restarting;
-   it serves on either way.
+   (:data:`spoke.disk.handover.RESUME_FORMAT`), its mountpoint, ``--allow-other`` (a
+   mount option, fixed for the connection's life) and ``--dataset-groups`` (both sides'
+   mount processes serve the connection at once: they must show one owner and mode for
+   each dataset directory). The predecessor refuses what cannot agree, and refuses
+   while it does not hold its connection or a child is restarting; it serves on either
+   way.
 2. The predecessor stops its daemon (the cache's LMDB and ``daemon.lock`` are free; its
    mount processes go on serving hits, their misses wait for a daemon) and sends a copy
    of its ``spoke.lock`` descriptor: the ``flock`` belongs to the open file, so the lock
@@ -137,13 +139,17 @@ class Successor(Protocol):
         """One succession record in the spoke's audit log."""
 
 
-def terms(mountpoint: Path, allow_other: bool) -> dict[str, Any]:
-    """The terms both sides compare: protocol, resume format, mountpoint, mount options."""
+def terms(
+    mountpoint: Path, allow_other: bool, dataset_groups: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The terms both sides compare: protocol, resume format, mountpoint, mount options
+    and the dataset directories' groups (resolved: ``GLOB=GID``)."""
     return {
         "protocol": PROTOCOL,
         "resume_format": handover.RESUME_FORMAT,
         "mount": str(mountpoint),
         "allow_other": allow_other,
+        "dataset_groups": list(dataset_groups),
     }
 
 
@@ -168,6 +174,14 @@ def refusal(theirs: dict[str, Any], mine: dict[str, Any]) -> str:
         return (
             "--allow-other differs, and mount options are fixed for the FUSE connection's "
             "life: start the new spoke with this one's --allow-other"
+        )
+    theirs_groups = ",".join(theirs.get("dataset_groups") or []) or "none"
+    mine_groups = ",".join(mine.get("dataset_groups") or []) or "none"
+    if theirs_groups != mine_groups:
+        return (
+            f"--dataset-groups differs (its {theirs_groups}, this spoke's {mine_groups}, "
+            "groups as gids): start the new spoke with this one's --dataset-groups, or "
+            "stop this spoke and start the new one"
         )
     return ""
 

@@ -308,7 +308,9 @@ class Supervisor(Children):
 
     def succession_terms(self) -> dict[str, Any]:
         """What a successor must match (:func:`spoke.run.succession.terms`)."""
-        return succession.terms(self.mountpoint, self.settings.allow_other)
+        return succession.terms(
+            self.mountpoint, self.settings.allow_other, self.settings.dataset_groups
+        )
 
     def succession_refusal(self) -> str:
         """Why this spoke cannot be taken over now ("" when it can)."""

@@ -225,6 +225,8 @@ def test_a_new_spoke_takes_over_under_readers_without_an_error(
 
     # refusals of a real third spoke, with the new one serving on
     for extra, said in ((("--take-over", "--allow-other"), "--allow-other differs"),
+                        (("--take-over", "--dataset-groups", "ds*=0"),
+                         "--dataset-groups differs (its ds*=0, this spoke's none"),
                         ((), "--take-over succeeds it")):  # fmt: skip
         refused = subprocess.run(_spoke_args(hub, tmp_path, *extra), capture_output=True,
                                  text=True, timeout=120)  # fmt: skip

@@ -41,6 +41,7 @@ def test_every_setting_has_exactly_one_flag_on_run_and_the_daemon() -> None:
         "--readable-by-all",
         "--mount-uid",
         "--mount-gid",
+        "--dataset-groups",
         "--take-over",  # the supervisor's: succession
         "--after-succession",
     }
