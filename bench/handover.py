@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from deploy.local import LocalStack, publish
+from deploy.local import LocalStack, admin_headers, publish
 from spoke.disk.layout import CacheLayout
 from spoke.run.processes import read_pid
 
@@ -107,7 +107,8 @@ class Readers:
 
 def _metric(cache: Path, name: str) -> float:
     admin = (cache / "admin.url").read_text().strip()
-    for line in httpx.get(f"{admin}/metrics", timeout=30).text.splitlines():
+    auth = admin_headers(cache)  # the admin port's /metrics: the node's token
+    for line in httpx.get(f"{admin}/metrics", headers=auth, timeout=30).text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     return -1.0

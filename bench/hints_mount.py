@@ -91,8 +91,8 @@ class Run:
     who: list[int] = field(repr=False)
 
 
-def _metrics(admin: str) -> dict[str, float]:
-    text = httpx.get(f"{admin}/metrics", timeout=10).text
+def _metrics(admin: str, cache: Path) -> dict[str, float]:
+    text = httpx.get(f"{admin}/metrics", headers=admin_headers(cache), timeout=10).text
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -186,7 +186,7 @@ def run_mode(
     cache_bytes = scenario.cache_blocks * block
     admin = stack.start_spoke(hub, cache, mnt, str(cache_bytes), extra=("--policy", policy))
     try:
-        before = _metrics(admin)  # before the hints: their prefetches count too
+        before = _metrics(admin, cache)  # before the hints: their prefetches count too
         if mode == HINTED:
             for r, reader in enumerate(scenario.readers):
                 if not reader.hinted:
@@ -202,7 +202,7 @@ def run_mode(
                 ).raise_for_status()
         tasks = [(mnt / x.dataset / "v1", x.order, shas[x.dataset]) for x in scenario.readers]
         files, who = read_jobs(tasks, scenario.step)
-        after = _metrics(admin)
+        after = _metrics(admin, cache)
     finally:
         stack.stop_spoke()
 

@@ -89,9 +89,10 @@ def _wait_live(admin: str, cache: Path, count: int, timeout: float = 60.0) -> No
         time.sleep(0.1)
 
 
-def _metric(admin: str, name: str, source: str | None = None) -> float:
-    """A spoke's samples of ``name`` (of ``source``; None: every label), summed."""
-    text = httpx.get(f"{admin}/metrics", timeout=10).text
+def _metric(admin: str, cache: Path, name: str, source: str | None = None) -> float:
+    """A spoke's samples of ``name`` (of ``source``; None: every label), summed (the admin
+    port's ``/metrics``, with the node's token from ``cache``)."""
+    text = httpx.get(f"{admin}/metrics", headers=admin_headers(cache), timeout=10).text
     return sum(
         s.value
         for fam in text_string_to_metric_families(text)
@@ -154,9 +155,16 @@ def run_once(work: Path, hub_dir: Path, n: int, mesh: bool, size: int, link: Lin
             for t in threads:
                 t.join()
             down = wan.stats().down_bytes - before
-            peer = sum(int(_metric(a, "strata_spoke_source_bytes_total", "peer")) for a in admins)
+            caches = [work / f"cache{i}" for i in range(n)]
+            peer = sum(
+                int(_metric(a, c, "strata_spoke_source_bytes_total", "peer"))
+                for a, c in zip(admins, caches, strict=True)
+            )
             relay = {
-                name: sum(int(_metric(a, f"strata_spoke_{name}_total")) for a in admins)
+                name: sum(
+                    int(_metric(a, c, f"strata_spoke_{name}_total"))
+                    for a, c in zip(admins, caches, strict=True)
+                )
                 for name in (
                     "mesh_relay_redirected_blocks",
                     "mesh_relay_served_blocks",

@@ -12,9 +12,12 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a Prometheus endpoint, by name and labels."""
-    text = httpx.get(url, timeout=10).text
+def scrape(
+    url: str, headers: dict[str, str] | None = None
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus endpoint, by name and labels (``headers``: a spoke's
+    admin token, which its admin port's ``/metrics`` needs)."""
+    text = httpx.get(url, headers=headers, timeout=10).text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for fam in text_string_to_metric_families(text)

@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.data import parse_size
 from bench.rss import PeakSampler, _children
 from bench.wan import LinkSpec, WanProxy, parse_hostport, parse_rate
-from deploy.local import LocalStack, free_port, publish
+from deploy.local import LocalStack, admin_headers, free_port, publish
 from deploy.pki import region_flags
 
 MiB = 1 << 20
@@ -110,8 +110,11 @@ def _pid_of(cache: Path) -> int:
     raise RuntimeError(f"no spoke process serves {cache}")
 
 
-def _sum_metric(url: str, names: tuple[str, ...]) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+def _sum_metric(url: str, names: tuple[str, ...], cache: Path | None = None) -> float:
+    """The samples ``names`` at ``url``'s ``/metrics``, summed (``cache``: a spoke's cache
+    dir, whose token its admin port's ``/metrics`` needs)."""
+    headers = admin_headers(cache) if cache is not None else None
+    text = httpx.get(f"{url}/metrics", headers=headers, timeout=10).text
     return sum(
         s.value
         for family in text_string_to_metric_families(text)
@@ -199,9 +202,14 @@ def run_once(
                 "strata_spoke_peer_refusals_total",
                 "strata_spoke_peer_refused_blocks_total",
             )
-            peer_refusals = sum(_sum_metric(a, peer_names) for a in admins if a)
+            caches = [work / f"cache{i}" for i in range(n)]
+            peer_refusals = sum(
+                _sum_metric(a, peer_names, c) for a, c in zip(admins, caches, strict=True) if a
+            )
             fetch_errors = sum(
-                _sum_metric(a, ("strata_spoke_hub_fetch_errors_total",)) for a in admins if a
+                _sum_metric(a, ("strata_spoke_hub_fetch_errors_total",), c)
+                for a, c in zip(admins, caches, strict=True)
+                if a
             )
     for i, record in enumerate(nodes):
         if not record.error and record.read_bytes != file_bytes * (

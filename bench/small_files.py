@@ -333,13 +333,14 @@ def main(argv: list[str] | None = None) -> int:
             tree_s = time.perf_counter() - started
             assert stack.hub is not None and stack.spoke is not None
             pids = {"hub": stack.hub.pid, **spoke_processes(stack.spoke.pid)}
-            hub_before, spoke_before = scrape(hub_metrics), scrape(f"{admin}/metrics")
+            auth = admin_headers(work / "cache")  # the admin port's /metrics: the node's token
+            hub_before, spoke_before = scrape(hub_metrics), scrape(f"{admin}/metrics", auth)
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             print("cold pass", flush=True)
             cold_s, cold_sums = read_pass(root, cold_order, ns.readers)
             print("cold pass done", flush=True)
             cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
-            hub_after, spoke_after = scrape(hub_metrics), scrape(f"{admin}/metrics")
+            hub_after, spoke_after = scrape(hub_metrics), scrape(f"{admin}/metrics", auth)
             drop_page_cache(3)
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             warm_s, warm_sums = read_pass(root, warm_order, ns.readers)

@@ -21,7 +21,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from deploy.local import LocalStack, publish
+from deploy.local import LocalStack, admin_headers, publish
 from spoke.disk.layout import CacheLayout
 from spoke.disk.mountinfo import is_mounted, lazy_unmount
 from spoke.run.processes import cmdline, read_pid
@@ -325,15 +325,17 @@ def supervised_stack(tmp_path: Path) -> Iterator[LocalStack]:
                 lazy_unmount(mnt)
 
 
-def spoke_metric(cache: Path, name: str) -> float:
+def spoke_metric(cache: Path, name: str, token_file: Path | None = None) -> float:
     """The value of the unlabelled metric ``name`` on the admin API of the spoke whose
-    cache is ``cache`` (its address from ``cache/admin.url``).
+    cache is ``cache`` (its address from ``cache/admin.url``), scraped with the node's
+    admin token (``token_file``, or the one it generated: :func:`admin_headers`).
 
     Raises:
         AssertionError: the metric is not exported.
     """
     admin = (cache / "admin.url").read_text().strip()
-    for line in httpx.get(f"{admin}/metrics", timeout=30).text.splitlines():
+    headers = admin_headers(cache, token_file)
+    for line in httpx.get(f"{admin}/metrics", headers=headers, timeout=30).text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not exported")

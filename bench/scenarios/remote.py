@@ -300,7 +300,7 @@ class StrataScenario(RemoteScenario[StrataMount]):
 
     def counters(self, mount: StrataMount) -> dict[str, float]:
         """The spoke's hits, misses, hub bytes and prefetch bytes so far (``/metrics``)."""
-        return spoke_counters(mount.admin)
+        return spoke_counters(mount.admin, mount.headers)
 
 
 COLD_VARIANTS = ("strata-cold-hints", "strata-cold-lazy", "strata-cold-ddp-hints")
@@ -323,15 +323,16 @@ def fill_stats(admin: str, headers: dict[str, str]) -> dict[str, Any]:
     return {s["snapshot"]: {k: s.get(k) for k in keys} for s in snaps}
 
 
-def spoke_counters(admin: str) -> dict[str, float]:
+def spoke_counters(admin: str, headers: dict[str, str]) -> dict[str, float]:
     """:data:`~bench.scenarios.base.SPOKE_COUNTERS` from the spoke's ``/metrics`` at
-    ``admin`` (empty when it cannot be read: the row then has no spoke figures).
+    ``admin`` (``headers``: the node's admin token, which the admin port's ``/metrics``
+    needs; empty when it cannot be read: the row then has no spoke figures).
     """
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        text = httpx.get(f"{admin}/metrics", timeout=10).text
+        text = httpx.get(f"{admin}/metrics", headers=headers, timeout=10).text
     except httpx.HTTPError:
         return {}
     totals: dict[str, float] = {}

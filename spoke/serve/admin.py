@@ -1,9 +1,11 @@
 """The spoke's admin API (FastAPI, OpenAPI at ``/docs``), put together from the routers in
 :mod:`spoke.serve.routes`.
 
-``/healthz``, ``/readyz`` and ``/metrics`` are open (probes and Prometheus); every ``/v1/``
-route needs ``Authorization: Bearer <token>`` when the daemon has a token file, checked by
-:class:`~spoke.serve.adminguard.AdminGuard`, which the daemon serves this app behind. Domain
+``/healthz``, ``/readyz`` and ``/docs`` are open (probes); every ``/v1/`` route needs
+``Authorization: Bearer <token>`` when the daemon has a token file, and ``/metrics`` (every
+tenant's usage) the node-wide token, not a scoped one, checked by
+:class:`~spoke.serve.adminguard.AdminGuard`, which the daemon serves this app behind;
+Prometheus scrapes :func:`create_metrics_app` on ``--metrics`` instead, no token. Domain
 errors map to HTTP statuses here and nowhere else, always with a JSON body
 ``{"detail": "..."}``: unknown dataset, ref, job or pin → 404; a request that is well formed
 but names something invalid (a ``..`` glob, a path that is not in the snapshot) → 400;
@@ -128,7 +130,9 @@ def create_app(
 def create_metrics_app(admin: FastAPI) -> FastAPI:
     """``/metrics``, ``/healthz`` and ``/readyz`` of the admin app ``admin`` (the same
     state), and nothing else: the app of ``--metrics``, open to Prometheus and probes on an
-    address where the admin API's ``/v1/`` routes and their token never travel."""
+    address where the admin API's ``/v1/`` routes and their token never travel. Not behind
+    :class:`~spoke.serve.adminguard.AdminGuard`, so no token: its ``/metrics`` shows every
+    tenant's usage (names, bytes, hits; no data) to whoever reaches that address."""
     app = FastAPI(title="Strata spoke metrics", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.admin = admin.state.admin
     app.add_exception_handler(SpokeError, _spoke_error)

@@ -28,7 +28,9 @@ def render(openapi: dict[str, Any]) -> str:
         "</head><body>",
         f"<h1>{title}</h1>",
         "<p>Machine-readable: <a href='/openapi.json'>/openapi.json</a>. Routes under "
-        "<code>/v1/</code> need <code>Authorization: Bearer &lt;token&gt;</code>.</p>",
+        "<code>/v1/</code> need <code>Authorization: Bearer &lt;token&gt;</code>; "
+        "<code>/metrics</code> needs the node's admin token (not a scoped one): Prometheus "
+        "scrapes the tokenless <code>--metrics</code> port.</p>",
     ]
     for path, item in sorted(openapi.get("paths", {}).items()):
         for method in _METHODS:

@@ -20,6 +20,12 @@ For every ``/v1/`` request, before any byte of the body is read:
    bypassed by ``Content-Length: 0`` with chunked encoding, and let two tokens' headers
    alone refuse everyone's bodies.
 
+``/metrics`` takes the node-wide token only (401 without it, as above; 403 JSON for a
+scoped one): it lists every tenant's usage (bytes, reads and hits by team), which a scoped
+token's holder may not read any more than ``/v1/cache``. Prometheus scrapes the tokenless
+``--metrics`` port, whose app (:func:`spoke.serve.admin.create_metrics_app`) this guard
+does not wrap. ``/healthz``, ``/readyz`` and ``/docs`` stay open.
+
 A client that goes away in the middle of its body is one audit line, not a traceback.
 
 FastAPI parses a body before it runs dependencies, which is why these checks cannot be
@@ -55,6 +61,16 @@ MAX_BODIES_BYTES = 64 << 20
 """Most bytes of request bodies the admin API holds at once, over every caller (eight
 bodies at the cap); one token may hold half of it, scoped tokens together all but one
 body's worth."""
+
+METRICS_PATH = "/metrics"
+"""Every tenant's usage series (bytes resident and admitted, reads, hits by team): on the
+admin port for the node-wide token only; Prometheus scrapes the tokenless ``--metrics``
+port (:func:`spoke.serve.admin.create_metrics_app`), which this guard does not wrap."""
+
+METRICS_SCOPED_DETAIL = (
+    "/metrics needs the node's admin token (it shows every tenant's usage); a scoped token "
+    "may not read it. Prometheus scrapes the spoke's tokenless --metrics port instead"
+)
 
 AUDIT_HEAD_BYTES = 4096
 _AUDITED_FIELDS = ("dataset", "ref", "all", "pin", "stream", "append")
@@ -99,7 +115,8 @@ class AdminGuard:
 
     Args:
         app: the FastAPI app.
-        token: the node-wide bearer token every ``/v1/`` route accepts (the operator's).
+        token: the node-wide bearer token every ``/v1/`` route accepts (the operator's),
+            and the only one ``/metrics`` accepts.
         audit: where admin actions and refused tokens are recorded (None: nowhere).
         max_body: the body cap, bytes.
         max_bodies: the most bytes of bodies in flight over every caller
@@ -146,7 +163,8 @@ class AdminGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point."""
         path = scope.get("path", "")
-        if scope["type"] != "http" or not path.startswith("/v1/"):
+        metrics = path == METRICS_PATH or path.startswith(METRICS_PATH + "/")
+        if scope["type"] != "http" or not (path.startswith("/v1/") or metrics):
             await self.app(scope, receive, send)
             return
         method = scope.get("method", "GET")
@@ -160,6 +178,16 @@ class AdminGuard:
             await _json(
                 send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")]
             )
+            return
+        if metrics:
+            if not caller.operator:
+                if self.audit is not None:
+                    self.audit.refused(
+                        who=f"{who} ({caller.name})", what=action, outcome="denied: scoped token"
+                    )
+                await _json(send, 403, METRICS_SCOPED_DETAIL, [])
+                return
+            await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):

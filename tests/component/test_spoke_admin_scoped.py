@@ -306,6 +306,40 @@ def test_a_scoped_tokens_hint_posts_resolve_two_at_once(
     run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path), hinted=True)
 
 
+def test_the_admin_ports_metrics_take_the_node_token_only(tmp_path: Path, hub_port: int) -> None:
+    """The security probe: ``/metrics`` on the admin port listed every team's usage
+    (resident and admitted bytes, reads) to anyone, while a scoped token got 403 on
+    ``/v1/cache``. Now no or a wrong token gets 401 as on ``/v1/``, a scoped one 403 naming
+    the ``--metrics`` port, the node-wide one the page; the probes' paths stay open."""
+
+    async def scenario(client: httpx.AsyncClient, audit: Path) -> None:
+        for headers in ({}, {"Authorization": "Bearer x"}, {"Authorization": "Basic x"}):
+            refused = await client.get("/metrics", headers=headers)
+            assert refused.status_code == 401, (headers, refused.text)
+            assert refused.json() == {"detail": "missing or wrong bearer token"}
+            assert refused.headers["www-authenticate"] == "Bearer"
+        for token in (TEAM_A, TEAM_B):
+            scoped = await client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+            assert scoped.status_code == 403, scoped.text
+            detail = scoped.json()["detail"]
+            assert "needs the node's admin token" in detail and "--metrics" in detail
+            assert "strata_spoke" not in scoped.text
+        page = await client.get("/metrics", headers=AUTH)
+        assert page.status_code == 200, page.text
+        assert "strata_spoke_cache_used_bytes" in page.text
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/readyz")).status_code in (200, 503)  # no token asked
+        assert (await client.get("/docs")).status_code == 200
+        records = [r for r in audit_lines(audit) if r["what"] == "GET /metrics"]
+        outcomes = [(r["who"], r["outcome"]) for r in records]
+        assert ("127.0.0.1:4242", "denied: missing or wrong token") in outcomes
+        for name in ("team-a", "team-b"):
+            assert (f"127.0.0.1:4242 ({name})", "denied: scoped token") in outcomes
+        assert TEAM_A not in audit.read_text() and TEAM_B not in audit.read_text()
+
+    run(tmp_path, hub_port, scenario, scoped=_scoped(tmp_path))
+
+
 def test_a_scoped_token_holds_its_share_of_pinned_block_references(
     tmp_path: Path, hub_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -65,6 +65,7 @@ def test_a_spoke_cut_off_from_its_hub_passes_startup_and_liveness(
                 answer = client.get(path, headers={"Authorization": f"Bearer {token}"})
                 assert answer.status_code == 404, path
         assert httpx.get(f"{admin}/v1/cache", timeout=10).status_code == 401
+        assert httpx.get(f"{admin}/metrics", timeout=10).status_code == 401  # the node's only
         with httpx.Client(base_url=f"http://{metrics}", timeout=10) as client:
             for kind, path in paths.items():
                 response = client.get(path)

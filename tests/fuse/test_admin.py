@@ -183,11 +183,17 @@ def test_auth_invalid_json_and_unknown_ids(idle_spoke: Spoke) -> None:
         assert anon.get("/v1/cache").json()["detail"] == "missing or wrong bearer token"
         assert anon.get("/healthz").status_code == 200
         assert anon.get("/readyz").status_code == 200
-        assert "strata_spoke_cache_hits_total" in anon.get("/metrics").text
+        metrics = anon.get("/metrics")  # every tenant's usage: the node's token only
+        assert metrics.status_code == 401, metrics.text
+        assert metrics.json()["detail"] == "missing or wrong bearer token"
+        assert metrics.headers["www-authenticate"] == "Bearer"
+        assert "strata_spoke" not in metrics.text
         assert anon.get("/docs").status_code == 200
     with spoke.client(token="wrong") as wrong:
         assert wrong.post("/v1/evict", json={"all": True}).status_code == 401
+        assert wrong.get("/metrics").status_code == 401
     with spoke.client() as c:
+        assert "strata_spoke_cache_hits_total" in c.get("/metrics").text
         bad = c.post(
             "/v1/prewarm", content=b"{not json", headers={"Content-Type": "application/json"}
         )

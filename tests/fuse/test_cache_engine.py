@@ -40,8 +40,14 @@ def _eio(err: Exception) -> bool:
     return isinstance(err, OSError) and err.errno == errno.EIO
 
 
-def _metric(url: str, name: str, **labels: str) -> float:
-    text = httpx.get(url, timeout=5).text
+def _metric(where: str | Path, name: str, **labels: str) -> float:
+    """Sum of the samples ``name`` with ``labels`` at a metrics URL, or on the admin port of
+    the spoke whose cache is ``where`` (a Path), with its node token."""
+    if isinstance(where, Path):
+        url, headers = f"{_admin(where)}/metrics", admin_headers(where)
+    else:
+        url, headers = where, {}
+    text = httpx.get(url, headers=headers, timeout=5).text
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -101,7 +107,7 @@ def test_a_flipped_byte_on_disk_is_caught_and_refetched(
     for name in ("f0.bin", "f1.bin", "f2.bin", "f3.bin"):  # whichever file owns the block
         path = tmp_path / "mnt" / "ds" / "v1" / "d" / name
         assert path.read_bytes() == (source / "d" / name).read_bytes()
-    assert _metric(f"{_admin(cache)}/metrics", "strata_spoke_corrupt_blocks_total") == 1
+    assert _metric(cache, "strata_spoke_corrupt_blocks_total") == 1
 
 
 def test_sixteen_readers_of_one_uncached_block_cost_one_hub_fetch(
@@ -215,7 +221,7 @@ def test_cache_dir_on_a_full_tmpfs(tmp_path: Path, source: Path, stack: LocalSta
         for i in range(4):  # 1.3 MB of blocks through a 512 KiB disk
             path = tmp_path / "mnt" / "ds" / "v1" / "d" / f"f{i}.bin"
             assert sha256(path) == sha256(source / "d" / f"f{i}.bin")
-        assert _metric(f"{_admin(cache)}/metrics", "strata_spoke_evictions_total") > 0
+        assert _metric(cache, "strata_spoke_evictions_total") > 0
     finally:
         stack.close()
         subprocess.run(["umount", "-l", str(cache)], check=False)
@@ -233,15 +239,14 @@ def test_sequential_read_prefetches_ahead(tmp_path: Path, stack: LocalStack) -> 
     with open(tmp_path / "mnt" / "seq" / "v1" / "long.bin", "rb", buffering=0) as f:
         got = b"".join(iter(lambda: f.read(BLOCK // 2), b""))
     assert got == data
-    metrics = f"{_admin(cache)}/metrics"
     all_hits_reported(  # batched access reports: the prefetch ledger counts use from them
-        tmp_path / "mnt", lambda: _metric(metrics, "strata_spoke_cache_hits_total")
+        tmp_path / "mnt", lambda: _metric(cache, "strata_spoke_cache_hits_total")
     )
-    issued = _metric(metrics, "strata_spoke_prefetch_bytes_total")
-    used = _metric(metrics, "strata_spoke_prefetch_used_bytes_total")
+    issued = _metric(cache, "strata_spoke_prefetch_bytes_total")
+    used = _metric(cache, "strata_spoke_prefetch_used_bytes_total")
     assert issued > 10 * BLOCK  # most of the file was fetched ahead of the reader
     assert used > 0 and used <= issued
-    assert _metric(metrics, "strata_spoke_prefetch_wasted_bytes_total") == 0
+    assert _metric(cache, "strata_spoke_prefetch_wasted_bytes_total") == 0
 
 
 def test_cat_of_a_chunk_directory_is_read_ahead_across_files(
@@ -263,16 +268,15 @@ def test_cat_of_a_chunk_directory_is_read_ahead_across_files(
         "cat *", shell=True, cwd=mounted, capture_output=True, check=True, env={"LC_ALL": "C"}
     ).stdout
     assert got == b"".join(files[name] for name in sorted(files))  # the shell's order
-    metrics = f"{_admin(cache)}/metrics"
     all_hits_reported(  # batched access reports: the prefetch ledger counts use from them
-        tmp_path / "mnt", lambda: _metric(metrics, "strata_spoke_cache_hits_total")
+        tmp_path / "mnt", lambda: _metric(cache, "strata_spoke_cache_hits_total")
     )
-    ahead = _metric(metrics, "strata_spoke_fetch_bytes_total", **{"class": "readahead"})
+    ahead = _metric(cache, "strata_spoke_fetch_bytes_total", **{"class": "readahead"})
 
     def issued_and_used() -> tuple[float, float]:
         return (
-            _metric(metrics, "strata_spoke_prefetch_bytes_total"),
-            _metric(metrics, "strata_spoke_prefetch_used_bytes_total"),
+            _metric(cache, "strata_spoke_prefetch_bytes_total"),
+            _metric(cache, "strata_spoke_prefetch_used_bytes_total"),
         )
 
     # the daemon's hit count also counts EnsureBlocks digests already resident, so it can
@@ -283,8 +287,8 @@ def test_cat_of_a_chunk_directory_is_read_ahead_across_files(
     )
     issued, _ = issued_and_used()
     assert issued > BLOCK * len(files) / 2  # most files arrived before cat asked
-    assert _metric(metrics, "strata_spoke_prefetch_wasted_bytes_total") == 0
-    assert _metric(metrics, "strata_spoke_hub_fetch_blocks_total") == len(files)  # once each
+    assert _metric(cache, "strata_spoke_prefetch_wasted_bytes_total") == 0
+    assert _metric(cache, "strata_spoke_hub_fetch_blocks_total") == len(files)  # once each
     assert ahead > 0
 
 
@@ -316,26 +320,25 @@ def test_shuffled_epochs_over_a_small_cache_fetch_nothing_ahead(
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # next: the mount
             assert data == files[name]
             reads += 1
-    metrics = f"{_admin(cache)}/metrics"
     eventually(  # hit reports are batched (0.1 s)
         lambda: (
-            _metric(metrics, "strata_spoke_cache_hits_total")
-            + _metric(metrics, "strata_spoke_cache_misses_total")
+            _metric(cache, "strata_spoke_cache_hits_total")
+            + _metric(cache, "strata_spoke_cache_misses_total")
             >= reads
         ),
         f"the daemon hearing of all {reads} reads",
         10,
     )
-    fetched = _metric(metrics, "strata_spoke_hub_fetch_blocks_total")
-    misses = _metric(metrics, "strata_spoke_cache_misses_total")
-    assert _metric(metrics, "strata_spoke_cache_hits_total") + misses == reads == 96
+    fetched = _metric(cache, "strata_spoke_hub_fetch_blocks_total")
+    misses = _metric(cache, "strata_spoke_cache_misses_total")
+    assert _metric(cache, "strata_spoke_cache_hits_total") + misses == reads == 96
     assert fetched == misses <= reads  # every block from the hub was a reader's miss
-    assert _metric(metrics, "strata_spoke_prefetch_source_bytes_total", outcome="requested") == 0
-    assert _metric(metrics, "strata_spoke_fetch_bytes_total", **{"class": "readahead"}) == 0
-    assert _metric(metrics, "strata_spoke_prefetch_bytes_total") == 0
+    assert _metric(cache, "strata_spoke_prefetch_source_bytes_total", outcome="requested") == 0
+    assert _metric(cache, "strata_spoke_fetch_bytes_total", **{"class": "readahead"}) == 0
+    assert _metric(cache, "strata_spoke_prefetch_bytes_total") == 0
     root = tmp_path / "mnt"
     assert os.getxattr(root, "user.strata.crossfile_windows") == b"0"
-    assert _metric(metrics, "strata_spoke_evictions_total") > 0  # the cache was too small
+    assert _metric(cache, "strata_spoke_evictions_total") > 0  # the cache was too small
 
 
 def test_background_fill_makes_a_snapshot_resident_while_the_reader_idles(
@@ -360,23 +363,22 @@ def test_background_fill_makes_a_snapshot_resident_while_the_reader_idles(
     assert snap["bytes_resident"] == snap["bytes_total"] == total
     assert snap["bytes_remaining"] == 0
     assert _stats(cache)["used_bytes"] == total  # every block, each once
-    metrics = f"{_admin(cache)}/metrics"
-    filled = _metric(metrics, "strata_spoke_fill_bytes_total")
-    assert filled == _metric(metrics, "strata_spoke_fetch_bytes_total", **{"class": "fill"})
+    filled = _metric(cache, "strata_spoke_fill_bytes_total")
+    assert filled == _metric(cache, "strata_spoke_fetch_bytes_total", **{"class": "fill"})
     assert filled >= total - 4 * BLOCK  # all but the read and its readahead
-    assert _metric(metrics, "strata_spoke_fetch_bytes_total") == total  # each block once
-    assert _metric(metrics, "strata_spoke_fill_remaining_bytes") == 0
-    misses = _metric(metrics, "strata_spoke_cache_misses_total")
+    assert _metric(cache, "strata_spoke_fetch_bytes_total") == total  # each block once
+    assert _metric(cache, "strata_spoke_fill_remaining_bytes") == 0
+    misses = _metric(cache, "strata_spoke_cache_misses_total")
     # the one read fetched its own block(s) on demand — the kernel's first request spans
     # at most two blocks — and nothing else came by demand or readahead: the fill's 20-odd
     # blocks are never misses
-    demand = _metric(metrics, "strata_spoke_fetch_bytes_total", **{"class": "demand"})
+    demand = _metric(cache, "strata_spoke_fetch_bytes_total", **{"class": "demand"})
     assert 0 < demand <= 2 * BLOCK
-    assert _metric(metrics, "strata_spoke_fetch_bytes_total", **{"class": "readahead"}) == 0
+    assert _metric(cache, "strata_spoke_fetch_bytes_total", **{"class": "readahead"}) == 0
     assert filled + demand == total  # every other block came by the fill
     # a miss is a read that waited: besides its demand blocks, a kernel request that came
     # while the fill had that block on the way waits too and counts (1, 2 and 3 seen)
     assert misses <= 4
     for i in range(4):  # and now every byte is a hit
         assert sha256(mounted / f"f{i}.bin") == sha256(source / "d" / f"f{i}.bin")
-    assert _metric(metrics, "strata_spoke_cache_misses_total") == misses
+    assert _metric(cache, "strata_spoke_cache_misses_total") == misses

@@ -23,8 +23,8 @@ from tests.support import requires_fuse
 pytestmark = [pytest.mark.fuse, requires_fuse, pytest.mark.timeout(180)]
 
 
-def _metric(admin: str, name: str) -> float:
-    text = httpx.get(f"{admin}/metrics", timeout=10).text
+def _metric(admin: str, name: str, auth: dict[str, str]) -> float:
+    text = httpx.get(f"{admin}/metrics", headers=auth, timeout=10).text
     return sum(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
@@ -79,9 +79,9 @@ def test_an_encrypted_cache_reads_identically_and_refuses_tampering(tmp_path: Pa
         damaged = bytearray(layout.block_path(hot).read_bytes())
         damaged[len(damaged) // 2] ^= 0x10
         layout.block_path(hot).write_bytes(bytes(damaged))
-        before = _metric(admin, "strata_spoke_corrupt_blocks_total")
+        before = _metric(admin, "strata_spoke_corrupt_blocks_total", auth)
         assert (root / "sub" / "hot.bin").read_bytes() == files["sub/hot.bin"]
-        assert _metric(admin, "strata_spoke_corrupt_blocks_total") == before + 1
+        assert _metric(admin, "strata_spoke_corrupt_blocks_total", auth) == before + 1
         assert cipher.open(hot, layout.block_path(hot).read_bytes()) == files["sub/hot.bin"]
         stack.stop_spoke()
 

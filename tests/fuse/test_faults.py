@@ -31,8 +31,8 @@ def stack() -> Iterator[LocalStack]:
         yield s
 
 
-def _metric(admin: str, name: str) -> float:
-    text = httpx.get(f"{admin}/metrics", timeout=30).text
+def _metric(admin: str, name: str, cache: Path) -> float:
+    text = httpx.get(f"{admin}/metrics", headers=admin_headers(cache), timeout=30).text
     for line in text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
@@ -101,7 +101,7 @@ def test_a_cache_full_of_pins_streams_unpinned_files_through(
         stats = httpx.get(f"{admin}/v1/cache", headers=admin_headers(cache), timeout=30).json()
         assert stats["used_bytes"] <= stats["capacity_bytes"]
         assert sum(_block_files(cache).values()) <= stats["capacity_bytes"]
-    assert _metric(admin, "strata_spoke_streamed_through_blocks_total") >= 3 * 6
+    assert _metric(admin, "strata_spoke_streamed_through_blocks_total", cache) >= 3 * 6
     for i in range(16):  # the pinned files are hits still
         name = f"pin/p{i}.bin"
         assert _read_direct(mnt / "ds" / "v1" / name) == (src / name).read_bytes()
@@ -124,7 +124,7 @@ def test_block_files_lost_from_the_cache_disk_are_refetched(
     assert _read_direct(mnt / "ds" / "v1" / "other.bin") == (src / "other.bin").read_bytes()
     before = _block_files(cache)
     assert len(before) == 9
-    fetched = _metric(admin, "strata_spoke_hub_fetch_blocks_total")
+    fetched = _metric(admin, "strata_spoke_hub_fetch_blocks_total", cache)
     layout = CacheLayout(cache)
     lost = sorted(before)[:4]  # some of either file's blocks, gone from the disk
     for digest in lost:
@@ -136,8 +136,8 @@ def test_block_files_lost_from_the_cache_disk_are_refetched(
         assert _read_direct(big) == (src / "big.bin").read_bytes()
         assert _read_direct(mnt / "ds" / "v1" / "other.bin") == (src / "other.bin").read_bytes()
     assert _block_files(cache) == before
-    assert _metric(admin, "strata_spoke_lost_blocks_total") == len(lost)
-    assert _metric(admin, "strata_spoke_hub_fetch_blocks_total") == fetched + len(lost)
+    assert _metric(admin, "strata_spoke_lost_blocks_total", cache) == len(lost)
+    assert _metric(admin, "strata_spoke_hub_fetch_blocks_total", cache) == fetched + len(lost)
     stats = httpx.get(f"{admin}/v1/cache", headers=admin_headers(cache), timeout=30).json()
     assert stats["blocks"] == 9 and stats["used_bytes"] == sum(before.values())
 
@@ -271,7 +271,7 @@ def test_a_read_stalled_on_a_silent_hub_holds_up_no_other_request(
             assert (v1 / f"c{i}.bin").read_bytes() == data
         os.stat(v1 / "unseen.bin")
         wan.cut("blackhole")
-        misses = _metric(admin, "strata_spoke_cache_misses_total")
+        misses = _metric(admin, "strata_spoke_cache_misses_total", tmp_path / "cache")
         stalled: list[int] = []
 
         def stall() -> None:
@@ -283,7 +283,7 @@ def test_a_read_stalled_on_a_silent_hub_holds_up_no_other_request(
         reader = threading.Thread(target=stall)
         reader.start()
         eventually(  # the read is in the mount now, its miss waiting on the hub
-            lambda: _metric(admin, "strata_spoke_cache_misses_total") > misses,
+            lambda: _metric(admin, "strata_spoke_cache_misses_total", tmp_path / "cache") > misses,
             "the stalled read's miss at the daemon",
         )
         served = 0

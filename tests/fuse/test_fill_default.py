@@ -108,7 +108,7 @@ def test_the_fill_stays_off_when_the_snapshot_exceeds_the_share(
     # no condition to wait on: a "too large" fill makes no pass that could be counted; a
     # wrongly started one would have fetched blocks over the loopback hub within 1 s
     time.sleep(1.0)
-    metrics = httpx.get(f"{url}/metrics", timeout=5).text
+    metrics = httpx.get(f"{url}/metrics", headers=admin_headers(cache), timeout=5).text
     assert "\nstrata_spoke_fill_bytes_total 0.0\n" in metrics
     after = _snapshot(_fill(cache))
     assert after is not None and after["state"] == "too large" and after["bytes_filled"] == 0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local import LocalStack, free_port
+from deploy.local import LocalStack, admin_headers, free_port
 from hub.publish.tree import publish
 from tests.integration.mesh_support import metric
 from tests.support import eventually, requires_fuse, sha256
@@ -97,7 +97,9 @@ def test_a_replica_killed_under_four_readers_costs_no_read_and_watch_resumes(
         (src / "d" / "f000.bin").write_bytes(os.urandom(FILE_BYTES))
         publish(tmp_path / "pub", "ds", src, catalog=pg_url, block_size=BLOCK)
         eventually(
-            lambda: metric(f"{admin}/metrics", "strata_spoke_watch_sequence") >= 4,
+            lambda: (
+                metric(f"{admin}/metrics", "strata_spoke_watch_sequence", admin_headers(cache)) >= 4
+            ),
             "the spoke applied the events of v2 (published after the kill)",
             timeout=30,
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.local import LocalStack
+from deploy.local import LocalStack, admin_headers
 from hub.auth.tokenstore import create, revoke
 from hub.publish.tree import publish
 from hub.serve.config import ServerConfig
@@ -106,9 +106,9 @@ def spoke_args(pki: Pki, creds: Path, token: Path, ca: Path | None = None) -> tu
     )
 
 
-def metric(admin: str, name: str) -> float:
+def metric(admin: str, name: str, auth: dict[str, str]) -> float:
     total = 0.0
-    for line in httpx.get(f"{admin}/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(f"{admin}/metrics", headers=auth, timeout=10).text.splitlines():
         if line.startswith(name) and not line.startswith("#"):
             total += float(line.rsplit(" ", 1)[1])
     return total
@@ -129,6 +129,7 @@ def test_mtls_token_mount_and_rotation_while_reading(
             extra=args,
             admin_token=True,
         )
+        auth = admin_headers(tmp_path / "cache")
         root = tmp_path / "mnt" / "alpha" / "v1"
         assert sorted(os.listdir(tmp_path / "mnt")) == ["alpha"], "the token's scope only"
         ready = httpx.get(f"{admin}/readyz", timeout=10)
@@ -157,7 +158,7 @@ def test_mtls_token_mount_and_rotation_while_reading(
         _, second = create(hub.tokens, ["alpha"])
         token_file(token, second)
         eventually(
-            lambda: metric(admin, "strata_spoke_hub_credential_reloads_total") >= 1,
+            lambda: metric(admin, "strata_spoke_hub_credential_reloads_total", auth) >= 1,
             "the spoke reloading its token",
         )
         revoke(hub.tokens, first_id)
@@ -170,18 +171,18 @@ def test_mtls_token_mount_and_rotation_while_reading(
         thread.join(120)
         assert not errors, errors
         assert progress[0] == len(names)
-        assert metric(admin, 'strata_spoke_hub_credential_reloads_total{what="tls"}') == 1
-        assert metric(admin, 'strata_spoke_hub_credential_reloads_total{what="token"}') == 1
+        assert metric(admin, 'strata_spoke_hub_credential_reloads_total{what="tls"}', auth) == 1
+        assert metric(admin, 'strata_spoke_hub_credential_reloads_total{what="token"}', auth) == 1
         for method in ("ReadBlocks", "Watch", "ResolveRef", "ListVersions", "GetManifest"):
             assert sample(hub.metrics, method, "UNAUTHENTICATED") == 0, method
         assert sample(hub.metrics, "ReadBlocks", "OK") >= 1
         # the Watch stream carries the token too: a publish reaches the mount
-        before = metric(admin, "strata_spoke_watch_sequence")
+        before = metric(admin, "strata_spoke_watch_sequence", auth)
         (tmp_path / "alpha2").mkdir()
         (tmp_path / "alpha2" / "new.bin").write_bytes(b"v2")
         publish(hub.data, "alpha", tmp_path / "alpha2")
         eventually(
-            lambda: metric(admin, "strata_spoke_watch_sequence") > before,
+            lambda: metric(admin, "strata_spoke_watch_sequence", auth) > before,
             "a catalog event reaching the spoke",
             20,
         )

@@ -102,7 +102,7 @@ def test_a_rewritten_manifest_entry_is_refused(
         reply = httpx.post(f"{admin}/v1/prewarm", json={"dataset": "bad"}, headers=auth, timeout=10)
         assert reply.status_code == 502
         assert "manifest of bad v1 refused" in reply.json()["detail"]
-        text = httpx.get(f"{admin}/metrics", timeout=10).text
+        text = httpx.get(f"{admin}/metrics", headers=auth, timeout=10).text
         count = next(
             float(line.split()[1])
             for line in text.splitlines()
@@ -201,7 +201,7 @@ def test_a_manifest_with_a_dotdot_path_and_a_recomputed_id_is_refused(
         assert reply.json()["detail"] == (
             "manifest of bad v1 refused: invalid path 'z/../z.bin': an empty, '.' or '..' component"
         )
-        text = httpx.get(f"{admin}/metrics", timeout=10).text
+        text = httpx.get(f"{admin}/metrics", headers=auth, timeout=10).text
         counts = {
             line.split()[0]: float(line.split()[1])
             for line in text.splitlines()

@@ -77,6 +77,12 @@ def test_two_mounts_on_two_spokes_one_hub_fetch_per_block(tmp_path: Path) -> Non
         )
         assert metric(hub_metrics, "strata_hub_blocks_served_total") == BLOCKS
         peer = sum(
-            metric(f"{a}/metrics", "strata_spoke_source_bytes_total", source="peer") for a in admins
+            metric(
+                f"{a}/metrics",
+                "strata_spoke_source_bytes_total",
+                admin_headers(tmp_path / f"cache{i}"),
+                source="peer",
+            )
+            for i, a in enumerate(admins)
         )
         assert peer == BLOCKS * BLOCK  # every block reached the spoke not owning it by peer

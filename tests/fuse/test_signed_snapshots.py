@@ -51,7 +51,9 @@ def test_only_snapshots_the_publisher_signed_are_served(
         )
         assert reply.status_code == 502
         assert "refused: it is not signed" in reply.json()["detail"]
-        metrics = httpx.get(f"{admin}/metrics", timeout=10).text
+        metrics = httpx.get(
+            f"{admin}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10
+        ).text
         refusals = next(
             float(line.split()[1])
             for line in metrics.splitlines()

@@ -125,7 +125,7 @@ def test_a_signed_snapshot_of_another_name_is_refused(
                     reply = httpx.post(f"{admin}/v1/prewarm", json=body, headers=auth, timeout=10)
                     assert reply.status_code == 502, reply.text
                     assert said in reply.json()["detail"]
-                metrics = httpx.get(f"{admin}/metrics", timeout=10).text
+                metrics = httpx.get(f"{admin}/metrics", headers=auth, timeout=10).text
                 assert _metric(metrics, "strata_spoke_snapshot_mismatches_total") >= 5
                 # the lies were properly signed: the name check refused them, not the key
                 assert _metric(metrics, "strata_spoke_signature_refusals_total") == 0

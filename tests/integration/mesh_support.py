@@ -35,10 +35,12 @@ from tests.support import eventually
 BLOCK = 65_536
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    """Sum of the samples ``name`` with ``labels`` at a Prometheus endpoint."""
+def metric(url: str, name: str, headers: dict[str, str] | None = None, **labels: str) -> float:
+    """Sum of the samples ``name`` with ``labels`` at a Prometheus endpoint (a spoke's admin
+    port needs its node token in ``headers``: :func:`deploy.local.admin_headers`)."""
     total = 0.0
-    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+    text = httpx.get(url, headers=headers, timeout=10).text
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and labels.items() <= sample.labels.items():
                 total += sample.value
@@ -76,7 +78,7 @@ class Spoke:
         return stats
 
     def metric(self, name: str, **labels: str) -> float:
-        return metric(f"{self.admin}/metrics", name, **labels)
+        return metric(f"{self.admin}/metrics", name, admin_headers(self.cache), **labels)
 
 
 @dataclass

@@ -19,6 +19,7 @@ import grpc.aio
 import httpx
 import pytest
 
+from deploy.local import admin_headers
 from deploy.pki import LocalCa
 from protocol.hub.v1 import hub_pb2
 from spoke.disk.layout import CacheLayout, block_digest
@@ -112,8 +113,8 @@ def tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
 
 
 def _series(spoke: Spoke) -> dict[str, float]:
-    """The peer refusal series of a spoke's /metrics (no token needed), by name and labels."""
-    text = httpx.get(f"{spoke.admin}/metrics", timeout=10).text
+    """The peer refusal series of a spoke's /metrics (the node's token), by name and labels."""
+    text = httpx.get(f"{spoke.admin}/metrics", headers=admin_headers(spoke.cache), timeout=10).text
     lines = (line.rpartition(" ") for line in text.splitlines() if not line.startswith("#"))
     return {k: float(v) for k, _, v in lines if k.startswith("strata_spoke_peer_refus")}
 
@@ -165,7 +166,7 @@ def test_a_spoke_scoped_to_a_gets_no_block_of_b_from_a_peer(tenants: Tenants) ->
         assert list(served) == [a_digest] and block_digest(served[a_digest]) == a_digest
         assert announced == [a_size]  # its own manifest's size, not the 1 asked
         # a digest y holds for b and one nobody holds look the same to the tenant, in its
-        # answer and in y's /metrics (open to anyone who reaches the admin port)
+        # answer and in y's /metrics (what Prometheus scrapes on the tokenless --metrics port)
         changed = []
         for guess in (cached[1], block_digest(os.urandom(64))):
             before = _series(y)

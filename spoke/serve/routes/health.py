@@ -1,4 +1,10 @@
-"""``/healthz``, ``/readyz`` and ``/metrics``: open to probes and Prometheus (no token)."""
+"""``/healthz``, ``/readyz`` and ``/metrics``.
+
+``/healthz`` and ``/readyz`` are open to probes (no token). ``/metrics`` lists every tenant's
+usage, so on the admin port it needs the node's admin token
+(:class:`~spoke.serve.adminguard.AdminGuard`); the ``--metrics`` port serves the same three
+without a token, for Prometheus and the kubelet (:func:`spoke.serve.admin.create_metrics_app`).
+"""
 
 from __future__ import annotations
 
@@ -45,5 +51,7 @@ def readyz(context: Context) -> Any:
 
 @router.get("/metrics", response_class=PlainTextResponse)
 def metrics() -> Response:
-    """Prometheus exposition of every ``strata_spoke_`` metric."""
+    """Prometheus exposition of every ``strata_spoke_`` metric. On the admin port: the
+    node's admin token only (401 without it, 403 for a scoped token); Prometheus scrapes the
+    tokenless ``--metrics`` port."""
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
