@@ -10,8 +10,12 @@ younger than that and every newcomer out, the kubelet's probe included (the thir
 probe: 1,200 silent connections a second from one address). So a newcomer first takes the
 slot of an address holding at least two more connections than its own (the one holding
 most, its connection owing longest), whatever that connection's age: one address cannot
-keep another out, however fast it opens. Among addresses within one of each other, the old
-rule stands: the one owing longest, once it has owed ``after_s``.
+keep another out, however fast it opens. A newcomer whose address holds none needs only an
+address holding one: spread over as many addresses as there are slots, a flood held one
+each and kept a fresh address out (the probe's 64 addresses: 16 of 30 probes); now it only
+displaces its own kind, the newest connection (the kubelet's, owing its request for a
+millisecond) last. Among addresses within one of each other otherwise, the old rule stands:
+the one owing longest, once it has owed ``after_s``.
 
 Both servers keep the client's address beside each connection; the kubelet probes from the
 node's address and Prometheus from its own pod's, neither shared with a tenant's pod.
@@ -46,15 +50,17 @@ def victim(
 
     Returns:
         From the address holding the most connections, at least two more than the
-        newcomer's, its connection owing longest; else the connection owing longest over
-        all, if it has owed at least ``after_s``; else None.
+        newcomer's (at least one, when the newcomer's holds none), its connection owing
+        longest; else the connection owing longest over all, if it has owed at least
+        ``after_s``; else None.
     """
     mine = held.get(newcomer, 0)
+    least = mine + 2 if mine else 1  # what an address must hold to give up a slot to it
     over: tuple[int, float, T] | None = None  # (-held, since, conn): the least wins
     aged: tuple[float, T] | None = None
     for address, since, conn in owing:
         count = held.get(address, 0)
-        if count >= mine + 2 and (over is None or (-count, since) < over[:2]):
+        if count >= least and (over is None or (-count, since) < over[:2]):
             over = (-count, since, conn)
         if now - since >= after_s and (aged is None or since < aged[0]):
             aged = (since, conn)

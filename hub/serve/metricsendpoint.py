@@ -7,11 +7,11 @@ Prometheus and the kubelet's probes out:
 
 - at most :data:`METRICS_MAX_CONNECTIONS` connections (threads) open at once. A connection
   arriving at the cap first displaces one of an address holding two more connections than
-  its own (fair shares by address, :mod:`strata_local.slotshare`: one address's flood never
-  keeps the kubelet out), else the open one that has waited longest for its request, if
-  that is at least :data:`DISPLACE_AFTER_S`; a connection whose request has been read and
-  is being answered is never displaced. With none such the newcomer is closed as it
-  arrives, nothing read;
+  its own (one, if its own holds none; fair shares by address,
+  :mod:`strata_local.slotshare`: one address's flood never keeps the kubelet out), else the
+  open one that has waited longest for its request, if that is at least
+  :data:`DISPLACE_AFTER_S`; a connection whose request has been read and is being answered
+  is never displaced. With none such the newcomer is closed as it arrives, nothing read;
 - a request deadline, :data:`METRICS_REQUEST_DEADLINE_S`: the request line and headers
   (these endpoints take no body) must all have arrived that long after the connection was
   accepted, however slowly they trickle in (each ``recv`` waits only for what is left of

@@ -7,18 +7,18 @@ reads its response (uvicorn waits for the transport to drain, with no timeout); 
 ``limit_concurrency`` answers requests with 503 but never refuses a connection. So the
 daemon serves with :class:`AdminProtocol`, uvicorn's own HTTP/1.1 protocol (h11) with:
 
-- a cap on open connections (:data:`spoke.serve.limits.ADMIN_MAX_CONNECTIONS`, fitted under the
-  daemon's open-file limit; 32 on the ``--metrics`` port). A connection arriving at the cap
-  first displaces one of an address holding two more connections than its own (fair shares
-  by address, :mod:`strata_local.slotshare`: one address's flood never keeps the kubelet
-  out), else the open one that has owed something the longest, if that is at least
-  :data:`DISPLACE_AFTER_S`: owing is waiting for a request the client has not finished
-  sending, or answers sent to it and not yet taken, without a break; only catching up ends
-  it (all answers taken), not taking some (:class:`~spoke.serve.connprogress.Progress`).
-  An honest client owes for milliseconds; a slow reader of pipelined answers owes for good
-  and goes first, however often it takes a little. A connection whose request is being
-  handled, nothing unread, is never displaced. With none owing that long the newcomer is
-  closed as it arrives, nothing read;
+- a cap on open connections (:data:`spoke.serve.limits.ADMIN_MAX_CONNECTIONS`, fitted under
+  the daemon's open-file limit; 32 on the ``--metrics`` port). A connection arriving at the
+  cap first displaces one of an address holding two more connections than its own (one, if
+  its own holds none; fair shares by address, :mod:`strata_local.slotshare`: one address's
+  flood never keeps the kubelet out), else the open one that has owed something the longest,
+  if that is at least :data:`DISPLACE_AFTER_S`: owing is waiting for a request the client
+  has not finished sending, or answers sent to it and not yet taken, without a break; only
+  catching up ends it (all answers taken), not taking some
+  (:class:`~spoke.serve.connprogress.Progress`). An honest client owes for milliseconds; a
+  slow reader of pipelined answers owes for good and goes first, however often it takes a
+  little. A connection whose request is being handled, nothing unread, is never displaced.
+  With none owing that long the newcomer is closed as it arrives, nothing read;
 - a request timeout, :data:`REQUEST_TIMEOUT_S`: a connection that has not sent a whole
   request (headers and body) that long after it opened, or after its last response, is
   closed (slowloris; Apache's ``mod_reqtimeout`` and nginx's ``client_header_timeout``

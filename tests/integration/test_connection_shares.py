@@ -139,3 +139,23 @@ def test_the_hub_metrics_endpoint_gives_another_address_a_slot_held_by_a_flood()
             assert _open(flood) == CAP
     finally:
         served.close()
+
+
+def test_a_flood_spread_over_addresses_leaves_a_fresh_address_a_slot() -> None:
+    """Eight addresses holding one silent connection each fill the cap: a newcomer from a
+    ninth takes the slot owing longest (the probe's flood over 64 addresses kept a fresh
+    one out 14 times in 30 under the two-more rule alone)."""
+    flooders = [f"127.0.0.{10 + i}" for i in range(CAP)]
+    with serving(max_connections=CAP, displace_after_s=NEVER_S) as address:
+        socks = [_connect(address, source) for source in flooders]
+        try:
+            time.sleep(0.2)  # all accepted
+            displaced = closed("displaced")
+            for _ in range(3):
+                assert _ask(address, KUBELET, "/healthz").startswith(b"HTTP/1.1 200")
+            assert closed("displaced") - displaced == 1  # then its own slot was free again
+            assert _open(socks) == CAP - 1
+            assert _open(socks[1:]) == CAP - 1  # the oldest went
+        finally:
+            for sock in socks:
+                sock.close()

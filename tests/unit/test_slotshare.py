@@ -40,11 +40,18 @@ def test_one_more_is_not_over_a_share() -> None:
 
 def test_connections_being_served_count_toward_a_share_but_are_never_taken() -> None:
     owing = [("b", NOW - 0.01, "b0")]
-    assert _pick("c", owing, extra={"a": 5}) is None  # a's five are being served
-    assert _pick("c", owing, extra={"b": 1}) == "b0"  # b holds 2 in all
+    assert _pick("b", owing, extra={"a": 5}) is None  # a's five are being served
+    assert _pick("c", owing, extra={"a": 5}) == "b0"  # a fresh address: b's, not a's
+    assert _pick("e", owing, extra={"b": 2, "e": 1}) == "b0"  # b holds 3 in all, e 1
+
+
+def test_a_fresh_address_takes_the_slot_owing_longest_of_one_holding_any() -> None:
+    owing = [("a", NOW - 0.002, "a0"), ("b", NOW - 0.003, "b0"), ("c", NOW - 0.001, "c0")]
+    assert _pick("d", owing) == "b0"  # 64 addresses of one each kept d out before
+    assert _pick("d", [("c", NOW - 0.001, "c0")]) == "c0"
 
 
 def test_among_equals_the_one_owing_longest_goes_once_aged() -> None:
     owing = [("a", NOW - 0.2, "a0"), ("b", NOW - 0.3, "b0"), ("c", NOW - 0.01, "c0")]
-    assert _pick("d", owing) == "b0"
-    assert _pick("d", [("c", NOW - 0.01, "c0")]) is None
+    assert _pick("c", owing) == "b0"  # c holds one, as a and b do: the age rule
+    assert _pick("c", [("c", NOW - 0.01, "c0"), ("a", NOW - 0.02, "a0")]) is None
