@@ -52,8 +52,22 @@ KEEP_FINISHED_TOTAL = 1000
 SELECTIONS = 2
 """Selections (a manifest decoded, then globs matched against it) running at once, each in
 a worker thread and at most one per caller (:class:`SelectionSlots`), so the event loop
-keeps at least a third of the interpreter while they run and at most two decoded manifests
-are held for them."""
+keeps at least a third of the interpreter while they run; with :data:`LIGHT_SELECTIONS`,
+at most three decoded manifests are held for them."""
+
+LIGHT_SELECTIONS = 1
+"""Selections beyond :data:`SELECTIONS` that only a light caller may start (one that held
+slots less than :data:`LIGHT_USE_S`, decayed): a light team's request does not wait for a
+heavy one to end. Decoding a manifest is not bounded by the match budget (about 6 µs a
+file: 2.4 s for 400,000), so a freed slot came only after a heavy selection's decode and
+match, and five colluding tokens made a one-file prewarm wait 3.8-4.6 s (the thirteenth
+probe)."""
+
+LIGHT_USE_S = 1.0
+"""Most seconds of slots (decayed, :data:`USE_HALF_LIFE_S`) a caller may have held to count
+as light: a team posting a small selection a second holds about 0.7; one heavy selection of
+a large manifest counts for two to four seconds, and keeps its caller out of the light lane
+for tens of seconds."""
 
 
 @dataclass
@@ -167,7 +181,7 @@ class PrewarmJobs:
         self._scheduler = scheduler
         self._pins = pins
         self._jobs: dict[str, Job] = {}
-        self._selecting = SelectionSlots(SELECTIONS)
+        self._selecting = SelectionSlots(SELECTIONS, LIGHT_SELECTIONS)
 
     async def start(
         self,
@@ -375,12 +389,18 @@ class SelectionSlots:
     arrival order, and 11.6 s with the least-lately-*served* rule, since the light team's
     own last request counted as recent).
 
+    A light caller (less than :data:`LIGHT_USE_S` held, decayed) may also take one of
+    ``light`` further slots, which no other caller may: its request does not wait for a
+    heavy selection's decode and match to end (the thirteenth probe).
+
     Args:
-        slots: selections at once.
+        slots: selections at once, for any caller.
+        light: further selections at once, for light callers only.
     """
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, light: int = 0) -> None:
         self._slots = slots
+        self._light = light
         self._holders: dict[str, float] = {}  # caller → monotonic time it took its slot
         self._waiting: list[tuple[str, asyncio.Future[None]]] = []
         self._used: dict[str, tuple[float, float]] = {}  # caller → (seconds held, as of)
@@ -417,13 +437,17 @@ class SelectionSlots:
         self._hand_on()
 
     def _hand_on(self) -> None:
-        """Free slots to the waiting callers that held slots least lately (not holding)."""
+        """Free slots to the waiting callers that held slots least lately (not holding);
+        the light slots to light callers only."""
         now = time.monotonic()
-        while len(self._holders) < self._slots:
+        while len(self._holders) < self._slots + self._light:
+            light_only = len(self._holders) >= self._slots
             eligible = [
-                (self.used(who, now), n)
+                (used, n)
                 for n, (who, turn) in enumerate(self._waiting)
                 if who not in self._holders and not turn.done()
+                for used in (self.used(who, now),)
+                if not light_only or used < LIGHT_USE_S
             ]
             if not eligible:
                 self._waiting = [w for w in self._waiting if not w[1].done()]

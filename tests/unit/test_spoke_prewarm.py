@@ -202,3 +202,49 @@ def test_a_light_caller_served_lately_still_goes_before_heavy_ones(
         return order
 
     assert asyncio.run(scenario()) == ["heavy-3", "light", "heavy-1", "heavy-2"]
+
+
+def test_a_light_caller_takes_the_light_slot_while_heavy_ones_hold_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The thirteenth probe: a manifest's decode is not bounded by the match budget, so a
+    light team waited for a heavy selection's decode and match to end (3.8-4.6 s behind
+    five colluding tokens on a 400,000-file dataset). A caller that held slots less than
+    LIGHT_USE_S takes the light slot at once; a heavy caller never does."""
+    clock = [1000.0]
+    monkeypatch.setattr(prewarm_module.time, "monotonic", lambda: clock[0])
+
+    async def scenario() -> list[str]:
+        slots = SelectionSlots(1, light=1)
+        for caller in ("heavy-1", "heavy-2"):
+            async with slots.slot(caller):  # each held 3 s, once
+                clock[0] += 3.0
+        order: list[str] = []
+        gates = {name: asyncio.Event() for name in ("heavy-1", "heavy-2", "light", "fresh")}
+
+        async def select(caller: str) -> None:
+            async with slots.slot(caller):
+                order.append(caller)
+                await gates[caller].wait()
+
+        tasks = [asyncio.create_task(select("heavy-1"))]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(select("heavy-2")))  # waits: not light
+        await asyncio.sleep(0)
+        assert order == ["heavy-1"]
+        tasks.append(asyncio.create_task(select("light")))  # the light slot, at once
+        await asyncio.sleep(0)
+        assert order == ["heavy-1", "light"]
+        tasks.append(asyncio.create_task(select("fresh")))  # light, but the lane is taken
+        await asyncio.sleep(0)
+        assert order == ["heavy-1", "light"]
+        gates["light"].set()
+        for _ in range(5):  # the clock stands still: let the release run
+            await asyncio.sleep(0)
+        assert order == ["heavy-1", "light", "fresh"]  # the lane again, before heavy-2
+        for gate in gates.values():
+            gate.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        return order
+
+    assert asyncio.run(scenario()) == ["heavy-1", "light", "fresh", "heavy-2"]
