@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import lmdb
 
@@ -47,9 +47,11 @@ class Pin:
         return len(self.digests)
 
     def public(self) -> dict[str, object]:
-        """The pin as the admin API shows it (without its block list)."""
-        out = asdict(self)
+        """The pin as the admin API shows it (without its block list, which is not copied:
+        ``asdict`` deep-copied it, and a probe's ``GET /v1/pins`` took 31 s)."""
+        out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self)}
         out.pop("digests")
+        out["paths"] = list(self.paths)
         out["blocks"] = self.blocks
         return out
 
