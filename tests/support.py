@@ -96,6 +96,21 @@ def sticky_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def traversable_dir(prefix: str, *tools: str) -> Iterator[Path]:
+    """A fresh directory under ``/tmp`` every user can traverse (pytest's ``tmp_path`` is
+    private to root), for tests that act as another user; skips unless this is root with
+    ``tools`` (``runuser``, ``setpriv``, ...) on the PATH. Removed afterwards."""
+    if os.geteuid() != 0 or any(shutil.which(tool) is None for tool in tools):
+        pytest.skip(f"needs root and {', '.join(tools)} to act as another user")
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def planted_dir(shared: Path, name: str, files: dict[str, bytes]) -> Path:
     """What another local user leaves for a root process to pick up: ``shared/name``
     made by the second user (:func:`other_user`, through ``setpriv``) under umask 0, with

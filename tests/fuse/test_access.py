@@ -3,17 +3,14 @@ checks the manifest's file modes (default_permissions)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from deploy.local import LocalStack
-from tests.support import publish, requires_fuse
+from tests.support import publish, requires_fuse, traversable_dir
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
 
@@ -25,12 +22,8 @@ def _as_nobody(*cmd: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def work() -> Iterator[Path]:
     """A directory every user can traverse (pytest's tmp_path is private to root)."""
-    if os.geteuid() != 0 or shutil.which("runuser") is None:
-        pytest.skip("needs root and runuser to act as another user")
-    path = Path(tempfile.mkdtemp(prefix="strata-access-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with traversable_dir("strata-access-", "runuser") as path:
+        yield path
 
 
 @pytest.fixture

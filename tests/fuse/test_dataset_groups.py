@@ -11,14 +11,13 @@ import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from deploy.local import LocalStack
-from tests.support import publish, requires_fuse
+from tests.support import publish, requires_fuse, traversable_dir
 
 pytestmark = [pytest.mark.fuse, requires_fuse]
 
@@ -60,12 +59,8 @@ def _ok(data: bytes) -> str:
 @pytest.fixture
 def work() -> Iterator[Path]:
     """A directory every user can traverse (pytest's tmp_path is private to root)."""
-    if os.geteuid() != 0 or shutil.which("setpriv") is None or shutil.which("groupadd") is None:
-        pytest.skip("needs root, setpriv and groupadd to act as another user")
-    path = Path(tempfile.mkdtemp(prefix="strata-groups-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with traversable_dir("strata-groups-", "setpriv", "groupadd") as path:
+        yield path
 
 
 @pytest.fixture
