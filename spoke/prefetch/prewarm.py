@@ -56,18 +56,12 @@ keeps at least a third of the interpreter while they run; with :data:`LIGHT_SELE
 at most three decoded manifests are held for them."""
 
 LIGHT_SELECTIONS = 1
-"""Selections beyond :data:`SELECTIONS` that only a light caller may start (one that held
-slots less than :data:`LIGHT_USE_S`, decayed): a light team's request does not wait for a
-heavy one to end. Decoding a manifest is not bounded by the match budget (about 6 µs a
-file: 2.4 s for 400,000), so a freed slot came only after a heavy selection's decode and
-match, and five colluding tokens made a one-file prewarm wait 3.8-4.6 s (the thirteenth
-probe)."""
+"""Selections beyond :data:`SELECTIONS` only a light caller may start (:class:`SelectionSlots`):
+a manifest's decode is not bounded by the match budget (2.4 s for 400,000 files)."""
 
 LIGHT_USE_S = 1.0
-"""Most seconds of slots (decayed, :data:`USE_HALF_LIFE_S`) a caller may have held to count
-as light: a team posting a small selection a second holds about 0.7; one heavy selection of
-a large manifest counts for two to four seconds, and keeps its caller out of the light lane
-for tens of seconds."""
+"""Most seconds of slots (decayed, :data:`USE_HALF_LIFE_S`) a light caller has held: a small
+selection a second holds about 0.7; one heavy selection two to four."""
 
 
 @dataclass
