@@ -153,7 +153,11 @@ def test_slow_senders_at_the_cap_leave_room_for_scrapes() -> None:
             assert displaced >= METRICS_MAX_CONNECTIONS - 1  # the scrape and the second flood's
             assert displaced + timeout == 2 * METRICS_MAX_CONNECTIONS
             assert _closed(metrics, "limit") == 0
-            assert most <= threads + 2 + METRICS_MAX_CONNECTIONS  # two pumps, a thread a slot
+            # two pumps and a thread a slot; a thread frees its slot in its last lines
+            # (socketserver's shutdown_request), so one or two displaced ones may still be
+            # returning when their successors start (a loaded run saw 50 of 49): far from
+            # the 64 the two floods would run unbounded
+            assert most <= threads + 2 + METRICS_MAX_CONNECTIONS + 2
         finally:
             first.close()
             if second is not None:
