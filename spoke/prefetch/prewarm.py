@@ -435,14 +435,13 @@ class SelectionSlots:
         the light slots to light callers only."""
         now = time.monotonic()
         while len(self._holders) < self._slots + self._light:
-            light_only = len(self._holders) >= self._slots
-            eligible = [
-                (used, n)
+            heaviest = LIGHT_USE_S if len(self._holders) >= self._slots else float("inf")
+            waiting = [
+                (self.used(who, now), n)
                 for n, (who, turn) in enumerate(self._waiting)
                 if who not in self._holders and not turn.done()
-                for used in (self.used(who, now),)
-                if not light_only or used < LIGHT_USE_S
             ]
+            eligible = [(used, n) for used, n in waiting if used < heaviest]
             if not eligible:
                 self._waiting = [w for w in self._waiting if not w[1].done()]
                 return
