@@ -39,6 +39,14 @@ def _scoped(tmp_path: Path) -> ScopedTokens:
     return ScopedTokens(path)
 
 
+async def _first_done(posts: list[asyncio.Task[httpx.Response]], n: int) -> list[httpx.Response]:
+    """The answers of the first ``n`` of ``posts`` to end (within 30 s)."""
+    async with asyncio.timeout(30):
+        while len([t for t in posts if t.done()]) < n:
+            await asyncio.sleep(0.01)
+    return [t.result() for t in posts if t.done()]
+
+
 def test_a_scoped_admin_token_acts_only_on_its_datasets(tmp_path: Path, hub_port: int) -> None:
     """team-a's token prewarms and pins ds and sees its jobs and pins; team-b's gets 403 on
     ds, sees none of team-a's jobs or pins (404 by id), and neither may read the node's
@@ -246,10 +254,7 @@ def test_a_scoped_token_resolves_two_requests_at_once_and_another_team_is_not_qu
             asyncio.create_task(client.post("/v1/pins", json={"dataset": "ds"}, headers=a))
             for _ in range(8)
         ]
-        async with asyncio.timeout(30):  # six are refused at once, two wait at the gate
-            while len([t for t in posts if t.done()]) < 6:
-                await asyncio.sleep(0.01)
-        refused = [t.result() for t in posts if t.done()]
+        refused = await _first_done(posts, 6)  # six are refused at once, two wait at the gate
         assert [r.status_code for r in refused] == [429] * 6
         assert "at most 2 at once" in refused[0].json()["detail"]
         other = await client.post("/v1/pins", json={"dataset": "other"}, headers=b)
@@ -290,10 +295,7 @@ def test_a_scoped_tokens_hint_posts_resolve_two_at_once(
             )
             for i in range(6)
         ]
-        async with asyncio.timeout(30):  # four are refused at once, two wait at the gate
-            while len([t for t in posts if t.done()]) < 4:
-                await asyncio.sleep(0.01)
-        refused = [t.result() for t in posts if t.done()]
+        refused = await _first_done(posts, 4)  # four are refused at once, two wait at the gate
         assert [r.status_code for r in refused] == [429] * 4
         other = await client.post(
             "/v1/hints", json={"dataset": "other", "stream": "b", "paths": ["f0.bin"]}, headers=b
