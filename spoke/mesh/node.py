@@ -8,7 +8,6 @@ import contextlib
 import logging
 from typing import Any
 
-import grpc.aio
 from prometheus_client import REGISTRY
 
 from protocol.address import parse_hostport
@@ -25,7 +24,7 @@ from spoke.mesh.grants import GrantKeeper, HubGrantKeys, load_public_key
 from spoke.mesh.membership import Membership
 from spoke.mesh.peerbulk import PeerBulkServer
 from spoke.mesh.peerclient import PeerClient
-from spoke.mesh.peerservice import PeerService, start_peer_server
+from spoke.mesh.peerservice import PeerServer, PeerService, start_peer_server
 from spoke.mesh.settings import MeshSettings
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import PeerTls, PeerToken
@@ -91,7 +90,7 @@ class MeshNode:
             grants=self.grants,
             scope=catalog.scope,
         )
-        self._server: grpc.aio.Server | None = None
+        self._server: PeerServer | None = None
         self._bulk: PeerBulkServer | None = None
         self._scope: ScopeCheck | None = None
         self._tasks: list[asyncio.Task[None]] = []

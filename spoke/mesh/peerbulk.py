@@ -19,8 +19,11 @@ check. Under TLS (the peer port's certificate and key, client certificates requi
 file, or a block the cache could not take, the bytes are written once per chunk of
 :data:`~spoke.mesh.peercall.SERVE_CHUNK_BYTES` (the copy TLS makes anyway).
 
-What a caller can make it hold before it has proven anything: at most ``max_connections``
-connections (one more is answered RESOURCE_EXHAUSTED and closed), its TLS handshake within
+What a caller can make it hold before it has proven anything: one of ``max_connections``
+connection slots, shared by address and displaced by newcomers as the gRPC peer port's door
+shares them (:mod:`spoke.mesh.doorslots`; a connection that showed the token is kept, and
+a newcomer when every slot is kept is answered RESOURCE_EXHAUSTED and closed), its TLS
+handshake within
 :data:`~spoke.mesh.transport.HANDSHAKE_TIMEOUT_S`, a request of at most
 :data:`protocol.bulk.MAX_PEER_REQUEST_BYTES` within
 :data:`~spoke.mesh.peercall.REQUEST_WAIT_S` of its first byte, and a connection with no
@@ -44,6 +47,7 @@ from protocol import bulk
 from protocol.grants import GRANT_METADATA, PROOF_METADATA
 from spoke.mesh import metrics
 from spoke.mesh.blockfile import BlockFile
+from spoke.mesh.doorslots import DoorSlot, DoorSlots
 from spoke.mesh.peercall import (
     READ,
     REQUEST_WAIT_S,
@@ -147,7 +151,8 @@ class PeerBulkServer:
     ) -> None:
         self.gate, self.blocks = gate, blocks
         self._tls = ServerTls(tls) if tls is not None else None
-        self._max_connections = max_connections
+        self.slots = DoorSlots(max_connections)
+        self._mtls = tls is not None and tls.ca is not None
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.Task[Any]] = set()
         self.port = 0
@@ -187,30 +192,34 @@ class PeerBulkServer:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        who = peer_name(writer.get_extra_info("peername"))
+        address = writer.get_extra_info("peername")
+        slot = self.slots.take(str(address[0]), peer_name(address), lambda: _end(task, writer))
         try:
-            if len(self._open) >= self._max_connections:
+            if slot is None:  # every slot is held by a caller that showed the token
                 message = (
-                    f"{len(self._open)} bulk peer connections are open, the most this port "
-                    f"takes (--peer-max-connections {self._max_connections})"
+                    f"{self.slots.open} bulk peer connections are open, the most this port "
+                    f"takes (--peer-max-connections {self.slots.max_connections})"
                 )
                 await _error(writer, PeerRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, message))
                 return
             self._open.add(task)
-            while await self._serve_one(reader, writer, who):
+            while await self._serve_one(reader, writer, slot):
                 pass
         except (OSError, asyncio.IncompleteReadError):  # ssl.SSLError, TimeoutError too
             pass  # the caller went away or stopped reading: nothing to answer
         except asyncio.CancelledError:
             pass  # closed (close()): the task ends as a connection that ended
         finally:
+            if slot is not None:
+                self.slots.release(slot)
             self._open.discard(task)
             await _closed(writer)
 
     async def _serve_one(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, who: str
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: DoorSlot
     ) -> bool:
         """Answers one request; False when the connection is done (closed, idle, refused)."""
+        who = slot.who
         try:
             head = await asyncio.wait_for(reader.readexactly(bulk.PEER_HEAD.size), IDLE_S)
         except (TimeoutError, asyncio.IncompleteReadError):
@@ -227,7 +236,7 @@ class PeerBulkServer:
                 )
             except bulk.BulkProtocolError as err:
                 self.gate.refuse(grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(err), who)
-            await self._answer(writer, request, who)
+            await self._answer(writer, request, slot)
         except PeerRefused as refused:
             await _error(writer, refused)
             return False
@@ -244,7 +253,7 @@ class PeerBulkServer:
         return bulk.parse_peer_request(await reader.readexactly(length))
 
     async def _answer(
-        self, writer: asyncio.StreamWriter, request: bulk.PeerRequest, who: str
+        self, writer: asyncio.StreamWriter, request: bulk.PeerRequest, slot: DoorSlot
     ) -> None:
         """Admits ``request`` as the gRPC peer port would, then sends the declined frame
         and each allowed block in order.
@@ -253,8 +262,10 @@ class PeerBulkServer:
             PeerRefused: a check refused it, or a block could not be had (those before
                 it were sent).
         """
-        gate = self.gate
+        gate, who = self.gate, slot.who
         gate.authorize([f"Bearer {request.token}"] if request.token else [], who)
+        if gate.token is not None or self._mtls:  # it showed a credential: slot kept
+            self.slots.prove(slot)
         metadata = [(GRANT_METADATA, request.grant)] if request.grant else []
         metadata += [(PROOF_METADATA, request.proof)] if request.proof else []
         call = gate.verify(metadata, who)
@@ -308,6 +319,12 @@ class PeerBulkServer:
                 del data
                 await writer.drain()
             metrics.PEER_BULK_BYTES.labels("written").inc(block.size)
+
+
+def _end(task: asyncio.Task[Any], writer: asyncio.StreamWriter) -> None:
+    """Ends a displaced connection now: the transport dropped, its task cancelled."""
+    writer.transport.abort()
+    task.cancel()
 
 
 async def _error(writer: asyncio.StreamWriter, refused: PeerRefused) -> None:

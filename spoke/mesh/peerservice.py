@@ -39,6 +39,7 @@ from typing import Any, NoReturn
 import grpc
 import grpc.aio
 
+from protocol.address import parse_option_hostport
 from protocol.grants import DECLINED_METADATA
 from protocol.hub.v1 import hub_pb2
 from protocol.spoke.v1 import peer_pb2, peer_pb2_grpc
@@ -59,6 +60,7 @@ from spoke.mesh.peercall import (
     PeerRefused,
 )
 from spoke.mesh.peerclient import MAX_MESSAGE_BYTES
+from spoke.mesh.peerdoor import PeerDoor
 from spoke.mesh.probedoor import ProbeDoor
 from spoke.mesh.relay import RELAY_METADATA
 from spoke.mesh.source import MeshSource
@@ -72,6 +74,7 @@ __all__ = [
     "PROBE_CALLS_PER_HOST",
     "REQUEST_WAIT_S",
     "SERVE_CHUNK_BYTES",
+    "PeerServer",
     "PeerService",
     "start_peer_server",
 ]
@@ -144,6 +147,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         self.memory = memory or MemoryBudget()
         self.gate = PeerGate(verifier, scope, token, self.limits, self.refusals, self.memory)
         self.blocks = PeerBlocks(cache, scheduler, source)
+        self.door: PeerDoor | None = None  # set by start_peer_server
         self.probing = 0  # Probe calls not done yet (their replies may wait unread)
         self._probing_by: collections.Counter[str] = collections.Counter()  # by host
 
@@ -159,6 +163,20 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         await context.abort(refused.code, refused.message)
         raise AssertionError("context.abort() returned")  # it always raises
 
+    def _who(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        """The caller (through the door: the address it connected from)."""
+        peer = context.peer()
+        return peer if self.door is None else self.door.who(peer)
+
+    def _authorized(
+        self, context: grpc.aio.ServicerContext[Any, Any], who: str, what: str = READ
+    ) -> None:
+        """The region's token (:meth:`PeerGate.authorize`); once it is, the door keeps the
+        call's connection (:meth:`~spoke.mesh.peerdoor.PeerDoor.prove`)."""
+        self.gate.authorize(self._authorization(context), who, what)
+        if self.door is not None:
+            self.door.prove(context.peer())
+
     def _authorization(self, context: grpc.aio.ServicerContext[Any, Any]) -> list[str | bytes]:
         return [v for k, v in context.invocation_metadata() or () if k == "authorization"]
 
@@ -170,9 +188,10 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         :data:`PROBE_CALLS` calls at once, each counted from here until gRPC reports it done
         (its request may be arriving, its reply may wait unread). A refused call is counted
         and audited by the gate and ended at once; gRPC core drops what arrives for it."""
-        host = _host_of(context.peer())
+        who = self._who(context)
+        host = _host_of(who)
         try:
-            self.gate.authorize(self._authorization(context), context.peer(), "peer Probe")
+            self._authorized(context, who, "peer Probe")
             mine = self._probing_by[host]
             if self.probing >= PROBE_CALLS or mine >= PROBE_CALLS_PER_HOST:
                 self.gate.refuse(
@@ -180,7 +199,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
                     "limit",
                     f"{self.probing} Probe calls are open here ({mine} from {host}), the "
                     f"most this peer port takes ({PROBE_CALLS}, {PROBE_CALLS_PER_HOST} a host)",
-                    context.peer(),
+                    who,
                     "peer Probe",
                 )
         except PeerRefused as refused:
@@ -212,10 +231,10 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         """Each requested block the caller may have, in order, in chunks of at most
         :data:`SERVE_CHUNK_BYTES`; the others are declined up front (the checks are
         :class:`~spoke.mesh.peercall.PeerGate`'s, the bulk peer port's too)."""
-        gate, who = self.gate, context.peer()
+        gate, who = self.gate, self._who(context)
         try:
             # every refusal before the request is read ends the call without reading it
-            gate.authorize(self._authorization(context), who)
+            self._authorized(context, who)
             call = gate.verify(context.invocation_metadata() or (), who)
             # the call's slot and memory are taken before its request is read: a caller
             # that opens calls and never sends a request holds them, within its allowance
@@ -318,14 +337,33 @@ def _chunk(block: BlockFile, offset: int, data: bytes) -> hub_pb2.BlockChunk:
     )
 
 
+class PeerServer:
+    """The peer port: its door (:mod:`spoke.mesh.peerdoor`) and the gRPC server behind it.
+
+    Attributes:
+        door: Accepts and relays the region's connections.
+        grpc: The gRPC server, on the door's private Unix socket.
+    """
+
+    def __init__(self, door: PeerDoor, server: grpc.aio.Server) -> None:
+        self.door, self.grpc = door, server
+
+    async def stop(self, grace: float | None) -> None:
+        """Stops the gRPC server (calls in flight get ``grace`` seconds), then the door."""
+        await self.grpc.stop(grace)
+        await self.door.close()
+
+
 async def start_peer_server(
     service: PeerService,
     listen: str,
     tls: PeerTls | None = None,
     max_connections: int = MAX_CONNECTIONS,
-) -> tuple[grpc.aio.Server, int]:
+) -> tuple[PeerServer, int]:
     """Serve ``service`` on ``listen`` (``HOST:PORT``; TLS when ``tls`` is given), with at
-    most ``max_connections`` connections open at once (:mod:`spoke.mesh.transport`).
+    most ``max_connections`` connections open at once, held by the door's shares
+    (:mod:`spoke.mesh.doorslots`): a connection is kept once a call on it carried the
+    region's token, or passed mTLS when the region has no token; without either, none is.
 
     Returns:
         The started server and the port it bound.
@@ -334,6 +372,9 @@ async def start_peer_server(
         OSError: the address could not be bound.
     """
     grpclog.install()  # a stream its peer cancelled: one line, not a traceback
+    host, port = parse_option_hostport(listen, "--peer-listen")
+    mtls = tls is not None and tls.ca is not None
+    door = PeerDoor(max_connections, credentials=service.token is not None or mtls)
     server = grpc.aio.server(
         # Probe, the one unary call, is admitted before its request is read (probedoor)
         interceptors=[ProbeDoor(service.admit_probe)],
@@ -341,16 +382,24 @@ async def start_peer_server(
             # requests are small: a request still arriving holds one window (REQUEST_BYTES)
             ("grpc.max_receive_message_length", REQUEST_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
-            *server_options(max_connections),
+            # the door holds the slots; a displaced connection's end reaches gRPC at once
+            *server_options(2 * max_connections),
         ],
     )
     peer_pb2_grpc.add_SpokePeerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     if tls is None:
-        port = server.add_insecure_port(listen)
+        bound = server.add_insecure_port(door.backend)
     else:
-        port = server.add_secure_port(listen, tls.server_credentials())
-    if port == 0:
-        raise OSError(f"cannot bind the peer port {listen}")
+        bound = server.add_secure_port(door.backend, tls.server_credentials())
+    if bound == 0:
+        await door.close()
+        raise OSError(f"cannot bind the peer port's gRPC socket {door.backend}")
     await server.start()
-    return server, port
+    service.door = door
+    try:
+        port = await door.start(host, port)
+    except OSError as err:
+        await server.stop(None)
+        await door.close()
+        raise OSError(f"cannot bind the peer port {listen}: {err}") from err
+    return PeerServer(door, server), port

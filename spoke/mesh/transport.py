@@ -11,10 +11,12 @@ both re-read when their files change, as the hub's are (:mod:`spoke.hublink.cred
   required by the peer port. A changed file is used from the next call; the peer port
   keeps accepting the previous token for :data:`TOKEN_GRACE_S`, so a rotation rolled out
   file by file across a region never refuses a call.
-- **Connections** (:func:`server_options`): the peer port closes connections beyond
-  ``--peer-max-connections`` as they arrive (``grpc.max_allowed_incoming_connections``;
-  each spoke of the region holds one to every other, two for a minute after a
-  certificate renewal), closes a connection that has not finished its TLS handshake and
+- **Connections** (:func:`server_options`): the peer port holds at most
+  ``--peer-max-connections`` (each spoke of the region holds one to every other, two for
+  a minute after a certificate renewal); its door (:mod:`spoke.mesh.peerdoor`) accepts
+  them and shares the slots by address, keeping those that showed the token
+  (:mod:`spoke.mesh.doorslots`), while gRPC behind it (its cap twice the door's)
+  closes a connection that has not finished its TLS handshake and
   sent its HTTP/2 settings within :data:`HANDSHAKE_TIMEOUT_S` (120 s in gRPC core) and one
   with no call for :data:`IDLE_S` (peers probe every 2 s), and carries at most
   :data:`MAX_STREAMS` calls per connection. A connection pending its TLS handshake costs

@@ -4,7 +4,9 @@ to its admin API and peer port fitted under that limit.
 - **Open files.** The daemon raises its soft ``RLIMIT_NOFILE`` to the hard limit at start
   (as the mount does; systemd's default soft limit is 1024), then fits the caps under it:
   the admin API at most :data:`ADMIN_MAX_CONNECTIONS` and an eighth of the limit, the
-  peer port at most ``--peer-max-connections`` and half of it, leaving the rest to block
+  peer port at most ``--peer-max-connections`` and a sixteenth of it (each connection
+  takes seven descriptors: the caller's socket, the door's relay socket and gRPC's end of
+  it, two pipes; :mod:`spoke.mesh.peerdoor`), leaving the rest to block
   files, the index, the hub and the mount. A cap lowered to fit is logged once at start.
   Connections beyond a cap are closed as they arrive, so the daemon never runs out of
   descriptors to a flood of idle connections (reads of cold blocks then stalled, and
@@ -25,6 +27,10 @@ log = logging.getLogger(__name__)
 ADMIN_MAX_CONNECTIONS = 256
 """Most connections open to the admin API at once (operators, Prometheus, probes, the
 training jobs' hint posts need a few each)."""
+
+PEER_FILES = 16
+"""The peer port's cap is at most the open-file limit over this (a connection through the
+door holds seven descriptors; the rest stay for block files, the index, the hub)."""
 
 
 def raise_open_files() -> int:
@@ -67,7 +73,7 @@ class ConnectionCaps:
         """
         fitted = cls(
             admin=max(8, min(admin, open_files // 8)),
-            peer=max(8, min(peer, open_files // 2)) if peer else 0,
+            peer=max(8, min(peer, open_files // PEER_FILES)) if peer else 0,
         )
         if fitted.peer < peer:
             log.warning(

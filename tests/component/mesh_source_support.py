@@ -38,7 +38,7 @@ from spoke.mesh.peerservice import (
     start_peer_server,
 )
 from spoke.mesh.source import MeshSource
-from spoke.mesh.transport import PeerTls, PeerToken
+from spoke.mesh.transport import MAX_CONNECTIONS, PeerTls, PeerToken
 
 ISSUER = GrantIssuer(Ed25519PrivateKey.generate())
 EVERYTHING = Principal("tok-all", ("*",))
@@ -147,6 +147,7 @@ class Owner:
         token: PeerToken | None = None,
         tls: PeerTls | None = None,
         limits: CallerLimits | None = None,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         cache, catalog = _cache(self.root)
         _hold(catalog, "ds", self.blocks)
@@ -165,7 +166,7 @@ class Owner:
             refusals=self.refusals,
         )
         self.service = service
-        self.server, _ = await start_peer_server(service, self.node, tls)
+        self.server, _ = await start_peer_server(service, self.node, tls, max_connections)
 
     async def stop(self) -> None:
         await self.server.stop(0)

@@ -1,0 +1,118 @@
+"""The peer port's slot shares (spoke/mesh/doorslots.py): which connection a newcomer at the
+cap displaces, that proven connections are never displaced, and the counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from spoke.mesh.doorslots import DoorSlot, DoorSlots
+
+
+class Held:
+    """The connections a test opened, and which of them were closed (displaced)."""
+
+    def __init__(self, slots: DoorSlots) -> None:
+        self.slots = slots
+        self.closed: list[str] = []
+
+    def open(self, host: str, name: str) -> DoorSlot | None:
+        return self.slots.take(host, f"ipv4:{host}:{name}", lambda: self.closed.append(name))
+
+
+def test_a_newcomer_displaces_the_oldest_connection_of_the_address_holding_most() -> None:
+    held = Held(DoorSlots(4))
+    held.open("10.0.0.1", "a1")
+    held.open("10.0.0.2", "b1")
+    held.open("10.0.0.2", "b2")
+    held.open("10.0.0.1", "a2")
+    assert held.open("10.0.0.3", "c1") is not None  # 10.0.0.1 and .2 hold two: .2 first
+    assert held.closed == ["b1"]
+    assert held.open("10.0.0.3", "c2") is not None  # .1 holds two now
+    assert held.closed == ["b1", "a1"]
+    assert held.slots.open == 4 and held.slots.displaced == 2
+
+
+def test_a_flood_from_one_address_only_turns_its_own_connections_over() -> None:
+    held = Held(DoorSlots(8))
+    held.open("10.0.0.9", "peer")
+    for i in range(1000):
+        assert held.open("10.0.0.66", f"f{i}") is not None
+    assert "peer" not in held.closed
+    assert held.closed == [f"f{i}" for i in range(1000 - 7)]
+    assert [s.who for s in held.slots.unproven("10.0.0.66")] == [
+        f"ipv4:10.0.0.66:f{i}" for i in range(993, 1000)
+    ]
+
+
+def test_a_flood_from_many_addresses_turns_slots_over_in_arrival_order() -> None:
+    held = Held(DoorSlots(4))
+    for i in range(4):
+        held.open(f"10.1.0.{i}", f"f{i}")
+    held.open("10.0.0.9", "peer")  # displaces the first flood connection
+    held.open("10.1.0.4", "f4")
+    held.open("10.1.0.5", "f5")
+    assert held.closed == ["f0", "f1", "f2"]
+    held.open("10.1.0.6", "f6")
+    assert held.closed[-1] == "f3"
+    held.open("10.1.0.7", "f7")  # the peer is the oldest unproven connection now
+    assert held.closed[-1] == "peer"
+
+
+def test_a_proven_connection_is_never_displaced_and_a_full_house_of_them_refuses() -> None:
+    held = Held(DoorSlots(2))
+    peer = held.open("10.0.0.9", "peer")
+    assert peer is not None
+    held.slots.prove(peer)
+    held.slots.prove(peer)  # idempotent
+    for i in range(50):
+        held.open("10.0.0.66", f"f{i}")
+    assert "peer" not in held.closed and held.slots.proven == 1
+    other = held.slots.unproven("10.0.0.66")[0]
+    held.slots.prove(other)
+    assert held.open("10.0.0.67", "late") is None
+    assert held.slots.refused == 1 and held.slots.open == 2
+    held.slots.release(peer)
+    held.slots.release(peer)  # idempotent
+    assert held.slots.open == 1 and held.slots.proven == 1
+    assert held.open("10.0.0.67", "late") is not None
+
+
+def test_a_released_slot_is_not_proven_or_displaced_later() -> None:
+    held = Held(DoorSlots(2))
+    gone = held.open("10.0.0.1", "gone")
+    assert gone is not None
+    held.slots.release(gone)
+    held.slots.prove(gone)
+    assert held.slots.open == 0 and held.slots.proven == 0
+    assert held.slots.unproven("10.0.0.1") == []
+    held.open("10.0.0.2", "x")
+    held.open("10.0.0.2", "y")
+    held.open("10.0.0.3", "z")
+    assert held.closed == ["x"]  # never the released one's close
+
+
+def test_counts_stay_exact_through_mixed_arrivals_proofs_and_releases() -> None:
+    slots = DoorSlots(16)
+    live: list[DoorSlot] = []
+    for i in range(2_000):
+        slot = slots.take(f"10.0.{i % 7}.{i % 3}", str(i), lambda: None)
+        if slot is None:
+            continue
+        live = [s for s in live if s.open] + [slot]
+        if i % 5 == 0:
+            slots.prove(slot)
+        if i % 11 == 0:
+            slots.release(live[0])
+        if slots.proven >= 15:  # keep room for newcomers
+            for s in live:
+                slots.release(s)
+    still = [s for s in live if s.open]
+    assert slots.open == len(still) <= 16
+    assert slots.proven == sum(s.proven for s in still)
+    unproven = {s.host for s in still if not s.proven}
+    assert sum(len(slots.unproven(h)) for h in unproven) == slots.open - slots.proven
+
+
+def test_a_cap_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        DoorSlots(0)
