@@ -10,7 +10,8 @@ daemon serves with :class:`AdminProtocol`, uvicorn's own HTTP/1.1 protocol (h11)
 - a cap on open connections (:data:`spoke.serve.limits.ADMIN_MAX_CONNECTIONS`, fitted under
   the daemon's open-file limit; 32 on the ``--metrics`` port). A connection arriving at the
   cap first displaces one of an address holding two more connections than its own (one, if
-  its own holds none; fair shares by address, :mod:`strata_local.slotshare`: one address's
+  its own holds none; fair shares by address, :class:`strata_local.slotshare.Ledger`,
+  constant time an arrival: one address's
   flood never keeps the kubelet out), else the open one that has owed something the longest,
   if that is at least :data:`DISPLACE_AFTER_S`: owing is waiting for a request the client
   has not finished sending, or answers sent to it and not yet taken, without a break; only
@@ -55,7 +56,6 @@ import logging
 import socket
 import struct
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -68,7 +68,7 @@ from spoke import metrics
 from spoke.serve.connprogress import Progress, unread_and_acked
 from spoke.serve.limits import ADMIN_MAX_CONNECTIONS
 from strata_local.audit import TokenBucket
-from strata_local.slotshare import victim
+from strata_local.slotshare import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,7 @@ class AdminProtocol(H11Protocol):
     displace_after_s: ClassVar[float] = DISPLACE_AFTER_S
     min_rate: ClassVar[float] = MIN_RATE
     _closed: ClassVar[dict[str, int]] = {}  # since the last log line, by reason
+    _ledger: ClassVar[Ledger[AdminProtocol]] = Ledger()  # the open ones, for fair shares
     _logged: ClassVar[float] = float("-inf")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -166,12 +167,14 @@ class AdminProtocol(H11Protocol):
             self._count("limit")
             return
         super().connection_made(transport)
+        self._ledger.add(self._client, self)
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The connection ended (nothing to undo for one refused at the cap)."""
         if self._refused:
             return
+        self._ledger.remove(self)
         self._disarm()
         self._unwatch()
         super().connection_lost(exc)
@@ -269,19 +272,13 @@ class AdminProtocol(H11Protocol):
         return self._progress
 
     def _displace(self) -> bool:
-        """Abort the connection that :func:`~strata_local.slotshare.victim` picks for this
-        newcomer: of an address holding two more connections than this one's, or owing
-        longest and at least :attr:`displace_after_s`; whether there was one (a linear scan,
-        only for a connection arriving at the cap)."""
-        held: Counter[str] = Counter()
-        owing: list[tuple[str, float, AdminProtocol]] = []
-        for other in self.connections:
-            if isinstance(other, AdminProtocol) and other.transport is not None:
-                held[other._client] += 1
-                since = other._observe().owing_since
-                if since is not None:
-                    owing.append((other._client, since, other))
-        chosen = victim(self._client, owing, held, time.monotonic(), self.displace_after_s)
+        """Abort the connection that :meth:`~strata_local.slotshare.Ledger.victim` picks for
+        this newcomer: of an address holding two more connections than this one's, or owing
+        longest and at least :attr:`displace_after_s`; whether there was one (at most
+        :data:`~strata_local.slotshare.INSPECT` connections asked what they owe)."""
+        chosen = self._ledger.victim(
+            self._client, _owing_since, time.monotonic(), self.displace_after_s
+        )
         if chosen is None:
             return False
         chosen._drop("displaced")
@@ -295,6 +292,7 @@ class AdminProtocol(H11Protocol):
         self._disarm()
         self._unwatch()
         self.connections.discard(self)
+        self._ledger.remove(self)
         sock = self.transport.get_extra_info("socket")
         with contextlib.suppress(OSError, AttributeError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -320,6 +318,13 @@ class AdminProtocol(H11Protocol):
             )
             cls._closed = {}
             cls._logged = now
+
+
+def _owing_since(conn: AdminProtocol) -> float | None:
+    """Since when ``conn`` has owed something (None: nothing)."""
+    if conn.transport is None:
+        return None
+    return conn._observe().owing_since
 
 
 def admin_config(
@@ -352,6 +357,7 @@ def admin_config(
             "displace_after_s": displace_after_s,
             "min_rate": min_rate,
             "_closed": {},
+            "_ledger": Ledger(),
             "__doc__": AdminProtocol.__doc__,
         },
     )
