@@ -63,6 +63,13 @@ LIGHT_USE_S = 1.0
 """Most seconds of slots (decayed, :data:`USE_HALF_LIFE_S`) a light caller has held: a small
 selection a second holds about 0.7; one heavy selection two to four."""
 
+LIGHT_ENTRIES = 20_000
+"""Most manifest entries (``Snapshot.entry_count``, known before the decode) of a selection
+that may take a light slot: decoded and matched in about 0.1 s (400,000 take 2.4 s). Light
+callers alone let several tokens taking turns (each light again after a rest) keep the
+light slot decoding large manifests (the fourteenth probe: eight rotating tokens, a light
+team's one-file prewarm waited up to 10.2 s)."""
+
 
 @dataclass
 class Job:
@@ -223,10 +230,13 @@ class PrewarmJobs:
         self._forget_old()
         return job
 
-    def selection(self, caller: str) -> contextlib.AbstractAsyncContextManager[None]:
-        """One of the spoke's selection slots, for ``caller`` (the hint route decodes and
-        plans a manifest in one too)."""
-        return self._selecting.slot(caller)
+    def selection(
+        self, caller: str, snapshot: hub_pb2.Snapshot
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """One of the spoke's selection slots, for ``caller`` to decode ``snapshot``'s
+        manifest (the hint route decodes and plans a manifest in one too); a light slot
+        only for a manifest of at most :data:`LIGHT_ENTRIES` entries."""
+        return self._selecting.slot(caller, small=snapshot.entry_count <= LIGHT_ENTRIES)
 
     async def resolve(
         self, dataset: str, ref: str, paths: list[str], caller: str = ""
@@ -244,7 +254,7 @@ class PrewarmJobs:
         matcher = GlobMatcher(globs)
         snapshot = await self._catalog.resolve_ref(dataset, ref)
         what = f"{dataset}@{ref}"
-        async with self._selecting.slot(caller):  # CPU and memory: off the loop, few at once
+        async with self.selection(caller, snapshot):  # CPU and memory: off the loop, few
             manifest = await self._catalog.manifest(dataset, snapshot.version)
             matcher.check_work(len(manifest), what)
             entries, blocks = await asyncio.to_thread(_select_blocks, manifest, matcher, what)
@@ -383,9 +393,11 @@ class SelectionSlots:
     arrival order, and 11.6 s with the least-lately-*served* rule, since the light team's
     own last request counted as recent).
 
-    A light caller (less than :data:`LIGHT_USE_S` held, decayed) may also take one of
-    ``light`` further slots, which no other caller may: its request does not wait for a
-    heavy selection's decode and match to end (the thirteenth probe).
+    A light caller (less than :data:`LIGHT_USE_S` held, decayed) with a small selection (a
+    manifest of at most :data:`LIGHT_ENTRIES` entries) may also take one of ``light``
+    further slots, which no other may: its request does not wait for a heavy selection's
+    decode and match to end (the thirteenth probe), nor for a large one that several
+    tokens taking turns, each light again after a rest, would run there (the fourteenth).
 
     Args:
         slots: selections at once, for any caller.
@@ -396,7 +408,7 @@ class SelectionSlots:
         self._slots = slots
         self._light = light
         self._holders: dict[str, float] = {}  # caller → monotonic time it took its slot
-        self._waiting: list[tuple[str, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[str, bool, asyncio.Future[None]]] = []  # who, small, turn
         self._used: dict[str, tuple[float, float]] = {}  # caller → (seconds held, as of)
 
     def used(self, caller: str, now: float) -> float:
@@ -406,10 +418,11 @@ class SelectionSlots:
         return held * decay
 
     @contextlib.asynccontextmanager
-    async def slot(self, caller: str) -> AsyncIterator[None]:
-        """Hold a slot of ``caller``'s while the block runs."""
+    async def slot(self, caller: str, small: bool = True) -> AsyncIterator[None]:
+        """Hold a slot of ``caller``'s while the block runs (``small``: a selection that
+        may take a light slot)."""
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((caller, turn))
+        self._waiting.append((caller, small, turn))
         self._hand_on()
         try:
             await turn
@@ -417,7 +430,7 @@ class SelectionSlots:
             if turn.done() and not turn.cancelled():  # handed the slot as it went
                 self._release(caller)
             else:
-                self._waiting = [w for w in self._waiting if w[1] is not turn]
+                self._waiting = [w for w in self._waiting if w[2] is not turn]
             raise
         try:
             yield
@@ -432,20 +445,24 @@ class SelectionSlots:
 
     def _hand_on(self) -> None:
         """Free slots to the waiting callers that held slots least lately (not holding);
-        the light slots to light callers only."""
+        the light slots to light callers' small selections only."""
         now = time.monotonic()
         while len(self._holders) < self._slots + self._light:
-            heaviest = LIGHT_USE_S if len(self._holders) >= self._slots else float("inf")
+            light_only = len(self._holders) >= self._slots
             waiting = [
-                (self.used(who, now), n)
-                for n, (who, turn) in enumerate(self._waiting)
+                (self.used(who, now), small, n)
+                for n, (who, small, turn) in enumerate(self._waiting)
                 if who not in self._holders and not turn.done()
             ]
-            eligible = [(used, n) for used, n in waiting if used < heaviest]
+            eligible = [
+                (used, n)
+                for used, small, n in waiting
+                if not light_only or (small and used < LIGHT_USE_S)
+            ]
             if not eligible:
-                self._waiting = [w for w in self._waiting if not w[1].done()]
+                self._waiting = [w for w in self._waiting if not w[2].done()]
                 return
             _, n = min(eligible)
-            who, turn = self._waiting.pop(n)
+            who, _, turn = self._waiting.pop(n)
             self._holders[who] = now
             turn.set_result(None)

@@ -248,3 +248,37 @@ def test_a_light_caller_takes_the_light_slot_while_heavy_ones_hold_the_rest(
         return order
 
     assert asyncio.run(scenario()) == ["heavy-1", "light", "fresh", "heavy-2"]
+
+
+def test_a_light_slot_takes_small_selections_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fourteenth probe: eight tokens taking turns, each light again after a rest, kept
+    the light slot decoding a 400,000-file manifest, and a light team's one-file prewarm
+    waited up to 10.2 s. A large selection waits for a slot any caller may take, however
+    light its caller; a small one of a light caller still takes the light slot at once."""
+    clock = [1000.0]
+    monkeypatch.setattr(prewarm_module.time, "monotonic", lambda: clock[0])
+
+    async def scenario() -> list[str]:
+        slots = SelectionSlots(1, light=1)
+        order: list[str] = []
+        gates = {name: asyncio.Event() for name in ("rotating-1", "rotating-2", "team")}
+
+        async def select(caller: str, small: bool) -> None:
+            async with slots.slot(caller, small):
+                order.append(caller)
+                await gates[caller].wait()
+
+        tasks = [asyncio.create_task(select("rotating-1", False))]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(select("rotating-2", False)))  # light, but large
+        await asyncio.sleep(0)
+        assert order == ["rotating-1"]
+        tasks.append(asyncio.create_task(select("team", True)))  # the light slot, at once
+        await asyncio.sleep(0)
+        assert order == ["rotating-1", "team"]
+        for gate in gates.values():
+            gate.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        return order
+
+    assert asyncio.run(scenario()) == ["rotating-1", "team", "rotating-2"]

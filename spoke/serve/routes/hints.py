@@ -115,7 +115,7 @@ async def post_hints(request: Request, context: Context, caller: CallerOf) -> di
     # spoke's selection slots, two requests resolving per scoped token (the twelfth probe:
     # 48 concurrent posts held 48 manifests, 2.6 GiB)
     with resolving(context, caller):
-        async with context.jobs.selection(caller.name or ""):
+        async with context.jobs.selection(caller.name or "", snapshot):
             manifest = await catalog.manifest(body.dataset, snapshot.version)
 
             def build(builder: PlanBuilder) -> HintPlan:
