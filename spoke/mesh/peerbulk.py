@@ -22,8 +22,9 @@ file, or a block the cache could not take, the bytes are written once per chunk 
 What a caller can make it hold before it has proven anything: one of ``max_connections``
 connection slots, shared by address and displaced by newcomers as the gRPC peer port's door
 shares them (:mod:`spoke.mesh.doorslots`; a connection that showed the token is kept, and
-a newcomer when every slot is kept is answered RESOURCE_EXHAUSTED and closed), its TLS
-handshake within
+a newcomer when every slot is kept is answered RESOURCE_EXHAUSTED and closed; under TLS
+it is closed before any handshake), its TLS handshake — begun only once the connection
+holds a slot, so handshakes pending are never more than the slots — within
 :data:`~spoke.mesh.transport.HANDSHAKE_TIMEOUT_S`, a request of at most
 :data:`protocol.bulk.MAX_PEER_REQUEST_BYTES` within
 :data:`~spoke.mesh.peercall.REQUEST_WAIT_S` of its first byte, and a connection with no
@@ -168,9 +169,7 @@ class PeerBulkServer:
             host,
             port,
             limit=READ_LIMIT,
-            ssl=self._tls.context if self._tls is not None else None,
-            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self._tls is not None else None,
-            reuse_address=True,
+            reuse_address=True,  # TLS begins once the connection has a slot (_connection)
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
@@ -195,6 +194,9 @@ class PeerBulkServer:
         address = writer.get_extra_info("peername")
         slot = self.slots.take(str(address[0]), peer_name(address), lambda: _end(task, writer))
         try:
+            if slot is None and self._tls is not None:
+                writer.transport.abort()  # no handshake for it: closed, as gRPC core does
+                return
             if slot is None:  # every slot is held by a caller that showed the token
                 message = (
                     f"{self.slots.open} bulk peer connections are open, the most this port "
@@ -203,6 +205,8 @@ class PeerBulkServer:
                 await _error(writer, PeerRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, message))
                 return
             self._open.add(task)
+            if self._tls is not None:  # a handshake still pending holds its slot, no more
+                await writer.start_tls(self._tls.context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
             while await self._serve_one(reader, writer, slot):
                 pass
         except (OSError, asyncio.IncompleteReadError):  # ssl.SSLError, TimeoutError too

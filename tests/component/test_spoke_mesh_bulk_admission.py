@@ -253,3 +253,36 @@ def test_what_a_caller_holds_before_it_proves_anything_is_bounded(
     assert "no whole request within 0.2 s" in answers[1][1]
     assert "not a peer bulk request" in answers[2][1]
     assert outcomes == ["refused: no_request", "refused: malformed"]
+
+
+def test_tls_handshakes_pending_at_the_bulk_port_are_never_more_than_its_slots(
+    tmp_path: Path, region_tls: tuple[PeerTls, PeerToken]
+) -> None:
+    """Connections that never begin their TLS handshake each hold a slot, and a newcomer
+    displaces the oldest: asyncio's own handshakes (before a connection reached the port's
+    code) were not counted at all, each kept up to its handshake timeout."""
+    tls, _ = region_tls
+
+    async def go() -> tuple[int, int, bytes]:
+        server = PeerBulkServer(None, None, tls, 4)  # type: ignore[arg-type]
+        port = await server.start("127.0.0.1", 0)
+        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+        await eventually_async(lambda: server.slots.displaced == 16, "16 displaced")
+        socks[0].settimeout(10)
+        first = await asyncio.to_thread(_end_of, socks[0])  # the oldest: closed
+        held = server.slots.open
+        for sock in socks:
+            sock.close()
+        await server.close()
+        return held, server.slots.displaced, first
+
+    held, displaced, first = asyncio.run(go())
+    assert (held, displaced, first) == (4, 16, b"")
+
+
+def _end_of(sock: socket.socket) -> bytes:
+    """What a closed connection reads: nothing (a reset reads as nothing too)."""
+    try:
+        return sock.recv(1)
+    except ConnectionResetError:
+        return b""
