@@ -14,7 +14,9 @@ cancelled made one line instead of a traceback (the hub, the spoke's peer port),
 and offered as typer flags, variables and a TOML file (``strata-spoke run``, ``strata-hub
 serve``), and :mod:`strata_local.slotshare`, which connection a newcomer displaces at a small
 HTTP server's connection cap (fair shares by client address: the spoke's admin and metrics
-ports, the hub's metrics port).
+ports, the hub's metrics port), and :mod:`strata_local.doorslots`, who holds a block port's
+connection slots (shares by address of those that showed nothing, those that showed a
+credential kept: the spoke's peer ports, the hub's bulk port).
 This package imports nothing of Strata (an import-linter contract keeps it so), and its
 modules do not import each other.
 """

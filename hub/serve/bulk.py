@@ -9,9 +9,15 @@ TLS (the gRPC port's certificate, key and client CA), and one place that turns a
 into a status, counts it and audits a refusal (:meth:`hub.serve.service.HubService.failed`, as
 ``ReadBlocks``).
 
-What a caller can make it hold before it has proven anything: at most ``max_connections``
-connections (one over is answered RESOURCE_EXHAUSTED and closed), each with at most
-:data:`READ_LIMIT` bytes of unread input buffered, its TLS handshake within the gRPC
+What a caller can make it hold before it has proven anything: one of ``max_connections``
+connection slots, shared by address among the connections that have not yet carried an
+accepted token (:mod:`strata_local.doorslots`: at the cap a newcomer displaces the oldest
+of the address holding most of those; a connection that carried one is kept, and a
+newcomer when every slot is kept is answered RESOURCE_EXHAUSTED and closed, under TLS
+before any handshake), each with at most :data:`READ_LIMIT` bytes of unread input
+buffered, its TLS handshake — begun only once it holds a slot, so handshakes pending are
+never more than the slots (asyncio's own, before, were counted nowhere: the fifteenth
+probe took a replica past its 1 GiB limit with silent connections) — within the gRPC
 port's handshake timeout, a request within :data:`hub.serve.inbound.REQUEST_WAIT_S` of its first
 byte, and no request for :data:`hub.limits.sizes.IDLE_S` closes it.
 
@@ -60,6 +66,7 @@ from hub.serve.metrics import HubMetrics
 from hub.serve.wire import CHUNK_BYTES
 from hub.store.blobstore import BlobStore, LocalBlobStore
 from protocol import bulk
+from strata_local.doorslots import DoorSlot, DoorSlots
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +107,12 @@ CLOSE_WAIT_S = 1.0
 """Longest a closing connection is waited for before it is dropped, seconds."""
 
 
+def _end(task: asyncio.Task[Any], writer: asyncio.StreamWriter) -> None:
+    """Ends a displaced connection now: the transport dropped, its task cancelled."""
+    writer.transport.abort()
+    task.cancel()
+
+
 class BulkServer:
     """Serves blocks on the bulk channel (see the module docstring).
 
@@ -135,7 +148,9 @@ class BulkServer:
         self._tokens, self._catalog, self._store = tokens, catalog, store
         self._budget, self._metrics = budget, metrics
         self._failed, self._count = failed, count
-        self._tls, self._max_connections = tls, max_connections
+        self._tls, self.slots = tls, DoorSlots(max_connections)
+        mtls = tls is not None and tls.verify_mode == ssl.CERT_REQUIRED
+        self._credentials = tokens is not None or mtls  # what a connection may prove
         self._handshake_timeout_s = handshake_timeout_s
         self._local = store if isinstance(store, LocalBlobStore) and tls is None else None
         self._server: asyncio.Server | None = None
@@ -155,9 +170,7 @@ class BulkServer:
                 host,
                 port,
                 limit=READ_LIMIT,
-                ssl=self._tls,
-                ssl_handshake_timeout=self._handshake_timeout_s if self._tls else None,
-                reuse_address=True,
+                reuse_address=True,  # TLS begins once the connection has a slot
             )
         except OSError as exc:
             raise ListenError(
@@ -182,25 +195,38 @@ class BulkServer:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        peer = peer_name(writer.get_extra_info("peername"))
+        address = writer.get_extra_info("peername")
+        peer = peer_name(address)
+        slot = self.slots.take(str(address[0]), peer, lambda: _end(task, writer))
         try:
-            if len(self._open) >= self._max_connections:
+            if slot is None and self._tls is not None:
+                writer.transport.abort()  # no handshake for it, as gRPC core would
+                return
+            if slot is None:
                 await self._refuse(
                     writer,
                     peer,
                     QuotaExceeded(
                         "connections",
-                        f"{len(self._open)} bulk connections are open, the most this hub "
-                        f"allows (--bulk-max-connections {self._max_connections}); retry",
+                        f"{self.slots.open} bulk connections are open, the most this hub "
+                        f"allows (--bulk-max-connections {self.slots.max_connections}); retry",
                     ),
                 )
                 return
             self._open.add(task)
-            while await self._serve_one(reader, writer, peer):
+            if self._tls is not None:  # a handshake still pending holds its slot, no more
+                await writer.start_tls(self._tls, ssl_handshake_timeout=self._handshake_timeout_s)
+            while await self._serve_one(reader, writer, slot):
                 pass
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client went away: nothing to answer
+        except (ConnectionError, TimeoutError, ssl.SSLError, asyncio.IncompleteReadError):
+            pass  # the client went away or failed its handshake: nothing to answer
+        except asyncio.CancelledError:
+            if slot is None or slot.open:
+                raise  # the server is closing
+            # displaced by a newcomer: the connection ends
         finally:
+            if slot is not None:
+                self.slots.release(slot)
             self._open.discard(task)
             writer.close()
             try:  # under TLS a spoke keeping its end open may never answer close_notify,
@@ -210,9 +236,10 @@ class BulkServer:
                 writer.transport.abort()
 
     async def _serve_one(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: DoorSlot
     ) -> bool:
         """Answers one request; False when the connection is done (closed, idle, refused)."""
+        peer = slot.who
         try:
             head = await asyncio.wait_for(reader.readexactly(bulk.REQUEST_HEAD.size), IDLE_S)
         except (TimeoutError, asyncio.IncompleteReadError):
@@ -220,6 +247,8 @@ class BulkServer:
         try:
             request = await asyncio.wait_for(self._rest(reader, head), REQUEST_WAIT_S)
             principal = self._authenticate(request.token)
+            if self._credentials:  # it carried an accepted token (or passed mTLS): kept
+                self.slots.prove(slot)
         except TimeoutError:
             error: HubError = QuotaExceeded(
                 "request", f"no whole request within {REQUEST_WAIT_S:g} s of its first byte"

@@ -21,7 +21,7 @@ file, or a block the cache could not take, the bytes are written once per chunk 
 
 What a caller can make it hold before it has proven anything: one of ``max_connections``
 connection slots, shared by address and displaced by newcomers as the gRPC peer port's door
-shares them (:mod:`spoke.mesh.doorslots`; a connection that showed the token is kept, and
+shares them (:mod:`strata_local.doorslots`; a connection that showed the token is kept, and
 a newcomer when every slot is kept is answered RESOURCE_EXHAUSTED and closed; under TLS
 it is closed before any handshake), its TLS handshake — begun only once the connection
 holds a slot, so handshakes pending are never more than the slots — within
@@ -48,7 +48,6 @@ from protocol import bulk
 from protocol.grants import GRANT_METADATA, PROOF_METADATA
 from spoke.mesh import metrics
 from spoke.mesh.blockfile import BlockFile
-from spoke.mesh.doorslots import DoorSlot, DoorSlots
 from spoke.mesh.peercall import (
     READ,
     REQUEST_WAIT_S,
@@ -59,6 +58,7 @@ from spoke.mesh.peercall import (
     snapshot_refs,
 )
 from spoke.mesh.transport import HANDSHAKE_TIMEOUT_S, IDLE_S, MAX_CONNECTIONS, PeerTls
+from strata_local.doorslots import DoorSlot, DoorSlots
 
 log = logging.getLogger(__name__)
 

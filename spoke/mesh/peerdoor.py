@@ -1,5 +1,5 @@
 """The gRPC peer port's front door: it accepts the region's connections itself, holds
-their slots by :mod:`spoke.mesh.doorslots`' shares, and relays each connection's bytes
+their slots by :mod:`strata_local.doorslots`' shares, and relays each connection's bytes
 untouched to the gRPC server behind it.
 
 gRPC core cannot choose which connection to close at its cap (it closes the newcomer), and
@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import itertools
 import logging
 import os
@@ -32,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spoke.mesh.doorslots import DoorSlot, DoorSlots
-from spoke.mesh.transport import MAX_CONNECTIONS
+from spoke.mesh.transport import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS
+from strata_local.doorslots import DoorSlot, DoorSlots
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,13 @@ PIPE_BYTES = 1 << 20
 """Most bytes one ``splice(2)`` call moves, and the size asked for the pipe of answers
 (``F_SETPIPE_SZ``; the kernel's ``pipe-max-size``, 1 MiB, by default): blocks leave in
 fewer, larger moves. Where the user's pipe pages are spent it stays at 64 KiB."""
+
+ACCEPT_BATCH = 64
+"""Most connections accepted in one turn of the event loop (the rest wait for the next:
+the mount's calls are served between batches)."""
+
+SWEEP_S = 1.0
+"""How often connections that have sent nothing are looked at, seconds."""
 
 ENDING = 64
 """Most displaced connections still ending (their descriptors not yet closed) before the
@@ -58,8 +66,26 @@ def grpc_peer(address: Any) -> str:
     return f"unknown:{address}"
 
 
+class _Arrival:
+    """An accepted connection whose caller has sent nothing yet: it holds a slot and a
+    socket, no relay, no task (a flood of silent connections costs the door one accept,
+    one slot and one registration each)."""
+
+    __slots__ = ("conn", "since", "slot")
+
+    def __init__(self, conn: socket.socket, since: float) -> None:
+        self.conn, self.since = conn, since
+        self.slot: DoorSlot | None = None
+
+
 class PeerDoor:
     """Listens on the peer port and relays each connection to gRPC behind it.
+
+    A connection is accepted, given a slot and watched for its first byte, all in one
+    callback of the event loop, up to :data:`ACCEPT_BATCH` at a time; only a caller that
+    sends something gets a relay (a task, the Unix socket to gRPC, two pipes). One that
+    sends nothing for :data:`~spoke.mesh.transport.HANDSHAKE_TIMEOUT_S` is closed, as gRPC
+    closes one that does not finish its handshake.
 
     Args:
         max_connections: Most connections open at once (``--peer-max-connections``).
@@ -81,7 +107,10 @@ class PeerDoor:
         self._names = itertools.count()
         self._by_name: dict[str, DoorSlot] = {}  # "unix:<our socket's path>" -> its slot
         self._listener: socket.socket | None = None
-        self._accepting: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._arrivals: dict[_Arrival, None] = {}  # silent so far, in arrival order
+        self._sweep: asyncio.TimerHandle | None = None
+        self._resume: asyncio.TimerHandle | None = None
         self._open: set[asyncio.Task[None]] = set()
         self.port = 0
 
@@ -101,9 +130,10 @@ class PeerDoor:
         except OSError:
             listener.close()
             raise
-        self._listener = listener
+        self._listener, self._loop = listener, asyncio.get_running_loop()
         self.port = int(listener.getsockname()[1])
-        self._accepting = asyncio.create_task(self._accept(listener), name="peer door")
+        self._loop.add_reader(listener.fileno(), self._accept)
+        self._sweep = self._loop.call_later(SWEEP_S, self._close_silent)
         return self.port
 
     def who(self, peer: str) -> str:
@@ -120,49 +150,100 @@ class PeerDoor:
             self.slots.prove(slot)
 
     async def close(self) -> None:
-        """Stops accepting, ends every relayed connection and removes the door's directory."""
-        if self._accepting is not None:
-            self._accepting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._accepting
-        if self._listener is not None:
+        """Stops accepting, ends every connection and removes the door's directory."""
+        for timer in (self._sweep, self._resume):
+            if timer is not None:
+                timer.cancel()
+        if self._listener is not None and self._loop is not None:
+            self._loop.remove_reader(self._listener.fileno())
             self._listener.close()
+        for arrival in list(self._arrivals):
+            self._end_arrival(arrival)
         for task in list(self._open):
             task.cancel()
         if self._open:
             await asyncio.gather(*self._open, return_exceptions=True)
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    async def _accept(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        most = self.slots.max_connections + ENDING
-        while True:
-            while len(self._open) >= most:  # displaced ones still ending: the backlog waits
-                await asyncio.sleep(0.001)
+    def _accept(self) -> None:
+        """The listener is readable: accept up to :data:`ACCEPT_BATCH` connections."""
+        assert self._listener is not None and self._loop is not None
+        loop, now = self._loop, self._loop.time()
+        for _ in range(ACCEPT_BATCH):
+            if len(self._open) >= self.slots.max_connections + ENDING:
+                self._pause(0.001)  # displaced relays still ending: the backlog waits
+                return
             try:
-                conn, address = await loop.sock_accept(listener)
+                conn, address = self._listener.accept()
+            except BlockingIOError:
+                return
             except OSError as err:  # EMFILE and the like: wait, then go on accepting
                 log.warning("peer door cannot accept: %s", err)
-                await asyncio.sleep(0.1)
+                self._pause(0.1)
+                return
+            conn.setblocking(False)
+            arrival = _Arrival(conn, now)
+            slot = self.slots.take(
+                str(address[0]), grpc_peer(address), functools.partial(self._end_arrival, arrival)
+            )
+            if slot is None:
+                conn.close()  # every slot is held by a proven peer: as gRPC core would
                 continue
-            task = asyncio.create_task(self._connection(conn, address))
-            self._open.add(task)
-            task.add_done_callback(self._open.discard)
+            arrival.slot = slot
+            self._arrivals[arrival] = None
+            loop.add_reader(conn.fileno(), self._first_bytes, arrival)
 
-    async def _connection(self, conn: socket.socket, address: Any) -> None:
-        """Relays one accepted connection for as long as both ends keep it."""
-        task = asyncio.current_task()
-        assert task is not None
-        slot = self.slots.take(str(address[0]), grpc_peer(address), _ender(task, conn))
-        if slot is None:
-            conn.close()  # every slot is held by a proven peer: as gRPC core would
+    def _pause(self, seconds: float) -> None:
+        assert self._listener is not None and self._loop is not None
+        fd = self._listener.fileno()
+        self._loop.remove_reader(fd)
+        self._resume = self._loop.call_later(seconds, self._loop.add_reader, fd, self._accept)
+
+    def _first_bytes(self, arrival: _Arrival) -> None:
+        """The caller sent something (or closed): relay the connection from now on."""
+        assert self._loop is not None and arrival.slot is not None
+        try:
+            said = arrival.conn.recv(1, socket.MSG_PEEK)
+        except OSError:
+            said = b""  # reset
+        if not said:  # closed before a byte: nothing to relay
+            self._end_arrival(arrival)
             return
+        self._loop.remove_reader(arrival.conn.fileno())
+        del self._arrivals[arrival]
+        task = asyncio.create_task(self._relay(arrival.conn, arrival.slot))
+        arrival.slot.close = _ender(task, arrival.conn)
+        self._open.add(task)
+        task.add_done_callback(self._open.discard)
+
+    def _end_arrival(self, arrival: _Arrival) -> None:
+        """Closes a connection that has sent nothing (displaced, silent too long, or the
+        door closing), and frees its slot."""
+        if self._arrivals.pop(arrival, False) is None and self._loop is not None:
+            self._loop.remove_reader(arrival.conn.fileno())
+            arrival.conn.close()
+        if arrival.slot is not None:
+            self.slots.release(arrival.slot)
+
+    def _close_silent(self) -> None:
+        """Closes the connections silent for :data:`~spoke.mesh.transport.HANDSHAKE_TIMEOUT_S`
+        (oldest first: the arrivals are in order), every :data:`SWEEP_S`."""
+        assert self._loop is not None
+        too_old = self._loop.time() - HANDSHAKE_TIMEOUT_S
+        while self._arrivals:
+            arrival = next(iter(self._arrivals))
+            if arrival.since > too_old:
+                break
+            self._end_arrival(arrival)
+        self._sweep = self._loop.call_later(SWEEP_S, self._close_silent)
+
+    async def _relay(self, conn: socket.socket, slot: DoorSlot) -> None:
+        """Relays one connection for as long as both ends keep it."""
         upstream: socket.socket | None = None
         name = str(self._dir / f"c{next(self._names)}")
         pipes: list[int] = []
         try:
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             upstream.setblocking(False)
             upstream.bind(name)
@@ -198,6 +279,22 @@ class PeerDoor:
             conn.close()
 
 
+def _ender(task: asyncio.Task[None], conn: socket.socket) -> Callable[[], None]:
+    """Ends a displaced connection: both directions shut at once (the caller sees the end
+    now), its task cancelled to close the descriptors."""
+
+    def end() -> None:
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+        task.cancel()
+
+    return end
+
+
+def _failed(task: asyncio.Task[None]) -> bool:
+    return task.cancelled() or task.exception() is not None
+
+
 async def _pump(src: socket.socket, dst: socket.socket, pipe_r: int, pipe_w: int) -> None:
     """Moves ``src``'s bytes to ``dst`` through the pipe until ``src`` ends, then ends
     ``dst``'s writing side (half-close, as TCP does).
@@ -222,22 +319,6 @@ async def _pump(src: socket.socket, dst: socket.socket, pipe_r: int, pipe_w: int
                 moved -= os.splice(pipe_r, sink, moved, flags=_SPLICE)
             except BlockingIOError:
                 await _ready(loop.add_writer, loop.remove_writer, sink)
-
-
-def _ender(task: asyncio.Task[None], conn: socket.socket) -> Callable[[], None]:
-    """Ends a displaced connection: both directions shut at once (the caller sees the end
-    now), its task cancelled to close the descriptors."""
-
-    def end() -> None:
-        with contextlib.suppress(OSError):
-            conn.shutdown(socket.SHUT_RDWR)
-        task.cancel()
-
-    return end
-
-
-def _failed(task: asyncio.Task[None]) -> bool:
-    return task.cancelled() or task.exception() is not None
 
 
 async def _ready(add: Any, remove: Any, fd: int) -> None:

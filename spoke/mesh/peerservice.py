@@ -362,7 +362,7 @@ async def start_peer_server(
 ) -> tuple[PeerServer, int]:
     """Serve ``service`` on ``listen`` (``HOST:PORT``; TLS when ``tls`` is given), with at
     most ``max_connections`` connections open at once, held by the door's shares
-    (:mod:`spoke.mesh.doorslots`): a connection is kept once a call on it carried the
+    (:mod:`strata_local.doorslots`): a connection is kept once a call on it carried the
     region's token, or passed mTLS when the region has no token; without either, none is.
 
     Returns:

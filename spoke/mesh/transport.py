@@ -15,7 +15,7 @@ both re-read when their files change, as the hub's are (:mod:`spoke.hublink.cred
   ``--peer-max-connections`` (each spoke of the region holds one to every other, two for
   a minute after a certificate renewal); its door (:mod:`spoke.mesh.peerdoor`) accepts
   them and shares the slots by address, keeping those that showed the token
-  (:mod:`spoke.mesh.doorslots`), while gRPC behind it (its cap twice the door's)
+  (:mod:`strata_local.doorslots`), while gRPC behind it (its cap twice the door's)
   closes a connection that has not finished its TLS handshake and
   sent its HTTP/2 settings within :data:`HANDSHAKE_TIMEOUT_S` (120 s in gRPC core) and one
   with no call for :data:`IDLE_S` (peers probe every 2 s), and carries at most

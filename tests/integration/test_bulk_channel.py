@@ -283,6 +283,69 @@ def test_mutual_tls_and_tokens(data: Path, tokens_file: Path, pki: Pki, tmp_path
             asyncio.run(through(plain))
 
 
+def test_silent_connections_beyond_the_cap_are_closed_at_once_and_a_reader_still_reads(
+    data: Path, tokens_file: Path, pki: Pki, tmp_path: Path
+) -> None:
+    """The fifteenth probe: asyncio did a bulk connection's TLS handshake before the cap
+    was asked, so silent connections (no certificate, no byte) were held up to the
+    handshake timeout, counted nowhere: a replica past its 1 GiB limit. Now each holds a
+    slot from the start; a newcomer displaces the oldest of them at once, and a spoke
+    whose connection carried its token keeps it."""
+    config = ServerConfig(
+        tls_cert=pki.server.cert,
+        tls_key=pki.server.key,
+        client_ca=pki.ca.pem.cert,
+        tokens=tokens_file,
+        bulk_port=0,
+        bulk_max_connections=4,
+    )
+    with ServerThread(data, config=config) as server:
+        credentials = HubCredentials(
+            ca=pki.ca.pem.cert,
+            cert=pki.client.cert,
+            key=pki.client.key,
+            token_file=token_file(tmp_path, ALPHA_TOKEN),
+        )
+        channel = grpc.secure_channel(
+            f"localhost:{server.port}",
+            grpc.ssl_channel_credentials(
+                pki.ca.pem.cert_bytes, pki.client.key_bytes, pki.client.cert_bytes
+            ),
+        )
+        with channel:
+            blocks = blocks_of(hub_pb2_grpc.HubStub(channel), "alpha", ALPHA_TOKEN)
+
+        async def flooded() -> tuple[dict[str, bytes], list[bytes], dict[str, bytes]]:
+            client = HubClient(f"localhost:{server.port}", credentials=credentials)
+            source = BulkSource(client, bulk_port(server), 1)
+            silent: list[socket.socket] = []
+            try:
+                first = await fetch_all(source, blocks)  # its connection carried the token
+                for _ in range(20):
+                    silent.append(socket.create_connection(("127.0.0.1", bulk_port(server))))
+                ends = await asyncio.to_thread(lambda: [_end_of(s) for s in silent[:16]])
+                again = await fetch_all(source, blocks)  # on the connection it kept
+                return first, ends, again
+            finally:
+                for sock in silent:
+                    sock.close()
+                source.close()
+                await client.close()
+
+        first, ends, again = asyncio.run(flooded())
+        assert sorted(first) == sorted(again) == sorted(d for d, _ in blocks)
+        assert ends == [b""] * 16  # the 16 oldest silent ones, closed without a handshake
+
+
+def _end_of(sock: socket.socket) -> bytes:
+    """What a connection the server closed reads (a reset reads as nothing too)."""
+    sock.settimeout(5)  # well under the 10 s handshake timeout
+    try:
+        return sock.recv(1)
+    except ConnectionResetError:
+        return b""
+
+
 class FakeHub:
     """A bulk port that answers the first request with ``reply`` and closes."""
 

@@ -1,11 +1,11 @@
-"""The peer port's slot shares (spoke/mesh/doorslots.py): which connection a newcomer at the
+"""The peer port's slot shares (strata_local/doorslots.py): which connection a newcomer at the
 cap displaces, that proven connections are never displaced, and the counts."""
 
 from __future__ import annotations
 
 import pytest
 
-from spoke.mesh.doorslots import DoorSlot, DoorSlots
+from strata_local.doorslots import DoorSlot, DoorSlots
 
 
 class Held:
