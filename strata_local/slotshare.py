@@ -69,7 +69,7 @@ def victim(
     return None if aged is None else aged[1]
 
 
-INSPECT = 32
+INSPECT = 8
 """Most connections :meth:`Ledger.victim` asks what they owe, for one newcomer: the
 choice stays constant time an arrival (a scan of every open connection, each asked, made a
 flood of 1,200 connections a second take a daemon's whole core: the fourteenth probe)."""

@@ -375,6 +375,11 @@ async def start_peer_server(
     host, port = parse_option_hostport(listen, "--peer-listen")
     mtls = tls is not None and tls.ca is not None
     door = PeerDoor(max_connections, credentials=service.token is not None or mtls)
+    try:  # the port first: nothing of gRPC's is made when it is taken
+        port = await door.start(host, port)
+    except OSError as err:
+        await door.close()
+        raise OSError(f"cannot bind the peer port {listen}: {err}") from err
     server = grpc.aio.server(
         # Probe, the one unary call, is admitted before its request is read (probedoor)
         interceptors=[ProbeDoor(service.admit_probe)],
@@ -396,10 +401,4 @@ async def start_peer_server(
         raise OSError(f"cannot bind the peer port's gRPC socket {door.backend}")
     await server.start()
     service.door = door
-    try:
-        port = await door.start(host, port)
-    except OSError as err:
-        await server.stop(None)
-        await door.close()
-        raise OSError(f"cannot bind the peer port {listen}: {err}") from err
     return PeerServer(door, server), port

@@ -20,7 +20,8 @@ def _pick(
     newcomer: str, owing: list[tuple[str, float, str]], extra: dict[str, int] | None = None
 ) -> str | None:
     """:func:`victim`'s pick; and the :class:`Ledger`'s, the same, where the connections
-    arrived in the order given, those being served (``extra``) first."""
+    arrived in the order they began to owe (a flood's owe from when they open), those
+    being served (``extra``) first."""
     held = Counter(address for address, _, _ in owing)
     held.update(extra or {})
     picked = victim(newcomer, owing, held, NOW, AFTER)
@@ -30,7 +31,7 @@ def _pick(
         for i in range(n):
             ledger.add(address, f"served-{address}{i}")
             since[f"served-{address}{i}"] = None
-    for address, owed, conn in owing:
+    for address, owed, conn in sorted(owing, key=lambda o: o[1]):
         ledger.add(address, conn)
         since[conn] = owed
     assert ledger.held == dict(held)
