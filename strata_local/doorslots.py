@@ -1,6 +1,6 @@
 """Who holds a port's connection slots: max-min fair shares by the caller's address among
 the connections that have not proven anything, and the proven ones kept. The spoke's
-peer port (its door, :mod:`spoke.mesh.peerdoor`) and bulk peer port, and the hub's bulk
+peer port (its door, :mod:`strata_local.door`) and bulk peer port, and the hub's bulk
 port, each keep one :class:`DoorSlots`.
 
 gRPC core closes the connection beyond ``grpc.max_allowed_incoming_connections`` as it

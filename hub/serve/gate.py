@@ -54,11 +54,21 @@ class _Admission:
     finish sending them (gRPC holds what arrived, at most one 64 KiB window, and its call
     state) holds at most its share of the slots, and of the read budget while it sends."""
 
-    def __init__(self, slots: StreamSlots, budget: ReadBudget, refuse: Refuse, method: str) -> None:
+    def __init__(
+        self,
+        slots: StreamSlots,
+        budget: ReadBudget,
+        refuse: Refuse,
+        method: str,
+        prove: Callable[[str], None],
+    ) -> None:
         self.slots, self.budget, self.refuse, self.method = slots, budget, refuse, method
+        self.prove = prove
 
     async def request(self, requests: AsyncIterator[Any], context: Any, name: str) -> Any:
-        """The call's request once its slot is held; refuses the call otherwise."""
+        """The call's request once its slot is held; refuses the call otherwise. Its
+        token passed the gate: the port's door keeps its connection from now on."""
+        self.prove(str(context.peer()))
         try:
             await self.slots.acquire(name)
         except QuotaExceeded as error:  # at once: waiting for its request would hold it
@@ -134,6 +144,8 @@ class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         budget: The read budget requests are charged to while they arrive (the one the
             service charges blocks to).
         calls: Most calls with a unary request open at once (:data:`CALLS`).
+        prove: Tells the port's door (:class:`strata_local.door.Door`) that a call on the
+            connection of this ``context.peer()`` carried an accepted token.
     """
 
     def __init__(
@@ -142,8 +154,10 @@ class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         refuse: Refuse,
         budget: ReadBudget,
         calls: int = CALLS,
+        prove: Callable[[str], None] = lambda peer: None,
     ) -> None:
         self._tokens = tokens
+        self._prove = prove
         self._refuse = refuse
         self._budget = budget
         self._calls = StreamSlots("call", "hub.serve.gate.CALLS", calls)
@@ -171,5 +185,7 @@ class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             principal = self.authenticate(handler_call_details.invocation_metadata)
         except Unauthenticated as error:
             return _refusal(handler, method.rpartition("/")[2], error, self._refuse)
-        admission = _Admission(self._calls, self._budget, self._refuse, method.rpartition("/")[2])
+        admission = _Admission(
+            self._calls, self._budget, self._refuse, method.rpartition("/")[2], self._prove
+        )
         return _bind(handler, principal, admission)

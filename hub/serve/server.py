@@ -51,6 +51,7 @@ from hub.serve.wire import CHUNK_BYTES, MAX_REQUEST_BYTES, SERVICE_NAME, HubWire
 from hub.store.datadir import DataDir
 from protocol.hub.v1 import hub_pb2_grpc
 from strata_local import grpclog
+from strata_local.door import Door
 from strata_local.memory import trim_forever
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class HubServer:
         self._unwatch: Callable[[], None] = lambda: None
         self._trimmer: asyncio.Task[None] | None = None
         self.bulk: BulkServer | None = None
+        self.door: Door | None = None
 
     @property
     def port(self) -> int:
@@ -166,6 +168,7 @@ class HubServer:
         )
         catalog = layout.open_catalog(create=True)
         watcher: CatalogWatcher | None = None
+        door: Door | None = None
         try:
             store = layout.blob_store(catalog, config.blobs, endpoint_url=config.s3_endpoint)
             if grants is not None and catalog.shared:
@@ -198,12 +201,29 @@ class HubServer:
                 manifest_streams=config.max_manifest_streams,
                 watch_streams=config.max_watch_streams,
             )
+            # the door holds the port's connection slots (shares by address, connections
+            # that carried an accepted token kept) and relays to gRPC on a private socket
+            mtls = credentials is not None and config.client_ca is not None
+            door = Door(
+                config.max_connections, tokens is not None or mtls, config.handshake_timeout_s
+            )
+            try:
+                port = await door.start(address.host, address.port)
+            except OSError as err:
+                await door.close()
+                raise ListenError(f"cannot listen on {listen}: {err.strerror or err}") from err
+            service.who = door.who
             server = grpc.aio.server(
                 options=server_options(
-                    config.max_message_bytes, config.max_connections, config.handshake_timeout_s
+                    config.max_message_bytes,
+                    2 * config.max_connections,  # the door's cap is the one that counts
+                    config.handshake_timeout_s,
                 ),
                 # the gate first: a call is authenticated before its request is received
-                interceptors=[HubGate(tokens, service.refuse, budget), HubWire(MAX_REQUEST_BYTES)],
+                interceptors=[
+                    HubGate(tokens, service.refuse, budget, prove=door.prove),
+                    HubWire(MAX_REQUEST_BYTES),
+                ],
             )
             hub_pb2_grpc.add_HubServicer_to_server(service, server)
             health_servicer = health.aio.HealthServicer()
@@ -213,14 +233,15 @@ class HubServer:
             )
             try:
                 if credentials is None:
-                    port = server.add_insecure_port(str(address))
+                    bound = server.add_insecure_port(door.backend)
                 else:
-                    port = server.add_secure_port(str(address), credentials)
+                    bound = server.add_secure_port(door.backend, credentials)
             except RuntimeError:
-                port = 0
-            if port == 0:
+                bound = 0
+            if bound == 0:
                 await server.stop(None)
-                raise ListenError(f"cannot listen on {listen}: address in use or not available")
+                await door.close()
+                raise ListenError(f"cannot listen on the door's socket {door.backend}")
             await server.start()
             bulk = None
             if config.bulk_port is not None:
@@ -240,6 +261,7 @@ class HubServer:
                     await bulk.start(address.host, config.bulk_port)
                 except ListenError:
                     await server.stop(None)
+                    await door.close()
                     raise
             for name in ("", SERVICE_NAME):
                 await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -263,6 +285,8 @@ class HubServer:
                 unwatch_expiry()
 
         except BaseException:
+            if door is not None:
+                await door.close()  # idempotent
             if watcher is not None:
                 await watcher.close()
             catalog.close()
@@ -281,6 +305,7 @@ class HubServer:
         )
         hub._unwatch = unwatch
         hub.bulk = bulk
+        hub.door = door
         hub._trimmer = asyncio.create_task(trim_forever(), name="strata-hub-malloc-trim")
         return hub
 
@@ -298,6 +323,8 @@ class HubServer:
             await self.bulk.close()
         await self._watcher.close()
         await self._server.stop(grace)
+        if self.door is not None:
+            await self.door.close()
         self._unwatch()
         self._catalog.close()
         if self._audit is not None:

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
 import grpc
@@ -158,6 +158,8 @@ class HubService(hub_pb2_grpc.HubServicer):
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self._catalog = catalog
         self._store = store
+        # the caller behind gRPC's context.peer() (the port's door maps its own sockets)
+        self.who: Callable[[str], str] = lambda peer: peer
         self._metrics = metrics if metrics is not None else HubMetrics()
         self._chunk_bytes = chunk_bytes
         self._watcher = watcher
@@ -201,7 +203,7 @@ class HubService(hub_pb2_grpc.HubServicer):
 
     async def _abort(self, method: str, context: Any, error: Exception) -> NoReturn:
         """Ends the call with the status for ``error`` (:meth:`failed`)."""
-        code, details = self.failed(method, str(context.peer()), error)
+        code, details = self.failed(method, self.who(str(context.peer())), error)
         await context.abort(code, details)
         raise AssertionError("context.abort() returned")  # it always raises
 

@@ -60,12 +60,18 @@ from spoke.mesh.peercall import (
     PeerRefused,
 )
 from spoke.mesh.peerclient import MAX_MESSAGE_BYTES
-from spoke.mesh.peerdoor import PeerDoor
 from spoke.mesh.probedoor import ProbeDoor
 from spoke.mesh.relay import RELAY_METADATA
 from spoke.mesh.source import MeshSource
-from spoke.mesh.transport import MAX_CONNECTIONS, PeerTls, PeerToken, server_options
+from spoke.mesh.transport import (
+    HANDSHAKE_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    PeerTls,
+    PeerToken,
+    server_options,
+)
 from strata_local import grpclog
+from strata_local.door import Door
 
 __all__ = [
     "CALL_HOLD_BYTES",
@@ -147,7 +153,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         self.memory = memory or MemoryBudget()
         self.gate = PeerGate(verifier, scope, token, self.limits, self.refusals, self.memory)
         self.blocks = PeerBlocks(cache, scheduler, source)
-        self.door: PeerDoor | None = None  # set by start_peer_server
+        self.door: Door | None = None  # set by start_peer_server
         self.probing = 0  # Probe calls not done yet (their replies may wait unread)
         self._probing_by: collections.Counter[str] = collections.Counter()  # by host
 
@@ -172,7 +178,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         self, context: grpc.aio.ServicerContext[Any, Any], who: str, what: str = READ
     ) -> None:
         """The region's token (:meth:`PeerGate.authorize`); once it is, the door keeps the
-        call's connection (:meth:`~spoke.mesh.peerdoor.PeerDoor.prove`)."""
+        call's connection (:meth:`~strata_local.door.Door.prove`)."""
         self.gate.authorize(self._authorization(context), who, what)
         if self.door is not None:
             self.door.prove(context.peer())
@@ -338,14 +344,14 @@ def _chunk(block: BlockFile, offset: int, data: bytes) -> hub_pb2.BlockChunk:
 
 
 class PeerServer:
-    """The peer port: its door (:mod:`spoke.mesh.peerdoor`) and the gRPC server behind it.
+    """The peer port: its door (:mod:`strata_local.door`) and the gRPC server behind it.
 
     Attributes:
         door: Accepts and relays the region's connections.
         grpc: The gRPC server, on the door's private Unix socket.
     """
 
-    def __init__(self, door: PeerDoor, server: grpc.aio.Server) -> None:
+    def __init__(self, door: Door, server: grpc.aio.Server) -> None:
         self.door, self.grpc = door, server
 
     async def stop(self, grace: float | None) -> None:
@@ -374,7 +380,7 @@ async def start_peer_server(
     grpclog.install()  # a stream its peer cancelled: one line, not a traceback
     host, port = parse_option_hostport(listen, "--peer-listen")
     mtls = tls is not None and tls.ca is not None
-    door = PeerDoor(max_connections, credentials=service.token is not None or mtls)
+    door = Door(max_connections, service.token is not None or mtls, HANDSHAKE_TIMEOUT_S)
     try:  # the port first: nothing of gRPC's is made when it is taken
         port = await door.start(host, port)
     except OSError as err:

@@ -13,7 +13,7 @@ both re-read when their files change, as the hub's are (:mod:`spoke.hublink.cred
   file by file across a region never refuses a call.
 - **Connections** (:func:`server_options`): the peer port holds at most
   ``--peer-max-connections`` (each spoke of the region holds one to every other, two for
-  a minute after a certificate renewal); its door (:mod:`spoke.mesh.peerdoor`) accepts
+  a minute after a certificate renewal); its door (:mod:`strata_local.door`) accepts
   them and shares the slots by address, keeping those that showed the token
   (:mod:`strata_local.doorslots`), while gRPC behind it (its cap twice the door's)
   closes a connection that has not finished its TLS handshake and

@@ -6,7 +6,7 @@ to its admin API and peer port fitted under that limit.
   the admin API at most :data:`ADMIN_MAX_CONNECTIONS` and an eighth of the limit, the
   peer port at most ``--peer-max-connections`` and a sixteenth of it (each connection
   takes seven descriptors: the caller's socket, the door's relay socket and gRPC's end of
-  it, two pipes; :mod:`spoke.mesh.peerdoor`), leaving the rest to block
+  it, two pipes; :mod:`strata_local.door`), leaving the rest to block
   files, the index, the hub and the mount. A cap lowered to fit is logged once at start.
   Connections beyond a cap are closed as they arrive, so the daemon never runs out of
   descriptors to a flood of idle connections (reads of cold blocks then stalled, and

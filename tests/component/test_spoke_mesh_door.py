@@ -1,4 +1,4 @@
-"""The peer port's door (spoke/mesh/peerdoor.py) on real sockets of 127.0.0.1, under mTLS
+"""The peer port's door (strata_local/door.py) on real sockets of 127.0.0.1, under mTLS
 and the region's token: a flood of connections that never finish their handshake, from
 many addresses and far more than the cap, keeps no new peer out and never displaces a
 peer's connection that showed the token; the callers' real addresses reach the audit."""

@@ -1,20 +1,24 @@
-"""The gRPC peer port's front door: it accepts the region's connections itself, holds
-their slots by :mod:`strata_local.doorslots`' shares, and relays each connection's bytes
-untouched to the gRPC server behind it.
+"""A front door for a gRPC server's port: it accepts the connections itself, holds their
+slots by :mod:`strata_local.doorslots`' shares, and relays each connection's bytes
+untouched to the gRPC server behind it. The spoke's peer port
+(:mod:`spoke.mesh.peerservice`) and the hub's gRPC port (:mod:`hub.serve.server`) each
+have one.
 
-gRPC core cannot choose which connection to close at its cap (it closes the newcomer), and
-Python's gRPC cannot be handed a socket, so the door sits in front: gRPC serves on a Unix
-socket in a directory only this daemon can open (``mkdtemp``, 0700), and the door relays
-each accepted TCP connection to it — TLS and HTTP/2 still end at gRPC, the door never
-reads a byte of them. The relay is ``splice(2)`` through a pipe per direction: the bytes
-go socket to pipe to socket inside the kernel, never into Python (one call per pipeful
-each way).
+gRPC core cannot choose which connection to close at its cap (it closes the newcomer), so
+whoever kept its cap full with connections that never finish a handshake kept every new
+caller out (issue 39's fourteenth probe on the peer port, 40 of 40 new peers refused; the
+fifteenth on the hub, about 300 silent connections a second refused most new spokes);
+and Python's gRPC cannot be handed a socket. So the door sits in front: gRPC serves on a
+Unix socket in a directory only this process can open (``mkdtemp``, 0700), and the door
+relays each connection to it — TLS and HTTP/2 still end at gRPC, the door never reads a
+byte of them. The relay is ``splice(2)`` through a pipe per direction: the bytes go socket
+to pipe to socket inside the kernel, never into Python (one call per pipeful each way).
 
 Each relayed connection binds its own socket path before it connects (and unlinks it
 once connected: the name stays on the socket), so gRPC's ``context.peer()`` names the
-door's connection: :meth:`PeerDoor.who` gives the caller's real address for limits, audit
-lines and logs, and :meth:`PeerDoor.prove` marks the connection proven once a call on it
-carried the region's token.
+door's connection: :meth:`Door.who` gives the caller's real address for limits, audit
+lines and logs, and :meth:`Door.prove` marks the connection proven once a call on it
+carried an accepted token.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spoke.mesh.transport import HANDSHAKE_TIMEOUT_S, MAX_CONNECTIONS
 from strata_local.doorslots import DoorSlot, DoorSlots
 
 log = logging.getLogger(__name__)
@@ -78,30 +81,31 @@ class _Arrival:
         self.slot: DoorSlot | None = None
 
 
-class PeerDoor:
-    """Listens on the peer port and relays each connection to gRPC behind it.
+class Door:
+    """Listens on a port and relays each connection to the gRPC server behind it.
 
     A connection is accepted, given a slot and watched for its first byte, all in one
     callback of the event loop, up to :data:`ACCEPT_BATCH` at a time; only a caller that
     sends something gets a relay (a task, the Unix socket to gRPC, two pipes). One that
-    sends nothing for :data:`~spoke.mesh.transport.HANDSHAKE_TIMEOUT_S` is closed, as gRPC
-    closes one that does not finish its handshake.
+    sends nothing for ``silent_s`` is closed, as gRPC closes one that does not finish its
+    handshake.
 
     Args:
-        max_connections: Most connections open at once (``--peer-max-connections``).
-        credentials: Whether callers have something to prove (the region's token, or
-            client certificates): without, no connection is kept over another
-            (:meth:`prove` does nothing) and every slot is shared by address.
+        max_connections: Most connections open at once.
+        credentials: Whether callers have something to prove (a token, or client
+            certificates): without, no connection is kept over another (:meth:`prove`
+            does nothing) and every slot is shared by address.
+        silent_s: Longest a connection may send nothing before it is closed, seconds.
 
     Attributes:
         backend: The gRPC server's address (``unix:PATH``) to bind before :meth:`start`.
         slots: The connection slots and their counts.
     """
 
-    def __init__(self, max_connections: int = MAX_CONNECTIONS, credentials: bool = True) -> None:
+    def __init__(self, max_connections: int, credentials: bool, silent_s: float) -> None:
         self.slots = DoorSlots(max_connections)
-        self.credentials = credentials
-        self._dir = Path(tempfile.mkdtemp(prefix="strata-peer-"))  # 0700: ours alone
+        self.credentials, self.silent_s = credentials, silent_s
+        self._dir = Path(tempfile.mkdtemp(prefix="strata-door-"))  # 0700: ours alone
         self._backend = self._dir / "grpc.sock"
         self.backend = f"unix:{self._backend}"
         self._names = itertools.count()
@@ -144,19 +148,23 @@ class PeerDoor:
 
     def prove(self, peer: str) -> None:
         """Keeps the connection behind ``peer`` (``context.peer()``): a call on it carried
-        the region's token."""
+        an accepted token (or passed mTLS where there are no tokens)."""
         slot = self._by_name.get(peer)
         if slot is not None and self.credentials:
             self.slots.prove(slot)
 
     async def close(self) -> None:
-        """Stops accepting, ends every connection and removes the door's directory."""
+        """Stops accepting, ends every connection and removes the door's directory
+        (idempotent)."""
         for timer in (self._sweep, self._resume):
             if timer is not None:
                 timer.cancel()
+        self._sweep = self._resume = None
         if self._listener is not None and self._loop is not None:
             self._loop.remove_reader(self._listener.fileno())
+        if self._listener is not None:
             self._listener.close()
+            self._listener = None
         for arrival in list(self._arrivals):
             self._end_arrival(arrival)
         for task in list(self._open):
@@ -178,7 +186,7 @@ class PeerDoor:
             except BlockingIOError:
                 return
             except OSError as err:  # EMFILE and the like: wait, then go on accepting
-                log.warning("peer door cannot accept: %s", err)
+                log.warning("door of port %d cannot accept: %s", self.port, err)
                 self._pause(0.1)
                 return
             conn.setblocking(False)
@@ -226,10 +234,10 @@ class PeerDoor:
             self.slots.release(arrival.slot)
 
     def _close_silent(self) -> None:
-        """Closes the connections silent for :data:`~spoke.mesh.transport.HANDSHAKE_TIMEOUT_S`
-        (oldest first: the arrivals are in order), every :data:`SWEEP_S`."""
+        """Closes the connections silent for :attr:`silent_s` (oldest first: the arrivals
+        are in order), every :data:`SWEEP_S`."""
         assert self._loop is not None
-        too_old = self._loop.time() - HANDSHAKE_TIMEOUT_S
+        too_old = self._loop.time() - self.silent_s
         while self._arrivals:
             arrival = next(iter(self._arrivals))
             if arrival.since > too_old:

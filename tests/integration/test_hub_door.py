@@ -1,0 +1,118 @@
+"""The hub's gRPC port through its door (strata_local/door.py) on 127.0.0.1, under mTLS and
+tokens: a flood of connections that never begin their handshake, from many addresses and
+far more than the cap, keeps no new spoke out and never displaces a connection whose call
+carried a token; refusals are audited with the caller's own address.
+
+The fifteenth probe: gRPC core closed each connection beyond ``--max-connections`` as it
+arrived, so about 300 silent connections a second kept most new spokes out of the hub."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hub.publish.tree import publish
+from hub.serve.config import ServerConfig
+from hub.serve.serverthread import ServerThread
+from protocol.hub.v1 import hub_pb2, hub_pb2_grpc
+from tests.integration.hub_support import (
+    Pki,
+    bearer,
+    pki_fixture,  # noqa: F401  (the pki fixture)
+    write_tree,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKEN = "door-reader-0123456789abcdef0123"
+CAP = 64  # --max-connections of the hub under test
+FLOOD_PER_S = 400  # a new spoke keeps its slot about CAP / FLOOD_PER_S = 0.16 s
+
+
+def _flood(port: int, stop: threading.Event, opened: list[socket.socket]) -> None:
+    """Silent connections to ``port`` from 127.0.1.2 to 127.0.1.201 in turn, about
+    :data:`FLOOD_PER_S` a second, until ``stop``."""
+    start, i = time.monotonic(), 0
+    while not stop.is_set():
+        sock = socket.socket()
+        sock.bind((f"127.0.1.{2 + i % 200}", 0))
+        try:
+            sock.connect(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+        else:
+            opened.append(sock)
+        i += 1
+        time.sleep(max(0.0, start + i / FLOOD_PER_S - time.monotonic()))
+
+
+def _channel(pki: Pki, port: int) -> grpc.Channel:
+    credentials = grpc.ssl_channel_credentials(
+        pki.ca.pem.cert_bytes, pki.client.key_bytes, pki.client.cert_bytes
+    )
+    return grpc.secure_channel(f"localhost:{port}", credentials)
+
+
+def test_a_flood_of_silent_connections_keeps_no_new_spoke_out(tmp_path: Path, pki: Pki) -> None:
+    data = tmp_path / "data"
+    publish(data, "ds", write_tree(tmp_path / "src", {"a.bin": os.urandom(1000)}))
+    (tmp_path / "tokens.yaml").write_text(f'"{TOKEN}": "*"\n')
+    config = ServerConfig(
+        tls_cert=pki.server.cert,
+        tls_key=pki.server.key,
+        client_ca=pki.ca.pem.cert,
+        tokens=tmp_path / "tokens.yaml",
+        max_connections=CAP,
+        audit_log=tmp_path / "audit.jsonl",
+    )
+    with ServerThread(data, config=config) as server:
+        door = server.server.door
+        assert door is not None
+        first = _channel(pki, server.port)
+        stub = hub_pb2_grpc.HubStub(first)
+        stub.ListDatasets(hub_pb2.ListDatasetsRequest(), metadata=bearer(TOKEN), timeout=5)
+        assert door.slots.proven == 1  # the call carried a token: its connection kept
+        stop, opened = threading.Event(), []
+        flood = threading.Thread(target=_flood, args=(server.port, stop, opened))
+        flood.start()
+        answers = []
+        try:
+            deadline = time.monotonic() + 30
+            while door.slots.displaced + door.slots.refused < 2 * CAP:
+                assert time.monotonic() < deadline, "the flood never passed the cap"
+                time.sleep(0.05)
+            for _ in range(10):
+                with _channel(pki, server.port) as newcomer:
+                    try:
+                        hub_pb2_grpc.HubStub(newcomer).ListDatasets(
+                            hub_pb2.ListDatasetsRequest(), metadata=bearer(TOKEN), timeout=5
+                        )
+                        answers.append("OK")
+                    except grpc.RpcError as err:
+                        answers.append(f"{err.code().name}: {err.details()}")
+                stub.ListDatasets(hub_pb2.ListDatasetsRequest(), metadata=bearer(TOKEN), timeout=5)
+            kept = door.slots.proven
+            # a refused call is audited with the address it came from, not the door's socket
+            with _channel(pki, server.port) as wrong, pytest.raises(grpc.RpcError):
+                hub_pb2_grpc.HubStub(wrong).ListDatasets(
+                    hub_pb2.ListDatasetsRequest(), metadata=bearer("not-a-token"), timeout=5
+                )
+        finally:
+            stop.set()
+            flood.join()
+            for sock in opened:
+                sock.close()
+        first.close()
+    assert answers == ["OK"] * 10
+    assert kept >= 1  # the first spoke's connection was never displaced
+    assert len(opened) > 3 * CAP
+    records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    refused = [r for r in records if r.get("outcome") == "UNAUTHENTICATED"]
+    assert refused and all(str(r["who"]).startswith("ipv4:127.0.0.1:") for r in refused)
