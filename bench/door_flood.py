@@ -1,0 +1,197 @@
+"""New peers under a flood of silent connections to a spoke's peer port: gRPC core's own
+connection cap (the peer port before its door) and the door (``strata_local.door``), side
+by side.
+
+    python -m bench.door_flood [--rates 1200,2400] [--addresses 2000] [--seconds 15]
+
+For each port and rate: a child process serves the peer port (mTLS and the region's token,
+1,024 connections at most, as deployed), another opens silent connections at the rate from
+``--addresses`` loopback addresses (none sends a byte), and this one dials a new peer
+every 0.25 s — a fresh channel with the region's certificate and token — and calls
+``Probe`` with a 2 s timeout (the default ``--peer-timeout``). Reported: new peers
+answered, their median latency, and the flood's achieved rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import grpc.aio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from bench.peer_bulk import ISSUER, _cache, _hold, _Hub
+from deploy.local import free_port
+from deploy.pki import LocalCa
+from protocol.spoke.v1 import peer_pb2_grpc
+from spoke.fetch.fetcher import Fetcher
+from spoke.fetch.scheduler import FetchScheduler
+from spoke.mesh.admission import ScopeCheck
+from spoke.mesh.grantcheck import GrantVerifier
+from spoke.mesh.grants import HubGrantKeys
+from spoke.mesh.membership import Membership
+from spoke.mesh.peerclient import PeerClient
+from spoke.mesh.peerservice import REQUEST_BYTES, PeerService, start_peer_server
+from spoke.mesh.probedoor import ProbeDoor
+from spoke.mesh.source import MeshSource
+from spoke.mesh.transport import MAX_CONNECTIONS, PeerTls, PeerToken, server_options
+
+PORTS = ("grpc-cap", "door")
+
+
+def _credentials(root: Path) -> tuple[PeerTls, PeerToken]:
+    if not (root / "token").exists():
+        (root / "pki").mkdir(exist_ok=True)
+        ca = LocalCa(root / "pki", "region-ca")
+        leaf = ca.issue("spokes")
+        (root / "token").write_text("bench-region-token-0123456789\n")
+        (root / "paths").write_text(f"{leaf.cert}\n{leaf.key}\n{ca.cert}\n")
+    cert, key, ca_cert = (Path(p) for p in (root / "paths").read_text().split())
+    return PeerTls(cert, key, ca_cert), PeerToken(root / "token")
+
+
+def serve(root: Path, port: str, node: str) -> None:
+    """The child: a peer port on ``node``, behind the door or gRPC core's cap alone."""
+
+    async def main() -> None:
+        tls, token = _credentials(root)
+        cache, catalog = _cache(root / f"owner-{port}")
+        _hold(catalog, {})
+        keys = HubGrantKeys(None, pinned=Ed25519PublicKey.from_public_bytes(ISSUER.public_key))
+        source = MeshSource(_Hub({}), Membership(node))
+        service = PeerService(
+            node, cache, FetchScheduler(Fetcher(source), cache), source,
+            GrantVerifier(node, keys), ScopeCheck(catalog), token=token,
+        )  # fmt: skip
+        if port == "door":
+            server, _ = await start_peer_server(service, node, tls)
+            stopping = server.stop
+        else:  # the peer port before its door: gRPC core closes newcomers at its cap
+            plain = grpc.aio.server(
+                interceptors=[ProbeDoor(service.admit_probe)],
+                options=[
+                    ("grpc.max_receive_message_length", REQUEST_BYTES),
+                    *server_options(MAX_CONNECTIONS),
+                ],
+            )
+            peer_pb2_grpc.add_SpokePeerServicer_to_server(service, plain)  # type: ignore[no-untyped-call]
+            plain.add_secure_port(node, tls.server_credentials())
+            await plain.start()
+            stopping = plain.stop
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        print("ready", flush=True)
+        await stop.wait()
+        await stopping(0)
+
+    asyncio.run(main())
+
+
+def flood(node: str, rate: float, addresses: int, seconds: float) -> None:
+    """The child: silent non-blocking connections to ``node``; prints the achieved rate."""
+    host, port = node.rsplit(":", 1)
+    start, opened, held = time.monotonic(), 0, []
+    while time.monotonic() - start < seconds:
+        sock = socket.socket()
+        sock.setblocking(False)
+        n = opened % addresses
+        sock.bind((f"127.{100 + n // 250}.{n % 250}.7", 0))
+        try:
+            sock.connect((host, int(port)))
+        except BlockingIOError:
+            pass
+        except OSError:
+            sock.close()
+        held.append(sock)
+        if len(held) > 6000:
+            for old in held[:2000]:
+                old.close()
+            del held[:2000]
+        opened += 1
+        time.sleep(max(0.0, start + opened / rate - time.monotonic()))
+    print(f"{opened / (time.monotonic() - start):.0f}", flush=True)
+
+
+async def _probes(node: str, root: Path, seconds: float) -> tuple[int, int, float]:
+    tls, token = _credentials(root)
+    answered, latencies, tries = 0, [], 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        began = time.monotonic()
+        tries += 1
+        client = PeerClient(node, token, tls)
+        try:
+            await client.probe(2.0)
+            answered += 1
+            latencies.append(time.monotonic() - began)
+        except Exception:  # any failure is a new peer kept out
+            pass
+        finally:
+            await client.close()
+        await asyncio.sleep(max(0.0, 0.25 - (time.monotonic() - began)))
+    latencies.sort()
+    return answered, tries, latencies[len(latencies) // 2] if latencies else float("nan")
+
+
+def run(root: Path, port: str, rate: float, addresses: int, seconds: float) -> str:
+    """One flood against a fresh peer port; a table row."""
+    node = f"127.0.0.1:{free_port()}"
+    me = [sys.executable, "-m", "bench.door_flood"]
+    server = subprocess.Popen(
+        [*me, "--serve", str(root), port, node], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        flooder = subprocess.Popen(
+            [*me, "--flood", node, str(rate), str(addresses), str(seconds)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(min(3.0, seconds / 4))
+        answered, tries, p50 = asyncio.run(_probes(node, root, seconds - min(3.0, seconds / 4)))
+        achieved = (flooder.communicate()[0] or "0").split()[-1]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    return f"| {rate:,.0f} ({achieved}) | {port} | {answered} of {tries} | {p50:.3f} |"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the options and print one table row per port and rate."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rates", default="1200,2400", help="connections a second, commas")
+    parser.add_argument("--addresses", type=int, default=2000)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--flood", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        return serve(Path(args.serve[0]), args.serve[1], args.serve[2])
+    if args.flood:
+        node, rate, addresses, seconds = args.flood
+        return flood(node, float(rate), int(addresses), float(seconds))
+    try:
+        rates = [float(r) for r in args.rates.split(",")]
+    except ValueError:
+        parser.error(f"--rates must be numbers separated by commas, got {args.rates!r}")
+    if any(r <= 0 for r in rates) or not 1 <= args.addresses <= 25_000 or args.seconds < 4:
+        parser.error("rates must be positive, --addresses 1 to 25000, --seconds at least 4")
+    print(f"new peers (Probe, 2 s) under silent connections from {args.addresses} addresses")
+    print("| rate /s (achieved) | peer port | new peers answered | p50 s |")
+    print("|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="door-flood-") as tmp:
+        for rate in rates:
+            for port in PORTS:
+                print(run(Path(tmp), port, rate, args.addresses, args.seconds), flush=True)
+
+
+if __name__ == "__main__":
+    main()
