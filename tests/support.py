@@ -10,9 +10,11 @@ import os
 import pwd
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -367,3 +369,23 @@ def new_pid(pid_file: Path, old: int | None, what: str, timeout: float = 30.0) -
         lambda: read_pid(pid_file) not in (None, old) and read_pid(pid_file), what, timeout
     )
     return int(pid)
+
+
+def silent_flood(
+    port: int, stop: threading.Event, opened: list[socket.socket], per_s: float, net: str
+) -> None:
+    """Opens connections to 127.0.0.1:``port`` that never send a byte, from ``net``.2 to
+    ``net``.201 in turn (``net`` like ``"127.0.1"``), about ``per_s`` a second, until
+    ``stop``; each one that connected is appended to ``opened`` (the caller closes them)."""
+    start, i = time.monotonic(), 0
+    while not stop.is_set():
+        sock = socket.socket()
+        sock.bind((f"{net}.{2 + i % 200}", 0))
+        try:
+            sock.connect(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+        else:
+            opened.append(sock)
+        i += 1
+        time.sleep(max(0.0, start + i / per_s - time.monotonic()))

@@ -6,9 +6,7 @@ peer's connection that showed the token; the callers' real addresses reach the a
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -18,29 +16,12 @@ from spoke.mesh.transport import PeerTls, PeerToken
 from tests.component.mesh_bulk_support import Owner as AuditedOwner
 from tests.component.mesh_bulk_support import region_tls_fixture  # noqa: F401  (region_tls)
 from tests.component.mesh_source_support import FakeHub, Owner, _blocks
-from tests.support import eventually_async
+from tests.support import eventually_async, silent_flood
 
 pytestmark = pytest.mark.timeout(120)
 
 CAP = 64  # --peer-max-connections of the port under test
 FLOOD_PER_S = 400  # a new peer keeps its slot about CAP / FLOOD_PER_S = 0.16 s
-
-
-def _flood(port: int, stop: threading.Event, opened: list[socket.socket]) -> None:
-    """Opens silent connections to ``port`` from 127.0.0.2 to 127.0.0.201 in turn, about
-    :data:`FLOOD_PER_S` a second, until ``stop``."""
-    start, i = time.monotonic(), 0
-    while not stop.is_set():
-        sock = socket.socket()
-        sock.bind((f"127.0.0.{2 + i % 200}", 0))
-        try:
-            sock.connect(("127.0.0.1", port))
-        except OSError:
-            sock.close()
-        else:
-            opened.append(sock)
-        i += 1
-        time.sleep(max(0.0, start + i / FLOOD_PER_S - time.monotonic()))
 
 
 def test_a_flood_of_silent_connections_keeps_no_new_peer_out(
@@ -58,7 +39,9 @@ def test_a_flood_of_silent_connections_keeps_no_new_peer_out(
         await first.probe(5)
         assert door.slots.proven == 1  # the call carried the token: its connection kept
         stop, opened = threading.Event(), []
-        flood = threading.Thread(target=_flood, args=(port, stop, opened))
+        flood = threading.Thread(
+            target=silent_flood, args=(port, stop, opened, FLOOD_PER_S, "127.0.0")
+        )
         flood.start()
         answers = []
         try:

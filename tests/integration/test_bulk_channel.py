@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from hub.publish.tree import publish
+from hub.serve.bulk import MAX_CONNECTIONS as BULK_CONNECTIONS
 from hub.serve.config import ServerConfig
 from hub.serve.metrics import HubMetrics
 from hub.serve.serverthread import ServerThread
@@ -242,29 +243,43 @@ def test_bad_requests_are_invalid_argument(hub: tuple[ServerThread, HubMetrics])
         assert bulk.STATUS_NAMES[code] == "INVALID_ARGUMENT"
 
 
-def test_mutual_tls_and_tokens(data: Path, tokens_file: Path, pki: Pki, tmp_path: Path) -> None:
-    config = ServerConfig(
+def _mtls(
+    tokens_file: Path, pki: Pki, bulk_max_connections: int = BULK_CONNECTIONS
+) -> ServerConfig:
+    """A hub with mutual TLS, tokens and a bulk port."""
+    return ServerConfig(
         tls_cert=pki.server.cert,
         tls_key=pki.server.key,
         client_ca=pki.ca.pem.cert,
         tokens=tokens_file,
         bulk_port=0,
+        bulk_max_connections=bulk_max_connections,
     )
-    with ServerThread(data, config=config) as server:
-        credentials = HubCredentials(
-            ca=pki.ca.pem.cert,
-            cert=pki.client.cert,
-            key=pki.client.key,
-            token_file=token_file(tmp_path, ALPHA_TOKEN),
-        )
-        channel = grpc.secure_channel(
-            f"localhost:{server.port}",
-            grpc.ssl_channel_credentials(
-                pki.ca.pem.cert_bytes, pki.client.key_bytes, pki.client.cert_bytes
-            ),
-        )
-        with channel:
-            blocks = blocks_of(hub_pb2_grpc.HubStub(channel), "alpha", ALPHA_TOKEN)
+
+
+def _alpha_over_mtls(
+    server: ServerThread, pki: Pki, tmp_path: Path
+) -> tuple[HubCredentials, list[tuple[str, int]]]:
+    """A spoke's credentials (client certificate, alpha's token) and alpha's blocks."""
+    credentials = HubCredentials(
+        ca=pki.ca.pem.cert,
+        cert=pki.client.cert,
+        key=pki.client.key,
+        token_file=token_file(tmp_path, ALPHA_TOKEN),
+    )
+    channel = grpc.secure_channel(
+        f"localhost:{server.port}",
+        grpc.ssl_channel_credentials(
+            pki.ca.pem.cert_bytes, pki.client.key_bytes, pki.client.cert_bytes
+        ),
+    )
+    with channel:
+        return credentials, blocks_of(hub_pb2_grpc.HubStub(channel), "alpha", ALPHA_TOKEN)
+
+
+def test_mutual_tls_and_tokens(data: Path, tokens_file: Path, pki: Pki, tmp_path: Path) -> None:
+    with ServerThread(data, config=_mtls(tokens_file, pki)) as server:
+        credentials, blocks = _alpha_over_mtls(server, pki, tmp_path)
 
         async def through(credentials: HubCredentials) -> dict[str, bytes]:
             client = HubClient(f"localhost:{server.port}", credentials=credentials)
@@ -291,29 +306,8 @@ def test_silent_connections_beyond_the_cap_are_closed_at_once_and_a_reader_still
     handshake timeout, counted nowhere: a replica past its 1 GiB limit. Now each holds a
     slot from the start; a newcomer displaces the oldest of them at once, and a spoke
     whose connection carried its token keeps it."""
-    config = ServerConfig(
-        tls_cert=pki.server.cert,
-        tls_key=pki.server.key,
-        client_ca=pki.ca.pem.cert,
-        tokens=tokens_file,
-        bulk_port=0,
-        bulk_max_connections=4,
-    )
-    with ServerThread(data, config=config) as server:
-        credentials = HubCredentials(
-            ca=pki.ca.pem.cert,
-            cert=pki.client.cert,
-            key=pki.client.key,
-            token_file=token_file(tmp_path, ALPHA_TOKEN),
-        )
-        channel = grpc.secure_channel(
-            f"localhost:{server.port}",
-            grpc.ssl_channel_credentials(
-                pki.ca.pem.cert_bytes, pki.client.key_bytes, pki.client.cert_bytes
-            ),
-        )
-        with channel:
-            blocks = blocks_of(hub_pb2_grpc.HubStub(channel), "alpha", ALPHA_TOKEN)
+    with ServerThread(data, config=_mtls(tokens_file, pki, bulk_max_connections=4)) as server:
+        credentials, blocks = _alpha_over_mtls(server, pki, tmp_path)
 
         async def flooded() -> tuple[dict[str, bytes], list[bytes], dict[str, bytes]]:
             client = HubClient(f"localhost:{server.port}", credentials=credentials)

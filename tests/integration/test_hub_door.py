@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -28,29 +27,13 @@ from tests.integration.hub_support import (
     pki_fixture,  # noqa: F401  (the pki fixture)
     write_tree,
 )
+from tests.support import silent_flood
 
 pytestmark = pytest.mark.timeout(120)
 
 TOKEN = "door-reader-0123456789abcdef0123"
 CAP = 64  # --max-connections of the hub under test
 FLOOD_PER_S = 400  # a new spoke keeps its slot about CAP / FLOOD_PER_S = 0.16 s
-
-
-def _flood(port: int, stop: threading.Event, opened: list[socket.socket]) -> None:
-    """Silent connections to ``port`` from 127.0.1.2 to 127.0.1.201 in turn, about
-    :data:`FLOOD_PER_S` a second, until ``stop``."""
-    start, i = time.monotonic(), 0
-    while not stop.is_set():
-        sock = socket.socket()
-        sock.bind((f"127.0.1.{2 + i % 200}", 0))
-        try:
-            sock.connect(("127.0.0.1", port))
-        except OSError:
-            sock.close()
-        else:
-            opened.append(sock)
-        i += 1
-        time.sleep(max(0.0, start + i / FLOOD_PER_S - time.monotonic()))
 
 
 def _channel(pki: Pki, port: int) -> grpc.Channel:
@@ -80,7 +63,9 @@ def test_a_flood_of_silent_connections_keeps_no_new_spoke_out(tmp_path: Path, pk
         stub.ListDatasets(hub_pb2.ListDatasetsRequest(), metadata=bearer(TOKEN), timeout=5)
         assert door.slots.proven == 1  # the call carried a token: its connection kept
         stop, opened = threading.Event(), []
-        flood = threading.Thread(target=_flood, args=(server.port, stop, opened))
+        flood = threading.Thread(
+            target=silent_flood, args=(server.port, stop, opened, FLOOD_PER_S, "127.0.1")
+        )
         flood.start()
         answers = []
         try:
