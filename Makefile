@@ -137,12 +137,12 @@ define apt-missing
 endef
 
 # Debian packages the deploy checks run (tests/deploy): promtool, prometheus and
-# alertmanager (amtool), and
-# systemd-analyze; PostgreSQL, the shared catalog's engine the hub replica tests start
-# (tests/pgserver.py); with STRATA_DEPLOY_TESTS=1 (.ci/run) also what builds and runs the
-# container image. Installed only when missing.
+# alertmanager (amtool), and systemd-analyze; ss (iproute2: a listening socket's queue);
+# PostgreSQL, the shared catalog's engine the hub replica tests start (tests/pgserver.py);
+# with STRATA_DEPLOY_TESTS=1 (.ci/run) also what builds and runs the container image.
+# Installed only when missing.
 DEPLOY_TOOLS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd \
-	pg_ctlcluster:postgresql amtool:prometheus-alertmanager
+	pg_ctlcluster:postgresql amtool:prometheus-alertmanager ss:iproute2
 ifeq ($(STRATA_DEPLOY_TESTS),1)
 DEPLOY_TOOLS += podman:podman buildah:buildah mmdebstrap:mmdebstrap runc:runc
 endif

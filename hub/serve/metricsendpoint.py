@@ -220,8 +220,10 @@ class _BoundedServer(ThreadingWSGIServer):
     request_deadline_s = METRICS_REQUEST_DEADLINE_S
     send_timeout_s = METRICS_SEND_TIMEOUT_S
     displace_after_s = DISPLACE_AFTER_S
-    # the listen backlog: socketserver's 5 leaves a flood's connects in SYN retries
-    request_queue_size = 64
+    # the listen backlog: socketserver's 5 leaves a flood's connects in SYN retries, and
+    # 64 overflowed at 2,400 connections a second (the fifteenth probe: readiness probes'
+    # SYNs dropped, retried past their 1 s timeout); the kernel caps it at somaxconn
+    request_queue_size = 4096
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._lock = threading.Condition()

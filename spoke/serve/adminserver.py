@@ -121,7 +121,15 @@ LOG_EVERY_S = 60.0
 """Least time between two log lines about closed connections, seconds."""
 
 BACKLOG = 128
-"""The listen backlog, and how many pending connections asyncio accepts per loop pass."""
+"""How many pending connections asyncio accepts per loop pass (each costs the loop a
+fraction of a millisecond: a deeper batch would stall the mount's calls behind a flood)."""
+
+LISTEN_BACKLOG = 4096
+"""The kernel's queue of connections not yet accepted (``listen(2)``, capped by
+``net.core.somaxconn``), set once uvicorn has listened with :data:`BACKLOG`: a flood's
+connections queue rather than have their SYNs dropped, since a dropped SYN is sent again
+a second later, past a kubelet probe's timeout (the fifteenth probe: 129 of 128 queued,
+175,000 overflows, at 2,400 connections a second)."""
 
 _ACCEPT_FAILED = "socket.accept() out of system resource"
 
@@ -379,6 +387,13 @@ class AdminServer(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         """The daemon owns SIGINT/SIGTERM; uvicorn must not install handlers."""
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's start, then each socket's queue deepened to :data:`LISTEN_BACKLOG`
+        (asyncio listened with :data:`BACKLOG`, its accepts per loop pass)."""
+        await super().startup(sockets=sockets)
+        for sock in sockets or ():
+            sock.listen(LISTEN_BACKLOG)
 
 
 def bind(listen: str) -> socket.socket:

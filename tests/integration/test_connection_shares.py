@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from hub.serve.metrics import HubMetrics
 from hub.serve.metricsendpoint import MetricsEndpoint
+from spoke.serve.adminserver import LISTEN_BACKLOG
 from tests.integration.admin_stall_support import closed, serving
 
 pytestmark = pytest.mark.timeout(120)
@@ -159,3 +162,26 @@ def test_a_flood_spread_over_addresses_leaves_a_fresh_address_a_slot() -> None:
         finally:
             for sock in socks:
                 sock.close()
+
+
+def _listen_queue(port: int) -> int:
+    """The listening socket's queue length on ``port`` (``ss``'s Send-Q for a listener)."""
+    out = subprocess.run(
+        ["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return int(out[2])
+
+
+def test_the_servers_queue_a_floods_connections_rather_than_drop_their_syns() -> None:
+    """The fifteenth probe: at 2,400 connections a second the admin server's queue of 128
+    (the hub metrics endpoint's 64) overflowed, the kernel dropped SYNs, and a probe's
+    retried SYN came a second later, past its timeout. Both queue as deep as the kernel
+    lets them now; asyncio still accepts at most 128 a loop pass."""
+    deepest = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    with serving(max_connections=CAP) as address:
+        assert _listen_queue(address[1]) == min(LISTEN_BACKLOG, deepest)
+    served = MetricsEndpoint.start("127.0.0.1:0", HubMetrics())
+    try:
+        assert _listen_queue(served.address.port) == min(4096, deepest)
+    finally:
+        served.close()
