@@ -9,17 +9,25 @@ for :data:`~spoke.mesh.transport.HANDSHAKE_TIMEOUT_S`, or plaintext connections 
 :data:`~spoke.mesh.transport.IDLE_S` — kept every slot full and every new peer out
 (issue 39's fourteenth probe: 40 of 40 new peer connections failed, 30 of 30 under TLS).
 Here a connection is *proven* once a call on it carried the region's token (under mTLS,
-after its client certificate too); a proven connection is never displaced. A newcomer at
+after its client certificate too); a proven connection is displaced only by the rule for
+proven ones below. A newcomer at
 the cap displaces an unproven connection: the oldest of the address holding the most
 unproven ones (the newcomer's own address included, so a flood from one address only
 turns its own connections over). Spread over many addresses, a flood turns every unproven
 slot over in arrival order, so a new peer keeps its slot for about (unproven slots ÷ the
 flood's connections a second) — 0.85 s at 1,200 a second and 1,024 slots — while its
-handshake and first call take milliseconds in one region. When every slot is proven the
-newcomer is refused.
+handshake and first call take milliseconds in one region.
 
-Every operation is constant time (one arrival does not scan the slots): unproven
-connections are kept by address in arrival order, and the addresses by how many they hold.
+Proven connections are shared by address too: when every slot is proven, a newcomer
+displaces the oldest proven connection of the address holding most of them, if that
+address holds at least two more than the newcomer's (the sixteenth probe: one token
+holder, from one address, proved 2,048 connections to a hub and 512 to a spoke's peer
+port, and every new caller was refused). A spoke holds one or two connections to a hub or
+a peer, so only a holder of many loses any; the newcomer is refused only when no address
+holds two more proven connections than its own.
+
+Every operation is constant time (one arrival does not scan the slots): each kind of
+connection is kept by address in arrival order, and the addresses by how many they hold.
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ class DoorSlot:
         host: The caller's address (no port).
         who: The caller in gRPC's form (``ipv4:10.0.0.7:51234``), for audit lines.
         close: Ends the connection (called once, when it is displaced).
-        proven: Whether a call on it carried the region's token.
+        proven: Whether a call on it carried an accepted token.
+        open: Whether it still holds its slot.
     """
 
     host: str
@@ -46,11 +55,55 @@ class DoorSlot:
     open: bool = True
 
 
+class _Shares:
+    """Connections of one kind by address, in arrival order, and the addresses by how many
+    they hold: the oldest connection of the address holding most, in constant time."""
+
+    def __init__(self) -> None:
+        self.by_host: dict[str, dict[DoorSlot, None]] = {}
+        self._by_count: dict[int, dict[str, None]] = {}  # each bucket in arrival order
+        self.most = 0
+
+    def held(self, host: str) -> int:
+        return len(self.by_host.get(host, ()))
+
+    def oldest_of_most(self) -> DoorSlot | None:
+        if not self.most:
+            return None
+        host = next(iter(self._by_count[self.most]))
+        return next(iter(self.by_host[host]))
+
+    def add(self, slot: DoorSlot) -> None:
+        held = self.by_host.setdefault(slot.host, {})
+        self._move(slot.host, len(held), len(held) + 1)
+        held[slot] = None
+
+    def remove(self, slot: DoorSlot) -> None:
+        held = self.by_host[slot.host]
+        del held[slot]
+        self._move(slot.host, len(held) + 1, len(held))
+        if not held:
+            del self.by_host[slot.host]
+
+    def _move(self, host: str, before: int, after: int) -> None:
+        """Moves ``host`` from the bucket of ``before`` connections to ``after``'s."""
+        if before:
+            bucket = self._by_count[before]
+            del bucket[host]
+            if not bucket:
+                del self._by_count[before]
+        if after:
+            self._by_count.setdefault(after, {})[host] = None
+        self.most = max(self.most, after)
+        while self.most and self.most not in self._by_count:
+            self.most -= 1
+
+
 class DoorSlots:
-    """The slots of one port (the gRPC peer port's door, the bulk peer port).
+    """The slots of one port (a door's, a bulk port's).
 
     Args:
-        max_connections: Most connections open at once (``--peer-max-connections``).
+        max_connections: Most connections open at once.
 
     Not thread-safe: one event loop owns it.
     """
@@ -60,17 +113,14 @@ class DoorSlots:
             raise ValueError(f"max_connections must be at least 1, not {max_connections}")
         self.max_connections = max_connections
         self.open = 0
-        self.proven = 0
+        self.proven = 0  # how many open connections are proven
         self.displaced = 0
         self.refused = 0
-        # unproven connections by host, each in arrival order (dicts keep insertion order)
-        self._unproven: dict[str, dict[DoorSlot, None]] = {}
-        # hosts by how many unproven connections they hold, each bucket in arrival order
-        self._by_count: dict[int, dict[str, None]] = {}
-        self._most = 0
+        self._unproven = _Shares()
+        self._proven = _Shares()
 
     def take(self, host: str, who: str, close: Callable[[], None]) -> DoorSlot | None:
-        """A slot for a new connection, displacing an unproven one at the cap.
+        """A slot for a new connection, displacing one at the cap (see the module).
 
         Args:
             host: The caller's address.
@@ -78,30 +128,33 @@ class DoorSlots:
             close: Ends the new connection if it is displaced later.
 
         Returns:
-            The slot, or None when every slot is held by a proven connection (the caller
-            closes the newcomer).
+            The slot, or None when nothing may be displaced for it (the caller closes
+            the newcomer).
         """
         if self.open >= self.max_connections:
-            victim = self._victim()
+            victim = self._unproven.oldest_of_most()
             if victim is None:
-                self.refused += 1
-                return None
+                victim = self._proven.oldest_of_most()
+                if victim is None or self._proven.most < self._proven.held(host) + 2:
+                    self.refused += 1
+                    return None
             self.release(victim)
             self.displaced += 1
             victim.close()
         slot = DoorSlot(host, who, close)
         self.open += 1
-        self._add(slot)
+        self._unproven.add(slot)
         return slot
 
     def prove(self, slot: DoorSlot) -> None:
-        """Marks ``slot``'s connection proven (a call on it carried the token): kept from
-        now on. Idempotent; a slot already released is left alone."""
+        """Marks ``slot``'s connection proven (a call on it carried an accepted token).
+        Idempotent; a slot already released is left alone."""
         if slot.proven or not slot.open:
             return
-        self._remove(slot)
+        self._unproven.remove(slot)
         slot.proven = True
         self.proven += 1
+        self._proven.add(slot)
 
     def release(self, slot: DoorSlot) -> None:
         """Frees ``slot`` (its connection ended). Idempotent."""
@@ -109,43 +162,9 @@ class DoorSlots:
             return
         slot.open = False
         self.open -= 1
-        if slot.proven:
-            self.proven -= 1
-        else:
-            self._remove(slot)
+        self.proven -= slot.proven
+        (self._proven if slot.proven else self._unproven).remove(slot)
 
     def unproven(self, host: str) -> list[DoorSlot]:
         """The unproven connections ``host`` holds, oldest first."""
-        return list(self._unproven.get(host, ()))
-
-    def _victim(self) -> DoorSlot | None:
-        if not self._most:
-            return None
-        host = next(iter(self._by_count[self._most]))
-        return next(iter(self._unproven[host]))
-
-    def _add(self, slot: DoorSlot) -> None:
-        held = self._unproven.setdefault(slot.host, {})
-        self._move(slot.host, len(held), len(held) + 1)
-        held[slot] = None
-
-    def _remove(self, slot: DoorSlot) -> None:
-        held = self._unproven[slot.host]
-        del held[slot]
-        self._move(slot.host, len(held) + 1, len(held))
-        if not held:
-            del self._unproven[slot.host]
-
-    def _move(self, host: str, before: int, after: int) -> None:
-        """Moves ``host`` from the bucket of ``before`` unproven connections to ``after``'s."""
-        if before:
-            bucket = self._by_count[before]
-            del bucket[host]
-            if not bucket:
-                del self._by_count[before]
-        if after:
-            self._by_count.setdefault(after, {})[host] = None
-        if after > self._most:
-            self._most = after
-        while self._most and self._most not in self._by_count:
-            self._most -= 1
+        return list(self._unproven.by_host.get(host, ()))

@@ -116,3 +116,33 @@ def test_counts_stay_exact_through_mixed_arrivals_proofs_and_releases() -> None:
 def test_a_cap_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         DoorSlots(0)
+
+
+def test_one_address_proving_every_slot_gives_way_to_another_address() -> None:
+    """The sixteenth probe: one token holder proved 2,048 connections from one address and
+    every new caller was refused. Proven connections are shared by address: a newcomer
+    from an address holding two fewer displaces the oldest of the one holding most."""
+    held = Held(DoorSlots(4))
+    hog = [held.open("10.0.0.66", f"h{i}") for i in range(4)]
+    for slot in hog:
+        assert slot is not None
+        held.slots.prove(slot)
+    assert held.open("10.0.0.66", "h4") is None  # its own newcomer: refused
+    spoke = held.open("10.0.0.9", "spoke")
+    assert spoke is not None and held.closed == ["h0"]
+    held.slots.prove(spoke)
+    assert held.open("10.0.0.10", "spoke2") is not None  # .66 holds 3, .10 none
+    assert held.closed == ["h0", "h1"]
+    assert held.slots.proven == 3 and held.slots.open == 4  # spoke2 not proven yet
+    assert held.open("10.0.0.11", "spoke3") is not None  # displaces spoke2, unproven
+    assert held.closed[-1] == "spoke2"
+
+
+def test_spokes_holding_one_proven_connection_each_are_not_turned_over() -> None:
+    held = Held(DoorSlots(3))
+    for i in range(3):
+        slot = held.open(f"10.0.0.{i}", f"s{i}")
+        assert slot is not None
+        held.slots.prove(slot)
+    assert held.open("10.0.0.9", "late") is None  # none holds two more than it
+    assert held.closed == [] and held.slots.refused == 1
