@@ -8,7 +8,9 @@ dataset — one ``ListVersions`` call, which the hub answers only after its toke
 checks (``PERMISSION_DENIED`` outside the scope, ``UNAUTHENTICATED`` for an unknown or
 expired token) — and remembers the answer for :data:`CACHE_S` (a read grant's lifetime), so
 a pod's volumes cost at most one hub round trip a minute or two, whatever their number.
-Tokens are kept only as their SHA-256, in memory.
+Tokens are kept only as their SHA-256, in memory. An allow counts only from a hub that
+checks tokens: one that lets a token no one holds read the dataset too (a hub without
+``--tokens``) refuses every volume token (:data:`OPEN_HUB`; asked once a :data:`CACHE_S`).
 
 The channel is the plugin's own: TLS with the spoke's client certificate against the
 shipped hub (:mod:`csi.hubtls`), rebuilt when those files change. A hub that refuses the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +42,12 @@ CACHE_S = 120.0
 
 CALL_TIMEOUT_S = 10.0
 """Longest the hub may take to answer, seconds."""
+
+OPEN_HUB = (
+    "the hub checks no tokens (it runs without --tokens), so a volume's token vouches for "
+    "nothing: give the hub its tokens, or publish by the tenancy policy (no secret)"
+)
+"""Why a volume's token is refused by a hub that accepts any."""
 
 
 class HubUnreachable(Exception):
@@ -86,6 +95,7 @@ class HubScope:
         self._clock = clock
         self._lock = threading.Lock()
         self._answers: dict[tuple[bytes, str], tuple[float, Answer]] = {}
+        self._any, self._any_until = False, float("-inf")  # accepts any token? until when
         self._stamp = tls.stamp() if tls is not None else None
         self._warned: tuple[object, ...] | None = None
         self._channel = self._open(tls.credentials() if tls is not None else None)
@@ -138,6 +148,29 @@ class HubScope:
         return answer
 
     def _ask(self, token: str, dataset: str) -> Answer:
+        answer = self._list(token, dataset)
+        if answer.allowed and self._accepts_any(dataset):
+            return Answer(False, OPEN_HUB)
+        return answer
+
+    def _accepts_any(self, dataset: str) -> bool:
+        """Whether the hub lets a token no one holds read ``dataset``: a hub without
+        ``--tokens`` answers every call as anonymous, so its allow vouches for nothing (the
+        sixteenth probe: any string as a volume's token published any dataset). Asked once
+        per :data:`CACHE_S`."""
+        now = self._clock()
+        with self._lock:
+            if self._any_until > now:
+                return self._any
+        nobody = "strata-csi-no-such-token-" + secrets.token_hex(16)
+        is_open = self._list(nobody, dataset).allowed
+        with self._lock:
+            self._any, self._any_until = is_open, now + CACHE_S
+        if is_open:
+            log.warning("hub %s accepts a token no one holds: %s", self.address, OPEN_HUB)
+        return is_open
+
+    def _list(self, token: str, dataset: str) -> Answer:
         try:
             self._current_stub().ListVersions(
                 hub_pb2.ListVersionsRequest(dataset=dataset),

@@ -128,6 +128,25 @@ def test_a_volumes_own_token_is_checked_against_the_hubs_scope(plugin: Plugin) -
                 assert not target.exists()
 
 
+def test_a_volumes_token_is_refused_by_a_hub_that_checks_no_tokens(plugin: Plugin) -> None:
+    """The sixteenth probe: against a hub without --tokens, which answers every call as
+    anonymous, any string as a volume's token published any dataset. Such a hub's allow
+    vouches for nothing: the token is refused, with the reason."""
+    from hub.serve.config import ServerConfig
+    from hub.serve.serverthread import ServerThread
+
+    tmp = plugin.pods.parent
+    target = target_of(plugin, "pod-open-hub")
+    ask = request("vol-o", target, dataset="demo", ref="v1", **{POD_NAMESPACE: "tenant-z"})
+    ask.secrets["token"] = "anything-at-all-0123456789"
+    with ServerThread(plugin.hub_dir, config=ServerConfig(insecure=True)) as hub:
+        extra = ("--hub", f"127.0.0.1:{hub.port}", "--hub-insecure")
+        with plugin_process(tmp, plugin.mount, "open-hub", plugin.pods, extra) as (_, node, _s):
+            got, details = code_of(node.NodePublishVolume, ask)
+    assert got == grpc.StatusCode.PERMISSION_DENIED and "checks no tokens" in details, details
+    assert not target.exists()
+
+
 @pytest.fixture(scope="module")
 def pki(plugin: Plugin) -> dict[str, Leaf]:
     """The hub's CA, its server certificate, a client certificate of that CA (the spoke's,
