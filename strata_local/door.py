@@ -14,9 +14,9 @@ relays each connection to it — TLS and HTTP/2 still end at gRPC, the door neve
 byte of them. The relay is ``splice(2)`` through a pipe per direction: the bytes go socket
 to pipe to socket inside the kernel, never into Python (one call per pipeful each way).
 
-Each relayed connection binds its own socket path before it connects (and unlinks it
-once connected: the name stays on the socket), so gRPC's ``context.peer()`` names the
-door's connection: :meth:`Door.who` gives the caller's real address for limits, audit
+Each relayed connection binds a unique abstract name the kernel picks before it connects,
+so gRPC's ``context.peer()`` (``unix-abstract:NAME``) names the door's connection:
+:meth:`Door.who` gives the caller's real address for limits, audit
 lines and logs, and :meth:`Door.prove` marks the connection proven once a call on it
 carried an accepted token.
 """
@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import fcntl
 import functools
-import itertools
 import logging
 import os
 import shutil
@@ -60,6 +59,32 @@ taking the daemon's descriptors."""
 
 _SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+"""HTTP/2's client connection preface (RFC 9113, 3.4): a plaintext gRPC client's first bytes."""
+
+TLS_HANDSHAKE = 0x16
+"""A TLS record's content type for a handshake message (RFC 8446, 5.1): a ClientHello's."""
+
+FIRST_MESSAGE_MOST = 5 + (1 << 14) + 256
+"""Most bytes of a first message the door waits for: a TLS record's 5-byte header and at
+most 2^14 bytes of plaintext fragment (RFC 8446, 5.1), with room to spare."""
+
+
+def _first_message(said: bytes) -> int | None:
+    """How many bytes the first message that begins with ``said`` takes (more than
+    ``len(said)`` when it is not whole yet), or None when it is neither a TLS handshake
+    record nor HTTP/2's preface, or the caller closed (``said`` empty)."""
+    if not said:
+        return None
+    if said[0] == TLS_HANDSHAKE:
+        if len(said) < 5:
+            return 5
+        length = 5 + int.from_bytes(said[3:5], "big")
+        return length if length <= FIRST_MESSAGE_MOST else None
+    if PREFACE.startswith(said[: len(PREFACE)]):
+        return len(PREFACE)
+    return None
+
 
 def grpc_peer(address: Any) -> str:
     """gRPC's form of a TCP peer address (``ipv4:10.0.0.7:5000``, ``ipv6:[::1]:5000``)."""
@@ -84,11 +109,11 @@ class _Arrival:
 class Door:
     """Listens on a port and relays each connection to the gRPC server behind it.
 
-    A connection is accepted, given a slot and watched for its first byte, all in one
-    callback of the event loop, up to :data:`ACCEPT_BATCH` at a time; only a caller that
-    sends something gets a relay (a task, the Unix socket to gRPC, two pipes). One that
-    sends nothing for ``silent_s`` is closed, as gRPC closes one that does not finish its
-    handshake.
+    A connection is accepted, given a slot and watched for its first message, all in one
+    callback of the event loop, up to :data:`ACCEPT_BATCH` at a time; only a caller whose
+    first message is whole — a TLS ClientHello's record, or HTTP/2's preface — gets a relay
+    (a task, the Unix socket to gRPC, two pipes). One that has not sent it within
+    ``silent_s`` is closed, as gRPC closes one that does not finish its handshake.
 
     Args:
         max_connections: Most connections open at once.
@@ -108,8 +133,7 @@ class Door:
         self._dir = Path(tempfile.mkdtemp(prefix="strata-door-"))  # 0700: ours alone
         self._backend = self._dir / "grpc.sock"
         self.backend = f"unix:{self._backend}"
-        self._names = itertools.count()
-        self._by_name: dict[str, DoorSlot] = {}  # "unix:<our socket's path>" -> its slot
+        self._by_name: dict[str, DoorSlot] = {}  # "unix-abstract:<our socket's name>" -> slot
         self._listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._arrivals: dict[_Arrival, None] = {}  # silent so far, in arrival order
@@ -208,19 +232,32 @@ class Door:
         self._resume = self._loop.call_later(seconds, self._loop.add_reader, fd, self._accept)
 
     def _first_bytes(self, arrival: _Arrival) -> None:
-        """The caller sent something (or closed): relay the connection from now on."""
+        """The caller sent something (or closed): once its first message is whole — a TLS
+        record (a ClientHello) or HTTP/2's connection preface — relay the connection from
+        now on. Until then the kernel holds its bytes (``SO_RCVLOWAT`` wakes the door only
+        when the rest is there), and anything else ends it: a caller that sends one byte
+        costs no more than one that sends none (the sixteenth probe kept new peers out
+        with 1,800 one-byte connections a second when a byte bought a relay)."""
         assert self._loop is not None and arrival.slot is not None
+        conn = arrival.conn
         try:
-            said = arrival.conn.recv(1, socket.MSG_PEEK)
+            said = conn.recv(FIRST_MESSAGE_MOST, socket.MSG_PEEK)
         except OSError:
             said = b""  # reset
-        if not said:  # closed before a byte: nothing to relay
+        need = _first_message(said)
+        if need is None:  # closed, or neither TLS nor HTTP/2: nothing gRPC would take
             self._end_arrival(arrival)
             return
-        self._loop.remove_reader(arrival.conn.fileno())
+        if len(said) < need:
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, need)
+            return
+        with contextlib.suppress(OSError):
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+        self._loop.remove_reader(conn.fileno())
         del self._arrivals[arrival]
-        task = asyncio.create_task(self._relay(arrival.conn, arrival.slot))
-        arrival.slot.close = _ender(task, arrival.conn)
+        task = asyncio.create_task(self._relay(conn, arrival.slot))
+        arrival.slot.close = _ender(task, conn)
         self._open.add(task)
         task.add_done_callback(self._open.discard)
 
@@ -248,16 +285,16 @@ class Door:
     async def _relay(self, conn: socket.socket, slot: DoorSlot) -> None:
         """Relays one connection for as long as both ends keep it."""
         upstream: socket.socket | None = None
-        name = str(self._dir / f"c{next(self._names)}")
+        name = ""
         pipes: list[int] = []
         try:
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             upstream.setblocking(False)
-            upstream.bind(name)
-            self._by_name[f"unix:{name}"] = slot
+            upstream.bind("")  # the kernel's own unique abstract name: no file to make
+            name = "unix-abstract:" + upstream.getsockname()[1:].decode()  # gRPC's form
+            self._by_name[name] = slot
             await asyncio.get_running_loop().sock_connect(upstream, str(self._backend))
-            os.unlink(name)
             for _ in range(2):
                 pipes.extend(os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK))
             with contextlib.suppress(OSError):  # beyond the user's pipe pages: 64 KiB
@@ -277,9 +314,7 @@ class Door:
             pass  # either end went away, or the slot was displaced: the connection ends
         finally:
             self.slots.release(slot)
-            self._by_name.pop(f"unix:{name}", None)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name)
+            self._by_name.pop(name, None)
             for fd in pipes:
                 os.close(fd)
             if upstream is not None:

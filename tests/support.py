@@ -372,17 +372,25 @@ def new_pid(pid_file: Path, old: int | None, what: str, timeout: float = 30.0) -
 
 
 def silent_flood(
-    port: int, stop: threading.Event, opened: list[socket.socket], per_s: float, net: str
+    port: int,
+    stop: threading.Event,
+    opened: list[socket.socket],
+    per_s: float,
+    net: str,
+    first: bytes = b"",
 ) -> None:
-    """Opens connections to 127.0.0.1:``port`` that never send a byte, from ``net``.2 to
-    ``net``.201 in turn (``net`` like ``"127.0.1"``), about ``per_s`` a second, until
-    ``stop``; each one that connected is appended to ``opened`` (the caller closes them)."""
+    """Opens connections to 127.0.0.1:``port`` that send ``first`` (nothing by default)
+    and no more, from ``net``.2 to ``net``.201 in turn (``net`` like ``"127.0.1"``), about
+    ``per_s`` a second, until ``stop``; each one that connected is appended to ``opened``
+    (the caller closes them)."""
     start, i = time.monotonic(), 0
     while not stop.is_set():
         sock = socket.socket()
         sock.bind((f"{net}.{2 + i % 200}", 0))
         try:
             sock.connect(("127.0.0.1", port))
+            if first:
+                sock.sendall(first)
         except OSError:
             sock.close()
         else:
