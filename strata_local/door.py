@@ -86,8 +86,10 @@ def _first_message(said: bytes) -> int | None:
     return None
 
 
-def grpc_peer(address: Any) -> str:
-    """gRPC's form of a TCP peer address (``ipv4:10.0.0.7:5000``, ``ipv6:[::1]:5000``)."""
+def peer_name(address: Any) -> str:
+    """gRPC's form of a TCP peer address (``ipv4:10.0.0.7:5000``, ``ipv6:[::1]:5000``), so
+    an audit line reads the same whichever port or channel the call came on (the doors,
+    the hub's and the spokes' bulk ports)."""
     if isinstance(address, tuple) and len(address) >= 2:
         host, port = address[0], address[1]
         return f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
@@ -95,9 +97,9 @@ def grpc_peer(address: Any) -> str:
 
 
 class _Arrival:
-    """An accepted connection whose caller has sent nothing yet: it holds a slot and a
-    socket, no relay, no task (a flood of silent connections costs the door one accept,
-    one slot and one registration each)."""
+    """An accepted connection whose first message is not whole yet: it holds a slot and a
+    socket, no relay, no task (a flood of connections that send nothing, or a part of a
+    message, costs the door one accept, one slot and one registration each)."""
 
     __slots__ = ("conn", "since", "slot")
 
@@ -216,7 +218,7 @@ class Door:
             conn.setblocking(False)
             arrival = _Arrival(conn, now)
             slot = self.slots.take(
-                str(address[0]), grpc_peer(address), functools.partial(self._end_arrival, arrival)
+                str(address[0]), peer_name(address), functools.partial(self._end_arrival, arrival)
             )
             if slot is None:
                 conn.close()  # every slot is held by a proven peer: as gRPC core would
@@ -262,8 +264,8 @@ class Door:
         task.add_done_callback(self._open.discard)
 
     def _end_arrival(self, arrival: _Arrival) -> None:
-        """Closes a connection that has sent nothing (displaced, silent too long, or the
-        door closing), and frees its slot."""
+        """Closes a connection not relayed yet (displaced, without a whole first message
+        for :attr:`silent_s`, or the door closing), and frees its slot."""
         if self._arrivals.pop(arrival, False) is None and self._loop is not None:
             self._loop.remove_reader(arrival.conn.fileno())
             arrival.conn.close()

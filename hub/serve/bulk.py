@@ -60,12 +60,13 @@ from hub.errors import (
 )
 from hub.limits.budget import STALL_FLOOR_S, ReadBudget, stall_error
 from hub.limits.sizes import IDLE_S
-from hub.serve.bulksocket import acked_bytes, peer_name, will_need
+from hub.serve.bulksocket import acked_bytes, will_need
 from hub.serve.inbound import REQUEST_WAIT_S
 from hub.serve.metrics import HubMetrics
 from hub.serve.wire import CHUNK_BYTES
 from hub.store.blobstore import BlobStore, LocalBlobStore
 from protocol import bulk
+from strata_local.door import peer_name
 from strata_local.doorslots import DoorSlot, DoorSlots
 
 log = logging.getLogger(__name__)

@@ -12,19 +12,9 @@ import socket
 import ssl
 import struct
 from pathlib import Path
-from typing import Any
 
 from hub.errors import ConfigError
 from protocol import bulk
-
-
-def peer_name(address: Any) -> str:
-    """gRPC's form of a peer address (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``), so an
-    audit line reads the same whichever channel the call came on."""
-    if isinstance(address, tuple) and len(address) >= 2:
-        host, port = address[0], address[1]
-        return f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
-    return f"unknown:{address}"
 
 
 def tls_context(

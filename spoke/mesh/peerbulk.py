@@ -58,6 +58,7 @@ from spoke.mesh.peercall import (
     snapshot_refs,
 )
 from spoke.mesh.transport import HANDSHAKE_TIMEOUT_S, IDLE_S, MAX_CONNECTIONS, PeerTls
+from strata_local.door import peer_name
 from strata_local.doorslots import DoorSlot, DoorSlots
 
 log = logging.getLogger(__name__)
@@ -67,15 +68,6 @@ SEND_WAIT_S = 60.0
 
 READ_LIMIT = 64 << 10
 """Unread input buffered per connection, bytes."""
-
-
-def peer_name(address: Any) -> str:
-    """gRPC's form of a peer address (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``), so an
-    audit line reads the same whichever port the call came on."""
-    if isinstance(address, tuple) and len(address) >= 2:
-        host, port = address[0], address[1]
-        return f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
-    return f"unknown:{address}"
 
 
 class ServerTls:
@@ -338,4 +330,4 @@ async def _error(writer: asyncio.StreamWriter, refused: PeerRefused) -> None:
         await asyncio.wait_for(writer.drain(), 5.0)
 
 
-__all__ = ["READ", "PeerBulkServer", "ServerTls", "peer_name"]
+__all__ = ["READ", "PeerBulkServer", "ServerTls"]
