@@ -21,5 +21,6 @@ a gRPC port's front door holding those slots and relaying each connection to gRP
 it (the spoke's peer port, the hub's gRPC port).
 This package imports nothing of Strata (an import-linter contract keeps it so), and its
 modules do not import each other, but for the door, which keeps its slots in
-:mod:`strata_local.doorslots`.
+:mod:`strata_local.doorslots`, which counts them by address with
+:class:`strata_local.slotshare.Holders`, as the admin server's ledger does.
 """

@@ -35,6 +35,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from strata_local.slotshare import Holders
+
 
 @dataclass(eq=False)
 class DoorSlot:
@@ -55,50 +57,6 @@ class DoorSlot:
     open: bool = True
 
 
-class _Shares:
-    """Connections of one kind by address, in arrival order, and the addresses by how many
-    they hold: the oldest connection of the address holding most, in constant time."""
-
-    def __init__(self) -> None:
-        self.by_host: dict[str, dict[DoorSlot, None]] = {}
-        self._by_count: dict[int, dict[str, None]] = {}  # each bucket in arrival order
-        self.most = 0
-
-    def held(self, host: str) -> int:
-        return len(self.by_host.get(host, ()))
-
-    def oldest_of_most(self) -> DoorSlot | None:
-        if not self.most:
-            return None
-        host = next(iter(self._by_count[self.most]))
-        return next(iter(self.by_host[host]))
-
-    def add(self, slot: DoorSlot) -> None:
-        held = self.by_host.setdefault(slot.host, {})
-        self._move(slot.host, len(held), len(held) + 1)
-        held[slot] = None
-
-    def remove(self, slot: DoorSlot) -> None:
-        held = self.by_host[slot.host]
-        del held[slot]
-        self._move(slot.host, len(held) + 1, len(held))
-        if not held:
-            del self.by_host[slot.host]
-
-    def _move(self, host: str, before: int, after: int) -> None:
-        """Moves ``host`` from the bucket of ``before`` connections to ``after``'s."""
-        if before:
-            bucket = self._by_count[before]
-            del bucket[host]
-            if not bucket:
-                del self._by_count[before]
-        if after:
-            self._by_count.setdefault(after, {})[host] = None
-        self.most = max(self.most, after)
-        while self.most and self.most not in self._by_count:
-            self.most -= 1
-
-
 class DoorSlots:
     """The slots of one port (a door's, a bulk port's).
 
@@ -116,8 +74,8 @@ class DoorSlots:
         self.proven = 0  # how many open connections are proven
         self.displaced = 0
         self.refused = 0
-        self._unproven = _Shares()
-        self._proven = _Shares()
+        self._unproven: Holders[DoorSlot] = Holders()
+        self._proven: Holders[DoorSlot] = Holders()
 
     def take(self, host: str, who: str, close: Callable[[], None]) -> DoorSlot | None:
         """A slot for a new connection, displacing one at the cap (see the module).
@@ -143,7 +101,7 @@ class DoorSlots:
             victim.close()
         slot = DoorSlot(host, who, close)
         self.open += 1
-        self._unproven.add(slot)
+        self._unproven.add(host, slot)
         return slot
 
     def prove(self, slot: DoorSlot) -> None:
@@ -151,10 +109,10 @@ class DoorSlots:
         Idempotent; a slot already released is left alone."""
         if slot.proven or not slot.open:
             return
-        self._unproven.remove(slot)
+        self._unproven.remove(slot.host, slot)
         slot.proven = True
         self.proven += 1
-        self._proven.add(slot)
+        self._proven.add(slot.host, slot)
 
     def release(self, slot: DoorSlot) -> None:
         """Frees ``slot`` (its connection ended). Idempotent."""
@@ -163,7 +121,7 @@ class DoorSlots:
         slot.open = False
         self.open -= 1
         self.proven -= slot.proven
-        (self._proven if slot.proven else self._unproven).remove(slot)
+        (self._proven if slot.proven else self._unproven).remove(slot.host, slot)
 
     def unproven(self, host: str) -> list[DoorSlot]:
         """The unproven connections ``host`` holds, oldest first."""

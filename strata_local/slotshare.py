@@ -75,10 +75,69 @@ choice stays constant time an arrival (a scan of every open connection, each ask
 flood of 1,200 connections a second take a daemon's whole core: the fourteenth probe)."""
 
 
+class Holders(Generic[T]):
+    """Connections by address, each address's in arrival order, and the addresses by how
+    many they hold (each count's in the order they reached it): the address holding most
+    and its oldest connection in constant time. :class:`Ledger` keeps one of all its
+    connections; :class:`strata_local.doorslots.DoorSlots` one of those not proven and one
+    of those proven.
+
+    Not thread-safe: one event loop owns it.
+    """
+
+    def __init__(self) -> None:
+        self.by_host: dict[str, dict[T, None]] = {}
+        self._by_count: dict[int, dict[str, None]] = {}
+        self.most = 0  # what the address holding most holds
+
+    def held(self, host: str) -> int:
+        """How many connections ``host`` holds."""
+        return len(self.by_host.get(host, ()))
+
+    def holding(self, count: int) -> Iterable[str]:
+        """The addresses holding ``count`` connections, in the order they reached it."""
+        return self._by_count.get(count, ())
+
+    def oldest_of_most(self) -> T | None:
+        """The oldest connection of the address holding most (the first to get there)."""
+        if not self.most:
+            return None
+        host = next(iter(self._by_count[self.most]))
+        return next(iter(self.by_host[host]))
+
+    def add(self, host: str, conn: T) -> None:
+        """Counts ``conn`` for ``host`` (not already counted)."""
+        held = self.by_host.setdefault(host, {})
+        self._move(host, len(held), len(held) + 1)
+        held[conn] = None
+
+    def remove(self, host: str, conn: T) -> None:
+        """Forgets ``conn`` of ``host`` (counted)."""
+        held = self.by_host[host]
+        del held[conn]
+        self._move(host, len(held) + 1, len(held))
+        if not held:
+            del self.by_host[host]
+
+    def _move(self, host: str, before: int, after: int) -> None:
+        """Moves ``host`` from the bucket of ``before`` connections to ``after``'s."""
+        if before:
+            bucket = self._by_count[before]
+            del bucket[host]
+            if not bucket:
+                del self._by_count[before]
+        if after:
+            self._by_count.setdefault(after, {})[host] = None
+        self.most = max(self.most, after)
+        while self.most and self.most not in self._by_count:
+            self.most -= 1
+
+
 class Ledger(Generic[T]):
     """The open connections of one server, kept so that :meth:`victim` applies
     :func:`victim`'s rule in constant time: held counts by address, kept as they change;
-    each address's connections in arrival order; addresses by how many they hold.
+    each address's connections in arrival order; addresses by how many they hold
+    (:class:`Holders`).
 
     Where :func:`victim` takes the connection owing longest, this takes, of the first
     :data:`INSPECT` connections in arrival order (of the address chosen, or of all), the
@@ -89,34 +148,29 @@ class Ledger(Generic[T]):
     """
 
     def __init__(self) -> None:
-        self.held: dict[str, int] = {}
-        self._conns: dict[str, dict[T, None]] = {}  # by address, in arrival order
+        self._holders: Holders[T] = Holders()
         self._all: dict[T, str] = {}  # every connection, in arrival order: its address
-        self._by_count: dict[int, dict[str, None]] = {}  # addresses by what they hold
-        self._most = 0
 
     def __len__(self) -> int:
         return len(self._all)
+
+    @property
+    def held(self) -> dict[str, int]:
+        """Open connections by address."""
+        return {host: len(conns) for host, conns in self._holders.by_host.items()}
 
     def add(self, address: str, conn: T) -> None:
         """Counts ``conn``, opened from ``address``."""
         if conn in self._all:
             return
         self._all[conn] = address
-        held = self._conns.setdefault(address, {})
-        held[conn] = None
-        self._move(address, len(held) - 1, len(held))
+        self._holders.add(address, conn)
 
     def remove(self, conn: T) -> None:
         """Forgets ``conn`` (it ended or was displaced). Idempotent."""
         address = self._all.pop(conn, None)
-        if address is None:
-            return
-        held = self._conns[address]
-        del held[conn]
-        self._move(address, len(held) + 1, len(held))
-        if not held:
-            del self._conns[address]
+        if address is not None:
+            self._holders.remove(address, conn)
 
     def victim(
         self,
@@ -128,13 +182,14 @@ class Ledger(Generic[T]):
         """The connection a newcomer from ``newcomer`` displaces, or None (see
         :func:`victim`; ``owing_since`` asks a connection since when it has owed something,
         None when it owes nothing)."""
-        mine = self.held.get(newcomer, 0)
+        holders = self._holders
+        mine = holders.held(newcomer)
         least = mine + 2 if mine else 1
         asked = 0
-        for count in range(self._most, least - 1, -1):
+        for count in range(holders.most, least - 1, -1):
             best: tuple[float, T] | None = None  # of the addresses holding ``count``
-            for address in self._by_count.get(count, ()):
-                chosen, n = _longest(self._conns[address], owing_since, INSPECT - asked)
+            for address in holders.holding(count):
+                chosen, n = _longest(holders.by_host[address], owing_since, INSPECT - asked)
                 asked += n
                 if chosen is not None and (best is None or chosen[0] < best[0]):
                     best = chosen
@@ -148,21 +203,6 @@ class Ledger(Generic[T]):
         if chosen is not None and now - chosen[0] >= after_s:
             return chosen[1]
         return None
-
-    def _move(self, address: str, before: int, after: int) -> None:
-        if before:
-            bucket = self._by_count[before]
-            del bucket[address]
-            if not bucket:
-                del self._by_count[before]
-        if after:
-            self._by_count.setdefault(after, {})[address] = None
-            self.held[address] = after
-        else:
-            self.held.pop(address, None)
-        self._most = max(self._most, after)
-        while self._most and self._most not in self._by_count:
-            self._most -= 1
 
 
 def _longest(

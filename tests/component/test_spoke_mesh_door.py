@@ -65,6 +65,9 @@ def test_a_flood_of_silent_connections_keeps_no_new_peer_out(
                 finally:
                     await newcomer.close()
                 await first.probe(5)
+            # the newcomers' connections were closed: their slots free once the door
+            # sees their ends (the first peer's is the one left)
+            await eventually_async(lambda: door.slots.proven <= 1, "the newcomers' slots freed")
             kept, displaced = door.slots.proven, door.slots.displaced
             relays = len(door._open)  # the flood's connections sent no whole first message
         finally:
