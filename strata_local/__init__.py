@@ -16,11 +16,16 @@ serve``), and :mod:`strata_local.slotshare`, which connection a newcomer displac
 HTTP server's connection cap (fair shares by client address: the spoke's admin and metrics
 ports, the hub's metrics port), and :mod:`strata_local.doorslots`, who holds a block port's
 connection slots (shares by address of those that showed nothing, those that showed a
-credential kept: the spoke's peer ports, the hub's bulk port), and :mod:`strata_local.door`,
-a gRPC port's front door holding those slots and relaying each connection to gRPC behind
-it (the spoke's peer port, the hub's gRPC port).
+credential kept: the spoke's peer ports, the hub's bulk port), and
+:mod:`strata_local.doorway`, where a port's connections wait in those slots, as bare
+sockets, until their first message is whole, and :mod:`strata_local.door`, a gRPC port's
+front door that then relays each connection to gRPC behind it (the spoke's peer port, the
+hub's gRPC port), and :mod:`strata_local.streamdoor`, one that begins TLS, a bounded number
+of handshakes at once, and hands the connection to an asyncio stream handler (the bulk
+ports).
 This package imports nothing of Strata (an import-linter contract keeps it so), and its
-modules do not import each other, but for the door, which keeps its slots in
-:mod:`strata_local.doorslots`, which counts them by address with
-:class:`strata_local.slotshare.Holders`, as the admin server's ledger does.
+modules do not import each other, but for the doors, built on the doorway, which keeps its
+slots in :mod:`strata_local.doorslots`, which counts them by address with
+:class:`strata_local.slotshare.Holders`, as the admin server's ledger and the stream door's
+pending handshakes do.
 """

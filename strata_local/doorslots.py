@@ -26,6 +26,18 @@ port, and every new caller was refused). A spoke holds one or two connections to
 a peer, so only a holder of many loses any; the newcomer is refused only when no address
 holds two more proven connections than its own.
 
+An address is not a caller, though: one token holder spread over as many addresses as
+there are slots, one proven connection each, kept every new spoke out of a hub (the
+seventeenth probe: 2,048 addresses, new clients 0 of 30). So each proven connection is
+also counted for whoever proved it — the token's subject, or the region on a peer port —
+and when no address gives way, the newcomer displaces the oldest proven connection of the
+subject holding most, if that subject holds at least two and more than its share of the
+slots were the newcomer one more subject (``max_connections`` ÷ (subjects + 1)). One token
+holder then keeps at most half the slots against one other, a third against two; spokes
+with a token each, one connection apiece, are never displaced by it; and on a port where
+every caller proves the same subject (a region's peers) a newcomer turns over the oldest
+connection, at worst one a reconnection, rather than being refused forever.
+
 Every operation is constant time (one arrival does not scan the slots): each kind of
 connection is kept by address in arrival order, and the addresses by how many they hold.
 """
@@ -47,6 +59,7 @@ class DoorSlot:
         who: The caller in gRPC's form (``ipv4:10.0.0.7:51234``), for audit lines.
         close: Ends the connection (called once, when it is displaced).
         proven: Whether a call on it carried an accepted token.
+        holder: Who proved it (the token's subject; empty until proven).
         open: Whether it still holds its slot.
     """
 
@@ -54,6 +67,7 @@ class DoorSlot:
     who: str
     close: Callable[[], None] = field(repr=False)
     proven: bool = False
+    holder: str = ""
     open: bool = True
 
 
@@ -76,6 +90,7 @@ class DoorSlots:
         self.refused = 0
         self._unproven: Holders[DoorSlot] = Holders()
         self._proven: Holders[DoorSlot] = Holders()
+        self._holders: Holders[DoorSlot] = Holders()  # the proven, by who proved them
 
     def take(self, host: str, who: str, close: Callable[[], None]) -> DoorSlot | None:
         """A slot for a new connection, displacing one at the cap (see the module).
@@ -94,6 +109,8 @@ class DoorSlots:
             if victim is None:
                 victim = self._proven.oldest_of_most()
                 if victim is None or self._proven.most < self._proven.held(host) + 2:
+                    victim = self._over_share()
+                if victim is None:
                     self.refused += 1
                     return None
             self.release(victim)
@@ -104,15 +121,25 @@ class DoorSlots:
         self._unproven.add(host, slot)
         return slot
 
-    def prove(self, slot: DoorSlot) -> None:
-        """Marks ``slot``'s connection proven (a call on it carried an accepted token).
-        Idempotent; a slot already released is left alone."""
+    def prove(self, slot: DoorSlot, holder: str) -> None:
+        """Marks ``slot``'s connection proven by ``holder`` (a call on it carried an
+        accepted token; ``holder`` is its subject). Idempotent; a slot already released is
+        left alone."""
         if slot.proven or not slot.open:
             return
         self._unproven.remove(slot.host, slot)
-        slot.proven = True
+        slot.proven, slot.holder = True, holder
         self.proven += 1
         self._proven.add(slot.host, slot)
+        self._holders.add(holder, slot)
+
+    def _over_share(self) -> DoorSlot | None:
+        """The oldest proven connection of the holder holding most, if it holds at least
+        two and more than ``max_connections`` ÷ (holders + 1); else None."""
+        most, holders = self._holders.most, len(self._holders.by_host)
+        if most >= 2 and most * (holders + 1) > self.max_connections:
+            return self._holders.oldest_of_most()
+        return None
 
     def release(self, slot: DoorSlot) -> None:
         """Frees ``slot`` (its connection ended). Idempotent."""
@@ -122,6 +149,8 @@ class DoorSlots:
         self.open -= 1
         self.proven -= slot.proven
         (self._proven if slot.proven else self._unproven).remove(slot.host, slot)
+        if slot.proven:
+            self._holders.remove(slot.holder, slot)
 
     def unproven(self, host: str) -> list[DoorSlot]:
         """The unproven connections ``host`` holds, oldest first."""

@@ -14,12 +14,15 @@ connection slots, shared by address among the connections that have not yet carr
 accepted token (:mod:`strata_local.doorslots`: at the cap a newcomer displaces the oldest
 of the address holding most of those; a connection that carried one is kept, and a
 newcomer when every slot is kept is answered RESOURCE_EXHAUSTED and closed, under TLS
-before any handshake), each with at most :data:`READ_LIMIT` bytes of unread input
-buffered, its TLS handshake — begun only once it holds a slot, so handshakes pending are
-never more than the slots (asyncio's own, before, were counted nowhere: the fifteenth
-probe took a replica past its 1 GiB limit with silent connections) — within the gRPC
-port's handshake timeout, a request within :data:`hub.serve.inbound.REQUEST_WAIT_S` of its first
-byte, and no request for :data:`hub.limits.sizes.IDLE_S` closes it.
+before any handshake). Until its first bytes are whole — a ClientHello's record under TLS,
+a request's head without — a connection is a slot and a socket, nothing more; then TLS
+begins, at most :data:`strata_local.streamdoor.HANDSHAKES` handshakes pending at once
+(:mod:`strata_local.streamdoor`: asyncio's TLS layer holds about 310 KiB from the moment a
+handshake begins, and the sixteenth probe took a replica to 900 MiB of its 1 GiB limit
+with connections that sent part of a ClientHello), each within the gRPC port's handshake
+timeout; then at most :data:`READ_LIMIT` bytes of unread input buffered, a request within
+:data:`hub.serve.inbound.REQUEST_WAIT_S` of its first byte, and no request for
+:data:`hub.limits.sizes.IDLE_S` closes it.
 
 Bytes: from a local blob store without TLS, a block leaves by ``sendfile(2)`` (the loop's
 :meth:`asyncio.AbstractEventLoop.sendfile`): the hub never reads it into Python, and the
@@ -44,7 +47,7 @@ import logging
 import os
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
@@ -66,8 +69,8 @@ from hub.serve.metrics import HubMetrics
 from hub.serve.wire import CHUNK_BYTES
 from hub.store.blobstore import BlobStore, LocalBlobStore
 from protocol import bulk
-from strata_local.door import peer_name
-from strata_local.doorslots import DoorSlot, DoorSlots
+from strata_local.doorslots import DoorSlot
+from strata_local.streamdoor import StreamDoor
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +111,6 @@ CLOSE_WAIT_S = 1.0
 """Longest a closing connection is waited for before it is dropped, seconds."""
 
 
-def _end(task: asyncio.Task[Any], writer: asyncio.StreamWriter) -> None:
-    """Ends a displaced connection now: the transport dropped, its task cancelled."""
-    writer.transport.abort()
-    task.cancel()
-
-
 class BulkServer:
     """Serves blocks on the bulk channel (see the module docstring).
 
@@ -149,15 +146,22 @@ class BulkServer:
         self._tokens, self._catalog, self._store = tokens, catalog, store
         self._budget, self._metrics = budget, metrics
         self._failed, self._count = failed, count
-        self._tls, self.slots = tls, DoorSlots(max_connections)
+        self._tls = tls
+        self._door = StreamDoor(
+            max_connections,
+            handshake_timeout_s,
+            self._connection,
+            bulk.REQUEST_HEAD.size,
+            tls=tls,
+            read_limit=READ_LIMIT,
+            refusal=self._refusal,
+        )
+        self.slots = self._door.slots
         mtls = tls is not None and tls.verify_mode == ssl.CERT_REQUIRED
         self._credentials = tokens is not None or mtls  # what a connection may prove
-        self._handshake_timeout_s = handshake_timeout_s
         self._local = store if isinstance(store, LocalBlobStore) and tls is None else None
-        self._server: asyncio.Server | None = None
-        self._open: set[asyncio.Task[Any]] = set()
         self.port = 0
-        metrics.bulk_connections.set_function(lambda: len(self._open))
+        metrics.bulk_connections.set_function(lambda: self._door.connections)
 
     async def start(self, host: str, port: int) -> int:
         """Listens on ``host:port`` (port 0: a free one); returns the bound port.
@@ -166,69 +170,38 @@ class BulkServer:
             ListenError: the address cannot be bound.
         """
         try:
-            self._server = await asyncio.start_server(
-                self._connection,
-                host,
-                port,
-                limit=READ_LIMIT,
-                reuse_address=True,  # TLS begins once the connection has a slot
-            )
+            self.port = await self._door.start(host, port)
         except OSError as exc:
             raise ListenError(
                 f"cannot listen on {host}:{port} (--bulk-port): {exc.strerror or exc}"
             ) from exc
-        self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 
     async def close(self) -> None:
         """Stops accepting and ends the connections open (their requests in flight fail
         at the client, which retries elsewhere)."""
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._open):
-            task.cancel()
-        if self._open:
-            await asyncio.gather(*self._open, return_exceptions=True)
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await self._server.wait_closed()
+        await self._door.close()
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        address = writer.get_extra_info("peername")
-        peer = peer_name(address)
-        slot = self.slots.take(str(address[0]), peer, lambda: _end(task, writer))
+    def _refusal(self, peer: str) -> bytes:
+        """The frame a plaintext newcomer gets when every slot is held by a caller that
+        carried an accepted token (counted and audited)."""
+        error = QuotaExceeded(
+            "connections",
+            f"{self.slots.open} bulk connections are open, the most this hub "
+            f"allows (--bulk-max-connections {self.slots.max_connections}); retry",
+        )
+        code, details = self._failed(METHOD, peer, error)
+        return bulk.encode_error(code.value[0], details)
+
+    async def _connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: DoorSlot
+    ) -> None:
         try:
-            if slot is None and self._tls is not None:
-                writer.transport.abort()  # no handshake for it, as gRPC core would
-                return
-            if slot is None:
-                await self._refuse(
-                    writer,
-                    peer,
-                    QuotaExceeded(
-                        "connections",
-                        f"{self.slots.open} bulk connections are open, the most this hub "
-                        f"allows (--bulk-max-connections {self.slots.max_connections}); retry",
-                    ),
-                )
-                return
-            self._open.add(task)
-            if self._tls is not None:  # a handshake still pending holds its slot, no more
-                await writer.start_tls(self._tls, ssl_handshake_timeout=self._handshake_timeout_s)
             while await self._serve_one(reader, writer, slot):
                 pass
         except (ConnectionError, TimeoutError, ssl.SSLError, asyncio.IncompleteReadError):
-            pass  # the client went away or failed its handshake: nothing to answer
-        except asyncio.CancelledError:
-            if slot is None or slot.open:
-                raise  # the server is closing
-            # displaced by a newcomer: the connection ends
+            pass  # the client went away: nothing to answer
         finally:
-            if slot is not None:
-                self.slots.release(slot)
-            self._open.discard(task)
             writer.close()
             try:  # under TLS a spoke keeping its end open may never answer close_notify,
                 # and asyncio would wait 30 s (ssl_shutdown_timeout) for it at every stop
@@ -249,7 +222,7 @@ class BulkServer:
             request = await asyncio.wait_for(self._rest(reader, head), REQUEST_WAIT_S)
             principal = self._authenticate(request.token)
             if self._credentials:  # it carried an accepted token (or passed mTLS): kept
-                self.slots.prove(slot)
+                self.slots.prove(slot, principal.name)
         except TimeoutError:
             error: HubError = QuotaExceeded(
                 "request", f"no whole request within {REQUEST_WAIT_S:g} s of its first byte"

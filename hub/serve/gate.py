@@ -60,7 +60,7 @@ class _Admission:
         budget: ReadBudget,
         refuse: Refuse,
         method: str,
-        prove: Callable[[str], None],
+        prove: Callable[[str, str], None],
     ) -> None:
         self.slots, self.budget, self.refuse, self.method = slots, budget, refuse, method
         self.prove = prove
@@ -68,7 +68,7 @@ class _Admission:
     async def request(self, requests: AsyncIterator[Any], context: Any, name: str) -> Any:
         """The call's request once its slot is held; refuses the call otherwise. Its
         token passed the gate: the port's door keeps its connection from now on."""
-        self.prove(str(context.peer()))
+        self.prove(str(context.peer()), name)
         try:
             await self.slots.acquire(name)
         except QuotaExceeded as error:  # at once: waiting for its request would hold it
@@ -145,7 +145,8 @@ class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             service charges blocks to).
         calls: Most calls with a unary request open at once (:data:`CALLS`).
         prove: Tells the port's door (:class:`strata_local.door.Door`) that a call on the
-            connection of this ``context.peer()`` carried an accepted token.
+            connection of this ``context.peer()`` carried an accepted token: ``(peer,
+            the token's subject)``.
     """
 
     def __init__(
@@ -154,7 +155,7 @@ class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         refuse: Refuse,
         budget: ReadBudget,
         calls: int = CALLS,
-        prove: Callable[[str], None] = lambda peer: None,
+        prove: Callable[[str, str], None] = lambda peer, holder: None,
     ) -> None:
         self._tokens = tokens
         self._prove = prove

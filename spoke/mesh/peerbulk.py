@@ -23,10 +23,11 @@ What a caller can make it hold before it has proven anything: one of ``max_conne
 connection slots, shared by address and displaced by newcomers as the gRPC peer port's door
 shares them (:mod:`strata_local.doorslots`; a connection that showed the token is kept, and
 a newcomer when every slot is kept is answered RESOURCE_EXHAUSTED and closed; under TLS
-it is closed before any handshake), its TLS handshake — begun only once the connection
-holds a slot, so handshakes pending are never more than the slots — within
-:data:`~spoke.mesh.transport.HANDSHAKE_TIMEOUT_S`, a request of at most
-:data:`protocol.bulk.MAX_PEER_REQUEST_BYTES` within
+it is closed before any handshake). Until its first bytes are whole — a ClientHello's
+record under TLS, a request's head without — a connection is a slot and a socket; then
+its TLS handshake, at most :data:`strata_local.streamdoor.HANDSHAKES` pending at once
+(:mod:`strata_local.streamdoor`), within :data:`~spoke.mesh.transport.HANDSHAKE_TIMEOUT_S`;
+then a request of at most :data:`protocol.bulk.MAX_PEER_REQUEST_BYTES` within
 :data:`~spoke.mesh.peercall.REQUEST_WAIT_S` of its first byte, and a connection with no
 request for :data:`~spoke.mesh.transport.IDLE_S` is closed. A caller that stops reading
 for :data:`SEND_WAIT_S` is cut off; an admitted call is charged in the peer port's
@@ -40,7 +41,6 @@ import contextlib
 import logging
 import os
 import ssl
-from typing import Any
 
 import grpc
 
@@ -50,6 +50,7 @@ from spoke.mesh import metrics
 from spoke.mesh.blockfile import BlockFile
 from spoke.mesh.peercall import (
     READ,
+    REGION,
     REQUEST_WAIT_S,
     Caller,
     PeerBlocks,
@@ -58,8 +59,8 @@ from spoke.mesh.peercall import (
     snapshot_refs,
 )
 from spoke.mesh.transport import HANDSHAKE_TIMEOUT_S, IDLE_S, MAX_CONNECTIONS, PeerTls
-from strata_local.door import peer_name
-from strata_local.doorslots import DoorSlot, DoorSlots
+from strata_local.doorslots import DoorSlot
+from strata_local.streamdoor import StreamDoor
 
 log = logging.getLogger(__name__)
 
@@ -144,10 +145,17 @@ class PeerBulkServer:
     ) -> None:
         self.gate, self.blocks = gate, blocks
         self._tls = ServerTls(tls) if tls is not None else None
-        self.slots = DoorSlots(max_connections)
         self._mtls = tls is not None and tls.ca is not None
-        self._server: asyncio.Server | None = None
-        self._open: set[asyncio.Task[Any]] = set()
+        self._door = StreamDoor(
+            max_connections,
+            HANDSHAKE_TIMEOUT_S,
+            self._connection,
+            bulk.PEER_HEAD.size,
+            tls=self._tls.context if self._tls is not None else None,
+            read_limit=READ_LIMIT,
+            refusal=self._refusal,
+        )
+        self.slots = self._door.slots
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
@@ -156,59 +164,31 @@ class PeerBulkServer:
         Raises:
             OSError: the address cannot be bound.
         """
-        self._server = await asyncio.start_server(
-            self._connection,
-            host,
-            port,
-            limit=READ_LIMIT,
-            reuse_address=True,  # TLS begins once the connection has a slot (_connection)
-        )
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        self.port = await self._door.start(host, port)
         return self.port
 
     async def close(self) -> None:
         """Stops accepting and ends the connections open (their callers go to the hub)."""
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._open):
-            task.cancel()
-        if self._open:
-            await asyncio.gather(*self._open, return_exceptions=True)
-        if self._server is not None:
-            # (wait_closed also waits for connections a peer keeps open between calls:
-            # not for long, they were just cancelled, but never past a second)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        await self._door.close()
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        address = writer.get_extra_info("peername")
-        slot = self.slots.take(str(address[0]), peer_name(address), lambda: _end(task, writer))
+    def _refusal(self, who: str) -> bytes:
+        """The frame a plaintext newcomer gets when every slot is held by a caller that
+        showed the token."""
+        message = (
+            f"{self.slots.open} bulk peer connections are open, the most this port "
+            f"takes (--peer-max-connections {self.slots.max_connections})"
+        )
+        return bulk.encode_error(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message)
+
+    async def _connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: DoorSlot
+    ) -> None:
         try:
-            if slot is None and self._tls is not None:
-                writer.transport.abort()  # no handshake for it: closed, as gRPC core does
-                return
-            if slot is None:  # every slot is held by a caller that showed the token
-                message = (
-                    f"{self.slots.open} bulk peer connections are open, the most this port "
-                    f"takes (--peer-max-connections {self.slots.max_connections})"
-                )
-                await _error(writer, PeerRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, message))
-                return
-            self._open.add(task)
-            if self._tls is not None:  # a handshake still pending holds its slot, no more
-                await writer.start_tls(self._tls.context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
             while await self._serve_one(reader, writer, slot):
                 pass
         except (OSError, asyncio.IncompleteReadError):  # ssl.SSLError, TimeoutError too
             pass  # the caller went away or stopped reading: nothing to answer
-        except asyncio.CancelledError:
-            pass  # closed (close()): the task ends as a connection that ended
         finally:
-            if slot is not None:
-                self.slots.release(slot)
-            self._open.discard(task)
             await _closed(writer)
 
     async def _serve_one(
@@ -261,7 +241,7 @@ class PeerBulkServer:
         gate, who = self.gate, slot.who
         gate.authorize([f"Bearer {request.token}"] if request.token else [], who)
         if gate.token is not None or self._mtls:  # it showed a credential: slot kept
-            self.slots.prove(slot)
+            self.slots.prove(slot, REGION)
         metadata = [(GRANT_METADATA, request.grant)] if request.grant else []
         metadata += [(PROOF_METADATA, request.proof)] if request.proof else []
         call = gate.verify(metadata, who)
@@ -315,12 +295,6 @@ class PeerBulkServer:
                 del data
                 await writer.drain()
             metrics.PEER_BULK_BYTES.labels("written").inc(block.size)
-
-
-def _end(task: asyncio.Task[Any], writer: asyncio.StreamWriter) -> None:
-    """Ends a displaced connection now: the transport dropped, its task cancelled."""
-    writer.transport.abort()
-    task.cancel()
 
 
 async def _error(writer: asyncio.StreamWriter, refused: PeerRefused) -> None:

@@ -74,6 +74,11 @@ CLASSES = {p.label: p for p in Priority}
 READ = "peer ReadBlocks"
 """What a refused read is audited as (either port)."""
 
+REGION = "region"
+"""Who proves a peer port's connection (:meth:`strata_local.doorslots.DoorSlots.prove`):
+every caller shows the one region token, so its slots are shared by address, and the
+oldest turned over rather than a newcomer refused for ever."""
+
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 

@@ -52,6 +52,7 @@ from spoke.mesh.peercall import (
     CALL_HOLD_BYTES,
     PENDING_HOLD_BYTES,
     READ,
+    REGION,
     REQUEST_WAIT_S,
     SERVE_CHUNK_BYTES,
     Caller,
@@ -181,7 +182,7 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
         call's connection (:meth:`~strata_local.door.Door.prove`)."""
         self.gate.authorize(self._authorization(context), who, what)
         if self.door is not None:
-            self.door.prove(context.peer())
+            self.door.prove(context.peer(), REGION)
 
     def _authorization(self, context: grpc.aio.ServicerContext[Any, Any]) -> list[str | bytes]:
         return [v for k, v in context.invocation_metadata() or () if k == "authorization"]

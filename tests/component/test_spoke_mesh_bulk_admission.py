@@ -227,7 +227,7 @@ def test_what_a_caller_holds_before_it_proves_anything_is_bounded(
         capped = PeerBulkServer(owner_.service.gate, owner_.service.blocks, None, 1)
         capped_port = await capped.start("127.0.0.1", 0)
         silent = socket.create_connection(("127.0.0.1", capped_port))
-        await eventually_async(lambda: len(capped._open) == 1, "the first connection open there")
+        await eventually_async(lambda: capped.slots.open == 1, "the first connection open there")
         # a newcomer displaces a connection that has shown nothing (doorslots.py)...
         held = socket.create_connection(("127.0.0.1", capped_port))
         silent.settimeout(10)
@@ -236,7 +236,7 @@ def test_what_a_caller_holds_before_it_proves_anything_is_bounded(
         assert capped.slots.displaced == 1
         # ...but not one that showed the token: then the newcomer is refused
         await eventually_async(lambda: capped.slots.unproven("127.0.0.1"), "the newcomer's slot")
-        capped.slots.prove(capped.slots.unproven("127.0.0.1")[0])
+        capped.slots.prove(capped.slots.unproven("127.0.0.1")[0], "region")
         answers = [
             await asyncio.to_thread(answer, capped_port, b""),
             await asyncio.to_thread(answer, owner_.port, bulk.PEER_HEAD.pack(bulk.PEER_MAGIC, 10)),

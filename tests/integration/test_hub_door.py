@@ -101,3 +101,35 @@ def test_a_flood_of_silent_connections_keeps_no_new_spoke_out(tmp_path: Path, pk
     records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     refused = [r for r in records if r.get("outcome") == "UNAUTHENTICATED"]
     assert refused and all(str(r["who"]).startswith("ipv4:127.0.0.1:") for r in refused)
+
+
+def test_a_proven_connection_is_counted_for_the_token_that_proved_it(
+    tmp_path: Path, pki: Pki
+) -> None:
+    """Proven slots are shared by token as well as by address (strata_local/doorslots.py):
+    the seventeenth probe's holder of one token, one proven connection from each of 2,048
+    addresses, kept every new spoke out while they were shared by address alone."""
+    data = tmp_path / "data"
+    publish(data, "ds", write_tree(tmp_path / "src", {"a.bin": os.urandom(1000)}))
+    other = "door-second-0123456789abcdef0123"
+    (tmp_path / "tokens.yaml").write_text(f'"{TOKEN}": "*"\n"{other}": [ds]\n')
+    config = ServerConfig(
+        tls_cert=pki.server.cert,
+        tls_key=pki.server.key,
+        client_ca=pki.ca.pem.cert,
+        tokens=tmp_path / "tokens.yaml",
+        max_connections=CAP,
+    )
+    with ServerThread(data, config=config) as server:
+        door = server.server.door
+        assert door is not None
+        channels = [_channel(pki, server.port) for _ in range(3)]
+        for channel, token in zip(channels, (TOKEN, other, TOKEN), strict=True):
+            hub_pb2_grpc.HubStub(channel).ListDatasets(
+                hub_pb2.ListDatasetsRequest(), metadata=bearer(token), timeout=5
+            )
+        holders = sorted(s.holder for s in door._by_name.values() if s.proven)
+        for channel in channels:
+            channel.close()
+    assert len(holders) == 3  # each channel's connection, proven
+    assert len(set(holders)) == 2  # counted for the subject of the token that proved it

@@ -1,11 +1,11 @@
-"""What a door waits for before it relays a connection (strata_local/door.py): a whole TLS
+"""What a door waits for before it relays a connection (strata_local/doorway.py): a whole TLS
 handshake record or HTTP/2's preface, nothing else."""
 
 from __future__ import annotations
 
 import pytest
 
-from strata_local.door import FIRST_MESSAGE_MOST, PREFACE, _first_message
+from strata_local.doorway import FIRST_MESSAGE_MOST, PREFACE, grpc_first, tls_hello
 
 
 @pytest.mark.parametrize(
@@ -21,7 +21,7 @@ from strata_local.door import FIRST_MESSAGE_MOST, PREFACE, _first_message
     ],
 )
 def test_a_first_message_is_waited_for_whole(said: bytes, need: int) -> None:
-    assert _first_message(said) == need
+    assert grpc_first(said) == need
 
 
 @pytest.mark.parametrize(
@@ -35,5 +35,15 @@ def test_a_first_message_is_waited_for_whole(said: bytes, need: int) -> None:
     ],
 )
 def test_anything_else_is_refused(said: bytes) -> None:
-    assert _first_message(said) is None
+    assert grpc_first(said) is None
     assert FIRST_MESSAGE_MOST < 0xFFFF + 5
+
+
+def test_a_tls_port_waits_for_the_client_hello_alone() -> None:
+    """A bulk port under TLS (strata_local/streamdoor.py): a ClientHello's record, and not
+    HTTP/2's preface."""
+    assert tls_hello(b"\x16\x03\x01\x02\x00") == 5 + 512
+    assert tls_hello(b"\x16") == 5
+    assert tls_hello(PREFACE) is None
+    assert tls_hello(b"SBK1") is None
+    assert tls_hello(b"") is None

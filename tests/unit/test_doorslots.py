@@ -1,5 +1,6 @@
 """The peer port's slot shares (strata_local/doorslots.py): which connection a newcomer at the
-cap displaces, that proven connections are never displaced, and the counts."""
+cap displaces, when proven connections give way (by address, then by who proved them),
+and the counts."""
 
 from __future__ import annotations
 
@@ -58,17 +59,17 @@ def test_a_flood_from_many_addresses_turns_slots_over_in_arrival_order() -> None
     assert held.closed[-1] == "peer"
 
 
-def test_a_proven_connection_is_never_displaced_and_a_full_house_of_them_refuses() -> None:
+def test_proven_connections_of_distinct_holders_are_kept_and_a_full_house_refuses() -> None:
     held = Held(DoorSlots(2))
     peer = held.open("10.0.0.9", "peer")
     assert peer is not None
-    held.slots.prove(peer)
-    held.slots.prove(peer)  # idempotent
+    held.slots.prove(peer, "token 1")
+    held.slots.prove(peer, "token 1")  # idempotent
     for i in range(50):
         held.open("10.0.0.66", f"f{i}")
     assert "peer" not in held.closed and held.slots.proven == 1
     other = held.slots.unproven("10.0.0.66")[0]
-    held.slots.prove(other)
+    held.slots.prove(other, "token 2")
     assert held.open("10.0.0.67", "late") is None
     assert held.slots.refused == 1 and held.slots.open == 2
     held.slots.release(peer)
@@ -82,7 +83,7 @@ def test_a_released_slot_is_not_proven_or_displaced_later() -> None:
     gone = held.open("10.0.0.1", "gone")
     assert gone is not None
     held.slots.release(gone)
-    held.slots.prove(gone)
+    held.slots.prove(gone, "token 1")
     assert held.slots.open == 0 and held.slots.proven == 0
     assert held.slots.unproven("10.0.0.1") == []
     held.open("10.0.0.2", "x")
@@ -100,7 +101,7 @@ def test_counts_stay_exact_through_mixed_arrivals_proofs_and_releases() -> None:
             continue
         live = [s for s in live if s.open] + [slot]
         if i % 5 == 0:
-            slots.prove(slot)
+            slots.prove(slot, f"token {i % 4}")
         if i % 11 == 0:
             slots.release(live[0])
         if slots.proven >= 15:  # keep room for newcomers
@@ -126,11 +127,10 @@ def test_one_address_proving_every_slot_gives_way_to_another_address() -> None:
     hog = [held.open("10.0.0.66", f"h{i}") for i in range(4)]
     for slot in hog:
         assert slot is not None
-        held.slots.prove(slot)
-    assert held.open("10.0.0.66", "h4") is None  # its own newcomer: refused
+        held.slots.prove(slot, "token 66")
     spoke = held.open("10.0.0.9", "spoke")
     assert spoke is not None and held.closed == ["h0"]
-    held.slots.prove(spoke)
+    held.slots.prove(spoke, "token 9")
     assert held.open("10.0.0.10", "spoke2") is not None  # .66 holds 3, .10 none
     assert held.closed == ["h0", "h1"]
     assert held.slots.proven == 3 and held.slots.open == 4  # spoke2 not proven yet
@@ -143,6 +143,45 @@ def test_spokes_holding_one_proven_connection_each_are_not_turned_over() -> None
     for i in range(3):
         slot = held.open(f"10.0.0.{i}", f"s{i}")
         assert slot is not None
-        held.slots.prove(slot)
+        held.slots.prove(slot, f"token {i}")
     assert held.open("10.0.0.9", "late") is None  # none holds two more than it
     assert held.closed == [] and held.slots.refused == 1
+
+
+def test_one_holder_over_many_addresses_gives_way_to_a_newcomer() -> None:
+    """The seventeenth probe: one token's holder proved one connection from each of 2,048
+    addresses, and every new spoke was refused. Past its share (the slots over the holders
+    and the newcomer) a holder's oldest proven connection gives way."""
+    held = Held(DoorSlots(6))
+    for i in range(5):
+        slot = held.open(f"10.2.0.{i}", f"h{i}")
+        assert slot is not None
+        held.slots.prove(slot, "token hog")
+    spoke = held.open("10.0.0.9", "spoke")
+    assert spoke is not None
+    held.slots.prove(spoke, "token spoke")
+    spoke2 = held.open("10.0.0.10", "spoke2")
+    assert spoke2 is not None  # the hog holds 5 > 6 / 3
+    assert held.closed == ["h0"]
+    held.slots.prove(spoke2, "token spoke2")
+    for i in range(5, 50):  # the hog's newcomers turn over only its own
+        slot = held.open(f"10.2.0.{i}", f"h{i}")
+        assert slot is not None
+        held.slots.prove(slot, "token hog")
+    assert "spoke" not in held.closed and "spoke2" not in held.closed
+
+
+def test_a_holder_within_its_share_is_not_displaced() -> None:
+    held = Held(DoorSlots(4))
+    for i, holder in enumerate(["a", "a", "b", "b"]):
+        slot = held.open(f"10.3.0.{i}", f"{holder}{i}")
+        assert slot is not None
+        held.slots.prove(slot, holder)
+    assert held.open("10.0.0.9", "late") is not None  # 2 > 4 / 3: a's oldest goes
+    assert held.closed == ["a0"]
+    late = held.slots.unproven("10.0.0.9")[0]
+    held.slots.prove(late, "c")  # a 1, b 2, c 1: b holds 2, 2 × 4 > 4
+    assert held.open("10.0.0.10", "later") is not None and held.closed[-1] == "b2"
+    later = held.slots.unproven("10.0.0.10")[0]
+    held.slots.prove(later, "d")  # one each now: never displaced
+    assert held.open("10.0.0.11", "last") is None

@@ -1,0 +1,284 @@
+"""Where a port's connections come in before anything is spent on them: a listener whose
+connections are accepted in batches, given a slot by :mod:`strata_local.doorslots`' shares
+and watched, as bare sockets, until their first message is whole; only then is a
+connection handed on. :class:`strata_local.door.Door` hands it to a gRPC server behind (the
+spoke's peer port, the hub's gRPC port), :class:`strata_local.streamdoor.StreamDoor` to an
+asyncio stream handler, TLS begun there (the hub's bulk port, the spoke's bulk peer port).
+
+A connection that has sent nothing, or part of a first message, costs one accept, one slot
+and one registration with the event loop: no task, no buffer, no TLS state. The kernel
+holds its bytes (``SO_RCVLOWAT`` wakes the doorway only when the rest is there), and one
+that sends something no server behind would take is closed at once (issue 39's sixteenth
+probe kept new peers out with 1,800 one-byte connections a second while a byte bought a
+relay).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import socket
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from strata_local.doorslots import DoorSlot, DoorSlots
+
+log = logging.getLogger(__name__)
+
+ACCEPT_BATCH = 64
+"""Most connections accepted in one turn of the event loop (the rest wait for the next:
+the mount's calls are served between batches)."""
+
+SWEEP_S = 1.0
+"""How often connections that have sent nothing are looked at, seconds."""
+
+ENDING = 64
+"""Most displaced connections still ending (their descriptors not yet closed) beyond the
+slots before the doorway stops accepting until they have: a flood waits in the kernel's
+backlog rather than taking the daemon's descriptors."""
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+"""HTTP/2's client connection preface (RFC 9113, 3.4): a plaintext gRPC client's first bytes."""
+
+TLS_HANDSHAKE = 0x16
+"""A TLS record's content type for a handshake message (RFC 8446, 5.1): a ClientHello's."""
+
+FIRST_MESSAGE_MOST = 5 + (1 << 14) + 256
+"""Most bytes of a first message a doorway waits for: a TLS record's 5-byte header and at
+most 2^14 bytes of plaintext fragment (RFC 8446, 5.1), with room to spare."""
+
+FirstMessage = Callable[[bytes], "int | None"]
+"""How many bytes the first message that begins with the bytes given takes (more than
+their length when it is not whole yet), or None when no server behind would take it."""
+
+
+def tls_hello(said: bytes) -> int | None:
+    """A TLS client's first message (:data:`FirstMessage`): one whole handshake record,
+    its ClientHello, of at most :data:`FIRST_MESSAGE_MOST` bytes."""
+    if not said or said[0] != TLS_HANDSHAKE:
+        return None
+    if len(said) < 5:
+        return 5
+    length = 5 + int.from_bytes(said[3:5], "big")
+    return length if length <= FIRST_MESSAGE_MOST else None
+
+
+def starts_with(magic: bytes) -> FirstMessage:
+    """A plaintext protocol's first message (:data:`FirstMessage`): its ``magic`` bytes."""
+
+    def first(said: bytes) -> int | None:
+        if not said or not magic.startswith(said[: len(magic)]):
+            return None
+        return len(magic)
+
+    return first
+
+
+def grpc_first(said: bytes) -> int | None:
+    """A gRPC client's first message (:data:`FirstMessage`): a TLS ClientHello's record,
+    or HTTP/2's connection preface."""
+    if said and said[0] == TLS_HANDSHAKE:
+        return tls_hello(said)
+    return starts_with(PREFACE)(said)
+
+
+def peer_name(address: Any) -> str:
+    """gRPC's form of a TCP peer address (``ipv4:10.0.0.7:5000``, ``ipv6:[::1]:5000``), so
+    an audit line reads the same whichever port or channel the call came on (the doors,
+    the hub's and the spokes' bulk ports)."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
+    return f"unknown:{address}"
+
+
+class _Arrival:
+    """An accepted connection whose first message is not whole yet: a slot and a socket."""
+
+    __slots__ = ("conn", "since", "slot")
+
+    def __init__(self, conn: socket.socket, since: float) -> None:
+        self.conn, self.since = conn, since
+        self.slot: DoorSlot | None = None
+
+
+class Doorway:
+    """Accepts a port's connections and hands on each whose first message is whole.
+
+    A connection is accepted, given a slot and watched for its first message, all in one
+    callback of the event loop, up to :data:`ACCEPT_BATCH` at a time. One whose first
+    message is whole runs :meth:`_enter` in a task of its own; one that has not sent it
+    within ``silent_s`` is closed.
+
+    Args:
+        max_connections: Most connections open at once.
+        silent_s: Longest a connection may take to send its first message, seconds.
+        first_message: What a connection's first message is (:data:`FirstMessage`).
+
+    Attributes:
+        slots: The connection slots and their counts.
+        port: The bound port (after :meth:`start`).
+    """
+
+    def __init__(self, max_connections: int, silent_s: float, first_message: FirstMessage) -> None:
+        self.slots = DoorSlots(max_connections)
+        self.silent_s, self._first_message = silent_s, first_message
+        self._listener: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._arrivals: dict[_Arrival, None] = {}  # no whole first message yet, in order
+        self._sweep: asyncio.TimerHandle | None = None
+        self._resume: asyncio.TimerHandle | None = None
+        self._open: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        """Listens on ``host:port`` (port 0: a free one); returns the bound port.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(socket.SOMAXCONN)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self._listener, self._loop = listener, asyncio.get_running_loop()
+        self.port = int(listener.getsockname()[1])
+        self._loop.add_reader(listener.fileno(), self._accept)
+        self._sweep = self._loop.call_later(SWEEP_S, self._close_silent)
+        return self.port
+
+    @property
+    def connections(self) -> int:
+        """Connections handed on and not yet ended."""
+        return len(self._open)
+
+    async def close(self) -> None:
+        """Stops accepting and ends every connection (idempotent)."""
+        for timer in (self._sweep, self._resume):
+            if timer is not None:
+                timer.cancel()
+        self._sweep = self._resume = None
+        if self._listener is not None and self._loop is not None:
+            self._loop.remove_reader(self._listener.fileno())
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        for arrival in list(self._arrivals):
+            self._end_arrival(arrival)
+        for task in list(self._open):
+            task.cancel()
+        if self._open:
+            await asyncio.gather(*self._open, return_exceptions=True)
+
+    def _enter(self, conn: socket.socket, slot: DoorSlot) -> Coroutine[Any, Any, None]:
+        """What a connection whose first message is whole gets (its first message still
+        unread in the kernel): a coroutine that serves it, closes ``conn`` and releases
+        ``slot`` when done. Cancelled when the slot is displaced or the doorway closes."""
+        raise NotImplementedError
+
+    def _refuse(self, conn: socket.socket, who: str) -> None:
+        """A newcomer for which no slot may be displaced: closed (a subclass may first
+        send a one-line refusal)."""
+        conn.close()
+
+    def _accept(self) -> None:
+        """The listener is readable: accept up to :data:`ACCEPT_BATCH` connections."""
+        assert self._listener is not None and self._loop is not None
+        loop, now = self._loop, self._loop.time()
+        for _ in range(ACCEPT_BATCH):
+            if len(self._open) >= self.slots.max_connections + ENDING:
+                self._pause(0.001)  # displaced connections still ending: the backlog waits
+                return
+            try:
+                conn, address = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as err:  # EMFILE and the like: wait, then go on accepting
+                log.warning("port %d cannot accept: %s", self.port, err)
+                self._pause(0.1)
+                return
+            conn.setblocking(False)
+            arrival = _Arrival(conn, now)
+            who = peer_name(address)
+            slot = self.slots.take(
+                str(address[0]), who, functools.partial(self._end_arrival, arrival)
+            )
+            if slot is None:
+                self._refuse(conn, who)  # every slot is held by a proven caller
+                continue
+            arrival.slot = slot
+            self._arrivals[arrival] = None
+            loop.add_reader(conn.fileno(), self._first_bytes, arrival)
+
+    def _pause(self, seconds: float) -> None:
+        assert self._listener is not None and self._loop is not None
+        fd = self._listener.fileno()
+        self._loop.remove_reader(fd)
+        self._resume = self._loop.call_later(seconds, self._loop.add_reader, fd, self._accept)
+
+    def _first_bytes(self, arrival: _Arrival) -> None:
+        """The caller sent something (or closed): once its first message is whole, hand the
+        connection on; anything that is not the start of one ends it."""
+        assert self._loop is not None and arrival.slot is not None
+        conn = arrival.conn
+        try:
+            said = conn.recv(FIRST_MESSAGE_MOST, socket.MSG_PEEK)
+        except OSError:
+            said = b""  # reset
+        need = self._first_message(said)
+        if need is None:  # closed, or nothing the server behind would take
+            self._end_arrival(arrival)
+            return
+        if len(said) < need:
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, need)
+            return
+        with contextlib.suppress(OSError):
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+        self._loop.remove_reader(conn.fileno())
+        del self._arrivals[arrival]
+        task = asyncio.create_task(self._enter(conn, arrival.slot))
+        arrival.slot.close = _ender(task, conn)
+        self._open.add(task)
+        task.add_done_callback(self._open.discard)
+
+    def _end_arrival(self, arrival: _Arrival) -> None:
+        """Closes a connection not handed on yet (displaced, silent for
+        :attr:`silent_s`, or the doorway closing), and frees its slot."""
+        if self._arrivals.pop(arrival, False) is None and self._loop is not None:
+            self._loop.remove_reader(arrival.conn.fileno())
+            arrival.conn.close()
+        if arrival.slot is not None:
+            self.slots.release(arrival.slot)
+
+    def _close_silent(self) -> None:
+        """Closes the connections silent for :attr:`silent_s` (oldest first: the arrivals
+        are in order), every :data:`SWEEP_S`."""
+        assert self._loop is not None
+        too_old = self._loop.time() - self.silent_s
+        while self._arrivals:
+            arrival = next(iter(self._arrivals))
+            if arrival.since > too_old:
+                break
+            self._end_arrival(arrival)
+        self._sweep = self._loop.call_later(SWEEP_S, self._close_silent)
+
+
+def _ender(task: asyncio.Task[None], conn: socket.socket) -> Callable[[], None]:
+    """Ends a displaced connection: both directions shut at once (the caller sees the end
+    now), its task cancelled to close the descriptors."""
+
+    def end() -> None:
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+        task.cancel()
+
+    return end

@@ -1,0 +1,146 @@
+"""A stream door (strata_local/streamdoor.py) on real sockets of 127.0.0.1: TLS begins only
+for a whole ClientHello, and the handshakes pending are capped, the oldest of the address
+holding most displaced — the bulk ports' bound on what asyncio's TLS layer holds (about
+310 KiB a handshake), which the sixteenth probe took to 900 MiB of a hub."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+
+import pytest
+
+from deploy.pki import Leaf, LocalCa
+from strata_local.doorslots import DoorSlot
+from strata_local.streamdoor import StreamDoor
+from tests.support import eventually_async
+
+
+@pytest.fixture(scope="module", name="leaf")
+def leaf_fixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[LocalCa, Leaf]:
+    ca = LocalCa(tmp_path_factory.mktemp("pki"), "streamdoor-ca")
+    return ca, ca.issue("localhost")
+
+
+def _server_context(leaf: Leaf) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(leaf.cert), str(leaf.key))
+    return context
+
+
+def _client_context(ca: LocalCa) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(str(ca.pem.cert))
+    return context
+
+
+def _client_hello(ca: LocalCa) -> bytes:
+    """A real ClientHello's record, as a client's first flight sends it."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = _client_context(ca).wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: DoorSlot) -> None:
+    writer.write(await reader.readexactly(4))
+    await writer.drain()
+    writer.close()
+
+
+def _talk(port: int, ca: LocalCa, source: str = "127.0.0.1") -> bytes:
+    """A real TLS client's round trip through the door."""
+    with (
+        socket.create_connection(
+            ("127.0.0.1", port), timeout=10, source_address=(source, 0)
+        ) as raw,
+        _client_context(ca).wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(b"ping")
+        return tls.recv(4)
+
+
+def test_tls_begins_only_for_a_whole_client_hello(leaf: tuple[LocalCa, Leaf]) -> None:
+    ca, server_leaf = leaf
+    hello = _client_hello(ca)
+
+    async def go() -> tuple[int, int, int, bytes]:
+        door = StreamDoor(64, 10.0, _echo, 4, tls=_server_context(server_leaf), handshakes=8)
+        port = await door.start("127.0.0.1", 0)
+        partial = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+        for sock in partial:
+            sock.sendall(hello[:-1])  # all but the record's last byte
+        await eventually_async(lambda: door.slots.open == 40, "40 connections in")
+        await asyncio.sleep(0.2)
+        pending_for_partial = door.pending
+        whole = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+        for sock in whole:
+            sock.sendall(hello)  # whole, then the client says no more
+        await eventually_async(lambda: door.handshakes_displaced == 12, "12 displaced")
+        pending = door.pending
+        answer = await asyncio.to_thread(_talk, port, ca)
+        for sock in partial + whole:
+            sock.close()
+        await door.close()
+        return pending_for_partial, pending, door.handshakes_displaced, answer
+
+    pending_for_partial, pending, displaced, answer = asyncio.run(go())
+    assert pending_for_partial == 0  # part of a ClientHello: a slot, no TLS state
+    assert pending == 8  # the cap
+    assert displaced >= 12  # the real client's handshake may displace one more
+    assert answer == b"ping"
+
+
+def test_a_flood_from_one_address_turns_over_only_its_own_handshakes(
+    leaf: tuple[LocalCa, Leaf],
+) -> None:
+    ca, server_leaf = leaf
+    hello = _client_hello(ca)
+
+    async def go() -> tuple[int, bytes, bytes]:
+        door = StreamDoor(256, 10.0, _echo, 4, tls=_server_context(server_leaf), handshakes=4)
+        port = await door.start("127.0.0.1", 0)
+        flood = []
+        for _ in range(3):  # the flooder's handshakes stay pending beside the caller's
+            sock = socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.3", 0))
+            sock.sendall(hello)
+            flood.append(sock)
+        await eventually_async(lambda: door.pending == 3, "3 pending")
+        first = await asyncio.to_thread(_talk, port, ca, "127.0.0.2")
+        for _ in range(30):
+            sock = socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.3", 0))
+            sock.sendall(hello)
+            flood.append(sock)
+        await eventually_async(lambda: door.handshakes_displaced >= 29, "the flood turned over")
+        second = await asyncio.to_thread(_talk, port, ca, "127.0.0.2")
+        pending = door.pending
+        for sock in flood:
+            sock.close()
+        await door.close()
+        return pending, first, second
+
+    pending, first, second = asyncio.run(go())
+    assert pending <= 4
+    assert (first, second) == (b"ping", b"ping")
+
+
+def test_a_plaintext_caller_is_handed_on_once_its_head_is_there() -> None:
+    async def go() -> tuple[int, bytes]:
+        door = StreamDoor(8, 10.0, _echo, 4)
+        port = await door.start("127.0.0.1", 0)
+        early = socket.create_connection(("127.0.0.1", port))
+        early.sendall(b"pi")  # half a head: a slot, no task
+        await eventually_async(lambda: door.slots.open == 1, "one slot")
+        await asyncio.sleep(0.1)
+        handed = door.connections
+        early.sendall(b"ng")
+        early.settimeout(10)
+        answer = await asyncio.to_thread(early.recv, 4)
+        early.close()
+        await door.close()
+        return handed, answer
+
+    handed, answer = asyncio.run(go())
+    assert (handed, answer) == (0, b"ping")
