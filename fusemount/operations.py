@@ -48,6 +48,10 @@ _INODE_MASK = (1 << INODE_BITS) - 1
 _FH_PASSTHROUGH = 1 << INODE_BITS
 _FH_SERIALS = 1 << (63 - INODE_BITS)  # 15 bits: the handle's serial
 
+HANDLE_TRIES = 64
+"""Most serials tried for a new open's handle before it shares one of its inode's open
+handles (see :meth:`StrataOperations._new_handle`)."""
+
 
 def file_handle(inode: int, passthrough: bool, serial: int) -> int:
     """The 64-bit FUSE file handle of an open: bits 0-47 the inode, bit 48 set for a
@@ -114,6 +118,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         self.namespace.on_revoked = self._revoked
         self._handles: dict[int, tuple[Node, Readahead, bool]] = {}  # fh -> node, ra, passthrough
         self._serial = 0
+        self._sharing: dict[int, int] = {}  # fh -> opens sharing it beyond the first
         self._uid = os.getuid() if uid is None else uid
         self._gid = os.getgid() if gid is None else gid
         self._readable_by_all = readable_by_all
@@ -253,7 +258,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         if backing_id is None:  # counted on the pyfuse3 path, or an id attached meanwhile
             backing_id = self.passthrough.opened_cached(inode)
         fh = self._new_handle(inode, backing_id is not None)
-        self._handles[fh] = (node, Readahead(), backing_id is not None)
+        self._handles.setdefault(fh, (node, Readahead(), backing_id is not None))
         self.reader.opened(node, ctx.pid, self.inodes.files(node.snapshot_id))
         if backing_id is not None:  # the kernel forbids keep_cache with passthrough
             return pyfuse3.FileInfo(  # type: ignore[call-arg]
@@ -262,12 +267,25 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     def _new_handle(self, inode: int, passthrough: bool) -> int:
-        for _ in range(_FH_SERIALS):
+        """A handle for a new open of ``inode``: a free serial, else (after
+        :data:`HANDLE_TRIES` taken ones) an open handle of the same inode, shared — its
+        state and its readahead, counted so that it lives until its last release.
+
+        A handle carries its inode (a successor on the same connection serves it by that
+        alone), which leaves 15 bits of serial: opens of one inode beyond 32,768 at once
+        must share, and before, the next open failed ENFILE after trying all 32,768 — an
+        unprivileged user holding that many opens of a file shared by every pod of the
+        node (a base model, a common shard) denied it to all of them, root's opens
+        included (issue 39's seventeenth probe), and each failed open cost this loop
+        32,768 steps.
+        """
+        for _ in range(HANDLE_TRIES):
             self._serial += 1
             fh = file_handle(inode, passthrough, self._serial)
             if fh not in self._handles:
                 return fh
-        raise pyfuse3.FUSEError(errno.ENFILE)  # 32,768 opens of one inode at once
+        self._sharing[fh] = self._sharing.get(fh, 0) + 1  # every try taken: share the last
+        return fh
 
     async def _passthrough_open(self, inode: int, node: Node, direct: bool) -> int | None:
         """A backing id when this open can be served by the kernel from the block file.
@@ -332,7 +350,12 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
 
     @boundary
     async def release(self, fh: int) -> None:
-        self._handles.pop(fh, None)
+        if self._sharing.get(fh):  # another open shares this handle: it stays
+            self._sharing[fh] -= 1
+            if not self._sharing[fh]:
+                del self._sharing[fh]
+        else:
+            self._handles.pop(fh, None)
         inode, passthrough = handle_inode(fh)  # a predecessor's handle is counted too
         self.passthrough.released(inode, passthrough)
 

@@ -225,3 +225,26 @@ def test_a_read_answered_eio_reaches_the_daemon_with_the_next_hit_report(
     trio.run(go)
     assert daemon.read_errors == 2
     assert readerrors.take_read_errors() == 0  # told once
+
+
+def test_opens_of_one_inode_beyond_its_serials_share_a_handle_and_never_fail(
+    ops: StrataOperations, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handle carries its inode and 15 bits of serial; past those, opens share a handle
+    (issue 39's seventeenth probe: 32,768 opens by one user made every other open of the
+    file ENFILE, root's included). Shrunk here to 8 serials."""
+    from fusemount import operations
+
+    monkeypatch.setattr(operations, "_FH_SERIALS", 8)
+
+    async def go() -> None:
+        attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
+        handles = [(await ops.open(attr.st_ino, os.O_RDONLY, CTX)).fh for _ in range(20)]
+        assert len(set(handles)) == 8  # every serial, then shared
+        for fh in handles[:-1]:  # every open but the last released: its handle still reads
+            await ops.release(fh)
+        assert await ops.read(handles[-1], 0, 4) == b"\x00" * 4
+        await ops.release(handles[-1])
+        assert handles[-1] not in ops._handles and not ops._sharing
+
+    trio.run(go)
