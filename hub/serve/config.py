@@ -242,7 +242,7 @@ def server_options(
         # Spokes ping every 10 s, idle Watch streams included, to find dead links (their
         # HubClient): allow it rather than answer with GOAWAY "too_many_pings".
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     )
 
 
