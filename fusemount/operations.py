@@ -33,6 +33,7 @@ from fusemount.namespace import Namespace
 from fusemount.passthrough import Passthrough
 from fusemount.readahead import Readahead
 from fusemount.reader import BlockReader
+from fusemount.residency import CachedBytes
 from fusemount.source import BlockUnavailableError
 from fusemount.tree import INODE_BITS, InodeTable, Node, Role
 from spoke.disk.datasetgroups import DATASET_DIR_MODE, DatasetGroups
@@ -116,6 +117,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         self.namespace = Namespace(client, self.inodes)
         self.passthrough = passthrough or Passthrough("not configured")
         self.namespace.on_revoked = self._revoked
+        self.cached_bytes = CachedBytes(str(reader.layout.blocks_dir))
         self._handles: dict[int, tuple[Node, Readahead, bool]] = {}  # fh -> node, ra, passthrough
         self._serial = 0
         self._sharing: dict[int, int] = {}  # fh -> opens sharing it beyond the first
@@ -425,8 +427,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         node = await self._node(inode)
         if name == b"user.strata.cached_bytes" and stat.S_ISREG(node.mode):
-            cached = await trio.to_thread.run_sync(self.reader.cached_bytes, node)
-            return str(cached).encode()
+            return str(await self.cached_bytes.of(node)).encode()
         value = self._xattrs(node).get(name)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)

@@ -141,10 +141,6 @@ class BlockReader:
             return
         self._pending[source] = self._pending.get(source, 0) + sum(s for _, s in blocks)
 
-    def cached_bytes(self, node: Node) -> int:
-        """Bytes of ``node`` whose blocks are in the cache now (a stat per block)."""
-        return sum(size for digest, size in node.blocks if self.layout.block_path(digest).exists())
-
     async def prefetch_forever(self) -> None:
         """Serve queued readahead windows one at a time (best effort)."""
         async for blocks, source in self._ahead_recv:
