@@ -51,6 +51,14 @@ IDLE_BACKINGS = 16384
 """Most idle backing ids that keep their descriptor of the block file (and at most half
 the mount's open-file limit: ``fusemount.cli.idle_backings``): their re-open is a look-up."""
 
+ACTIVE_BACKINGS = 16384
+"""Most inodes with passthrough handles open at once (each keeps this process's descriptor
+of its block file, for a revocation's truncation), and at most a quarter of the mount's
+open-file limit (``fusemount.cli.active_backings``); further inodes open on the pyfuse3
+path, whose block files share a bounded table. Unbounded, one user holding opens of
+20,000 one-block files took every descriptor of a mount whose limit was 20,000, and every
+other reader's open failed EIO (issue 39's seventeenth probe)."""
+
 IDLE_IDS = 131072
 """Most backing ids kept registered after their inode's last release, for its next open.
 Each holds the kernel's reference to its block file (about 1 KiB of kernel memory with the

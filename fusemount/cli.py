@@ -25,7 +25,7 @@ import pyfuse3
 import trio
 from pydantic import ValidationError
 
-from fusemount.backings import IDLE_BACKINGS
+from fusemount.backings import ACTIVE_BACKINGS, IDLE_BACKINGS
 from fusemount.client import DaemonClient
 from fusemount.journal import InodeJournal
 from fusemount.ledger import BackingLedger
@@ -117,6 +117,16 @@ def idle_backings(open_files: int) -> int:
     if open_files == resource.RLIM_INFINITY:
         return IDLE_BACKINGS
     return max(0, min(IDLE_BACKINGS, open_files // 2))
+
+
+def active_backings(open_files: int) -> int:
+    """Inodes with passthrough handles open at once with a soft open-file limit of
+    ``open_files`` (-1: unlimited): each holds a descriptor, so at most a quarter of the
+    limit (a half for idle ones, :func:`idle_backings`; the rest for the block-file table,
+    1,024, and sockets)."""
+    if open_files == resource.RLIM_INFINITY:
+        return ACTIVE_BACKINGS
+    return max(0, min(ACTIVE_BACKINGS, open_files // 4))
 
 
 def mount_options(allow_other: bool = False) -> set[str]:
@@ -293,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         block_path=layout.block_path,
         exclusive=session.workers <= 1,
         snapshot_of=session.inodes.snapshot_of,
+        active_max=active_backings(open_files),
     )
     if session.workers > 1:  # forgets of our lookups may go to another worker
         session.inodes.resumed = True

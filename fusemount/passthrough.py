@@ -37,7 +37,15 @@ from pathlib import Path
 
 import pyfuse3
 
-from fusemount.backings import IDLE_BACKINGS, IDLE_IDS, RECHECK_S, Backing, Backings, ident
+from fusemount.backings import (
+    ACTIVE_BACKINGS,
+    IDLE_BACKINGS,
+    IDLE_IDS,
+    RECHECK_S,
+    Backing,
+    Backings,
+    ident,
+)
 from fusemount.ledger import BackingLedger
 from fusemount.tree import Node
 
@@ -60,6 +68,8 @@ class Passthrough(Backings):
         idle_max: idle backing ids that keep their descriptor (:data:`IDLE_BACKINGS`; 0:
             ids are closed at the last release).
         idle_ids: idle backing ids kept in all (:data:`IDLE_IDS`; at least ``idle_max``).
+        active_max: inodes with passthrough handles open at once (:data:`ACTIVE_BACKINGS`);
+            an open of another inode takes the pyfuse3 path.
         clock: monotonic seconds (tests pass their own).
         ledger: where every inode's backing id and handle counts are kept for a process
             that resumes this FUSE connection, and for the other workers serving it
@@ -84,6 +94,7 @@ class Passthrough(Backings):
         block_path: Callable[[str], Path] | None = None,
         exclusive: bool = True,
         snapshot_of: Callable[[int], str] | None = None,
+        active_max: int = ACTIVE_BACKINGS,
     ) -> None:
         super().__init__(
             close_backing or getattr(pyfuse3, "passthrough_close", None),
@@ -94,6 +105,8 @@ class Passthrough(Backings):
         self.opens = 0  # opens answered with a backing id since start
         self.reuses = 0  # of those, opens that took an idle id (no registration)
         self.truncated = 0  # block files truncated by revocations
+        self.active_max = active_max
+        self.over_active = 0  # opens sent to the pyfuse3 path by active_max
         self._open_backing = open_backing or getattr(pyfuse3, "passthrough_open", None)
 
     def _disable(self, reason: str) -> None:
@@ -120,8 +133,12 @@ class Passthrough(Backings):
     def candidate(self, inode: int, node: Node) -> str | None:
         """The block digest an open of ``node`` would pass through, or None for the pyfuse3
         path: passthrough off, not exactly one block holding the whole file, or the inode
-        already has handles on the pyfuse3 path."""
+        already has handles on the pyfuse3 path, or :attr:`active_max` inodes have
+        passthrough handles open."""
         if not self.enabled or self._cached.get(inode):
+            return None
+        if len(self._backings) - len(self._idle) >= self.active_max:
+            self.over_active += 1
             return None
         if not self.exclusive and self.ledger is not None and self.ledger.get(inode).cached:
             return None  # another worker's (checked again under the lock by attach)

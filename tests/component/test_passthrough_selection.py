@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fusemount.backings import IDLE_BACKINGS, RECHECK_S
-from fusemount.cli import idle_backings
+from fusemount.backings import ACTIVE_BACKINGS, IDLE_BACKINGS, RECHECK_S
+from fusemount.cli import active_backings, idle_backings
 from fusemount.passthrough import Passthrough
 from fusemount.passthroughcheck import filesystem_type, has_cap_sys_admin, unavailable_reason
 from fusemount.tree import Node, Role
@@ -318,6 +318,23 @@ def test_idle_ids_are_kept_within_half_the_open_file_limit() -> None:
     assert idle_backings(1 << 20) == IDLE_BACKINGS
     assert idle_backings(-1) == IDLE_BACKINGS  # RLIM_INFINITY
     assert idle_backings(1) == 0
+    assert active_backings(20_000) == 5_000  # a quarter: the rest for blocks and sockets
+    assert active_backings(1 << 20) == active_backings(-1) == ACTIVE_BACKINGS
+
+
+def test_past_the_active_bound_an_open_takes_the_pyfuse3_path(tmp_path: Path) -> None:
+    """Issue 39's seventeenth probe: one user holding opens of 20,000 one-block files took
+    every descriptor of the mount, and every other reader's open failed EIO."""
+    kernel = FakeKernel()
+    pt = Passthrough(open_backing=kernel.open, close_backing=kernel.close, active_max=3)
+    for inode in (2, 3, 4):
+        assert pt.attach(inode, _file(inode, 100), f"d{inode}-0", _fd(tmp_path, f"b{inode}"))
+    assert pt.candidate(5, _file(5, 100)) is None  # a fourth inode: pyfuse3 path
+    assert pt.over_active == 1
+    assert pt.shared(2) is not None  # another open of a passthrough inode still shares
+    pt.released(2, passthrough=True)
+    pt.released(2, passthrough=True)  # inode 2 idle now: room for one more
+    assert pt.candidate(5, _file(5, 100)) == "d5-0"
 
 
 def test_idle_ids_past_the_descriptor_bound_keep_their_id_and_give_up_the_descriptor(
