@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from spoke.cache.blockcache import BlockCache
@@ -80,6 +81,20 @@ async def _spoke_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=status, content=content)
 
 
+ERRORS_SHOWN = 20
+"""Most validation errors a 422 lists (``errors`` says how many there were)."""
+
+
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    """A body or query that does not validate: FastAPI's 422 ``{"detail": [...]}``, the
+    first :data:`ERRORS_SHOWN` errors without the input they quote, and ``errors``, how
+    many there were — never an answer that grows with what the caller sent."""
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    shown = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in errors[:ERRORS_SHOWN]]
+    return JSONResponse(status_code=422, content={"detail": shown, "errors": len(errors)})
+
+
 def create_app(
     cache: BlockCache,
     scheduler: FetchScheduler,
@@ -116,6 +131,7 @@ def create_app(
         max_running_jobs=MAX_RUNNING_JOBS,
     )
     app.add_exception_handler(SpokeError, _spoke_error)
+    app.add_exception_handler(RequestValidationError, _invalid)
     for router in ROUTERS:
         app.include_router(router)
 

@@ -40,6 +40,7 @@ Globs = Annotated[
     Field(
         default_factory=list,
         max_length=MAX_GLOBS,
+        fail_fast=True,  # the first bad glob is the error, not one a glob
         description="globs relative to the snapshot root; empty means every file",
     ),
 ]
