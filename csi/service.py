@@ -31,6 +31,7 @@ from prometheus_client import Counter
 from csi.hubscope import HubRefused, HubScope, HubUnreachable
 from csi.tenancy import Tenancy
 from csi.volumes import (
+    MAX_NODE_VOLUMES,
     Denied,
     ForeignMount,
     InvalidVolume,
@@ -39,6 +40,7 @@ from csi.volumes import (
     SpokeUnavailable,
     TargetNotEmpty,
     TargetTaken,
+    TooManyVolumes,
     VolumeError,
     Volumes,
 )
@@ -65,6 +67,7 @@ _CODES: tuple[tuple[type[VolumeError], grpc.StatusCode], ...] = (
     (TargetNotEmpty, grpc.StatusCode.FAILED_PRECONDITION),
     (Misconfigured, grpc.StatusCode.FAILED_PRECONDITION),
     (SpokeUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (TooManyVolumes, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (VolumeError, grpc.StatusCode.INTERNAL),
 )
 
@@ -274,8 +277,11 @@ class Node(csi_pb2_grpc.NodeServicer):
     def NodeGetInfo(
         self, request: csi_pb2.NodeGetInfoRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeGetInfoResponse:
-        """This node's id; no volume limit, no topology."""
-        return csi_pb2.NodeGetInfoResponse(node_id=self.node_id)
+        """This node's id and how many volumes it takes (:data:`MAX_NODE_VOLUMES`); no
+        topology."""
+        return csi_pb2.NodeGetInfoResponse(
+            node_id=self.node_id, max_volumes_per_node=MAX_NODE_VOLUMES
+        )
 
 
 def _require(value: str, field: str) -> None:

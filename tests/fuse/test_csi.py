@@ -328,3 +328,44 @@ def test_a_plugin_rolled_under_eight_readers_fails_none_of_their_reads(plugin: P
     assert errors == [] and min(reads) > 0, errors[:5]
     print(f"plugin roll: {sum(reads)} reads by 8 readers, {len(errors)} failed")
     assert not target.exists()
+
+
+def test_a_pod_holds_at_most_its_share_of_volumes(plugin: Plugin) -> None:
+    """Issue 39's seventeenth probe: one pod's 2,000 inline volumes made every other pod's
+    publish on the node take 54 ms (the mount table is read each time) and their
+    unpublish 17 s. A pod holds at most MAX_POD_VOLUMES; beyond, RESOURCE_EXHAUSTED."""
+    from csi.volumes import MAX_POD_VOLUMES
+
+    info = plugin.node.NodeGetInfo(csi_pb2.NodeGetInfoRequest())
+    assert info.max_volumes_per_node > MAX_POD_VOLUMES
+
+    def target(pod: str, i: int) -> Path:
+        parent = plugin.pods / pod / "volumes" / "kubernetes.io~csi" / f"data-{i}"
+        parent.mkdir(parents=True, exist_ok=True)
+        return parent / "mount"
+
+    published = []
+    try:
+        for i in range(MAX_POD_VOLUMES):
+            plugin.node.NodePublishVolume(
+                request(f"vol-many-{i}", target("pod-many", i), dataset="demo", ref="v1")
+            )
+            published.append((f"vol-many-{i}", target("pod-many", i)))
+        extra = request("vol-many-x", target("pod-many", MAX_POD_VOLUMES), dataset="demo", ref="v1")
+        code, message = code_of(plugin.node.NodePublishVolume, extra)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "pod-many" in message
+        assert mounted_at(target("pod-many", MAX_POD_VOLUMES)) is None
+        other = request("vol-other", target("pod-other", 0), dataset="demo", ref="v1")
+        plugin.node.NodePublishVolume(other)  # another pod is not held back
+        published.append(("vol-other", target("pod-other", 0)))
+        first = published.pop(0)
+        plugin.node.NodeUnpublishVolume(
+            csi_pb2.NodeUnpublishVolumeRequest(volume_id=first[0], target_path=str(first[1]))
+        )
+        plugin.node.NodePublishVolume(extra)  # room again
+        published.append(("vol-many-x", target("pod-many", MAX_POD_VOLUMES)))
+    finally:
+        for volume_id, path in published:
+            plugin.node.NodeUnpublishVolume(
+                csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=str(path))
+            )
