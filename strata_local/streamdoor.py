@@ -34,6 +34,9 @@ from strata_local.slotshare import Holders
 HANDSHAKES = 64
 """Most TLS handshakes pending at once on one port (see the module docstring)."""
 
+TLS_STEP_BYTES = 64 * 1024
+"""Bytes written per step under TLS by :func:`write_steps`."""
+
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter, DoorSlot], Awaitable[None]]
 """Serves one connection: ``(reader, writer, slot)``; it closes ``writer`` when done and
 may mark ``slot`` proven (:meth:`strata_local.doorslots.DoorSlots.prove`)."""
@@ -105,6 +108,8 @@ class StreamDoor(Doorway):
                 )
             finally:
                 self._end_handshake(slot)
+            if self._tls is not None:  # asyncio's TLS layer buffers 512 KiB by default
+                transport.set_write_buffer_limits(high=TLS_STEP_BYTES)
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         except (OSError, TimeoutError, asyncio.CancelledError):
             conn.close()  # a failed or displaced handshake (asyncio aborted its transport)
@@ -138,3 +143,32 @@ class StreamDoor(Doorway):
 def _plaintext(head: int, said: bytes) -> int | None:
     """A plaintext caller's first message: ``head`` bytes, or None once it closed."""
     return head if said else None
+
+
+async def write_steps(
+    writer: asyncio.StreamWriter,
+    data: bytes | memoryview,
+    step: int,
+    watch: Callable[[Awaitable[None]], Awaitable[None]] | None = None,
+) -> None:
+    """Writes ``data`` ``step`` bytes at a time, waiting (through ``watch``, which may
+    give up on a client that takes nothing) whenever the transport's buffer is full, and
+    at the end until it is below its low-water mark.
+
+    Under TLS, pass :data:`TLS_STEP_BYTES`: asyncio encrypts what is written at once and
+    hands it to the socket's transport, whose buffer its TLS layer does not count, so
+    ``drain()`` returned while a whole 1 MiB write sat there, and what was counted as
+    sent held 1.4 MiB a connection for a client that read nothing (one token's 1,024
+    connections to a hub's bulk port: 1.5 GiB; issue 39's seventeenth probe). In small
+    steps, with the TLS layer's own high-water mark at one step (the stream door sets
+    it; asyncio's default is 512 KiB), both buffers hold about four steps together.
+    """
+    transport = writer.transport
+    low, high = transport.get_write_buffer_limits()
+    view = memoryview(data)
+    for offset in range(0, len(view), max(1, step)):
+        writer.write(view[offset : offset + step])
+        if transport.get_write_buffer_size() >= high:  # drain would wait
+            await (watch(writer.drain()) if watch is not None else writer.drain())
+    if transport.get_write_buffer_size() > low:  # the rest leaves before it counts as sent
+        await (watch(writer.drain()) if watch is not None else writer.drain())

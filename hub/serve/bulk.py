@@ -28,7 +28,9 @@ Bytes: from a local blob store without TLS, a block leaves by ``sendfile(2)`` (t
 :meth:`asyncio.AbstractEventLoop.sendfile`): the hub never reads it into Python, and the
 kernel's readahead for the next blocks of the request is asked for
 (``POSIX_FADV_WILLNEED``) while one is sent. Under TLS, or from S3, the block is read
-whole in a worker thread and written once (the copy TLS needs anyway).
+whole in a worker thread and written in steps (the copy TLS needs anyway; under TLS steps
+of :data:`~strata_local.streamdoor.TLS_STEP_BYTES`, :func:`~strata_local.streamdoor.write_steps`,
+so what a client leaves unread is counted and charged until it leaves).
 
 Stalls: a block leaves in steps of :data:`STEP_BYTES`, and while a step is under way the
 client must take some of the connection's bytes (its kernel acknowledges them,
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import ssl
@@ -70,7 +73,7 @@ from hub.serve.wire import CHUNK_BYTES
 from hub.store.blobstore import BlobStore, LocalBlobStore
 from protocol import bulk
 from strata_local.doorslots import DoorSlot
-from strata_local.streamdoor import StreamDoor
+from strata_local.streamdoor import TLS_STEP_BYTES, StreamDoor, write_steps
 
 log = logging.getLogger(__name__)
 
@@ -302,11 +305,10 @@ class BulkServer:
                     data = await asyncio.to_thread(self._store.read, digest)
                     if len(data) != size:
                         raise CorruptBlob(f"block {digest} has {len(data)} bytes, not {size}")
-                    view = memoryview(data)
-                    for offset in range(0, size, STEP_BYTES):
-                        writer.write(view[offset : offset + STEP_BYTES])
-                        await self._progress(writer.drain(), writer.transport, who)
-                    del view, data
+                    step = STEP_BYTES if self._tls is None else TLS_STEP_BYTES
+                    watch = functools.partial(self._progress, transport=writer.transport, who=who)
+                    await write_steps(writer, data, step, watch)  # a step at a time
+                    del data
             finally:
                 self._budget.release(who, size)
             self._metrics.blocks_served.inc()

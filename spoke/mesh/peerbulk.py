@@ -60,7 +60,7 @@ from spoke.mesh.peercall import (
 )
 from spoke.mesh.transport import HANDSHAKE_TIMEOUT_S, IDLE_S, MAX_CONNECTIONS, PeerTls
 from strata_local.doorslots import DoorSlot
-from strata_local.streamdoor import StreamDoor
+from strata_local.streamdoor import TLS_STEP_BYTES, StreamDoor, write_steps
 
 log = logging.getLogger(__name__)
 
@@ -269,8 +269,9 @@ class PeerBulkServer:
         if isinstance(block, bytes):
             with self.gate.in_memory(call, len(block)):
                 writer.write(bulk.encode_block_head(digest, len(block)))
-                writer.write(block)
-                await writer.drain()
+                await write_steps(
+                    writer, block, len(block) if self._tls is None else TLS_STEP_BYTES
+                )
             metrics.PEER_BULK_BYTES.labels("written").inc(len(block))
             return
         with block:
@@ -284,6 +285,7 @@ class PeerBulkServer:
                     raise ConnectionResetError(f"sent {sent} of block {digest}'s bytes")
                 metrics.PEER_BULK_BYTES.labels("sendfile").inc(block.size)
                 return
+            step = block.chunk if self._tls is None else TLS_STEP_BYTES
             for offset in block.offsets():
                 try:
                     data = await asyncio.to_thread(block.read, offset)
@@ -291,9 +293,8 @@ class PeerBulkServer:
                     # its head is sent: no error frame can follow, the connection ends
                     self.blocks.failed(block, err)
                     raise ConnectionAbortedError(str(err)) from err
-                writer.write(data)
+                await write_steps(writer, data, step)  # under TLS, what is unread counts
                 del data
-                await writer.drain()
             metrics.PEER_BULK_BYTES.labels("written").inc(block.size)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from deploy.pki import Leaf, LocalCa
 from strata_local.doorslots import DoorSlot
-from strata_local.streamdoor import StreamDoor
+from strata_local.streamdoor import TLS_STEP_BYTES, StreamDoor, write_steps
 from tests.support import eventually_async
 
 
@@ -144,3 +144,68 @@ def test_a_plaintext_caller_is_handed_on_once_its_head_is_there() -> None:
 
     handed, answer = asyncio.run(go())
     assert (handed, answer) == (0, b"ping")
+
+
+def test_what_a_client_leaves_unread_under_tls_stays_in_a_few_steps(
+    leaf: tuple[LocalCa, Leaf],
+) -> None:
+    """Issue 39's seventeenth probe: a hub's bulk port wrote a 1 MiB step to its TLS
+    transport, ``drain()`` returned at once (asyncio's TLS layer does not count the
+    socket transport's buffer beneath it) and the block counted as sent while 1 MiB sat
+    there for a client that read nothing: 1.4 MiB a connection, 1.5 GiB for 1,024.
+    ``write_steps`` keeps what is buffered to a few steps and waits while the rest is
+    unread."""
+    ca, server_leaf = leaf
+    block = bytes(1 << 20)
+    held: dict[str, int] = {}
+
+    def buffered(writer: asyncio.StreamWriter) -> int:
+        below = writer.transport._ssl_protocol._transport  # type: ignore[attr-defined]
+        return int(writer.transport.get_write_buffer_size() + below.get_write_buffer_size())
+
+    async def go() -> None:
+        done = {"whole": asyncio.Event(), "steps": asyncio.Event()}
+
+        async def serve(
+            reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: DoorSlot
+        ) -> None:
+            how = "whole" if await reader.readexactly(1) == b"w" else "steps"
+            sock = writer.get_extra_info("socket")  # a kernel buffer that fills, as under
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # memory pressure
+            if how == "whole":
+                writer.write(block)
+                await writer.drain()  # returns with the block in the buffer beneath
+                held["whole"] = buffered(writer)
+                done["whole"].set()
+            else:
+                steps = asyncio.ensure_future(write_steps(writer, block, TLS_STEP_BYTES))
+                await asyncio.sleep(0.5)
+                held["steps"] = buffered(writer)
+                held["steps_waiting"] = int(not steps.done())
+                done["steps"].set()
+                steps.cancel()
+            await asyncio.sleep(1)
+            writer.transport.abort()
+
+        door = StreamDoor(8, 10.0, serve, 1, tls=_server_context(server_leaf))
+        port = await door.start("127.0.0.1", 0)
+        clients = []
+        for how in (b"w", b"s"):
+            raw = socket.socket()
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and it reads nothing
+            raw.connect(("127.0.0.1", port))
+            tls = await asyncio.to_thread(
+                _client_context(ca).wrap_socket, raw, server_hostname="localhost"
+            )
+            tls.sendall(how)
+            clients.append(tls)
+        await asyncio.wait_for(done["whole"].wait(), 10)
+        await asyncio.wait_for(done["steps"].wait(), 10)
+        for tls in clients:
+            tls.close()
+        await door.close()
+
+    asyncio.run(go())
+    assert held["whole"] > 512 << 10  # the problem: most of the block, unread, uncounted
+    assert held["steps"] <= 4 * TLS_STEP_BYTES
+    assert held["steps_waiting"] == 1  # not counted as sent while the client reads nothing
