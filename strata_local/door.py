@@ -91,6 +91,13 @@ class Door(Doorway):
         if slot is not None and self.credentials:
             self.slots.prove(slot, holder)
 
+    def unprove(self, peer: str) -> None:
+        """Takes back the proof of the connection behind ``peer``: a call on it carried no
+        accepted token (revoked since it proved one): it may be displaced again."""
+        slot = self._by_name.get(peer)
+        if slot is not None:
+            self.slots.unprove(slot)
+
     async def close(self) -> None:
         """Stops accepting, ends every connection and removes the door's directory
         (idempotent)."""

@@ -133,6 +133,18 @@ class DoorSlots:
         self._proven.add(slot.host, slot)
         self._holders.add(holder, slot)
 
+    def unprove(self, slot: DoorSlot) -> None:
+        """Takes ``slot``'s proof back (a later call on its connection carried no
+        accepted token: the token was revoked, say), so it may be displaced as any
+        connection that proved nothing. Idempotent."""
+        if not slot.proven or not slot.open:
+            return
+        self._proven.remove(slot.host, slot)
+        self._holders.remove(slot.holder, slot)
+        slot.proven, slot.holder = False, ""
+        self.proven -= 1
+        self._unproven.add(slot.host, slot)
+
     def _over_share(self) -> DoorSlot | None:
         """The oldest proven connection of the holder holding most, if it holds at least
         two and more than ``max_connections`` ÷ (holders + 1); else None."""

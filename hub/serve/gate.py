@@ -121,12 +121,19 @@ def _bind(
 
 
 def _refusal(
-    handler: grpc.RpcMethodHandler, method: str, error: HubError, refuse: Refuse
+    handler: grpc.RpcMethodHandler,
+    method: str,
+    error: HubError,
+    refuse: Refuse,
+    unprove: Callable[[str], None] = lambda peer: None,
 ) -> grpc.RpcMethodHandler:
     """A handler for the same method that ends the call with ``error`` without reading
-    its request: a request-streaming handler whose iterator is never touched."""
+    its request: a request-streaming handler whose iterator is never touched. Its
+    connection's proof is taken back (``unprove(context.peer())``): its token was one
+    once, perhaps, and is not now."""
 
     async def behaviour(requests: AsyncIterator[Any], context: Any) -> None:
+        unprove(str(context.peer()))
         await refuse(method, context, error)
 
     if handler.response_streaming:
@@ -147,6 +154,9 @@ class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         prove: Tells the port's door (:class:`strata_local.door.Door`) that a call on the
             connection of this ``context.peer()`` carried an accepted token: ``(peer,
             the token's subject)``.
+        unprove: Tells the door that a call on the connection of this ``context.peer()``
+            carried no accepted token (a connection that proved a token since revoked
+            may be displaced again).
     """
 
     def __init__(
@@ -156,9 +166,10 @@ class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         budget: ReadBudget,
         calls: int = CALLS,
         prove: Callable[[str, str], None] = lambda peer, holder: None,
+        unprove: Callable[[str], None] = lambda peer: None,
     ) -> None:
         self._tokens = tokens
-        self._prove = prove
+        self._prove, self._unprove = prove, unprove
         self._refuse = refuse
         self._budget = budget
         self._calls = StreamSlots("call", "hub.serve.gate.CALLS", calls)
@@ -185,7 +196,7 @@ class HubGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         try:
             principal = self.authenticate(handler_call_details.invocation_metadata)
         except Unauthenticated as error:
-            return _refusal(handler, method.rpartition("/")[2], error, self._refuse)
+            return _refusal(handler, method.rpartition("/")[2], error, self._refuse, self._unprove)
         admission = _Admission(
             self._calls, self._budget, self._refuse, method.rpartition("/")[2], self._prove
         )

@@ -221,7 +221,7 @@ class HubServer:
                 ),
                 # the gate first: a call is authenticated before its request is received
                 interceptors=[
-                    HubGate(tokens, service.refuse, budget, prove=door.prove),
+                    HubGate(tokens, service.refuse, budget, prove=door.prove, unprove=door.unprove),
                     HubWire(MAX_REQUEST_BYTES),
                 ],
             )

@@ -180,7 +180,12 @@ class PeerService(peer_pb2_grpc.SpokePeerServicer):
     ) -> None:
         """The region's token (:meth:`PeerGate.authorize`); once it is, the door keeps the
         call's connection (:meth:`~strata_local.door.Door.prove`)."""
-        self.gate.authorize(self._authorization(context), who, what)
+        try:
+            self.gate.authorize(self._authorization(context), who, what)
+        except PeerRefused:
+            if self.door is not None:  # a token since changed: displaceable again
+                self.door.unprove(context.peer())
+            raise
         if self.door is not None:
             self.door.prove(context.peer(), REGION)
 

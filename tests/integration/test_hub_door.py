@@ -129,7 +129,15 @@ def test_a_proven_connection_is_counted_for_the_token_that_proved_it(
                 hub_pb2.ListDatasetsRequest(), metadata=bearer(token), timeout=5
             )
         holders = sorted(s.holder for s in door._by_name.values() if s.proven)
+        # a call without an accepted token (one revoked since, say) takes the proof back
+        with pytest.raises(grpc.RpcError) as refused:
+            hub_pb2_grpc.HubStub(channels[0]).ListDatasets(
+                hub_pb2.ListDatasetsRequest(), metadata=bearer("revoked-token"), timeout=5
+            )
+        still = door.slots.proven
         for channel in channels:
             channel.close()
     assert len(holders) == 3  # each channel's connection, proven
     assert len(set(holders)) == 2  # counted for the subject of the token that proved it
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert still == 2

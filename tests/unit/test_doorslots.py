@@ -185,3 +185,21 @@ def test_a_holder_within_its_share_is_not_displaced() -> None:
     later = held.slots.unproven("10.0.0.10")[0]
     held.slots.prove(later, "d")  # one each now: never displaced
     assert held.open("10.0.0.11", "last") is None
+
+
+def test_a_proof_taken_back_makes_the_connection_displaceable_again() -> None:
+    """The seventeenth probe: connections that proved a token later revoked stayed proven
+    (their calls refused UNAUTHENTICATED) and kept their slots."""
+    held = Held(DoorSlots(2))
+    a = held.open("10.0.0.1", "a")
+    b = held.open("10.0.0.2", "b")
+    assert a is not None and b is not None
+    held.slots.prove(a, "token a")
+    held.slots.prove(b, "token b")
+    assert held.open("10.0.0.3", "late") is None
+    held.slots.unprove(a)
+    held.slots.unprove(a)  # idempotent
+    assert held.slots.proven == 1 and not a.proven and a.holder == ""
+    assert held.open("10.0.0.3", "late") is not None and held.closed == ["a"]
+    held.slots.unprove(a)  # released meanwhile: nothing changes
+    assert held.slots.open == 2 and held.slots.proven == 1
