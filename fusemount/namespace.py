@@ -29,6 +29,9 @@ from fusemount.tree import DIR_MODE, LINK_MODE, ROOT_INODE, InodeTable, Node, Ro
 from strata_local.memory import trim_malloc
 
 LISTING_TTL = 1.0  # seconds between background refreshes of root and dataset listings
+UNLOAD_AFTER_S = 60.0
+"""A loaded snapshot none of whose entries the kernel has held this long is unloaded
+(:meth:`fusemount.tree.InodeTable.unload_idle`), seconds."""
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +155,13 @@ class Namespace:
     async def refresh_forever(self, interval: float = LISTING_TTL) -> None:
         """Refresh loaded listings every ``interval`` seconds, so new datasets and versions,
         tag moves and revocations show within about a second (a failed refresh keeps the
-        last listing)."""
+        last listing), and unload snapshots the kernel has held nothing of for
+        :data:`UNLOAD_AFTER_S` (:meth:`~fusemount.tree.InodeTable.unload_idle`)."""
         while True:
             await trio.sleep(interval)
             await self.refresh()
+            if self.inodes.unload_idle(UNLOAD_AFTER_S):
+                await trio.to_thread.run_sync(trim_malloc)  # the columns' pages back
 
     async def refresh(self) -> None:
         """One pass: the root listing, then every loaded dataset listing."""
