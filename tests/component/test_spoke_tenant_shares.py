@@ -287,10 +287,16 @@ def test_a_tenants_pins_stop_where_the_other_tenants_shares_begin(tmp_path: Path
     jobs.check_pin_room("team-a@v1", first, "team-a")
     pins.add("team-a", "v1", "v1", ["*"], first)
     jobs.check_pin_room("team-a@v1", dict(team_a[20:24]), "team-a")  # 24: fits
-    with pytest.raises(CapacityError, match="holds 81,920 pinned bytes and may pin at most"):
+    with pytest.raises(CapacityError, match="hold 81,920 pinned bytes and may pin at most"):
         jobs.check_pin_room("team-a@v1", dict(team_a[20:25]), "team-a")
     jobs.check_pin_room("team-b@v1", dict(world.refs["team-b"][:12]), "team-b")  # its room
-    jobs.check_pin_room("other@v1", dict(world.refs["other"]), "other")  # nobody's: the cache
+    # a dataset no tenant names: what no share holds (32 - 16 - 8 = 8 blocks), together
+    # (the seventeenth probe: such pins passed the cache and squeezed every tenant)
+    other = world.refs["other"]
+    jobs.check_pin_room("other@v1", dict(other[:8]), "other")
+    pins.add("other", "v1", "v1", ["*"], dict(other[:6]))
+    with pytest.raises(CapacityError, match="datasets no tenant names hold"):
+        jobs.check_pin_room("other@v1", dict([*other[6:8], ("ff" * 16, 4096)]), "other")
 
 
 def test_a_miss_that_just_ended_still_holds_the_other_tenants_prefetch_to_its_share(
