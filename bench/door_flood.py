@@ -3,10 +3,13 @@ connection cap (the peer port before its door) and the door (``strata_local.door
 by side.
 
     python -m bench.door_flood [--rates 1200,2400] [--addresses 2000] [--seconds 15]
+                               [--first silent|hello]
 
 For each port and rate: a child process serves the peer port (mTLS and the region's token,
-1,024 connections at most, as deployed), another opens silent connections at the rate from
-``--addresses`` loopback addresses (none sends a byte), and this one dials a new peer
+1,024 connections at most, as deployed), another opens connections at the rate from
+``--addresses`` loopback addresses (none sends a byte; with ``--first hello``, each sends
+a real TLS ClientHello and then nothing, so the server does its half of every handshake,
+as a flood that costs its sender nothing more would), and this one dials a new peer
 every 0.25 s — a fresh channel with the region's certificate and token — and calls
 ``Probe`` with a 2 s timeout (the default ``--peer-timeout``). Reported: new peers
 answered, their median latency, and the flood's achieved rate.
@@ -16,8 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -95,29 +101,47 @@ def serve(root: Path, port: str, node: str) -> None:
     asyncio.run(main())
 
 
-def flood(node: str, rate: float, addresses: int, seconds: float) -> None:
-    """The child: silent non-blocking connections to ``node``; prints the achieved rate."""
+def flood(node: str, rate: float, addresses: int, seconds: float, first: str, root: Path) -> None:
+    """The child: non-blocking connections to ``node`` that send nothing (``first`` is
+    ``silent``) or a real TLS ClientHello 50 ms after they began (``hello``), then
+    nothing; prints the achieved rate."""
+    hello = _client_hello(root) if first == "hello" else b""
     host, port = node.rsplit(":", 1)
-    start, opened, held = time.monotonic(), 0, []
+    start, opened = time.monotonic(), 0
+    connecting: collections.deque[tuple[socket.socket, float]] = collections.deque()
+    held: collections.deque[socket.socket] = collections.deque()
     while time.monotonic() - start < seconds:
         sock = socket.socket()
         sock.setblocking(False)
         n = opened % addresses
         sock.bind((f"127.{100 + n // 250}.{n % 250}.7", 0))
-        try:
+        with contextlib.suppress(BlockingIOError):
             sock.connect((host, int(port)))
-        except BlockingIOError:
-            pass
-        except OSError:
-            sock.close()
-        held.append(sock)
-        if len(held) > 6000:
-            for old in held[:2000]:
-                old.close()
-            del held[:2000]
+        connecting.append((sock, time.monotonic()))
         opened += 1
+        while connecting and connecting[0][1] < time.monotonic() - 0.05:
+            ready, _ = connecting.popleft()
+            if hello:
+                with contextlib.suppress(OSError):
+                    ready.send(hello)
+            held.append(ready)
+        while len(held) > 6000:
+            held.popleft().close()
         time.sleep(max(0.0, start + opened / rate - time.monotonic()))
     print(f"{opened / (time.monotonic() - start):.0f}", flush=True)
+
+
+def _client_hello(root: Path) -> bytes:
+    """A ClientHello's record as a peer's first flight sends it (its certificate is
+    offered only later, in the handshake)."""
+    tls, _ = _credentials(root)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(str(tls.ca))
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        client.do_handshake()
+    return outgoing.read()
 
 
 async def _probes(node: str, root: Path, seconds: float) -> tuple[int, int, float]:
@@ -141,7 +165,7 @@ async def _probes(node: str, root: Path, seconds: float) -> tuple[int, int, floa
     return answered, tries, latencies[len(latencies) // 2] if latencies else float("nan")
 
 
-def run(root: Path, port: str, rate: float, addresses: int, seconds: float) -> str:
+def run(root: Path, port: str, rate: float, addresses: int, seconds: float, first: str) -> str:
     """One flood against a fresh peer port; a table row."""
     node = f"127.0.0.1:{free_port()}"
     me = [sys.executable, "-m", "bench.door_flood"]
@@ -151,7 +175,7 @@ def run(root: Path, port: str, rate: float, addresses: int, seconds: float) -> s
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         flooder = subprocess.Popen(
-            [*me, "--flood", node, str(rate), str(addresses), str(seconds)],
+            [*me, "--flood", node, str(rate), str(addresses), str(seconds), first, str(root)],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -171,26 +195,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--addresses", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
-    parser.add_argument("--flood", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--first",
+        choices=("silent", "hello"),
+        default="silent",
+        help="what a flood connection sends",
+    )
+    parser.add_argument("--flood", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         return serve(Path(args.serve[0]), args.serve[1], args.serve[2])
     if args.flood:
-        node, rate, addresses, seconds = args.flood
-        return flood(node, float(rate), int(addresses), float(seconds))
+        node, rate, addresses, seconds, first, root = args.flood
+        return flood(node, float(rate), int(addresses), float(seconds), first, Path(root))
     try:
         rates = [float(r) for r in args.rates.split(",")]
     except ValueError:
         parser.error(f"--rates must be numbers separated by commas, got {args.rates!r}")
     if any(r <= 0 for r in rates) or not 1 <= args.addresses <= 25_000 or args.seconds < 4:
         parser.error("rates must be positive, --addresses 1 to 25000, --seconds at least 4")
-    print(f"new peers (Probe, 2 s) under silent connections from {args.addresses} addresses")
+    what = "silent connections" if args.first == "silent" else "whole TLS ClientHellos"
+    print(f"new peers (Probe, 2 s) under {what} from {args.addresses} addresses")
     print("| rate /s (achieved) | peer port | new peers answered | p50 s |")
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="door-flood-") as tmp:
         for rate in rates:
             for port in PORTS:
-                print(run(Path(tmp), port, rate, args.addresses, args.seconds), flush=True)
+                row = run(Path(tmp), port, rate, args.addresses, args.seconds, args.first)
+                print(row, flush=True)
 
 
 if __name__ == "__main__":
