@@ -119,7 +119,10 @@ class Door(Doorway):
             upstream.bind("")  # the kernel's own unique abstract name: no file to make
             name = "unix-abstract:" + upstream.getsockname()[1:].decode()  # gRPC's form
             self._by_name[name] = slot
-            await asyncio.get_running_loop().sock_connect(upstream, str(self._backend))
+            try:  # a local socket connects at once, unless gRPC's backlog is full
+                upstream.connect(str(self._backend))
+            except (BlockingIOError, InterruptedError):
+                await asyncio.get_running_loop().sock_connect(upstream, str(self._backend))
             for _ in range(2):
                 pipes.extend(os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK))
             with contextlib.suppress(OSError):  # beyond the user's pipe pages: 64 KiB
