@@ -19,11 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
-import contextlib
 import signal
-import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -34,6 +30,7 @@ import grpc
 import grpc.aio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from bench import floods
 from bench.peer_bulk import ISSUER, _cache, _hold, _Hub
 from deploy.local import free_port
 from deploy.pki import LocalCa
@@ -102,46 +99,13 @@ def serve(root: Path, port: str, node: str) -> None:
 
 
 def flood(node: str, rate: float, addresses: int, seconds: float, first: str, root: Path) -> None:
-    """The child: non-blocking connections to ``node`` that send nothing (``first`` is
-    ``silent``) or a real TLS ClientHello 50 ms after they began (``hello``), then
-    nothing; prints the achieved rate."""
-    hello = _client_hello(root) if first == "hello" else b""
-    host, port = node.rsplit(":", 1)
-    start, opened = time.monotonic(), 0
-    connecting: collections.deque[tuple[socket.socket, float]] = collections.deque()
-    held: collections.deque[socket.socket] = collections.deque()
-    while time.monotonic() - start < seconds:
-        sock = socket.socket()
-        sock.setblocking(False)
-        n = opened % addresses
-        sock.bind((f"127.{100 + n // 250}.{n % 250}.7", 0))
-        with contextlib.suppress(BlockingIOError):
-            sock.connect((host, int(port)))
-        connecting.append((sock, time.monotonic()))
-        opened += 1
-        while connecting and connecting[0][1] < time.monotonic() - 0.05:
-            ready, _ = connecting.popleft()
-            if hello:
-                with contextlib.suppress(OSError):
-                    ready.send(hello)
-            held.append(ready)
-        while len(held) > 6000:
-            held.popleft().close()
-        time.sleep(max(0.0, start + opened / rate - time.monotonic()))
-    print(f"{opened / (time.monotonic() - start):.0f}", flush=True)
-
-
-def _client_hello(root: Path) -> bytes:
-    """A ClientHello's record as a peer's first flight sends it (its certificate is
-    offered only later, in the handshake)."""
-    tls, _ = _credentials(root)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.load_verify_locations(str(tls.ca))
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    client = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
-    with contextlib.suppress(ssl.SSLWantReadError):
-        client.do_handshake()
-    return outgoing.read()
+    """The child: connections to ``node`` that send nothing (``first`` is ``silent``) or a
+    real TLS ClientHello (``hello``), then nothing (:func:`bench.floods.flood`)."""
+    ca = _credentials(root)[0].ca
+    assert ca is not None  # the region's CA: the peer port requires mTLS
+    floods.flood(
+        node, rate, addresses, seconds, floods.client_hello(ca) if first == "hello" else b""
+    )
 
 
 async def _probes(node: str, root: Path, seconds: float) -> tuple[int, int, float]:

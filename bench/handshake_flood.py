@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
-import contextlib
 import signal
 import socket
 import ssl
@@ -30,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import floods
 from deploy.local import free_port
 from deploy.pki import LocalCa
 from strata_local.doorslots import DoorSlot, DoorSlots
@@ -115,43 +114,11 @@ def serve(root: Path, port: str, node: str) -> None:
     asyncio.run(main())
 
 
-def _hello(ca_cert: Path) -> bytes:
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.load_verify_locations(str(ca_cert))
-    tls = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
-    with contextlib.suppress(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
-
-
 def flood(root: Path, node: str, kind: str, rate: float, addresses: int, seconds: float) -> None:
-    """The child: connections sending a ClientHello (``kind``) 50 ms after they began,
-    then nothing; prints the achieved rate."""
-    hello = _hello(_pki(root)[2])
-    said = hello if kind == "whole" else hello[:-1]
-    host, port = node.rsplit(":", 1)
-    start, opened = time.monotonic(), 0
-    connecting: collections.deque[tuple[socket.socket, float]] = collections.deque()
-    held: collections.deque[socket.socket] = collections.deque()
-    while time.monotonic() - start < seconds:
-        sock = socket.socket()
-        sock.setblocking(False)
-        n = opened % addresses
-        sock.bind((f"127.{100 + n // 250}.{n % 250}.7", 0))
-        with contextlib.suppress(BlockingIOError):
-            sock.connect((host, int(port)))
-        connecting.append((sock, time.monotonic()))
-        opened += 1
-        while connecting and connecting[0][1] < time.monotonic() - 0.05:
-            ready, _ = connecting.popleft()
-            with contextlib.suppress(OSError):
-                ready.send(said)
-            held.append(ready)
-        while len(held) > 6000:
-            held.popleft().close()
-        time.sleep(max(0.0, start + opened / rate - time.monotonic()))
-    print(f"{opened / (time.monotonic() - start):.0f}", flush=True)
+    """The child: connections sending a ClientHello (``kind``: ``whole``, or ``partial``,
+    all but its last byte), then nothing (:func:`bench.floods.flood`)."""
+    hello = floods.client_hello(_pki(root)[2])
+    floods.flood(node, rate, addresses, seconds, hello if kind == "whole" else hello[:-1])
 
 
 def _talk(node: str, ca_cert: Path) -> bool:

@@ -12,9 +12,11 @@ sixteenth probe). Here TLS begins only once a whole ClientHello record is there,
 most :data:`HANDSHAKES` handshakes are pending at once: at that cap a newcomer's displaces
 the oldest pending handshake of the address holding the most of them (its own included,
 as :mod:`strata_local.doorslots` does for slots), so handshakes pending hold at most
-HANDSHAKES × 310 KiB (20 MiB), and a flood of whole ClientHellos from many addresses
-leaves a real caller's handshake HANDSHAKES ÷ (the flood's rate) seconds to finish —
-53 ms at 1,200 a second, many round trips in one region.
+HANDSHAKES × about 0.7 MiB (175 MiB measured under 1,200 whole ClientHellos a second,
+``python -m bench.handshake_flood``; 450 MiB with TLS begun at every one of 1,024 slots),
+and a flood of whole ClientHellos from many addresses leaves a real caller's handshake
+HANDSHAKES ÷ (the flood's rate) seconds to finish — 0.21 s at 1,200 a second. With 64,
+53 ms was too little on a busy 2-core box: 6 of 23 new clients got in.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from strata_local.doorslots import DoorSlot
 from strata_local.doorway import Doorway, tls_hello
 from strata_local.slotshare import Holders
 
-HANDSHAKES = 64
+HANDSHAKES = 256
 """Most TLS handshakes pending at once on one port (see the module docstring)."""
 
 TLS_STEP_BYTES = 64 * 1024
