@@ -43,10 +43,12 @@ def _channel(pki: Pki, port: int) -> grpc.Channel:
     return grpc.secure_channel(f"localhost:{port}", credentials)
 
 
-def test_a_flood_of_silent_connections_keeps_no_new_spoke_out(tmp_path: Path, pki: Pki) -> None:
+def _hub(tmp_path: Path, pki: Pki, tokens: str) -> tuple[Path, ServerConfig]:
+    """A data directory with one dataset and a hub's config: mTLS, ``tokens`` (the token
+    file's text), the door's cap at CAP, an audit log."""
     data = tmp_path / "data"
     publish(data, "ds", write_tree(tmp_path / "src", {"a.bin": os.urandom(1000)}))
-    (tmp_path / "tokens.yaml").write_text(f'"{TOKEN}": "*"\n')
+    (tmp_path / "tokens.yaml").write_text(tokens)
     config = ServerConfig(
         tls_cert=pki.server.cert,
         tls_key=pki.server.key,
@@ -55,6 +57,11 @@ def test_a_flood_of_silent_connections_keeps_no_new_spoke_out(tmp_path: Path, pk
         max_connections=CAP,
         audit_log=tmp_path / "audit.jsonl",
     )
+    return data, config
+
+
+def test_a_flood_of_silent_connections_keeps_no_new_spoke_out(tmp_path: Path, pki: Pki) -> None:
+    data, config = _hub(tmp_path, pki, f'"{TOKEN}": "*"\n')
     with ServerThread(data, config=config) as server:
         door = server.server.door
         assert door is not None
@@ -109,17 +116,8 @@ def test_a_proven_connection_is_counted_for_the_token_that_proved_it(
     """Proven slots are shared by token as well as by address (strata_local/doorslots.py):
     the seventeenth probe's holder of one token, one proven connection from each of 2,048
     addresses, kept every new spoke out while they were shared by address alone."""
-    data = tmp_path / "data"
-    publish(data, "ds", write_tree(tmp_path / "src", {"a.bin": os.urandom(1000)}))
     other = "door-second-0123456789abcdef0123"
-    (tmp_path / "tokens.yaml").write_text(f'"{TOKEN}": "*"\n"{other}": [ds]\n')
-    config = ServerConfig(
-        tls_cert=pki.server.cert,
-        tls_key=pki.server.key,
-        client_ca=pki.ca.pem.cert,
-        tokens=tmp_path / "tokens.yaml",
-        max_connections=CAP,
-    )
+    data, config = _hub(tmp_path, pki, f'"{TOKEN}": "*"\n"{other}": [ds]\n')
     with ServerThread(data, config=config) as server:
         door = server.server.door
         assert door is not None
