@@ -203,3 +203,24 @@ def test_a_proof_taken_back_makes_the_connection_displaceable_again() -> None:
     assert held.open("10.0.0.3", "late") is not None and held.closed == ["a"]
     held.slots.unprove(a)  # released meanwhile: nothing changes
     assert held.slots.open == 2 and held.slots.proven == 1
+
+
+def test_proven_connections_leave_newcomers_a_quarter_of_the_slots() -> None:
+    """The eighteenth probe: one token's proven connections in every slot but one, and a
+    churn of bare connects from a second address turning that slot over faster than a new
+    spoke could prove itself (0 of 20). While fewer than a quarter of the slots are
+    unproven, a newcomer displaces a proven connection over its share first."""
+    held = Held(DoorSlots(16))
+    for i in range(16):
+        slot = held.open(f"10.4.0.{i}", f"h{i}")
+        assert slot is not None
+        held.slots.prove(slot, "token hog")
+    for i in range(10):  # the churn, from one address
+        assert held.open("10.9.9.9", f"c{i}") is not None
+    assert held.closed[:4] == ["h0", "h1", "h2", "h3"]  # the hog gave up a quarter
+    assert held.slots.open - held.slots.proven == 4
+    spoke = held.open("10.0.0.1", "spoke")
+    assert spoke is not None
+    for i in range(10, 40):  # the churn goes on: it turns over its own
+        held.open("10.9.9.9", f"c{i}")
+    assert "spoke" not in held.closed and spoke.open
