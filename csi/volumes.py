@@ -46,6 +46,12 @@ log = logging.getLogger(__name__)
 MAX_POD_VOLUMES = 64
 """Most volumes of this plugin one pod holds at once."""
 
+MAX_NAMESPACE_VOLUMES = 256
+"""Most volumes of this plugin the pods of one namespace hold on the node at once: a
+quarter of the node's, so one namespace's pods cannot take them all from the others (the
+eighteenth probe: one namespace's 16 pods of 64 volumes left every other tenant's pod on
+the node RESOURCE_EXHAUSTED)."""
+
 MAX_NODE_VOLUMES = 1024
 """Most volumes of this plugin on the node at once (``NodeGetInfo``'s
 ``max_volumes_per_node``). Each publish reads the mount table, so its cost grows with the
@@ -207,10 +213,11 @@ class Volumes:
             here = mounted_at(target)
             if here is not None:
                 return self._already(here, record, same, volume_id, target, dataset, ref)
+            namespace = for_pod.partition("/")[0] if "/" in for_pod else ""
             if record is None:
-                self._room(target)
+                self._room(target, namespace)
             version = record.version if same and record is not None else self.resolve(dataset, ref)
-            publication = Publication(volume_id, str(target), dataset, ref, version)
+            publication = Publication(volume_id, str(target), dataset, ref, version, namespace)
             self._bind(publication)
             self.state.put(publication)
             log.info(
@@ -255,9 +262,10 @@ class Volumes:
         held = f"{here.root.lstrip('/')} of the spoke" if ours else f"a {here.fstype} mount"
         raise TargetTaken(f"{target} already holds {held}; unpublish it first")
 
-    def _room(self, target: Path) -> None:
-        """Refuses a new target past :data:`MAX_POD_VOLUMES` for its pod or
-        :data:`MAX_NODE_VOLUMES` on the node.
+    def _room(self, target: Path, namespace: str) -> None:
+        """Refuses a new target past :data:`MAX_POD_VOLUMES` for its pod,
+        :data:`MAX_NAMESPACE_VOLUMES` for its pod's ``namespace`` (when the kubelet gave
+        one) or :data:`MAX_NODE_VOLUMES` on the node.
 
         Raises:
             TooManyVolumes: no room.
@@ -266,6 +274,11 @@ class Volumes:
         if self.state.held(pod) >= MAX_POD_VOLUMES:
             raise TooManyVolumes(
                 f"pod {pod} holds {MAX_POD_VOLUMES} Strata volumes, the most one pod may"
+            )
+        if namespace and self.state.in_namespace(namespace) >= MAX_NAMESPACE_VOLUMES:
+            raise TooManyVolumes(
+                f"the pods of namespace {namespace} hold {MAX_NAMESPACE_VOLUMES} Strata "
+                "volumes on this node, the most one namespace may"
             )
         if len(self.state) >= MAX_NODE_VOLUMES:
             raise TooManyVolumes(
