@@ -29,13 +29,14 @@ import trio
 from fusemount.boundary import UNEXPECTED_ERRORS, boundary
 from fusemount.client import DaemonClient
 from fusemount.entries import Listing
+from fusemount.handles import Handles, handle_inode
 from fusemount.namespace import Namespace
 from fusemount.passthrough import Passthrough
 from fusemount.readahead import Readahead
 from fusemount.reader import BlockReader
 from fusemount.residency import CachedBytes
 from fusemount.source import BlockUnavailableError
-from fusemount.tree import INODE_BITS, InodeTable, Node, Role
+from fusemount.tree import InodeTable, Node, Role
 from spoke.disk.datasetgroups import DATASET_DIR_MODE, DatasetGroups
 
 log = logging.getLogger(__name__)
@@ -45,25 +46,6 @@ MUTABLE_TIMEOUT = 1.0  # seconds: root, dataset listings, tag symlinks
 BLKSIZE = 128 * 1024
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_INODE_MASK = (1 << INODE_BITS) - 1
-_FH_PASSTHROUGH = 1 << INODE_BITS
-_FH_SERIALS = 1 << (63 - INODE_BITS)  # 15 bits: the handle's serial
-
-HANDLE_TRIES = 64
-"""Most serials tried for a new open's handle before it shares one of its inode's open
-handles (see :meth:`StrataOperations._new_handle`)."""
-
-
-def file_handle(inode: int, passthrough: bool, serial: int) -> int:
-    """The 64-bit FUSE file handle of an open: bits 0-47 the inode, bit 48 set for a
-    passthrough open, bits 49-63 a serial (``serial`` modulo 2**15) that tells apart
-    opens of one inode."""
-    return inode | (_FH_PASSTHROUGH if passthrough else 0) | (serial % _FH_SERIALS) << 49
-
-
-def handle_inode(fh: int) -> tuple[int, bool]:
-    """``(inode, passthrough)`` of a handle made by :func:`file_handle`."""
-    return fh & _INODE_MASK, bool(fh & _FH_PASSTHROUGH)
 
 
 def readable(mode: int) -> int:
@@ -118,9 +100,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         self.passthrough = passthrough or Passthrough("not configured")
         self.namespace.on_revoked = self._revoked
         self.cached_bytes = CachedBytes(str(reader.layout.blocks_dir))
-        self._handles: dict[int, tuple[Node, Readahead, bool]] = {}  # fh -> node, ra, passthrough
-        self._serial = 0
-        self._sharing: dict[int, int] = {}  # fh -> opens sharing it beyond the first
+        self.handles = Handles()
         self._uid = os.getuid() if uid is None else uid
         self._gid = os.getgid() if gid is None else gid
         self._readable_by_all = readable_by_all
@@ -255,39 +235,19 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             raise pyfuse3.FUSEError(errno.EROFS)
         if node.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
+        self.handles.check(ctx.uid)  # EMFILE for a user holding its most
         direct = bool(flags & os.O_DIRECT)
         backing_id = await self._passthrough_open(inode, node, direct)
         if backing_id is None:  # counted on the pyfuse3 path, or an id attached meanwhile
             backing_id = self.passthrough.opened_cached(inode)
-        fh = self._new_handle(inode, backing_id is not None)
-        self._handles.setdefault(fh, (node, Readahead(), backing_id is not None))
+        passing = backing_id is not None
+        fh = self.handles.open(inode, passing, ctx.uid, (node, Readahead(), passing))
         self.reader.opened(node, ctx.pid, self.inodes.files(node.snapshot_id))
         if backing_id is not None:  # the kernel forbids keep_cache with passthrough
             return pyfuse3.FileInfo(  # type: ignore[call-arg]
                 fh=fh, keep_cache=False, backing_id=backing_id, direct_io=direct
             )
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
-
-    def _new_handle(self, inode: int, passthrough: bool) -> int:
-        """A handle for a new open of ``inode``: a free serial, else (after
-        :data:`HANDLE_TRIES` taken ones) an open handle of the same inode, shared — its
-        state and its readahead, counted so that it lives until its last release.
-
-        A handle carries its inode (a successor on the same connection serves it by that
-        alone), which leaves 15 bits of serial: opens of one inode beyond 32,768 at once
-        must share, and before, the next open failed ENFILE after trying all 32,768 — an
-        unprivileged user holding that many opens of a file shared by every pod of the
-        node (a base model, a common shard) denied it to all of them, root's opens
-        included (issue 39's seventeenth probe), and each failed open cost this loop
-        32,768 steps.
-        """
-        for _ in range(HANDLE_TRIES):
-            self._serial += 1
-            fh = file_handle(inode, passthrough, self._serial)
-            if fh not in self._handles:
-                return fh
-        self._sharing[fh] = self._sharing.get(fh, 0) + 1  # every try taken: share the last
-        return fh
 
     async def _passthrough_open(self, inode: int, node: Node, direct: bool) -> int | None:
         """A backing id when this open can be served by the kernel from the block file.
@@ -337,14 +297,15 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
     @boundary
     async def read(self, fh: int, off: int, size: int) -> bytes | bytearray:  # type: ignore[override]
         # pyfuse3 replies with any contiguous buffer (PyObject_GetBuffer): no copy to bytes
-        handle = self._handles.get(fh)
+        handle = self.handles.get(fh)
         if handle is None:  # opened by a predecessor on this connection
             inode, passthrough = handle_inode(fh)
             if self.inodes.get(inode) is None and self.inodes.pending_root(inode) is None:
                 self.inodes.sync()  # opened by another worker, in a tree it just loaded
             if self.inodes.get(inode) is None and self.inodes.pending_root(inode) is None:
                 raise pyfuse3.FUSEError(errno.EBADF)  # no handle of this connection
-            handle = self._handles[fh] = (await self._node(inode), Readahead(), passthrough)
+            handle = (await self._node(inode), Readahead(), passthrough)
+            self.handles.adopt(fh, handle)
         node, readahead, _ = handle
         if node.snapshot_id in self.namespace.revoked:
             raise pyfuse3.FUSEError(errno.EIO)  # open before the revocation: never more bytes
@@ -352,12 +313,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
 
     @boundary
     async def release(self, fh: int) -> None:
-        if self._sharing.get(fh):  # another open shares this handle: it stays
-            self._sharing[fh] -= 1
-            if not self._sharing[fh]:
-                del self._sharing[fh]
-        else:
-            self._handles.pop(fh, None)
+        self.handles.release(fh)
         inode, passthrough = handle_inode(fh)  # a predecessor's handle is counted too
         self.passthrough.released(inode, passthrough)
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from fusemount.handles import file_handle, handle_inode
 from fusemount.journal import InodeJournal, read_journal
 from fusemount.ledger import CHUNK_SLOTS, BackingLedger
-from fusemount.operations import file_handle, handle_inode
 from fusemount.passthrough import Passthrough
 from fusemount.tree import DIR_MODE, LINK_MODE, InodeTable, Node, Role
 from protocol.hub.v1 import hub_pb2
