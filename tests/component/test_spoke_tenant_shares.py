@@ -319,3 +319,33 @@ def test_a_miss_that_just_ended_still_holds_the_other_tenants_prefetch_to_its_sh
     took = asyncio.run(go())
     assert world.resident("team-a") == 8
     assert took >= DEMAND_RECENT_S * 0.9  # held until team-b's miss was a second old
+
+
+@pytest.mark.parametrize("other_misses", [True, False])
+def test_a_dataset_no_tenant_names_keeps_to_what_the_shares_leave(
+    tmp_path: Path, other_misses: bool
+) -> None:
+    """The eighteenth probe: a prewarm of a dataset no tenant names was never held, and ran
+    2.7 times faster than a tenant's. Now, while team-b misses, such fetches together keep
+    to what the tenants' link shares leave (1 - 0.25 - 0.5 of the 16-block window: 4)."""
+    world = World(tmp_path, 64)
+    miss = world.refs["team-b"][0]
+    world.hub.gated.add(miss[0])
+    lives = world.scheduler.lives
+    world.hub.wire = lambda: lives.ahead_wire[None]
+
+    async def go() -> None:
+        reader = None
+        if other_misses:
+            reader = asyncio.create_task(world.scheduler.ensure([miss]))
+            await asyncio.sleep(0.01)
+        await world.scheduler.ensure(world.refs["other"], Priority.PREWARM)
+        world.hub.gate.set()
+        if reader is not None:
+            await reader
+
+    asyncio.run(go())
+    if other_misses:
+        assert max(world.hub.wire_at_open) <= 4 * BLOCK
+    else:
+        assert max(world.hub.wire_at_open) > 4 * BLOCK
