@@ -26,12 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,11 @@ class Door(Doorway):
     def _enter(self, conn: socket.socket, slot: DoorSlot) -> Coroutine[Any, Any, None]:
         return self._relay(conn, slot)
 
+    def _used(self, slot: DoorSlot) -> None:
+        """The caller behind ``slot`` sent something (:meth:`~strata_local.doorslots.DoorSlots.used`)."""
+        assert self._loop is not None
+        self.slots.used(slot, self._loop.time())
+
     async def _relay(self, conn: socket.socket, slot: DoorSlot) -> None:
         """Relays one connection for as long as both ends keep it."""
         upstream: socket.socket | None = None
@@ -127,7 +133,8 @@ class Door(Doorway):
                 pipes.extend(os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK))
             with contextlib.suppress(OSError):  # beyond the user's pipe pages: 64 KiB
                 fcntl.fcntl(pipes[3], fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # answers: blocks
-            inbound = asyncio.create_task(_pump(conn, upstream, pipes[0], pipes[1]))
+            used = functools.partial(self._used, slot)
+            inbound = asyncio.create_task(_pump(conn, upstream, pipes[0], pipes[1], used))
             outbound = asyncio.create_task(_pump(upstream, conn, pipes[2], pipes[3]))
             # the connection lasts while gRPC keeps its end (a caller that has said all
             # it will still reads the answers), or until the caller's end fails
@@ -154,9 +161,16 @@ def _failed(task: asyncio.Task[None]) -> bool:
     return task.cancelled() or task.exception() is not None
 
 
-async def _pump(src: socket.socket, dst: socket.socket, pipe_r: int, pipe_w: int) -> None:
+async def _pump(
+    src: socket.socket,
+    dst: socket.socket,
+    pipe_r: int,
+    pipe_w: int,
+    moved_some: Callable[[], None] | None = None,
+) -> None:
     """Moves ``src``'s bytes to ``dst`` through the pipe until ``src`` ends, then ends
-    ``dst``'s writing side (half-close, as TCP does).
+    ``dst``'s writing side (half-close, as TCP does); ``moved_some`` is called after each
+    move of bytes.
 
     Raises:
         OSError: either socket failed (reset, broken pipe).
@@ -169,6 +183,8 @@ async def _pump(src: socket.socket, dst: socket.socket, pipe_r: int, pipe_w: int
         except BlockingIOError:
             await _ready(loop.add_reader, loop.remove_reader, source)
             continue
+        if moved and moved_some is not None:
+            moved_some()
         if moved == 0:
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)

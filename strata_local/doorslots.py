@@ -56,6 +56,9 @@ from dataclasses import dataclass, field
 
 from strata_local.slotshare import Holders
 
+USED_EVERY_S = 1.0
+"""How often a connection's use reorders its slot, at most (seconds)."""
+
 RESERVE = 4
 """While fewer than a ``RESERVE``-th of the slots are unproven, a newcomer displaces a
 proven connection that gives way by the rules for proven ones before any unproven one."""
@@ -71,6 +74,8 @@ class DoorSlot:
         close: Ends the connection (called once, when it is displaced).
         proven: Whether a call on it carried an accepted token.
         holder: Who proved it (the token's subject; empty until proven).
+        used: When its caller last sent something, as far as :meth:`DoorSlots.used`
+            was told (monotonic seconds; 0: never).
         open: Whether it still holds its slot.
     """
 
@@ -79,6 +84,7 @@ class DoorSlot:
     close: Callable[[], None] = field(repr=False)
     proven: bool = False
     holder: str = ""
+    used: float = 0.0
     open: bool = True
 
 
@@ -164,6 +170,19 @@ class DoorSlots:
         if victim is not None and self._proven.most >= self._proven.held(host) + 2:
             return victim
         return self._over_share()
+
+    def used(self, slot: DoorSlot, now: float) -> None:
+        """``slot``'s caller sent something at ``now`` (monotonic seconds): a proven
+        connection just used is the last of its address and its holder to give way, so
+        those that give way are the least recently used (a token over its share loses its
+        idle connections first; the eighteenth probe reset a fleet's busy ones). At most
+        once a second a slot, constant time."""
+        if now - slot.used < USED_EVERY_S or not slot.open:
+            return
+        slot.used = now
+        if slot.proven:
+            self._proven.touch(slot.host, slot)
+            self._holders.touch(slot.holder, slot)
 
     def _over_share(self) -> DoorSlot | None:
         """The oldest proven connection of the holder holding most, if it holds at least

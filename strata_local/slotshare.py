@@ -111,6 +111,13 @@ class Holders(Generic[T]):
         self._move(host, len(held), len(held) + 1)
         held[conn] = None
 
+    def touch(self, host: str, conn: T) -> None:
+        """Moves ``conn`` of ``host`` (counted) behind the others: newest, as if it came
+        now (a connection just used is the last of its address to give way)."""
+        held = self.by_host[host]
+        del held[conn]
+        held[conn] = None
+
     def remove(self, host: str, conn: T) -> None:
         """Forgets ``conn`` of ``host`` (counted)."""
         held = self.by_host[host]

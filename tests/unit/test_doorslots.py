@@ -224,3 +224,27 @@ def test_proven_connections_leave_newcomers_a_quarter_of_the_slots() -> None:
     for i in range(10, 40):  # the churn goes on: it turns over its own
         held.open("10.9.9.9", f"c{i}")
     assert "spoke" not in held.closed and spoke.open
+
+
+def test_a_holder_over_its_share_gives_up_its_least_recently_used_connection() -> None:
+    """The eighteenth probe: another token's newcomers reset a fleet's busy connections (the
+    fleet's token over its share lost its oldest, in use or not). The least recently used
+    goes first."""
+    held = Held(DoorSlots(6))
+    fleet = []
+    for i in range(5):
+        slot = held.open(f"10.5.0.{i}", f"f{i}")
+        assert slot is not None
+        held.slots.prove(slot, "token fleet")
+        fleet.append(slot)
+    other = held.open("10.6.0.1", "o1")
+    assert other is not None
+    held.slots.prove(other, "token other")
+    for slot in fleet[:3]:  # f0, f1, f2 busy; f3, f4 idle
+        held.slots.used(slot, 100.0)
+    held.slots.used(fleet[0], 100.5)  # within the second: not reordered again
+    o2 = held.open("10.6.0.2", "o2")
+    assert o2 is not None and held.closed == ["f3"]
+    held.slots.prove(o2, "token other")
+    assert held.open("10.6.0.3", "o3") is not None
+    assert held.closed == ["f3", "f4"]  # then f0: used before f1 and f2
