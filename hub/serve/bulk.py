@@ -221,6 +221,7 @@ class BulkServer:
             head = await asyncio.wait_for(reader.readexactly(bulk.REQUEST_HEAD.size), IDLE_S)
         except (TimeoutError, asyncio.IncompleteReadError):
             return False  # idle, or closed between requests: the normal end
+        self.slots.used(slot, asyncio.get_running_loop().time())  # given way to last
         try:
             request = await asyncio.wait_for(self._rest(reader, head), REQUEST_WAIT_S)
             principal = self._authenticate(request.token)

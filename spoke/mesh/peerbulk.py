@@ -200,6 +200,7 @@ class PeerBulkServer:
             head = await asyncio.wait_for(reader.readexactly(bulk.PEER_HEAD.size), IDLE_S)
         except (TimeoutError, asyncio.IncompleteReadError):
             return False  # idle, or closed between requests: the normal end
+        self.slots.used(slot, asyncio.get_running_loop().time())  # given way to last
         try:
             try:
                 request = await asyncio.wait_for(self._rest(reader, head), REQUEST_WAIT_S)
