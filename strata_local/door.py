@@ -109,7 +109,8 @@ class Door(Doorway):
         return self._relay(conn, slot)
 
     def _used(self, slot: DoorSlot) -> None:
-        """The caller behind ``slot`` sent something (:meth:`~strata_local.doorslots.DoorSlots.used`)."""
+        """The caller behind ``slot`` sent something
+        (:meth:`~strata_local.doorslots.DoorSlots.used`)."""
         assert self._loop is not None
         self.slots.used(slot, self._loop.time())
 
