@@ -110,23 +110,26 @@ def raise_open_file_limit() -> int:
     return soft
 
 
-def idle_backings(open_files: int) -> int:
-    """Idle passthrough backing ids to keep with a soft open-file limit of ``open_files``
-    (-1: unlimited): each holds a descriptor, so at most half the limit, the other half
-    left to the block-file table (1024), open files and sockets."""
+def _descriptors(open_files: int, most: int, part: int) -> int:
+    """``most``, or a ``part``-th of a soft open-file limit of ``open_files`` (-1:
+    unlimited) where that is less."""
     if open_files == resource.RLIM_INFINITY:
-        return IDLE_BACKINGS
-    return max(0, min(IDLE_BACKINGS, open_files // 2))
+        return most
+    return max(0, min(most, open_files // part))
+
+
+def idle_backings(open_files: int) -> int:
+    """Idle passthrough backing ids that keep their descriptor with a soft open-file limit
+    of ``open_files`` (-1: unlimited): at most half the limit (a quarter more for active
+    ones, :func:`active_backings`; the rest for the block-file table, 1,024, and sockets)."""
+    return _descriptors(open_files, IDLE_BACKINGS, 2)
 
 
 def active_backings(open_files: int) -> int:
     """Inodes with passthrough handles open at once with a soft open-file limit of
     ``open_files`` (-1: unlimited): each holds a descriptor, so at most a quarter of the
-    limit (a half for idle ones, :func:`idle_backings`; the rest for the block-file table,
-    1,024, and sockets)."""
-    if open_files == resource.RLIM_INFINITY:
-        return ACTIVE_BACKINGS
-    return max(0, min(ACTIVE_BACKINGS, open_files // 4))
+    limit (see :func:`idle_backings`)."""
+    return _descriptors(open_files, ACTIVE_BACKINGS, 4)
 
 
 def mount_options(allow_other: bool = False) -> set[str]:

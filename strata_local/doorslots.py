@@ -45,8 +45,14 @@ but one left the newcomers a single slot, which a churn of bare connects from a 
 address turned over faster than a new spoke could prove itself (the eighteenth probe:
 new clients 0 of 20 at 1,000 connects a second).
 
+Where these rules say the oldest proven connection, they mean the least recently used:
+a proven connection moves behind its address's and its holder's others when its caller
+sends something (:meth:`DoorSlots.used`, at most once a second), so a token over its share
+gives up its idle connections before its busy ones.
+
 Every operation is constant time (one arrival does not scan the slots): each kind of
-connection is kept by address in arrival order, and the addresses by how many they hold.
+connection is kept by address in arrival (proven: use) order, and the addresses by how
+many they hold.
 """
 
 from __future__ import annotations
@@ -163,9 +169,9 @@ class DoorSlots:
         self._unproven.add(slot.host, slot)
 
     def _proven_victim(self, host: str) -> DoorSlot | None:
-        """The proven connection a newcomer from ``host`` displaces: the oldest of the
-        address holding most, if it holds two more than ``host``; else of the holder over
-        its share (:meth:`_over_share`); else None."""
+        """The proven connection a newcomer from ``host`` displaces: the least recently
+        used of the address holding most, if it holds two more than ``host``; else of the
+        holder over its share (:meth:`_over_share`); else None."""
         victim = self._proven.oldest_of_most()
         if victim is not None and self._proven.most >= self._proven.held(host) + 2:
             return victim
@@ -185,8 +191,8 @@ class DoorSlots:
             self._holders.touch(slot.holder, slot)
 
     def _over_share(self) -> DoorSlot | None:
-        """The oldest proven connection of the holder holding most, if it holds at least
-        two and more than ``max_connections`` ÷ (holders + 1); else None."""
+        """The least recently used proven connection of the holder holding most, if it
+        holds at least two and more than ``max_connections`` ÷ (holders + 1); else None."""
         most, holders = self._holders.most, len(self._holders.by_host)
         if most >= 2 and most * (holders + 1) > self.max_connections:
             return self._holders.oldest_of_most()
