@@ -158,10 +158,15 @@ class BlockCache:
     # -- admission and access ---------------------------------------------------------
 
     async def admit(
-        self, digest: str, data: Received, placement: Placement = Placement.DEMAND
+        self,
+        digest: str,
+        data: Received,
+        placement: Placement = Placement.DEMAND,
+        urgent: bool = False,
     ) -> None:
         """Write a verified block to disk (or rename its staged file into place,
-        :mod:`spoke.cache.staging`) and account for it.
+        :mod:`spoke.cache.staging`) and account for it; ``urgent`` (a reader waits for it)
+        writes it in the writer's urgent lane (:class:`~spoke.cache.writer.BlockWriter`).
 
         The block is written only when it fits within ``capacity_bytes`` next to the
         resident blocks and the admissions being written, after evicting what the policy
@@ -194,7 +199,7 @@ class BlockCache:
         try:
             while True:
                 try:
-                    await self.writer.write(digest, data, self._tick)
+                    await self.writer.write(digest, data, self._tick, urgent)
                     break
                 except OSError as err:
                     if err.errno not in (errno.ENOSPC, errno.EDQUOT):

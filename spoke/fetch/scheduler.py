@@ -360,7 +360,7 @@ class FetchScheduler:
             room = self.pacer.room(priority, self.lives.wire_bytes, self.lives.admitting_bytes)
             if room is None:
                 return False
-            allowed = None if demand or self.links is None else self.links.allows
+            allowed = None if demand or self.links is None else self.links.gate()
             batch = self.lives.take(priority, room, self.batch_blocks, allowed)
             if not batch:
                 continue
@@ -379,7 +379,7 @@ class FetchScheduler:
         """From now on, each new life is its tenant's, and a tenant's fetches of every
         class but demand keep to its ``link_share`` of the window while another tenant
         misses (:mod:`spoke.fetch.linkshare`)."""
-        self.links = LinkShares(tenants, self.lives, lambda: self.window.bytes, self._pump_open)
+        self.links = LinkShares(tenants, self.lives, self.window, self._pump_open)
         self.lives.subscribe(self.links.hear)
 
         def tenant_of(digest: str) -> str | None:

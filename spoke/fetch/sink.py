@@ -25,6 +25,7 @@ from spoke.cache.store import Received
 from spoke.errors import HubUnavailable
 from spoke.fetch.life import BlockLives
 from spoke.fetch.lifestate import Life
+from spoke.fetch.priority import Priority
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ class CacheSink:
             return
         digest = life.digest
         try:
-            await self.cache.admit(digest, data, life.placement())
+            urgent = life.priority is Priority.DEMAND  # a reader waits
+            await self.cache.admit(digest, data, life.placement(), urgent)
         except PrefetchRefused as err:  # nobody waits for it: the cache is under pressure
             log.debug("%s", err)
         except CacheFull as err:

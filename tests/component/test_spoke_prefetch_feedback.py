@@ -169,8 +169,8 @@ def test_a_hit_reported_before_its_prefetch_resolved_counts_as_used(tmp_path: Pa
         cache.record_access(digests)
         scheduler.observe(digests, hit=True)
 
-    async def write_then_read(digest: str, data: bytes, tick: int) -> None:
-        await write(digest, data, tick)
+    async def write_then_read(digest: str, data: bytes, tick: int, urgent: bool = False) -> None:
+        await write(digest, data, tick, urgent)
         if digest in dict(refs[:2]):  # the block file is there: a reader reads it now
             early.append(digest)
             report([digest])
@@ -202,11 +202,13 @@ def test_a_reader_joining_a_block_admitted_ahead_of_it_reads_it_in_the_policy(
     write = cache.writer.write
     readers: list[asyncio.Task[object]] = []
 
-    async def write_with_a_reader(digest: str, data: bytes, tick: int) -> None:
+    async def write_with_a_reader(
+        digest: str, data: bytes, tick: int, urgent: bool = False
+    ) -> None:
         if digest == refs[0][0]:  # placed ahead: a reader misses it now
             readers.append(asyncio.create_task(scheduler.ensure([refs[0]])))
             await asyncio.sleep(0)
-        await write(digest, data, tick)
+        await write(digest, data, tick, urgent)
 
     cache.writer.write = write_with_a_reader  # type: ignore[method-assign]
 

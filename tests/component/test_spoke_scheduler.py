@@ -67,6 +67,34 @@ def _setup(
     return hub, cache, scheduler, [(d, len(b)) for d, b in blobs.items()]
 
 
+def test_a_demand_miss_is_written_in_the_urgent_lane_and_a_prewarm_is_not(
+    tmp_path: Path,
+) -> None:
+    """A reader waits for a demand miss: its block skips the other writes' queue
+    (spoke.cache.writer's urgent lane); a prewarm's and a readahead's do not."""
+    _, cache, scheduler, refs = _setup(tmp_path, 3)
+    lanes: dict[str, bool] = {}
+    admit = cache.admit
+
+    async def recording_admit(
+        digest: str, data: bytes, placement: Placement, urgent: bool = False
+    ) -> None:
+        lanes[digest] = urgent
+        await admit(digest, data, placement, urgent)
+
+    cache.admit = recording_admit  # type: ignore[method-assign]
+
+    async def go() -> None:
+        await scheduler.ensure([refs[0]])
+        await scheduler.ensure([refs[1]], Priority.PREWARM)
+        scheduler.prefetch([refs[2]], Priority.READAHEAD)
+        while scheduler.inflight:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(go())
+    assert lanes == {refs[0][0]: True, refs[1][0]: False, refs[2][0]: False}
+
+
 def test_a_demand_miss_overtakes_queued_prefetches(tmp_path: Path) -> None:
     hub, cache, scheduler, refs = _setup(tmp_path, 21, max_streams=1, batch_blocks=1)
     *ahead, wanted = refs
@@ -281,9 +309,11 @@ def test_a_stream_frees_its_slot_when_its_blocks_arrive_and_disk_writes_are_boun
     disk = asyncio.Event()
     admit = cache.admit
 
-    async def slow_admit(digest: str, data: bytes, placement: Placement) -> None:
+    async def slow_admit(
+        digest: str, data: bytes, placement: Placement, urgent: bool = False
+    ) -> None:
         await disk.wait()
-        await admit(digest, data, placement)
+        await admit(digest, data, placement, urgent)
 
     cache.admit = slow_admit  # type: ignore[method-assign]
 

@@ -1,0 +1,127 @@
+"""Tenants' link shares (spoke.fetch.linkshare) are of the link's rate as well as its
+window: on a short round trip the window's floor is many times the link's
+bandwidth-delay product, and a share of it no limit (issue 39's nineteenth probe: a
+prewarm at link_share 0.2 ran at the loopback's full rate while another tenant's misses
+waited p50 0.36 s). The rate is the highest measured lately, kept while shares hold."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from spoke.cache.tenants import TenantShares
+from spoke.fetch.life import BlockLives
+from spoke.fetch.linkshare import REFERENCE_HALF_LIFE_S, LinkShares
+from spoke.fetch.priority import Priority
+from spoke.fetch.window import LinkWindow
+
+BLOCK = 64 << 10
+RATE = 100e6  # bytes/s, measured before anything is held
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _deliver(window: LinkWindow, clock: Clock, rate: float, seconds: float) -> None:
+    """Blocks arriving at ``rate`` bytes/s for ``seconds``."""
+    step = BLOCK / rate
+    for _ in range(int(seconds / step)):
+        clock.now += step
+        window.on_delivered(BLOCK)
+
+
+class World:
+    """team-a prewarms (``share``), team-b misses; the window is its 8 MiB floor."""
+
+    def __init__(self, tmp_path: Path, share: float) -> None:
+        path = tmp_path / "tenants.yaml"
+        path.write_text(
+            f"team-a: {{datasets: [a], link_share: {share}}}\n"
+            "team-b: {datasets: [b], link_share: 0.5}\n"
+        )
+        self.lives = BlockLives(tenant_of=lambda d: "team-a" if d[0] == "a" else "team-b")
+        self.clock = Clock()
+        self.window = LinkWindow(clock=self.clock)
+        self.window.on_rtt(0.001)
+        _deliver(self.window, self.clock, RATE, 0.5)
+        self.links = LinkShares(TenantShares(path, 1 << 30), self.lives, self.window, lambda: None)
+        self.n = 0
+
+    def prewarm(self, n: int) -> int:
+        """Queue ``n`` more of team-a's prewarm blocks; how many one take lets out."""
+        for _ in range(n):
+            self.lives.want(f"a{self.n:06d}", BLOCK, Priority.PREWARM, None)
+            self.n += 1
+        return len(self.lives.take(Priority.PREWARM, 1 << 40, 1 << 20, self.links.gate()))
+
+
+async def _later(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+def test_a_share_holds_its_rate_not_only_its_window(tmp_path: Path) -> None:
+    """0.25 of the 8 MiB window is 32 blocks; 0.25 of 100 MB/s refills 32 blocks' bucket
+    at 25 MB/s: the first take empties the bucket, the next 0.05 s lets ~19 more out."""
+    world = World(tmp_path, 0.25)
+
+    async def go() -> None:
+        world.lives.want("b-miss", BLOCK, Priority.DEMAND, None)  # team-b misses
+        assert world.prewarm(200) == 32  # the bucket starts full: the window share
+        for life in list(world.lives._flights.values()):  # they all arrive at once
+            if life.tenant == "team-a" and life.state.name == "WIRE":
+                world.lives.arrived(life.digest)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert world.prewarm(0) <= 1  # the wire has room, the bucket (nearly) none
+        await _later(0.05)
+        refilled = 0.25 * RATE * (loop.time() - started) / BLOCK  # >= 19 blocks
+        assert 0.8 * 0.25 * RATE * 0.05 / BLOCK <= world.prewarm(0) <= refilled + 2
+
+    asyncio.run(go())
+
+
+def test_a_tenant_nobody_competes_with_is_not_held(tmp_path: Path) -> None:
+    world = World(tmp_path, 0.25)
+
+    async def go() -> None:
+        assert world.prewarm(200) == 200
+
+    asyncio.run(go())
+
+
+def test_a_share_smaller_than_a_block_still_sends_one_at_a_time(tmp_path: Path) -> None:
+    world = World(tmp_path, 0.001)  # 0.1% of 8 MiB: under one block
+
+    async def go() -> None:
+        world.lives.want("b-miss", BLOCK, Priority.DEMAND, None)
+        assert world.prewarm(8) == 1
+        assert world.prewarm(0) == 0  # the one is still on the wire
+
+    asyncio.run(go())
+
+
+def test_holding_keeps_the_rate_measured_before_it(tmp_path: Path) -> None:
+    """While shares hold, the link delivers only what they let through: a rate that
+    followed it would shrink the share with every second of holding. The reference
+    keeps the rate measured before; without holding it forgets by half every
+    REFERENCE_HALF_LIFE_S."""
+    world = World(tmp_path, 0.25)
+
+    async def go() -> None:
+        world.lives.want("b-miss", BLOCK, Priority.DEMAND, None)
+        world.prewarm(200)  # held: the rest of the 200 wait
+        _deliver(world.window, world.clock, RATE / 20, 5.0)  # held: 5 MB/s for 5 s
+        assert world.window.rate_bps is not None and world.window.rate_bps < RATE / 10
+        loop = asyncio.get_running_loop()
+        assert world.links.reference_rate(loop.time() + 0.01) == pytest.approx(RATE, rel=0.05)
+        later = loop.time() + REFERENCE_HALF_LIFE_S
+        assert world.links.reference_rate(later) == pytest.approx(RATE / 2, rel=0.05)
+
+    asyncio.run(go())
