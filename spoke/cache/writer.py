@@ -20,9 +20,9 @@ class BlockWriter:
 
     An **urgent** write (a reader waits for the block: a demand miss) goes in a lane of
     its own, batched with other urgent writes only, so it never queues behind the
-    others' batches: issue 39's nineteenth probe found another tenant's demand misses
-    waiting p50 0.15 s (up to 0.46 s) between arrival and residence behind a prewarm's
-    queued writes. The lanes' batches may run at once in two threads (distinct digests,
+    others' batches: issue 39's eighteenth probe, measured again, had another tenant's
+    demand misses waiting p50 0.15 s (up to 0.46 s) between arrival and residence behind
+    a prewarm's queued writes. The lanes' batches may run at once in two threads (distinct digests,
     distinct files; the index's write transactions take turns in LMDB).
 
     Args:

@@ -12,7 +12,7 @@ else may wake it).
 
 **Two limits.** The share of the window bounds bytes on the wire; on a short round trip
 the window's floor is many times the link's bandwidth-delay product, and a share of it
-no limit on the rate: issue 39's nineteenth probe saw a tenant at ``link_share`` 0.2
+no limit on the rate: issue 39's eighteenth probe saw a tenant at ``link_share`` 0.2
 prewarm at the loopback's full 47 MB/s while another tenant's 256 KiB misses took p50
 0.36 s instead of 18 ms, the daemon's CPU being what the prewarm took. So the share is
 of the rate too: a token bucket per tenant, filled at ``link_share`` × the link's rate,
@@ -117,9 +117,9 @@ class LinkShares:
 
         The gate reads the tenants, the demand and the window once, and keeps each
         tenant's room as it lets lives through (the life's move to the wire counts its
-        bytes): the nineteenth probe found the daemon's loop half spent asking, for each of
-        up to :data:`~spoke.fetch.life.HELD_SCAN` held lives on every arrival, a stat of
-        the tenants file and every tenant's demand.
+        bytes): the eighteenth probe's case, profiled, had the daemon's loop half spent
+        asking, for each of up to :data:`~spoke.fetch.life.HELD_SCAN` held lives on every
+        arrival, a stat of the tenants file and every tenant's demand.
         """
         loop = asyncio.get_running_loop()
         now = loop.time()

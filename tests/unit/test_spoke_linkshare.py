@@ -1,6 +1,6 @@
 """Tenants' link shares (spoke.fetch.linkshare) are of the link's rate as well as its
 window: on a short round trip the window's floor is many times the link's
-bandwidth-delay product, and a share of it no limit (issue 39's nineteenth probe: a
+bandwidth-delay product, and a share of it no limit (issue 39's eighteenth probe: a
 prewarm at link_share 0.2 ran at the loopback's full rate while another tenant's misses
 waited p50 0.36 s). The rate is the highest measured lately, kept while shares hold."""
 

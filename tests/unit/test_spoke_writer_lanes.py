@@ -1,6 +1,7 @@
 """The block writer's lanes (spoke.cache.writer): a write a reader waits for is never
-queued behind other writes' batches (issue 39's nineteenth probe: another tenant's demand
-misses waited p50 0.15 s between arrival and residence behind a prewarm's writes)."""
+queued behind other writes' batches (issue 39's eighteenth probe, measured again: another
+tenant's demand misses waited p50 0.15 s between arrival and residence behind a prewarm's
+writes)."""
 
 from __future__ import annotations
 
