@@ -123,7 +123,8 @@ def _scopes(token_number: int, value: object) -> tuple[str, ...]:
 
 
 class TokenTable:
-    """The tokens a hub accepts and their read scopes.
+    """The tokens a hub accepts and their read scopes. A plain token's principal is named
+    ``token`` and the first 6 bytes of its SHA-256 in hex (a managed file's, its id).
 
     Args:
         tokens: ``token -> dataset globs``.
@@ -141,8 +142,12 @@ class TokenTable:
                     f"token {number}: tokens must be at least {MIN_TOKEN_CHARS} visible "
                     "ASCII characters"
                 )
-            principal = Principal(f"token {number}", _scopes(number, list(scopes)))
-            self._entries.append((hash_token(token), principal))
+            hashed = hash_token(token)
+            # named by its hash, not its place in the file: a name is who a door slot,
+            # a budget and a grant count for, and an edit that moved the lines gave a
+            # proven connection another token's name until it reconnected
+            principal = Principal(f"token {hashed[:6].hex()}", _scopes(number, list(scopes)))
+            self._entries.append((hashed, principal))
 
     def __len__(self) -> int:
         return len(self._entries)
