@@ -17,8 +17,9 @@ prewarm at the loopback's full 47 MB/s while another tenant's 256 KiB misses too
 0.36 s instead of 18 ms, the daemon's CPU being what the prewarm took. So the share is
 of the rate too: a token bucket per tenant, filled at ``link_share`` × the link's rate,
 holding at most its share of the window. The link's rate is the highest measured
-lately (:attr:`LinkShares.reference`), kept while shares hold: the rate measured then is
-the held rate, and a limit sized by it would shrink with every second of holding.
+lately (:attr:`LinkShares.reference`), kept while shares hold (the rate measured then is
+the held rate, and a limit sized by it would shrink with every second of holding), and
+at least :data:`RATE_FLOOR_BPS`.
 A tenant with a share, nothing on the wire and room in its bucket may send one block,
 whatever its share of the window.
 
@@ -41,6 +42,13 @@ DEMAND_RECENT_S = 1.0
 """How long after another tenant's demand miss left a tenant's prefetch keeps to its
 ``link_share``, seconds."""
 
+RATE_FLOOR_BPS = 125e6
+"""Least link rate a share is a fraction of, bytes/s (1 Gbit/s, the link the window's floor
+assumes, :data:`spoke.fetch.window.FLOOR_BYTES`): the spoke knows only the rates it has
+delivered, and one that has delivered only a light reader's misses would hold another
+tenant's prewarm to a share of those — a share of a share, for as long as that reader
+reads. On a slower link the window's share is the limit, as before."""
+
 REFERENCE_HALF_LIFE_S = 300.0
 """How fast the link's reference rate forgets a higher rate while no share holds
 anything back, seconds (halved each; it never falls while shares hold)."""
@@ -55,7 +63,7 @@ class _Room:
     def __init__(self, wire: float, bucket: float, rate: float, share: bool) -> None:
         self.wire = wire
         self.bucket = bucket
-        self.rate = rate  # bytes/s the bucket fills at (inf: no rate known yet)
+        self.rate = rate  # bytes/s the bucket fills at
         self.share = share  # the tenant has a share above 0
 
 
@@ -150,10 +158,10 @@ class LinkShares:
                 found = named.get(tenant)
                 fraction = found.link_share if found is not None else 0.0
             share = fraction * self._window.bytes
-            reference = self.reference_rate(now)
-            rate = math.inf if reference is None else fraction * reference
+            reference = max(self.reference_rate(now) or 0.0, RATE_FLOOR_BPS)
+            rate = fraction * reference
             bucket, since = self._buckets.get(tenant, (share, now))
-            bucket = share if math.isinf(rate) else min(share, bucket + rate * (now - since))
+            bucket = min(share, bucket + rate * (now - since))
             return _Room(share - self._lives.ahead_wire[tenant], bucket, rate, fraction > 0)
 
         def allows(life: Life) -> bool:
@@ -172,7 +180,7 @@ class LinkShares:
             self._held_at = now
             if tenant in ends:  # nothing else wakes the pump when recent demand ends
                 self._wake(loop, ends[tenant])
-            if held.bucket <= 0 and 0 < held.rate < math.inf:
+            if held.bucket <= 0 and held.rate > 0:
                 self._wake(loop, now + (1 - held.bucket) / held.rate)
             return False
 

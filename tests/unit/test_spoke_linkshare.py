@@ -13,12 +13,12 @@ import pytest
 
 from spoke.cache.tenants import TenantShares
 from spoke.fetch.life import BlockLives
-from spoke.fetch.linkshare import REFERENCE_HALF_LIFE_S, LinkShares
+from spoke.fetch.linkshare import RATE_FLOOR_BPS, REFERENCE_HALF_LIFE_S, LinkShares
 from spoke.fetch.priority import Priority
 from spoke.fetch.window import LinkWindow
 
 BLOCK = 64 << 10
-RATE = 100e6  # bytes/s, measured before anything is held
+RATE = 200e6  # bytes/s, measured before anything is held (above RATE_FLOOR_BPS)
 
 
 class Clock:
@@ -40,7 +40,7 @@ def _deliver(window: LinkWindow, clock: Clock, rate: float, seconds: float) -> N
 class World:
     """team-a prewarms (``share``), team-b misses; the window is its 8 MiB floor."""
 
-    def __init__(self, tmp_path: Path, share: float) -> None:
+    def __init__(self, tmp_path: Path, share: float, rate: float = RATE) -> None:
         path = tmp_path / "tenants.yaml"
         path.write_text(
             f"team-a: {{datasets: [a], link_share: {share}}}\n"
@@ -50,7 +50,7 @@ class World:
         self.clock = Clock()
         self.window = LinkWindow(clock=self.clock)
         self.window.on_rtt(0.001)
-        _deliver(self.window, self.clock, RATE, 0.5)
+        _deliver(self.window, self.clock, rate, 0.5)
         self.links = LinkShares(TenantShares(path, 1 << 30), self.lives, self.window, lambda: None)
         self.n = 0
 
@@ -67,9 +67,21 @@ async def _later(seconds: float) -> None:
 
 
 def test_a_share_holds_its_rate_not_only_its_window(tmp_path: Path) -> None:
-    """0.25 of the 8 MiB window is 32 blocks; 0.25 of 100 MB/s refills 32 blocks' bucket
-    at 25 MB/s: the first take empties the bucket, the next 0.05 s lets ~19 more out."""
-    world = World(tmp_path, 0.25)
+    """0.25 of the 8 MiB window is 32 blocks; 0.25 of 200 MB/s refills 32 blocks' bucket
+    at 50 MB/s: the first take empties the bucket, the next 0.02 s lets ~15 more out."""
+    _bucket_refills_at(tmp_path, RATE, 0.25 * RATE)
+
+
+def test_a_spoke_that_measured_only_light_reads_shares_at_least_a_gigabit(
+    tmp_path: Path,
+) -> None:
+    """A reference of 5 MB/s (a light reader's misses) would hold the prewarm to 1.25 MB/s
+    for as long as that reader reads; the floor makes it 0.25 of 1 Gbit/s."""
+    _bucket_refills_at(tmp_path, 5e6, 0.25 * RATE_FLOOR_BPS)
+
+
+def _bucket_refills_at(tmp_path: Path, measured: float, fill: float) -> None:
+    world = World(tmp_path, 0.25, measured)
 
     async def go() -> None:
         world.lives.want("b-miss", BLOCK, Priority.DEMAND, None)  # team-b misses
@@ -80,9 +92,9 @@ def test_a_share_holds_its_rate_not_only_its_window(tmp_path: Path) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         assert world.prewarm(0) <= 1  # the wire has room, the bucket (nearly) none
-        await _later(0.05)
-        refilled = 0.25 * RATE * (loop.time() - started) / BLOCK  # >= 19 blocks
-        assert 0.8 * 0.25 * RATE * 0.05 / BLOCK <= world.prewarm(0) <= refilled + 2
+        await _later(0.02)
+        refilled = fill * (loop.time() - started) / BLOCK
+        assert 0.8 * fill * 0.02 / BLOCK <= world.prewarm(0) <= refilled + 2
 
     asyncio.run(go())
 
