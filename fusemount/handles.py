@@ -1,14 +1,21 @@
 """The mount's open file handles: numbers that carry their inode (a successor serving the
 same FUSE connection reads a handle by that alone), each handle's state, and how many
-handles each user holds.
+handles each opener holds.
 
 A handle is the inode's 48 bits, a passthrough bit and 15 bits of serial. Opens of one
 inode past 32,768 at once share a handle (counted: it lives until its last release),
 after at most :data:`HANDLE_TRIES` serials tried: before, the next open failed ``ENFILE``
-for everyone after trying all 32,768 (issue 39's seventeenth probe). A handle's state (its
-node, its readahead) is about 0.9 KiB, so a user holds at most :data:`USER_HANDLES` at
-once, and beyond, that user's opens fail ``EMFILE`` (the eighteenth probe: one uid's
-114,000 opens of distinct files took the mount from 64 to 183 MiB, with no bound).
+for everyone after trying all 32,768 (issue 39's seventeenth probe).
+
+A handle's state (its node, its readahead) is about 0.45 KiB, so what opens may hold is
+bounded, and counted by handle, for the opener that made it
+(:class:`fusemount.openers.Opener`: a uid in a cgroup, not a uid — pods share uids, the
+nineteenth probe): an open that shares a handle adds no state and is counted for nobody
+(a release cannot tell who closes, and counting it moved counts between uids, the
+nineteenth probe's F5). An opener holds at most :data:`OPENER_HANDLES`; and once the
+node's handles reach :data:`NODE_HANDLES`, an opener over its fair share of them (the
+cap ÷ (openers + 1)) is refused too, so many openers cannot add up to the mount's memory
+(the nineteenth probe: each uid's 262,144 opens added 117 MiB). Refused is ``EMFILE``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import errno
 
 import pyfuse3
 
+from fusemount.openers import Opener
 from fusemount.readahead import Readahead
 from fusemount.tree import INODE_BITS, Node
 
@@ -27,8 +35,18 @@ _FH_SERIALS = 1 << (63 - INODE_BITS)  # 15 bits: the handle's serial
 HANDLE_TRIES = 64
 """Most serials tried for a new open's handle before it shares one of its inode's."""
 
-USER_HANDLES = 262_144
-"""Most handles one user (uid) holds open at once: about 230 MiB of the mount."""
+OPENER_HANDLES = 262_144
+"""Most handles one opener holds at once: about 117 MiB of the mount."""
+
+NODE_HANDLES = 1_048_576
+"""Handles of all openers together past which an opener over its fair share is refused:
+about 470 MiB of the mount (it stays under twice that: openers under their share may
+still open)."""
+
+TRIM_FREED = 65_536
+"""Handles freed between two returns of the freed heap to the kernel
+(:func:`strata_local.memory.trim_malloc`): handles freed in the middle of the heap stayed
+the mount's (the nineteenth probe: 495 of 531 MiB after every holder closed)."""
 
 Handle = tuple[Node, Readahead, bool]
 """A handle's state: its node, its readahead and whether it is a passthrough open."""
@@ -50,16 +68,21 @@ class Handles:
     """The handles this process gave out (and those of a predecessor it met since).
 
     Args:
-        per_user: Most handles one uid holds at once (:data:`USER_HANDLES`).
+        per_opener: Most handles one opener holds at once (:data:`OPENER_HANDLES`).
+        node: Handles past which an opener over its fair share is refused
+            (:data:`NODE_HANDLES`).
 
     Not thread-safe: the mount's trio loop owns it.
     """
 
-    def __init__(self, per_user: int = USER_HANDLES) -> None:
-        self.per_user = per_user
+    def __init__(self, per_opener: int = OPENER_HANDLES, node: int = NODE_HANDLES) -> None:
+        self.per_opener = per_opener
+        self.node = node
         self._state: dict[int, Handle] = {}
-        self._openers: dict[int, list[int]] = {}  # fh -> the uids holding it, one an open
-        self._held: dict[int, int] = {}  # uid -> handles it holds
+        self._opens: dict[int, tuple[Opener, int]] = {}  # fh -> who made it, its opens
+        self._held: dict[Opener, int] = {}  # opener -> handles it made, still open
+        self._total = 0  # handles counted for openers
+        self._freed = 0  # handles freed since the last trim
         self._serial = 0
 
     def __contains__(self, fh: int) -> bool:
@@ -70,46 +93,67 @@ class Handles:
         return self._state.get(fh)
 
     def adopt(self, fh: int, state: Handle) -> None:
-        """Keeps the state of a handle a predecessor gave out (counted for no user)."""
+        """Keeps the state of a handle a predecessor gave out (counted for no opener)."""
         self._state[fh] = state
 
-    def check(self, uid: int) -> None:
-        """Refuses a new open by ``uid`` past :attr:`per_user`.
+    def check(self, opener: Opener) -> None:
+        """Refuses a new open by ``opener`` past :attr:`per_opener`, or past its fair share
+        once the node's handles reach :attr:`node`.
 
         Raises:
             pyfuse3.FUSEError: ``EMFILE``.
         """
-        if self._held.get(uid, 0) >= self.per_user:
+        held = self._held.get(opener, 0)
+        if held >= self.per_opener or (
+            self._total >= self.node and held >= self.node // (len(self._held) + 1)
+        ):
             raise pyfuse3.FUSEError(errno.EMFILE)
 
-    def open(self, inode: int, passthrough: bool, uid: int, state: Handle) -> int:
-        """A handle for a new open of ``inode`` by ``uid``: a free serial, else (after
+    def open(self, inode: int, passthrough: bool, opener: Opener, state: Handle) -> int:
+        """A handle for a new open of ``inode`` by ``opener``: a free serial, else (after
         :data:`HANDLE_TRIES` taken ones) an open handle of the same inode, shared."""
         for _ in range(HANDLE_TRIES):
             self._serial += 1
             fh = file_handle(inode, passthrough, self._serial)
             if fh not in self._state:
                 break
-        self._state.setdefault(fh, state)
-        self._openers.setdefault(fh, []).append(uid)
-        self._held[uid] = self._held.get(uid, 0) + 1
+        made = self._opens.get(fh)
+        if made is not None:  # shared: no new state, counted for its maker already
+            self._opens[fh] = (made[0], made[1] + 1)
+            return fh
+        if fh not in self._state:  # (a predecessor's adopted handle is nobody's)
+            self._state[fh] = state
+            self._opens[fh] = (opener, 1)
+            self._held[opener] = self._held.get(opener, 0) + 1
+            self._total += 1
         return fh
 
-    def release(self, fh: int) -> None:
-        """One open of ``fh`` ended; its state goes with the last."""
-        openers = self._openers.get(fh)
-        if openers:
-            uid = openers.pop()
-            left = self._held[uid] - 1
+    def release(self, fh: int) -> bool:
+        """One open of ``fh`` ended; its state goes with the last. Returns whether enough
+        handles were freed since the last time it said so (:data:`TRIM_FREED`) that the
+        freed heap should go back to the kernel."""
+        made = self._opens.get(fh)
+        if made is not None:
+            opener, opens = made
+            if opens > 1:
+                self._opens[fh] = (opener, opens - 1)
+                return False  # another open shares it
+            del self._opens[fh]
+            left = self._held[opener] - 1
             if left:
-                self._held[uid] = left
+                self._held[opener] = left
             else:
-                del self._held[uid]
-            if openers:
-                return  # another open shares it
-            del self._openers[fh]
-        self._state.pop(fh, None)
+                del self._held[opener]
+            self._total -= 1
+        if self._state.pop(fh, None) is not None:
+            self._freed += 1
+            if self._freed >= TRIM_FREED:
+                self._freed = 0
+                # a dict never shrinks as its keys go: copies are sized to what is left
+                self._state, self._opens = dict(self._state), dict(self._opens)
+                return True
+        return False
 
-    def held(self, uid: int) -> int:
-        """How many handles ``uid`` holds."""
-        return self._held.get(uid, 0)
+    def held(self, opener: Opener) -> int:
+        """How many handles ``opener`` made that are still open."""
+        return self._held.get(opener, 0)

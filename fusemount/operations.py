@@ -31,6 +31,7 @@ from fusemount.client import DaemonClient
 from fusemount.entries import Listing
 from fusemount.handles import Handles, handle_inode
 from fusemount.namespace import Namespace
+from fusemount.openers import Openers
 from fusemount.passthrough import Passthrough
 from fusemount.readahead import Readahead
 from fusemount.reader import BlockReader
@@ -38,6 +39,7 @@ from fusemount.residency import CachedBytes
 from fusemount.source import BlockUnavailableError
 from fusemount.tree import InodeTable, Node, Role
 from spoke.disk.datasetgroups import DATASET_DIR_MODE, DatasetGroups
+from strata_local.memory import trim_malloc
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,7 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         self.namespace.on_revoked = self._revoked
         self.cached_bytes = CachedBytes(str(reader.layout.blocks_dir))
         self.handles = Handles()
+        self.openers = Openers()
         self._uid = os.getuid() if uid is None else uid
         self._gid = os.getgid() if gid is None else gid
         self._readable_by_all = readable_by_all
@@ -235,13 +238,14 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
             raise pyfuse3.FUSEError(errno.EROFS)
         if node.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        self.handles.check(ctx.uid)  # EMFILE for a user holding its most
+        opener = self.openers.of(ctx.pid, ctx.uid)
+        self.handles.check(opener)  # EMFILE for an opener holding its most
         direct = bool(flags & os.O_DIRECT)
         backing_id = await self._passthrough_open(inode, node, direct)
         if backing_id is None:  # counted on the pyfuse3 path, or an id attached meanwhile
             backing_id = self.passthrough.opened_cached(inode)
         passing = backing_id is not None
-        fh = self.handles.open(inode, passing, ctx.uid, (node, Readahead(), passing))
+        fh = self.handles.open(inode, passing, opener, (node, Readahead(), passing))
         self.reader.opened(node, ctx.pid, self.inodes.files(node.snapshot_id))
         if backing_id is not None:  # the kernel forbids keep_cache with passthrough
             return pyfuse3.FileInfo(  # type: ignore[call-arg]
@@ -313,9 +317,11 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
 
     @boundary
     async def release(self, fh: int) -> None:
-        self.handles.release(fh)
+        trim = self.handles.release(fh)
         inode, passthrough = handle_inode(fh)  # a predecessor's handle is counted too
         self.passthrough.released(inode, passthrough)
+        if trim:  # many handles' state freed: give the heap's free pages back
+            await trio.to_thread.run_sync(trim_malloc)
 
     @boundary
     async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:

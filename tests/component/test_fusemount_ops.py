@@ -16,7 +16,9 @@ import pytest
 import trio
 
 from fusemount import boundary, readerrors
+from fusemount import openers as openers_module
 from fusemount.hits import PROMPT_INTERVAL
+from fusemount.openers import Opener
 from fusemount.operations import StrataOperations
 from fusemount.reader import BlockReader
 from fusemount.source import BlockUnavailableError
@@ -245,7 +247,99 @@ def test_opens_of_one_inode_beyond_its_serials_share_a_handle_and_never_fail(
             await ops.release(fh)
         assert await ops.read(handles[-1], 0, 4) == b"\x00" * 4
         await ops.release(handles[-1])
-        assert handles[-1] not in ops.handles and ops.handles.held(0) == 0
+        assert handles[-1] not in ops.handles and ops.handles.held(_opener(ops, CTX)) == 0
+
+    trio.run(go)
+
+
+def _opener(ops: StrataOperations, ctx: Any) -> Opener:
+    return ops.openers.of(ctx.pid, ctx.uid)
+
+
+@pytest.fixture
+def cgroups(monkeypatch: pytest.MonkeyPatch) -> dict[int, str]:
+    """Each test pid's cgroup, as ``/proc/PID/cgroup`` would say (set by the test)."""
+    table: dict[int, str] = {}
+    monkeypatch.setattr(openers_module, "cgroup_of", lambda pid: table.get(pid, ""))
+    return table
+
+
+def test_pods_of_one_uid_hold_their_handles_apart(
+    ops: StrataOperations, cgroups: dict[int, str]
+) -> None:
+    """Issue 39's nineteenth probe: the quota was per uid, and pods share uids (root,
+    1000, 65532), so one pod's 262,144 opens made every open of another pod of that uid
+    fail EMFILE. An opener is a uid in a cgroup (a container's)."""
+    ops.handles.per_opener = 3
+    pod_a = SimpleNamespace(pid=101, uid=1000, gid=1000, umask=0)
+    pod_b = SimpleNamespace(pid=202, uid=1000, gid=1000, umask=0)
+    cgroups.update({101: "/kubepods/pod-a/c1", 202: "/kubepods/pod-b/c1"})
+
+    async def go() -> None:
+        attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
+        held = [(await ops.open(attr.st_ino, os.O_RDONLY, pod_a)).fh for _ in range(3)]
+        with pytest.raises(pyfuse3.FUSEError) as info:
+            await ops.open(attr.st_ino, os.O_RDONLY, pod_a)
+        assert info.value.errno == errno.EMFILE
+        held.append((await ops.open(attr.st_ino, os.O_RDONLY, pod_b)).fh)  # same uid
+        assert ops.handles.held(_opener(ops, pod_a)) == 3
+        assert ops.handles.held(_opener(ops, pod_b)) == 1
+        for fh in held:
+            await ops.release(fh)
+
+    trio.run(go)
+
+
+def test_past_the_nodes_handles_only_openers_over_their_share_are_refused(
+    ops: StrataOperations, cgroups: dict[int, str]
+) -> None:
+    """The nineteenth probe: each uid's opens added 117 MiB to the mount, with no bound
+    over all of them. Past the node's handles (6 here), an opener over cap ÷ (openers +
+    1) is refused; one under it still opens."""
+    ops.handles.per_opener, ops.handles.node = 100, 6
+    big = SimpleNamespace(pid=101, uid=1000, gid=1000, umask=0)
+    small = SimpleNamespace(pid=202, uid=1001, gid=1001, umask=0)
+
+    async def go() -> None:
+        attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
+        held = [(await ops.open(attr.st_ino, os.O_RDONLY, big)).fh for _ in range(6)]
+        with pytest.raises(pyfuse3.FUSEError) as info:  # 6 >= 6 // 2
+            await ops.open(attr.st_ino, os.O_RDONLY, big)
+        assert info.value.errno == errno.EMFILE
+        held += [(await ops.open(attr.st_ino, os.O_RDONLY, small)).fh for _ in range(2)]
+        with pytest.raises(pyfuse3.FUSEError):  # 2 >= 6 // 3
+            await ops.open(attr.st_ino, os.O_RDONLY, small)
+        for fh in held:
+            await ops.release(fh)
+        assert ops.handles.held(_opener(ops, big)) == ops.handles.held(_opener(ops, small)) == 0
+        await ops.release((await ops.open(attr.st_ino, os.O_RDONLY, big)).fh)  # room again
+
+    trio.run(go)
+
+
+def test_a_shared_handle_is_counted_for_its_maker_alone(
+    ops: StrataOperations, monkeypatch: pytest.MonkeyPatch, cgroups: dict[int, str]
+) -> None:
+    """A release does not say who closes: counting each sharer, the nineteenth probe's
+    F5 moved counts between uids (V's opens and closes of a handle A shared left V at
+    its cap). A shared open adds no state and counts for nobody."""
+    from fusemount import handles as handles_module
+
+    monkeypatch.setattr(handles_module, "_FH_SERIALS", 2)
+    maker = SimpleNamespace(pid=101, uid=1000, gid=1000, umask=0)
+    sharer = SimpleNamespace(pid=202, uid=1001, gid=1001, umask=0)
+
+    async def go() -> None:
+        attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
+        mine = [(await ops.open(attr.st_ino, os.O_RDONLY, maker)).fh for _ in range(2)]
+        for _ in range(10):  # every serial taken: the sharer's opens share, and close
+            fh = (await ops.open(attr.st_ino, os.O_RDONLY, sharer)).fh
+            assert fh in mine and ops.handles.held(_opener(ops, sharer)) == 0
+            await ops.release(fh)
+        assert ops.handles.held(_opener(ops, maker)) == 2
+        for fh in mine:
+            await ops.release(fh)
+        assert ops.handles.held(_opener(ops, maker)) == 0
 
     trio.run(go)
 
@@ -256,7 +350,7 @@ def test_a_user_holds_at_most_its_handles_and_only_its_own_opens_fail(
     """Issue 39's eighteenth probe: one uid's 114,000 opens of distinct files took the
     mount from 64 to 183 MiB, with no bound. Past its handles, that user's opens fail
     EMFILE; another user's do not."""
-    ops.handles.per_user = 3
+    ops.handles.per_opener = 3
     user = SimpleNamespace(pid=77, uid=64101, gid=64101, umask=0)
 
     async def go() -> None:
@@ -268,9 +362,10 @@ def test_a_user_holds_at_most_its_handles_and_only_its_own_opens_fail(
         other = await ops.open(attr.st_ino, os.O_RDONLY, CTX)  # root's: unaffected
         await ops.release(held.pop())
         held.append((await ops.open(attr.st_ino, os.O_RDONLY, user)).fh)  # type: ignore[arg-type]
-        assert ops.handles.held(64101) == 3 and ops.handles.held(0) == 1
+        assert ops.handles.held(_opener(ops, user)) == 3
+        assert ops.handles.held(_opener(ops, CTX)) == 1
         for fh in [*held, other.fh]:
             await ops.release(fh)
-        assert ops.handles.held(64101) == 0 and ops.handles.held(0) == 0
+        assert ops.handles.held(_opener(ops, user)) == ops.handles.held(_opener(ops, CTX)) == 0
 
     trio.run(go)
