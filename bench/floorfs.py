@@ -29,7 +29,8 @@ import pyfuse3
 import trio
 
 from deploy.local import stop_process
-from fusemount.cli import mount_options, set_read_ahead
+from fusemount.cli import mount_options
+from fusemount.kernelknobs import set_read_ahead
 from spoke.disk.mountinfo import is_mounted, lazy_unmount
 
 TIMEOUT = 3600.0  # seconds: the tree does not change under a benchmark

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from fusemount.backings import ACTIVE_BACKINGS, IDLE_BACKINGS
 from fusemount.client import DaemonClient
 from fusemount.journal import InodeJournal
+from fusemount.kernelknobs import tune_connection
 from fusemount.ledger import BackingLedger
 from fusemount.lockcheck import warn_unless_granted
 from fusemount.operations import StrataOperations
@@ -40,43 +41,9 @@ from spoke.disk.datasetgroups import DatasetGroups
 from spoke.disk.encryption import EncryptionError, check_cache_key
 from spoke.disk.hardening import UnsafeDirectory, secure_cache_dir
 from spoke.disk.layout import CacheLayout
-from spoke.disk.mountinfo import mounts
 from spoke.run.schema import MountSettings, declared, read_settings
 
 log = logging.getLogger("fusemount")
-
-
-def mount_device(mountpoint: Path) -> str | None:
-    """The ``major:minor`` of the mount at ``mountpoint``, read from /proc/self/mountinfo.
-
-    ``mountpoint`` must already be absolute and resolved: resolving it now would stat the
-    mount, and this process must never touch its own mountpoint (it would wait on itself).
-    """
-    target = str(mountpoint)
-    on_top = [m.device for m in mounts() if m.mountpoint == target]
-    return on_top[-1] if on_top else None  # the last match is the mount on top
-
-
-def set_read_ahead(mountpoint: Path, kib: int) -> bool:
-    """Set the kernel readahead window of the mount's backing device, KiB.
-
-    FUSE mounts get a small default window; sequential reads of large files go much faster
-    with ~1 MiB (``/sys/class/bdi/<major:minor>/read_ahead_kb``, Linux ``Documentation/ABI``).
-
-    Returns:
-        True when set; False (logged) when the device or permission is missing.
-    """
-    device = mount_device(mountpoint)
-    if device is None:
-        log.warning("read_ahead_kb: %s not found in mountinfo", mountpoint)
-        return False
-    try:
-        Path(f"/sys/class/bdi/{device}/read_ahead_kb").write_text(f"{kib}\n")
-    except OSError as err:
-        log.warning("read_ahead_kb of %s (%s) not set: %s", mountpoint, device, err)
-        return False
-    log.info("read_ahead_kb of %s (bdi %s) = %d", mountpoint, device, kib)
-    return True
 
 
 OPEN_FILES_WANTED = 4096
@@ -164,13 +131,6 @@ async def _every_second(call: Callable[[], None]) -> None:
         call()
 
 
-async def _raise_read_ahead(mountpoint: Path, kib: int) -> None:
-    # The kernel clamps the window to what FUSE's INIT reply allows when that reply is
-    # processed, so set it once the session is running, not right after mounting.
-    await trio.sleep(0.3)
-    await trio.to_thread.run_sync(set_read_ahead, mountpoint, kib)
-
-
 async def serve(
     ops: StrataOperations,
     reader: BlockReader,
@@ -186,8 +146,7 @@ async def serve(
             nursery.start_soon(_every_second, check)
         nursery.start_soon(ops.watch_catalog)
         nursery.start_soon(ops.passthrough.sweep_forever)
-        if read_ahead_kb > 0:
-            nursery.start_soon(_raise_read_ahead, mountpoint, read_ahead_kb)
+        nursery.start_soon(tune_connection, mountpoint, read_ahead_kb)
         nursery.start_soon(reader.flush_hits_forever)
         nursery.start_soon(reader.prefetch_forever)
         nursery.start_soon(_stop_on_signal, exit_ or _Exit())

@@ -335,8 +335,10 @@ class StrataOperations(pyfuse3.Operations):  # type: ignore[misc]
         st.f_frsize = 4096
         st.f_blocks = 0
         st.f_bfree = st.f_bavail = 0
-        st.f_files = len(self.inodes)
-        st.f_ffree = st.f_favail = 0
+        # no file count: the mount is every pod's, and the inodes loaded told one pod what
+        # the node's others walked (issue 39's nineteenth probe: 5, then 3,007 after
+        # another team's reader walked its 3,000 files); statfs names no snapshot
+        st.f_files = st.f_ffree = st.f_favail = 0
         st.f_namemax = 255
         return st
 

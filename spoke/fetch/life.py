@@ -59,6 +59,10 @@ HELD_SCAN = 256
 share) before it gives up on the class for now."""
 
 
+FAIR_SCAN = 1024
+"""Most queued demand lives a :meth:`BlockLives.take` puts in turns by tenant."""
+
+
 def _retrieve(future: asyncio.Future[bytes | None]) -> None:
     if not future.cancelled():
         future.exception()  # a prefetch nobody waits for must not log "never retrieved"
@@ -201,7 +205,10 @@ class BlockLives:
     ) -> list[Life]:
         """Up to ``most`` lives of ``priority``'s queue, put on the wire: blocks until
         ``room`` bytes are reached (at least one). Lives ``allowed`` refuses (a tenant over
-        its link share) stay queued, in order; at most :data:`HELD_SCAN` are passed over."""
+        its link share) stay queued, in order; at most :data:`HELD_SCAN` are passed over.
+        With tenants, demand is taken in turns by tenant (:meth:`_in_turns`)."""
+        if priority is Priority.DEMAND and self.tenant_of is not None:
+            self._in_turns(priority)
         batch: list[Life] = []
         held: list[Life] = []
         total = 0
@@ -225,6 +232,28 @@ class BlockLives:
         for life in batch:
             self._publish(Event.SENT, life)
         return batch
+
+    def _in_turns(self, priority: Priority) -> None:
+        """Put the first :data:`FAIR_SCAN` lives of ``priority``'s queue in turns by
+        tenant (each tenant's in their order): one tenant's many readers missing at once
+        queued every other tenant's miss behind theirs, in the batch and on the wire (issue
+        39's nineteenth probe: 64 readers of one team made another team's misses p50 0.15
+        to 1.2 s, 11 ms alone)."""
+        queue = self._queues[priority].lives
+        head: list[Life] = []
+        while len(head) < FAIR_SCAN and self.head(priority) is not None:
+            head.append(queue.popleft())
+        turns: dict[str | None, deque[Life]] = {}
+        for life in head:
+            turns.setdefault(life.tenant, deque()).append(life)
+        if len(turns) > 1:
+            head = []
+            while turns:
+                for tenant, lives in list(turns.items()):
+                    head.append(lives.popleft())
+                    if not lives:
+                        del turns[tenant]
+        queue.extendleft(reversed(head))
 
     def arrived(self, digest: str) -> Life | None:
         """``digest`` arrived verified: its life (if it was on the wire) is being admitted;
