@@ -303,8 +303,10 @@ def test_a_miss_that_just_ended_still_holds_the_other_tenants_prefetch_to_its_sh
     tmp_path: Path,
 ) -> None:
     """A reader between two misses has nothing on the wire: team-a's prewarm right after
-    team-b's miss keeps to its share anyway (for DEMAND_RECENT_S), and one whose share is 0
-    waits it out, then goes (a timer wakes the scheduler: nothing else would)."""
+    team-b's miss keeps to its share anyway (for DEMAND_RECENT_S); one whose share is 0
+    goes on at the least share, a block at a time (a timer wakes the scheduler when its
+    bucket has room: nothing else would), not stopped (the nineteenth probe: a prewarm
+    at 0 moved no byte for as long as another team read)."""
     world = World(tmp_path, 64, text=TENANTS.replace("link_share: 0.25", "link_share: 0"))
     lives = world.scheduler.lives
     world.hub.wire = lambda: lives.ahead_wire["team-a"]
@@ -318,7 +320,8 @@ def test_a_miss_that_just_ended_still_holds_the_other_tenants_prefetch_to_its_sh
 
     took = asyncio.run(go())
     assert world.resident("team-a") == 8
-    assert took >= DEMAND_RECENT_S * 0.9  # held until team-b's miss was a second old
+    assert max(world.hub.wire_at_open) <= BLOCK  # one block at a time: held, not stopped
+    assert took < DEMAND_RECENT_S  # it did not wait for team-b's miss to age
 
 
 @pytest.mark.parametrize("other_misses", [True, False])
