@@ -55,6 +55,13 @@ another tenant misses, whatever its ``link_share`` (0 when the key is left out):
 39's nineteenth probe saw a prewarm at a share of 0 move no byte for as long as another
 team read (26.7 s; 2.1 s alone)."""
 
+GRAINS = 4
+"""A held tenant's bucket lets a batch start once it holds a 1/GRAINS of the tenant's
+window share (or one block): one block a stream as soon as a block's bytes were in made
+the rate limit a stream per block, each costing the hub and the daemon about 1 ms of CPU
+(a prewarm at ``link_share`` 0.2 then slowed another tenant's misses more than one at
+1)."""
+
 REFERENCE_HALF_LIFE_S = 300.0
 """How fast the link's reference rate forgets a higher rate while no share holds
 anything back, seconds (halved each; it never falls while shares hold)."""
@@ -64,12 +71,15 @@ class _Room:
     """A held tenant's room in one gate: bytes it may still put on the wire, and its
     bucket's bytes (it may send while they are above 0)."""
 
-    __slots__ = ("bucket", "rate", "wire")
+    __slots__ = ("bucket", "grain", "rate", "sending", "share", "wire")
 
-    def __init__(self, wire: float, bucket: float, rate: float) -> None:
+    def __init__(self, wire: float, bucket: float, rate: float, share: float) -> None:
         self.wire = wire
         self.bucket = bucket
         self.rate = rate  # bytes/s the bucket fills at
+        self.share = share  # bytes the bucket holds at most (the tenant's window share)
+        self.grain = share / GRAINS  # bytes the bucket holds before a batch may start
+        self.sending = False  # a life went in this gate: the batch goes on while bytes last
 
 
 class LinkShares:
@@ -168,7 +178,7 @@ class LinkShares:
             rate = fraction * reference
             bucket, since = self._buckets.get(tenant, (share, now))
             bucket = min(share, bucket + rate * (now - since))
-            return _Room(share - self._lives.ahead_wire[tenant], bucket, rate)
+            return _Room(share - self._lives.ahead_wire[tenant], bucket, rate, share)
 
         def allows(life: Life) -> bool:
             tenant = life.tenant  # None: a dataset no tenant names
@@ -178,16 +188,19 @@ class LinkShares:
             if held is None:
                 return True
             first = self._lives.ahead_wire[tenant] == 0  # one block at least
-            if (life.size <= held.wire or first) and held.bucket > 0:
+            grain = min(max(held.grain, life.size), held.share)  # a full bucket will do
+            filled = held.bucket > 0 if held.sending else held.bucket >= grain
+            if (life.size <= held.wire or first) and filled:
                 held.wire -= life.size
                 held.bucket -= life.size
+                held.sending = True
                 self._buckets[tenant] = (held.bucket, now)
                 return True
             self._held_at = now
             if tenant in ends:  # nothing else wakes the pump when recent demand ends
                 self._wake(loop, ends[tenant])
-            if held.bucket <= 0 and held.rate > 0:
-                self._wake(loop, now + (1 - held.bucket) / held.rate)
+            if not filled and held.rate > 0:
+                self._wake(loop, now + (grain - held.bucket) / held.rate)
             return False
 
         return allows
