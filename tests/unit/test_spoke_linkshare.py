@@ -155,3 +155,28 @@ def test_demand_is_taken_in_turns_by_tenant(tmp_path: Path) -> None:
         return [life.digest for life in first + rest]
 
     assert asyncio.run(go()) == ["b0", "a0", "b1", "a1", "b2", "b3", "b4", "b5"]
+
+
+def test_a_held_batch_starts_once_a_quarter_of_the_share_is_in(tmp_path: Path) -> None:
+    """One block a stream as soon as a block's bytes were in cost the hub and the daemon a
+    stream's CPU a block: a held tenant's batch waits until its bucket holds a quarter of
+    its window share (0.25 x 8 MiB / 4 = 8 blocks, 10.5 ms at 50 MB/s), then goes whole."""
+    world = World(tmp_path, 0.25)
+    grain = 0.25 * (8 << 20) / 4
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        world.lives.want("b-miss", BLOCK, Priority.DEMAND, None)
+        assert world.prewarm(200) == 32
+        for life in list(world.lives._flights.values()):
+            if life.tenant == "team-a" and life.state.name == "WIRE":
+                world.lives.arrived(life.digest)
+        started = loop.time()
+        await _later(0.002)
+        early = world.prewarm(0)
+        if (loop.time() - started) * 0.25 * RATE < 0.9 * grain:  # (a slow box: too late)
+            assert early == 0  # in the bucket: a block's bytes and more, not a quarter
+        await _later(0.02)
+        assert world.prewarm(0) >= grain // BLOCK
+
+    asyncio.run(go())
