@@ -264,6 +264,30 @@ def cgroups(monkeypatch: pytest.MonkeyPatch) -> dict[int, str]:
     return table
 
 
+def test_one_pod_setting_many_uids_is_one_opener(
+    ops: StrataOperations, cgroups: dict[int, str]
+) -> None:
+    """The twentieth probe: a root pod setting a new fsuid for each open made each uid an
+    opener, and 2,000 of them cut every other pod's fair share to 522 handles. A pod's
+    containers, whatever their uids, are one opener."""
+    ops.handles.per_opener = 3
+    pod = "/kubepods/besteffort/pod1234abcd-5678-90ab-cdef-1234567890ab"
+    cgroups.update({101: f"{pod}/c1", 102: f"{pod}/c2"})
+    users = [SimpleNamespace(pid=101 + i % 2, uid=70000 + i, gid=0, umask=0) for i in range(4)]
+
+    async def go() -> None:
+        attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
+        held = [(await ops.open(attr.st_ino, os.O_RDONLY, u)).fh for u in users[:3]]
+        with pytest.raises(pyfuse3.FUSEError) as info:
+            await ops.open(attr.st_ino, os.O_RDONLY, users[3])
+        assert info.value.errno == errno.EMFILE
+        assert len({_opener(ops, u) for u in users}) == 1
+        for fh in held:
+            await ops.release(fh)
+
+    trio.run(go)
+
+
 def test_pods_of_one_uid_hold_their_handles_apart(
     ops: StrataOperations, cgroups: dict[int, str]
 ) -> None:
@@ -273,7 +297,7 @@ def test_pods_of_one_uid_hold_their_handles_apart(
     ops.handles.per_opener = 3
     pod_a = SimpleNamespace(pid=101, uid=1000, gid=1000, umask=0)
     pod_b = SimpleNamespace(pid=202, uid=1000, gid=1000, umask=0)
-    cgroups.update({101: "/kubepods/pod-a/c1", 202: "/kubepods/pod-b/c1"})
+    cgroups.update({101: "/kubepods/pod-a/c1", 202: "/kubepods/pod-b/c1"})  # (services)
 
     async def go() -> None:
         attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
@@ -345,11 +369,11 @@ def test_a_shared_handle_is_counted_for_its_maker_alone(
 
 
 def test_a_user_holds_at_most_its_handles_and_only_its_own_opens_fail(
-    ops: StrataOperations,
+    ops: StrataOperations, cgroups: dict[int, str]
 ) -> None:
     """Issue 39's eighteenth probe: one uid's 114,000 opens of distinct files took the
-    mount from 64 to 183 MiB, with no bound. Past its handles, that user's opens fail
-    EMFILE; another user's do not."""
+    mount from 64 to 183 MiB, with no bound. Past its handles, that opener's opens fail
+    EMFILE; another's do not (here no cgroup is known: the opener is the uid)."""
     ops.handles.per_opener = 3
     user = SimpleNamespace(pid=77, uid=64101, gid=64101, umask=0)
 
