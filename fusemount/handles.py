@@ -12,10 +12,11 @@ bounded, and counted by handle, for the opener that made it
 (:class:`fusemount.openers.Opener`: a cgroup's owner, a pod, not a uid — pods share
 uids, the nineteenth probe, and a root pod sets any uid it likes, the twentieth): an
 open that shares a handle adds no state and is counted for nobody (a release cannot
-tell who closes, and counting it moved counts between uids, the nineteenth probe's F5). An opener holds at most :data:`OPENER_HANDLES`; and once the
-node's handles reach :data:`NODE_HANDLES`, an opener over its fair share of them (the
-cap ÷ (openers + 1)) is refused too, so many openers cannot add up to the mount's memory
-(the nineteenth probe: each uid's 262,144 opens added 117 MiB). Refused is ``EMFILE``.
+tell who closes, and counting it moved counts between uids, the nineteenth probe's F5).
+An opener holds at most :data:`OPENER_HANDLES`; and once the node's handles reach
+:data:`NODE_HANDLES`, an opener over its fair share of them (the cap ÷ (openers + 1)) is
+refused too, so many openers cannot add up to the mount's memory (the nineteenth probe:
+each uid's 262,144 opens added 117 MiB). Refused is ``EMFILE``.
 """
 
 from __future__ import annotations
