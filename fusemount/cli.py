@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from fusemount.backings import ACTIVE_BACKINGS, IDLE_BACKINGS
 from fusemount.client import DaemonClient
 from fusemount.journal import InodeJournal
-from fusemount.kernelknobs import tune_connection
+from fusemount.kernelknobs import TASKS, tune_connection
 from fusemount.ledger import BackingLedger
 from fusemount.lockcheck import warn_unless_granted
 from fusemount.operations import StrataOperations
@@ -150,7 +150,7 @@ async def serve(
         nursery.start_soon(reader.flush_hits_forever)
         nursery.start_soon(reader.prefetch_forever)
         nursery.start_soon(_stop_on_signal, exit_ or _Exit())
-        await pyfuse3.main(min_tasks=4, max_tasks=64)
+        await pyfuse3.main(min_tasks=4, max_tasks=TASKS)
         nursery.cancel_scope.cancel()
     await reader.flush_hits()
 

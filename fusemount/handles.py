@@ -14,9 +14,9 @@ uids, the nineteenth probe, and a root pod sets any uid it likes, the twentieth)
 open that shares a handle adds no state and is counted for nobody (a release cannot
 tell who closes, and counting it moved counts between uids, the nineteenth probe's F5).
 An opener holds at most :data:`OPENER_HANDLES`; and once the node's handles reach
-:data:`NODE_HANDLES`, an opener over its fair share of them (the cap ÷ (openers + 1)) is
-refused too, so many openers cannot add up to the mount's memory (the nineteenth probe:
-each uid's 262,144 opens added 117 MiB). Refused is ``EMFILE``.
+:data:`NODE_HANDLES`, one holding :data:`OPENER_FLOOR` or more is refused too, so many
+openers cannot add up to the mount's memory (the nineteenth probe: each uid's 262,144
+opens added 117 MiB). Refused is ``EMFILE``.
 """
 
 from __future__ import annotations
@@ -40,9 +40,14 @@ OPENER_HANDLES = 262_144
 """Most handles one opener holds at once: about 117 MiB of the mount."""
 
 NODE_HANDLES = 1_048_576
-"""Handles of all openers together past which an opener over its fair share is refused:
-about 470 MiB of the mount (it stays under twice that: openers under their share may
-still open)."""
+"""Handles of all openers together past which only an opener holding fewer than
+:data:`OPENER_FLOOR` may open: about 470 MiB of the mount, and at most openers ×
+OPENER_FLOOR more (a share of the rest, cap ÷ (openers + 1), let each new opener add its
+share: the twentieth probe filled 1.9 M handles, 983 MiB, and counted 6.5 M at 1,000
+openers)."""
+
+OPENER_FLOOR = 4_096
+"""Handles every opener may hold however full the node is (about 2 MiB of the mount)."""
 
 TRIM_FREED = 65_536
 """Handles freed between two returns of the freed heap to the kernel
@@ -70,20 +75,25 @@ class Handles:
 
     Args:
         per_opener: Most handles one opener holds at once (:data:`OPENER_HANDLES`).
-        node: Handles past which an opener over its fair share is refused
+        node: Handles past which only openers under ``floor`` may open
             (:data:`NODE_HANDLES`).
+        floor: Handles every opener may hold (:data:`OPENER_FLOOR`).
 
     Not thread-safe: the mount's trio loop owns it.
     """
 
-    def __init__(self, per_opener: int = OPENER_HANDLES, node: int = NODE_HANDLES) -> None:
+    def __init__(
+        self, per_opener: int = OPENER_HANDLES, node: int = NODE_HANDLES, floor: int = OPENER_FLOOR
+    ) -> None:
         self.per_opener = per_opener
         self.node = node
+        self.floor = floor
         self._state: dict[int, Handle] = {}
         self._opens: dict[int, tuple[Opener, int]] = {}  # fh -> who made it, its opens
         self._held: dict[Opener, int] = {}  # opener -> handles it made, still open
         self._total = 0  # handles counted for openers
         self._freed = 0  # handles freed since the last trim
+        self._peak = 0  # most handles since the tables were last copied
         self._serial = 0
 
     def __contains__(self, fh: int) -> bool:
@@ -98,16 +108,14 @@ class Handles:
         self._state[fh] = state
 
     def check(self, opener: Opener) -> None:
-        """Refuses a new open by ``opener`` past :attr:`per_opener`, or past its fair share
+        """Refuses a new open by ``opener`` past :attr:`per_opener`, or past :attr:`floor`
         once the node's handles reach :attr:`node`.
 
         Raises:
             pyfuse3.FUSEError: ``EMFILE``.
         """
         held = self._held.get(opener, 0)
-        if held >= self.per_opener or (
-            self._total >= self.node and held >= self.node // (len(self._held) + 1)
-        ):
+        if held >= self.per_opener or (self._total >= self.node and held >= self.floor):
             raise pyfuse3.FUSEError(errno.EMFILE)
 
     def open(self, inode: int, passthrough: bool, opener: Opener, state: Handle) -> int:
@@ -124,6 +132,7 @@ class Handles:
             return fh
         if fh not in self._state:  # (a predecessor's adopted handle is nobody's)
             self._state[fh] = state
+            self._peak = max(self._peak, len(self._state))
             self._opens[fh] = (opener, 1)
             self._held[opener] = self._held.get(opener, 0) + 1
             self._total += 1
@@ -150,8 +159,11 @@ class Handles:
             self._freed += 1
             if self._freed >= TRIM_FREED:
                 self._freed = 0
-                # a dict never shrinks as its keys go: copies are sized to what is left
-                self._state, self._opens = dict(self._state), dict(self._opens)
+                if len(self._state) * 4 < self._peak:  # a dict never shrinks as its keys
+                    # go: copies are sized to what is left (only once it is a quarter: a
+                    # copy on the loop of 1 M handles took 77 ms, the twentieth probe)
+                    self._state, self._opens = dict(self._state), dict(self._opens)
+                    self._peak = len(self._state)
                 return True
         return False
 

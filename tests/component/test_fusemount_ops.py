@@ -314,24 +314,25 @@ def test_pods_of_one_uid_hold_their_handles_apart(
     trio.run(go)
 
 
-def test_past_the_nodes_handles_only_openers_over_their_share_are_refused(
+def test_past_the_nodes_handles_only_openers_under_the_floor_may_open(
     ops: StrataOperations, cgroups: dict[int, str]
 ) -> None:
     """The nineteenth probe: each uid's opens added 117 MiB to the mount, with no bound
-    over all of them. Past the node's handles (6 here), an opener over cap ÷ (openers +
-    1) is refused; one under it still opens."""
-    ops.handles.per_opener, ops.handles.node = 100, 6
+    over all of them; the twentieth: a share of the rest for each new opener added up
+    to 1.9 M handles. Past the node's handles (6 here), an opener holding the floor (2
+    here) is refused; one under it still opens."""
+    ops.handles.per_opener, ops.handles.node, ops.handles.floor = 100, 6, 2
     big = SimpleNamespace(pid=101, uid=1000, gid=1000, umask=0)
     small = SimpleNamespace(pid=202, uid=1001, gid=1001, umask=0)
 
     async def go() -> None:
         attr = await _walk(ops, "ds", "v1", "dir", "f.bin")
         held = [(await ops.open(attr.st_ino, os.O_RDONLY, big)).fh for _ in range(6)]
-        with pytest.raises(pyfuse3.FUSEError) as info:  # 6 >= 6 // 2
+        with pytest.raises(pyfuse3.FUSEError) as info:  # the node's 6 held, 6 >= 2
             await ops.open(attr.st_ino, os.O_RDONLY, big)
         assert info.value.errno == errno.EMFILE
         held += [(await ops.open(attr.st_ino, os.O_RDONLY, small)).fh for _ in range(2)]
-        with pytest.raises(pyfuse3.FUSEError):  # 2 >= 6 // 3
+        with pytest.raises(pyfuse3.FUSEError):  # its floor
             await ops.open(attr.st_ino, os.O_RDONLY, small)
         for fh in held:
             await ops.release(fh)
