@@ -1,7 +1,7 @@
 """One tenant's prewarm beside another tenant's misses: what a ``link_share`` keeps.
 
     python -m bench.tenant_link [--shares 0.2,1] [--prewarm 320MiB] [--files 600]
-                                [--rtt-ms 0] [--rate 1Gbit] [--json FILE]
+                                [--readers N] [--rtt-ms 0] [--rate 1Gbit] [--json FILE]
 
 For each share of team-b's: publish team-a (``--files`` files of 256 KiB) and team-b
 (``--prewarm`` bytes of 1 MiB files), both in 64 KiB blocks, to a local hub; start a spoke
@@ -12,6 +12,10 @@ everything (*during*). Printed side by side: team-a's miss latency quiet and dur
 (p50, p90, and their ratio), the prewarm's rate, and the spoke's CPU seconds per GiB it
 fetched. A share of 1 is the control (team-b may take the whole window while team-a
 misses).
+
+``--readers N``: instead of a prewarm, team-b's pod reads its files through the mount
+with N threads — demand, which no link share holds (its misses take turns with team-a's
+in the spoke, and the mount keeps 256 readahead requests outstanding).
 
 ``--rtt-ms`` above 0 puts the hub behind :mod:`bench.wan` (``--rate`` each way). All
 traffic stays on 127.0.0.1. Needs /dev/fuse (the spoke starts its mount).
@@ -98,8 +102,38 @@ class Reader:
         return took
 
 
-def run_share(work: Path, share: float, files: int, prewarm: int, link: LinkSpec | None) -> Result:
-    """One spoke, one share: quiet misses, then misses during the prewarm.
+def _read_all(folder: Path, files: int, readers: int) -> tuple[int, float]:
+    """team-b's pod: ``readers`` threads read ``files`` 1 MiB files through the mount, each
+    once; the bytes read and the seconds it took."""
+    names = iter(range(files))
+    lock = threading.Lock()
+    done = [0]
+
+    def read() -> None:
+        while True:
+            with lock:
+                n = next(names, None)
+            if n is None:
+                return
+            size = len((folder / f"f{n:05d}.bin").read_bytes())
+            with lock:
+                done[0] += size
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=read) for _ in range(readers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return done[0], time.perf_counter() - started
+
+
+def run_share(
+    work: Path, share: float, files: int, prewarm: int, link: LinkSpec | None, readers: int = 0
+) -> Result:
+    """One spoke, one share: quiet misses, then misses during team-b's prewarm (or, with
+    ``readers``, while team-b's pod reads its files through the mount with that many
+    threads: demand, which no link share holds).
 
     Raises:
         deploy.local.StackError: the hub or spoke failed to start.
@@ -132,19 +166,30 @@ def run_share(work: Path, share: float, files: int, prewarm: int, link: LinkSpec
         done = threading.Event()
         with httpx.Client(base_url=admin, headers=admin_headers(work / "cache"), timeout=60) as c:
             cpu0 = tree_cpu_seconds(stack.spoke.pid)
-            reply = c.post("/v1/prewarm", json={"dataset": "team-b", "ref": "latest"})
-            reply.raise_for_status()
-            job = reply.json()
             during: list[float] = []
             thread = threading.Thread(target=lambda: during.extend(reader.read(until=done)))
-            thread.start()
-            try:
-                while job["state"] == "running":
-                    time.sleep(0.1)
-                    job = c.get(f"/v1/jobs/{job['id']}").json()
-            finally:
-                done.set()
-                thread.join()
+            if readers:
+                thread.start()
+                try:
+                    nbytes, took = _read_all(
+                        work / "mnt" / "team-b" / "latest", prewarm // MiB, readers
+                    )
+                finally:
+                    done.set()
+                    thread.join()
+                job = {"state": "done", "bytes_done": nbytes, "elapsed_s": took}
+            else:
+                reply = c.post("/v1/prewarm", json={"dataset": "team-b", "ref": "latest"})
+                reply.raise_for_status()
+                job = reply.json()
+                thread.start()
+                try:
+                    while job["state"] == "running":
+                        time.sleep(0.1)
+                        job = c.get(f"/v1/jobs/{job['id']}").json()
+                finally:
+                    done.set()
+                    thread.join()
             cpu = tree_cpu_seconds(stack.spoke.pid) - cpu0
     (q50, q90), (d50, d90) = _quantiles(quiet), _quantiles(during or [float("nan")])
     fetched = int(job["bytes_done"]) + len(during) * (256 << 10)
@@ -161,13 +206,14 @@ def run_share(work: Path, share: float, files: int, prewarm: int, link: LinkSpec
     )
 
 
-def markdown(results: list[Result], where: str) -> str:
+def markdown(results: list[Result], where: str, readers: int = 0) -> str:
     """The results as a markdown table."""
+    what = f"{readers} readers" if readers else "prewarm"
     lines = [
-        f"team-a's 256 KiB misses beside team-b's prewarm, {where}",
+        f"team-a's 256 KiB misses beside team-b's {what}, {where}",
         "",
         "| team-b link_share | team-a p50 quiet / during (ms) | ratio | p90 during (ms) "
-        "| reads during | prewarm MB/s | spoke CPU s/GiB |",
+        f"| reads during | team-b's {what} MB/s | spoke CPU s/GiB |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -190,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prewarm", default="320MiB", help="team-b's bytes (1 MiB files)")
     parser.add_argument("--files", type=int, default=600, help="team-a's 256 KiB files")
     parser.add_argument("--rtt-ms", type=float, default=0.0, help="0: the hub on loopback")
+    parser.add_argument(
+        "--readers", type=int, default=0, help="team-b reads its files with N threads (0: prewarm)"
+    )
     parser.add_argument("--rate", default="1Gbit", help="the emulated link, each way")
     parser.add_argument("--json", type=Path, default=None)
     ns = parser.parse_args(argv)
@@ -207,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--files {ns.files}: more than {QUIET_READS} (the quiet reads)")
     if ns.rtt_ms < 0:
         parser.error(f"--rtt-ms {ns.rtt_ms}: not negative")
+    if not 0 <= ns.readers <= 1024:
+        parser.error(f"--readers {ns.readers}: 0 (prewarm) to 1024")
     link = LinkSpec(ns.rtt_ms / 1000, rate) if ns.rtt_ms > 0 else None
     where = link.describe() if link is not None else "hub on loopback"
     base = Path(tempfile.mkdtemp(prefix="strata-tenant-link-"))
@@ -214,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n, share in enumerate(shares):
             print(f"team-b at link_share {share:g}, {where} …", flush=True)
-            result = run_share(base / str(n), share, ns.files, prewarm, link)
+            result = run_share(base / str(n), share, ns.files, prewarm, link, ns.readers)
             print(
                 f"  team-a p50 {result.quiet_p50_ms:.1f} -> {result.during_p50_ms:.1f} ms; "
                 f"prewarm {result.prewarm_state}, {result.prewarm_mb_s:.1f} MB/s",
@@ -224,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print()
-    print(markdown(results, where))
+    print(markdown(results, where, ns.readers))
     if ns.json:
         rows = [{**asdict(r), "ratio": r.ratio} for r in results]
         ns.json.write_text(json.dumps({"where": where, "results": rows}, indent=2))

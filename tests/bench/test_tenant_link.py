@@ -18,6 +18,7 @@ from bench import tenant_link
         ["--files", "10"],
         ["--rtt-ms", "-1"],
         ["--rate", "fast"],
+        ["--readers", "-1"],
     ],
 )
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
