@@ -1,6 +1,8 @@
 """New peers under a flood of silent connections to a spoke's peer port: gRPC core's own
 connection cap (the peer port before its door) and the door (``strata_local.door``), side
-by side.
+by side; and the door again forgetting who proved a token (``door-new``: each new peer is
+as new as the flood's addresses, its handshake's turn not first,
+``strata_local.handshakes``).
 
     python -m bench.door_flood [--rates 1200,2400] [--addresses 2000] [--seconds 15]
                                [--first silent|hello]
@@ -46,8 +48,9 @@ from spoke.mesh.peerservice import REQUEST_BYTES, PeerService, start_peer_server
 from spoke.mesh.probedoor import ProbeDoor
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import MAX_CONNECTIONS, PeerTls, PeerToken, server_options
+from strata_local import handshakes
 
-PORTS = ("grpc-cap", "door")
+PORTS = ("grpc-cap", "door", "door-new")
 
 
 def _credentials(root: Path) -> tuple[PeerTls, PeerToken]:
@@ -74,7 +77,9 @@ def serve(root: Path, port: str, node: str) -> None:
             node, cache, FetchScheduler(Fetcher(source), cache), source,
             GrantVerifier(node, keys), ScopeCheck(catalog), token=token,
         )  # fmt: skip
-        if port == "door":
+        if port.startswith("door"):
+            if port == "door-new":  # no address is remembered as having proved a token
+                handshakes.KNOWN_S = 0.0
             server, _ = await start_peer_server(service, node, tls)
             stopping = server.stop
         else:  # the peer port before its door: gRPC core closes newcomers at its cap

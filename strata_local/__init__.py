@@ -18,14 +18,17 @@ ports, the hub's metrics port), and :mod:`strata_local.doorslots`, who holds a b
 connection slots (shares by address of those that showed nothing, those that showed a
 credential kept: the spoke's peer ports, the hub's bulk port), and
 :mod:`strata_local.doorway`, where a port's connections wait in those slots, as bare
-sockets, until their first message is whole, and :mod:`strata_local.door`, a gRPC port's
+sockets, until their first message is whole and, by :mod:`strata_local.handshakes`, their
+handshake's turn (a rate the machine affords, in turns by address, known addresses
+first), and :mod:`strata_local.door`, a gRPC port's
 front door that then relays each connection to gRPC behind it (the spoke's peer port, the
 hub's gRPC port), and :mod:`strata_local.streamdoor`, one that begins TLS, a bounded number
 of handshakes at once, and hands the connection to an asyncio stream handler (the bulk
 ports).
 This package imports nothing of Strata (an import-linter contract keeps it so), and its
 modules do not import each other, but for the doors, built on the doorway, which keeps its
-slots in :mod:`strata_local.doorslots`, which counts them by address with
+slots in :mod:`strata_local.doorslots` (counted by address with
 :class:`strata_local.slotshare.Holders`, as the admin server's ledger and the stream door's
-pending handshakes do.
+pending handshakes are) and its handshakes' turns in :mod:`strata_local.handshakes` (whose
+known addresses the slots keep).
 """

@@ -11,6 +11,11 @@ holds its bytes (``SO_RCVLOWAT`` wakes the doorway only when the rest is there),
 that sends something no server behind would take is closed at once (issue 39's sixteenth
 probe kept new peers out with 1,800 one-byte connections a second while a byte bought a
 relay).
+
+A connection whose first message is whole begins its handshake (is handed on) only when
+:mod:`strata_local.handshakes` gives it a turn: at most a rate a second, taken in turns by
+address, addresses that proved a credential first; until then it waits in its slot, a bare
+socket still.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from strata_local.doorslots import DoorSlot, DoorSlots
+from strata_local.handshakes import HANDSHAKE_RATE, PACE_S, HandshakeTurns
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +47,10 @@ backlog rather than taking the daemon's descriptors."""
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 """HTTP/2's client connection preface (RFC 9113, 3.4): a plaintext gRPC client's first bytes."""
+
+TURN_S = 0.005
+"""Least time between two looks at the handshakes waiting for a turn, seconds (a few begin
+at each at the rate)."""
 
 TLS_HANDSHAKE = 0x16
 """A TLS record's content type for a handshake message (RFC 8446, 5.1): a ClientHello's."""
@@ -95,13 +105,15 @@ def peer_name(address: Any) -> str:
 
 
 class _Arrival:
-    """An accepted connection whose first message is not whole yet: a slot and a socket."""
+    """An accepted connection not handed on yet: a slot and a socket, and whether its
+    first message is whole (it waits for its handshake's turn)."""
 
-    __slots__ = ("conn", "since", "slot")
+    __slots__ = ("conn", "since", "slot", "whole")
 
     def __init__(self, conn: socket.socket, since: float) -> None:
         self.conn, self.since = conn, since
         self.slot: DoorSlot | None = None
+        self.whole = False
 
 
 class Doorway:
@@ -109,27 +121,45 @@ class Doorway:
 
     A connection is accepted, given a slot and watched for its first message, all in one
     callback of the event loop, up to :data:`ACCEPT_BATCH` at a time. One whose first
-    message is whole runs :meth:`_enter` in a task of its own; one that has not sent it
-    within ``silent_s`` is closed.
+    message is whole runs :meth:`_enter` in a task of its own once its handshake has a
+    turn (:class:`~strata_local.handshakes.HandshakeTurns`); one that has not been handed
+    on within ``silent_s`` is closed.
 
     Args:
         max_connections: Most connections open at once.
-        silent_s: Longest a connection may take to send its first message, seconds.
+        silent_s: Longest a connection may take to send its first message and have its
+            turn, seconds.
         first_message: What a connection's first message is (:data:`FirstMessage`).
+        handshake_rate: Most connections handed on a second (handshakes begun); fewer
+            while the event loop runs late (:meth:`HandshakeTurns.pace
+            <strata_local.handshakes.HandshakeTurns.pace>`).
+
+    Raises:
+        ValueError: ``max_connections`` below 1 or ``handshake_rate`` not positive.
 
     Attributes:
         slots: The connection slots and their counts.
+        turns: The handshakes waiting for a turn, and their counts.
         port: The bound port (after :meth:`start`).
     """
 
-    def __init__(self, max_connections: int, silent_s: float, first_message: FirstMessage) -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        silent_s: float,
+        first_message: FirstMessage,
+        handshake_rate: float = HANDSHAKE_RATE,
+    ) -> None:
         self.slots = DoorSlots(max_connections)
+        self.turns: HandshakeTurns[_Arrival] = HandshakeTurns(handshake_rate, self.slots.known)
         self.silent_s, self._first_message = silent_s, first_message
         self._listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._arrivals: dict[_Arrival, None] = {}  # no whole first message yet, in order
         self._sweep: asyncio.TimerHandle | None = None
         self._resume: asyncio.TimerHandle | None = None
+        self._turn: asyncio.TimerHandle | None = None
+        self._pace: asyncio.TimerHandle | None = None
         self._open: set[asyncio.Task[None]] = set()
         self.port = 0
 
@@ -153,6 +183,7 @@ class Doorway:
         self.port = int(listener.getsockname()[1])
         self._loop.add_reader(listener.fileno(), self._accept)
         self._sweep = self._loop.call_later(SWEEP_S, self._close_silent)
+        self._pace = self._loop.call_later(PACE_S, self._pace_turns, self._loop.time() + PACE_S)
         return self.port
 
     @property
@@ -162,10 +193,10 @@ class Doorway:
 
     async def close(self) -> None:
         """Stops accepting and ends every connection (idempotent)."""
-        for timer in (self._sweep, self._resume):
+        for timer in (self._sweep, self._resume, self._turn, self._pace):
             if timer is not None:
                 timer.cancel()
-        self._sweep = self._resume = None
+        self._sweep = self._resume = self._turn = self._pace = None
         if self._listener is not None and self._loop is not None:
             self._loop.remove_reader(self._listener.fileno())
         if self._listener is not None:
@@ -226,7 +257,8 @@ class Doorway:
 
     def _first_bytes(self, arrival: _Arrival) -> None:
         """The caller sent something (or closed): once its first message is whole, hand the
-        connection on; anything that is not the start of one ends it."""
+        connection on when its handshake has a turn; anything that is not the start of one
+        ends it."""
         assert self._loop is not None and arrival.slot is not None
         conn = arrival.conn
         try:
@@ -244,17 +276,47 @@ class Doorway:
         with contextlib.suppress(OSError):
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
         self._loop.remove_reader(conn.fileno())
+        arrival.whole = True
+        if self.turns.offer(arrival.slot.host, arrival):
+            self._hand_on(arrival)
+        elif self._turn is None:
+            self._take_turns()
+
+    def _hand_on(self, arrival: _Arrival) -> None:
+        """Runs :meth:`_enter` for ``arrival``, whose handshake has its turn."""
+        assert arrival.slot is not None
         del self._arrivals[arrival]
-        task = asyncio.create_task(self._enter(conn, arrival.slot))
-        arrival.slot.close = _ender(task, conn)
+        task = asyncio.create_task(self._enter(arrival.conn, arrival.slot))
+        arrival.slot.close = _ender(task, arrival.conn)
         self._open.add(task)
         task.add_done_callback(self._open.discard)
+
+    def _take_turns(self) -> None:
+        """Hands on the connections whose turn is due, and looks again when the next is."""
+        assert self._loop is not None
+        self._turn = None
+        for arrival in self.turns.due():
+            self._hand_on(arrival)
+        wait = self.turns.wait_s()
+        if wait is not None:
+            self._turn = self._loop.call_later(max(wait, TURN_S), self._take_turns)
+
+    def _pace_turns(self, due: float) -> None:
+        """Tells the turns how late this timer ran (due at ``due``), every :data:`PACE_S`."""
+        assert self._loop is not None
+        now = self._loop.time()
+        self.turns.pace(now - due)
+        self._pace = self._loop.call_later(PACE_S, self._pace_turns, now + PACE_S)
 
     def _end_arrival(self, arrival: _Arrival) -> None:
         """Closes a connection not handed on yet (displaced, silent for
         :attr:`silent_s`, or the doorway closing), and frees its slot."""
         if self._arrivals.pop(arrival, False) is None and self._loop is not None:
-            self._loop.remove_reader(arrival.conn.fileno())
+            if arrival.whole:
+                assert arrival.slot is not None
+                self.turns.withdraw(arrival.slot.host, arrival)
+            else:
+                self._loop.remove_reader(arrival.conn.fileno())
             arrival.conn.close()
         if arrival.slot is not None:
             self.slots.release(arrival.slot)

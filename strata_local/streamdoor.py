@@ -31,6 +31,7 @@ from typing import Any
 
 from strata_local.doorslots import DoorSlot
 from strata_local.doorway import Doorway, tls_hello
+from strata_local.handshakes import HANDSHAKE_RATE
 from strata_local.slotshare import Holders
 
 HANDSHAKES = 256
@@ -61,6 +62,8 @@ class StreamDoor(Doorway):
             given its address in gRPC's form (``ipv4:10.0.0.7:5000``); None: closed
             without a word (as under TLS, where no handshake is begun for it).
         handshakes: Most TLS handshakes pending at once.
+        handshake_rate: Most connections handed on a second (TLS handshakes begun;
+            :mod:`strata_local.handshakes`).
     """
 
     def __init__(
@@ -73,9 +76,10 @@ class StreamDoor(Doorway):
         read_limit: int = 1 << 16,
         refusal: Callable[[str], bytes] | None = None,
         handshakes: int = HANDSHAKES,
+        handshake_rate: float = HANDSHAKE_RATE,
     ) -> None:
         first = functools.partial(_plaintext, head) if tls is None else tls_hello
-        super().__init__(max_connections, silent_s, first)
+        super().__init__(max_connections, silent_s, first, handshake_rate)
         if handshakes < 1:
             raise ValueError(f"handshakes must be at least 1, not {handshakes}")
         self._serve, self._tls, self._read_limit = serve, tls, read_limit

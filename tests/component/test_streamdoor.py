@@ -126,6 +126,42 @@ def test_a_flood_from_one_address_turns_over_only_its_own_handshakes(
     assert (first, second) == (b"ping", b"ping")
 
 
+def test_whole_hellos_beyond_the_handshake_rate_wait_and_another_address_goes_first(
+    leaf: tuple[LocalCa, Leaf],
+) -> None:
+    """A flood of whole ClientHellos from one address: at most the rate's handshakes
+    begin (the rest wait, bare sockets in their slots), and a caller from another address
+    has the next turn (strata_local/handshakes.py)."""
+    ca, server_leaf = leaf
+    hello = _client_hello(ca)
+    rate = 20.0
+
+    async def go() -> tuple[int, int, float, bytes, int]:
+        door = StreamDoor(
+            512, 10.0, _echo, 4, tls=_server_context(server_leaf), handshake_rate=rate
+        )
+        port = await door.start("127.0.0.1", 0)
+        began = asyncio.get_running_loop().time()
+        flood = []
+        for _ in range(200):
+            sock = socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.3", 0))
+            sock.sendall(hello)
+            flood.append(sock)
+        await eventually_async(lambda: door.turns.waiting >= 150, "the flood waits its turns")
+        answer = await asyncio.to_thread(_talk, port, ca, "127.0.0.2")
+        begun, waiting = door.turns.begun, door.turns.waiting
+        elapsed = asyncio.get_running_loop().time() - began
+        for sock in flood:
+            sock.close()
+        await door.close()
+        return begun, waiting, elapsed, answer, door.slots.open
+
+    begun, waiting, elapsed, answer, left = asyncio.run(go())
+    assert answer == b"ping"
+    assert begun <= rate * elapsed + rate * 0.1 + 1  # the rate, and the bucket's depth
+    assert waiting >= 100 and left == 0
+
+
 def test_a_plaintext_caller_is_handed_on_once_its_head_is_there() -> None:
     async def go() -> tuple[int, bytes]:
         door = StreamDoor(8, 10.0, _echo, 4)

@@ -248,3 +248,25 @@ def test_a_holder_over_its_share_gives_up_its_least_recently_used_connection() -
     held.slots.prove(o2, "token other")
     assert held.open("10.6.0.3", "o3") is not None
     assert held.closed == ["f3", "f4"]  # then f0: used before f1 and f2
+
+
+def test_a_known_address_unproven_connection_gives_way_after_every_other_unproven() -> None:
+    held = Held(DoorSlots(8))
+    proven = held.open("10.0.0.9", "spoke-old")
+    assert proven is not None
+    held.slots.prove(proven, "token a")  # 10.0.0.9 is known now
+    assert "10.0.0.9" in held.slots.known
+    returning = held.open("10.0.0.9", "spoke-new")  # reconnecting, handshake under way
+    assert returning is not None and returning.known
+    for i in range(100):  # a flood from many addresses turns over only its own
+        held.open(f"10.1.{i // 250}.{i % 250}", f"f{i}")
+    assert "spoke-new" not in held.closed and "spoke-old" not in held.closed
+    assert [s.who for s in held.slots.unproven("10.0.0.9")] == ["ipv4:10.0.0.9:spoke-new"]
+    held.slots.prove(returning, "token a")
+    for i in range(6):  # the known address's own flood turns over the others' first
+        held.open("10.0.0.9", f"k{i}")
+    assert held.closed[-6:] == [f"f{i}" for i in range(94, 100)]
+    held.open("10.1.9.9", "x")  # no other unproven left: the known address's oldest
+    held.open("10.1.9.9", "y")  # x is another unproven again, and gives way first
+    assert held.closed[-2:] == ["k0", "x"]
+    assert "spoke-new" not in held.closed and "spoke-old" not in held.closed

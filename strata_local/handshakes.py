@@ -1,0 +1,251 @@
+"""Whose handshake a port begins next: a rate of handshakes the machine can afford, taken
+in turns by the caller's address, addresses that proved a credential before first.
+
+A whole TLS ClientHello costs its sender one small write, and the server a key exchange
+and a certificate signature, plus the door's relay set-up (about 0.21 ms in gRPC core and
+0.26 ms of Python a connection on this project's 2-core CI machine). So a flood of whole
+ClientHellos — from one address or from two thousand — left the machine no CPU for the
+callers it serves: issue 39's nineteenth probe and ``bench.door_flood --first hello``
+measured 2 of 5 new peers answered at 4,000 a second, whether the flood came from one
+address or 2,000. A doorway (:mod:`strata_local.doorway`) now begins at most
+:attr:`HandshakeTurns.rate` handshakes a second (a token bucket, :data:`BURST_S` of them
+at once), and a connection whose first message is whole while the bucket is empty waits,
+still a bare socket in its slot, for its turn.
+
+The rate is what the machine can afford, found as TCP finds a path's (additive increase,
+multiplicative decrease; RFC 5681): every :data:`PACE_S` the doorway tells
+:meth:`HandshakeTurns.pace` how late its event loop ran a timer. Later than
+:data:`LATE_S` while handshakes were begun, the rate falls to :data:`BACK_OFF` of the rate
+they were begun at; on time while callers waited for turns, it rises by
+:data:`SPEED_UP`; it stays between ``least`` and ``most``. A machine that keeps up begins
+every handshake at once (a fixed 1,000 a second kept 13 of 19 new clients of a bulk port
+out at 2,400 ClientHellos a second, which that port served all of before); one that falls
+behind begins what it can still finish. The turns:
+
+- in turns by address: each address with connections waiting has one begun before any
+  has a second (its own oldest first), so a flood from one address, or a few, gets its
+  turn and no more, and a caller from any other address is next;
+- an address joining the turns goes to the front, one that had its turn to the back: when
+  the waiting are spread over as many addresses as the flood has, the newest begin first,
+  while their callers still wait (the oldest are the ones the slots displace);
+- addresses that proved a credential on this port within :data:`KNOWN_S`
+  (:class:`KnownHosts`: a token or a client certificate a call carried) have their turns
+  first, but for every :data:`UNKNOWN_EVERY`-th turn, which goes to the others while any
+  wait: a fleet of spokes reconnecting keeps its handshakes under a flood from any number
+  of new addresses, and a token holder flooding from a known address cannot keep new
+  callers out.
+
+A flood spread over as many addresses as it sends connections is indistinguishable from as
+many new callers: beyond what the machine can afford each new caller then gets about its
+fair fraction of the turns (the rest belongs in front of the port: a firewall's rate limit
+of new connections). Every operation is constant time.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+T = TypeVar("T", bound=Hashable)
+
+HANDSHAKE_RATE = 4000.0
+"""Most handshakes a door begins a second, and its rate at first: beyond what one Python
+thread relays (0.26 ms a connection), so the machine's lateness, not this, is the limit."""
+
+LEAST_RATE = 100.0
+"""Handshakes a door begins a second however late its machine runs."""
+
+BURST_S = 0.1
+"""Seconds of the rate a door may begin at once (the bucket's depth)."""
+
+PACE_S = 0.1
+"""How often the rate is reconsidered, seconds."""
+
+LATE_S = 0.02
+"""How late a timer of the event loop may run, seconds, before the rate falls."""
+
+BACK_OFF = 0.7
+"""The rate after a late turn, as a fraction of the rate handshakes were begun at."""
+
+SPEED_UP = 1.1
+"""The rate after a turn on time while callers waited, as a multiple of the rate."""
+
+KNOWN_S = 3600.0
+"""How long an address that proved a credential has its turns first, seconds."""
+
+KNOWN_MOST = 65536
+"""Most addresses remembered as known (the least recently proven are forgotten first)."""
+
+UNKNOWN_EVERY = 4
+"""While both known and other addresses wait, every ``UNKNOWN_EVERY``-th turn goes to the
+others."""
+
+
+class KnownHosts:
+    """Addresses that proved a credential lately: at most ``most``, each for ``keep_s``.
+
+    Args:
+        most: Most addresses remembered.
+        keep_s: Seconds an address is remembered after it last proved one (None:
+            :data:`KNOWN_S` as it is when made).
+        clock: Monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        most: int = KNOWN_MOST,
+        keep_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.most, self._clock = most, clock
+        self.keep_s = KNOWN_S if keep_s is None else keep_s
+        self._proved: collections.OrderedDict[str, float] = collections.OrderedDict()
+
+    def add(self, host: str) -> None:
+        """``host`` proved a credential now."""
+        self._proved[host] = self._clock()
+        self._proved.move_to_end(host)
+        while len(self._proved) > self.most:
+            self._proved.popitem(last=False)
+
+    def __contains__(self, host: object) -> bool:
+        proved = self._proved.get(host) if isinstance(host, str) else None
+        if proved is None:
+            return False
+        if self._clock() - proved > self.keep_s:
+            del self._proved[host]  # type: ignore[arg-type]
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._proved)
+
+
+class HandshakeTurns(Generic[T]):
+    """Which waiting connection's handshake begins next (see the module).
+
+    Args:
+        most: Handshakes begun a second, at most (positive): the rate at first.
+        known: The addresses whose turns come first.
+        clock: Monotonic seconds.
+        least: Handshakes begun a second however late the machine (at most ``most``).
+
+    Attributes:
+        rate: Handshakes begun a second at most, now (:meth:`pace`).
+
+    Raises:
+        ValueError: ``most`` is not positive.
+
+    Not thread-safe: one event loop owns it.
+    """
+
+    def __init__(
+        self,
+        most: float = HANDSHAKE_RATE,
+        known: KnownHosts | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        least: float = LEAST_RATE,
+    ) -> None:
+        if not most > 0:
+            raise ValueError(f"the handshake rate must be positive, not {most}")
+        self.most, self.least = most, min(least, most)
+        self.rate = most
+        self.known = known if known is not None else KnownHosts(clock=clock)
+        self._clock = clock
+        self._tokens, self._at = self._burst(), clock()
+        self._paced_at, self._begun_then, self._waited = self._at, 0, False
+        self._waiting: dict[str, dict[T, None]] = {}  # address -> its waiting, oldest first
+        self._turns = (collections.OrderedDict[str, None](), collections.OrderedDict[str, None]())
+        self._turn = 0
+        self.waiting = 0
+        self.begun = 0
+        self.waited = 0  # begun after waiting for a turn
+
+    def offer(self, host: str, item: T) -> bool:
+        """``item`` (a connection from ``host``) is ready for its handshake: True when it
+        may begin now, else it waits for :meth:`due` (or :meth:`withdraw`)."""
+        self._refill()
+        if not self.waiting and self._tokens >= 1:
+            self._tokens -= 1
+            self.begun += 1
+            return True
+        mine = self._waiting.get(host)
+        if mine is None:
+            mine = self._waiting[host] = {}
+            turns = self._turns[host not in self.known]
+            turns[host] = None
+            turns.move_to_end(host, last=False)  # the newest address first
+        mine[item] = None
+        self.waiting += 1
+        self._waited = True
+        return False
+
+    def withdraw(self, host: str, item: T) -> None:
+        """``item`` no longer waits (its connection ended). Idempotent."""
+        mine = self._waiting.get(host)
+        if mine is None or item not in mine:
+            return
+        del mine[item]
+        self.waiting -= 1
+        if not mine:
+            self._forget(host)
+
+    def due(self) -> list[T]:
+        """The waiting items whose turn is now (the bucket's tokens allowing), in order;
+        they no longer wait."""
+        self._refill()
+        went: list[T] = []
+        while self.waiting and self._tokens >= 1:
+            known, other = self._turns
+            self._turn += 1
+            pick_other = not known or (other and self._turn % UNKNOWN_EVERY == 0)
+            turns = other if pick_other else known
+            host = next(iter(turns))
+            mine = self._waiting[host]
+            item = next(iter(mine))
+            del mine[item]
+            self.waiting -= 1
+            self._tokens -= 1
+            went.append(item)
+            if mine:
+                turns.move_to_end(host)  # had its turn: behind the others
+            else:
+                self._forget(host)
+        self.begun += len(went)
+        self.waited += len(went)
+        return went
+
+    def wait_s(self) -> float | None:
+        """Seconds until the next turn is due; None when nothing waits."""
+        if not self.waiting:
+            return None
+        self._refill()
+        return max(0.0, (1 - self._tokens) / self.rate)
+
+    def pace(self, late_s: float) -> None:
+        """Reconsiders :attr:`rate` (see the module), given how late the event loop ran
+        the timer that calls this, seconds; every :data:`PACE_S`."""
+        now = self._clock()
+        elapsed, begun = now - self._paced_at, self.begun - self._begun_then
+        if late_s > LATE_S and begun and elapsed > 0:
+            self._refill()
+            self.rate = max(self.least, min(self.rate, begun / elapsed) * BACK_OFF)
+            self._tokens = min(self._tokens, self._burst())
+        elif self._waited and late_s <= LATE_S / 2:
+            self.rate = min(self.most, self.rate * SPEED_UP)
+        self._paced_at, self._begun_then, self._waited = now, self.begun, bool(self.waiting)
+
+    def _burst(self) -> float:
+        return max(1.0, self.rate * BURST_S)
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self._burst(), self._tokens + (now - self._at) * self.rate)
+        self._at = now
+
+    def _forget(self, host: str) -> None:
+        del self._waiting[host]
+        for turns in self._turns:
+            turns.pop(host, None)

@@ -1,0 +1,154 @@
+"""Whose handshake a door begins next (strata_local/handshakes.py): a token bucket of the
+rate, turns by address (a newcomer's address first, a flood's one turn in a round), known
+addresses first but for every fourth turn, and the rate paced by the event loop's
+lateness (issue 39: whole-ClientHello floods at the gRPC doors and bulk ports)."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata_local import handshakes
+from strata_local.handshakes import HandshakeTurns, KnownHosts
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _turns(rate: float, clock: Clock, known: KnownHosts | None = None) -> HandshakeTurns[str]:
+    return HandshakeTurns(rate, known or KnownHosts(clock=clock), clock, least=1.0)
+
+
+def test_below_the_rate_every_handshake_begins_at_once() -> None:
+    clock = Clock()
+    turns = _turns(100.0, clock)  # a bucket of 10 (0.1 s of the rate)
+    assert all(turns.offer(f"10.0.0.{i}", f"c{i}") for i in range(10))
+    assert not turns.offer("10.0.0.99", "late")  # the bucket is empty: it waits
+    assert turns.waiting == 1 and turns.due() == []
+    assert turns.wait_s() == pytest.approx(0.01)
+    clock.now += 0.011
+    assert turns.due() == ["late"] and turns.waiting == 0 and turns.wait_s() is None
+    assert turns.begun == 11 and turns.waited == 1
+
+
+def test_a_flood_from_one_address_has_one_turn_and_a_newcomer_is_next() -> None:
+    clock = Clock()
+    turns = _turns(10.0, clock)
+    assert turns.offer("10.0.0.66", "f0")  # the bucket's one token
+    for i in range(1, 500):
+        assert not turns.offer("10.0.0.66", f"f{i}")
+    assert not turns.offer("10.0.0.7", "spoke")
+    assert not turns.offer("10.0.0.8", "other")
+    clock.now += 0.11  # one token
+    assert turns.due() == ["other"]  # the newest address first
+    clock.now += 0.11
+    assert turns.due() == ["spoke"]
+    clock.now += 0.11
+    assert turns.due() == ["f1"]  # then the flood, its oldest first
+    clock.now += 0.11
+    assert turns.due() == ["f2"]
+    assert turns.waiting == 497
+
+
+def test_an_address_that_had_its_turn_goes_behind_the_others() -> None:
+    clock = Clock()
+    turns = _turns(10.0, clock)
+    assert turns.offer("a", "a0")
+    for item in ("a1", "a2", "b1", "b2", "c1"):
+        assert not turns.offer(item[0], item)
+    went = []
+    for _ in range(5):
+        clock.now += 0.11
+        went += turns.due()
+    assert went == ["c1", "b1", "a1", "b2", "a2"]
+
+
+def test_known_addresses_go_first_but_every_fourth_turn_is_anothers() -> None:
+    clock = Clock()
+    known = KnownHosts(clock=clock)
+    known.add("10.0.0.7")
+    turns = _turns(10.0, clock, known)
+    assert turns.offer("10.0.0.66", "x")
+    for i in range(8):
+        assert not turns.offer("10.0.0.66", f"flood{i}")
+        assert not turns.offer("10.0.0.7", f"spoke{i}")
+    went = []
+    for _ in range(8):
+        clock.now += 0.11
+        went += turns.due()
+    assert went == [
+        "spoke0", "spoke1", "spoke2", "flood0", "spoke3", "spoke4", "spoke5", "flood1",
+    ]  # fmt: skip
+
+
+def test_a_withdrawn_item_never_has_a_turn() -> None:
+    clock = Clock()
+    turns = _turns(10.0, clock)
+    assert turns.offer("a", "a0")
+    assert not turns.offer("a", "a1")
+    assert not turns.offer("b", "b1")
+    turns.withdraw("b", "b1")
+    turns.withdraw("b", "b1")  # idempotent
+    turns.withdraw("z", "never offered")
+    assert turns.waiting == 1
+    clock.now += 0.11
+    assert turns.due() == ["a1"] and turns.waiting == 0 and turns.wait_s() is None
+
+
+def test_lateness_cuts_the_rate_to_a_fraction_of_what_was_begun() -> None:
+    clock = Clock()
+    turns = _turns(4000.0, clock)
+    begun = sum(turns.offer(f"h{i}", f"c{i}") for i in range(400))  # the bucket: 400
+    assert begun == 400
+    clock.now += handshakes.PACE_S
+    turns.pace(late_s=0.05)  # 4,000 a second begun while the loop ran 50 ms late
+    assert turns.rate == pytest.approx(4000.0 * handshakes.BACK_OFF)
+    clock.now += handshakes.PACE_S
+    turns.pace(late_s=0.05)  # late, but nothing begun: the rate stays
+    assert turns.rate == pytest.approx(4000.0 * handshakes.BACK_OFF)
+    for _ in range(100):  # late and late again: never below the least
+        turns.offer("h", "c")
+        clock.now += handshakes.PACE_S
+        turns.due()
+        turns.pace(late_s=1.0)
+    assert turns.rate == 1.0
+
+
+def test_on_time_with_callers_waiting_the_rate_rises_to_its_most() -> None:
+    clock = Clock()
+    turns = _turns(100.0, clock)
+    turns.rate = 10.0
+    clock.now += handshakes.PACE_S
+    turns.pace(late_s=0.0)  # nobody waited: no reason to rise
+    assert turns.rate == 10.0
+    for i in range(100):
+        turns.offer(f"h{i}", f"c{i}")
+    clock.now += handshakes.PACE_S
+    turns.due()
+    turns.pace(late_s=0.0)
+    assert turns.rate == pytest.approx(10.0 * handshakes.SPEED_UP)
+    for _ in range(100):
+        clock.now += handshakes.PACE_S
+        turns.pace(late_s=0.0)  # still waiting: rising, to at most 100
+    assert turns.rate == 100.0
+
+
+def test_a_rate_that_is_not_positive_is_refused() -> None:
+    with pytest.raises(ValueError, match="must be positive"):
+        HandshakeTurns(0.0)
+
+
+def test_known_hosts_expire_and_are_bounded() -> None:
+    clock = Clock()
+    known = KnownHosts(most=2, keep_s=60.0, clock=clock)
+    known.add("a")
+    known.add("b")
+    known.add("a")  # proved again: the newest
+    known.add("c")  # the least recently proven, b, is forgotten
+    assert "a" in known and "c" in known and "b" not in known and len(known) == 2
+    clock.now += 61
+    assert "a" not in known and 7 not in known
