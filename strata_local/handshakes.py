@@ -15,9 +15,11 @@ still a bare socket in its slot, for its turn.
 The rate is what the machine can afford, found as TCP finds a path's (additive increase,
 multiplicative decrease; RFC 5681): every :data:`PACE_S` the doorway tells
 :meth:`HandshakeTurns.pace` how late its event loop ran a timer. Later than
-:data:`LATE_S` while handshakes were begun, the rate falls to :data:`BACK_OFF` of the rate
-they were begun at; on time while callers waited for turns, it rises by
-:data:`SPEED_UP`; it stays between ``least`` and ``most``. A machine that keeps up begins
+:data:`LATE_S` twice in a row while handshakes were begun (one late timer is a pause, not
+a load), the rate falls to :data:`BACK_OFF` of the rate they were begun at, at most once
+in :data:`HOLD_S` (as TCP cuts once a round trip: the handshakes begun before the cut are
+still being done); on time while callers waited for turns, it rises by :data:`SPEED_UP`;
+it stays between ``least`` and ``most``. A machine that keeps up begins
 every handshake at once (a fixed 1,000 a second kept 13 of 19 new clients of a bulk port
 out at 2,400 ClientHellos a second, which that port served all of before); one that falls
 behind begins what it can still finish. The turns:
@@ -68,6 +70,10 @@ LATE_S = 0.02
 
 BACK_OFF = 0.7
 """The rate after a late turn, as a fraction of the rate handshakes were begun at."""
+
+HOLD_S = 0.5
+"""Least time between two falls of the rate, seconds: the handshakes begun before one are
+still being done after it, and the loop runs late a while yet."""
 
 SPEED_UP = 1.1
 """The rate after a turn on time while callers waited, as a multiple of the rate."""
@@ -156,6 +162,8 @@ class HandshakeTurns(Generic[T]):
         self._clock = clock
         self._tokens, self._at = self._burst(), clock()
         self._paced_at, self._begun_then, self._waited = self._at, 0, False
+        self._was_late = False
+        self._hold_until = self._at
         self._waiting: dict[str, dict[T, None]] = {}  # address -> its waiting, oldest first
         self._turns = (collections.OrderedDict[str, None](), collections.OrderedDict[str, None]())
         self._turn = 0
@@ -229,13 +237,16 @@ class HandshakeTurns(Generic[T]):
         the timer that calls this, seconds; every :data:`PACE_S`."""
         now = self._clock()
         elapsed, begun = now - self._paced_at, self.begun - self._begun_then
-        if late_s > LATE_S and begun and elapsed > 0:
+        late = late_s > LATE_S
+        if late and self._was_late and begun and elapsed > 0 and now >= self._hold_until:
+            self._hold_until = now + HOLD_S  # what was begun before the cut is still due
             self._refill()
             self.rate = max(self.least, min(self.rate, begun / elapsed) * BACK_OFF)
             self._tokens = min(self._tokens, self._burst())
         elif self._waited and late_s <= LATE_S / 2:
             self.rate = min(self.most, self.rate * SPEED_UP)
         self._paced_at, self._begun_then, self._waited = now, self.begun, bool(self.waiting)
+        self._was_late = late
 
     def _burst(self) -> float:
         return max(1.0, self.rate * BURST_S)

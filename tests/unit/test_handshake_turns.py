@@ -99,21 +99,31 @@ def test_a_withdrawn_item_never_has_a_turn() -> None:
     assert turns.due() == ["a1"] and turns.waiting == 0 and turns.wait_s() is None
 
 
-def test_lateness_cuts_the_rate_to_a_fraction_of_what_was_begun() -> None:
+def test_lateness_twice_in_a_row_cuts_the_rate_once_a_hold() -> None:
     clock = Clock()
     turns = _turns(4000.0, clock)
-    begun = sum(turns.offer(f"h{i}", f"c{i}") for i in range(400))  # the bucket: 400
-    assert begun == 400
-    clock.now += handshakes.PACE_S
-    turns.pace(late_s=0.05)  # 4,000 a second begun while the loop ran 50 ms late
-    assert turns.rate == pytest.approx(4000.0 * handshakes.BACK_OFF)
-    clock.now += handshakes.PACE_S
-    turns.pace(late_s=0.05)  # late, but nothing begun: the rate stays
-    assert turns.rate == pytest.approx(4000.0 * handshakes.BACK_OFF)
-    for _ in range(100):  # late and late again: never below the least
-        turns.offer("h", "c")
-        clock.now += handshakes.PACE_S
+    pace = handshakes.PACE_S
+
+    def begin(n: int) -> None:
+        for i in range(n):
+            turns.offer(f"h{i}", f"c{i}")
+        clock.now += pace
         turns.due()
+
+    begin(400)  # the bucket's 400 at once
+    turns.pace(late_s=0.05)  # one late timer: a pause, not a load
+    assert turns.rate == 4000.0
+    begin(200)
+    turns.pace(late_s=0.05)  # late again: 0.7 of the 2,000 a second begun
+    assert turns.rate == pytest.approx(2000.0 * handshakes.BACK_OFF)
+    begin(100)
+    turns.pace(late_s=0.05)  # within the hold: no second cut yet
+    assert turns.rate == pytest.approx(2000.0 * handshakes.BACK_OFF)
+    clock.now += handshakes.HOLD_S
+    turns.pace(late_s=0.05)  # late, but nothing begun: the rate stays
+    assert turns.rate == pytest.approx(2000.0 * handshakes.BACK_OFF)
+    for _ in range(200):  # late and late again: never below the least
+        begin(5)
         turns.pace(late_s=1.0)
     assert turns.rate == 1.0
 
