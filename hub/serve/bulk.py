@@ -165,6 +165,8 @@ class BulkServer:
         self._local = store if isinstance(store, LocalBlobStore) and tls is None else None
         self.port = 0
         metrics.bulk_connections.set_function(lambda: self._door.connections)
+        metrics.handshakes_waiting.labels("bulk").set_function(lambda: self._door.turns.waiting)
+        metrics.handshake_rate.labels("bulk").set_function(lambda: self._door.turns.rate)
 
     async def start(self, host: str, port: int) -> int:
         """Listens on ``host:port`` (port 0: a free one); returns the bound port.

@@ -36,6 +36,12 @@ class HubMetrics:
         blocks_served: ``strata_hub_blocks_served_total``: blocks sent by ReadBlocks.
         bulk_bytes: ``strata_hub_bulk_bytes_total``: block bytes sent on the bulk channel.
         bulk_connections: ``strata_hub_bulk_connections``: bulk connections open.
+        handshakes_waiting: ``strata_hub_handshakes_waiting{port}``: connections whose
+            first message is whole waiting for their handshake's turn
+            (:mod:`strata_local.handshakes`), at the ``grpc`` port's door and the
+            ``bulk`` port's.
+        handshake_rate: ``strata_hub_handshake_rate{port}``: handshakes a door begins a
+            second at most now (the rate its machine is found to afford).
         blocks_served_bytes: ``strata_hub_blocks_served_bytes_total``: block bytes sent
             by ReadBlocks.
         active_streams: ``strata_hub_active_streams{method}``: streaming calls in flight.
@@ -97,6 +103,18 @@ class HubMetrics:
         self.bulk_connections = Gauge(
             "strata_hub_bulk_connections",
             "Bulk channel connections open.",
+            registry=self.registry,
+        )
+        self.handshakes_waiting = Gauge(
+            "strata_hub_handshakes_waiting",
+            "Connections waiting for their handshake's turn, by port (grpc, bulk).",
+            ["port"],
+            registry=self.registry,
+        )
+        self.handshake_rate = Gauge(
+            "strata_hub_handshake_rate",
+            "Handshakes a port's door begins a second at most now, by port (grpc, bulk).",
+            ["port"],
             registry=self.registry,
         )
         self.active_streams = Gauge(

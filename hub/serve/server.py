@@ -213,6 +213,8 @@ class HubServer:
                 await door.close()
                 raise ListenError(f"cannot listen on {listen}: {err.strerror or err}") from err
             service.who = door.who
+            metrics.handshakes_waiting.labels("grpc").set_function(lambda: door.turns.waiting)
+            metrics.handshake_rate.labels("grpc").set_function(lambda: door.turns.rate)
             server = grpc.aio.server(
                 options=server_options(
                     config.max_message_bytes,

@@ -204,6 +204,9 @@ def test_metrics(served: tuple[Path, hub_pb2_grpc.HubStub, HubMetrics, int]) -> 
     assert registry.get_sample_value("strata_hub_blocks_served_bytes_total") == 3
     assert registry.get_sample_value("strata_hub_blocks_served_total") == 1
     assert registry.get_sample_value("strata_hub_active_streams", {"method": "ReadBlocks"}) == 0
+    assert registry.get_sample_value("strata_hub_handshakes_waiting", {"port": "grpc"}) == 0
+    rate = registry.get_sample_value("strata_hub_handshake_rate", {"port": "grpc"})
+    assert rate is not None and 100 <= rate <= 4000
     assert registry.get_sample_value("strata_hub_catalog_datasets") == 1
     assert registry.get_sample_value("strata_hub_catalog_versions", {"state": "live"}) == 1
     assert registry.get_sample_value("strata_hub_catalog_blocks") == len(set(FILES.values()))
