@@ -14,7 +14,9 @@ a real TLS ClientHello and then nothing, so the server does its half of every ha
 as a flood that costs its sender nothing more would), and this one dials a new peer
 every 0.25 s — a fresh channel with the region's certificate and token — and calls
 ``Probe`` with a 2 s timeout (the default ``--peer-timeout``). Reported: new peers
-answered, their median latency, and the flood's achieved rate.
+answered, their median latency, the flood's achieved rate, and the serving process's CPU
+milliseconds per flood connection (user + system, all its threads: the figure that
+travels between machines).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import grpc.aio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from bench import floods
+from bench.measure import tree_cpu_seconds
 from bench.peer_bulk import ISSUER, _cache, _hold, _Hub
 from deploy.local import free_port
 from deploy.pki import LocalCa
@@ -148,13 +151,16 @@ def run(root: Path, port: str, rate: float, addresses: int, seconds: float, firs
             stdout=subprocess.PIPE,
             text=True,
         )
+        cpu_before = tree_cpu_seconds(server.pid)
         time.sleep(min(3.0, seconds / 4))
         answered, tries, p50 = asyncio.run(_probes(node, root, seconds - min(3.0, seconds / 4)))
         achieved = (flooder.communicate()[0] or "0").split()[-1]
+        cpu_ms = (tree_cpu_seconds(server.pid) - cpu_before) * 1000 / (float(achieved) * seconds)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
-    return f"| {rate:,.0f} ({achieved}) | {port} | {answered} of {tries} | {p50:.3f} |"
+    row = f"| {rate:,.0f} ({achieved}) | {port} | {answered} of {tries} | {p50:.3f} |"
+    return f"{row} {cpu_ms:.3f} |"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,8 +191,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("rates must be positive, --addresses 1 to 25000, --seconds at least 4")
     what = "silent connections" if args.first == "silent" else "whole TLS ClientHellos"
     print(f"new peers (Probe, 2 s) under {what} from {args.addresses} addresses")
-    print("| rate /s (achieved) | peer port | new peers answered | p50 s |")
-    print("|---|---|---|---|")
+    print(
+        "| rate /s (achieved) | peer port | new peers answered | p50 s"
+        " | server CPU ms a flood connection |"
+    )
+    print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="door-flood-") as tmp:
         for rate in rates:
             for port in PORTS:
