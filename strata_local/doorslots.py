@@ -47,12 +47,14 @@ new clients 0 of 20 at 1,000 connects a second).
 
 An unproven connection from an address that proved a credential lately (its
 :attr:`DoorSlots.known`, as its handshake's turn comes first: :mod:`strata_local.handshakes`)
-is displaced only when no other unproven connection is left, the oldest of the known
-address holding most: under a flood of whole ClientHellos at 4,000 a second from 2,000
-addresses, an unproven slot turned over in a quarter of a second, less than a returning
-spoke's handshake and first call took on a busy machine (the door's bench: 29 of 34
-returning peers answered). A token holder flooding from its own address turns over its
-own connections, as anyone does.
+gives way after the others of addresses holding as many: under a flood of whole
+ClientHellos at 4,000 a second from 2,000 addresses, an unproven slot turned over in a
+quarter of a second, less than a returning spoke's handshake and first call took on a
+busy machine (the door's bench: 29 of 34 returning peers answered). An address that proved
+one is still held to its share: holding more unproven connections than any other address,
+its own oldest gives way first (the twenty-first probe: with the known kept until every
+other unproven one was gone, a token holder's bare connects from its own address, 20 a
+second, kept every new spoke out at 50 ms round trips).
 
 Where these rules say the oldest proven connection, they mean the least recently used:
 a proven connection moves behind its address's and its holder's others when its caller
@@ -150,11 +152,7 @@ class DoorSlots:
             if self.open - self.proven < self.max_connections // RESERVE:
                 victim = self._proven_victim(host)  # newcomers' room first
             if victim is None:
-                victim = (
-                    self._unproven.oldest_of_most()
-                    or self._known.oldest_of_most()
-                    or self._proven_victim(host)
-                )
+                victim = self._unproven_victim() or self._proven_victim(host)
             if victim is None:
                 self.refused += 1
                 return None
@@ -165,6 +163,13 @@ class DoorSlots:
         self.open += 1
         self._pool(slot).add(host, slot)
         return slot
+
+    def _unproven_victim(self) -> DoorSlot | None:
+        """The oldest unproven connection of the address holding most of them; of one
+        that proved a credential lately only when it holds more than any other does."""
+        if self._known.most > self._unproven.most:
+            return self._known.oldest_of_most()
+        return self._unproven.oldest_of_most() or self._known.oldest_of_most()
 
     def _pool(self, slot: DoorSlot) -> Holders[DoorSlot]:
         """Where ``slot`` is kept: the proven, the unproven of known addresses, the rest."""

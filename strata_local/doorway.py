@@ -155,7 +155,7 @@ class Doorway:
         self.silent_s, self._first_message = silent_s, first_message
         self._listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._arrivals: dict[_Arrival, None] = {}  # no whole first message yet, in order
+        self._arrivals: dict[_Arrival, None] = {}  # not handed on yet, in order
         self._sweep: asyncio.TimerHandle | None = None
         self._resume: asyncio.TimerHandle | None = None
         self._turn: asyncio.TimerHandle | None = None

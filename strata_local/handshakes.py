@@ -15,21 +15,25 @@ still a bare socket in its slot, for its turn.
 The rate is what the machine can afford, found as TCP finds a path's (additive increase,
 multiplicative decrease; RFC 5681): every :data:`PACE_S` the doorway tells
 :meth:`HandshakeTurns.pace` how late its event loop ran a timer. Later than
-:data:`LATE_S` twice in a row while handshakes were begun (one late timer is a pause, not
-a load), the rate falls to :data:`BACK_OFF` of the rate they were begun at, at most once
-in :data:`HOLD_S` (as TCP cuts once a round trip: the handshakes begun before the cut are
-still being done); on time while callers waited for turns, it rises by :data:`SPEED_UP`;
-it stays between ``least`` and ``most``. A machine that keeps up begins
-every handshake at once (a fixed 1,000 a second kept 13 of 19 new clients of a bulk port
-out at 2,400 ClientHellos a second, which that port served all of before); one that falls
-behind begins what it can still finish. The turns:
+:data:`LATE_S` twice in a row while handshakes began at ``least`` a second or more (one
+late timer is a pause, not a load; a few handshakes are not what made it late), the rate
+falls to :data:`BACK_OFF` of the rate they began at, at most once in :data:`HOLD_S` (as TCP
+cuts once a round trip: the handshakes begun before the cut are still being done); on
+time, it rises by :data:`SPEED_UP`; it stays between ``least`` and ``most``. A machine
+that keeps up begins every handshake at once (a fixed 1,000 a second kept 13 of 19 new
+clients of a bulk port out at 2,400 ClientHellos a second, which that port served all of
+before); one that falls behind begins what it can still finish. The turns:
 
 - in turns by address: each address with connections waiting has one begun before any
   has a second (its own oldest first), so a flood from one address, or a few, gets its
   turn and no more, and a caller from any other address is next;
 - an address joining the turns goes to the front, one that had its turn to the back: when
   the waiting are spread over as many addresses as the flood has, the newest begin first,
-  while their callers still wait (the oldest are the ones the slots displace);
+  while their callers still wait, and the oldest are those the slots displace (taken in
+  arrival order, they were displaced as their turn came: ``bench.door_flood --first
+  hello``, 2,000 a second from 2,000 addresses, 3 of 23 new callers answered); each
+  arrival then has about the rate's fraction of the arrivals' chance, taken at random
+  (a caller arriving just before a burst of the flood has less);
 - addresses that proved a credential on this port within :data:`KNOWN_S`
   (:class:`KnownHosts`: a token or a client certificate a call carried) have their turns
   first, but for every :data:`UNKNOWN_EVERY`-th turn, which goes to the others while any
@@ -69,14 +73,14 @@ LATE_S = 0.02
 """How late a timer of the event loop may run, seconds, before the rate falls."""
 
 BACK_OFF = 0.7
-"""The rate after a late turn, as a fraction of the rate handshakes were begun at."""
+"""The rate after a load made the loop late, as a fraction of the rate handshakes began at."""
 
 HOLD_S = 0.5
 """Least time between two falls of the rate, seconds: the handshakes begun before one are
 still being done after it, and the loop runs late a while yet."""
 
 SPEED_UP = 1.1
-"""The rate after a turn on time while callers waited, as a multiple of the rate."""
+"""The rate after a timer on time, as a multiple of the rate."""
 
 KNOWN_S = 3600.0
 """How long an address that proved a credential has its turns first, seconds."""
@@ -161,7 +165,7 @@ class HandshakeTurns(Generic[T]):
         self.known = known if known is not None else KnownHosts(clock=clock)
         self._clock = clock
         self._tokens, self._at = self._burst(), clock()
-        self._paced_at, self._begun_then, self._waited = self._at, 0, False
+        self._paced_at, self._begun_then = self._at, 0
         self._was_late = False
         self._hold_until = self._at
         self._waiting: dict[str, dict[T, None]] = {}  # address -> its waiting, oldest first
@@ -187,7 +191,6 @@ class HandshakeTurns(Generic[T]):
             turns.move_to_end(host, last=False)  # the newest address first
         mine[item] = None
         self.waiting += 1
-        self._waited = True
         return False
 
     def withdraw(self, host: str, item: T) -> None:
@@ -238,14 +241,15 @@ class HandshakeTurns(Generic[T]):
         now = self._clock()
         elapsed, begun = now - self._paced_at, self.begun - self._begun_then
         late = late_s > LATE_S
-        if late and self._was_late and begun and elapsed > 0 and now >= self._hold_until:
+        began = begun / elapsed if elapsed > 0 else 0.0
+        if late and self._was_late and began >= self.least and now >= self._hold_until:
             self._hold_until = now + HOLD_S  # what was begun before the cut is still due
             self._refill()
-            self.rate = max(self.least, min(self.rate, begun / elapsed) * BACK_OFF)
+            self.rate = max(self.least, min(self.rate, began) * BACK_OFF)
             self._tokens = min(self._tokens, self._burst())
-        elif self._waited and late_s <= LATE_S / 2:
+        elif late_s <= LATE_S / 2:
             self.rate = min(self.most, self.rate * SPEED_UP)
-        self._paced_at, self._begun_then, self._waited = now, self.begun, bool(self.waiting)
+        self._paced_at, self._begun_then = now, self.begun
         self._was_late = late
 
     def _burst(self) -> float:

@@ -250,7 +250,7 @@ def test_a_holder_over_its_share_gives_up_its_least_recently_used_connection() -
     assert held.closed == ["f3", "f4"]  # then f0: used before f1 and f2
 
 
-def test_a_known_address_unproven_connection_gives_way_after_every_other_unproven() -> None:
+def test_a_known_address_unproven_connection_gives_way_after_others_holding_as_many() -> None:
     held = Held(DoorSlots(8))
     proven = held.open("10.0.0.9", "spoke-old")
     assert proven is not None
@@ -263,10 +263,13 @@ def test_a_known_address_unproven_connection_gives_way_after_every_other_unprove
     assert "spoke-new" not in held.closed and "spoke-old" not in held.closed
     assert [s.who for s in held.slots.unproven("10.0.0.9")] == ["ipv4:10.0.0.9:spoke-new"]
     held.slots.prove(returning, "token a")
-    for i in range(6):  # the known address's own flood turns over the others' first
+    for i in range(6):  # a token holder's bare connects from its own (known) address
         held.open("10.0.0.9", f"k{i}")
-    assert held.closed[-6:] == [f"f{i}" for i in range(94, 100)]
-    held.open("10.1.9.9", "x")  # no other unproven left: the known address's oldest
-    held.open("10.1.9.9", "y")  # x is another unproven again, and gives way first
-    assert held.closed[-2:] == ["k0", "x"]
+    # while it holds no more unproven than another address, the others' oldest give way;
+    # holding more, its own do (the twenty-first probe's churn from a known address)
+    assert held.closed[-6:] == ["f94", "f95", "k0", "k1", "k2", "k3"]
+    assert [s.who for s in held.slots.unproven("10.0.0.9")] == [
+        "ipv4:10.0.0.9:k4",
+        "ipv4:10.0.0.9:k5",
+    ]
     assert "spoke-new" not in held.closed and "spoke-old" not in held.closed

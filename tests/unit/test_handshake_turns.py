@@ -1,7 +1,7 @@
 """Whose handshake a door begins next (strata_local/handshakes.py): a token bucket of the
-rate, turns by address (a newcomer's address first, a flood's one turn in a round), known
-addresses first but for every fourth turn, and the rate paced by the event loop's
-lateness (issue 39: whole-ClientHello floods at the gRPC doors and bulk ports)."""
+rate, turns by address (a flood's address one turn in a round), known addresses first
+but for every fourth turn, and the rate paced by the event loop's lateness (issue 39:
+whole-ClientHello floods at the gRPC doors and bulk ports)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_below_the_rate_every_handshake_begins_at_once() -> None:
     assert turns.begun == 11 and turns.waited == 1
 
 
-def test_a_flood_from_one_address_has_one_turn_and_a_newcomer_is_next() -> None:
+def test_a_flood_from_one_address_has_one_turn_in_a_round() -> None:
     clock = Clock()
     turns = _turns(10.0, clock)
     assert turns.offer("10.0.0.66", "f0")  # the bucket's one token
@@ -43,15 +43,13 @@ def test_a_flood_from_one_address_has_one_turn_and_a_newcomer_is_next() -> None:
         assert not turns.offer("10.0.0.66", f"f{i}")
     assert not turns.offer("10.0.0.7", "spoke")
     assert not turns.offer("10.0.0.8", "other")
-    clock.now += 0.11  # one token
-    assert turns.due() == ["other"]  # the newest address first
-    clock.now += 0.11
-    assert turns.due() == ["spoke"]
-    clock.now += 0.11
-    assert turns.due() == ["f1"]  # then the flood, its oldest first
-    clock.now += 0.11
-    assert turns.due() == ["f2"]
-    assert turns.waiting == 497
+    went = []
+    for _ in range(6):
+        clock.now += 0.11  # one token (the bucket holds one)
+        went += turns.due()
+    # the newest addresses first; then the flood's, its oldest first, one turn a round
+    assert went == ["other", "spoke", "f1", "f2", "f3", "f4"]
+    assert turns.waiting == 495
 
 
 def test_an_address_that_had_its_turn_goes_behind_the_others() -> None:
@@ -83,6 +81,25 @@ def test_known_addresses_go_first_but_every_fourth_turn_is_anothers() -> None:
     assert went == [
         "spoke0", "spoke1", "spoke2", "flood0", "spoke3", "spoke4", "spoke5", "flood1",
     ]  # fmt: skip
+
+
+def test_a_flood_over_more_addresses_than_wait_begins_the_newest_first() -> None:
+    """Each flood address with one connection waiting: the newest begin while their
+    callers still wait; the oldest are those the slots displace."""
+    clock = Clock()
+    turns = _turns(10.0, clock)
+    assert turns.offer("10.1.0.0", "f0")
+    for i in range(1, 5):
+        assert not turns.offer(f"10.1.0.{i}", f"f{i}")
+    assert not turns.offer("10.0.0.7", "spoke")
+    clock.now += 0.11
+    assert turns.due() == ["spoke"]
+    went = []
+    for i in range(5, 8):
+        assert not turns.offer(f"10.1.0.{i}", f"f{i}")  # the flood goes on arriving
+        clock.now += 0.11
+        went += turns.due()
+    assert went == ["f5", "f6", "f7"] and turns.waiting == 4
 
 
 def test_a_withdrawn_item_never_has_a_turn() -> None:
@@ -120,7 +137,7 @@ def test_lateness_twice_in_a_row_cuts_the_rate_once_a_hold() -> None:
     turns.pace(late_s=0.05)  # within the hold: no second cut yet
     assert turns.rate == pytest.approx(2000.0 * handshakes.BACK_OFF)
     clock.now += handshakes.HOLD_S
-    turns.pace(late_s=0.05)  # late, but nothing begun: the rate stays
+    turns.pace(late_s=0.05)  # late, but nothing begun: not the handshakes' doing
     assert turns.rate == pytest.approx(2000.0 * handshakes.BACK_OFF)
     for _ in range(200):  # late and late again: never below the least
         begin(5)
@@ -128,22 +145,31 @@ def test_lateness_twice_in_a_row_cuts_the_rate_once_a_hold() -> None:
     assert turns.rate == 1.0
 
 
-def test_on_time_with_callers_waiting_the_rate_rises_to_its_most() -> None:
+def test_a_few_handshakes_in_a_late_loop_do_not_cut_the_rate() -> None:
+    """The twenty-first probe: one handshake begun in a late interval took the rate from
+    4,000 to its floor."""
+    clock = Clock()
+    turns: HandshakeTurns[str] = HandshakeTurns(4000.0, KnownHosts(clock=clock), clock, least=100.0)
+    for _ in range(20):
+        turns.offer("10.0.0.7", "one")
+        clock.now += handshakes.PACE_S
+        turns.pace(late_s=0.5)  # 10 a second begun: below the least
+    assert turns.rate == 4000.0
+
+
+def test_on_time_the_rate_rises_to_its_most() -> None:
     clock = Clock()
     turns = _turns(100.0, clock)
     turns.rate = 10.0
     clock.now += handshakes.PACE_S
-    turns.pace(late_s=0.0)  # nobody waited: no reason to rise
+    turns.pace(late_s=handshakes.LATE_S)  # late, if not twice: no reason to rise
     assert turns.rate == 10.0
-    for i in range(100):
-        turns.offer(f"h{i}", f"c{i}")
     clock.now += handshakes.PACE_S
-    turns.due()
     turns.pace(late_s=0.0)
     assert turns.rate == pytest.approx(10.0 * handshakes.SPEED_UP)
     for _ in range(100):
         clock.now += handshakes.PACE_S
-        turns.pace(late_s=0.0)  # still waiting: rising, to at most 100
+        turns.pace(late_s=0.0)  # rising, to at most 100
     assert turns.rate == 100.0
 
 
