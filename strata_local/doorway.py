@@ -29,7 +29,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from strata_local.doorslots import DoorSlot, DoorSlots
-from strata_local.handshakes import HANDSHAKE_RATE, PACE_S, HandshakeTurns
+from strata_local.handshakes import HANDSHAKE_RATE, LATE_S, PACE_S, HandshakeTurns
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,7 @@ class Doorway:
         handshake_rate: Most connections handed on a second (handshakes begun); fewer
             while the event loop runs late (:meth:`HandshakeTurns.pace
             <strata_local.handshakes.HandshakeTurns.pace>`).
+        late_s: How late the loop may run before that rate falls, seconds.
 
     Raises:
         ValueError: ``max_connections`` below 1 or ``handshake_rate`` not positive.
@@ -149,9 +150,12 @@ class Doorway:
         silent_s: float,
         first_message: FirstMessage,
         handshake_rate: float = HANDSHAKE_RATE,
+        late_s: float = LATE_S,
     ) -> None:
         self.slots = DoorSlots(max_connections)
-        self.turns: HandshakeTurns[_Arrival] = HandshakeTurns(handshake_rate, self.slots.known)
+        self.turns: HandshakeTurns[_Arrival] = HandshakeTurns(
+            handshake_rate, self.slots.known, late_s=late_s
+        )
         self.silent_s, self._first_message = silent_s, first_message
         self._listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

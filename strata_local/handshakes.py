@@ -15,14 +15,15 @@ still a bare socket in its slot, for its turn.
 The rate is what the machine can afford, found as TCP finds a path's (additive increase,
 multiplicative decrease; RFC 5681): every :data:`PACE_S` the doorway tells
 :meth:`HandshakeTurns.pace` how late its event loop ran a timer. Later than
-:data:`LATE_S` twice in a row while handshakes began at ``least`` a second or more (one
-late timer is a pause, not a load; a few handshakes are not what made it late), the rate
-falls to :data:`BACK_OFF` of the rate they began at, at most once in :data:`HOLD_S` (as TCP
-cuts once a round trip: the handshakes begun before the cut are still being done); on
-time, it rises by :data:`SPEED_UP`; it stays between ``least`` and ``most``. A machine
-that keeps up begins every handshake at once (a fixed 1,000 a second kept 13 of 19 new
-clients of a bulk port out at 2,400 ClientHellos a second, which that port served all of
-before); one that falls behind begins what it can still finish. The turns:
+:data:`LATE_S` (:data:`LOOP_LATE_S` where the handshakes run on the loop) twice in a row
+while handshakes began at ``least`` a second or more (one late timer is a pause, not a
+load; a few handshakes are not what made it late), the rate falls to :data:`BACK_OFF` of
+the rate they began at, at most once in :data:`HOLD_S` (as TCP cuts once a round trip:
+the handshakes begun before the cut are still being done); on time, it rises by
+:data:`SPEED_UP`; it stays between ``least`` and ``most``. A machine that keeps up begins
+every handshake at once (a fixed 1,000 a second kept 13 of 19 new clients of a bulk port
+out at 2,400 ClientHellos a second, which that port served all of before); one that
+falls behind begins what it can still finish. The turns:
 
 - in turns by address: each address with connections waiting has one begun before any
   has a second (its own oldest first), so a flood from one address, or a few, gets its
@@ -70,7 +71,16 @@ PACE_S = 0.1
 """How often the rate is reconsidered, seconds."""
 
 LATE_S = 0.02
-"""How late a timer of the event loop may run, seconds, before the rate falls."""
+"""How late a timer of the event loop may run, seconds, before the rate falls, where the
+handshakes are done elsewhere (gRPC core's threads, behind :mod:`strata_local.door`): the
+loop's lateness is a late sign of their load. At 0.05 s ``bench.door_flood --first hello``
+at 4,000 a second answered 5 of 7 returning peers (p50 1.9 s); at 0.02 s, 37 of 39."""
+
+LOOP_LATE_S = 0.05
+"""The same where the handshakes are done on the event loop itself
+(:mod:`strata_local.streamdoor`'s TLS): its lateness is their own cost, which callers
+bear. At 0.02 s ``bench.handshake_flood --rate 2400`` answered 17 of 21 new clients of a
+bulk port; at 0.05 s, 32 of 32."""
 
 BACK_OFF = 0.7
 """The rate after a load made the loop late, as a fraction of the rate handshakes began at."""
@@ -141,6 +151,8 @@ class HandshakeTurns(Generic[T]):
         known: The addresses whose turns come first.
         clock: Monotonic seconds.
         least: Handshakes begun a second however late the machine (at most ``most``).
+        late_s: How late the loop may run before the rate falls (:data:`LATE_S`,
+            :data:`LOOP_LATE_S`), seconds.
 
     Attributes:
         rate: Handshakes begun a second at most, now (:meth:`pace`).
@@ -157,10 +169,11 @@ class HandshakeTurns(Generic[T]):
         known: KnownHosts | None = None,
         clock: Callable[[], float] = time.monotonic,
         least: float = LEAST_RATE,
+        late_s: float = LATE_S,
     ) -> None:
         if not most > 0:
             raise ValueError(f"the handshake rate must be positive, not {most}")
-        self.most, self.least = most, min(least, most)
+        self.most, self.least, self.late_s = most, min(least, most), late_s
         self.rate = most
         self.known = known if known is not None else KnownHosts(clock=clock)
         self._clock = clock
@@ -240,14 +253,14 @@ class HandshakeTurns(Generic[T]):
         the timer that calls this, seconds; every :data:`PACE_S`."""
         now = self._clock()
         elapsed, begun = now - self._paced_at, self.begun - self._begun_then
-        late = late_s > LATE_S
+        late = late_s > self.late_s
         began = begun / elapsed if elapsed > 0 else 0.0
         if late and self._was_late and began >= self.least and now >= self._hold_until:
             self._hold_until = now + HOLD_S  # what was begun before the cut is still due
             self._refill()
             self.rate = max(self.least, min(self.rate, began) * BACK_OFF)
             self._tokens = min(self._tokens, self._burst())
-        elif late_s <= LATE_S / 2:
+        elif late_s <= self.late_s / 2:
             self.rate = min(self.most, self.rate * SPEED_UP)
         self._paced_at, self._begun_then = now, self.begun
         self._was_late = late

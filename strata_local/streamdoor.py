@@ -31,7 +31,7 @@ from typing import Any
 
 from strata_local.doorslots import DoorSlot
 from strata_local.doorway import Doorway, tls_hello
-from strata_local.handshakes import HANDSHAKE_RATE
+from strata_local.handshakes import HANDSHAKE_RATE, LOOP_LATE_S
 from strata_local.slotshare import Holders
 
 HANDSHAKES = 256
@@ -79,7 +79,7 @@ class StreamDoor(Doorway):
         handshake_rate: float = HANDSHAKE_RATE,
     ) -> None:
         first = functools.partial(_plaintext, head) if tls is None else tls_hello
-        super().__init__(max_connections, silent_s, first, handshake_rate)
+        super().__init__(max_connections, silent_s, first, handshake_rate, LOOP_LATE_S)
         if handshakes < 1:
             raise ValueError(f"handshakes must be at least 1, not {handshakes}")
         self._serve, self._tls, self._read_limit = serve, tls, read_limit
