@@ -32,7 +32,8 @@ falls behind begins what it can still finish. The turns:
   the waiting are spread over as many addresses as the flood has, the newest begin first,
   while their callers still wait, and the oldest are those the slots displace (taken in
   arrival order, they were displaced as their turn came: ``bench.door_flood --first
-  hello``, 2,000 a second from 2,000 addresses, 3 of 23 new callers answered); each
+  hello``, 2,000 a second from 2,000 addresses, on a box with one of its 2 cores taken
+  by another process, 3 of 23 new callers answered, against 8 of 25 newest first); each
   arrival then has about the rate's fraction of the arrivals' chance, taken at random
   (a caller arriving just before a burst of the flood has less);
 - addresses that proved a credential on this port within :data:`KNOWN_S`
