@@ -43,9 +43,19 @@ from strata_local.handshakes import HANDSHAKE_RATE
 log = logging.getLogger(__name__)
 
 PIPE_BYTES = 1 << 20
-"""Most bytes one ``splice(2)`` call moves, and the size asked for the pipe of answers
-(``F_SETPIPE_SZ``; the kernel's ``pipe-max-size``, 1 MiB, by default): blocks leave in
-fewer, larger moves. Where the user's pipe pages are spent it stays at 64 KiB."""
+"""Most bytes one ``splice(2)`` call moves, and the size asked for a pipe of answers while
+its connection moves more than a pipeful at a time (``F_SETPIPE_SZ``; the kernel's
+``pipe-max-size``, 1 MiB, by default): blocks leave in fewer, larger moves."""
+
+GROW_AFTER = 4
+"""Moves in a row, each finding more to move, before a pipe of answers grows."""
+
+PIPE_IDLE_BYTES = 4096
+"""The size of each pipe while its connection is not moving a pipeful at a time (one
+page). A user without ``CAP_SYS_RESOURCE`` (the hub's container, uid 10001) has 16,384
+pipe pages (``/proc/sys/fs/pipe-user-pages-soft``) before every new pipe gets 2: with a
+1 MiB pipe of answers for every connection the first 60 spent them all (the twenty-first
+probe), while two pages a connection leave 12,288 for 48 busy ones of 2,048."""
 
 _SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 
@@ -141,11 +151,10 @@ class Door(Doorway):
                 await asyncio.get_running_loop().sock_connect(upstream, str(self._backend))
             for _ in range(2):
                 pipes.extend(os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK))
-            with contextlib.suppress(OSError):  # beyond the user's pipe pages: 64 KiB
-                fcntl.fcntl(pipes[3], fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # answers: blocks
+                _resize(pipes[-1], PIPE_IDLE_BYTES)
             used = functools.partial(self._used, slot)
             inbound = asyncio.create_task(_pump(conn, upstream, pipes[0], pipes[1], used))
-            outbound = asyncio.create_task(_pump(upstream, conn, pipes[2], pipes[3]))
+            outbound = asyncio.create_task(_pump(upstream, conn, pipes[2], pipes[3], grow=True))
             # the connection lasts while gRPC keeps its end (a caller that has said all
             # it will still reads the answers), or until the caller's end fails
             inbound.add_done_callback(lambda t: _failed(t) and outbound.cancel())
@@ -171,28 +180,48 @@ def _failed(task: asyncio.Task[None]) -> bool:
     return task.cancelled() or task.exception() is not None
 
 
+def _resize(pipe: int, size: int) -> int:
+    """Asks for ``pipe``'s size (bytes); returns its size after (the kernel rounds up to
+    pages; beyond the user's pipe pages it refuses: the size stays)."""
+    try:
+        return int(fcntl.fcntl(pipe, fcntl.F_SETPIPE_SZ, size))
+    except OSError:
+        return int(fcntl.fcntl(pipe, fcntl.F_GETPIPE_SZ))
+
+
 async def _pump(
     src: socket.socket,
     dst: socket.socket,
     pipe_r: int,
     pipe_w: int,
     moved_some: Callable[[], None] | None = None,
+    grow: bool = False,
 ) -> None:
     """Moves ``src``'s bytes to ``dst`` through the pipe until ``src`` ends, then ends
     ``dst``'s writing side (half-close, as TCP does); ``moved_some`` is called after each
-    move of bytes.
+    move of bytes. With ``grow``, the pipe grows to :data:`PIPE_BYTES` once
+    :data:`GROW_AFTER` moves in a row found ``src`` with more to give (a page-sized pipe
+    takes a fragment of a message at a time), and shrinks to :data:`PIPE_IDLE_BYTES`
+    (empty) when ``src`` has nothing more for now.
 
     Raises:
         OSError: either socket failed (reset, broken pipe).
     """
     loop = asyncio.get_running_loop()
     source, sink = src.fileno(), dst.fileno()
+    size, streak = PIPE_IDLE_BYTES, 0
     while True:
         try:
             moved = os.splice(source, pipe_w, PIPE_BYTES, flags=_SPLICE)
         except BlockingIOError:
+            streak = 0
+            if size > PIPE_IDLE_BYTES:  # drained: its pages back to the user's others
+                size = _resize(pipe_w, PIPE_IDLE_BYTES)
             await _ready(loop.add_reader, loop.remove_reader, source)
             continue
+        streak += 1
+        if grow and streak == GROW_AFTER and size < PIPE_BYTES:
+            size = _resize(pipe_w, PIPE_BYTES)  # answers keep coming: blocks, say
         if moved and moved_some is not None:
             moved_some()
         if moved == 0:
