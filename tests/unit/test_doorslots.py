@@ -273,3 +273,22 @@ def test_a_known_address_unproven_connection_gives_way_after_others_holding_as_m
         "ipv4:10.0.0.9:k5",
     ]
     assert "spoke-new" not in held.closed and "spoke-old" not in held.closed
+
+
+def test_a_token_holders_bare_connects_from_its_known_address_keep_no_newcomer_out() -> None:
+    """The twenty-first probe's F1: proving once made an address known, and its bare
+    connects then displaced every new spoke's connection before it could prove."""
+    held = Held(DoorSlots(64))
+    first = held.open("10.0.0.5", "proved")
+    assert first is not None
+    held.slots.prove(first, "token a")
+    held.slots.release(first)  # the proof is remembered after the connection
+    newcomers = []
+    for i in range(1000):
+        held.open("10.0.0.5", f"bare{i}")
+        if i % 50 == 0:
+            name = f"spoke{i}"
+            held.open(f"10.2.0.{i // 50}", name)
+            newcomers.append(name)
+    assert not set(newcomers) & set(held.closed)
+    assert all(name.startswith("bare") for name in held.closed)
