@@ -12,9 +12,10 @@ address or 2,000. A doorway (:mod:`strata_local.doorway`) now begins at most
 at once), and a connection whose first message is whole while the bucket is empty waits,
 still a bare socket in its slot, for its turn.
 
-The rate is what the machine can afford, found as TCP finds a path's (additive increase,
-multiplicative decrease; RFC 5681): every :data:`PACE_S` the doorway tells
-:meth:`HandshakeTurns.pace` how late its event loop ran a timer. Later than
+The rate is what the machine can afford, found much as TCP finds a path's (a cut on a
+sign of load, once a round trip, and a gentler rise; RFC 5681, 3.1): every
+:data:`PACE_S` the doorway tells :meth:`HandshakeTurns.pace` how late its event loop ran
+a timer. Later than
 :data:`LATE_S` (:data:`LOOP_LATE_S` where the handshakes run on the loop) twice in a row
 while handshakes began at ``least`` a second or more (one late timer is a pause, not a
 load; a few handshakes are not what made it late), the rate falls to :data:`BACK_OFF` of
