@@ -45,16 +45,11 @@ but one left the newcomers a single slot, which a churn of bare connects from a 
 address turned over faster than a new spoke could prove itself (the eighteenth probe:
 new clients 0 of 20 at 1,000 connects a second).
 
-An unproven connection from an address that proved a credential lately (its
-:attr:`DoorSlots.known`, as its handshake's turn comes first: :mod:`strata_local.handshakes`)
-gives way after the others of addresses holding as many: under a flood of whole
-ClientHellos at 4,000 a second from 2,000 addresses, an unproven slot turned over in a
-quarter of a second, less than a returning spoke's handshake and first call took on a
-busy machine (the door's bench: 29 of 34 returning peers answered). An address that proved
-one is still held to its share: holding more unproven connections than any other address,
-its own oldest gives way first (the twenty-first probe: with the known kept until every
-other unproven one was gone, a token holder's bare connects from its own address, 20 a
-second, kept every new spoke out at 50 ms round trips).
+Who proved a credential from which address lately is kept (:attr:`DoorSlots.known`) for
+the handshakes' turns (:mod:`strata_local.handshakes`), and only for them: an unproven
+connection of such an address is displaced as any other (the twenty-first probe: kept
+until every other unproven one was gone, a token holder's bare connects from its own
+address, 20 a second, kept every new spoke out at 50 ms round trips).
 
 Where these rules say the oldest proven connection, they mean the least recently used:
 a proven connection moves behind its address's and its holder's others when its caller
@@ -91,7 +86,6 @@ class DoorSlot:
         who: The caller in gRPC's form (``ipv4:10.0.0.7:51234``), for audit lines.
         close: Ends the connection (called once, when it is displaced).
         proven: Whether a call on it carried an accepted token.
-        known: Whether its address had proved a credential lately when it came.
         holder: Who proved it (the token's subject; empty until proven).
         used: When its caller last sent something, as far as :meth:`DoorSlots.used`
             was told (monotonic seconds; 0: never).
@@ -102,7 +96,6 @@ class DoorSlot:
     who: str
     close: Callable[[], None] = field(repr=False)
     proven: bool = False
-    known: bool = False
     holder: str = ""
     used: float = 0.0
     open: bool = True
@@ -115,8 +108,8 @@ class DoorSlots:
         max_connections: Most connections open at once.
 
     Attributes:
-        known: The addresses whose connections proved a credential lately (their
-            handshakes' turns come first: :mod:`strata_local.handshakes`).
+        known: The addresses whose connections proved a credential lately, and who
+            proved it (their handshakes' turns come first: :mod:`strata_local.handshakes`).
 
     Not thread-safe: one event loop owns it.
     """
@@ -130,7 +123,6 @@ class DoorSlots:
         self.displaced = 0
         self.refused = 0
         self._unproven: Holders[DoorSlot] = Holders()
-        self._known: Holders[DoorSlot] = Holders()  # unproven, from a known address
         self._proven: Holders[DoorSlot] = Holders()
         self._holders: Holders[DoorSlot] = Holders()  # the proven, by who proved them
         self.known = KnownHosts()
@@ -152,28 +144,17 @@ class DoorSlots:
             if self.open - self.proven < self.max_connections // RESERVE:
                 victim = self._proven_victim(host)  # newcomers' room first
             if victim is None:
-                victim = self._unproven_victim() or self._proven_victim(host)
+                victim = self._unproven.oldest_of_most() or self._proven_victim(host)
             if victim is None:
                 self.refused += 1
                 return None
             self.release(victim)
             self.displaced += 1
             victim.close()
-        slot = DoorSlot(host, who, close, known=host in self.known)
+        slot = DoorSlot(host, who, close)
         self.open += 1
-        self._pool(slot).add(host, slot)
+        self._unproven.add(host, slot)
         return slot
-
-    def _unproven_victim(self) -> DoorSlot | None:
-        """The oldest unproven connection of the address holding most of them; of one
-        that proved a credential lately only when it holds more than any other does."""
-        if self._known.most > self._unproven.most:
-            return self._known.oldest_of_most()
-        return self._unproven.oldest_of_most() or self._known.oldest_of_most()
-
-    def _pool(self, slot: DoorSlot) -> Holders[DoorSlot]:
-        """Where ``slot`` is kept: the proven, the unproven of known addresses, the rest."""
-        return self._proven if slot.proven else self._known if slot.known else self._unproven
 
     def prove(self, slot: DoorSlot, holder: str) -> None:
         """Marks ``slot``'s connection proven by ``holder`` (a call on it carried an
@@ -181,8 +162,8 @@ class DoorSlots:
         left alone."""
         if slot.proven or not slot.open:
             return
-        self.known.add(slot.host)
-        self._pool(slot).remove(slot.host, slot)
+        self.known.add(slot.host, holder)
+        self._unproven.remove(slot.host, slot)
         slot.proven, slot.holder = True, holder
         self.proven += 1
         self._proven.add(slot.host, slot)
@@ -198,7 +179,7 @@ class DoorSlots:
         self._holders.remove(slot.holder, slot)
         slot.proven, slot.holder = False, ""
         self.proven -= 1
-        self._pool(slot).add(slot.host, slot)
+        self._unproven.add(slot.host, slot)
 
     def _proven_victim(self, host: str) -> DoorSlot | None:
         """The proven connection a newcomer from ``host`` displaces: the least recently
@@ -219,7 +200,7 @@ class DoorSlots:
             return
         slot.used = now
         if slot.proven:
-            self.known.add(slot.host)  # still proving: known for another KNOWN_S
+            self.known.add(slot.host, slot.holder)  # still proving: known for longer
             self._proven.touch(slot.host, slot)
             self._holders.touch(slot.holder, slot)
 
@@ -238,10 +219,10 @@ class DoorSlots:
         slot.open = False
         self.open -= 1
         self.proven -= slot.proven
-        self._pool(slot).remove(slot.host, slot)
+        (self._proven if slot.proven else self._unproven).remove(slot.host, slot)
         if slot.proven:
             self._holders.remove(slot.holder, slot)
 
     def unproven(self, host: str) -> list[DoorSlot]:
         """The unproven connections ``host`` holds, oldest first."""
-        return [*self._unproven.by_host.get(host, ()), *self._known.by_host.get(host, ())]
+        return list(self._unproven.by_host.get(host, ()))

@@ -68,7 +68,7 @@ def test_an_address_that_had_its_turn_goes_behind_the_others() -> None:
 def test_known_addresses_go_first_but_every_fourth_turn_is_anothers() -> None:
     clock = Clock()
     known = KnownHosts(clock=clock)
-    known.add("10.0.0.7")
+    known.add("10.0.0.7", "token a")
     turns = _turns(10.0, clock, known)
     assert turns.offer("10.0.0.66", "x")
     for i in range(8):
@@ -100,6 +100,30 @@ def test_a_flood_over_more_addresses_than_wait_begins_the_newest_first() -> None
         clock.now += 0.11
         went += turns.due()
     assert went == ["f5", "f6", "f7"] and turns.waiting == 4
+
+
+def test_a_subjects_known_addresses_share_one_turn_in_a_round() -> None:
+    """The twenty-first probe's F3: one token proved 4,000 addresses, then flooded from
+    them, a turn each, and the returning spokes of other tokens waited behind."""
+    clock = Clock()
+    known = KnownHosts(clock=clock)
+    for i in range(100):
+        known.add(f"10.7.0.{i}", "token x")
+    known.add("10.0.0.7", "token a")
+    known.add("10.0.0.8", "token b")
+    turns = _turns(10.0, clock, known)
+    assert turns.offer("10.7.0.0", "x0")
+    for i in range(1, 100):
+        assert not turns.offer(f"10.7.0.{i}", f"x{i}")
+    assert not turns.offer("10.0.0.7", "a")
+    assert not turns.offer("10.0.0.8", "b")
+    went = []
+    for _ in range(5):
+        clock.now += 0.11
+        went += turns.due()
+    assert went == ["b", "a", "x1", "x2", "x3"]  # token x's 99 addresses: one turn a round
+    turns.withdraw("10.7.0.50", "x50")
+    assert turns.waiting == 95
 
 
 def test_a_withdrawn_item_never_has_a_turn() -> None:
@@ -181,10 +205,11 @@ def test_a_rate_that_is_not_positive_is_refused() -> None:
 def test_known_hosts_expire_and_are_bounded() -> None:
     clock = Clock()
     known = KnownHosts(most=2, keep_s=60.0, clock=clock)
-    known.add("a")
-    known.add("b")
-    known.add("a")  # proved again: the newest
-    known.add("c")  # the least recently proven, b, is forgotten
+    known.add("a", "token 1")
+    known.add("b", "token 1")
+    known.add("a", "token 2")  # proved again: the newest, and by another token
+    known.add("c", "token 1")  # the least recently proven, b, is forgotten
     assert "a" in known and "c" in known and "b" not in known and len(known) == 2
+    assert known.subject("a") == "token 2" and known.subject("b") is None
     clock.now += 61
     assert "a" not in known and 7 not in known
