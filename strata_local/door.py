@@ -38,7 +38,6 @@ from typing import Any
 
 from strata_local.doorslots import DoorSlot
 from strata_local.doorway import Doorway, grpc_first
-from strata_local.handshakes import HANDSHAKE_RATE
 
 log = logging.getLogger(__name__)
 
@@ -75,22 +74,14 @@ class Door(Doorway):
             certificates): without, no connection is kept over another (:meth:`prove`
             does nothing) and every slot is shared by address.
         silent_s: Longest a connection may send nothing before it is closed, seconds.
-        handshake_rate: Most connections relayed a second (handshakes begun at gRPC;
-            :mod:`strata_local.handshakes`).
 
     Attributes:
         backend: The gRPC server's address (``unix:PATH``) to bind before :meth:`start`.
         slots: The connection slots and their counts.
     """
 
-    def __init__(
-        self,
-        max_connections: int,
-        credentials: bool,
-        silent_s: float,
-        handshake_rate: float = HANDSHAKE_RATE,
-    ) -> None:
-        super().__init__(max_connections, silent_s, grpc_first, handshake_rate)
+    def __init__(self, max_connections: int, credentials: bool, silent_s: float) -> None:
+        super().__init__(max_connections, silent_s, grpc_first)
         self.credentials = credentials
         self._dir = Path(tempfile.mkdtemp(prefix="strata-door-"))  # 0700: ours alone
         self._backend = self._dir / "grpc.sock"

@@ -317,8 +317,7 @@ class Doorway:
         :attr:`silent_s`, or the doorway closing), and frees its slot."""
         if self._arrivals.pop(arrival, False) is None and self._loop is not None:
             if arrival.whole:
-                assert arrival.slot is not None
-                self.turns.withdraw(arrival.slot.host, arrival)
+                self.turns.withdraw(arrival)
             else:
                 self._loop.remove_reader(arrival.conn.fileno())
             arrival.conn.close()

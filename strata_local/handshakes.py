@@ -223,9 +223,8 @@ class HandshakeTurns(Generic[T]):
         self.waiting += 1
         return False
 
-    def withdraw(self, host: str, item: T) -> None:
-        """``item`` (a connection from ``host``) no longer waits (its connection ended).
-        Idempotent."""
+    def withdraw(self, item: T) -> None:
+        """``item`` no longer waits (its connection ended). Idempotent."""
         key = self._key.pop(item, None)
         if key is None:
             return

@@ -122,7 +122,7 @@ def test_a_subjects_known_addresses_share_one_turn_in_a_round() -> None:
         clock.now += 0.11
         went += turns.due()
     assert went == ["b", "a", "x1", "x2", "x3"]  # token x's 99 addresses: one turn a round
-    turns.withdraw("10.7.0.50", "x50")
+    turns.withdraw("x50")
     assert turns.waiting == 95
 
 
@@ -132,9 +132,9 @@ def test_a_withdrawn_item_never_has_a_turn() -> None:
     assert turns.offer("a", "a0")
     assert not turns.offer("a", "a1")
     assert not turns.offer("b", "b1")
-    turns.withdraw("b", "b1")
-    turns.withdraw("b", "b1")  # idempotent
-    turns.withdraw("z", "never offered")
+    turns.withdraw("b1")
+    turns.withdraw("b1")  # idempotent
+    turns.withdraw("never offered")
     assert turns.waiting == 1
     clock.now += 0.11
     assert turns.due() == ["a1"] and turns.waiting == 0 and turns.wait_s() is None
