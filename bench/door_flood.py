@@ -2,7 +2,7 @@
 connection cap (the peer port before its door) and the door (``strata_local.door``), side
 by side; and the door again forgetting who proved a token (``door-new``: each new peer is
 as new as the flood's addresses, its handshake's turn not first,
-``strata_local.handshakes``).
+``strata_local.handshakes``, ``strata_local.knownhosts``).
 
     python -m bench.door_flood [--rates 1200,2400] [--addresses 2000] [--seconds 15]
                                [--first silent|hello]
@@ -51,7 +51,7 @@ from spoke.mesh.peerservice import REQUEST_BYTES, PeerService, start_peer_server
 from spoke.mesh.probedoor import ProbeDoor
 from spoke.mesh.source import MeshSource
 from spoke.mesh.transport import MAX_CONNECTIONS, PeerTls, PeerToken, server_options
-from strata_local import handshakes
+from strata_local import knownhosts
 
 PORTS = ("grpc-cap", "door", "door-new")
 
@@ -82,7 +82,7 @@ def serve(root: Path, port: str, node: str) -> None:
         )  # fmt: skip
         if port.startswith("door"):
             if port == "door-new":  # no address is remembered as having proved a token
-                handshakes.KNOWN_S = 0.0
+                knownhosts.KNOWN_S = 0.0
             server, _ = await start_peer_server(service, node, tls)
             stopping = server.stop
         else:  # the peer port before its door: gRPC core closes newcomers at its cap

@@ -38,6 +38,7 @@ from typing import Any
 
 from strata_local.doorslots import DoorSlot
 from strata_local.doorway import Doorway, grpc_first
+from strata_local.knownhosts import KnownHosts
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +75,23 @@ class Door(Doorway):
             certificates): without, no connection is kept over another (:meth:`prove`
             does nothing) and every slot is shared by address.
         silent_s: Longest a connection may send nothing before it is closed, seconds.
+        known: Who proved a credential from which network lately (None: nobody yet;
+            :mod:`strata_local.knownhosts`; a hub passes the one it keeps in its data
+            directory).
 
     Attributes:
         backend: The gRPC server's address (``unix:PATH``) to bind before :meth:`start`.
         slots: The connection slots and their counts.
     """
 
-    def __init__(self, max_connections: int, credentials: bool, silent_s: float) -> None:
-        super().__init__(max_connections, silent_s, grpc_first)
+    def __init__(
+        self,
+        max_connections: int,
+        credentials: bool,
+        silent_s: float,
+        known: KnownHosts | None = None,
+    ) -> None:
+        super().__init__(max_connections, silent_s, grpc_first, known=known)
         self.credentials = credentials
         self._dir = Path(tempfile.mkdtemp(prefix="strata-door-"))  # 0700: ours alone
         self._backend = self._dir / "grpc.sock"

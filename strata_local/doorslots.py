@@ -66,7 +66,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from strata_local.handshakes import KnownHosts
+from strata_local.knownhosts import KnownHosts
 from strata_local.slotshare import Holders
 
 USED_EVERY_S = 1.0
@@ -82,7 +82,9 @@ class DoorSlot:
     """One connection's slot.
 
     Attributes:
-        host: The caller's address (no port).
+        host: The caller's network: its address, or an IPv6 address's /64
+            (:func:`strata_local.doorway.caller_network`); the "address" these rules
+            share slots by.
         who: The caller in gRPC's form (``ipv4:10.0.0.7:51234``), for audit lines.
         close: Ends the connection (called once, when it is displaced).
         proven: Whether a call on it carried an accepted token.
@@ -106,15 +108,17 @@ class DoorSlots:
 
     Args:
         max_connections: Most connections open at once.
+        known: Where who proved a credential from which network is kept (None: a new,
+            empty one; a server passes one it saves, :mod:`strata_local.knownhosts`).
 
     Attributes:
-        known: The addresses whose connections proved a credential lately, and who
+        known: The networks whose connections proved a credential lately, and who
             proved it (their handshakes' turns come first: :mod:`strata_local.handshakes`).
 
     Not thread-safe: one event loop owns it.
     """
 
-    def __init__(self, max_connections: int) -> None:
+    def __init__(self, max_connections: int, known: KnownHosts | None = None) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, not {max_connections}")
         self.max_connections = max_connections
@@ -125,7 +129,7 @@ class DoorSlots:
         self._unproven: Holders[DoorSlot] = Holders()
         self._proven: Holders[DoorSlot] = Holders()
         self._holders: Holders[DoorSlot] = Holders()  # the proven, by who proved them
-        self.known = KnownHosts()
+        self.known = known if known is not None else KnownHosts()
 
     def take(self, host: str, who: str, close: Callable[[], None]) -> DoorSlot | None:
         """A slot for a new connection, displacing one at the cap (see the module).

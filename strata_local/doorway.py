@@ -16,6 +16,14 @@ A connection whose first message is whole begins its handshake (is handed on) on
 :mod:`strata_local.handshakes` gives it a turn: at most a rate a second, taken in turns by
 address, addresses that proved a credential first; until then it waits in its slot, a bare
 socket still.
+
+The slots and the turns count callers by network (:func:`caller_network`): an IPv4
+address, or an IPv6 address's /64. One machine is routed a whole /64 (RFC 4291, 2.5.4;
+RFC 7421) and may send from any address in it, so per IPv6 address a single host with a
+flood of whole ClientHellos from fresh addresses was as many new callers as connections
+(issue 39's twenty-first probe, F2, named one /64 the cheapest source of the 4,000
+addresses whose flood kept 16 of 29 new spokes out); by /64 it is one caller, whose
+connections take one turn in a round.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
 import logging
 import socket
 from collections.abc import Callable, Coroutine
@@ -30,6 +39,7 @@ from typing import Any
 
 from strata_local.doorslots import DoorSlot, DoorSlots
 from strata_local.handshakes import HANDSHAKE_RATE, LATE_S, PACE_S, HandshakeTurns
+from strata_local.knownhosts import KnownHosts
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +104,37 @@ def grpc_first(said: bytes) -> int | None:
     return starts_with(PREFACE)(said)
 
 
+IPV6_CALLER_PREFIX = 64
+"""The prefix length of the IPv6 network counted as one caller (a subnet's: RFC 4291,
+2.5.4; one host is often routed all of it, RFC 8273)."""
+
+
+def caller_network(host: str) -> str:
+    """The network that stands for a caller's address in a doorway's slots and turns
+    (see the module).
+
+    Args:
+        host: A peer's address as the socket gives it (``10.0.0.7``, ``2001:db8::7``,
+            ``::ffff:10.0.0.7`` on a dual-stack listener, ``fe80::1%eth0``).
+
+    Returns:
+        An IPv4 address as it is (an IPv4-mapped one as IPv4: ``10.0.0.7``); an IPv6
+        address's /64 (``2001:db8::/64``, a link-local one's with its zone); anything
+        else (not an IP address) as it is.
+    """
+    if ":" not in host:
+        return host
+    address, zone = host.partition("%")[::2]
+    try:
+        ip = ipaddress.IPv6Address(address)
+    except ValueError:
+        return host
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    network = ipaddress.IPv6Network((ip, IPV6_CALLER_PREFIX), strict=False)
+    return f"{network.network_address}%{zone}/{IPV6_CALLER_PREFIX}" if zone else str(network)
+
+
 def peer_name(address: Any) -> str:
     """gRPC's form of a TCP peer address (``ipv4:10.0.0.7:5000``, ``ipv6:[::1]:5000``), so
     an audit line reads the same whichever port or channel the call came on (the doors,
@@ -134,6 +175,8 @@ class Doorway:
             while the event loop runs late (:meth:`HandshakeTurns.pace
             <strata_local.handshakes.HandshakeTurns.pace>`).
         late_s: How late the loop may run before that rate falls, seconds.
+        known: Who proved a credential from which network lately (None: nobody yet;
+            :mod:`strata_local.knownhosts`).
 
     Raises:
         ValueError: ``max_connections`` below 1 or ``handshake_rate`` not positive.
@@ -151,8 +194,9 @@ class Doorway:
         first_message: FirstMessage,
         handshake_rate: float = HANDSHAKE_RATE,
         late_s: float = LATE_S,
+        known: KnownHosts | None = None,
     ) -> None:
-        self.slots = DoorSlots(max_connections)
+        self.slots = DoorSlots(max_connections, known)
         self.turns: HandshakeTurns[_Arrival] = HandshakeTurns(
             handshake_rate, self.slots.known, late_s=late_s
         )
@@ -244,7 +288,7 @@ class Doorway:
             arrival = _Arrival(conn, now)
             who = peer_name(address)
             slot = self.slots.take(
-                str(address[0]), who, functools.partial(self._end_arrival, arrival)
+                caller_network(str(address[0])), who, functools.partial(self._end_arrival, arrival)
             )
             if slot is None:
                 self._refuse(conn, who)  # every slot is held by a proven caller

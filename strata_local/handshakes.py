@@ -37,7 +37,8 @@ falls behind begins what it can still finish. The turns:
   by another process, 3 of 23 new callers answered, against 8 of 25 newest first); each
   arrival then has about the rate's fraction of the arrivals' chance, taken at random
   (a caller arriving just before a burst of the flood has less);
-- addresses that proved a credential on this port within :data:`KNOWN_S`
+- addresses that proved a credential on this port within
+  :data:`~strata_local.knownhosts.KNOWN_S`
   (:class:`KnownHosts`: a token or a client certificate a call carried) have their turns
   first, but for every :data:`UNKNOWN_EVERY`-th turn, which goes to the others while any
   wait, and they take them by who proved it, not by address (the token's subject; the
@@ -60,6 +61,8 @@ import collections
 import time
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
+
+from strata_local.knownhosts import KnownHosts
 
 T = TypeVar("T", bound=Hashable)
 
@@ -100,60 +103,9 @@ still being done after it, and the loop runs late a while yet."""
 SPEED_UP = 1.1
 """The rate after a timer on time, as a multiple of the rate."""
 
-KNOWN_S = 3600.0
-"""How long an address that proved a credential has its turns first, seconds."""
-
-KNOWN_MOST = 65536
-"""Most addresses remembered as known (the least recently proven are forgotten first)."""
-
 UNKNOWN_EVERY = 4
 """While both known and other addresses wait, every ``UNKNOWN_EVERY``-th turn goes to the
 others."""
-
-
-class KnownHosts:
-    """Addresses that proved a credential lately, and whose (the token's subject, say):
-    at most ``most``, each for ``keep_s``.
-
-    Args:
-        most: Most addresses remembered.
-        keep_s: Seconds an address is remembered after it last proved one (None:
-            :data:`KNOWN_S` as it is when made).
-        clock: Monotonic seconds.
-    """
-
-    def __init__(
-        self,
-        most: int = KNOWN_MOST,
-        keep_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.most, self._clock = most, clock
-        self.keep_s = KNOWN_S if keep_s is None else keep_s
-        self._proved: collections.OrderedDict[str, tuple[float, str]] = collections.OrderedDict()
-
-    def add(self, host: str, subject: str) -> None:
-        """``host`` proved ``subject``'s credential now."""
-        self._proved[host] = (self._clock(), subject)
-        self._proved.move_to_end(host)
-        while len(self._proved) > self.most:
-            self._proved.popitem(last=False)
-
-    def subject(self, host: str) -> str | None:
-        """Whose credential ``host`` proved within :attr:`keep_s`; None: none."""
-        proved = self._proved.get(host)
-        if proved is None:
-            return None
-        if self._clock() - proved[0] > self.keep_s:
-            del self._proved[host]
-            return None
-        return proved[1]
-
-    def __contains__(self, host: object) -> bool:
-        return isinstance(host, str) and self.subject(host) is not None
-
-    def __len__(self) -> int:
-        return len(self._proved)
 
 
 class HandshakeTurns(Generic[T]):

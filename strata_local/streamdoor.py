@@ -32,6 +32,7 @@ from typing import Any
 from strata_local.doorslots import DoorSlot
 from strata_local.doorway import Doorway, tls_hello
 from strata_local.handshakes import HANDSHAKE_RATE, LOOP_LATE_S
+from strata_local.knownhosts import KnownHosts
 from strata_local.slotshare import Holders
 
 HANDSHAKES = 256
@@ -64,6 +65,8 @@ class StreamDoor(Doorway):
         handshakes: Most TLS handshakes pending at once.
         handshake_rate: Most connections handed on a second (TLS handshakes begun;
             :mod:`strata_local.handshakes`).
+        known: Who proved a credential from which network lately (None: nobody yet;
+            :mod:`strata_local.knownhosts`).
     """
 
     def __init__(
@@ -77,9 +80,10 @@ class StreamDoor(Doorway):
         refusal: Callable[[str], bytes] | None = None,
         handshakes: int = HANDSHAKES,
         handshake_rate: float = HANDSHAKE_RATE,
+        known: KnownHosts | None = None,
     ) -> None:
         first = functools.partial(_plaintext, head) if tls is None else tls_hello
-        super().__init__(max_connections, silent_s, first, handshake_rate, LOOP_LATE_S)
+        super().__init__(max_connections, silent_s, first, handshake_rate, LOOP_LATE_S, known)
         if handshakes < 1:
             raise ValueError(f"handshakes must be at least 1, not {handshakes}")
         self._serve, self._tls, self._read_limit = serve, tls, read_limit

@@ -73,6 +73,7 @@ from hub.serve.wire import CHUNK_BYTES
 from hub.store.blobstore import BlobStore, LocalBlobStore
 from protocol import bulk
 from strata_local.doorslots import DoorSlot
+from strata_local.knownhosts import KnownHosts
 from strata_local.streamdoor import TLS_STEP_BYTES, StreamDoor, write_steps
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,8 @@ class BulkServer:
         tls: The TLS context (:func:`tls_context`); None for plaintext.
         max_connections: Most connections open at once.
         handshake_timeout_s: Longest a TLS handshake may take, seconds.
+        known: Who proved a token from which network lately (the gRPC door's too:
+            :mod:`strata_local.knownhosts`); None: nobody yet.
     """
 
     def __init__(
@@ -143,6 +146,7 @@ class BulkServer:
         tls: ssl.SSLContext | None = None,
         max_connections: int = MAX_CONNECTIONS,
         handshake_timeout_s: float = 10.0,
+        known: KnownHosts | None = None,
     ) -> None:
         if max_connections < 1:
             raise ValueError("--bulk-max-connections must be at least 1")
@@ -158,6 +162,7 @@ class BulkServer:
             tls=tls,
             read_limit=READ_LIMIT,
             refusal=self._refusal,
+            known=known,
         )
         self.slots = self._door.slots
         mtls = tls is not None and tls.verify_mode == ssl.CERT_REQUIRED

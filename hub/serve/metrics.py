@@ -42,6 +42,9 @@ class HubMetrics:
             ``bulk`` port's.
         handshake_rate: ``strata_hub_handshake_rate{port}``: handshakes a door begins a
             second at most now (the rate its machine is found to afford).
+        known_callers: ``strata_hub_known_callers``: networks that proved a token
+            within the hour, whose handshakes go first (kept in the data directory
+            across a restart: :mod:`strata_local.knownhosts`).
         blocks_served_bytes: ``strata_hub_blocks_served_bytes_total``: block bytes sent
             by ReadBlocks.
         active_streams: ``strata_hub_active_streams{method}``: streaming calls in flight.
@@ -115,6 +118,11 @@ class HubMetrics:
             "strata_hub_handshake_rate",
             "Handshakes a port's door begins a second at most now, by port (grpc, bulk).",
             ["port"],
+            registry=self.registry,
+        )
+        self.known_callers = Gauge(
+            "strata_hub_known_callers",
+            "Networks that proved a token within the hour (their handshakes go first).",
             registry=self.registry,
         )
         self.active_streams = Gauge(

@@ -52,9 +52,15 @@ from hub.store.datadir import DataDir
 from protocol.hub.v1 import hub_pb2_grpc
 from strata_local import grpclog
 from strata_local.door import Door
+from strata_local.knownhosts import KnownHosts
 from strata_local.memory import trim_forever
 
 logger = logging.getLogger(__name__)
+
+KNOWN_CALLERS_FILE = "known-callers.json"
+"""The data directory's file of who proved a token from which network lately
+(:mod:`strata_local.knownhosts`): read as the hub starts, written every 30 s and as it
+stops."""
 
 GRACE_SECONDS = 5.0
 """How long :meth:`HubServer.stop` lets calls in flight finish, seconds."""
@@ -95,6 +101,8 @@ class HubServer:
         self.config = config
         self._unwatch: Callable[[], None] = lambda: None
         self._trimmer: asyncio.Task[None] | None = None
+        self._known: KnownHosts | None = None
+        self._known_saver: asyncio.Task[None] | None = None
         self.bulk: BulkServer | None = None
         self.door: Door | None = None
 
@@ -204,8 +212,17 @@ class HubServer:
             # the door holds the port's connection slots (shares by address, connections
             # that carried an accepted token kept) and relays to gRPC on a private socket
             mtls = credentials is not None and config.client_ca is not None
+            # who proved a token from where lately, across a restart: a returning fleet's
+            # handshakes go first under a flood from new addresses (both ports)
+            known = KnownHosts()
+            if known.load(layout.root / KNOWN_CALLERS_FILE):
+                logger.info("%d known callers read from the data directory", len(known))
+            metrics.known_callers.set_function(lambda: len(known))
             door = Door(
-                config.max_connections, tokens is not None or mtls, config.handshake_timeout_s
+                config.max_connections,
+                tokens is not None or mtls,
+                config.handshake_timeout_s,
+                known,
             )
             try:
                 port = await door.start(address.host, address.port)
@@ -258,6 +275,7 @@ class HubServer:
                     tls=tls_context(config.tls_cert, config.tls_key, config.client_ca),
                     max_connections=config.bulk_max_connections,
                     handshake_timeout_s=config.handshake_timeout_s,
+                    known=known,
                 )
                 try:
                     await bulk.start(address.host, config.bulk_port)
@@ -308,7 +326,11 @@ class HubServer:
         hub._unwatch = unwatch
         hub.bulk = bulk
         hub.door = door
+        hub._known = known
         hub._trimmer = asyncio.create_task(trim_forever(), name="strata-hub-malloc-trim")
+        hub._known_saver = asyncio.create_task(
+            known.save_every(layout.root / KNOWN_CALLERS_FILE), name="strata-hub-known-callers"
+        )
         return hub
 
     async def stop(self, grace: float | None = GRACE_SECONDS) -> None:
@@ -318,8 +340,9 @@ class HubServer:
             grace: Seconds calls in flight get to finish before they are cancelled; None
                 cancels them at once.
         """
-        if self._trimmer is not None:
-            self._trimmer.cancel()
+        for task in (self._trimmer, self._known_saver):
+            if task is not None:
+                task.cancel()
         await self._health.enter_graceful_shutdown()
         if self.bulk is not None:
             await self.bulk.close()
@@ -327,6 +350,11 @@ class HubServer:
         await self._server.stop(grace)
         if self.door is not None:
             await self.door.close()
+        if self._known is not None:
+            try:
+                self._known.save(self.data_dir.root / KNOWN_CALLERS_FILE)
+            except OSError as err:
+                logger.warning("known callers not saved: %s", err)
         self._unwatch()
         self._catalog.close()
         if self._audit is not None:

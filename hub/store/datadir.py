@@ -5,6 +5,7 @@ DATA_DIR/
   catalog/      LMDB environment: datasets, versions, tags, snapshots, manifests (hub.catalog)
   blobs/        content-addressed block files, blobs/<first 2 hex>/<digest> (hub.store.blobstore)
   audit.jsonl   changing commands and refused calls (hub.audit)
+  known-callers.json  who proved a token from which network lately (strata_local.knownhosts)
 ```
 
 Everything in it is owner-only, whatever the umask the hub was started with: the catalog
@@ -20,9 +21,9 @@ directory that is no data directory (no ``catalog/``, not empty) is left alone.
 
 The catalog may live elsewhere too: ``--catalog postgresql://…`` (:mod:`hub.catalog.postgres`)
 names a shared catalog that several hub replicas serve at once. The data directory then
-keeps only what is the replica's own (the audit file, the port file, a grant key); the
-blob store must be one every replica reaches (an absolute path on shared storage, or
-``s3://``), and is recorded in the catalog like any other.
+keeps only what is the replica's own (the audit file, the port file, a grant key, the
+known callers); the blob store must be one every replica reaches (an absolute path on
+shared storage, or ``s3://``), and is recorded in the catalog like any other.
 
 The blocks may live elsewhere (another directory, or ``s3://BUCKET/PREFIX``): the catalog
 records where on first use (:meth:`DataDir.blob_store`), so ``publish``, ``serve`` and

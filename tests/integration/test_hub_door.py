@@ -8,6 +8,7 @@ arrived, so about 300 silent connections a second kept most new spokes out of th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -139,3 +140,36 @@ def test_a_proven_connection_is_counted_for_the_token_that_proved_it(
     assert len(set(holders)) == 2  # counted for the subject of the token that proved it
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert still == 2
+
+
+def test_a_restarted_hub_knows_who_proved_a_token_before(tmp_path: Path, pki: Pki) -> None:
+    """Who proved a token from which network is kept in the data directory across a
+    restart (strata_local/knownhosts.py), for the gRPC port and the bulk port: a restarted
+    hub knew nobody, so its returning fleet waited behind a flood from new addresses (the
+    twenty-first probe, F2: 69 of 500 spokes back after 1 s)."""
+    data, config = _hub(tmp_path, pki, f'"{TOKEN}": "*"\n')
+    config = dataclasses.replace(config, bulk_port=0)
+    with ServerThread(data, config=config) as server:
+        door = server.server.door
+        assert door is not None and server.server.bulk is not None
+        with _channel(pki, server.port) as channel:
+            hub_pb2_grpc.HubStub(channel).ListDatasets(
+                hub_pb2.ListDatasetsRequest(), metadata=bearer(TOKEN), timeout=5
+            )
+        holder = door.slots.known.subject("127.0.0.1")
+    saved = json.loads((data / "known-callers.json").read_text())
+    with ServerThread(data, config=config) as server:
+        door, bulk = server.server.door, server.server.bulk
+        assert door is not None and bulk is not None
+        known_again = door.slots.known.subject("127.0.0.1")
+        shared = bulk.slots.known is door.slots.known
+        metric = server.server.metrics.registry.get_sample_value("strata_hub_known_callers")
+    (data / "known-callers.json").write_text("not json")  # a damaged file: nobody known
+    with ServerThread(data, config=config) as server:
+        door = server.server.door
+        assert door is not None
+        known_after_damage = len(door.slots.known)
+    assert holder is not None
+    assert [entry[:2] for entry in saved["hosts"]] == [["127.0.0.1", holder]]
+    assert known_again == holder and shared and metric == 1
+    assert known_after_damage == 0

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from strata_local import handshakes
-from strata_local.handshakes import HandshakeTurns, KnownHosts
+from strata_local.handshakes import HandshakeTurns
+from strata_local.knownhosts import KnownHosts
 
 
 class Clock:

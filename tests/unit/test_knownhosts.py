@@ -1,0 +1,170 @@
+"""Known callers (strata_local/knownhosts.py): who proved a credential from which network,
+forgotten after the hour and beyond the most kept, and carried across a restart in a file
+the server writes whole — a restarted hub knew nobody, so a fleet returning under a flood
+from new addresses waited its turn behind the flood (issue 39's twenty-first probe, F2)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from strata_local.knownhosts import LOAD_MOST_BYTES, SKEW_S, KnownHosts
+
+
+class Clock:
+    """A settable clock (seconds)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _known(
+    mono: float = 1000.0, wall: float = 1.7e9, most: int = 8
+) -> tuple[KnownHosts, Clock, Clock]:
+    clock, wall_clock = Clock(mono), Clock(wall)
+    return KnownHosts(most=most, keep_s=3600.0, clock=clock, wall=wall_clock), clock, wall_clock
+
+
+def test_a_network_is_known_for_the_hour_after_it_last_proved() -> None:
+    known, clock, _ = _known()
+    known.add("10.0.0.7", "team-a")
+    clock.now += 3599
+    assert known.subject("10.0.0.7") == "team-a"
+    known.add("10.0.0.7", "team-a")  # proved again: an hour from now
+    clock.now += 3599
+    assert "10.0.0.7" in known
+    clock.now += 2
+    assert known.subject("10.0.0.7") is None and len(known) == 0
+
+
+def test_the_least_recently_proven_are_forgotten_beyond_the_most() -> None:
+    known, _, _ = _known(most=2)
+    for host in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):
+        known.add(host, "s")
+    assert "10.0.0.1" not in known
+    assert "10.0.0.2" in known and "10.0.0.3" in known and len(known) == 2
+
+
+def test_what_was_saved_is_known_after_a_restart_for_what_is_left_of_its_hour(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "known-callers.json"
+    first, clock, wall = _known()
+    first.add("10.0.0.1", "team-a")
+    clock.now += 600
+    wall.now += 600
+    first.add("2001:db8::/64", "team-b")
+    clock.now += 2000
+    wall.now += 2000
+    first.add("10.0.0.3", "team-a")
+    clock.now += 1100  # 10.0.0.1 proved 3,700 s ago: no longer known
+    wall.now += 1100
+    assert first.save(path) == 2
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+    wall.now += 30  # the restart: a new process, its monotonic clock anywhere
+    restarted = Clock(5.0)
+    second = KnownHosts(keep_s=3600.0, clock=restarted, wall=wall)
+    assert second.load(path) == 2
+    assert second.subject("2001:db8::/64") == "team-b"
+    assert second.subject("10.0.0.3") == "team-a"
+    assert "10.0.0.1" not in second
+    restarted.now += 471  # 2001:db8::/64 proved 3,130 s before the restart
+    assert "2001:db8::/64" not in second and "10.0.0.3" in second
+    later = KnownHosts(keep_s=3600.0, clock=Clock(5.0), wall=Clock(wall.now + 500))
+    assert later.load(path) == 1  # 2001:db8::/64 proved 3,630 s before: gone
+    assert "10.0.0.3" in later
+
+
+def test_a_file_from_the_future_beyond_the_skew_is_not_believed(tmp_path: Path) -> None:
+    path = tmp_path / "known.json"
+    entries = [["10.0.0.1", "a", 1.7e9 + SKEW_S / 2], ["10.0.0.2", "b", 1.7e9 + 2 * SKEW_S]]
+    path.write_text(json.dumps({"format": 1, "hosts": entries}))
+    known, _, _ = _known(wall=1.7e9)
+    assert known.load(path) == 1
+    assert "10.0.0.1" in known and "10.0.0.2" not in known
+
+
+def test_a_missing_file_adds_nobody(tmp_path: Path) -> None:
+    known, _, _ = _known()
+    assert known.load(tmp_path / "none.json") == 0 and len(known) == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        b"\xff\xfe".decode("latin-1"),
+        "[]",
+        '{"format": 2, "hosts": []}',
+        '{"format": 1, "hosts": {}}',
+        '{"format": 1, "hosts": [["10.0.0.1", "a"]]}',
+        '{"format": 1, "hosts": [["10.0.0.1", "a", "yesterday"]]}',
+        '{"format": 1, "hosts": [["10.0.0.1", 7, 1700000000]]}',
+        '{"format": 1, "hosts": [["10.0.0.1", "a", true]]}',
+    ],
+)
+def test_a_file_that_is_not_one_is_reported_and_adds_nobody(
+    tmp_path: Path, text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "known.json"
+    path.write_text(text, encoding="latin-1")
+    known, _, _ = _known()
+    assert known.load(path) == 0 and len(known) == 0
+    assert "known callers not read from" in caplog.text
+
+
+def test_a_file_larger_than_any_saved_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "known.json"
+    padding = " " * (LOAD_MOST_BYTES + 1)
+    path.write_text('{"format": 1, "hosts": [["10.0.0.1", "a", 1700000000]]}' + padding)
+    known, _, _ = _known()
+    assert known.load(path) == 0
+
+
+def test_an_unreadable_path_adds_nobody(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    known, _, _ = _known()
+    assert known.load(tmp_path) == 0  # a directory: IsADirectoryError
+    assert "known callers not read from" in caplog.text
+
+
+def test_a_save_that_fails_raises_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    path = tmp_path / "known.json"
+    path.mkdir()
+    (path / "x").write_text("in the way")  # a directory where the file goes: not replaced
+    known, _, _ = _known()
+    known.add("10.0.0.1", "a")
+    with pytest.raises(OSError):
+        known.save(path)
+    assert sorted(os.listdir(tmp_path)) == ["known.json"]  # no temporary file left
+
+
+def test_save_every_writes_only_after_a_change(tmp_path: Path) -> None:
+    path = tmp_path / "known.json"
+    known, _, _ = _known()
+
+    async def go() -> tuple[bool, list[list[object]]]:
+        task = asyncio.create_task(known.save_every(path, every_s=0.01))
+        await asyncio.sleep(0.05)
+        written_unchanged = path.exists()
+        known.add("10.0.0.9", "team-c")
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if path.exists():
+                break
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        hosts: list[list[object]] = json.loads(path.read_text())["hosts"]
+        return written_unchanged, hosts
+
+    written_unchanged, hosts = asyncio.run(go())
+    assert not written_unchanged
+    assert [entry[:2] for entry in hosts] == [["10.0.0.9", "team-c"]]
