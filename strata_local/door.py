@@ -128,10 +128,14 @@ class Door(Doorway):
     def _enter(self, conn: socket.socket, slot: DoorSlot) -> Coroutine[Any, Any, None]:
         return self._relay(conn, slot)
 
-    def _used(self, slot: DoorSlot) -> None:
+    def _used(self, slot: DoorSlot, server_said: list[bool]) -> None:
         """The caller behind ``slot`` sent something
-        (:meth:`~strata_local.doorslots.DoorSlots.used`)."""
+        (:meth:`~strata_local.doorslots.DoorSlots.used`); after the server had said
+        something (``server_said[0]``), it answered
+        (:meth:`~strata_local.doorslots.DoorSlots.answer`): its TLS handshake, say."""
         assert self._loop is not None
+        if server_said[0] and not slot.answered:
+            self.slots.answer(slot)
         self.slots.used(slot, self._loop.time())
 
     async def _relay(self, conn: socket.socket, slot: DoorSlot) -> None:
@@ -153,9 +157,11 @@ class Door(Doorway):
             for _ in range(2):
                 pipes.extend(os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK))
                 _resize(pipes[-1], PIPE_IDLE_BYTES)
-            used = functools.partial(self._used, slot)
+            server_said = [False]
+            used = functools.partial(self._used, slot, server_said)
+            said = functools.partial(server_said.__setitem__, 0, True)
             inbound = asyncio.create_task(_pump(conn, upstream, pipes[0], pipes[1], used))
-            outbound = asyncio.create_task(_pump(upstream, conn, pipes[2], pipes[3], grow=True))
+            outbound = asyncio.create_task(_pump(upstream, conn, pipes[2], pipes[3], said, True))
             # the connection lasts while gRPC keeps its end (a caller that has said all
             # it will still reads the answers), or until the caller's end fails
             inbound.add_done_callback(lambda t: _failed(t) and outbound.cancel())

@@ -119,6 +119,7 @@ class StreamDoor(Doorway):
             finally:
                 self._end_handshake(slot)
             if self._tls is not None:  # asyncio's TLS layer buffers 512 KiB by default
+                self.slots.answer(slot)  # the client finished its handshake
                 transport.set_write_buffer_limits(high=TLS_STEP_BYTES)
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         except (OSError, TimeoutError, asyncio.CancelledError):

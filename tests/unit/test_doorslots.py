@@ -100,6 +100,8 @@ def test_counts_stay_exact_through_mixed_arrivals_proofs_and_releases() -> None:
         if slot is None:
             continue
         live = [s for s in live if s.open] + [slot]
+        if i % 3 == 0:
+            slots.answer(slot)
         if i % 5 == 0:
             slots.prove(slot, f"token {i % 4}")
         if i % 11 == 0:
@@ -279,3 +281,50 @@ def test_a_token_holders_bare_connects_from_its_known_address_keep_no_newcomer_o
             newcomers.append(name)
     assert not set(newcomers) & set(held.closed)
     assert all(name.startswith("bare") for name in held.closed)
+
+
+def test_an_answered_connection_gives_way_only_after_every_unanswered_one() -> None:
+    """A caller that answered the server's first flight (finished its TLS handshake) is
+    not displaced by a flood of whole ClientHellos from many addresses while any of the
+    flood's connections holds a slot: a restarted hub's fleet was displaced after its
+    handshakes, before its first calls proved it (45 of 500 spokes back after 30 s)."""
+    held = Held(DoorSlots(8))
+    spoke = held.open("10.0.0.9", "spoke")
+    assert spoke is not None
+    held.slots.answer(spoke)
+    for i in range(1000):
+        assert held.open(f"10.1.{i // 250}.{i % 250}", f"f{i}") is not None
+    assert "spoke" not in held.closed and spoke.open and spoke.answered
+    held.slots.prove(spoke, "team-a")  # its call proved it: counted as proven, once
+    assert (spoke.proven, spoke.answered) == (True, False)
+    assert held.slots.proven == 1 and held.slots.open == 8
+
+
+def test_answered_connections_beyond_the_slots_turn_over_oldest_first() -> None:
+    held = Held(DoorSlots(4))
+    for i in range(4):
+        slot = held.open(f"10.0.0.{i}", f"a{i}")
+        assert slot is not None
+        held.slots.answer(slot)
+    assert held.open("10.0.0.9", "n1") is not None  # nothing unanswered: the oldest gives way
+    assert held.closed == ["a0"]
+    assert held.open("10.0.0.8", "n2") is not None  # n1 has not answered: it goes first
+    assert held.closed == ["a0", "n1"]
+    assert [s.who for s in held.slots.unproven("10.0.0.1")] == ["ipv4:10.0.0.1:a1"]
+
+
+def test_answer_is_idempotent_and_leaves_proven_and_released_slots_alone() -> None:
+    slots = DoorSlots(4)
+    first = slots.take("10.0.0.1", "ipv4:10.0.0.1:1", lambda: None)
+    second = slots.take("10.0.0.1", "ipv4:10.0.0.1:2", lambda: None)
+    assert first is not None and second is not None
+    slots.answer(first)
+    slots.answer(first)
+    slots.prove(second, "team-a")
+    slots.answer(second)
+    assert (first.answered, second.answered) == (True, False)
+    slots.release(first)
+    slots.answer(first)
+    assert slots.unproven("10.0.0.1") == [] and slots.open == 1 and slots.proven == 1
+    slots.unprove(second)  # a revoked token's connection is as any that proved nothing
+    assert slots.unproven("10.0.0.1") == [second] and not second.answered
