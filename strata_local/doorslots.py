@@ -50,13 +50,15 @@ finished from the client's side; on a gRPC door, the caller said something after
 server did — is *answered*: a live client that has spent a round trip and a key exchange
 of its own, where a flood's connection sends one whole ClientHello and nothing more. An
 answered connection that has proved nothing yet gives way only after every connection
-that did not answer. Else a fleet whose handshakes had their turn was displaced while
+that did not answer, while the answered are at most half the unproven connections. Else a fleet whose handshakes had their turn was displaced while
 its first calls waited on the busy server: a hub restarted under whole ClientHellos from
 60,000 addresses at 4,000 a second turned each unproven slot over in about half a second,
 and with its known spokes' handshakes first (:mod:`strata_local.knownhosts`) 45 of 500
 were back after 30 s, each of the others displaced after its handshake, before its call
-proved it. Answering costs a flood what a handshake costs the server, and answered
-connections beyond the slots still turn over oldest first.
+proved it. Answering costs a flood what a handshake costs the server; and beyond half the
+unproven slots the answered give way first (the oldest of the network holding most), so
+a flood of full handshakes cannot leave the callers still waiting for their turn one
+slot between them, which the next bare connect would take.
 
 Who proved a credential from which address lately is kept (:attr:`DoorSlots.known`) for
 the handshakes' turns (:mod:`strata_local.handshakes`), and only for them: an unproven
@@ -140,6 +142,7 @@ class DoorSlots:
         self.max_connections = max_connections
         self.open = 0
         self.proven = 0  # how many open connections are proven
+        self.answered = 0  # how many open unproven connections answered
         self.displaced = 0
         self.refused = 0
         self._unproven: Holders[DoorSlot] = Holders()  # unproven, not answered
@@ -165,11 +168,7 @@ class DoorSlots:
             if self.open - self.proven < self.max_connections // RESERVE:
                 victim = self._proven_victim(host)  # newcomers' room first
             if victim is None:
-                victim = (
-                    self._unproven.oldest_of_most()
-                    or self._answered.oldest_of_most()
-                    or self._proven_victim(host)
-                )
+                victim = self._unproven_victim() or self._proven_victim(host)
             if victim is None:
                 self.refused += 1
                 return None
@@ -189,6 +188,7 @@ class DoorSlots:
             return
         self.known.add(slot.host, holder)
         self._unproven_pool(slot).remove(slot.host, slot)
+        self.answered -= slot.answered
         slot.proven, slot.answered, slot.holder = True, False, holder
         self.proven += 1
         self._proven.add(slot.host, slot)
@@ -202,11 +202,20 @@ class DoorSlots:
             return
         self._unproven.remove(slot.host, slot)
         slot.answered = True
+        self.answered += 1
         self._answered.add(slot.host, slot)
 
     def _unproven_pool(self, slot: DoorSlot) -> Holders[DoorSlot]:
         """Where an unproven ``slot`` is kept."""
         return self._answered if slot.answered else self._unproven
+
+    def _unproven_victim(self) -> DoorSlot | None:
+        """The unproven connection a newcomer displaces: the oldest of the network
+        holding the most that did not answer; an answered one only when none is left, or
+        when the answered are more than half the unproven (see the module)."""
+        if 2 * self.answered > self.open - self.proven:
+            return self._answered.oldest_of_most()
+        return self._unproven.oldest_of_most() or self._answered.oldest_of_most()
 
     def unprove(self, slot: DoorSlot) -> None:
         """Takes ``slot``'s proof back (a later call on its connection carried no
@@ -258,6 +267,7 @@ class DoorSlots:
         slot.open = False
         self.open -= 1
         self.proven -= slot.proven
+        self.answered -= slot.answered
         (self._proven if slot.proven else self._unproven_pool(slot)).remove(slot.host, slot)
         if slot.proven:
             self._holders.remove(slot.holder, slot)

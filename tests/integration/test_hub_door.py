@@ -11,11 +11,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
+import ssl
 import threading
 import time
 from pathlib import Path
 
 import grpc
+import h2.config
+import h2.connection
 import pytest
 
 from hub.publish.tree import publish
@@ -173,3 +177,86 @@ def test_a_restarted_hub_knows_who_proved_a_token_before(tmp_path: Path, pki: Pk
     assert [entry[:2] for entry in saved["hosts"]] == [["127.0.0.1", holder]]
     assert known_again == holder and shared and metric == 1
     assert known_after_damage == 0
+
+
+def _tls(pki: Pki) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki.ca.pem.cert))
+    context.load_cert_chain(str(pki.client.cert), str(pki.client.key))
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+def _client_hello(pki: Pki) -> bytes:
+    """A real ClientHello's record for the hub, as a client's first flight sends it."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = _tls(pki).wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def _list_datasets(tls: ssl.SSLSocket, token: str) -> str:
+    """One ListDatasets call over raw HTTP/2 on ``tls``; its ``grpc-status`` (``EOF``
+    if the hub ended the connection first)."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(
+        1,
+        [
+            (":method", "POST"), (":scheme", "https"), (":authority", "localhost"),
+            (":path", "/protocol.hub.v1.Hub/ListDatasets"),
+            ("content-type", "application/grpc"), ("te", "trailers"),
+            ("authorization", f"Bearer {token}"),
+        ],
+    )  # fmt: skip
+    conn.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
+    try:
+        tls.sendall(conn.data_to_send())
+        while data := tls.recv(65536):
+            for event in conn.receive_data(data):
+                for name, value in getattr(event, "headers", None) or []:
+                    if name in (b"grpc-status", "grpc-status"):
+                        return value.decode() if isinstance(value, bytes) else str(value)
+            if out := conn.data_to_send():
+                tls.sendall(out)
+    except (ConnectionError, ssl.SSLError):
+        pass
+    return "EOF"
+
+
+def test_a_spoke_that_finished_its_handshake_outlasts_a_flood_of_client_hellos(
+    tmp_path: Path, pki: Pki
+) -> None:
+    """A connection whose client finished its TLS handshake gives way only after the
+    flood's, which sent a whole ClientHello and nothing more (strata_local/doorslots.py):
+    a restarted hub's fleet was displaced after its handshakes, before its first calls
+    proved it (45 of 500 spokes back after 30 s under 4,000 ClientHellos a second)."""
+    data, config = _hub(tmp_path, pki, f'"{TOKEN}": "*"\n')
+    with ServerThread(data, config=config) as server:
+        door = server.server.door
+        assert door is not None
+        raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        spoke = _tls(pki).wrap_socket(raw, server_hostname="localhost")
+        deadline = time.monotonic() + 10
+        while door.slots.answered < 1:  # its Finished has passed the door
+            assert time.monotonic() < deadline, "the handshake never counted as answered"
+            time.sleep(0.01)
+        stop, opened = threading.Event(), []
+        hello = _client_hello(pki)
+        flood = threading.Thread(
+            target=silent_flood, args=(server.port, stop, opened, FLOOD_PER_S, "127.0.2", hello)
+        )
+        flood.start()
+        try:
+            while door.slots.displaced < 3 * CAP:
+                assert time.monotonic() < deadline + 20, "the flood never passed the cap"
+                time.sleep(0.05)
+            status = _list_datasets(spoke, TOKEN)  # its first call, after the flood's turnover
+        finally:
+            stop.set()
+            flood.join()
+            for sock in opened:
+                sock.close()
+            spoke.close()
+    assert status == "0"
+    assert len(opened) > 3 * CAP

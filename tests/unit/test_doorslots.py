@@ -112,6 +112,7 @@ def test_counts_stay_exact_through_mixed_arrivals_proofs_and_releases() -> None:
     still = [s for s in live if s.open]
     assert slots.open == len(still) <= 16
     assert slots.proven == sum(s.proven for s in still)
+    assert slots.answered == sum(s.answered for s in still)
     unproven = {s.host for s in still if not s.proven}
     assert sum(len(slots.unproven(h)) for h in unproven) == slots.open - slots.proven
 
@@ -300,17 +301,27 @@ def test_an_answered_connection_gives_way_only_after_every_unanswered_one() -> N
     assert held.slots.proven == 1 and held.slots.open == 8
 
 
-def test_answered_connections_beyond_the_slots_turn_over_oldest_first() -> None:
-    held = Held(DoorSlots(4))
-    for i in range(4):
+def test_answered_connections_beyond_half_the_unproven_give_way_first() -> None:
+    """A flood of full handshakes that answered in every slot, then bare connects: the
+    answered give way, oldest first, until they are half the unproven; the callers still
+    waiting for their turn keep the other half between them, so a newcomer outlives
+    three more arrivals, not one (the next bare connect's)."""
+    held = Held(DoorSlots(8))
+    for i in range(8):
         slot = held.open(f"10.0.0.{i}", f"a{i}")
         assert slot is not None
         held.slots.answer(slot)
-    assert held.open("10.0.0.9", "n1") is not None  # nothing unanswered: the oldest gives way
-    assert held.closed == ["a0"]
-    assert held.open("10.0.0.8", "n2") is not None  # n1 has not answered: it goes first
-    assert held.closed == ["a0", "n1"]
-    assert [s.who for s in held.slots.unproven("10.0.0.1")] == ["ipv4:10.0.0.1:a1"]
+    for i in range(4):
+        assert held.open(f"10.1.0.{i}", f"bare{i}") is not None
+    assert held.closed == ["a0", "a1", "a2", "a3"] and held.slots.answered == 4
+    assert held.open("10.2.0.1", "newcomer") is not None
+    for i in range(3):
+        assert held.open(f"10.3.0.{i}", f"late{i}") is not None
+    assert "newcomer" not in held.closed and held.slots.answered == 4
+    assert held.closed[-3:] == ["bare1", "bare2", "bare3"]
+    assert held.open("10.3.0.9", "late9") is not None
+    assert held.closed[-1] == "newcomer"  # the fourth arrival after it: the oldest waiting
+    assert [s.who for s in held.slots.unproven("10.0.0.5")] == ["ipv4:10.0.0.5:a5"]
 
 
 def test_answer_is_idempotent_and_leaves_proven_and_released_slots_alone() -> None:
@@ -322,9 +333,10 @@ def test_answer_is_idempotent_and_leaves_proven_and_released_slots_alone() -> No
     slots.answer(first)
     slots.prove(second, "team-a")
     slots.answer(second)
-    assert (first.answered, second.answered) == (True, False)
+    assert (first.answered, second.answered) == (True, False) and slots.answered == 1
     slots.release(first)
     slots.answer(first)
     assert slots.unproven("10.0.0.1") == [] and slots.open == 1 and slots.proven == 1
+    assert slots.answered == 0
     slots.unprove(second)  # a revoked token's connection is as any that proved nothing
     assert slots.unproven("10.0.0.1") == [second] and not second.answered
