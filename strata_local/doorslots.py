@@ -55,7 +55,8 @@ its first calls waited on the busy server: a hub restarted under whole ClientHel
 60,000 addresses at 4,000 a second turned each unproven slot over in about half a second,
 and with its known spokes' handshakes first (:mod:`strata_local.knownhosts`) 45 of 500
 were back after 30 s, each of the others displaced after its handshake, before its call
-proved it. Answering costs a flood what a handshake costs the server; and beyond half the
+proved it. Answering costs a flood what a handshake costs the server (a key exchange of
+its own; without TLS, only a round trip); and beyond half the
 unproven slots the answered give way first (the oldest of the network holding most), so
 a flood of full handshakes cannot leave the callers still waiting for their turn one
 slot between them, which the next bare connect would take.

@@ -11,6 +11,7 @@ import pwd
 import shlex
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -369,6 +370,19 @@ def new_pid(pid_file: Path, old: int | None, what: str, timeout: float = 30.0) -
         lambda: read_pid(pid_file) not in (None, old) and read_pid(pid_file), what, timeout
     )
     return int(pid)
+
+
+def client_hello(context: ssl.SSLContext, server_hostname: str = "localhost") -> bytes:
+    """A real ClientHello's record from ``context`` (a client's), as its first flight
+    sends it: what a flood of whole ClientHellos repeats."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    hello = outgoing.read()
+    if not hello:
+        raise RuntimeError("the TLS client wrote no ClientHello")
+    return hello
 
 
 def silent_flood(

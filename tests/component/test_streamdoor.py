@@ -14,7 +14,7 @@ import pytest
 from deploy.pki import Leaf, LocalCa
 from strata_local.doorslots import DoorSlot
 from strata_local.streamdoor import TLS_STEP_BYTES, StreamDoor, write_steps
-from tests.support import eventually_async
+from tests.support import client_hello, eventually_async
 
 
 @pytest.fixture(scope="module", name="leaf")
@@ -36,12 +36,7 @@ def _client_context(ca: LocalCa) -> ssl.SSLContext:
 
 
 def _client_hello(ca: LocalCa) -> bytes:
-    """A real ClientHello's record, as a client's first flight sends it."""
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = _client_context(ca).wrap_bio(incoming, outgoing, server_hostname="localhost")
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
+    return client_hello(_client_context(ca))
 
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: DoorSlot) -> None:

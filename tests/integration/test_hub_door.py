@@ -32,7 +32,7 @@ from tests.integration.hub_support import (
     pki_fixture,  # noqa: F401  (the pki fixture)
     write_tree,
 )
-from tests.support import silent_flood
+from tests.support import client_hello, silent_flood
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -186,15 +186,6 @@ def _tls(pki: Pki) -> ssl.SSLContext:
     return context
 
 
-def _client_hello(pki: Pki) -> bytes:
-    """A real ClientHello's record for the hub, as a client's first flight sends it."""
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = _tls(pki).wrap_bio(incoming, outgoing, server_hostname="localhost")
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
-
-
 def _list_datasets(tls: ssl.SSLSocket, token: str) -> str:
     """One ListDatasets call over raw HTTP/2 on ``tls``; its ``grpc-status`` (``EOF``
     if the hub ended the connection first)."""
@@ -242,7 +233,7 @@ def test_a_spoke_that_finished_its_handshake_outlasts_a_flood_of_client_hellos(
             assert time.monotonic() < deadline, "the handshake never counted as answered"
             time.sleep(0.01)
         stop, opened = threading.Event(), []
-        hello = _client_hello(pki)
+        hello = client_hello(_tls(pki))
         flood = threading.Thread(
             target=silent_flood, args=(server.port, stop, opened, FLOOD_PER_S, "127.0.2", hello)
         )
