@@ -50,16 +50,17 @@ finished from the client's side; on a gRPC door, the caller said something after
 server did — is *answered*: a live client that has spent a round trip and a key exchange
 of its own, where a flood's connection sends one whole ClientHello and nothing more. An
 answered connection that has proved nothing yet gives way only after every connection
-that did not answer, while the answered are at most half the unproven connections. Else a fleet whose handshakes had their turn was displaced while
-its first calls waited on the busy server: a hub restarted under whole ClientHellos from
-60,000 addresses at 4,000 a second turned each unproven slot over in about half a second,
-and with its known spokes' handshakes first (:mod:`strata_local.knownhosts`) 45 of 500
-were back after 30 s, each of the others displaced after its handshake, before its call
-proved it. Answering costs a flood what a handshake costs the server (a key exchange of
-its own; without TLS, only a round trip); and beyond half the
-unproven slots the answered give way first (the oldest of the network holding most), so
-a flood of full handshakes cannot leave the callers still waiting for their turn one
-slot between them, which the next bare connect would take.
+that did not answer, while the answered are at most half the unproven connections. Else
+a fleet whose handshakes had their turn was displaced while its first calls waited on
+the busy server: a hub restarted under whole ClientHellos from 60,000 addresses at 4,000
+a second turned each unproven slot over in about half a second, and with its known
+spokes' handshakes first (:mod:`strata_local.knownhosts`) 45 of 500 were back after 30
+s, each of the others displaced after its handshake, before its call proved it.
+Answering costs a flood what a handshake costs the server (a key exchange of its own;
+without TLS, only a round trip); and beyond half the unproven slots the answered give
+way first (the oldest of the network holding most), so a flood of full handshakes cannot
+leave the callers still waiting for their turn one slot between them, which the next
+bare connect would take.
 
 Who proved a credential from which address lately is kept (:attr:`DoorSlots.known`) for
 the handshakes' turns (:mod:`strata_local.handshakes`), and only for them: an unproven
