@@ -57,6 +57,11 @@ pipe pages (``/proc/sys/fs/pipe-user-pages-soft``) before every new pipe gets 2:
 1 MiB pipe of answers for every connection the first 60 spent them all (the twenty-first
 probe), while two pages a connection leave 12,288 for 48 busy ones of 2,048."""
 
+NOTHING_SAID, SERVER_SAID, CALLER_ANSWERED, ANSWER_TAKEN = range(4)
+"""How far a relayed connection's caller and server have talked: the server's first
+flight; the caller's bytes after it; the server's bytes after those, which make the
+caller answered (:meth:`Door._said`)."""
+
 _SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 
 
@@ -75,7 +80,7 @@ class Door(Doorway):
             certificates): without, no connection is kept over another (:meth:`prove`
             does nothing) and every slot is shared by address.
         silent_s: Longest a connection may send nothing before it is closed, seconds.
-        known: Who proved a credential from which network lately (None: nobody yet;
+        known: Who proved a credential from which address lately (None: nobody yet;
             :mod:`strata_local.knownhosts`; a hub passes the one it keeps in its data
             directory).
 
@@ -128,15 +133,26 @@ class Door(Doorway):
     def _enter(self, conn: socket.socket, slot: DoorSlot) -> Coroutine[Any, Any, None]:
         return self._relay(conn, slot)
 
-    def _used(self, slot: DoorSlot, server_said: list[bool]) -> None:
+    def _used(self, slot: DoorSlot, talk: list[int]) -> None:
         """The caller behind ``slot`` sent something
-        (:meth:`~strata_local.doorslots.DoorSlots.used`); after the server had said
-        something (``server_said[0]``), it answered
-        (:meth:`~strata_local.doorslots.DoorSlots.answer`): its TLS handshake, say."""
+        (:meth:`~strata_local.doorslots.DoorSlots.used`), an answer if the server had
+        said something (``talk[0]`` :data:`SERVER_SAID`)."""
         assert self._loop is not None
-        if server_said[0] and not slot.answered:
-            self.slots.answer(slot)
+        if talk[0] == SERVER_SAID:
+            talk[0] = CALLER_ANSWERED
         self.slots.used(slot, self._loop.time())
+
+    def _said(self, slot: DoorSlot, talk: list[int]) -> None:
+        """The server sent ``slot``'s caller something: after the caller's answer to what
+        it said first, the answer was one it accepts (a TLS handshake's Finished: gRPC
+        speaks HTTP/2 only once it has checked it; five bytes promising a record that
+        never comes get nothing more), and the caller counts as answered
+        (:meth:`~strata_local.doorslots.DoorSlots.answer`)."""
+        if talk[0] == NOTHING_SAID:
+            talk[0] = SERVER_SAID
+        elif talk[0] == CALLER_ANSWERED:
+            talk[0] = ANSWER_TAKEN
+            self.slots.answer(slot)
 
     async def _relay(self, conn: socket.socket, slot: DoorSlot) -> None:
         """Relays one connection for as long as both ends keep it."""
@@ -157,9 +173,9 @@ class Door(Doorway):
             for _ in range(2):
                 pipes.extend(os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK))
                 _resize(pipes[-1], PIPE_IDLE_BYTES)
-            server_said = [False]
-            used = functools.partial(self._used, slot, server_said)
-            said = functools.partial(server_said.__setitem__, 0, True)
+            talk = [NOTHING_SAID]  # how far the caller and the server have talked
+            used = functools.partial(self._used, slot, talk)
+            said = functools.partial(self._said, slot, talk)
             inbound = asyncio.create_task(_pump(conn, upstream, pipes[0], pipes[1], used))
             outbound = asyncio.create_task(_pump(upstream, conn, pipes[2], pipes[3], said, True))
             # the connection lasts while gRPC keeps its end (a caller that has said all

@@ -45,22 +45,26 @@ but one left the newcomers a single slot, which a churn of bare connects from a 
 address turned over faster than a new spoke could prove itself (the eighteenth probe:
 new clients 0 of 20 at 1,000 connects a second).
 
-A connection whose caller answered the server's first flight — under TLS, its handshake
-finished from the client's side; on a gRPC door, the caller said something after the
-server did — is *answered*: a live client that has spent a round trip and a key exchange
-of its own, where a flood's connection sends one whole ClientHello and nothing more. An
-answered connection that has proved nothing yet gives way only after every connection
-that did not answer, while the answered are at most half the unproven connections. Else
-a fleet whose handshakes had their turn was displaced while its first calls waited on
-the busy server: a hub restarted under whole ClientHellos from 60,000 addresses at 4,000
-a second turned each unproven slot over in about half a second, and with its known
-spokes' handshakes first (:mod:`strata_local.knownhosts`) 45 of 500 were back after 30
-s, each of the others displaced after its handshake, before its call proved it.
-Answering costs a flood what a handshake costs the server (a key exchange of its own;
-without TLS, only a round trip); and beyond half the unproven slots the answered give
-way first (the oldest of the network holding most), so a flood of full handshakes cannot
-leave the callers still waiting for their turn one slot between them, which the next
-bare connect would take.
+A connection whose caller answered the server's first flight with something the server
+took — under TLS, a Finished that checked out (the stream door's TLS finished; on a gRPC
+door, the caller said something after the server's first bytes, and the server spoke
+again after it: gRPC speaks HTTP/2 only once the handshake is done) — is *answered*: a
+live client that has spent a round trip and a key exchange of its own, where a flood's
+connection sends one whole ClientHello and nothing more (or five bytes promising a
+record that never comes: the twenty-second probe had 15,218 of 60,000 connections
+counted answered so while the caller's bytes alone did). An answered connection that has
+proved nothing yet gives way only after every connection that did not answer, while the
+answered are at most half the unproven connections. Else a fleet whose handshakes had
+their turn was displaced while its first calls waited on the busy server: a hub
+restarted under whole ClientHellos from 60,000 addresses at 4,000 a second turned each
+unproven slot over in about half a second, and with its known spokes' handshakes first
+(:mod:`strata_local.knownhosts`) 45 of 500 were back after 30 s, each of the others
+displaced after its handshake, before its call proved it. Beyond half the unproven slots
+the answered give way first (the oldest of the address holding most), so a flood of full
+handshakes cannot leave the callers still waiting for their turn one slot between them,
+which the next bare connect would take; an answered connection that makes no call keeps
+its rank until the server closes it idle (gRPC: 60 s). Without TLS, answering costs only
+a round trip.
 
 Who proved a credential from which address lately is kept (:attr:`DoorSlots.known`) for
 the handshakes' turns (:mod:`strata_local.handshakes`), and only for them: an unproven
@@ -99,9 +103,8 @@ class DoorSlot:
     """One connection's slot.
 
     Attributes:
-        host: The caller's network: its address, or an IPv6 address's /64
-            (:func:`strata_local.doorway.caller_network`); the "address" these rules
-            share slots by.
+        host: The caller's address (no port; a dual-stack listener's IPv4 caller by
+            its IPv4 address: :func:`strata_local.doorway.caller_address`).
         who: The caller in gRPC's form (``ipv4:10.0.0.7:51234``), for audit lines.
         close: Ends the connection (called once, when it is displaced).
         proven: Whether a call on it carried an accepted token.
@@ -128,11 +131,11 @@ class DoorSlots:
 
     Args:
         max_connections: Most connections open at once.
-        known: Where who proved a credential from which network is kept (None: a new,
+        known: Where who proved a credential from which address is kept (None: a new,
             empty one; a server passes one it saves, :mod:`strata_local.knownhosts`).
 
     Attributes:
-        known: The networks whose connections proved a credential lately, and who
+        known: The addresses whose connections proved a credential lately, and who
             proved it (their handshakes' turns come first: :mod:`strata_local.handshakes`).
 
     Not thread-safe: one event loop owns it.
@@ -212,7 +215,7 @@ class DoorSlots:
         return self._answered if slot.answered else self._unproven
 
     def _unproven_victim(self) -> DoorSlot | None:
-        """The unproven connection a newcomer displaces: the oldest of the network
+        """The unproven connection a newcomer displaces: the oldest of the address
         holding the most that did not answer; an answered one only when none is left, or
         when the answered are more than half the unproven (see the module)."""
         if 2 * self.answered > self.open - self.proven:

@@ -26,11 +26,9 @@ every handshake at once (a fixed 1,000 a second kept 13 of 19 new clients of a b
 out at 2,400 ClientHellos a second, which that port served all of before); one that
 falls behind begins what it can still finish. The turns:
 
-- in turns by address (the caller's network, an IPv6 address's /64:
-  :func:`strata_local.doorway.caller_network`): each address with connections waiting
-  has one begun before any has a second (its own oldest first), so a flood from one
-  address, or a few, gets its turn and no more, and a caller from any other address is
-  next;
+- in turns by address: each address with connections waiting has one begun before any
+  has a second (its own oldest first), so a flood from one address, or a few, gets its
+  turn and no more, and a caller from any other address is next;
 - an address joining the turns goes to the front, one that had its turn to the back: when
   the waiting are spread over as many addresses as the flood has, the newest begin first,
   while their callers still wait, and the oldest are those the slots displace (taken in

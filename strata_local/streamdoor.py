@@ -65,7 +65,7 @@ class StreamDoor(Doorway):
         handshakes: Most TLS handshakes pending at once.
         handshake_rate: Most connections handed on a second (TLS handshakes begun;
             :mod:`strata_local.handshakes`).
-        known: Who proved a credential from which network lately (None: nobody yet;
+        known: Who proved a credential from which address lately (None: nobody yet;
             :mod:`strata_local.knownhosts`).
     """
 

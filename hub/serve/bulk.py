@@ -130,7 +130,7 @@ class BulkServer:
         tls: The TLS context (:func:`tls_context`); None for plaintext.
         max_connections: Most connections open at once.
         handshake_timeout_s: Longest a TLS handshake may take, seconds.
-        known: Who proved a token from which network lately (the gRPC door's too:
+        known: Who proved a token from which address lately (the gRPC door's too:
             :mod:`strata_local.knownhosts`); None: nobody yet.
     """
 

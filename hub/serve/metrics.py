@@ -42,7 +42,7 @@ class HubMetrics:
             ``bulk`` port's.
         handshake_rate: ``strata_hub_handshake_rate{port}``: handshakes a door begins a
             second at most now (the rate its machine is found to afford).
-        known_callers: ``strata_hub_known_callers``: networks that proved a token
+        known_callers: ``strata_hub_known_callers``: addresses that proved a token
             within the hour, whose handshakes go first (kept in the data directory
             across a restart: :mod:`strata_local.knownhosts`).
         blocks_served_bytes: ``strata_hub_blocks_served_bytes_total``: block bytes sent
@@ -122,7 +122,7 @@ class HubMetrics:
         )
         self.known_callers = Gauge(
             "strata_hub_known_callers",
-            "Networks that proved a token within the hour (their handshakes go first).",
+            "Addresses that proved a token within the hour (their handshakes go first).",
             registry=self.registry,
         )
         self.active_streams = Gauge(

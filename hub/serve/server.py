@@ -58,7 +58,7 @@ from strata_local.memory import trim_forever
 logger = logging.getLogger(__name__)
 
 KNOWN_CALLERS_FILE = "known-callers.json"
-"""The data directory's file of who proved a token from which network lately
+"""The data directory's file of who proved a token from which address lately
 (:mod:`strata_local.knownhosts`): read as the hub starts, written every 30 s and as it
 stops."""
 
@@ -350,6 +350,8 @@ class HubServer:
         await self._server.stop(grace)
         if self.door is not None:
             await self.door.close()
+        if self._known_saver is not None:  # a write under way finishes before the last
+            await asyncio.gather(self._known_saver, return_exceptions=True)
         if self._known is not None:
             try:
                 self._known.save(self.data_dir.root / KNOWN_CALLERS_FILE)

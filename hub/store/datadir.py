@@ -5,7 +5,7 @@ DATA_DIR/
   catalog/      LMDB environment: datasets, versions, tags, snapshots, manifests (hub.catalog)
   blobs/        content-addressed block files, blobs/<first 2 hex>/<digest> (hub.store.blobstore)
   audit.jsonl   changing commands and refused calls (hub.audit)
-  known-callers.json  who proved a token from which network lately (strata_local.knownhosts)
+  known-callers.json  who proved a token from which address lately (strata_local.knownhosts)
 ```
 
 Everything in it is owner-only, whatever the umask the hub was started with: the catalog

@@ -147,7 +147,7 @@ def test_a_proven_connection_is_counted_for_the_token_that_proved_it(
 
 
 def test_a_restarted_hub_knows_who_proved_a_token_before(tmp_path: Path, pki: Pki) -> None:
-    """Who proved a token from which network is kept in the data directory across a
+    """Who proved a token from which address is kept in the data directory across a
     restart (strata_local/knownhosts.py), for the gRPC port and the bulk port: a restarted
     hub knew nobody, so its returning fleet waited behind a flood from new addresses (the
     twenty-first probe, F2: 69 of 500 spokes back after 1 s)."""
@@ -251,3 +251,28 @@ def test_a_spoke_that_finished_its_handshake_outlasts_a_flood_of_client_hellos(
             spoke.close()
     assert status == "0"
     assert len(opened) > 3 * CAP
+
+
+def test_only_a_handshake_the_server_accepts_counts_as_answered(tmp_path: Path, pki: Pki) -> None:
+    """Five bytes after the server's first flight, a record header whose body never
+    comes, cost a flood no key exchange: the connection is not answered (the
+    twenty-second probe kept 15,218 of 60,000 so); a client whose Finished gRPC accepted
+    is, once gRPC speaks to it again."""
+    data, config = _hub(tmp_path, pki, f'"{TOKEN}": "*"\n')
+    with ServerThread(data, config=config) as server:
+        door = server.server.door
+        assert door is not None
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as cheap:
+            cheap.sendall(client_hello(_tls(pki)))
+            flight = cheap.recv(65536)  # ServerHello and the rest of the server's flight
+            cheap.sendall(b"\x14\x03\x03\x00\x01")  # a ChangeCipherSpec header, no body
+            time.sleep(0.5)
+            cheap_answered = door.slots.answered
+            raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            with _tls(pki).wrap_socket(raw, server_hostname="localhost"):
+                deadline = time.monotonic() + 10
+                while door.slots.answered < 1 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                real_answered = door.slots.answered
+    assert flight and cheap_answered == 0
+    assert real_answered == 1

@@ -1,4 +1,4 @@
-"""Known callers (strata_local/knownhosts.py): who proved a credential from which network,
+"""Known callers (strata_local/knownhosts.py): who proved a credential from which address,
 forgotten after the hour and beyond the most kept, and carried across a restart in a file
 the server writes whole — a restarted hub knew nobody, so a fleet returning under a flood
 from new addresses waited its turn behind the flood (issue 39's twenty-first probe, F2)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_local.knownhosts import LOAD_MOST_BYTES, SKEW_S, KnownHosts
+from strata_local.knownhosts import LOAD_MOST_BYTES, NAME_MOST, KnownHosts
 
 
 class Clock:
@@ -33,7 +33,7 @@ def _known(
     return KnownHosts(most=most, keep_s=3600.0, clock=clock, wall=wall_clock), clock, wall_clock
 
 
-def test_a_network_is_known_for_the_hour_after_it_last_proved() -> None:
+def test_an_address_is_known_for_the_hour_after_it_last_proved() -> None:
     known, clock, _ = _known()
     known.add("10.0.0.7", "team-a")
     clock.now += 3599
@@ -61,7 +61,7 @@ def test_what_was_saved_is_known_after_a_restart_for_what_is_left_of_its_hour(
     first.add("10.0.0.1", "team-a")
     clock.now += 600
     wall.now += 600
-    first.add("2001:db8::/64", "team-b")
+    first.add("2001:db8::7", "team-b")
     clock.now += 2000
     wall.now += 2000
     first.add("10.0.0.3", "team-a")
@@ -74,23 +74,29 @@ def test_what_was_saved_is_known_after_a_restart_for_what_is_left_of_its_hour(
     restarted = Clock(5.0)
     second = KnownHosts(keep_s=3600.0, clock=restarted, wall=wall)
     assert second.load(path) == 2
-    assert second.subject("2001:db8::/64") == "team-b"
+    assert second.subject("2001:db8::7") == "team-b"
     assert second.subject("10.0.0.3") == "team-a"
     assert "10.0.0.1" not in second
-    restarted.now += 471  # 2001:db8::/64 proved 3,130 s before the restart
-    assert "2001:db8::/64" not in second and "10.0.0.3" in second
+    restarted.now += 471  # 2001:db8::7 proved 3,130 s before the restart
+    assert "2001:db8::7" not in second and "10.0.0.3" in second
     later = KnownHosts(keep_s=3600.0, clock=Clock(5.0), wall=Clock(wall.now + 500))
-    assert later.load(path) == 1  # 2001:db8::/64 proved 3,630 s before: gone
+    assert later.load(path) == 1  # 2001:db8::7 proved 3,630 s before: gone
     assert "10.0.0.3" in later
 
 
-def test_a_file_from_the_future_beyond_the_skew_is_not_believed(tmp_path: Path) -> None:
+def test_a_file_from_the_future_counts_as_proven_now(tmp_path: Path) -> None:
+    """The wall clock behind the one that wrote the file (a restored VM, a lagging
+    node): its entries are believed, as proven now, not dropped (the twenty-second probe:
+    a clock 61 s behind made the whole fleet new again)."""
     path = tmp_path / "known.json"
-    entries = [["10.0.0.1", "a", 1.7e9 + SKEW_S / 2], ["10.0.0.2", "b", 1.7e9 + 2 * SKEW_S]]
+    entries = [["10.0.0.1", "a", 1.7e9 + 30], ["10.0.0.2", "b", 1.7e9 + 600]]
     path.write_text(json.dumps({"format": 1, "hosts": entries}))
-    known, _, _ = _known(wall=1.7e9)
-    assert known.load(path) == 1
-    assert "10.0.0.1" in known and "10.0.0.2" not in known
+    known, clock, _ = _known(wall=1.7e9)
+    assert known.load(path) == 2
+    clock.now += 3600
+    assert "10.0.0.1" in known and "10.0.0.2" in known
+    clock.now += 1
+    assert len(known) == 2 and "10.0.0.1" not in known  # an hour from the load
 
 
 def test_a_missing_file_adds_nobody(tmp_path: Path) -> None:
@@ -110,6 +116,8 @@ def test_a_missing_file_adds_nobody(tmp_path: Path) -> None:
         '{"format": 1, "hosts": [["10.0.0.1", "a", "yesterday"]]}',
         '{"format": 1, "hosts": [["10.0.0.1", 7, 1700000000]]}',
         '{"format": 1, "hosts": [["10.0.0.1", "a", true]]}',
+        '{"format": 1, "hosts": [["", "a", 1700000000]]}',
+        '{"format": 1, "hosts": [["10.0.0.1", "%s", 1700000000]]}' % ("s" * (NAME_MOST + 1)),
     ],
 )
 def test_a_file_that_is_not_one_is_reported_and_adds_nobody(
@@ -132,8 +140,26 @@ def test_a_file_larger_than_any_saved_is_not_read(tmp_path: Path) -> None:
 
 def test_an_unreadable_path_adds_nobody(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     known, _, _ = _known()
-    assert known.load(tmp_path) == 0  # a directory: IsADirectoryError
+    assert known.load(tmp_path) == 0  # a directory
     assert "known callers not read from" in caplog.text
+
+
+def test_a_fifo_or_a_link_is_not_waited_on_or_followed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO where the file goes blocked the hub's start forever; a link is not
+    followed (the file is the data directory's own)."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    real = tmp_path / "real.json"
+    real.write_text(json.dumps({"format": 1, "hosts": [["10.0.0.1", "a", 1.7e9]]}))
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    known, _, _ = _known(wall=1.7e9)
+    assert known.load(fifo) == 0  # returns at once: not a regular file
+    assert known.load(link) == 0
+    assert known.load(real) == 1
+    assert caplog.text.count("known callers not read from") == 2
 
 
 def test_a_save_that_fails_raises_and_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -145,6 +171,32 @@ def test_a_save_that_fails_raises_and_leaves_nothing_behind(tmp_path: Path) -> N
     with pytest.raises(OSError):
         known.save(path)
     assert sorted(os.listdir(tmp_path)) == ["known.json"]  # no temporary file left
+
+
+def test_a_cancelled_saver_lets_its_write_finish_first(tmp_path: Path) -> None:
+    """The saver cancelled during a write (the hub stopping) returns only once the
+    write is done, so the final save after it is the file's last word."""
+    path = tmp_path / "known.json"
+    known, _, _ = _known()
+
+    async def go() -> list[list[object]]:
+        task = asyncio.create_task(known.save_every(path, every_s=0.01))
+        known.add("10.0.0.1", "early")
+        for _ in range(500):
+            await asyncio.sleep(0.001)
+            if path.exists():
+                break
+        known.add("10.0.0.2", "late")
+        await asyncio.sleep(0.02)  # the next write is likely under way: cancel it
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        known.save(path)
+        hosts: list[list[object]] = json.loads(path.read_text())["hosts"]
+        return hosts
+
+    hosts = asyncio.run(go())
+    assert [entry[:2] for entry in hosts] == [["10.0.0.1", "early"], ["10.0.0.2", "late"]]
+    assert sorted(os.listdir(tmp_path)) == ["known.json"]
 
 
 def test_save_every_writes_only_after_a_change(tmp_path: Path) -> None:
