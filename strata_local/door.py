@@ -62,6 +62,15 @@ NOTHING_SAID, SERVER_SAID, CALLER_ANSWERED, ANSWER_TAKEN = range(4)
 flight; the caller's bytes after it; the server's bytes after those, which make the
 caller answered (:meth:`Door._said`)."""
 
+FIRST_FLIGHT_LEAST = 256
+"""Bytes the server must have sent before a caller's bytes count as an answer to its
+first flight: a TLS 1.3 server's ServerHello to Finished carries a certificate (hundreds
+of bytes), a HelloRetryRequest about 100. Else a canned second ClientHello answered a
+HelloRetryRequest, and the server's real flight after it counted as speaking again: a
+flood computing nothing had 893 of 900 connections counted answered (the twenty-third
+probe's N1). A resumed handshake, with no certificate, may send less: its caller is then
+not counted answered before its call proves it, as before there was an answered rank."""
+
 _SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 
 
@@ -133,23 +142,26 @@ class Door(Doorway):
     def _enter(self, conn: socket.socket, slot: DoorSlot) -> Coroutine[Any, Any, None]:
         return self._relay(conn, slot)
 
-    def _used(self, slot: DoorSlot, talk: list[int]) -> None:
-        """The caller behind ``slot`` sent something
+    def _used(self, slot: DoorSlot, talk: list[int], moved: int) -> None:
+        """The caller behind ``slot`` sent ``moved`` bytes
         (:meth:`~strata_local.doorslots.DoorSlots.used`), an answer if the server had
-        said something (``talk[0]`` :data:`SERVER_SAID`)."""
+        said its first flight (``talk[0]`` :data:`SERVER_SAID`)."""
         assert self._loop is not None
         if talk[0] == SERVER_SAID:
             talk[0] = CALLER_ANSWERED
         self.slots.used(slot, self._loop.time())
 
-    def _said(self, slot: DoorSlot, talk: list[int]) -> None:
-        """The server sent ``slot``'s caller something: after the caller's answer to what
-        it said first, the answer was one it accepts (a TLS handshake's Finished: gRPC
-        speaks HTTP/2 only once it has checked it; five bytes promising a record that
-        never comes get nothing more), and the caller counts as answered
-        (:meth:`~strata_local.doorslots.DoorSlots.answer`)."""
+    def _said(self, slot: DoorSlot, talk: list[int], moved: int) -> None:
+        """The server sent ``slot``'s caller ``moved`` bytes: once it has sent
+        :data:`FIRST_FLIGHT_LEAST` (``talk[1]`` counts them), its first flight is out;
+        after the caller's answer to that, the answer was one it accepts (a TLS
+        handshake's Finished: gRPC speaks HTTP/2 only once it has checked it; five bytes
+        promising a record that never comes get nothing more), and the caller counts as
+        answered (:meth:`~strata_local.doorslots.DoorSlots.answer`)."""
         if talk[0] == NOTHING_SAID:
-            talk[0] = SERVER_SAID
+            talk[1] += moved
+            if talk[1] >= FIRST_FLIGHT_LEAST:
+                talk[0] = SERVER_SAID
         elif talk[0] == CALLER_ANSWERED:
             talk[0] = ANSWER_TAKEN
             self.slots.answer(slot)
@@ -173,7 +185,7 @@ class Door(Doorway):
             for _ in range(2):
                 pipes.extend(os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK))
                 _resize(pipes[-1], PIPE_IDLE_BYTES)
-            talk = [NOTHING_SAID]  # how far the caller and the server have talked
+            talk = [NOTHING_SAID, 0]  # how far they have talked; the server's bytes so far
             used = functools.partial(self._used, slot, talk)
             said = functools.partial(self._said, slot, talk)
             inbound = asyncio.create_task(_pump(conn, upstream, pipes[0], pipes[1], used))
@@ -217,11 +229,12 @@ async def _pump(
     dst: socket.socket,
     pipe_r: int,
     pipe_w: int,
-    moved_some: Callable[[], None] | None = None,
+    moved_some: Callable[[int], None] | None = None,
     grow: bool = False,
 ) -> None:
     """Moves ``src``'s bytes to ``dst`` through the pipe until ``src`` ends, then ends
-    ``dst``'s writing side (half-close, as TCP does); ``moved_some`` is called after each
+    ``dst``'s writing side (half-close, as TCP does); ``moved_some`` is called with the
+    bytes of each
     move of bytes. With ``grow``, the pipe grows to :data:`PIPE_BYTES` once
     :data:`GROW_AFTER` moves in a row found ``src`` with more to give (a page-sized pipe
     takes a fragment of a message at a time), and shrinks to :data:`PIPE_IDLE_BYTES`
@@ -246,7 +259,7 @@ async def _pump(
         if grow and streak == GROW_AFTER and size < PIPE_BYTES:
             size = _resize(pipe_w, PIPE_BYTES)  # answers keep coming: blocks, say
         if moved and moved_some is not None:
-            moved_some()
+            moved_some(moved)
         if moved == 0:
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)

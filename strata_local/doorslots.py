@@ -51,20 +51,23 @@ door, the caller said something after the server's first bytes, and the server s
 again after it: gRPC speaks HTTP/2 only once the handshake is done) — is *answered*: a
 live client that has spent a round trip and a key exchange of its own, where a flood's
 connection sends one whole ClientHello and nothing more (or five bytes promising a
-record that never comes: the twenty-second probe had 15,218 of 60,000 connections
-counted answered so while the caller's bytes alone did). An answered connection that has
-proved nothing yet gives way only after every connection that did not answer, while the
-answered are at most half the unproven connections. Else a fleet whose handshakes had
-their turn was displaced while its first calls waited on the busy server: a hub
-restarted under whole ClientHellos from 60,000 addresses at 4,000 a second turned each
-unproven slot over in about half a second, and with its known spokes' handshakes first
-(:mod:`strata_local.knownhosts`) 45 of 500 were back after 30 s, each of the others
-displaced after its handshake, before its call proved it. Beyond half the unproven slots
-the answered give way first (the oldest of the address holding most), so a flood of full
-handshakes cannot leave the callers still waiting for their turn one slot between them,
-which the next bare connect would take; an answered connection that makes no call keeps
-its rank until the server closes it idle (gRPC: 60 s). Without TLS, answering costs only
-a round trip.
+record that never comes, or a canned ClientHello after a HelloRetryRequest: the
+twenty-second probe had 15,218 of 60,000 connections counted answered with the first
+while the caller's bytes alone did, the twenty-third 893 of 900 with the second while a
+HelloRetryRequest was a first flight; :data:`strata_local.door.FIRST_FLIGHT_LEAST`). An
+answered connection that has proved nothing yet gives way only after every connection
+that did not answer, while the answered are at most half the unproven connections. Else
+a fleet whose handshakes had their turn was displaced while its first calls waited on
+the busy server: a hub restarted under whole ClientHellos from 60,000 addresses at 4,000
+a second turned each unproven slot over in about half a second, and with its known
+spokes' handshakes first (:mod:`strata_local.knownhosts`) 45 of 500 were back after 30
+s, each of the others displaced after its handshake, before its call proved it. Beyond
+half the unproven slots the answered give way first (the oldest of the address holding
+most), so a flood of full handshakes cannot leave the callers still waiting for their
+turn one slot between them, which the next bare connect would take; an answered
+connection that makes no call keeps its rank until the server closes it idle (gRPC: 60
+s). Without TLS there is no flight to answer before a call: a plaintext caller has no
+answered rank before its call proves it.
 
 Who proved a credential from which address lately is kept (:attr:`DoorSlots.known`) for
 the handshakes' turns (:mod:`strata_local.handshakes`), and only for them: an unproven

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import ssl
+import struct
 import threading
 import time
 from pathlib import Path
@@ -276,3 +277,51 @@ def test_only_a_handshake_the_server_accepts_counts_as_answered(tmp_path: Path, 
                 real_answered = door.slots.answered
     assert flight and cheap_answered == 0
     assert real_answered == 1
+
+
+def _without_key_shares(hello: bytes) -> bytes:
+    """``hello`` (a ClientHello's record) offering no key share, so that a TLS 1.3 server
+    answers with a HelloRetryRequest (RFC 8446, 4.1.4); its padding dropped."""
+    body = hello[9:]  # after the record's header (5) and the handshake's (4)
+    at = 2 + 32  # legacy_version, random
+    at += 1 + body[at]  # session id
+    at += 2 + struct.unpack(">H", body[at : at + 2])[0]  # cipher suites
+    at += 1 + body[at]  # compression methods
+    extensions, out, read = body[at + 2 :], b"", 0
+    while read < len(extensions):
+        kind, size = struct.unpack(">HH", extensions[read : read + 4])
+        data = extensions[read + 4 : read + 4 + size]
+        read += 4 + size
+        if kind == 0x0015:  # padding
+            continue
+        if kind == 0x0033:  # key_share: an empty list
+            data = b"\x00\x00"
+        out += struct.pack(">HH", kind, len(data)) + data
+    message = body[:at] + struct.pack(">H", len(out)) + out
+    handshake = b"\x01" + len(message).to_bytes(3, "big") + message
+    return b"\x16\x03\x01" + struct.pack(">H", len(handshake)) + handshake
+
+
+def test_a_hello_retry_answered_by_a_canned_hello_is_not_answered(tmp_path: Path, pki: Pki) -> None:
+    """A ClientHello with no key share draws a HelloRetryRequest; a second, canned
+    ClientHello then draws the server's real flight. Neither costs the caller a key
+    exchange, so the HelloRetryRequest must not count as the server's first flight (the
+    twenty-third probe's N1: 893 of 900 such connections counted answered)."""
+    data, config = _hub(tmp_path, pki, f'"{TOKEN}": "*"\n')
+    hello = client_hello(_tls(pki))
+    with ServerThread(data, config=config) as server:
+        door = server.server.door
+        assert door is not None
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as cheap:
+            cheap.sendall(_without_key_shares(hello))
+            retry = cheap.recv(65536)  # the HelloRetryRequest
+            cheap.sendall(hello)  # a key share it never computes with
+            flight = b""
+            while len(flight) < 256:
+                more = cheap.recv(65536)
+                assert more, "the server closed instead of sending its flight"
+                flight += more
+            time.sleep(0.5)
+            answered = door.slots.answered
+    assert retry[:1] == b"\x16" and len(retry) < 256
+    assert answered == 0
