@@ -33,6 +33,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,9 @@ pipe pages (``/proc/sys/fs/pipe-user-pages-soft``) before every new pipe gets 2:
 probe), while two pages a connection leave 12,288 for 48 busy ones of 2,048."""
 
 NOTHING_SAID, SERVER_SAID, CALLER_ANSWERED, ANSWER_TAKEN = range(4)
-"""How far a relayed connection's caller and server have talked: the server's first
-flight; the caller's bytes after it; the server's bytes after those, which make the
-caller answered (:meth:`Door._said`)."""
+"""How far a relayed connection's caller and server have talked (:attr:`_Talk.state`):
+the server's first flight; the caller's bytes after it; the server's bytes after those,
+which make the caller answered (:meth:`Door._said`)."""
 
 FIRST_FLIGHT_LEAST = 256
 """Bytes the server must have sent before a caller's bytes count as an answer to its
@@ -72,6 +73,15 @@ probe's N1). A resumed handshake, with no certificate, may send less: its caller
 not counted answered before its call proves it, as before there was an answered rank."""
 
 _SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+
+
+@dataclass(slots=True)
+class _Talk:
+    """How far a relayed connection's caller and server have talked, and the bytes the
+    server sent while its first flight was not yet out."""
+
+    state: int = NOTHING_SAID
+    server_bytes: int = 0
 
 
 class Door(Doorway):
@@ -142,28 +152,28 @@ class Door(Doorway):
     def _enter(self, conn: socket.socket, slot: DoorSlot) -> Coroutine[Any, Any, None]:
         return self._relay(conn, slot)
 
-    def _used(self, slot: DoorSlot, talk: list[int], moved: int) -> None:
+    def _used(self, slot: DoorSlot, talk: _Talk, moved: int) -> None:
         """The caller behind ``slot`` sent ``moved`` bytes
         (:meth:`~strata_local.doorslots.DoorSlots.used`), an answer if the server had
-        said its first flight (``talk[0]`` :data:`SERVER_SAID`)."""
+        said its first flight (:data:`SERVER_SAID`)."""
         assert self._loop is not None
-        if talk[0] == SERVER_SAID:
-            talk[0] = CALLER_ANSWERED
+        if talk.state == SERVER_SAID:
+            talk.state = CALLER_ANSWERED
         self.slots.used(slot, self._loop.time())
 
-    def _said(self, slot: DoorSlot, talk: list[int], moved: int) -> None:
+    def _said(self, slot: DoorSlot, talk: _Talk, moved: int) -> None:
         """The server sent ``slot``'s caller ``moved`` bytes: once it has sent
-        :data:`FIRST_FLIGHT_LEAST` (``talk[1]`` counts them), its first flight is out;
+        :data:`FIRST_FLIGHT_LEAST`, its first flight is out;
         after the caller's answer to that, the answer was one it accepts (a TLS
         handshake's Finished: gRPC speaks HTTP/2 only once it has checked it; five bytes
         promising a record that never comes get nothing more), and the caller counts as
         answered (:meth:`~strata_local.doorslots.DoorSlots.answer`)."""
-        if talk[0] == NOTHING_SAID:
-            talk[1] += moved
-            if talk[1] >= FIRST_FLIGHT_LEAST:
-                talk[0] = SERVER_SAID
-        elif talk[0] == CALLER_ANSWERED:
-            talk[0] = ANSWER_TAKEN
+        if talk.state == NOTHING_SAID:
+            talk.server_bytes += moved
+            if talk.server_bytes >= FIRST_FLIGHT_LEAST:
+                talk.state = SERVER_SAID
+        elif talk.state == CALLER_ANSWERED:
+            talk.state = ANSWER_TAKEN
             self.slots.answer(slot)
 
     async def _relay(self, conn: socket.socket, slot: DoorSlot) -> None:
@@ -185,7 +195,7 @@ class Door(Doorway):
             for _ in range(2):
                 pipes.extend(os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK))
                 _resize(pipes[-1], PIPE_IDLE_BYTES)
-            talk = [NOTHING_SAID, 0]  # how far they have talked; the server's bytes so far
+            talk = _Talk()
             used = functools.partial(self._used, slot, talk)
             said = functools.partial(self._said, slot, talk)
             inbound = asyncio.create_task(_pump(conn, upstream, pipes[0], pipes[1], used))
@@ -234,8 +244,7 @@ async def _pump(
 ) -> None:
     """Moves ``src``'s bytes to ``dst`` through the pipe until ``src`` ends, then ends
     ``dst``'s writing side (half-close, as TCP does); ``moved_some`` is called with the
-    bytes of each
-    move of bytes. With ``grow``, the pipe grows to :data:`PIPE_BYTES` once
+    size of each move, bytes. With ``grow``, the pipe grows to :data:`PIPE_BYTES` once
     :data:`GROW_AFTER` moves in a row found ``src`` with more to give (a page-sized pipe
     takes a fragment of a message at a time), and shrinks to :data:`PIPE_IDLE_BYTES`
     (empty) when ``src`` has nothing more for now.

@@ -15,16 +15,15 @@ still a bare socket in its slot, for its turn.
 The rate is what the machine can afford, found much as TCP finds a path's (a cut on a
 sign of load, once a round trip, and a gentler rise; RFC 5681, 3.1): every
 :data:`PACE_S` the doorway tells :meth:`HandshakeTurns.pace` how late its event loop ran
-a timer. Later than
-:data:`LATE_S` (:data:`LOOP_LATE_S` where the handshakes run on the loop) twice in a row
-while handshakes began at ``least`` a second or more (one late timer is a pause, not a
-load; a few handshakes are not what made it late), the rate falls to :data:`BACK_OFF` of
-the rate they began at, at most once in :data:`HOLD_S` (as TCP cuts once a round trip:
-the handshakes begun before the cut are still being done); on time, it rises by
-:data:`SPEED_UP`; it stays between ``least`` and ``most``. A machine that keeps up begins
-every handshake at once (a fixed 1,000 a second kept 13 of 19 new clients of a bulk port
-out at 2,400 ClientHellos a second, which that port served all of before); one that
-falls behind begins what it can still finish. The turns:
+a timer. Later than :data:`LATE_S` (:data:`LOOP_LATE_S` where the handshakes run on the
+loop) twice in a row while handshakes began at ``least`` a second or more (one late
+timer is a pause, not a load; a few handshakes are not what made it late), the rate
+falls to :data:`BACK_OFF` of the rate they began at, at most once in :data:`HOLD_S` (as
+TCP cuts once a round trip: the handshakes begun before the cut are still being done);
+on time, it rises by :data:`SPEED_UP`; it stays between ``least`` and ``most``. A
+machine that keeps up begins every handshake at once (a fixed 1,000 a second kept 13 of
+19 new clients of a bulk port out at 2,400 ClientHellos a second, which that port served
+all of before); one that falls behind begins what it can still finish. The turns:
 
 - in turns by address: each address with connections waiting has one begun before any
   has a second (its own oldest first), so a flood from one address, or a few, gets its

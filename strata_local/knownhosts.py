@@ -113,6 +113,14 @@ class KnownHosts:
         return isinstance(host, str) and self.subject(host) is not None
 
     def __len__(self) -> int:
+        """How many addresses proved a credential within :attr:`keep_s` (those longer
+        ago are forgotten now: ``strata_hub_known_callers`` counts no departed fleet)."""
+        now = self._clock()
+        while self._proved:  # least recently proven first: forgotten from the front
+            at, _ = next(iter(self._proved.values()))
+            if now - at <= self.keep_s:
+                break
+            self._proved.popitem(last=False)
         return len(self._proved)
 
     def save(self, path: Path) -> int:

@@ -45,6 +45,20 @@ def test_an_address_is_known_for_the_hour_after_it_last_proved() -> None:
     assert known.subject("10.0.0.7") is None and len(known) == 0
 
 
+def test_the_count_forgets_what_is_past_the_hour_without_a_look_up() -> None:
+    """``len`` (``strata_hub_known_callers``) counts no departed fleet."""
+    known, clock, _ = _known()
+    known.add("10.0.0.1", "a")
+    known.add("10.0.0.2", "a")
+    clock.now += 1800
+    known.add("10.0.0.3", "b")
+    known.add("10.0.0.1", "a")  # proved again: the newest
+    clock.now += 1801
+    assert len(known) == 2  # 10.0.0.2 only was past its hour
+    clock.now += 1800
+    assert len(known) == 0
+
+
 def test_the_least_recently_proven_are_forgotten_beyond_the_most() -> None:
     known, _, _ = _known(most=2)
     for host in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):
@@ -96,7 +110,8 @@ def test_a_file_from_the_future_counts_as_proven_now(tmp_path: Path) -> None:
     clock.now += 3600
     assert "10.0.0.1" in known and "10.0.0.2" in known
     clock.now += 1
-    assert len(known) == 2 and "10.0.0.1" not in known  # an hour from the load
+    assert "10.0.0.1" not in known and "10.0.0.2" not in known  # an hour from the load
+    assert len(known) == 0
 
 
 def test_a_missing_file_adds_nobody(tmp_path: Path) -> None:
