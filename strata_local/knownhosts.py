@@ -19,6 +19,13 @@ VM, a node whose clock lags) counts as proven now: believing it costs at most
 :data:`KNOWN_S` of first turns to an address that did prove a credential, where
 dropping it made the whole fleet new again. The document is made in a thread from a
 copy of the entries (65,536 of them took the loop 171 ms).
+
+What one credential buys is bounded: at most :data:`SUBJECT_MOST` addresses a subject
+(its least recently proven forgotten first, never another subject's), and an address
+whose known turn bought nothing (:meth:`KnownHosts.spent`, from
+:mod:`strata_local.doorslots`) is forgotten until it proves again — so a token holder
+that proved a call from many addresses gets one known turn from each of at most
+:data:`SUBJECT_MOST`, not a known flood for the hour.
 """
 
 from __future__ import annotations
@@ -42,6 +49,14 @@ KNOWN_S = 3600.0
 
 KNOWN_MOST = 65536
 """Most addresses remembered as known (the least recently proven are forgotten first)."""
+
+SUBJECT_MOST = 4096
+"""Most addresses remembered as known for one subject (its least recently proven are
+forgotten first): what one token's holder can make known, and so how many known turns
+it holds after a restart however many addresses it proved from (issue 39's thirty-fourth
+probe: 20,000, and the fleet sharing its token back at +30 s, not +9 s). Twice the hub's
+connection slots: a fleet larger than this loses the turns of its least recently
+active spokes only, which then take theirs as new callers do."""
 
 SAVE_EVERY_S = 30.0
 """How often a server writes its known addresses to its data directory, seconds (when
@@ -71,6 +86,7 @@ class KnownHosts:
 
     Args:
         most: Most addresses remembered.
+        subject_most: Most addresses remembered for one subject.
         keep_s: Seconds an address is remembered after it last proved one (None:
             :data:`KNOWN_S` as it is when made).
         clock: Monotonic seconds.
@@ -85,13 +101,15 @@ class KnownHosts:
     def __init__(
         self,
         most: int = KNOWN_MOST,
+        subject_most: int = SUBJECT_MOST,
         keep_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self.most, self._clock, self._wall = most, clock, wall
+        self.most, self.subject_most, self._clock, self._wall = most, subject_most, clock, wall
         self.keep_s = KNOWN_S if keep_s is None else keep_s
         self._proved: collections.OrderedDict[str, tuple[float, str]] = collections.OrderedDict()
+        self._subjects: dict[str, collections.OrderedDict[str, None]] = {}  # least recent first
         self.changes = 0
 
     def add(self, host: str, subject: str) -> None:
@@ -99,13 +117,23 @@ class KnownHosts:
         self._remember(host, self._clock(), subject)
         self.changes += 1
 
+    def spent(self, host: str) -> None:
+        """``host``'s handshake had a known turn and its connection ended with nothing
+        proven and the server's first flight unanswered (:mod:`strata_local.doorslots`):
+        it is forgotten, and takes its turns as a new caller's until it proves a
+        credential again. One token's holder that proved many addresses then holds one
+        known turn an address, not one for each connection its flood sends."""
+        if host in self._proved:
+            self._forget(host)
+            self.changes += 1
+
     def subject(self, host: str) -> str | None:
         """Whose credential ``host`` proved within :attr:`keep_s`; None: none."""
         proved = self._proved.get(host)
         if proved is None:
             return None
         if self._clock() - proved[0] > self.keep_s:
-            del self._proved[host]
+            self._forget(host)
             return None
         return proved[1]
 
@@ -120,7 +148,7 @@ class KnownHosts:
             at, _ = next(iter(self._proved.values()))
             if now - at <= self.keep_s:
                 break
-            self._proved.popitem(last=False)
+            self._forget(next(iter(self._proved)))
         return len(self._proved)
 
     def save(self, path: Path) -> int:
@@ -186,10 +214,28 @@ class KnownHosts:
         return added
 
     def _remember(self, host: str, at: float, subject: str) -> None:
+        """``host`` proved ``subject``'s credential at ``at``: the most recent of all and
+        of its subject's, the least recent forgotten beyond :attr:`most` and
+        :attr:`subject_most`."""
+        before = self._proved.get(host)
+        if before is not None and before[1] != subject:
+            self._forget(host)
         self._proved[host] = (at, subject)
         self._proved.move_to_end(host)
+        mine = self._subjects.setdefault(subject, collections.OrderedDict())
+        mine[host] = None
+        mine.move_to_end(host)
+        while len(mine) > self.subject_most:
+            self._forget(next(iter(mine)))
         while len(self._proved) > self.most:
-            self._proved.popitem(last=False)
+            self._forget(next(iter(self._proved)))
+
+    def _forget(self, host: str) -> None:
+        _, subject = self._proved.pop(host)
+        mine = self._subjects[subject]
+        del mine[host]
+        if not mine:
+            del self._subjects[subject]
 
 
 def _write(

@@ -27,10 +27,13 @@ class Clock:
 
 
 def _known(
-    mono: float = 1000.0, wall: float = 1.7e9, most: int = 8
+    mono: float = 1000.0, wall: float = 1.7e9, most: int = 8, subject_most: int = 8
 ) -> tuple[KnownHosts, Clock, Clock]:
     clock, wall_clock = Clock(mono), Clock(wall)
-    return KnownHosts(most=most, keep_s=3600.0, clock=clock, wall=wall_clock), clock, wall_clock
+    known = KnownHosts(
+        most=most, subject_most=subject_most, keep_s=3600.0, clock=clock, wall=wall_clock
+    )
+    return known, clock, wall_clock
 
 
 def test_an_address_is_known_for_the_hour_after_it_last_proved() -> None:
@@ -65,6 +68,56 @@ def test_the_least_recently_proven_are_forgotten_beyond_the_most() -> None:
         known.add(host, "s")
     assert "10.0.0.1" not in known
     assert "10.0.0.2" in known and "10.0.0.3" in known and len(known) == 2
+
+
+def test_one_subject_keeps_its_most_recently_proven_addresses_and_no_other_subjects_go() -> None:
+    """One token's holder proving from many addresses makes at most ``subject_most`` of
+    them known (each a known turn after a restart: the thirty-fourth probe's N2), and
+    forgets its own least recent first, never another subject's."""
+    known, _, _ = _known(most=8, subject_most=3)
+    known.add("10.0.0.1", "fleet")
+    known.add("10.0.0.2", "fleet")
+    for i in range(6):
+        known.add(f"10.9.0.{i}", "holder")
+    assert [f"10.9.0.{i}" in known for i in range(6)] == [False] * 3 + [True] * 3
+    assert known.subject("10.0.0.1") == known.subject("10.0.0.2") == "fleet"
+    known.add("10.0.0.3", "fleet")
+    known.add("10.0.0.1", "fleet")  # proved again: the fleet's newest, .2 its oldest
+    known.add("10.0.0.4", "fleet")
+    assert "10.0.0.2" not in known and len(known) == 6
+    known.add("10.9.0.5", "fleet")  # the address proved another subject now: counted there
+    assert known.subject("10.9.0.5") == "fleet" and "10.0.0.3" not in known
+    assert "10.9.0.3" in known and "10.9.0.4" in known and len(known) == 5
+
+
+def test_an_address_whose_turn_bought_nothing_is_forgotten_until_it_proves_again() -> None:
+    known, _, _ = _known()
+    known.add("10.0.0.1", "fleet")
+    changes = known.changes
+    known.spent("10.0.0.1")
+    assert "10.0.0.1" not in known and len(known) == 0 and known.changes == changes + 1
+    known.spent("10.0.0.1")  # not known: nothing to forget, nothing to save
+    known.spent("10.0.0.2")
+    assert known.changes == changes + 1
+    known.add("10.0.0.1", "fleet")
+    assert known.subject("10.0.0.1") == "fleet"
+
+
+def test_a_file_holding_many_of_one_subjects_addresses_loads_its_most_recent(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "known-callers.json"
+    first, clock, wall = _known(most=64, subject_most=64)
+    for i in range(20):
+        first.add(f"10.9.0.{i}", "fleet")
+        clock.now += 1
+        wall.now += 1
+    first.add("10.0.0.1", "team-b")
+    assert first.save(path) == 21
+    second, _, _ = _known(wall=wall.now, most=64, subject_most=4)
+    assert second.load(path) == 21  # read, then the least recent of each subject forgotten
+    assert len(second) == 5 and "10.0.0.1" in second
+    assert [f"10.9.0.{i}" in second for i in range(20)] == [False] * 16 + [True] * 4
 
 
 def test_what_was_saved_is_known_after_a_restart_for_what_is_left_of_its_hour(
