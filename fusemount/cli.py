@@ -373,7 +373,10 @@ class _Session:
             RuntimeError, ValueError, OSError: the mount or the resumption failed.
         """
         if self.fresh:
-            if self.control is not None and not self.reason:
+            if self.control is not None and self.reason:
+                with contextlib.suppress(OSError):  # its supervisor gone: nobody waits
+                    handover.decline(self.control, self.reason)
+            elif self.control is not None:
                 ops.on_init.append(self._publish)
             pyfuse3.init(ops, str(mountpoint), options)
             log.info(

@@ -79,6 +79,10 @@ refuses to hand its connection to a spoke of another that would misread them
 
 _SESSION = b"session "
 _RESUMED = b"resumed"
+_OFF = b"off "
+
+REASON_MOST = 2048
+"""Most bytes of a reason a mount sends with :func:`decline`."""
 
 
 def library_supports() -> bool:
@@ -116,12 +120,26 @@ def announce_resumed(control: socket.socket) -> None:
     control.sendall(_RESUMED)
 
 
-def receive(control: socket.socket, timeout: float) -> tuple[int, bytes] | bool:
+def decline(control: socket.socket, reason: str) -> None:
+    """Tell the supervisor this new mount will not hand its connection over, and why (at
+    most :data:`REASON_MOST` bytes of it): it stops waiting for the connection at once.
+    Else a mount whose records could not be kept (a full cache disk) left its supervisor
+    waiting :data:`~spoke.run.children.HANDOVER_TIMEOUT` (10 s) for a connection that
+    never came, before the spoke was ready.
+
+    Raises:
+        OSError: the supervisor is gone.
+    """
+    control.sendall(_OFF + reason.encode("utf-8", "replace")[:REASON_MOST])
+
+
+def receive(control: socket.socket, timeout: float) -> tuple[int, bytes] | bool | str:
     """Wait up to ``timeout`` seconds for the mount's message.
 
     Returns:
-        ``(descriptor, init_request)`` from a new mount; True from a successor that
-        resumed; False when nothing (or nothing valid) came.
+        ``(descriptor, init_request)`` from a new mount; the reason (a str) from a new
+        mount that will not hand its connection over (:func:`decline`); True from a
+        successor that resumed; False when nothing (or nothing valid) came.
     """
     control.settimeout(timeout)
     try:
@@ -132,6 +150,8 @@ def receive(control: socket.socket, timeout: float) -> tuple[int, bytes] | bool:
         return fds[0], data[len(_SESSION) :]
     for fd in fds:
         os.close(fd)
+    if data.startswith(_OFF) and not fds:
+        return data[len(_OFF) :].decode("utf-8", "replace")
     return data == _RESUMED
 
 

@@ -169,6 +169,8 @@ class Children:
             self._release_connection()
             self._fuse = got
             log.info("holding the mount's FUSE connection for hand-over")
+        elif isinstance(got, str):
+            log.warning("mount hand-over off: %s", got)
         else:
             log.warning("mount hand-over off: the mount did not hand over its connection")
 
