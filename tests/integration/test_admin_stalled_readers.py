@@ -140,7 +140,7 @@ def test_a_connection_being_answered_is_not_displaced() -> None:
 
 
 def test_a_slow_steady_reader_is_kept() -> None:
-    """4 MiB read 256 KiB every half second (8 s in all), with a write-stall timeout of
+    """4 MiB read 512 KiB every half second (4 s in all), with a write-stall timeout of
     1.5 s: the client takes something often enough, so it gets every byte."""
     before = _counts()
     with serving(write_stall_s=1.5) as (host, port):
@@ -153,7 +153,7 @@ def test_a_slow_steady_reader_is_kept() -> None:
             got = bytearray()
             head = b""
             while len(got) < BIG:
-                goal = len(got) + (256 << 10)
+                goal = len(got) + (512 << 10)
                 while len(got) < min(goal, BIG):
                     part = sock.recv(65536)
                     assert part, f"closed after {len(got)} bytes of the body"
