@@ -75,18 +75,6 @@ connection of such an address is displaced as any other (the twenty-first probe:
 until every other unproven one was gone, a token holder's bare connects from its own
 address, 20 a second, kept every new spoke out at 50 ms round trips).
 
-A known address's rank is spent by a turn that bought nothing: when a connection whose
-handshake had its turn (:meth:`DoorSlots.begin`) ends — displaced, timed out or closed —
-neither proven nor answered, and its address holds no proven connection, the address is
-forgotten (:meth:`KnownHosts.spent <strata_local.knownhosts.KnownHosts.spent>`) until it
-proves a credential again. Else a token holder that had proved a call from each of
-20,000 addresses flooded whole ClientHellos from them with the known callers' turns, and
-a restarted hub's fleet sharing its token was back at +30 s, not +9 s (the
-thirty-fourth probe's N2); now each such address has one known turn, and
-:data:`~strata_local.knownhosts.SUBJECT_MOST` bounds how many one subject holds. A
-spoke whose turn was spent unluckily — displaced before the server's first flight
-reached it — retries as a new caller does.
-
 Where these rules say the oldest proven connection, they mean the least recently used:
 a proven connection moves behind its address's and its holder's others when its caller
 sends something (:meth:`DoorSlots.used`, at most once a second), so a token over its share
@@ -126,7 +114,6 @@ class DoorSlot:
         answered: Whether its caller answered the server's first flight (see the
             module); unset again when it is proven.
         holder: Who proved it (the token's subject; empty until proven).
-        begun: Whether its handshake had its turn (:meth:`DoorSlots.begin`).
         used: When its caller last sent something, as far as :meth:`DoorSlots.used`
             was told (monotonic seconds; 0: never).
         open: Whether it still holds its slot.
@@ -138,7 +125,6 @@ class DoorSlot:
     proven: bool = False
     answered: bool = False
     holder: str = ""
-    begun: bool = False
     used: float = 0.0
     open: bool = True
 
@@ -227,10 +213,6 @@ class DoorSlots:
         self.answered += 1
         self._answered.add(slot.host, slot)
 
-    def begin(self, slot: DoorSlot) -> None:
-        """``slot``'s handshake has its turn (the doorway hands its connection on)."""
-        slot.begun = True
-
     def _unproven_pool(self, slot: DoorSlot) -> Holders[DoorSlot]:
         """Where an unproven ``slot`` is kept."""
         return self._answered if slot.answered else self._unproven
@@ -287,14 +269,9 @@ class DoorSlots:
         return None
 
     def release(self, slot: DoorSlot) -> None:
-        """Frees ``slot`` (its connection ended; displaced too); one whose handshake had
-        its turn and bought nothing spends its address's known rank (see the module).
-        Idempotent."""
+        """Frees ``slot`` (its connection ended). Idempotent."""
         if not slot.open:
             return
-        bought_nothing = slot.begun and not (slot.proven or slot.answered)
-        if bought_nothing and not self._proven.held(slot.host):
-            self.known.spent(slot.host)
         slot.open = False
         self.open -= 1
         self.proven -= slot.proven

@@ -325,7 +325,6 @@ class Doorway:
         """Runs :meth:`_enter` for ``arrival``, whose handshake has its turn."""
         assert arrival.slot is not None
         del self._arrivals[arrival]
-        self.slots.begin(arrival.slot)
         task = asyncio.create_task(self._enter(arrival.conn, arrival.slot))
         arrival.slot.close = _ender(task, arrival.conn)
         self._open.add(task)

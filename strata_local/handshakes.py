@@ -45,11 +45,8 @@ all of before); one that falls behind begins what it can still finish. The turns
   flood from any number of new addresses, and a token holder flooding from the addresses
   it proved, however many, has one turn in a round of the known (the twenty-first probe:
   4,000 addresses proved in 10 s, a turn each, kept 14 of 22 returning spokes out) and
-  cannot keep new callers out of theirs. An address whose known turn bought nothing
-  (its connection ended neither proven nor answered) is known no longer
-  (:meth:`KnownHosts.spent <strata_local.knownhosts.KnownHosts.spent>`), so a flood from
-  addresses that proved the fleet's own token has one turn from each, at most
-  :data:`~strata_local.knownhosts.SUBJECT_MOST` of them. The slots
+  cannot keep new callers out of theirs; one token holds at most
+  :data:`~strata_local.knownhosts.SUBJECT_MOST` known addresses. The slots
   (:mod:`strata_local.doorslots`) are not swayed by it: only the turns.
 
 A flood spread over as many addresses as it sends connections is indistinguishable from as

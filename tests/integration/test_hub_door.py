@@ -180,50 +180,6 @@ def test_a_restarted_hub_knows_who_proved_a_token_before(tmp_path: Path, pki: Pk
     assert known_after_damage == 0
 
 
-def test_an_address_whose_handshake_turn_bought_nothing_is_known_no_longer(
-    tmp_path: Path, pki: Pki
-) -> None:
-    """A token holder that proved a call from many addresses, then floods whole
-    ClientHellos from them, holds one known turn an address, not one a connection (the
-    thirty-fourth probe's N2: 20,000 such addresses kept a restarted hub's fleet, which
-    shares the token, waiting 30 s, not 9): an address whose handshake had its turn and
-    that answered nothing is forgotten, in memory and in the file the hub leaves; one
-    that finished its handshake keeps its rank."""
-    data, config = _hub(tmp_path, pki, f'"{TOKEN}": "*"\n')
-    addresses = [f"127.0.3.{i}" for i in range(1, 6)]
-    hello = client_hello(_tls(pki))
-    with ServerThread(data, config=config) as server:
-        door = server.server.door
-        assert door is not None
-        for address in addresses:  # a call that proves the token from each
-            raw = socket.create_connection(
-                ("127.0.0.1", server.port), timeout=10, source_address=(address, 0)
-            )
-            with _tls(pki).wrap_socket(raw, server_hostname="localhost") as tls:
-                assert _list_datasets(tls, TOKEN) == "0"
-        proved = [door.slots.known.subject(address) for address in addresses]
-        for address in addresses[:4]:  # the flood: a whole ClientHello, nothing more
-            with socket.create_connection(
-                ("127.0.0.1", server.port), timeout=10, source_address=(address, 0)
-            ) as cheap:
-                cheap.sendall(hello)
-                assert cheap.recv(65536)  # its turn came: the server's flight
-        raw = socket.create_connection(
-            ("127.0.0.1", server.port), timeout=10, source_address=(addresses[4], 0)
-        )
-        with _tls(pki).wrap_socket(raw, server_hostname="localhost"):
-            pass  # a live client that finished its handshake and left without a call
-        deadline = time.monotonic() + 10
-        while len(door.slots.known) > 1 or door.slots.open:
-            assert time.monotonic() < deadline, "the flood's addresses were still known"
-            time.sleep(0.05)
-        left = [door.slots.known.subject(address) for address in addresses]
-    saved = json.loads((data / "known-callers.json").read_text())
-    assert None not in proved
-    assert left == [None] * 4 + [proved[4]]
-    assert [entry[0] for entry in saved["hosts"]] == [addresses[4]]
-
-
 def _tls(pki: Pki) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(pki.ca.pem.cert))
     context.load_cert_chain(str(pki.client.cert), str(pki.client.key))

@@ -284,49 +284,6 @@ def test_a_token_holders_bare_connects_from_its_known_address_keep_no_newcomer_o
     assert all(name.startswith("bare") for name in held.closed)
 
 
-def test_a_known_address_whose_turn_bought_nothing_is_known_no_longer() -> None:
-    """A connection whose handshake had its turn and that ended neither proven nor
-    answered spends its address's known turns: a token holder that proved many addresses
-    floods from each of them once (the thirty-fourth probe's N2), not for as long as it
-    likes. An answered caller, one never given its turn, or an address still holding a
-    proven connection keeps them."""
-    slots = DoorSlots(16)
-    for host in ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"):
-        slots.known.add(host, "fleet")
-    bare = slots.take("10.0.0.1", "ipv4:10.0.0.1:1", lambda: None)
-    answered = slots.take("10.0.0.2", "ipv4:10.0.0.2:1", lambda: None)
-    waiting = slots.take("10.0.0.3", "ipv4:10.0.0.3:1", lambda: None)
-    proven = slots.take("10.0.0.4", "ipv4:10.0.0.4:1", lambda: None)
-    beside = slots.take("10.0.0.4", "ipv4:10.0.0.4:2", lambda: None)
-    later = slots.take("10.0.0.5", "ipv4:10.0.0.5:1", lambda: None)
-    assert bare and answered and waiting and proven and beside and later
-    for slot in (bare, answered, proven, beside, later):
-        slots.begin(slot)
-    slots.answer(answered)
-    slots.prove(proven, "fleet")
-    slots.prove(later, "fleet")
-    for slot in (bare, answered, waiting, beside, later):
-        slots.release(slot)
-    assert "10.0.0.1" not in slots.known
-    assert all(f"10.0.0.{i}" in slots.known for i in (2, 3, 4, 5))
-    slots.unprove(proven)  # its token revoked: its proof bought nothing after all
-    slots.release(proven)
-    assert "10.0.0.4" not in slots.known
-
-
-def test_a_flood_from_known_addresses_spends_one_turn_each() -> None:
-    """Displaced or ended, a known address's unanswered connection costs it its rank."""
-    held = Held(DoorSlots(8))
-    for i in range(100):
-        held.slots.known.add(f"10.9.0.{i}", "fleet")
-    for i in range(100):
-        slot = held.open(f"10.9.0.{i}", f"f{i}")
-        assert slot is not None
-        held.slots.begin(slot)
-    assert len(held.closed) == 92 and len(held.slots.known) == 8  # the 8 still open
-    assert all(f"10.9.0.{i}" in held.slots.known for i in range(92, 100))
-
-
 def test_an_answered_connection_gives_way_only_after_every_unanswered_one() -> None:
     """A caller that answered the server's first flight (finished its TLS handshake) is
     not displaced by a flood of whole ClientHellos from many addresses while any of the

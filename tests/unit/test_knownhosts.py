@@ -90,19 +90,6 @@ def test_one_subject_keeps_its_most_recently_proven_addresses_and_no_other_subje
     assert "10.9.0.3" in known and "10.9.0.4" in known and len(known) == 5
 
 
-def test_an_address_whose_turn_bought_nothing_is_forgotten_until_it_proves_again() -> None:
-    known, _, _ = _known()
-    known.add("10.0.0.1", "fleet")
-    changes = known.changes
-    known.spent("10.0.0.1")
-    assert "10.0.0.1" not in known and len(known) == 0 and known.changes == changes + 1
-    known.spent("10.0.0.1")  # not known: nothing to forget, nothing to save
-    known.spent("10.0.0.2")
-    assert known.changes == changes + 1
-    known.add("10.0.0.1", "fleet")
-    assert known.subject("10.0.0.1") == "fleet"
-
-
 def test_a_file_holding_many_of_one_subjects_addresses_loads_its_most_recent(
     tmp_path: Path,
 ) -> None:
