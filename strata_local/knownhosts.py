@@ -136,10 +136,10 @@ class KnownHosts:
         ago are forgotten now: ``strata_hub_known_callers`` counts no departed fleet)."""
         now = self._clock()
         while self._proved:  # least recently proven first: forgotten from the front
-            at, _ = next(iter(self._proved.values()))
+            host, (at, _) = next(iter(self._proved.items()))
             if now - at <= self.keep_s:
                 break
-            self._forget(next(iter(self._proved)))
+            self._forget(host)
         return len(self._proved)
 
     def save(self, path: Path) -> int:
@@ -181,9 +181,11 @@ class KnownHosts:
     def load(self, path: Path) -> int:
         """Adds the addresses ``path`` holds that proved a credential within
         :attr:`keep_s` (as long ago as the file says, by the wall clock; one in the
-        future, now); returns how many. A missing file adds none; one that is not a
-        regular file of this user's, cannot be read, or is not this format is logged and
-        ignored (the caller starts knowing nobody, as a new server does)."""
+        future, now); returns how many it read (the least recent beyond :attr:`most`
+        and :attr:`subject_most` are then forgotten again). A missing file adds none;
+        one that is not a regular file of this user's, cannot be read, or is not this
+        format is logged and ignored (the caller starts knowing nobody, as a new server
+        does)."""
         try:
             data = _read(path)
         except FileNotFoundError:
