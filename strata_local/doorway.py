@@ -329,6 +329,17 @@ class Doorway:
         arrival.slot.close = _ender(task, arrival.conn)
         self._open.add(task)
         task.add_done_callback(self._open.discard)
+        task.add_done_callback(functools.partial(self._cancelled_early, arrival))
+
+    def _cancelled_early(self, arrival: _Arrival, task: asyncio.Task[None]) -> None:
+        """A handed-on connection's task is done. :meth:`_enter`'s coroutines end their
+        connection and free its slot themselves, cancelled or not; a task cancelled
+        before its first step (the doorway closing, or the slot displaced, just after
+        its turn came) never ran them, so its socket is closed and its slot freed here
+        (a component test's door kept one slot after closing, now and then)."""
+        if task.cancelled() and arrival.slot is not None:
+            arrival.conn.close()
+            self.slots.release(arrival.slot)
 
     def _take_turns(self) -> None:
         """Hands on the connections whose turn is due, and looks again when the next is."""

@@ -177,6 +177,47 @@ def test_a_plaintext_caller_is_handed_on_once_its_head_is_there() -> None:
     assert (handed, answer) == (0, b"ping")
 
 
+def _ended(sock: socket.socket) -> bytes:
+    """What ``sock`` reads next: b"" once the other end closed it (a reset too: its
+    unread bytes make the close a reset)."""
+    try:
+        return sock.recv(4)
+    except ConnectionResetError:
+        return b""
+
+
+class _CancellingDoor(StreamDoor):
+    """Cancels each connection's task as it is handed on, before its first step: what
+    :meth:`StreamDoor.close` (or a displacement) does to a connection whose turn has
+    just come."""
+
+    def _hand_on(self, arrival):  # type: ignore[no-untyped-def]
+        super()._hand_on(arrival)
+        for task in self._open:
+            task.cancel()
+
+
+def test_a_connection_cancelled_before_its_first_step_is_closed_and_freed() -> None:
+    """Its coroutine never runs, so neither does the ``finally`` that closes it and frees
+    its slot: the door does it (a closed door kept one slot now and then, and the
+    socket stayed open)."""
+
+    async def go() -> tuple[int, int, bytes]:
+        door = _CancellingDoor(8, 10.0, _echo, 4)
+        port = await door.start("127.0.0.1", 0)
+        caller = socket.create_connection(("127.0.0.1", port))
+        caller.sendall(b"ping")  # a whole head: handed on, cancelled at once
+        caller.settimeout(10)
+        got = await asyncio.to_thread(_ended, caller)  # the door closed it
+        caller.close()
+        await eventually_async(lambda: not door.connections, "the task done")
+        left, handed = door.slots.open, door.turns.begun
+        await door.close()
+        return left, handed, got
+
+    assert asyncio.run(go()) == (0, 1, b"")
+
+
 def test_what_a_client_leaves_unread_under_tls_stays_in_a_few_steps(
     leaf: tuple[LocalCa, Leaf],
 ) -> None:
