@@ -55,7 +55,7 @@ def test_a_stream_that_takes_only_its_first_message_holds_its_pages_charged(
             )  # fmt: skip
             async with contextlib.aclosing(messages):
                 first = await anext(messages)  # a-small's entry: small
-                for _ in range(50):  # let the read-ahead page arrive
+                for _ in range(3000):  # let the read-ahead page arrive (a loaded worker is slow)
                     await asyncio.sleep(0.01)
                     if len(charges) >= 2:
                         break
@@ -76,15 +76,28 @@ def test_a_whole_manifest_read_gives_every_charge_back_and_a_refused_page_ends_i
 ) -> None:
     path, snapshot_id = snapshot
 
-    async def read(replies: ReplyBytes, pause: float = 0.0) -> int:
+    async def read(replies: ReplyBytes, read_ahead: bool = False) -> int:
+        asked: list[int] = []  # every charge asked for, refused ones included
+
+        def charge(size: int) -> int:
+            asked.append(size)
+            return replies.take("t", size)
+
         with Catalog(path) as catalog:
             messages = manifest_messages(
-                catalog, snapshot_id, charge=lambda s: replies.take("t", s),
+                catalog, snapshot_id, charge=charge,
                 release=lambda c: replies.release("t", c),
             )  # fmt: skip
             async with contextlib.aclosing(messages):
                 got = [await anext(messages)]
-                await asyncio.sleep(pause)  # the read-ahead page is built meanwhile
+                # the read-ahead page is built and charged while the first page waits;
+                # wait for its charge rather than a fixed time (a loaded worker may take
+                # longer than any pause to build it)
+                for _ in range(3000 if read_ahead else 0):
+                    if len(asked) >= 2:
+                        break
+                    await asyncio.sleep(0.01)
+                assert not read_ahead or len(asked) >= 2, "the read-ahead page was never built"
                 return len(got + [m async for m in messages])
 
     replies = ReplyBytes(per_token=1 << 30, total=1 << 30)
@@ -94,5 +107,5 @@ def test_a_whole_manifest_read_gives_every_charge_back_and_a_refused_page_ends_i
     # first waits, is refused, and the stream ends with the refusal
     tight = ReplyBytes(per_token=3 * 200_000, total=1 << 30)
     with pytest.raises(QuotaExceeded):
-        asyncio.run(read(tight, pause=0.5))
+        asyncio.run(read(tight, read_ahead=True))
     assert tight.held == 0
