@@ -145,10 +145,11 @@ def test_lateness_twice_in_a_row_cuts_the_rate_once_a_hold() -> None:
     clock = Clock()
     turns = _turns(4000.0, clock)
     pace = handshakes.PACE_S
+    offered = iter(range(1 << 20))  # each connection offered once
 
     def begin(n: int) -> None:
         for i in range(n):
-            turns.offer(f"h{i}", f"c{i}")
+            turns.offer(f"h{i}", f"c{next(offered)}")
         clock.now += pace
         turns.due()
 
@@ -214,3 +215,75 @@ def test_known_hosts_expire_and_are_bounded() -> None:
     assert known.subject("a") == "token 2" and known.subject("b") is None
     clock.now += 61
     assert "a" not in known and 7 not in known
+
+
+def test_a_flood_from_one_ipv6_host_cannot_outnumber_a_new_caller() -> None:
+    """A host routed a /64 floods from a new address each connection (issue 39's older
+    MEDIUM: by address, each arrival was as new as the new spoke, and took its turn); round
+    the networks, a caller from another network is in the next round."""
+    clock = Clock()
+    turns = _turns(10.0, clock)
+    assert turns.offer("2001:db8:66::1", "f0")
+    arrivals = iter(range(1, 1 << 20))
+
+    def flood(n: int) -> None:
+        for _ in range(n):
+            i = next(arrivals)
+            assert not turns.offer(f"2001:db8:66::{i:x}", f"f{i}")
+
+    flood(100)
+    assert not turns.offer("2001:db8:7::7", "spoke")  # another customer's /48
+    flood(100)  # the flood goes on arriving, each from a new address
+    went = []
+    for _ in range(2):
+        clock.now += 0.11
+        went += turns.due()
+        flood(50)
+    assert "spoke" in went
+
+
+def test_a_flood_over_many_ipv4_networks_of_one_provider_cannot_outnumber_a_new_caller() -> None:
+    clock = Clock()
+    turns = _turns(10.0, clock)
+    assert turns.offer("198.51.0.1", "f0")
+    for i in range(1, 2000):  # 2,000 addresses over eight /24s of one /16
+        assert not turns.offer(f"198.51.{i % 8}.{i // 8 % 250 + 1}", f"f{i}")
+    assert not turns.offer("203.0.113.7", "spoke")
+    for i in range(2000, 2100):
+        assert not turns.offer(f"198.51.{i % 8}.{i // 8 % 250 + 1}", f"f{i}")
+    went = []
+    for _ in range(2):
+        clock.now += 0.11
+        went += turns.due()
+    assert "spoke" in went
+
+
+def test_every_other_turn_of_the_unknown_goes_by_address() -> None:
+    """A fresh fleet in one network against a flood with as many networks as connections:
+    round the networks the fleet has one turn a round, but every other turn goes by
+    address, the newest first, as before the networks counted."""
+    clock = Clock()
+    turns = _turns(10.0, clock)
+    assert turns.offer("10.0.0.1", "fleet0")
+    for i in range(1, 4):
+        assert not turns.offer(f"10.0.0.{i + 1}", f"fleet{i}")  # one /24 of a cluster
+    for i in range(4):
+        assert not turns.offer(f"{100 + i}.0.0.1", f"flood{i}")  # a network each, newer
+    went = []
+    for _ in range(4):
+        clock.now += 0.11
+        went += turns.due()
+    # round the networks: the newest network (flood3); by address: the newest address not
+    # yet begun (flood2); round the networks: flood1; by address: flood0
+    assert went == ["flood3", "flood2", "flood1", "flood0"]
+    for i in range(4, 8):
+        assert not turns.offer(f"{100 + i}.0.0.1", f"flood{i}")
+    assert not turns.offer("10.0.0.9", "fleet9")  # a spoke of the fleet, the newest address
+    went = []
+    for _ in range(4):
+        clock.now += 0.11
+        went += turns.due()
+    # networks: the newest network (flood7); by address: the fleet's newest spoke, though
+    # its network is behind four of the flood's; networks: flood6; by address: flood5
+    assert went == ["flood7", "fleet9", "flood6", "flood5"]
+    assert turns.waiting == 4  # flood4 and the fleet's three first

@@ -1,0 +1,161 @@
+"""Turns taken round the networks a caller's address belongs to, widest first, so that a
+flood from one network has one turn in a round of the networks that wait, however many of
+its addresses it uses.
+
+An IPv6 host is routed a /64 and a customer a /48 (RFC 6177), so a flood from one host
+can come from as many addresses as it sends connections, and one from one customer from
+as many /64s; an IPv4 address is scarcer, but a /24 is the least a provider routes. Taken
+in turns by address alone, such a flood is as many callers as it has connections, and a
+new caller's handshake had about the rate's fraction of the arrivals' chance (issue 39's
+thirty-fourth probe: 21 of 35 tries of new spokes under 4,000 whole ClientHellos a
+second). Taken round a tree of prefixes — IPv4 /16, /24, the address; IPv6 /32, /48, /64,
+the address — a caller from a network the flood does not use is among the first of the
+next round: one turn in a round at each level, the newest network or address first.
+
+Turns by prefix alone would hand a fresh fleet in one network (the nodes of one cluster)
+one turn a round against a flood spread over many networks, less than it had by address;
+:class:`strata_local.handshakes.HandshakeTurns` therefore gives every other turn of the
+callers it does not know by address (:func:`address_path`), so no one has less than half
+the turns it had by address.
+
+Every operation is constant time (the trees are at most five levels deep).
+"""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+T = TypeVar("T", bound=Hashable)
+
+PREFIXES_V4 = (16, 24)
+"""The IPv4 networks an address is taken in, widest first (then the address itself)."""
+
+PREFIXES_V6 = (32, 48, 64)
+"""The IPv6 networks an address is taken in, widest first (then the address itself)."""
+
+
+def network_path(host: str) -> tuple[str, ...]:
+    """The networks ``host`` belongs to, widest first, then ``host`` itself.
+
+    Args:
+        host: An address as :func:`strata_local.doorway.caller_address` gives it
+            (``10.0.0.7``, ``2001:db8::7``); anything that is not an IP address stands
+            alone.
+
+    Returns:
+        ``("10.0.0.0/16", "10.0.0.0/24", "10.0.0.7")`` for IPv4; four names for IPv6
+        (/32, /48, /64, the address); ``(host,)`` for anything else.
+    """
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return (host,)
+    prefixes = PREFIXES_V4 if address.version == 4 else PREFIXES_V6
+    networks = (ipaddress.ip_network(f"{host}/{bits}", strict=False) for bits in prefixes)
+    return (*map(str, networks), host)
+
+
+def address_path(host: str) -> tuple[str, ...]:
+    """``host`` alone: turns by address (for :class:`PrefixTurns` of depth one)."""
+    return (host,)
+
+
+class PrefixTurns(Generic[T]):
+    """Items waiting for their turn, in a tree of keys, taken round robin at every level:
+    the first key of each level (the newest to join, or the next of a round), then that
+    key's oldest item; each key that had a turn goes behind its siblings.
+
+    The paths given for one tree must be prefix-free (no path a proper prefix of
+    another): a path's last key holds items, the others hold keys. Not thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._root = collections.OrderedDict[str, object]()
+        self._path: dict[T, tuple[str, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._path)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._path
+
+    def add(self, path: tuple[str, ...], item: T) -> None:
+        """``item`` waits under ``path`` (widest key first), behind that key's others; a
+        key new to its level goes first in it.
+
+        Raises:
+            ValueError: ``path`` is empty, or ``item`` already waits.
+        """
+        if not path or item in self._path:
+            raise ValueError(f"cannot add {item!r} under {path!r}")
+        node: collections.OrderedDict[str, object] = self._root
+        for depth, key in enumerate(path):
+            child = node.get(key)
+            if child is None:
+                last = depth == len(path) - 1
+                child = node[key] = {} if last else collections.OrderedDict()
+                node.move_to_end(key, last=False)  # the newest first
+            node = child  # type: ignore[assignment]
+        node[item] = None  # type: ignore[index]
+        self._path[item] = path
+
+    def take(self) -> T:
+        """The item whose turn is now; it no longer waits.
+
+        Raises:
+            LookupError: nothing waits.
+        """
+        if not self._path:
+            raise LookupError("nothing waits")
+        chain: list[tuple[collections.OrderedDict[str, object], str]] = []
+        node: object = self._root
+        while isinstance(node, collections.OrderedDict):
+            key = next(iter(node))
+            chain.append((node, key))
+            node = node[key]
+        assert isinstance(node, dict)
+        item: T = next(iter(node))
+        del node[item], self._path[item]
+        self._leave(chain, turn=True)
+        return item
+
+    def remove(self, item: T, turn: bool = False) -> bool:
+        """``item`` no longer waits. Idempotent.
+
+        Args:
+            item: What waits.
+            turn: Whether it had its turn elsewhere (another tree of the same items):
+                the keys on its path go behind their siblings, as :meth:`take` moves
+                them; else no key's place changes.
+
+        Returns:
+            Whether it was waiting.
+        """
+        path = self._path.pop(item, None)
+        if path is None:
+            return False
+        chain: list[tuple[collections.OrderedDict[str, object], str]] = []
+        node: object = self._root
+        for key in path:
+            assert isinstance(node, collections.OrderedDict)
+            chain.append((node, key))
+            node = node[key]
+        assert isinstance(node, dict)
+        del node[item]
+        self._leave(chain, turn)
+        return True
+
+    @staticmethod
+    def _leave(chain: list[tuple[collections.OrderedDict[str, object], str]], turn: bool) -> None:
+        """Drops the keys on ``chain`` (root first) left empty; with ``turn``, the others
+        go behind their siblings."""
+        for parent, key in reversed(chain):
+            if not parent[key]:
+                del parent[key]
+            elif turn:
+                parent.move_to_end(key)  # had its turn: behind the others
+            else:
+                return

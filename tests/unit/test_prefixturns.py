@@ -1,0 +1,57 @@
+"""Turns round a tree of networks (strata_local/prefixturns.py): an address's networks,
+widest first, and round robin at every level, the newest key first (issue 39's older
+MEDIUM: a flood from one host's /64 was as many callers as it had connections)."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata_local.prefixturns import PrefixTurns, address_path, network_path
+
+
+def test_an_address_is_taken_in_its_networks_widest_first() -> None:
+    assert network_path("10.1.2.3") == ("10.1.0.0/16", "10.1.2.0/24", "10.1.2.3")
+    assert network_path("2001:db8:aa:bb::7") == (
+        "2001:db8::/32", "2001:db8:aa::/48", "2001:db8:aa:bb::/64", "2001:db8:aa:bb::7",
+    )  # fmt: skip
+    assert network_path("unix:/run/x") == ("unix:/run/x",)
+    assert address_path("10.1.2.3") == ("10.1.2.3",)
+
+
+def test_each_level_takes_its_keys_in_turn_the_newest_first() -> None:
+    turns = PrefixTurns[str]()
+    for i in range(3):  # one /24 with three addresses, two items each
+        turns.add(network_path(f"10.0.0.{i}"), f"a{i}")
+        turns.add(network_path(f"10.0.0.{i}"), f"b{i}")
+    turns.add(network_path("10.9.0.1"), "other")  # a second /16, the newest
+    assert len(turns) == 7 and "a0" in turns
+    taken = [turns.take() for _ in range(7)]
+    # /16s in turn (the newest first); inside 10.0.0.0/24 the addresses in turn, the
+    # newest first, each address's oldest item first
+    assert taken == ["other", "a2", "a1", "a0", "b2", "b1", "b0"]
+    assert len(turns) == 0
+    with pytest.raises(LookupError):
+        turns.take()
+
+
+def test_a_removed_item_never_has_a_turn_and_a_turn_taken_elsewhere_moves_its_keys() -> None:
+    turns = PrefixTurns[str]()
+    for host, item in (("a", "a1"), ("a", "a2"), ("b", "b1"), ("c", "c1")):
+        turns.add((host,), item)
+    assert turns.remove("c1") and not turns.remove("c1") and not turns.remove("never")
+    assert turns.remove("b1", turn=False) is True  # b's only item: b is gone
+    turns.add(("b",), "b2")  # b joins again: the newest
+    turns.add(("d",), "d1")
+    assert turns.remove("d1", turn=True)
+    turns.add(("d",), "d2")  # d is new again, first
+    assert turns.remove("a1", turn=True)  # a had a turn elsewhere: behind b and d
+    assert [turns.take() for _ in range(3)] == ["d2", "b2", "a2"]
+
+
+def test_an_item_waits_once_under_a_path() -> None:
+    turns = PrefixTurns[str]()
+    turns.add(("a",), "x")
+    with pytest.raises(ValueError, match="cannot add"):
+        turns.add(("b",), "x")
+    with pytest.raises(ValueError, match="cannot add"):
+        turns.add((), "y")
