@@ -5,11 +5,12 @@ as new as the flood's addresses, its handshake's turn not first,
 ``strata_local.handshakes``, ``strata_local.knownhosts``).
 
     python -m bench.door_flood [--rates 1200,2400] [--addresses 2000] [--seconds 15]
-                               [--first silent|hello]
+                               [--first silent|hello] [--networks 0]
 
 For each port and rate: a child process serves the peer port (mTLS and the region's token,
 1,024 connections at most, as deployed), another opens connections at the rate from
-``--addresses`` loopback addresses (none sends a byte; with ``--first hello``, each sends
+``--addresses`` loopback addresses (250 a /16, or spread over ``--networks`` /16s, the
+new peers' 127.0.0.1 in none of them; none sends a byte; with ``--first hello``, each sends
 a real TLS ClientHello and then nothing, so the server does its half of every handshake,
 as a flood that costs its sender nothing more would), and this one dials a new peer
 every 0.25 s — a fresh channel with the region's certificate and token — and calls
@@ -106,14 +107,15 @@ def serve(root: Path, port: str, node: str) -> None:
     asyncio.run(main())
 
 
-def flood(node: str, rate: float, addresses: int, seconds: float, first: str, root: Path) -> None:
+def flood(
+    node: str, rate: float, addresses: int, seconds: float, first: str, root: Path, networks: int
+) -> None:
     """The child: connections to ``node`` that send nothing (``first`` is ``silent``) or a
     real TLS ClientHello (``hello``), then nothing (:func:`bench.floods.flood`)."""
     ca = _credentials(root)[0].ca
     assert ca is not None  # the region's CA: the peer port requires mTLS
-    floods.flood(
-        node, rate, addresses, seconds, floods.client_hello(ca) if first == "hello" else b""
-    )
+    said = floods.client_hello(ca) if first == "hello" else b""
+    floods.flood(node, rate, addresses, seconds, said, networks)
 
 
 async def _probes(node: str, root: Path, seconds: float) -> tuple[int, int, float]:
@@ -137,7 +139,9 @@ async def _probes(node: str, root: Path, seconds: float) -> tuple[int, int, floa
     return answered, tries, latencies[len(latencies) // 2] if latencies else float("nan")
 
 
-def run(root: Path, port: str, rate: float, addresses: int, seconds: float, first: str) -> str:
+def run(
+    root: Path, port: str, rate: float, addresses: int, seconds: float, first: str, networks: int
+) -> str:
     """One flood against a fresh peer port; a table row."""
     node = f"127.0.0.1:{free_port()}"
     me = [sys.executable, "-m", "bench.door_flood"]
@@ -146,8 +150,9 @@ def run(root: Path, port: str, rate: float, addresses: int, seconds: float, firs
     )
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        sizes = (str(rate), str(addresses), str(seconds))
         flooder = subprocess.Popen(
-            [*me, "--flood", node, str(rate), str(addresses), str(seconds), first, str(root)],
+            [*me, "--flood", node, *sizes, first, str(root), str(networks)],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -176,21 +181,32 @@ def main(argv: list[str] | None = None) -> None:
         default="silent",
         help="what a flood connection sends",
     )
-    parser.add_argument("--flood", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--networks",
+        type=int,
+        default=0,
+        help="spread the flood's addresses over this many /16s (1 to 150; 0: 250 a /16)",
+    )
+    parser.add_argument("--flood", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         return serve(Path(args.serve[0]), args.serve[1], args.serve[2])
     if args.flood:
-        node, rate, addresses, seconds, first, root = args.flood
-        return flood(node, float(rate), int(addresses), float(seconds), first, Path(root))
+        node, rate, addresses, seconds, first, root, networks = args.flood
+        return flood(
+            node, float(rate), int(addresses), float(seconds), first, Path(root), int(networks)
+        )
     try:
         rates = [float(r) for r in args.rates.split(",")]
     except ValueError:
         parser.error(f"--rates must be numbers separated by commas, got {args.rates!r}")
     if any(r <= 0 for r in rates) or not 1 <= args.addresses <= 25_000 or args.seconds < 4:
         parser.error("rates must be positive, --addresses 1 to 25000, --seconds at least 4")
+    if not 0 <= args.networks <= 150:
+        parser.error("--networks must be 0 to 150")
     what = "silent connections" if args.first == "silent" else "whole TLS ClientHellos"
-    print(f"new peers (Probe, 2 s) under {what} from {args.addresses} addresses")
+    spread = f"{args.networks} /16s" if args.networks else "250 a /16"
+    print(f"new peers (Probe, 2 s) under {what} from {args.addresses} addresses ({spread})")
     print(
         "| rate /s (achieved) | peer port | new peers answered | p50 s"
         " | server CPU ms a flood connection |"
@@ -199,7 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="door-flood-") as tmp:
         for rate in rates:
             for port in PORTS:
-                row = run(Path(tmp), port, rate, args.addresses, args.seconds, args.first)
+                row = run(
+                    Path(tmp), port, rate, args.addresses, args.seconds, args.first, args.networks
+                )
                 print(row, flush=True)
 
 
