@@ -70,7 +70,7 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 from strata_local.knownhosts import KnownHosts
-from strata_local.prefixturns import PrefixTurns, address_path, network_path
+from strata_local.prefixturns import AlternateTurns, network_path
 
 T = TypeVar("T", bound=Hashable)
 
@@ -154,11 +154,9 @@ class HandshakeTurns(Generic[T]):
         self._paced_at, self._begun_then = self._at, 0
         self._was_late = False
         self._hold_until = self._at
-        self._known = PrefixTurns[T]()  # by who proved it: one path each
-        self._networks = PrefixTurns[T]()  # the others, round their networks
-        self._addresses = PrefixTurns[T]()  # the same, by address
+        self._known = AlternateTurns[T]()  # round who proved it, then its networks or not
+        self._unknown = AlternateTurns[T]()  # round the networks, or by address
         self._turn = 0
-        self._unknown_turn = 0
         self.waiting = 0
         self.begun = 0
         self.waited = 0  # begun after waiting for a turn
@@ -173,17 +171,16 @@ class HandshakeTurns(Generic[T]):
             return True
         subject = self.known.subject(host)
         if subject is None:
-            self._networks.add(network_path(host), item)
-            self._addresses.add(address_path(host), item)
-        else:
-            self._known.add((f"proved by {subject}",), item)  # a subject's one turn
+            self._unknown.add(network_path(host), (host,), item)
+        else:  # a subject's one turn in a round; inside it, round its networks, or oldest first
+            mine = f"proved by {subject}"
+            self._known.add((mine, *network_path(host)), (mine,), item)
         self.waiting += 1
         return False
 
     def withdraw(self, item: T) -> None:
         """``item`` no longer waits (its connection ended). Idempotent."""
-        if self._known.remove(item) | self._networks.remove(item):
-            self._addresses.remove(item)
+        if self._known.remove(item) or self._unknown.remove(item):
             self.waiting -= 1
 
     def due(self) -> list[T]:
@@ -193,18 +190,10 @@ class HandshakeTurns(Generic[T]):
         went: list[T] = []
         while self.waiting and self._tokens >= 1:
             self._turn += 1
-            if self._known and (not self._networks or self._turn % UNKNOWN_EVERY):
+            if self._known and (not self._unknown or self._turn % UNKNOWN_EVERY):
                 item = self._known.take()
-            else:  # round the networks, then by address, in turn
-                self._unknown_turn += 1
-                by_network = self._unknown_turn % 2
-                first, other = (
-                    (self._networks, self._addresses)
-                    if by_network
-                    else (self._addresses, self._networks)
-                )
-                item = first.take()
-                other.remove(item, turn=True)
+            else:
+                item = self._unknown.take()
             self.waiting -= 1
             self._tokens -= 1
             went.append(item)

@@ -15,8 +15,9 @@ next round: one turn in a round at each level, the newest network or address fir
 Turns by prefix alone would hand a fresh fleet in one network (the nodes of one cluster)
 one turn a round against a flood spread over many networks, less than it had by address;
 :class:`strata_local.handshakes.HandshakeTurns` therefore gives every other turn of the
-callers it does not know by address (:func:`address_path`), so no one has less than half
-the turns it had by address.
+callers it does not know by address (:class:`AlternateTurns`), so no one has less than
+half the turns it had by address; and inside the turn of those who proved one token,
+round their networks and oldest first in turn.
 
 Every operation is constant time (the trees are at most five levels deep).
 """
@@ -56,11 +57,6 @@ def network_path(host: str) -> tuple[str, ...]:
     prefixes = PREFIXES_V4 if address.version == 4 else PREFIXES_V6
     networks = (ipaddress.ip_network(f"{host}/{bits}", strict=False) for bits in prefixes)
     return (*map(str, networks), host)
-
-
-def address_path(host: str) -> tuple[str, ...]:
-    """``host`` alone: turns by address (for :class:`PrefixTurns` of depth one)."""
-    return (host,)
 
 
 class PrefixTurns(Generic[T]):
@@ -159,3 +155,49 @@ class PrefixTurns(Generic[T]):
                 parent.move_to_end(key)  # had its turn: behind the others
             else:
                 return
+
+
+class AlternateTurns(Generic[T]):
+    """The same items in two :class:`PrefixTurns` trees, taken from each in turn (the
+    first tree first): an item taken from one leaves the other as though it had its turn
+    there too. Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._trees = (PrefixTurns[T](), PrefixTurns[T]())
+        self._turn = 0
+
+    def __len__(self) -> int:
+        return len(self._trees[0])
+
+    def add(self, first: tuple[str, ...], second: tuple[str, ...], item: T) -> None:
+        """``item`` waits under ``first`` in the first tree and ``second`` in the other.
+
+        Raises:
+            ValueError: a path is empty, or ``item`` already waits.
+        """
+        self._trees[0].add(first, item)
+        try:
+            self._trees[1].add(second, item)
+        except ValueError:
+            self._trees[0].remove(item)
+            raise
+
+    def take(self) -> T:
+        """The item whose turn is now, from each tree in turn; it no longer waits.
+
+        Raises:
+            LookupError: nothing waits.
+        """
+        tree, other = self._trees if self._turn % 2 == 0 else self._trees[::-1]
+        item = tree.take()
+        other.remove(item, turn=True)
+        self._turn += 1
+        return item
+
+    def remove(self, item: T) -> bool:
+        """``item`` no longer waits (no key's place changes). Idempotent.
+
+        Returns:
+            Whether it was waiting.
+        """
+        return self._trees[0].remove(item) and self._trees[1].remove(item)

@@ -122,7 +122,9 @@ def test_a_subjects_known_addresses_share_one_turn_in_a_round() -> None:
     for _ in range(5):
         clock.now += 0.11
         went += turns.due()
-    assert went == ["b", "a", "x1", "x2", "x3"]  # token x's 99 addresses: one turn a round
+    # token x's 99 addresses: one turn a round, round their networks (the newest address of
+    # their one /24, x99) and oldest first (x1) in turn
+    assert went == ["b", "a", "x99", "x1", "x98"]
     turns.withdraw("x50")
     assert turns.waiting == 95
 
@@ -287,3 +289,29 @@ def test_every_other_turn_of_the_unknown_goes_by_address() -> None:
     # its network is behind four of the flood's; networks: flood6; by address: flood5
     assert went == ["flood7", "fleet9", "flood6", "flood5"]
     assert turns.waiting == 4  # flood4 and the fleet's three first
+
+
+def test_inside_one_tokens_turn_its_networks_take_turns() -> None:
+    """Issue 39's N2: a holder of the fleet's token proved many addresses of its own /64
+    and flooded from them; inside the token's turn they came first, oldest first, and the
+    fleet's spokes returning to a restarted hub waited behind every one."""
+    clock = Clock()
+    known = KnownHosts(clock=clock)
+    for i in range(1, 201):
+        known.add(f"2001:db8:66::{i:x}", "fleet token")
+    for i in range(1, 4):
+        known.add(f"10.0.0.{i}", "fleet token")
+    turns = _turns(10.0, clock, known)
+    assert turns.offer("2001:db8:66::1", "f1")
+    for i in range(2, 201):
+        assert not turns.offer(f"2001:db8:66::{i:x}", f"f{i}")
+    for i in range(1, 4):
+        assert not turns.offer(f"10.0.0.{i}", f"spoke{i}")
+    went = []
+    for _ in range(12):
+        clock.now += 0.11
+        went += turns.due()
+    # round the token's networks (the spokes' /16 the newest) and oldest first, in turn; a
+    # turn taken oldest first is the flood's network's turn too: the spokes have every
+    # other turn, not one after the flood's 199
+    assert went[:6] == ["spoke3", "f2", "spoke2", "f3", "spoke1", "f4"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from strata_local.prefixturns import PrefixTurns, address_path, network_path
+from strata_local.prefixturns import AlternateTurns, PrefixTurns, network_path
 
 
 def test_an_address_is_taken_in_its_networks_widest_first() -> None:
@@ -15,7 +15,6 @@ def test_an_address_is_taken_in_its_networks_widest_first() -> None:
         "2001:db8::/32", "2001:db8:aa::/48", "2001:db8:aa:bb::/64", "2001:db8:aa:bb::7",
     )  # fmt: skip
     assert network_path("unix:/run/x") == ("unix:/run/x",)
-    assert address_path("10.1.2.3") == ("10.1.2.3",)
 
 
 def test_each_level_takes_its_keys_in_turn_the_newest_first() -> None:
@@ -55,3 +54,17 @@ def test_an_item_waits_once_under_a_path() -> None:
         turns.add(("b",), "x")
     with pytest.raises(ValueError, match="cannot add"):
         turns.add((), "y")
+
+
+def test_alternate_turns_take_from_each_tree_in_turn() -> None:
+    turns = AlternateTurns[str]()
+    for i, host in enumerate(("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.9.0.1")):
+        turns.add(network_path(host), ("all",), f"c{i}")  # one queue, oldest first
+    assert len(turns) == 4
+    # round the networks: the newest /16 (c3); oldest first: c0; round the networks:
+    # 10.0.0.0/16, its newest address not yet taken (c2); oldest first: c1
+    assert [turns.take() for _ in range(4)] == ["c3", "c0", "c2", "c1"]
+    turns.add(("x",), ("all",), "d")
+    with pytest.raises(ValueError):
+        turns.add(("y",), (), "e")  # the second path is empty: nothing added
+    assert len(turns) == 1 and turns.remove("d") and not turns.remove("d") and len(turns) == 0
