@@ -19,8 +19,8 @@ connection slots (shares by address of those that showed nothing, those that sho
 credential kept: the spoke's peer ports, the hub's bulk port), and
 :mod:`strata_local.doorway`, where a port's connections wait in those slots, as bare
 sockets, until their first message is whole and, by :mod:`strata_local.handshakes`, their
-handshake's turn (a rate the machine affords, in turns by address, known addresses
-first), and :mod:`strata_local.knownhosts`, who proved a
+handshake's turn (a rate the machine affords, in turns round the caller's networks,
+:mod:`strata_local.prefixturns`, known addresses first), and :mod:`strata_local.knownhosts`, who proved a
 credential from which address lately, kept in a file across a restart (the hub's data
 directory), and :mod:`strata_local.door`, a gRPC port's
 front door that then relays each connection to gRPC behind it (the spoke's peer port, the
@@ -32,5 +32,6 @@ modules do not import each other, but for the doors, built on the doorway, which
 slots in :mod:`strata_local.doorslots` (counted by address with
 :class:`strata_local.slotshare.Holders`, as the admin server's ledger and the stream door's
 pending handshakes are) and its handshakes' turns in :mod:`strata_local.handshakes` (whose
-known addresses, :mod:`strata_local.knownhosts`, the slots keep).
+known addresses, :mod:`strata_local.knownhosts`, the slots keep, and whose trees of
+networks are :mod:`strata_local.prefixturns`).
 """

@@ -53,7 +53,11 @@ all of before); one that falls behind begins what it can still finish. The turns
   it proved, however many, has one turn in a round of the known (the twenty-first probe:
   4,000 addresses proved in 10 s, a turn each, kept 14 of 22 returning spokes out) and
   cannot keep new callers out of theirs; one token holds at most
-  :data:`~strata_local.knownhosts.SUBJECT_MOST` known addresses. The slots
+  :data:`~strata_local.knownhosts.SUBJECT_MOST` known addresses, and inside its turn
+  its addresses go round their networks and oldest first in turn, so a holder of the
+  fleet's own token flooding from the addresses it proved in one network takes at most
+  every other of the fleet's turns (the thirty-fourth probe's N2: 4,000 such addresses
+  kept a restarted hub's fleet out until the flood ended, +31 s; now +7 to +11 s). The slots
   (:mod:`strata_local.doorslots`) are not swayed by it: only the turns.
 
 A flood spread over as many networks as it sends connections (as many IPv4 /16s, a
