@@ -20,13 +20,13 @@ credential kept: the spoke's peer ports, the hub's bulk port), and
 :mod:`strata_local.doorway`, where a port's connections wait in those slots, as bare
 sockets, until their first message is whole and, by :mod:`strata_local.handshakes`, their
 handshake's turn (a rate the machine affords, in turns round the caller's networks,
-:mod:`strata_local.prefixturns`, known addresses first), and :mod:`strata_local.knownhosts`, who proved a
-credential from which address lately, kept in a file across a restart (the hub's data
-directory), and :mod:`strata_local.door`, a gRPC port's
-front door that then relays each connection to gRPC behind it (the spoke's peer port, the
-hub's gRPC port), and :mod:`strata_local.streamdoor`, one that begins TLS, a bounded number
-of handshakes at once, and hands the connection to an asyncio stream handler (the bulk
-ports).
+:mod:`strata_local.prefixturns`, known addresses first), and
+:mod:`strata_local.knownhosts`, who proved a credential from which address lately, kept
+in a file across a restart (the hub's data directory), and :mod:`strata_local.door`, a
+gRPC port's front door that then relays each connection to gRPC behind it (the spoke's
+peer port, the hub's gRPC port), and :mod:`strata_local.streamdoor`, one that begins
+TLS, a bounded number of handshakes at once, and hands the connection to an asyncio
+stream handler (the bulk ports).
 This package imports nothing of Strata (an import-linter contract keeps it so), and its
 modules do not import each other, but for the doors, built on the doorway, which keeps its
 slots in :mod:`strata_local.doorslots` (counted by address with
