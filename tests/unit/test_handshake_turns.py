@@ -24,6 +24,15 @@ def _turns(rate: float, clock: Clock, known: KnownHosts | None = None) -> Handsh
     return HandshakeTurns(rate, known or KnownHosts(clock=clock), clock, least=1.0)
 
 
+def _due(turns: HandshakeTurns[str], clock: Clock, rounds: int) -> list[str]:
+    """What begins over ``rounds`` of 0.11 s (a token each, the bucket holding one)."""
+    went = []
+    for _ in range(rounds):
+        clock.now += 0.11
+        went += turns.due()
+    return went
+
+
 def test_below_the_rate_every_handshake_begins_at_once() -> None:
     clock = Clock()
     turns = _turns(100.0, clock)  # a bucket of 10 (0.1 s of the rate)
@@ -44,10 +53,7 @@ def test_a_flood_from_one_address_has_one_turn_in_a_round() -> None:
         assert not turns.offer("10.0.0.66", f"f{i}")
     assert not turns.offer("10.0.0.7", "spoke")
     assert not turns.offer("10.0.0.8", "other")
-    went = []
-    for _ in range(6):
-        clock.now += 0.11  # one token (the bucket holds one)
-        went += turns.due()
+    went = _due(turns, clock, 6)
     # the newest addresses first; then the flood's, its oldest first, one turn a round
     assert went == ["other", "spoke", "f1", "f2", "f3", "f4"]
     assert turns.waiting == 495
@@ -59,10 +65,7 @@ def test_an_address_that_had_its_turn_goes_behind_the_others() -> None:
     assert turns.offer("a", "a0")
     for item in ("a1", "a2", "b1", "b2", "c1"):
         assert not turns.offer(item[0], item)
-    went = []
-    for _ in range(5):
-        clock.now += 0.11
-        went += turns.due()
+    went = _due(turns, clock, 5)
     assert went == ["c1", "b1", "a1", "b2", "a2"]
 
 
@@ -75,10 +78,7 @@ def test_known_addresses_go_first_but_every_fourth_turn_is_anothers() -> None:
     for i in range(8):
         assert not turns.offer("10.0.0.66", f"flood{i}")
         assert not turns.offer("10.0.0.7", f"spoke{i}")
-    went = []
-    for _ in range(8):
-        clock.now += 0.11
-        went += turns.due()
+    went = _due(turns, clock, 8)
     assert went == [
         "spoke0", "spoke1", "spoke2", "flood0", "spoke3", "spoke4", "spoke5", "flood1",
     ]  # fmt: skip
@@ -118,10 +118,7 @@ def test_a_subjects_known_addresses_share_one_turn_in_a_round() -> None:
         assert not turns.offer(f"10.7.0.{i}", f"x{i}")
     assert not turns.offer("10.0.0.7", "a")
     assert not turns.offer("10.0.0.8", "b")
-    went = []
-    for _ in range(5):
-        clock.now += 0.11
-        went += turns.due()
+    went = _due(turns, clock, 5)
     # token x's 99 addresses: one turn a round, round their networks (the newest address of
     # their one /24, x99) and oldest first (x1) in turn
     assert went == ["b", "a", "x99", "x1", "x98"]
@@ -236,27 +233,24 @@ def test_a_flood_from_one_ipv6_host_cannot_outnumber_a_new_caller() -> None:
     flood(100)
     assert not turns.offer("2001:db8:7::7", "spoke")  # another customer's /48
     flood(100)  # the flood goes on arriving, each from a new address
-    went = []
-    for _ in range(2):
-        clock.now += 0.11
-        went += turns.due()
-        flood(50)
+    went = _due(turns, clock, 1)
+    flood(50)
+    went += _due(turns, clock, 1)
     assert "spoke" in went
 
 
 def test_a_flood_over_many_ipv4_networks_of_one_provider_cannot_outnumber_a_new_caller() -> None:
     clock = Clock()
     turns = _turns(10.0, clock)
-    assert turns.offer("198.51.0.1", "f0")
-    for i in range(1, 2000):  # 2,000 addresses over eight /24s of one /16
-        assert not turns.offer(f"198.51.{i % 8}.{i // 8 % 250 + 1}", f"f{i}")
+
+    def flood(i: int) -> bool:  # 250 addresses a /24, eight /24s at a time, of one /16
+        return turns.offer(f"198.51.{i % 8 + 8 * (i // 2000)}.{i // 8 % 250 + 1}", f"f{i}")
+
+    assert flood(0)
+    assert not any(flood(i) for i in range(1, 2000))
     assert not turns.offer("203.0.113.7", "spoke")
-    for i in range(2000, 2100):
-        assert not turns.offer(f"198.51.{i % 8}.{i // 8 % 250 + 1}", f"f{i}")
-    went = []
-    for _ in range(2):
-        clock.now += 0.11
-        went += turns.due()
+    assert not any(flood(i) for i in range(2000, 2100))  # new addresses, newer than the spoke
+    went = _due(turns, clock, 2)
     assert "spoke" in went
 
 
@@ -271,20 +265,14 @@ def test_every_other_turn_of_the_unknown_goes_by_address() -> None:
         assert not turns.offer(f"10.0.0.{i + 1}", f"fleet{i}")  # one /24 of a cluster
     for i in range(4):
         assert not turns.offer(f"{100 + i}.0.0.1", f"flood{i}")  # a network each, newer
-    went = []
-    for _ in range(4):
-        clock.now += 0.11
-        went += turns.due()
+    went = _due(turns, clock, 4)
     # round the networks: the newest network (flood3); by address: the newest address not
     # yet begun (flood2); round the networks: flood1; by address: flood0
     assert went == ["flood3", "flood2", "flood1", "flood0"]
     for i in range(4, 8):
         assert not turns.offer(f"{100 + i}.0.0.1", f"flood{i}")
     assert not turns.offer("10.0.0.9", "fleet9")  # a spoke of the fleet, the newest address
-    went = []
-    for _ in range(4):
-        clock.now += 0.11
-        went += turns.due()
+    went = _due(turns, clock, 4)
     # networks: the newest network (flood7); by address: the fleet's newest spoke, though
     # its network is behind four of the flood's; networks: flood6; by address: flood5
     assert went == ["flood7", "fleet9", "flood6", "flood5"]
@@ -307,10 +295,7 @@ def test_inside_one_tokens_turn_its_networks_take_turns() -> None:
         assert not turns.offer(f"2001:db8:66::{i:x}", f"f{i}")
     for i in range(1, 4):
         assert not turns.offer(f"10.0.0.{i}", f"spoke{i}")
-    went = []
-    for _ in range(12):
-        clock.now += 0.11
-        went += turns.due()
+    went = _due(turns, clock, 12)
     # round the token's networks (the spokes' /16 the newest) and oldest first, in turn; a
     # turn taken oldest first is the flood's network's turn too: the spokes have every
     # other turn, not one after the flood's 199
