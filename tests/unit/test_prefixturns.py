@@ -10,11 +10,13 @@ from strata_local.prefixturns import AlternateTurns, PrefixTurns, network_path
 
 
 def test_an_address_is_taken_in_its_networks_widest_first() -> None:
-    assert network_path("10.1.2.3") == ("10.1.0.0/16", "10.1.2.0/24", "10.1.2.3")
-    assert network_path("2001:db8:aa:bb::7") == (
-        "2001:db8::/32", "2001:db8:aa::/48", "2001:db8:aa:bb::/64", "2001:db8:aa:bb::7",
-    )  # fmt: skip
-    assert network_path("unix:/run/x") == ("unix:/run/x",)
+    assert network_path("10.1.2.3") == (b"\x0a\x01", b"\x0a\x01\x02", "10.1.2.3")
+    v6 = bytes.fromhex("20010db800aa00bb")  # 2001:db8:aa:bb::/64
+    assert network_path("2001:db8:aa:bb::7") == (v6[:4], v6[:6], v6, "2001:db8:aa:bb::7")
+    link_local = bytes.fromhex("fe80000000000000")  # a scope is not part of the address
+    assert network_path("fe80::1%eth0") == (*(link_local[:n] for n in (4, 6, 8)), "fe80::1%eth0")
+    for alone in ("unix:/run/x", "10.1.2", "", "::g"):
+        assert network_path(alone) == (alone,)
 
 
 def test_each_level_takes_its_keys_in_turn_the_newest_first() -> None:
