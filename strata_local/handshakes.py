@@ -57,7 +57,12 @@ all of before); one that falls behind begins what it can still finish. The turns
   its addresses go round their networks and oldest first in turn, so a holder of the
   fleet's own token flooding from the addresses it proved in one network takes at most
   every other of the fleet's turns (the thirty-fourth probe's N2: 4,000 such addresses
-  kept a restarted hub's fleet out until the flood ended, +31 s; now +7 to +11 s). The slots
+  kept a restarted hub's fleet out until the flood ended, +31 s; now +7 to +11 s); and
+  the known go in ranks by the turns each address has had since it last proved
+  (:data:`SPENT_MOST`, :meth:`KnownHosts.spend`), the lowest first, so a flood from
+  such addresses, which never proves, falls behind the spokes that do, wherever its
+  addresses are (the thirty-sixth probe: 4,000 of them over 200 /24s of the fleet's own
+  /16 kept the fleet out until the flood ended, +32 and +33 s). The slots
   (:mod:`strata_local.doorslots`) are not swayed by it: only the turns.
 
 A flood spread over as many networks as it sends connections (as many IPv4 /16s, a
@@ -119,6 +124,11 @@ UNKNOWN_EVERY = 4
 """While both known and other addresses wait, every ``UNKNOWN_EVERY``-th turn goes to the
 others."""
 
+SPENT_MOST = 2
+"""Known addresses go in ``SPENT_MOST + 1`` ranks by the handshake turns they have had
+since they last proved a credential (none, one, ``SPENT_MOST`` or more: a flood's
+addresses climb them; a spoke proves on its first call), the lowest rank first."""
+
 
 class HandshakeTurns(Generic[T]):
     """Which waiting connection's handshake begins next (see the module).
@@ -158,7 +168,9 @@ class HandshakeTurns(Generic[T]):
         self._paced_at, self._begun_then = self._at, 0
         self._was_late = False
         self._hold_until = self._at
-        self._known = AlternateTurns[T]()  # round who proved it, then its networks or not
+        # by turns spent unproven: in each, round who proved it, then its networks or not
+        self._known = tuple(AlternateTurns[T]() for _ in range(SPENT_MOST + 1))
+        self._host: dict[T, str] = {}  # a known one's address, to count its turn
         self._unknown = AlternateTurns[T]()  # round the networks, or by address
         self._turn = 0
         self.waiting = 0
@@ -172,19 +184,27 @@ class HandshakeTurns(Generic[T]):
         if not self.waiting and self._tokens >= 1:
             self._tokens -= 1
             self.begun += 1
+            self.known.spend(host)  # a turn too, if it is known
             return True
-        subject = self.known.subject(host)
-        if subject is None:
+        standing = self.known.standing(host)
+        if standing is None:
             self._unknown.add(network_path(host), (host,), item)
         else:  # a subject's one turn in a round; inside it, round its networks, or oldest first
+            subject, spent = standing
             mine = f"proved by {subject}"
-            self._known.add((mine, *network_path(host)), (mine,), item)
+            self._known[min(spent, SPENT_MOST)].add((mine, *network_path(host)), (mine,), item)
+            self._host[item] = host
         self.waiting += 1
         return False
 
     def withdraw(self, item: T) -> None:
         """``item`` no longer waits (its connection ended). Idempotent."""
-        if self._known.remove(item) or self._unknown.remove(item):
+        if self._host.pop(item, None) is not None:
+            for rank in self._known:
+                if rank.remove(item):
+                    break
+            self.waiting -= 1
+        elif self._unknown.remove(item):
             self.waiting -= 1
 
     def due(self) -> list[T]:
@@ -194,8 +214,9 @@ class HandshakeTurns(Generic[T]):
         went: list[T] = []
         while self.waiting and self._tokens >= 1:
             self._turn += 1
-            if self._known and (not self._unknown or self._turn % UNKNOWN_EVERY):
-                item = self._known.take()
+            if self._host and (not self._unknown or self._turn % UNKNOWN_EVERY):
+                item = next(rank for rank in self._known if rank).take()
+                self.known.spend(self._host.pop(item))
             else:
                 item = self._unknown.take()
             self.waiting -= 1

@@ -26,7 +26,11 @@ address whose known turn bought nothing (its connection ended neither proven nor
 its handshake) was tried and not kept: under a flood with no token, a restarted hub's
 spokes displaced before the server's first flight reached them were forgotten too, and
 a few then stayed out until the flood ended (the thirty-fifth probe: all 500 back after
-31-33 s in 3 runs of 5, against 7-12 s).
+31-33 s in 3 runs of 5, against 7-12 s). What is kept instead is softer: how many
+handshake turns an address has had since it last proved its credential
+(:meth:`KnownHosts.spend`, :meth:`KnownHosts.standing`), by which the turns put the
+addresses whose turns bought nothing behind those whose turns did
+(:mod:`strata_local.handshakes`); an address is never forgotten for it.
 """
 
 from __future__ import annotations
@@ -111,12 +115,27 @@ class KnownHosts:
         self.keep_s = KNOWN_S if keep_s is None else keep_s
         self._proved: collections.OrderedDict[str, tuple[float, str]] = collections.OrderedDict()
         self._subjects: dict[str, collections.OrderedDict[str, None]] = {}  # least recent first
+        self._spent: dict[str, int] = {}  # turns had since last proven (a known address's)
         self.changes = 0
 
     def add(self, host: str, subject: str) -> None:
-        """``host`` (a caller's address) proved ``subject``'s credential now."""
+        """``host`` (a caller's address) proved ``subject``'s credential now (its turns
+        spent start again from none)."""
         self._remember(host, self._clock(), subject)
+        self._spent.pop(host, None)
         self.changes += 1
+
+    def spend(self, host: str) -> None:
+        """``host``, a known address, had a handshake's turn (nothing if it is not known):
+        counted until it proves its credential again (:meth:`add`)."""
+        if host in self._proved:
+            self._spent[host] = self._spent.get(host, 0) + 1
+
+    def standing(self, host: str) -> tuple[str, int] | None:
+        """Whose credential ``host`` proved within :attr:`keep_s`, and how many
+        handshake turns it has had since (:meth:`spend`); None: it proved none."""
+        subject = self.subject(host)
+        return None if subject is None else (subject, self._spent.get(host, 0))
 
     def subject(self, host: str) -> str | None:
         """Whose credential ``host`` proved within :attr:`keep_s`; None: none."""
@@ -225,6 +244,7 @@ class KnownHosts:
 
     def _forget(self, host: str) -> None:
         _, subject = self._proved.pop(host)
+        self._spent.pop(host, None)
         mine = self._subjects[subject]
         del mine[host]
         if not mine:

@@ -300,3 +300,33 @@ def test_inside_one_tokens_turn_its_networks_take_turns() -> None:
     # turn taken oldest first is the flood's network's turn too: the spokes have every
     # other turn, not one after the flood's 199
     assert went[:6] == ["spoke3", "f2", "spoke2", "f3", "spoke1", "f4"]
+
+
+def test_known_addresses_whose_turns_bought_no_proof_go_behind_those_whose_did() -> None:
+    """The thirty-sixth probe: a holder of the fleet's token proved 4,000 addresses over
+    200 /24s of the fleet's own /16 and flooded from them; round the networks, the
+    fleet's two /24s had two turns in 202."""
+    clock = Clock()
+    known = KnownHosts(clock=clock)
+    flood = [f"10.8.{2 + i % 200}.{i // 200 + 1}" for i in range(400)]
+    for host in flood:
+        known.add(host, "fleet token")
+    for i in range(4):
+        known.add(f"10.8.0.{i + 1}", "fleet token")
+    turns = _turns(10.0, clock, known)
+    assert turns.offer(flood[0], "first")
+    for n, host in enumerate(flood):  # each flood address has one connection waiting
+        assert not turns.offer(host, f"f{n}")
+    went = _due(turns, clock, 400)  # their turns, and spent: none of them proved
+    assert len(went) == 400 and known.standing(flood[0]) == ("fleet token", 2)
+    assert known.standing(flood[1]) == ("fleet token", 1)
+    for n, host in enumerate(flood):  # the flood goes on, from the same addresses
+        assert not turns.offer(host, f"again{n}")
+    for i in range(4):  # the fleet's spokes return
+        assert not turns.offer(f"10.8.0.{i + 1}", f"spoke{i}")
+    assert sorted(_due(turns, clock, 4)) == ["spoke0", "spoke1", "spoke2", "spoke3"]
+    known.add("10.8.0.1", "fleet token")  # a spoke's call proves it: its count starts over
+    assert known.standing("10.8.0.1") == ("fleet token", 0)
+    assert known.standing("10.8.0.2") == ("fleet token", 1)
+    turns.withdraw("again7")
+    assert turns.waiting == 399

@@ -48,6 +48,28 @@ def test_an_address_is_known_for_the_hour_after_it_last_proved() -> None:
     assert known.subject("10.0.0.7") is None and len(known) == 0
 
 
+def test_turns_spent_unproven_are_counted_until_the_address_proves_again() -> None:
+    known, clock, _ = _known(most=2)
+    known.spend("10.0.0.9")  # not known: nothing to count
+    assert known.standing("10.0.0.9") is None
+    known.add("10.0.0.7", "team-a")
+    assert known.standing("10.0.0.7") == ("team-a", 0)
+    known.spend("10.0.0.7")
+    known.spend("10.0.0.7")
+    assert known.standing("10.0.0.7") == ("team-a", 2)
+    known.add("10.0.0.7", "team-a")  # its call proved it
+    assert known.standing("10.0.0.7") == ("team-a", 0)
+    known.spend("10.0.0.7")
+    known.add("10.0.0.8", "team-b")
+    known.add("10.0.0.6", "team-b")  # past the most: 10.0.0.7 forgotten, its count too
+    assert known.standing("10.0.0.7") is None
+    known.add("10.0.0.7", "team-a")
+    assert known.standing("10.0.0.7") == ("team-a", 0)
+    known.spend("10.0.0.7")
+    clock.now += 3601  # past the hour: forgotten with its count
+    assert known.standing("10.0.0.7") is None
+
+
 def test_the_count_forgets_what_is_past_the_hour_without_a_look_up() -> None:
     """``len`` (``strata_hub_known_callers``) counts no departed fleet."""
     known, clock, _ = _known()
