@@ -54,15 +54,14 @@ all of before); one that falls behind begins what it can still finish. The turns
   4,000 addresses proved in 10 s, a turn each, kept 14 of 22 returning spokes out) and
   cannot keep new callers out of theirs; one token holds at most
   :data:`~strata_local.knownhosts.SUBJECT_MOST` known addresses, and inside its turn
-  its addresses go round their networks and oldest first in turn, so a holder of the
-  fleet's own token flooding from the addresses it proved in one network takes at most
-  every other of the fleet's turns (the thirty-fourth probe's N2: 4,000 such addresses
-  kept a restarted hub's fleet out until the flood ended, +31 s; now +7 to +11 s); and
-  the known go in ranks by the turns each address has had since it last proved
-  (:data:`SPENT_MOST`, :meth:`KnownHosts.spend`), the lowest first, so a flood from
-  such addresses, which never proves, falls behind the spokes that do, wherever its
-  addresses are (the thirty-sixth probe: 4,000 of them over 200 /24s of the fleet's own
-  /16 kept the fleet out until the flood ended, +32 and +33 s). The slots
+  its addresses go round their networks and by address (the newest first) in turn (as
+  the unknown do), and the known go in ranks by the turns each address has had since it
+  last proved (:data:`SPENT_MOST`, :meth:`KnownHosts.spend`), the lowest first, so a
+  flood from addresses a holder of the fleet's own token proved, which never proves
+  again, falls behind the spokes that do, wherever its addresses are (the thirty-fourth
+  probe's N2: 4,000 such addresses kept a restarted hub's fleet out until the flood
+  ended, +31 s; the thirty-sixth probe's, the same from 200 /24s of the fleet's own /16,
+  /64s of its /48 or addresses of its /64: +31 to +33 s; now +10 to +16 s). The slots
   (:mod:`strata_local.doorslots`) are not swayed by it: only the turns.
 
 A flood spread over as many networks as it sends connections (as many IPv4 /16s, a
@@ -168,7 +167,7 @@ class HandshakeTurns(Generic[T]):
         self._paced_at, self._begun_then = self._at, 0
         self._was_late = False
         self._hold_until = self._at
-        # by turns spent unproven: in each, round who proved it, then its networks or not
+        # by turns spent unproven: in each, round who proved it, then its networks or addresses
         self._known = tuple(AlternateTurns[T]() for _ in range(SPENT_MOST + 1))
         self._host: dict[T, str] = {}  # a known one's address, to count its turn
         self._unknown = AlternateTurns[T]()  # round the networks, or by address
@@ -189,10 +188,10 @@ class HandshakeTurns(Generic[T]):
         standing = self.known.standing(host)
         if standing is None:
             self._unknown.add(network_path(host), (host,), item)
-        else:  # a subject's one turn in a round; inside it, round its networks, or oldest first
+        else:  # a subject's one turn in a round; inside it, round its networks, or by address
             subject, spent = standing
             mine = f"proved by {subject}"
-            self._known[min(spent, SPENT_MOST)].add((mine, *network_path(host)), (mine,), item)
+            self._known[min(spent, SPENT_MOST)].add((mine, *network_path(host)), (mine, host), item)
             self._host[item] = host
         self.waiting += 1
         return False

@@ -17,7 +17,7 @@ one turn a round against a flood spread over many networks, less than it had by 
 :class:`strata_local.handshakes.HandshakeTurns` therefore gives every other turn of the
 callers it does not know by address (:class:`AlternateTurns`), so no one has less than
 half the turns it had by address; and inside the turn of those who proved one token,
-round their networks and oldest first in turn.
+round their networks and by address in turn.
 
 Every operation is constant time (the trees are at most five levels deep).
 """

@@ -120,8 +120,8 @@ def test_a_subjects_known_addresses_share_one_turn_in_a_round() -> None:
     assert not turns.offer("10.0.0.8", "b")
     went = _due(turns, clock, 5)
     # token x's 99 addresses: one turn a round, round their networks (the newest address of
-    # their one /24, x99) and oldest first (x1) in turn
-    assert went == ["b", "a", "x99", "x1", "x98"]
+    # their one /24, x99) and by address (the newest not yet begun, x98) in turn
+    assert went == ["b", "a", "x99", "x98", "x97"]
     turns.withdraw("x50")
     assert turns.waiting == 95
 
@@ -296,10 +296,10 @@ def test_inside_one_tokens_turn_its_networks_take_turns() -> None:
     for i in range(1, 4):
         assert not turns.offer(f"10.0.0.{i}", f"spoke{i}")
     went = _due(turns, clock, 12)
-    # round the token's networks (the spokes' /16 the newest) and oldest first, in turn; a
-    # turn taken oldest first is the flood's network's turn too: the spokes have every
-    # other turn, not one after the flood's 199
-    assert went[:6] == ["spoke3", "f2", "spoke2", "f3", "spoke1", "f4"]
+    # round the token's networks (the spokes' /16 the newest) and by address (the spokes'
+    # the newest), in turn: the spokes among the first four, not after the flood's 199
+    # (oldest first, as before the networks counted)
+    assert went[:5] == ["spoke3", "spoke2", "f200", "spoke1", "f199"]
 
 
 def test_known_addresses_whose_turns_bought_no_proof_go_behind_those_whose_did() -> None:
