@@ -90,7 +90,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from strata_local.knownhosts import KnownHosts
+from strata_local.knownhosts import PROOF_CREDIT, KnownHosts
 from strata_local.slotshare import Holders
 
 USED_EVERY_S = 1.0
@@ -194,7 +194,7 @@ class DoorSlots:
         left alone."""
         if slot.proven or not slot.open:
             return
-        self.known.add(slot.host, holder)
+        self.known.add(slot.host, holder, credit=PROOF_CREDIT)
         self._unproven_pool(slot).remove(slot.host, slot)
         self.answered -= slot.answered
         slot.proven, slot.answered, slot.holder = True, False, holder

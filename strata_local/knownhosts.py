@@ -55,6 +55,12 @@ KNOWN_S = 3600.0
 KNOWN_MOST = 65536
 """Most addresses remembered as known (the least recently proven are forgotten first)."""
 
+PROOF_CREDIT = 2
+"""Turns spent unproven that a connection's first proof takes off its address's count
+(:meth:`KnownHosts.add`): its own turn and one more, so a spoke whose try failed is back
+in the first rank after its next try proves, and a flood buys one turn of that rank per
+connection it proves (a TLS handshake and a call with the token), not a whole rank."""
+
 SUBJECT_MOST = 4096
 """Most addresses remembered as known for one subject (its least recently proven are
 forgotten first): from how many addresses one token's holder can flood with the known
@@ -118,11 +124,19 @@ class KnownHosts:
         self._spent: dict[str, int] = {}  # turns had since last proven (a known address's)
         self.changes = 0
 
-    def add(self, host: str, subject: str) -> None:
-        """``host`` (a caller's address) proved ``subject``'s credential now (its turns
-        spent start again from none)."""
+    def add(self, host: str, subject: str, credit: int = 0) -> None:
+        """``host`` (a caller's address) proved ``subject``'s credential now; ``credit``
+        turns come off its count of turns spent unproven (:data:`PROOF_CREDIT` for a
+        connection's first proof, none for a proven one still in use: the thirty-seventh
+        probe kept a flood's addresses first by proving from them again, 60 times a
+        second, while any proof set the count to none). The count stays when the
+        address proves another subject's credential."""
+        spent = self._spent.get(host, 0)
         self._remember(host, self._clock(), subject)
-        self._spent.pop(host, None)
+        if spent > credit:
+            self._spent[host] = spent - credit
+        else:
+            self._spent.pop(host, None)
         self.changes += 1
 
     def spend(self, host: str) -> None:

@@ -325,8 +325,13 @@ def test_known_addresses_whose_turns_bought_no_proof_go_behind_those_whose_did()
     for i in range(4):  # the fleet's spokes return
         assert not turns.offer(f"10.8.0.{i + 1}", f"spoke{i}")
     assert sorted(_due(turns, clock, 4)) == ["spoke0", "spoke1", "spoke2", "spoke3"]
-    known.add("10.8.0.1", "fleet token")  # a spoke's call proves it: its count starts over
+    known.add("10.8.0.1", "fleet token", credit=2)  # a spoke's first call proves it
     assert known.standing("10.8.0.1") == ("fleet token", 0)
     assert known.standing("10.8.0.2") == ("fleet token", 1)
+    known.add(flood[5], "fleet token", credit=2)  # the holder proves from a flood address
+    assert known.standing(flood[5]) == ("fleet token", 0)  # its one turn and one more off:
+    turns.offer(flood[5], "paid")  # in the first rank again, for one connection's turn
+    turns.offer(flood[6], "unpaid")
+    assert _due(turns, clock, 1) == ["paid"] and known.standing(flood[5]) == ("fleet token", 1)
     turns.withdraw("again7")
-    assert turns.waiting == 399
+    assert turns.waiting == 400

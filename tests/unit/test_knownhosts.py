@@ -57,7 +57,12 @@ def test_turns_spent_unproven_are_counted_until_the_address_proves_again() -> No
     known.spend("10.0.0.7")
     known.spend("10.0.0.7")
     assert known.standing("10.0.0.7") == ("team-a", 2)
-    known.add("10.0.0.7", "team-a")  # its call proved it
+    known.add("10.0.0.7", "team-a")  # a proven connection still in use: no credit
+    assert known.standing("10.0.0.7") == ("team-a", 2)
+    known.spend("10.0.0.7")
+    known.add("10.0.0.7", "team-b", credit=2)  # a connection's first proof, another token's
+    assert known.standing("10.0.0.7") == ("team-b", 1)  # the count kept
+    known.add("10.0.0.7", "team-a", credit=2)
     assert known.standing("10.0.0.7") == ("team-a", 0)
     known.spend("10.0.0.7")
     known.add("10.0.0.8", "team-b")
