@@ -55,8 +55,9 @@ all of before); one that falls behind begins what it can still finish. The turns
   cannot keep new callers out of theirs; one token holds at most
   :data:`~strata_local.knownhosts.SUBJECT_MOST` known addresses, and inside its turn
   its addresses go round their networks and by address (the newest first) in turn (as
-  the unknown do), and the known go in ranks by the turns each address has had since it
-  last proved (:data:`SPENT_MOST`, :meth:`KnownHosts.spend`), the lowest first, so a
+  the unknown do), and the known go in ranks by the turns each address has had that its
+  proofs did not pay for (:data:`SPENT_MOST`, :meth:`KnownHosts.spend`), the lowest
+  first, so a
   flood from addresses a holder of the fleet's own token proved, which never proves
   again, falls behind the spokes that do, wherever its addresses are (the thirty-fourth
   probe's N2: 4,000 such addresses kept a restarted hub's fleet out until the flood
@@ -125,8 +126,9 @@ others."""
 
 SPENT_MOST = 2
 """Known addresses go in ``SPENT_MOST + 1`` ranks by the handshake turns they have had
-since they last proved a credential (none, one, ``SPENT_MOST`` or more: a flood's
-addresses climb them; a spoke proves on its first call), the lowest rank first."""
+that their connections' first proofs did not pay for (none, one, ``SPENT_MOST`` or more:
+a flood's addresses climb them; a spoke proves on its first call, which pays for two,
+:data:`~strata_local.knownhosts.PROOF_CREDIT`), the lowest rank first."""
 
 
 class HandshakeTurns(Generic[T]):

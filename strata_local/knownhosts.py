@@ -27,10 +27,11 @@ its handshake) was tried and not kept: under a flood with no token, a restarted 
 spokes displaced before the server's first flight reached them were forgotten too, and
 a few then stayed out until the flood ended (the thirty-fifth probe: all 500 back after
 31-33 s in 3 runs of 5, against 7-12 s). What is kept instead is softer: how many
-handshake turns an address has had since it last proved its credential
-(:meth:`KnownHosts.spend`, :meth:`KnownHosts.standing`), by which the turns put the
-addresses whose turns bought nothing behind those whose turns did
-(:mod:`strata_local.handshakes`); an address is never forgotten for it.
+handshake turns an address has had that its connections' proofs did not pay for
+(:meth:`KnownHosts.spend`, :meth:`KnownHosts.standing`; a connection's first proof pays
+:data:`PROOF_CREDIT`), by which the turns put the addresses whose turns bought nothing
+behind those whose turns did (:mod:`strata_local.handshakes`); an address is never
+forgotten for it.
 """
 
 from __future__ import annotations
