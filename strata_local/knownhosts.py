@@ -122,7 +122,7 @@ class KnownHosts:
         self.keep_s = KNOWN_S if keep_s is None else keep_s
         self._proved: collections.OrderedDict[str, tuple[float, str]] = collections.OrderedDict()
         self._subjects: dict[str, collections.OrderedDict[str, None]] = {}  # least recent first
-        self._spent: dict[str, int] = {}  # turns had since last proven (a known address's)
+        self._spent: dict[str, int] = {}  # a known address's turns its proofs did not pay for
         self.changes = 0
 
     def add(self, host: str, subject: str, credit: int = 0) -> None:
@@ -142,13 +142,14 @@ class KnownHosts:
 
     def spend(self, host: str) -> None:
         """``host``, a known address, had a handshake's turn (nothing if it is not known):
-        counted until it proves its credential again (:meth:`add`)."""
+        counted until its connections' proofs pay for it (:meth:`add`)."""
         if host in self._proved:
             self._spent[host] = self._spent.get(host, 0) + 1
 
     def standing(self, host: str) -> tuple[str, int] | None:
         """Whose credential ``host`` proved within :attr:`keep_s`, and how many
-        handshake turns it has had since (:meth:`spend`); None: it proved none."""
+        handshake turns it has had that its proofs did not pay for (:meth:`spend`);
+        None: it proved none."""
         subject = self.subject(host)
         return None if subject is None else (subject, self._spent.get(host, 0))
 
